@@ -1,0 +1,25 @@
+"""jattn: a functional JAX research codebase for attention.
+
+The core (this package's top level) depends only on jax, numpy and chex:
+
+    import jattn
+    out = jattn.dot_product_attention(q, k, v, is_causal=True)
+
+Models, data and training live in subpackages that import flax, optax, orbax,
+tfds and grain on demand.
+"""
+
+from jattn import masks, positions
+from jattn.attention import IMPLEMENTATIONS, default_implementation, dot_product_attention
+from jattn.positions import ShawRelative
+
+__all__ = [
+    "IMPLEMENTATIONS",
+    "ShawRelative",
+    "default_implementation",
+    "dot_product_attention",
+    "masks",
+    "positions",
+]
+
+__version__ = "0.1.0"

@@ -1,0 +1,238 @@
+"""Positional schemes as pure functions.
+
+Absolute schemes produce vectors added to embeddings (`sinusoidal`); rotary
+embeddings rotate queries and keys (`rope`); relative schemes produce either
+tables read inside attention (`ShawRelative`, `relative_ids`) or an additive
+bias on the logits (`alibi_bias`, `t5_bias`). Every function takes explicit
+integer positions so packed rows (positions restarting at each segment) and
+cached decoding (positions offset into the cache) work the same way as plain
+`arange` positions.
+
+Shapes: B batch, T query length, S key length, N query heads, H head dim,
+R = 2k + 1 relative distances for Shaw with clip distance k.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+Array = jax.Array
+
+__all__ = [
+    "ShawRelative",
+    "alibi_bias",
+    "alibi_slopes",
+    "relative_ids",
+    "rope",
+    "sinusoidal",
+    "t5_bias",
+    "t5_buckets",
+]
+
+
+def sinusoidal(positions: Array, dim: int, max_timescale: float = 10_000.0) -> Array:
+    """The paper's sinusoidal encoding, interleaved sin/cos.
+
+    `PE[p, 2i] = sin(p / max_timescale^(2i/dim))`,
+    `PE[p, 2i+1] = cos(p / max_timescale^(2i/dim))` (Vaswani et al., 3.5).
+
+    Args:
+      positions: integer or float array `[...]` of positions.
+      dim: encoding width; must be even.
+      max_timescale: the paper's 10000.
+
+    Returns:
+      float32 array `[..., dim]`.
+    """
+    if dim % 2:
+        raise ValueError(f"sinusoidal: dim must be even, got {dim}")
+    positions = jnp.asarray(positions, jnp.float32)
+    i = np.arange(dim // 2, dtype=np.float64)
+    inv_freq = jnp.asarray(max_timescale ** (-2.0 * i / dim), jnp.float32)  # [dim/2]
+    angles = positions[..., None] * inv_freq  # [..., dim/2]
+    pe = jnp.stack([jnp.sin(angles), jnp.cos(angles)], axis=-1)  # [..., dim/2, 2]
+    return pe.reshape(*positions.shape, dim)
+
+
+def relative_ids(q_positions: Array, kv_positions: Array, max_distance: int) -> Array:
+    """Clipped relative distance ids of Shaw et al.: `clip(kv - q, -k, k) + k`.
+
+    Args:
+      q_positions: int `[..., T]`.
+      kv_positions: int `[..., S]`.
+      max_distance: the clip distance k >= 0.
+
+    Returns:
+      int32 `[..., T, S]` with values in `[0, 2k]`.
+    """
+    if max_distance < 0:
+        raise ValueError(f"relative_ids: max_distance must be >= 0, got {max_distance}")
+    q = jnp.asarray(q_positions, jnp.int32)
+    kv = jnp.asarray(kv_positions, jnp.int32)
+    d = kv[..., None, :] - q[..., :, None]  # [..., T, S]
+    return jnp.clip(d, -max_distance, max_distance) + max_distance
+
+
+@jax.tree_util.register_dataclass
+@dataclasses.dataclass(frozen=True)
+class ShawRelative:
+    """Shaw et al. (2018) relative position tables for one attention call.
+
+    With `r = clip(kv_pos - q_pos, -k, k) + k`, attention computes
+    `logit[t,s] = scale * (q_t·k_s + q_t·key[r]) + bias[t,s]` and
+    `out_t = Σ_s w[t,s] * (v_s + value[r])`.
+
+    Attributes:
+      key: `[2k+1, H]` (shared by all heads, as in the paper) or
+        `[N, 2k+1, H]` (per head), or None for no key term.
+      value: `[2k+1, Hv]` or `[N, 2k+1, Hv]`, or None for no value term.
+      max_distance: the clip distance k (static).
+    """
+
+    key: Array | None = None
+    value: Array | None = None
+    max_distance: int = dataclasses.field(default=16, metadata=dict(static=True))
+
+    @property
+    def num_relative(self) -> int:
+        return 2 * self.max_distance + 1
+
+
+def rope(
+    x: Array, positions: Array, max_timescale: float = 10_000.0, fraction: float = 1.0
+) -> Array:
+    """Rotary position embedding (Su et al.), rotate-half convention.
+
+    The first `fraction * H` features are rotated in pairs `(i, i + H'/2)` by
+    angle `p / max_timescale^(2i/H')`; the rest pass through. Applied to
+    queries and keys, the logit `q_t·k_s` depends on positions only through
+    `s - t`.
+
+    Args:
+      x: `[B, T, N, H]` queries or keys.
+      positions: int `[B, T]`.
+      max_timescale: base wavelength.
+      fraction: share of the head dim that is rotated (rounded to even).
+
+    Returns:
+      `[B, T, N, H]`, dtype of `x`.
+    """
+    h = x.shape[-1]
+    rot = int(h * fraction) // 2 * 2
+    if rot == 0:
+        return x
+    half = rot // 2
+    inv_freq = max_timescale ** (-np.arange(half, dtype=np.float64) * 2.0 / rot)
+    angles = jnp.asarray(positions, jnp.float32)[..., None] * jnp.asarray(
+        inv_freq, jnp.float32
+    )  # [B, T, H'/2]
+    sin = jnp.sin(angles)[:, :, None, :]  # [B, T, 1, H'/2]
+    cos = jnp.cos(angles)[:, :, None, :]
+    xf = x.astype(jnp.float32)
+    x1, x2, rest = xf[..., :half], xf[..., half:rot], xf[..., rot:]
+    out = jnp.concatenate([x1 * cos - x2 * sin, x2 * cos + x1 * sin, rest], axis=-1)
+    return out.astype(x.dtype)
+
+
+def alibi_slopes(num_heads: int) -> Array:
+    """ALiBi head slopes (Press et al.): a geometric sequence from 2^(-8/n).
+
+    For a head count that is not a power of two, the paper's recipe: the
+    slopes of the closest lower power of two, then every other slope of the
+    next power of two.
+
+    Returns:
+      float32 `[N]`.
+    """
+
+    def pow2(n: int) -> list[float]:
+        start = 2.0 ** (-8.0 / n)
+        return [start ** (i + 1) for i in range(n)]
+
+    if num_heads <= 0:
+        raise ValueError(f"alibi_slopes: num_heads must be positive, got {num_heads}")
+    closest = 2 ** math.floor(math.log2(num_heads))
+    slopes = pow2(closest)
+    if closest < num_heads:
+        slopes += pow2(2 * closest)[0::2][: num_heads - closest]
+    return jnp.asarray(slopes, jnp.float32)
+
+
+def alibi_bias(slopes: Array, q_positions: Array, kv_positions: Array) -> Array:
+    """ALiBi additive bias `-slope_n * |kv_pos - q_pos|`.
+
+    Symmetric, so it serves encoder self-attention as well as the decoder
+    (where the causal mask hides the other half).
+
+    Args:
+      slopes: `[N]`.
+      q_positions: int `[B, T]`.
+      kv_positions: int `[B, S]`.
+
+    Returns:
+      float32 `[B, N, T, S]`.
+    """
+    d = jnp.abs(
+        kv_positions[:, None, :].astype(jnp.float32) - q_positions[:, :, None].astype(jnp.float32)
+    )  # [B, T, S]
+    return -slopes[None, :, None, None] * d[:, None, :, :]
+
+
+def t5_buckets(
+    q_positions: Array,
+    kv_positions: Array,
+    num_buckets: int = 32,
+    max_distance: int = 128,
+    bidirectional: bool = True,
+) -> Array:
+    """T5's log-bucketed relative distances (Raffel et al.).
+
+    Half the buckets (per direction when bidirectional) hold exact small
+    distances; the rest grow logarithmically up to `max_distance`, beyond
+    which everything shares the last bucket.
+
+    Args:
+      q_positions: int `[B, T]`.
+      kv_positions: int `[B, S]`.
+      num_buckets: total buckets.
+      max_distance: distance at which buckets saturate.
+      bidirectional: separate buckets for keys before and after the query.
+
+    Returns:
+      int32 `[B, T, S]` in `[0, num_buckets)`.
+    """
+    rel = kv_positions[:, None, :].astype(jnp.int32) - q_positions[:, :, None].astype(jnp.int32)
+    n = num_buckets
+    ret = jnp.zeros_like(rel)
+    if bidirectional:
+        n //= 2
+        ret = ret + (rel > 0).astype(jnp.int32) * n
+        dist = jnp.abs(rel)
+    else:
+        dist = jnp.maximum(-rel, 0)
+    max_exact = n // 2
+    is_small = dist < max_exact
+    safe = jnp.maximum(dist, 1).astype(jnp.float32)
+    large = max_exact + (
+        jnp.log(safe / max_exact) / math.log(max_distance / max_exact) * (n - max_exact)
+    ).astype(jnp.int32)
+    large = jnp.minimum(large, n - 1)
+    return ret + jnp.where(is_small, dist, large)
+
+
+def t5_bias(table: Array, buckets: Array) -> Array:
+    """Look up a learned T5 bias.
+
+    Args:
+      table: `[num_buckets, N]`.
+      buckets: int `[B, T, S]` from `t5_buckets`.
+
+    Returns:
+      `[B, N, T, S]`, dtype of `table`.
+    """
+    return jnp.transpose(jnp.take(table, buckets, axis=0), (0, 3, 1, 2))

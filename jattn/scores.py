@@ -1,0 +1,161 @@
+"""Logits and visibility of one (query tile, key tile) pair, shared by the
+pure-JAX implementations.
+
+The xla path calls these once on the whole `[T, S]` problem; the chunked path
+calls them on each tile, so the two agree by construction on what is visible
+and how relative terms enter. Everything works in the grouped-head layout:
+query heads N are split as `K x G` (K key/value heads, G queries per group), so
+GQA/MQA never repeat keys or values in memory.
+
+Shapes: B batch, K kv heads, G = N // K query heads per kv head, t / s the
+tile lengths, H head dim, R = 2k + 1 Shaw relative distances.
+"""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+
+Array = jax.Array
+
+
+def group_heads(x_bn: Array, num_kv_heads: int) -> Array:
+    """`[B, N or 1, t, s] -> [B, K or 1, G or 1, t, s]` for grouped logits."""
+    b, n, t, s = x_bn.shape
+    if n == 1:
+        return x_bn[:, :, None]
+    return x_bn.reshape(b, num_kv_heads, n // num_kv_heads, t, s)
+
+
+def ungroup_heads(x_bkg: Array) -> Array:
+    """`[B, K, G, t, s] -> [B, K*G, t, s]`; a singleton head pair stays 1."""
+    b, k, g, t, s = x_bkg.shape
+    return x_bkg.reshape(b, k * g, t, s)
+
+
+def relative_ids(q_pos: Array, kv_pos: Array, max_distance: int) -> Array:
+    """`clip(kv - q, -k, k) + k`: int32 `[B, t, s]`."""
+    d = kv_pos[:, None, :] - q_pos[:, :, None]
+    return jnp.clip(d, -max_distance, max_distance) + max_distance
+
+
+def rel_gather(qr: Array, r: Array) -> Array:
+    """Key term `q_t·key[r[t,s]]` from `qr = q @ keyᵀ`.
+
+    Args:
+      qr: `[B, K, G, t, R]` query dotted with every relative key embedding.
+      r: int `[B, t, s]` relative ids.
+
+    Returns:
+      `[B, K, G, t, s]`, without ever forming a `[t, s, H]` tensor.
+    """
+    b, k, g, t, rr = qr.shape
+    idx = jnp.broadcast_to(r[:, None, None], (b, k, g, t, r.shape[-1]))
+    return jnp.take_along_axis(qr, idx, axis=-1)
+
+
+def rel_scatter(p: Array, r: Array, num_relative: int) -> Array:
+    """Weight mass per relative id: `out[..., t, R] = Σ_s p[..., t, s] [r[t,s] = R]`.
+
+    The value term is then `out @ value_table`, so the `[t, s, Hv]` tensor of
+    gathered value embeddings never exists.
+
+    Args:
+      p: `[B, K, G, t, s]` attention weights.
+      r: int `[B, t, s]`.
+      num_relative: R.
+
+    Returns:
+      `[B, K, G, t, R]`, dtype of `p`.
+    """
+    b, k, g, t, s = p.shape
+    onehot = jax.nn.one_hot(r, num_relative, dtype=p.dtype)  # [B, t, s, R]
+    return jnp.einsum("BKGts,BtsR->BKGtR", p, onehot)
+
+
+def visibility(
+    *,
+    q_pos: Array,
+    kv_pos: Array,
+    is_causal: bool,
+    q_seg: Array | None,
+    kv_seg: Array | None,
+    kv_valid: Array | None,
+    mask: Array | None,
+) -> Array | None:
+    """Boolean visibility of a tile, broadcastable to `[B, K, G, t, s]`.
+
+    Args:
+      q_pos, kv_pos: int `[B, t]`, `[B, s]`.
+      is_causal: key visible iff `kv_pos <= q_pos`.
+      q_seg, kv_seg: int `[B, t]`, `[B, s]` or None.
+      kv_valid: bool `[B, s]` or None (False for keys padded to a tile size).
+      mask: bool `[B|1, K|1, G|1, t|1, s|1]` (already grouped) or None.
+
+    Returns:
+      bool array or None when everything is visible.
+    """
+    vis = None
+
+    def add(m):
+        nonlocal vis
+        vis = m if vis is None else jnp.logical_and(vis, m)
+
+    if is_causal:
+        add((kv_pos[:, None, :] <= q_pos[:, :, None])[:, None, None])
+    if q_seg is not None:
+        add((q_seg[:, :, None] == kv_seg[:, None, :])[:, None, None])
+    if kv_valid is not None:
+        add(kv_valid[:, None, None, None, :])
+    if mask is not None:
+        add(mask)
+    return vis
+
+
+def tile_logits(
+    q: Array,
+    k: Array,
+    *,
+    scale: float,
+    bias: Array | None = None,
+    qr: Array | None = None,
+    r: Array | None = None,
+) -> Array:
+    """Scaled logits of one tile in float32.
+
+    Args:
+      q: `[B, K, G, t, H]`.
+      k: `[B, K, s, H]`.
+      scale: multiplies `q·k` and the Shaw key term.
+      bias: grouped bias broadcastable to `[B, K, G, t, s]`, or None.
+      qr: `[B, K, G, t, R]` Shaw key term table for this query tile, or None.
+      r: int `[B, t, s]` relative ids (with `qr`).
+
+    Returns:
+      float32 `[B, K, G, t, s]`.
+    """
+    s = jnp.einsum("BKGtH,BKsH->BKGts", q, k, preferred_element_type=jnp.float32)
+    if qr is not None:
+        s = s + rel_gather(qr, r)
+    s = s * scale
+    if bias is not None:
+        s = s + bias.astype(jnp.float32)
+    return s
+
+
+def masked_softmax_parts(s: Array, vis: Array | None) -> tuple[Array, Array]:
+    """Row max (finite; 0 for rows with nothing visible) and unnormalised
+    weights `exp(s - max)`, exactly 0 where invisible.
+
+    Subtracting the max is a stabilisation, not a change of distribution; a
+    row with no visible key gets max 0 and weights 0, so it yields output 0
+    and no gradient instead of NaN.
+    """
+    neg_inf = jnp.array(-jnp.inf, s.dtype)
+    sv = s if vis is None else jnp.where(vis, s, neg_inf)
+    m = jnp.max(sv, axis=-1, keepdims=True)
+    m = jax.lax.stop_gradient(jnp.where(jnp.isfinite(m), m, 0.0))
+    p = jnp.exp(sv - m)
+    if vis is not None:
+        p = jnp.where(vis, p, 0.0)
+    return m, p
