@@ -178,14 +178,11 @@ def _normalise(
         mask = _as_rank4(mask, "mask", full)
         if mask.dtype != jnp.bool_:
             raise TypeError(
-                f"dot_product_attention: mask must be boolean (True = may attend), "
-                f"got {mask.dtype}"
+                f"dot_product_attention: mask must be boolean (True = may attend), got {mask.dtype}"
             )
     if (q_segment_ids is None) != (kv_segment_ids is None):
         missing = "kv_segment_ids" if kv_segment_ids is None else "q_segment_ids"
-        raise ValueError(
-            f"dot_product_attention: segment ids come in pairs; {missing} is missing"
-        )
+        raise ValueError(f"dot_product_attention: segment ids come in pairs; {missing} is missing")
     if q_segment_ids is not None:
         q_segment_ids = _int_ids(q_segment_ids, "q_segment_ids", b, t, "T")
         kv_segment_ids = _int_ids(kv_segment_ids, "kv_segment_ids", b, s, "S")

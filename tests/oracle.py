@@ -18,8 +18,7 @@ def _f64(x):
     return None if x is None else jnp.asarray(np.asarray(x, dtype=np.float64))
 
 
-def _attend(q, k, v, bias, rel_k, rel_v, *, mask, is_causal, qseg, kvseg, qpos, kvpos, dist,
-            scale):
+def _attend(q, k, v, bias, rel_k, rel_v, *, mask, is_causal, qseg, kvseg, qpos, kvpos, dist, scale):
     b, t, n, h = q.shape
     s, kh = k.shape[1], k.shape[2]
     rep = n // kh
@@ -60,35 +59,77 @@ def _attend(q, k, v, bias, rel_k, rel_v, *, mask, is_causal, qseg, kvseg, qpos, 
 def _prepare(query, key, *, q_positions, kv_positions, q_segment_ids, kv_segment_ids, scale):
     b, t, _, h = np.shape(query)
     s = np.shape(key)[1]
-    qpos = np.broadcast_to(np.arange(t) if q_positions is None else np.asarray(q_positions),
-                           (b, t))
-    kvpos = np.broadcast_to(np.arange(s) if kv_positions is None else np.asarray(kv_positions),
-                            (b, s))
+    qpos = np.broadcast_to(np.arange(t) if q_positions is None else np.asarray(q_positions), (b, t))
+    kvpos = np.broadcast_to(
+        np.arange(s) if kv_positions is None else np.asarray(kv_positions), (b, s)
+    )
     qseg = None if q_segment_ids is None else np.broadcast_to(np.asarray(q_segment_ids), (b, t))
-    kvseg = None if kv_segment_ids is None else np.broadcast_to(np.asarray(kv_segment_ids),
-                                                                (b, s))
+    kvseg = None if kv_segment_ids is None else np.broadcast_to(np.asarray(kv_segment_ids), (b, s))
     scale = 1.0 / np.sqrt(h) if scale is None else scale
     return dict(qpos=qpos, kvpos=kvpos, qseg=qseg, kvseg=kvseg, scale=scale)
 
 
-def attention(query, key, value, *, bias=None, mask=None, is_causal=False, q_segment_ids=None,
-              kv_segment_ids=None, q_positions=None, kv_positions=None, relative=None,
-              scale=None):
+def attention(
+    query,
+    key,
+    value,
+    *,
+    bias=None,
+    mask=None,
+    is_causal=False,
+    q_segment_ids=None,
+    kv_segment_ids=None,
+    q_positions=None,
+    kv_positions=None,
+    relative=None,
+    scale=None,
+):
     """Float64 attention with jattn's public semantics; returns numpy `[B,T,N,Hv]`."""
-    out, _ = attention_and_grads(query, key, value, bias=bias, mask=mask, is_causal=is_causal,
-                                 q_segment_ids=q_segment_ids, kv_segment_ids=kv_segment_ids,
-                                 q_positions=q_positions, kv_positions=kv_positions,
-                                 relative=relative, scale=scale, cotangent=None)
+    out, _ = attention_and_grads(
+        query,
+        key,
+        value,
+        bias=bias,
+        mask=mask,
+        is_causal=is_causal,
+        q_segment_ids=q_segment_ids,
+        kv_segment_ids=kv_segment_ids,
+        q_positions=q_positions,
+        kv_positions=kv_positions,
+        relative=relative,
+        scale=scale,
+        cotangent=None,
+    )
     return out
 
 
-def attention_and_grads(query, key, value, *, bias=None, mask=None, is_causal=False,
-                        q_segment_ids=None, kv_segment_ids=None, q_positions=None,
-                        kv_positions=None, relative=None, scale=None, cotangent=None):
+def attention_and_grads(
+    query,
+    key,
+    value,
+    *,
+    bias=None,
+    mask=None,
+    is_causal=False,
+    q_segment_ids=None,
+    kv_segment_ids=None,
+    q_positions=None,
+    kv_positions=None,
+    relative=None,
+    scale=None,
+    cotangent=None,
+):
     """Float64 output and, given a cotangent, the gradients as a dict with keys
     query, key, value, bias, rel_key, rel_value (None where not applicable)."""
-    ctx = _prepare(query, key, q_positions=q_positions, kv_positions=kv_positions,
-                   q_segment_ids=q_segment_ids, kv_segment_ids=kv_segment_ids, scale=scale)
+    ctx = _prepare(
+        query,
+        key,
+        q_positions=q_positions,
+        kv_positions=kv_positions,
+        q_segment_ids=q_segment_ids,
+        kv_segment_ids=kv_segment_ids,
+        scale=scale,
+    )
     with jax.enable_x64(True):
         dist = 0 if relative is None else relative.max_distance
         rel_k = None if relative is None else _f64(relative.key)
@@ -96,15 +137,30 @@ def attention_and_grads(query, key, value, *, bias=None, mask=None, is_causal=Fa
         primals = (_f64(query), _f64(key), _f64(value), _f64(bias), rel_k, rel_v)
 
         def f(q, k, v, bias, rk, rv):
-            return _attend(q, k, v, bias, rk, rv, mask=mask, is_causal=is_causal,
-                           qseg=ctx["qseg"], kvseg=ctx["kvseg"], qpos=ctx["qpos"],
-                           kvpos=ctx["kvpos"], dist=dist, scale=ctx["scale"])
+            return _attend(
+                q,
+                k,
+                v,
+                bias,
+                rk,
+                rv,
+                mask=mask,
+                is_causal=is_causal,
+                qseg=ctx["qseg"],
+                kvseg=ctx["kvseg"],
+                qpos=ctx["qpos"],
+                kvpos=ctx["kvpos"],
+                dist=dist,
+                scale=ctx["scale"],
+            )
 
         out, vjp = jax.vjp(f, *primals)
         grads = None
         if cotangent is not None:
             g = vjp(_f64(cotangent))
             names = ("query", "key", "value", "bias", "rel_key", "rel_value")
-            grads = {nm: (None if gi is None or p is None else np.asarray(gi))
-                     for nm, gi, p in zip(names, g, primals, strict=True)}
+            grads = {
+                nm: (None if gi is None or p is None else np.asarray(gi))
+                for nm, gi, p in zip(names, g, primals, strict=True)
+            }
         return np.asarray(out), grads
