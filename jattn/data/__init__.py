@@ -1,0 +1,39 @@
+"""Data: local tfds builders, tokenizers, and a grain pipeline with packing.
+
+    task = jattn.data.load("numbers", data_dir=...)           # prepares it once
+    loader = jattn.data.make_loader(task, "train", batch_size=64, max_len=64, seed=0)
+    it = iter(loader)
+    batch = next(it)    # int32 [64, 64]: inputs, targets, *_segment_ids, *_positions
+
+Checkpoint the iterator with the train state in one orbax step: see
+`jattn.data.checkpoint`.
+"""
+
+from jattn.data.packing import BATCH_KEYS, pad_to_row, unpack
+from jattn.data.pipeline import loader_stats, make_loader
+from jattn.data.tasks import Task, TextSource, load
+from jattn.data.tokenizers import (
+    EOS_ID,
+    PAD_ID,
+    UNK_ID,
+    CharTokenizer,
+    SentencePieceTokenizer,
+    Tokenizer,
+)
+
+__all__ = [
+    "BATCH_KEYS",
+    "EOS_ID",
+    "PAD_ID",
+    "UNK_ID",
+    "CharTokenizer",
+    "SentencePieceTokenizer",
+    "Task",
+    "TextSource",
+    "Tokenizer",
+    "load",
+    "loader_stats",
+    "make_loader",
+    "pad_to_row",
+    "unpack",
+]

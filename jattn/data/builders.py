@@ -1,0 +1,337 @@
+"""Local tfds builders for the small algorithmic tasks: numbers, copy, reverse.
+
+Every builder is a real `tfds.core.GeneratorBasedBuilder`: versioned, with
+`BuilderConfig`s that fix language, sizes and seed, generated locally (nothing is
+downloaded) and written as array_record so it is read back with
+`builder.as_data_source()`; TensorFlow is not needed.
+
+Each example is `{"inputs": str, "targets": str}`. Every task has three splits:
+
+- ``train`` and ``validation``: disjoint, drawn from the short regime (numbers of
+  1 to 6 digits; strings of ``train_lengths``);
+- ``test_longer``: only longer examples (numbers of 7 and 8 digits; strings of
+  ``test_lengths``), none of which appears in training, for length generalisation.
+
+Generation is a pure function of the config (its ``seed`` included): the same
+config gives byte-identical splits.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import string
+
+import numpy as np
+import tensorflow_datasets as tfds
+from num2words import num2words
+
+_FEATURES = lambda: tfds.features.FeaturesDict(
+    {"inputs": tfds.features.Text(), "targets": tfds.features.Text()}
+)
+
+# ---------------------------------------------------------------------------
+# Sampling helpers (pure numpy, deterministic given the generator).
+# ---------------------------------------------------------------------------
+
+
+def _even_allocation(total: int, capacities: list[int]) -> list[int]:
+    """Splits `total` into per-bucket counts as evenly as capacities allow.
+
+    Buckets whose capacity is smaller than their fair share are filled, and the
+    remainder is spread over the others (water filling), so the result sums to
+    `total` exactly.
+
+    Raises:
+      ValueError: if `total` exceeds the summed capacity.
+    """
+    if total > sum(capacities):
+        raise ValueError(f"cannot draw {total} distinct items from {sum(capacities)} candidates")
+    counts = [0] * len(capacities)
+    open_buckets = list(range(len(capacities)))
+    remaining = total
+    while remaining > 0:
+        share, extra = divmod(remaining, len(open_buckets))
+        still_open = []
+        for rank, b in enumerate(open_buckets):
+            want = share + (1 if rank < extra else 0)
+            take = min(want, capacities[b] - counts[b])
+            counts[b] += take
+            remaining -= take
+            if counts[b] < capacities[b]:
+                still_open.append(b)
+        open_buckets = still_open
+    return counts
+
+
+def _distinct_integers(rng: np.random.Generator, low: int, high: int, count: int) -> np.ndarray:
+    """`count` distinct integers drawn uniformly from [low, high), in random order."""
+    size = high - low
+    if count > size:
+        raise ValueError(f"cannot draw {count} distinct integers from [{low}, {high})")
+    if count * 4 >= size:  # dense: a permutation is cheap enough
+        return low + rng.permutation(size)[:count]
+    chosen: dict[int, None] = {}  # insertion-ordered set
+    while len(chosen) < count:
+        for x in rng.integers(low, high, size=2 * (count - len(chosen))).tolist():
+            chosen.setdefault(x, None)
+            if len(chosen) == count:
+                break
+    return np.fromiter(chosen, dtype=np.int64, count=count)
+
+
+def _digit_range(digits: int) -> tuple[int, int]:
+    """Integers with exactly `digits` decimal digits (0 counts as one digit)."""
+    return (0 if digits == 1 else 10 ** (digits - 1)), 10**digits
+
+
+def sample_numbers(
+    rng: np.random.Generator, total: int, digit_counts: tuple[int, ...]
+) -> np.ndarray:
+    """`total` distinct integers, spread evenly over the given digit counts."""
+    ranges = [_digit_range(d) for d in digit_counts]
+    counts = _even_allocation(total, [hi - lo for lo, hi in ranges])
+    parts = [_distinct_integers(rng, lo, hi, c) for (lo, hi), c in zip(ranges, counts, strict=True)]
+    return rng.permutation(np.concatenate(parts)) if parts else np.zeros([0], np.int64)
+
+
+def sample_strings(
+    rng: np.random.Generator,
+    total: int,
+    lengths: tuple[int, int],
+    alphabet: str,
+) -> list[str]:
+    """`total` distinct random strings over `alphabet`, lengths uniform in [lo, hi]."""
+    lo, hi = lengths
+    k = len(alphabet)
+    capacities = [k**n for n in range(lo, hi + 1)]
+    counts = _even_allocation(total, capacities)
+    letters = np.array(list(alphabet))
+    out: list[str] = []
+    for n, c in zip(range(lo, hi + 1), counts, strict=True):
+        codes = _distinct_integers(rng, 0, k**n, c) if k**n < 2**62 else None
+        if codes is None:  # too many strings to index with int64: draw and dedupe
+            seen: dict[str, None] = {}
+            while len(seen) < c:
+                seen.setdefault("".join(letters[rng.integers(0, k, size=n)]), None)
+            out.extend(seen)
+            continue
+        for code in codes.tolist():
+            chars = []
+            for _ in range(n):
+                code, r = divmod(code, k)
+                chars.append(letters[r])
+            out.append("".join(chars))
+    order = rng.permutation(len(out))
+    return [out[i] for i in order]
+
+
+class LocalBuilder(tfds.core.GeneratorBasedBuilder, skip_registration=True):
+    """Base of builders that generate everything locally (no download, no checksums).
+
+    tfds 4.9.10 looks up a checksums file next to the builder's code through
+    `importlib_resources`, which it only installs for Python < 3.9, so
+    `download_and_prepare` of a builder living in a package fails without it.
+    A local builder downloads nothing, so it has no code path to look in.
+    """
+
+    @tfds.core.utils.classproperty
+    @classmethod
+    def code_path(cls):
+        return None
+
+
+# ---------------------------------------------------------------------------
+# numbers: digits -> words
+# ---------------------------------------------------------------------------
+
+
+@dataclasses.dataclass(eq=False)
+class NumbersConfig(tfds.core.BuilderConfig):
+    """Config of the numbers task.
+
+    Attributes:
+      language: num2words language code ("de", "en", "fr", ...).
+      num_train: training examples (distinct numbers of `train_digits` digits).
+      num_validation: validation examples, disjoint from train.
+      num_test_longer: examples of `test_digits` digits, never in training.
+      train_digits: digit counts of train and validation numbers.
+      test_digits: digit counts of the `test_longer` numbers.
+      seed: seed of the generator; the data is a pure function of the config.
+    """
+
+    language: str = "de"
+    num_train: int = 20_000
+    num_validation: int = 1_000
+    num_test_longer: int = 1_000
+    train_digits: tuple[int, ...] = (1, 2, 3, 4, 5, 6)
+    test_digits: tuple[int, ...] = (7, 8)
+    seed: int = 0
+
+
+def numbers_splits(config: NumbersConfig) -> dict[str, list[tuple[int, dict[str, str]]]]:
+    """The examples of every split of the numbers task, as (key, example) pairs."""
+    if set(config.train_digits) & set(config.test_digits):
+        raise ValueError(
+            f"train_digits {config.train_digits} and test_digits {config.test_digits} overlap"
+        )
+    rng = np.random.default_rng(config.seed)
+    short = sample_numbers(rng, config.num_train + config.num_validation, config.train_digits)
+    longer = sample_numbers(rng, config.num_test_longer, config.test_digits)
+    parts = {
+        "train": short[config.num_validation :],
+        "validation": short[: config.num_validation],
+        "test_longer": longer,
+    }
+    return {
+        split: [
+            (i, {"inputs": str(n), "targets": num2words(n, lang=config.language)})
+            for i, n in enumerate(numbers.tolist())
+        ]
+        for split, numbers in parts.items()
+    }
+
+
+class JattnNumbers(LocalBuilder):
+    """Digits to words (num2words): "342" -> "dreihundertzweiundvierzig" (German)."""
+
+    VERSION = tfds.core.Version("1.0.0")
+    RELEASE_NOTES = {"1.0.0": "Initial release."}
+    BUILDER_CONFIGS = [
+        NumbersConfig(name="de", language="de", description="German (default)."),
+        NumbersConfig(name="en", language="en", description="English."),
+        NumbersConfig(name="fr", language="fr", description="French."),
+        NumbersConfig(
+            name="de_tiny",
+            language="de",
+            num_train=600,
+            num_validation=50,
+            num_test_longer=50,
+            description="German, tiny: for tests and smoke runs.",
+        ),
+    ]
+
+    def _info(self) -> tfds.core.DatasetInfo:
+        return tfds.core.DatasetInfo(
+            builder=self,
+            description=self.__doc__,
+            features=_FEATURES(),
+            supervised_keys=("inputs", "targets"),
+        )
+
+    def _split_generators(self, dl_manager):
+        del dl_manager  # nothing to download
+        splits = numbers_splits(self.builder_config)
+        return {name: self._generate_examples(examples) for name, examples in splits.items()}
+
+    def _generate_examples(self, examples):
+        yield from examples
+
+
+# ---------------------------------------------------------------------------
+# copy and reverse of random strings
+# ---------------------------------------------------------------------------
+
+
+@dataclasses.dataclass(eq=False)
+class StringsConfig(tfds.core.BuilderConfig):
+    """Config of the copy / reverse tasks.
+
+    Attributes:
+      alphabet_size: the strings use the first `alphabet_size` lowercase letters.
+      train_lengths: (min, max) string length of train and validation, inclusive.
+      test_lengths: (min, max) string length of `test_longer`, inclusive.
+      num_train, num_validation, num_test_longer: split sizes (distinct strings).
+      seed: seed of the generator.
+    """
+
+    alphabet_size: int = 16
+    train_lengths: tuple[int, int] = (1, 15)
+    test_lengths: tuple[int, int] = (16, 30)
+    num_train: int = 20_000
+    num_validation: int = 1_000
+    num_test_longer: int = 1_000
+    seed: int = 0
+
+
+_STRINGS_CONFIGS = [
+    StringsConfig(name="default", description="Strings of 1-15 letters, test 16-30."),
+    StringsConfig(
+        name="tiny",
+        num_train=600,
+        num_validation=50,
+        num_test_longer=50,
+        description="Tiny: for tests and smoke runs.",
+    ),
+]
+
+
+def strings_splits(config: StringsConfig, reverse: bool) -> dict[str, list]:
+    """The examples of every split of copy (or reverse), as (key, example) pairs."""
+    if not 1 <= config.alphabet_size <= 26:
+        raise ValueError(f"alphabet_size must be in [1, 26], got {config.alphabet_size}")
+    lo, hi = config.train_lengths
+    tlo, thi = config.test_lengths
+    if not 1 <= lo <= hi < tlo <= thi:
+        raise ValueError(
+            f"need 1 <= train_lengths <= test_lengths disjoint, got {config.train_lengths} "
+            f"and {config.test_lengths}"
+        )
+    alphabet = string.ascii_lowercase[: config.alphabet_size]
+    rng = np.random.default_rng(config.seed)
+    short = sample_strings(
+        rng, config.num_train + config.num_validation, config.train_lengths, alphabet
+    )
+    longer = sample_strings(rng, config.num_test_longer, config.test_lengths, alphabet)
+    parts = {
+        "train": short[config.num_validation :],
+        "validation": short[: config.num_validation],
+        "test_longer": longer,
+    }
+    fn = (lambda s: s[::-1]) if reverse else (lambda s: s)
+    return {
+        split: [(i, {"inputs": s, "targets": fn(s)}) for i, s in enumerate(strings)]
+        for split, strings in parts.items()
+    }
+
+
+class _StringsBuilder(LocalBuilder, skip_registration=True):
+    VERSION = tfds.core.Version("1.0.0")
+    RELEASE_NOTES = {"1.0.0": "Initial release."}
+    BUILDER_CONFIGS = _STRINGS_CONFIGS
+    _REVERSE = False
+
+    def _info(self) -> tfds.core.DatasetInfo:
+        return tfds.core.DatasetInfo(
+            builder=self,
+            description=self.__doc__,
+            features=_FEATURES(),
+            supervised_keys=("inputs", "targets"),
+        )
+
+    def _split_generators(self, dl_manager):
+        del dl_manager
+        splits = strings_splits(self.builder_config, reverse=self._REVERSE)
+        return {name: self._generate_examples(examples) for name, examples in splits.items()}
+
+    def _generate_examples(self, examples):
+        yield from examples
+
+
+class JattnCopy(_StringsBuilder):
+    """Copy a random string of letters: "abc" -> "abc"."""
+
+    _REVERSE = False
+
+
+class JattnReverse(_StringsBuilder):
+    """Reverse a random string of letters: "abc" -> "cba"."""
+
+    _REVERSE = True
+
+
+# The task names `jattn.data.load` knows, with their builder and default config.
+BUILDERS: dict[str, tuple[type[tfds.core.GeneratorBasedBuilder], str]] = {
+    "numbers": (JattnNumbers, "de"),
+    "copy": (JattnCopy, "default"),
+    "reverse": (JattnReverse, "default"),
+}

@@ -1,0 +1,183 @@
+"""The grain input pipeline: shard, shuffle, tokenize, drop/truncate, pack, batch.
+
+    source[shard_index::shard_count]        random access (tfds array_record)
+      .shuffle(seed) .repeat(num_epochs)    a new permutation every epoch
+      .map(tokenize)                        {"inputs": int32 [Li], "targets": int32 [Lt]}
+    -> iterator: drop or truncate examples longer than max_len (counted)
+      -> pack (first fit, `batch_size` bins) or pad (one example a row)
+      -> batch(batch_size)                  a short last batch is padded with empty rows
+
+Everything is a deterministic function of (task, split, arguments, seed), and the
+iterator's `get_state()` is a small JSON-able dict, so a run restored from a
+checkpoint sees exactly the batches an uninterrupted run would (see
+`jattn.data.checkpoint` for the orbax glue).
+"""
+
+from __future__ import annotations
+
+import copy
+from typing import Any
+
+import grain
+import numpy as np
+
+from jattn.data import packing
+from jattn.data.tasks import Task
+
+OVERLONG = ("drop", "truncate")
+
+
+class _OverlongIterDataset(grain.IterDataset):
+    """Drops or truncates examples longer than `max_len`, counting what it does."""
+
+    def __init__(self, parent: grain.IterDataset, max_len: int, overlong: str):
+        super().__init__(parent)
+        self._max_len = max_len
+        self._overlong = overlong
+
+    def __iter__(self) -> _OverlongIterator:
+        return _OverlongIterator(self._parent.__iter__(), self._max_len, self._overlong)
+
+
+class _OverlongIterator(grain.DatasetIterator):
+    """State: the parent's state and the counts, so that counts survive a restore."""
+
+    def __init__(self, parent: grain.DatasetIterator, max_len: int, overlong: str):
+        super().__init__(parent)
+        self._max_len = max_len
+        self._overlong = overlong
+        self.counts = {"examples": 0, "dropped": 0, "truncated": 0}
+
+    def __next__(self) -> dict[str, np.ndarray]:
+        while True:
+            example = next(self._parent)
+            self.counts["examples"] += 1
+            longest = max(len(example[k]) for k in packing.FEATURES)
+            if longest <= self._max_len:
+                return example
+            if self._overlong == "drop":
+                self.counts["dropped"] += 1
+                continue
+            self.counts["truncated"] += 1
+            return {k: example[k][: self._max_len] for k in packing.FEATURES}
+
+    def get_state(self) -> dict[str, Any]:
+        return {"parent": self._parent.get_state(), "counts": dict(self.counts)}
+
+    def set_state(self, state: dict[str, Any]) -> None:
+        self._parent.set_state(state["parent"])
+        self.counts = dict(state["counts"])
+
+
+def _tokenize_fn(tokenizer):
+    def tokenize(example: dict[str, str]) -> dict[str, np.ndarray]:
+        return {
+            "inputs": np.asarray(tokenizer.encode(example["inputs"]), np.int32),
+            "targets": np.asarray(tokenizer.encode(example["targets"]), np.int32),
+        }
+
+    return tokenize
+
+
+def _batch_fn(batch_size: int):
+    def stack_and_pad(rows: list[dict[str, np.ndarray]]) -> dict[str, np.ndarray]:
+        out = {}
+        for key in packing.BATCH_KEYS:
+            x = np.stack([r[key] for r in rows]).astype(np.int32)  # [n, L]
+            if len(rows) < batch_size:  # the last batch of a finite stream
+                x = np.concatenate([x, np.zeros((batch_size - len(rows), x.shape[1]), np.int32)])
+            out[key] = x  # [batch_size, L]
+        return out
+
+    return stack_and_pad
+
+
+def make_loader(
+    task: Task,
+    split: str,
+    *,
+    batch_size: int,
+    max_len: int,
+    seed: int,
+    shuffle: bool = True,
+    num_epochs: int | None = None,
+    pack: bool = True,
+    overlong: str = "drop",
+    shard_index: int = 0,
+    shard_count: int = 1,
+) -> grain.IterDataset:
+    """The batches of one split, for one process.
+
+    Args:
+      task: from `jattn.data.load`.
+      split: one of `task.splits`.
+      batch_size: rows per batch on this process.
+      max_len: tokens per row, for inputs and for targets (EOS included).
+      seed: shuffles the examples (a new permutation every epoch).
+      shuffle: False keeps the split's order (evaluation).
+      num_epochs: passes over the data; None repeats forever.
+      pack: several examples a row (first fit); False: one example a row.
+      overlong: examples with more than `max_len` input or target tokens are
+        "drop"ped or "truncate"d (cut to `max_len`, losing their EOS); both counted,
+        see `loader_stats`.
+      shard_index, shard_count: this process reads examples shard_index,
+        shard_index + shard_count, ... (usually jax.process_index(), jax.process_count()).
+
+    Returns:
+      A grain IterDataset; `iter()` of it yields dicts of int32 [batch_size, max_len]:
+      "inputs", "targets", "inputs_segment_ids", "targets_segment_ids",
+      "inputs_positions", "targets_positions". The iterator has `get_state()` /
+      `set_state(state)`. With a finite `num_epochs`, the last batch is padded with
+      empty rows (segment id 0 everywhere), and shards may yield different numbers of
+      batches.
+
+    Raises:
+      ValueError: unknown split, an empty split or shard, bad sizes or `overlong`.
+    """
+    if split not in task.splits:
+        raise ValueError(f"task {task.name!r} has no split {split!r}; splits: {task.splits}")
+    for arg, value in (("batch_size", batch_size), ("max_len", max_len)):
+        if not isinstance(value, int | np.integer) or value < 1:
+            raise ValueError(f"{arg} must be a positive int, got {value!r}")
+    if overlong not in OVERLONG:
+        raise ValueError(f"overlong must be one of {OVERLONG}, got {overlong!r}")
+    if not (isinstance(shard_count, int) and shard_count >= 1 and 0 <= shard_index < shard_count):
+        raise ValueError(
+            f"need 0 <= shard_index < shard_count, got shard_index={shard_index}, "
+            f"shard_count={shard_count}"
+        )
+    if num_epochs is not None and num_epochs < 1:
+        raise ValueError(f"num_epochs must be None or >= 1, got {num_epochs}")
+    source = task.source(split)
+    if len(source) == 0:
+        raise ValueError(f"split {split!r} of task {task.name!r} is empty")
+    ds = grain.MapDataset.source(source)[shard_index::shard_count]
+    if len(ds) == 0:
+        raise ValueError(
+            f"shard {shard_index} of {shard_count} of split {split!r} ({len(source)} examples) "
+            "is empty"
+        )
+    if shuffle:
+        ds = ds.shuffle(seed=seed)
+    ds = ds.repeat(num_epochs)  # with shuffle: a new permutation every epoch
+    ds = ds.map(_tokenize_fn(task.tokenizer))
+    it_ds = _OverlongIterDataset(ds.to_iter_dataset(), max_len, overlong)
+    if pack:
+        rows = packing.pack(it_ds, max_len=max_len, num_bins=batch_size, seed=seed)
+    else:
+        rows = it_ds.map(lambda ex: packing.pad_to_row(ex, max_len))
+    return rows.batch(batch_size, drop_remainder=False, batch_fn=_batch_fn(batch_size))
+
+
+def loader_stats(iterator: grain.DatasetIterator) -> dict[str, int]:
+    """Counts of an iterator from `make_loader`: examples read, dropped, truncated.
+
+    Counts include examples read ahead into the packer but not yet emitted.
+    """
+    todo = [iterator]
+    while todo:
+        it = todo.pop()
+        if isinstance(it, _OverlongIterator):
+            return copy.deepcopy(it.counts)
+        todo.extend(getattr(it, "_parents", ()))
+    raise ValueError(f"{iterator!r} is not an iterator of a make_loader dataset")

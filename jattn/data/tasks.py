@@ -1,0 +1,255 @@
+"""`load`: a task by name -> prepared tfds data (array_record), its sources and tokenizer.
+
+Names: "numbers" (German), "numbers/en", "numbers/fr", "numbers/de_tiny", "copy",
+"reverse", "copy/tiny", ... (jattn's local builders, see `builders.py`), or any
+tfds translation data set such as "wmt14_translate/de-en", whose source and
+target keys default to its `supervised_keys`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+from collections.abc import Iterator, Mapping, Sequence
+from typing import Any
+
+import numpy as np
+import tensorflow_datasets as tfds
+
+from jattn.data import builders as builders_lib
+from jattn.data import tokenizers as tokenizers_lib
+
+_SPLIT_ORDER = ("train", "validation", "test", "test_longer")
+_TOKENIZER_SAMPLE = 1_000_000  # at most this many training examples teach the vocabulary
+
+
+class TextSource:
+    """Random-access view of a tfds data source as `{"inputs": str, "targets": str}`.
+
+    Args:
+      data_source: the tfds `ArrayRecordDataSource` of one split.
+      source_key, target_key: feature paths ("de", or "translation/de" when nested).
+    """
+
+    def __init__(self, data_source: Any, source_key: str, target_key: str):
+        self._data = data_source
+        self._source = source_key.split("/")
+        self._target = target_key.split("/")
+
+    def __len__(self) -> int:
+        return len(self._data)
+
+    def _convert(self, record: Mapping) -> dict[str, str]:
+        return {
+            "inputs": _text(_get(record, self._source)),
+            "targets": _text(_get(record, self._target)),
+        }
+
+    def __getitem__(self, index: int) -> dict[str, str]:
+        return self._convert(self._data[index])
+
+    def __getitems__(self, indices: Sequence[int]) -> list[dict[str, str]]:
+        if hasattr(self._data, "__getitems__"):
+            records = self._data.__getitems__(list(indices))
+        else:
+            records = [self._data[i] for i in indices]
+        return [self._convert(r) for r in records]
+
+    def __repr__(self) -> str:
+        return f"TextSource({self._data!r}, inputs={'/'.join(self._source)!r}, " + (
+            f"targets={'/'.join(self._target)!r})"
+        )
+
+
+def _get(record: Mapping, path: list[str]):
+    for key in path:
+        record = record[key]
+    return record
+
+
+def _text(value) -> str:
+    return value.decode("utf-8") if isinstance(value, bytes) else str(value)
+
+
+@dataclasses.dataclass(frozen=True)
+class Task:
+    """A prepared data set with its tokenizer.
+
+    Attributes:
+      name: the name given to `load`.
+      tokenizer: `.encode(text) -> list[int]` ending with EOS_ID, `.decode(ids) -> str`,
+        `.vocab_size` (PAD=0 and EOS=1 included).
+      splits: the split names, e.g. ("train", "validation", "test_longer").
+      full_name: the tfds builder's "name/config/version".
+      source_key, target_key: the features used as inputs and targets.
+    """
+
+    name: str
+    tokenizer: tokenizers_lib.Tokenizer
+    splits: tuple[str, ...]
+    full_name: str = ""
+    source_key: str = "inputs"
+    target_key: str = "targets"
+    _data_sources: Mapping[str, Any] = dataclasses.field(
+        default_factory=dict, repr=False, compare=False
+    )
+
+    def source(self, split: str) -> TextSource:
+        """Random-access source of `{"inputs": str, "targets": str}` for `split`."""
+        if split not in self._data_sources:
+            raise ValueError(f"task {self.name!r} has no split {split!r}; splits: {self.splits}")
+        return TextSource(self._data_sources[split], self.source_key, self.target_key)
+
+
+def _make_builder(name: str, data_dir: str | None) -> tfds.core.DatasetBuilder:
+    base, _, config = name.partition("/")
+    if base in builders_lib.BUILDERS:
+        cls, default_config = builders_lib.BUILDERS[base]
+        config_name, _, version = (config or default_config).partition(":")
+        known = [c.name for c in cls.BUILDER_CONFIGS]
+        if config_name not in known:
+            raise ValueError(
+                f"unknown config {config_name!r} in dataset name {name!r}; "
+                f"{base!r} has configs {known}"
+            )
+        return cls(
+            data_dir=data_dir,
+            config=config_name,
+            version=version or None,
+            file_format="array_record",
+        )
+    try:
+        return tfds.builder(name, data_dir=data_dir, file_format="array_record")
+    except tfds.core.registered.DatasetNotFoundError as e:
+        raise ValueError(
+            f"unknown dataset name {name!r}: neither a jattn task ({sorted(builders_lib.BUILDERS)}"
+            " with an optional '/config') nor a registered tfds dataset"
+        ) from e
+
+
+def _resolve_key(info: tfds.core.DatasetInfo, key: str | None, which: str, name: str) -> str:
+    if key is None:
+        keys = info.supervised_keys
+        if not (
+            isinstance(keys, tuple) and len(keys) == 2 and all(isinstance(k, str) for k in keys)
+        ):
+            raise ValueError(
+                f"dataset {name!r} has no (source, target) supervised_keys ({keys!r}); pass "
+                f"source_key and target_key (its features: {_feature_paths(info.features)})"
+            )
+        key = keys[0] if which == "source_key" else keys[1]
+    feature = info.features
+    for part in key.split("/"):
+        if not isinstance(feature, tfds.features.FeaturesDict) or part not in feature:
+            raise ValueError(
+                f"{which}={key!r} is not a feature of dataset {name!r}; "
+                f"its features: {_feature_paths(info.features)}"
+            )
+        feature = feature[part]
+    if not isinstance(feature, tfds.features.Text):
+        raise ValueError(
+            f"{which}={key!r} of dataset {name!r} is a {type(feature).__name__}, not a Text feature"
+        )
+    return key
+
+
+def _feature_paths(feature, prefix: str = "") -> list[str]:
+    if isinstance(feature, tfds.features.FeaturesDict):
+        out = []
+        for k in feature.keys():
+            out.extend(_feature_paths(feature[k], f"{prefix}{k}/"))
+        return out
+    return [prefix.rstrip("/")]
+
+
+def _ordered_splits(names) -> tuple[str, ...]:
+    names = list(names)
+    return tuple([s for s in _SPLIT_ORDER if s in names] + sorted(set(names) - set(_SPLIT_ORDER)))
+
+
+def training_texts(source: TextSource, limit: int = _TOKENIZER_SAMPLE) -> Iterator[str]:
+    """Inputs and targets of (at most `limit`, a fixed random sample of) the examples."""
+    n = len(source)
+    if n > limit:
+        indices = np.sort(np.random.default_rng(0).choice(n, size=limit, replace=False))
+    else:
+        indices = np.arange(n)
+    for start in range(0, len(indices), 4096):
+        for ex in source.__getitems__(indices[start : start + 4096].tolist()):
+            yield ex["inputs"]
+            yield ex["targets"]
+
+
+def load(
+    name: str,
+    *,
+    data_dir: str | None = None,
+    tokenizer: str = "char",
+    vocab_size: int = 8000,
+    source_key: str | None = None,
+    target_key: str | None = None,
+) -> Task:
+    """Prepares a data set (once) and returns it as a Task with its tokenizer.
+
+    Args:
+      name: "numbers" (German), "numbers/en", "numbers/fr", "numbers/de_tiny", "copy",
+        "reverse", "copy/tiny", "reverse/tiny", or any tfds translation data set
+        ("wmt14_translate/de-en"); an optional ":version" may follow the config.
+      data_dir: tfds data directory (default: $TFDS_DATA_DIR or ~/tensorflow_datasets).
+        Prepared data goes to `data_dir/<builder>/<config>/<version>` as array_record;
+        vocabularies to `data_dir/jattn_vocab/<builder>/<config>/<version>/`.
+      tokenizer: "char", "spm" (SentencePiece unigram), "spm_bpe".
+      vocab_size: SentencePiece vocabulary size (37000 for the paper's WMT14 en-de);
+        ignored by "char".
+      source_key, target_key: features used as inputs and targets; default: the data
+        set's supervised_keys. Nested features are written "translation/de".
+
+    Returns:
+      The Task, reading every split through `builder.as_data_source()`.
+
+    Raises:
+      ValueError: unknown name or config, missing or non-text features, data prepared in
+        another file format, an empty train split, a mismatched cached vocabulary.
+    """
+    builder = _make_builder(name, data_dir)
+    builder.download_and_prepare()
+    info = builder.info
+    source_key = _resolve_key(info, source_key, "source_key", name)
+    target_key = _resolve_key(info, target_key, "target_key", name)
+    try:
+        data_sources = builder.as_data_source()
+    except (NotImplementedError, ValueError) as e:
+        raise ValueError(
+            f"dataset {name!r} in {builder.data_dir} cannot be read with as_data_source() "
+            f"(prepared as {info.file_format}? jattn needs array_record): {e}"
+        ) from e
+    splits = _ordered_splits(data_sources)
+    if "train" not in data_sources or len(data_sources["train"]) == 0:
+        raise ValueError(
+            f"dataset {name!r} has an empty or missing 'train' split (splits: "
+            f"{ {s: len(data_sources[s]) for s in splits} }); the vocabulary is learned from it"
+        )
+    train = TextSource(data_sources["train"], source_key, target_key)
+    cache_dir = os.path.join(os.fspath(builder.data_dir_root), "jattn_vocab", info.full_name)
+    tok = tokenizers_lib.get_tokenizer(
+        tokenizer,
+        vocab_size=vocab_size,
+        cache_dir=cache_dir,
+        settings={
+            "dataset": info.full_name,
+            "split": "train",
+            "source_key": source_key,
+            "target_key": target_key,
+            "num_examples": len(train),
+        },
+        texts=lambda: training_texts(train),
+    )
+    return Task(
+        name=name,
+        tokenizer=tok,
+        splits=splits,
+        full_name=info.full_name,
+        source_key=source_key,
+        target_key=target_key,
+        _data_sources=dict(data_sources),
+    )

@@ -1,0 +1,259 @@
+"""Tokenizers: characters for the small tasks, SentencePiece for real corpora.
+
+Every tokenizer shares the id conventions of the models: ``PAD_ID = 0`` (padding
+and the decoder's start symbol), ``EOS_ID = 1`` (end of sequence), ``UNK_ID = 2``.
+`encode` appends EOS; `decode` stops at the first EOS or PAD.
+
+Vocabularies are learned from the training split (source and target together:
+one shared vocabulary) and cached in the data directory, beside a small JSON
+file recording the settings they were built with. Loading a cached vocabulary
+whose settings differ from the requested ones raises a ValueError that names
+the file and the differing settings.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import tempfile
+from collections.abc import Callable, Iterable, Sequence
+from typing import Protocol
+
+import sentencepiece as spm
+
+PAD_ID = 0
+EOS_ID = 1
+UNK_ID = 2
+UNK_TEXT = "\u2047"  # what an unknown id decodes to (as SentencePiece does)
+
+
+class Tokenizer(Protocol):
+    """What the pipeline and the models need from a tokenizer."""
+
+    vocab_size: int
+
+    def encode(self, text: str) -> list[int]: ...
+
+    def decode(self, ids: Iterable[int]) -> str: ...
+
+
+def _until_end(ids: Iterable[int]) -> list[int]:
+    """The ids before the first EOS or PAD."""
+    out = []
+    for i in ids:
+        i = int(i)
+        if i in (PAD_ID, EOS_ID):
+            break
+        out.append(i)
+    return out
+
+
+class CharTokenizer:
+    """One id per character: PAD=0, EOS=1, UNK=2, then the characters in sorted order."""
+
+    kind = "char"
+
+    def __init__(self, chars: Sequence[str]):
+        if len(set(chars)) != len(chars) or any(len(c) != 1 for c in chars):
+            raise ValueError(f"chars must be distinct single characters, got {chars!r}")
+        self.chars = tuple(chars)
+        self._ids = {c: i + 3 for i, c in enumerate(self.chars)}
+        self.vocab_size = len(self.chars) + 3
+
+    @classmethod
+    def train(cls, texts: Iterable[str]) -> CharTokenizer:
+        """The tokenizer whose vocabulary is every character of `texts`, sorted."""
+        seen: set[str] = set()
+        for t in texts:
+            seen.update(t)
+        return cls(sorted(seen))
+
+    def encode(self, text: str) -> list[int]:
+        ids = self._ids
+        return [ids.get(c, UNK_ID) for c in text] + [EOS_ID]
+
+    def decode(self, ids: Iterable[int]) -> str:
+        chars = self.chars
+        n = len(chars)
+        return "".join(chars[i - 3] if 3 <= i < n + 3 else UNK_TEXT for i in _until_end(ids))
+
+    def save(self, path: str) -> None:
+        _write_atomic(path, json.dumps({"chars": list(self.chars)}, ensure_ascii=False).encode())
+
+    @classmethod
+    def load(cls, path: str) -> CharTokenizer:
+        with open(path, encoding="utf-8") as f:
+            return cls(json.load(f)["chars"])
+
+
+class SentencePieceTokenizer:
+    """A SentencePiece model with PAD=0, EOS=1, UNK=2 and no BOS."""
+
+    kind = "spm"
+
+    def __init__(self, model_proto: bytes):
+        self.model_proto = model_proto
+        self._sp = spm.SentencePieceProcessor(model_proto=model_proto)
+        self.vocab_size = self._sp.get_piece_size()
+        ids = (self._sp.pad_id(), self._sp.eos_id(), self._sp.unk_id(), self._sp.bos_id())
+        if ids != (PAD_ID, EOS_ID, UNK_ID, -1):
+            raise ValueError(
+                f"SentencePiece model must have pad=0, eos=1, unk=2 and no bos; got "
+                f"(pad, eos, unk, bos)={ids}"
+            )
+
+    @classmethod
+    def train(
+        cls,
+        texts: Iterable[str],
+        vocab_size: int,
+        model_type: str = "unigram",
+        character_coverage: float = 1.0,
+    ) -> SentencePieceTokenizer:
+        """Trains a SentencePiece model of exactly `vocab_size` pieces on `texts`."""
+        model = _BytesIO()
+        try:
+            spm.SentencePieceTrainer.train(
+                sentence_iterator=iter(texts),
+                model_writer=model,
+                vocab_size=vocab_size,
+                model_type=model_type,
+                character_coverage=character_coverage,
+                pad_id=PAD_ID,
+                eos_id=EOS_ID,
+                unk_id=UNK_ID,
+                bos_id=-1,
+                input_sentence_size=2_000_000,
+                shuffle_input_sentence=True,
+                num_threads=os.cpu_count() or 1,
+                minloglevel=2,
+            )
+        except RuntimeError as e:
+            raise ValueError(
+                f"SentencePiece training failed for vocab_size={vocab_size}, "
+                f"model_type={model_type!r}: {e}"
+            ) from e
+        return cls(model.value)
+
+    def encode(self, text: str) -> list[int]:
+        return self._sp.encode(text) + [EOS_ID]
+
+    def decode(self, ids: Iterable[int]) -> str:
+        return self._sp.decode(_until_end(ids))
+
+    def save(self, path: str) -> None:
+        _write_atomic(path, self.model_proto)
+
+    @classmethod
+    def load(cls, path: str) -> SentencePieceTokenizer:
+        with open(path, "rb") as f:
+            return cls(f.read())
+
+
+class _BytesIO:
+    """The `model_writer` SentencePiece writes the serialized model into."""
+
+    value = b""
+
+    def write(self, data: bytes) -> None:
+        self.value += data
+
+
+def _write_atomic(path: str, data: bytes) -> None:
+    """Writes `data` to `path` so that readers never see a partial file."""
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=os.path.dirname(path), prefix=".tmp-")
+    with os.fdopen(fd, "wb") as f:
+        f.write(data)
+    os.replace(tmp, path)
+
+
+# name -> (tokenizer class, extra training kwargs, file suffix)
+TOKENIZERS: dict[str, tuple[type, dict, str]] = {
+    "char": (CharTokenizer, {}, "json"),
+    "spm": (SentencePieceTokenizer, {"model_type": "unigram"}, "model"),
+    "spm_unigram": (SentencePieceTokenizer, {"model_type": "unigram"}, "model"),
+    "spm_bpe": (SentencePieceTokenizer, {"model_type": "bpe"}, "model"),
+}
+
+
+def vocab_path(cache_dir: str, tokenizer: str, vocab_size: int) -> str:
+    """Where the vocabulary of `tokenizer` is cached (the settings file adds `.settings.json`)."""
+    _, _, suffix = TOKENIZERS[tokenizer]
+    stem = "char" if tokenizer == "char" else f"{tokenizer}_{vocab_size}"
+    return os.path.join(cache_dir, f"{stem}.{suffix}")
+
+
+def get_tokenizer(
+    tokenizer: str,
+    *,
+    vocab_size: int,
+    cache_dir: str,
+    settings: dict,
+    texts: Callable[[], Iterable[str]],
+) -> Tokenizer:
+    """Loads the cached vocabulary, or learns it from `texts()` and caches it.
+
+    Args:
+      tokenizer: a key of `TOKENIZERS`: "char", "spm" (= "spm_unigram") or "spm_bpe".
+      vocab_size: pieces of a SentencePiece vocabulary, PAD/EOS/UNK included
+        (ignored by "char", whose vocabulary is the characters of the data).
+      cache_dir: directory of the cached vocabulary files.
+      settings: JSON-able description of what the vocabulary is learned from (dataset,
+        split, keys); stored beside the vocabulary and checked on every load.
+      texts: called (only when nothing is cached) to get the training texts.
+
+    Raises:
+      ValueError: unknown tokenizer name, or a cached vocabulary whose settings or
+        size differ from the requested ones.
+    """
+    if tokenizer not in TOKENIZERS:
+        raise ValueError(f"unknown tokenizer {tokenizer!r}; expected one of {sorted(TOKENIZERS)}")
+    cls, train_kwargs, _ = TOKENIZERS[tokenizer]
+    if cls is SentencePieceTokenizer and vocab_size < 4:
+        raise ValueError(f"vocab_size must be at least 4 for {tokenizer!r}, got {vocab_size}")
+    settings = dict(settings, tokenizer=tokenizer, **train_kwargs)
+    if cls is SentencePieceTokenizer:
+        settings["vocab_size"] = vocab_size
+    path = vocab_path(cache_dir, tokenizer, vocab_size)
+    settings_path = path + ".settings.json"
+    if os.path.exists(path):
+        found = {}
+        if os.path.exists(settings_path):
+            with open(settings_path) as f:
+                found = json.load(f)
+        differ = {
+            k: (found.get(k), settings.get(k))
+            for k in sorted(set(found) | set(settings))
+            if found.get(k) != settings.get(k)
+        }
+        if differ:
+            details = ", ".join(
+                f"{k}: cached {a!r} vs requested {b!r}" for k, a, b in _flat(differ)
+            )
+            raise ValueError(
+                f"cached vocabulary {path} does not match the requested settings ({details}); "
+                "delete it (and its .settings.json) to rebuild it, or request its settings"
+            )
+        try:
+            tok = cls.load(path)
+        except (ValueError, RuntimeError, OSError, KeyError) as e:
+            raise ValueError(f"cached vocabulary {path} cannot be read: {e}") from e
+        if cls is SentencePieceTokenizer and tok.vocab_size != vocab_size:
+            raise ValueError(
+                f"cached vocabulary {path} has {tok.vocab_size} pieces but vocab_size="
+                f"{vocab_size} was requested; delete it to rebuild it"
+            )
+        return tok
+    if cls is SentencePieceTokenizer:
+        tok = cls.train(texts(), vocab_size=vocab_size, **train_kwargs)
+    else:
+        tok = cls.train(texts())
+    # Settings first: a crash in between leaves no vocabulary, so it is rebuilt.
+    _write_atomic(settings_path, json.dumps(settings, indent=1, sort_keys=True).encode())
+    tok.save(path)
+    return tok
+
+
+def _flat(differ: dict) -> list[tuple]:
+    return [(k, a, b) for k, (a, b) in differ.items()]
