@@ -10,7 +10,7 @@ Checkpoint the iterator with the train state in one orbax step: see
 """
 
 from jattn.data.packing import BATCH_KEYS, pad_to_row, unpack
-from jattn.data.pipeline import loader_stats, make_loader
+from jattn.data.pipeline import loader_stats, make_loader, measure_loader
 from jattn.data.tasks import Task, TextSource, load
 from jattn.data.tokenizers import (
     EOS_ID,
@@ -34,6 +34,7 @@ __all__ = [
     "load",
     "loader_stats",
     "make_loader",
+    "measure_loader",
     "pad_to_row",
     "unpack",
 ]
