@@ -1,0 +1,423 @@
+"""`implementation="pallas"`: tiled flash attention with a custom VJP.
+
+The public entry `flash_attention` receives the normal form of
+`jattn.attention` and:
+
+1. moves the Shaw tables out of the inner loop: the key term becomes a
+   per-query table `qr = scale * q @ key_tableᵀ` (`[B, T, N, 2k+1]`, one XLA
+   matmul) that the kernel reads one column per relative id, and the value
+   term comes back from the kernel as the weight mass per relative id
+   (`pr`, `[B, T, N, 2k+1]`), multiplied by the value table here. Neither a
+   `[T, S, H]` tensor nor a `[T, S]` mask ever exists;
+2. pads lengths to the tile sizes (and head dims to powers of two on the
+   GPU); padded keys are masked in-kernel, padded queries are sliced away;
+3. builds the block map: per (query tile, key tile) a class (skip / general /
+   fast) from the tiles' min/max positions and segment ids and, if given, the
+   user mask; and per row / column the loop bounds. It is O((T/bq)·(S/bk));
+4. runs the forward kernel, whose custom VJP runs the dq and dk/dv kernels,
+   recomputing probabilities from the saved log-sum-exp.
+
+Gradients of the Shaw tables and of `q` through `qr`, and of the value table
+through `pr`, follow by autodiff of the XLA steps around the kernel. The bias
+gradient is reduced to the bias's broadcast shape; a bias with both a query
+and a key axis gets its gradient through a `[B, N, T, S]` float32 buffer
+(the size of such a bias broadcast over batch and heads).
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from jattn.kernels import flash_bwd
+from jattn.kernels import flash_pallas as fp
+from jattn.kernels import flash_tiles as ft
+
+Array = jax.Array
+
+__all__ = ["block_map", "default_blocks", "flash_attention", "run_bounds"]
+
+_INT_MAX = np.iinfo(np.int32).max
+_INT_MIN = np.iinfo(np.int32).min
+_GPU_BACKENDS = ("gpu", "cuda", "rocm")
+
+
+def _round_up(x: int, m: int) -> int:
+    return -(-x // m) * m
+
+
+def _pow2(x: int) -> int:
+    return 1 << max(0, int(x) - 1).bit_length()
+
+
+def default_blocks(backend: str, t: int, s: int) -> tuple[tuple[int, int], tuple[int, int]]:
+    """Default `((block_q, block_k) forward, (block_q, block_k) backward)`.
+
+    GPU: 128x64 forward, 64x64 backward (powers of two, >= 16, capped by the
+    sequence lengths); interpret mode: 128x128 capped by the lengths.
+    """
+    if backend == "interpret":
+        fwd = (min(128, t), min(128, s))
+        return fwd, fwd
+    cap_t, cap_s = max(16, _pow2(t)), max(16, _pow2(s))
+    return (min(128, cap_t), min(64, cap_s)), (min(64, cap_t), min(64, cap_s))
+
+
+def _resolve_backend(interpret: bool | None) -> str:
+    if interpret is None:
+        interpret = jax.default_backend() not in (*_GPU_BACKENDS, "tpu")
+    if interpret:
+        return "interpret"
+    platform = jax.default_backend()
+    if platform == "tpu":
+        raise NotImplementedError(
+            "flash_attention: the Pallas kernel targets GPUs (Triton); on TPU use "
+            "implementation='chunked' or 'xla', or interpret=True"
+        )
+    return "gpu"
+
+
+def _check_block(name: str, value: int, backend: str) -> int:
+    value = int(value)
+    if value < 1:
+        raise ValueError(f"flash_attention: {name} must be positive, got {value}")
+    if backend == "gpu" and (value < 16 or value & (value - 1)):
+        raise ValueError(
+            f"flash_attention: on the GPU {name} must be a power of two >= 16, got {value}"
+        )
+    return value
+
+
+# --------------------------------------------------------------------------------------
+# Block map.
+
+
+def _tile_min_max(x: Array, block: int, padded: int) -> tuple[Array, Array]:
+    """Per-tile min and max of `x [B, L]` over its real entries: `[B, L_p/block]` each."""
+    b, n = x.shape[0], padded // block
+    pad = ((0, 0), (0, padded - x.shape[1]))
+    lo = jnp.pad(x, pad, constant_values=_INT_MAX).reshape(b, n, block).min(-1)
+    hi = jnp.pad(x, pad, constant_values=_INT_MIN).reshape(b, n, block).max(-1)
+    return lo, hi
+
+
+def _mask_tiles(mask: Array, bq: int, bk: int, tp: int, sp: int) -> tuple[Array, Array]:
+    """Per-tile any/all of a bool mask `[B|1, N|1, T|1, S|1]` (real entries only)."""
+
+    def reduce(fill: bool, op):
+        m = mask
+        b, n, t, s = m.shape
+        if t > 1:
+            m = jnp.pad(m, ((0, 0), (0, 0), (0, tp - t), (0, 0)), constant_values=fill)
+        if s > 1:
+            m = jnp.pad(m, ((0, 0), (0, 0), (0, 0), (0, sp - s)), constant_values=fill)
+        nt, tq = (tp // bq, bq) if t > 1 else (1, 1)
+        ns, tk = (sp // bk, bk) if s > 1 else (1, 1)
+        return op(m.reshape(b, n, nt, tq, ns, tk), axis=(3, 5))  # [B|1, N|1, nT|1, nS|1]
+
+    return reduce(False, jnp.any), reduce(True, jnp.all)
+
+
+def block_map(
+    *,
+    q_pos: Array | None,
+    kv_pos: Array | None,
+    q_seg: Array | None,
+    kv_seg: Array | None,
+    mask: Array | None,
+    causal: bool,
+    max_distance: int | None,
+    seq_k: int,
+    block_q: int,
+    block_k: int,
+    padded_q: int,
+    padded_k: int,
+    batch: int,
+) -> Array:
+    """Class of every (query tile, key tile) pair: int32 `[B, N|1, nT, nS]`.
+
+    SKIP when provably nothing is visible (causal: the earliest key is after
+    the latest query; segments: the id ranges do not overlap; mask: all
+    False); FAST_LEFT / FAST_RIGHT when provably everything is visible and
+    (with Shaw, `max_distance` not None) the relative id is constant, 0 or
+    2k; GENERAL otherwise. Built from per-tile min/max only: O(nT·nS).
+    """
+    nt, ns = padded_q // block_q, padded_k // block_k
+    skip = jnp.zeros((batch, 1, nt, ns), bool)
+    full = jnp.ones((batch, 1, nt, ns), bool)
+    right = jnp.zeros((batch, 1, nt, ns), bool)
+    col = lambda x: x[:, None, :, None]  # noqa: E731  [B, nT] -> [B, 1, nT, 1]
+    row = lambda x: x[:, None, None, :]  # noqa: E731  [B, nS] -> [B, 1, 1, nS]
+    if causal or max_distance is not None:
+        qp_lo, qp_hi = _tile_min_max(q_pos, block_q, padded_q)
+        kp_lo, kp_hi = _tile_min_max(kv_pos, block_k, padded_k)
+    if causal:
+        skip |= row(kp_lo) > col(qp_hi)
+        full &= row(kp_hi) <= col(qp_lo)
+    if q_seg is not None:
+        qs_lo, qs_hi = _tile_min_max(q_seg, block_q, padded_q)
+        ks_lo, ks_hi = _tile_min_max(kv_seg, block_k, padded_k)
+        skip |= (row(ks_hi) < col(qs_lo)) | (row(ks_lo) > col(qs_hi))
+        same = (qs_lo == qs_hi)[:, None, :, None] & (ks_lo == ks_hi)[:, None, None, :]
+        full &= same & (col(qs_lo) == row(ks_lo))
+    if seq_k < padded_k:
+        full &= (jnp.arange(ns) < ns - 1)[None, None, None, :]
+    if mask is not None:
+        m_any, m_all = _mask_tiles(mask, block_q, block_k, padded_q, padded_k)
+        skip = skip | ~m_any
+        full = full & m_all
+    if max_distance is not None:
+        k = max_distance
+        left = row(kp_hi) - col(qp_lo) <= -k
+        right = (row(kp_lo) - col(qp_hi) >= k) & ~left
+        if k == 0:
+            left, right = jnp.ones_like(left), jnp.zeros_like(right)
+        full &= left | right
+    fast = jnp.where(right, ft.FAST_RIGHT, ft.FAST_LEFT)
+    cls = jnp.where(skip, ft.SKIP, jnp.where(full, fast, ft.GENERAL))
+    n = cls.shape[1]
+    return jnp.broadcast_to(cls, (batch, n, nt, ns)).astype(jnp.int32)
+
+
+def run_bounds(cls: Array) -> Array:
+    """Loop bounds along the last axis of a class map `[..., n]`: `[..., 4]` with
+    `lo` (first non-SKIP), `flo` / `fhi` (the first run of FAST tiles; both
+    `hi` if none) and `hi` (one past the last non-SKIP)."""
+    n = cls.shape[-1]
+    idx = jnp.arange(n, dtype=jnp.int32)
+    nz, fast = cls != ft.SKIP, cls >= ft.FAST_LEFT
+    hi = jnp.max(jnp.where(nz, idx + 1, 0), axis=-1)
+    lo = jnp.minimum(jnp.min(jnp.where(nz, idx, n), axis=-1), hi)
+    flo = jnp.minimum(jnp.min(jnp.where(fast, idx, n), axis=-1), hi)
+    after = (~fast) & (idx >= flo[..., None])
+    fhi = jnp.minimum(jnp.min(jnp.where(after, idx, n), axis=-1), hi)
+    return jnp.stack([lo, flo, fhi, hi], axis=-1).astype(jnp.int32)
+
+
+def _tiling(meta: dict, bq: int, bk: int, tp: int, sp: int) -> dict:
+    cls = block_map(block_q=bq, block_k=bk, padded_q=tp, padded_k=sp, **meta)
+    rows = jnp.swapaxes(run_bounds(cls), -1, -2)  # [B, N|1, 4, nT]
+    cols = jnp.swapaxes(run_bounds(jnp.swapaxes(cls, -1, -2)), -1, -2)  # [B, N|1, 4, nS]
+    return {"bmap": cls, "bounds": rows, "cbounds": cols}
+
+
+# --------------------------------------------------------------------------------------
+# Kernel call with its custom VJP. `aux` holds what gets no gradient: positions,
+# segment ids, the int8 mask, block maps and bounds.
+
+
+def _kernel_inputs(q, k, v, qr, bias, aux: dict, tiling: str) -> dict:
+    ins = dict(aux)
+    for name in ("bmap", "bounds", "cbounds"):
+        ins[name] = aux[f"{tiling}_{name}"]
+    ins.update(q=q, k=k, v=v, qr=qr, bias=bias)
+    return ins
+
+
+@functools.partial(jax.custom_vjp, nondiff_argnums=(0, 1))
+def _flash_core(fwd_cfg: fp.KernelConfig, bwd_cfg: fp.KernelConfig, q, k, v, qr, bias, aux):
+    o, _, pr = fp.flash_forward(fwd_cfg, _kernel_inputs(q, k, v, qr, bias, aux, "fwd"))
+    return o, pr
+
+
+def _flash_core_fwd(fwd_cfg, bwd_cfg, q, k, v, qr, bias, aux):
+    o, lse, pr = fp.flash_forward(fwd_cfg, _kernel_inputs(q, k, v, qr, bias, aux, "fwd"))
+    return (o, pr), (q, k, v, qr, bias, aux, o, lse, pr)
+
+
+def _reduce_bias_grad(db: Array, kind: str, bias: Array) -> Array:
+    """Sum the kernel's bias gradient down to the (padded) bias shape."""
+    if kind == "rows":
+        db = db[..., None]  # [B, N, Tp, 1]
+    elif kind == "cols":
+        db = db[:, :, None, :]  # [B, N, 1, Sp]
+    axes = tuple(a for a in range(4) if bias.shape[a] == 1 and db.shape[a] != 1)
+    return jnp.sum(db, axis=axes, keepdims=True).astype(bias.dtype)
+
+
+def _flash_core_bwd(fwd_cfg, bwd_cfg, res, cts):
+    q, k, v, qr, bias, aux, o, lse, pr = res
+    do, dpr = cts
+    delta = jnp.einsum(
+        "BTNV,BTNV->BNT", do.astype(jnp.float32), o.astype(jnp.float32)
+    )  # [B, N, Tp]
+    if pr is not None:
+        dpr = dpr.astype(jnp.float32)
+        delta = delta + jnp.einsum("BTNR,BTNR->BNT", pr, dpr)
+    ins = _kernel_inputs(q, k, v, qr, bias, aux, "bwd")
+    ins.update(do=do.astype(q.dtype), lse=lse, delta=delta, dpr=dpr)
+    dq, dqr, db_q = flash_bwd.flash_dq(bwd_cfg, ins)
+    dk, dv, db_kv = flash_bwd.flash_dkv(bwd_cfg, ins)
+    dbias = None
+    kind = flash_bwd.dbias_kind(bwd_cfg)
+    if kind is not None:
+        dbias = _reduce_bias_grad(db_kv if kind == "cols" else db_q, kind, bias)
+    return dq, dk, dv, dqr, dbias, None
+
+
+_flash_core.defvjp(_flash_core_fwd, _flash_core_bwd)
+
+
+# --------------------------------------------------------------------------------------
+# Public entry.
+
+
+def _pad_axis(x: Array | None, axis: int, size: int, mode: str = "constant") -> Array | None:
+    if x is None or x.shape[axis] == size:
+        return x
+    widths = [(0, 0)] * x.ndim
+    widths[axis] = (0, size - x.shape[axis])
+    return jnp.pad(x, widths, mode=mode)
+
+
+def flash_attention(
+    query: Array,
+    key: Array,
+    value: Array,
+    *,
+    bias: Array | None,
+    mask: Array | None,
+    is_causal: bool,
+    q_segment_ids: Array | None,
+    kv_segment_ids: Array | None,
+    q_positions: Array,
+    kv_positions: Array,
+    rel_key: Array | None,
+    rel_value: Array | None,
+    max_distance: int,
+    scale: float,
+    block_q: int | None = None,
+    block_k: int | None = None,
+    interpret: bool | None = None,
+) -> Array:
+    """Tiled flash attention (normal-form inputs, see `jattn.attention`).
+
+    Args:
+      query, key, value: `[B, T, N, H]`, `[B, S, K, H]`, `[B, S, K, Hv]`.
+      bias, mask: rank 4, each axis 1 or full (`[B, N, T, S]`), or None.
+      is_causal: key visible iff `kv_position <= q_position`.
+      q_segment_ids, kv_segment_ids: int32 `[B, T]`, `[B, S]`, both or neither.
+      q_positions, kv_positions: int32 `[B, T]`, `[B, S]`.
+      rel_key, rel_value: Shaw tables `[N, 2k+1, H]`, `[N, 2k+1, Hv]` or None.
+      max_distance: Shaw clip distance k.
+      scale: logit scale.
+      block_q, block_k: tile sizes for the forward and backward kernels
+        (default per backend, see `default_blocks`); powers of two >= 16 on
+        the GPU.
+      interpret: run the kernels in Pallas interpret mode; None = on unless
+        the default backend is a GPU.
+
+    Returns:
+      `[B, T, N, Hv]` in the dtype of `query`.
+    """
+    return _flash_attention(
+        query,
+        key,
+        value,
+        bias=bias,
+        mask=mask,
+        is_causal=is_causal,
+        q_segment_ids=q_segment_ids,
+        kv_segment_ids=kv_segment_ids,
+        q_positions=q_positions,
+        kv_positions=kv_positions,
+        rel_key=rel_key,
+        rel_value=rel_value,
+        max_distance=max_distance,
+        scale=scale,
+        block_q=block_q,
+        block_k=block_k,
+        backend=_resolve_backend(interpret),
+    )
+
+
+def _flash_attention(
+    query, key, value, *, bias, mask, is_causal, q_segment_ids, kv_segment_ids, q_positions,
+    kv_positions, rel_key, rel_value, max_distance, scale, block_q, block_k, backend: str,
+):  # fmt: skip
+    """`flash_attention` for an explicit backend ("interpret" or "gpu"); the
+    GPU path can be lowered on any machine (tests lower it for CUDA on CPU)."""
+    b, t, n, h = query.shape
+    _, s, kh, hv = value.shape
+    (fq, fk), (bq_b, bk_b) = default_blocks(backend, t, s)
+    if block_q is not None:
+        fq = bq_b = _check_block("block_q", block_q, backend)
+    if block_k is not None:
+        fk = bk_b = _check_block("block_k", block_k, backend)
+    tp, sp = _round_up(t, math.lcm(fq, bq_b)), _round_up(s, math.lcm(fk, bk_b))
+    gpu = backend == "gpu"
+    hp = max(16, _pow2(h)) if gpu else h
+    hvp = max(16, _pow2(hv)) if gpu else hv
+    use_qr, use_pr = rel_key is not None, rel_value is not None
+    shaw = use_qr or use_pr
+    num_rel = 2 * max_distance + 1
+    rp = max(16, _pow2(num_rel)) if gpu else num_rel
+    use_pos = bool(is_causal) or shaw
+    use_seg = q_segment_ids is not None
+    f32 = jnp.float32
+    hi = jax.lax.Precision.HIGHEST
+
+    # Shaw key term as a per-query table (scaled), padded to Rp columns.
+    qr = None
+    if use_qr:
+        qr = scale * jnp.einsum(
+            "BTNH,NRH->BTNR", query.astype(f32), rel_key.astype(f32), precision=hi
+        )  # [B, T, N, R]
+        qr = _pad_axis(_pad_axis(qr, 3, rp), 1, tp)
+
+    q = _pad_axis(_pad_axis(query, 3, hp), 1, tp)
+    k = _pad_axis(_pad_axis(key, 3, hp), 1, sp)
+    v = _pad_axis(_pad_axis(value, 3, hvp), 1, sp)
+    bias_p = bias_dims = None
+    if bias is not None:
+        bias_dims = tuple(bool(bias.shape[a] == full) for a, full in enumerate((b, n, t, s)))
+        bias_p = _pad_axis(bias, 2, tp) if bias_dims[2] else bias
+        bias_p = _pad_axis(bias_p, 3, sp) if bias_dims[3] else bias_p
+    mask_p = mask_dims = None
+    if mask is not None:
+        mask_dims = tuple(bool(mask.shape[a] == full) for a, full in enumerate((b, n, t, s)))
+        mask_p = mask.astype(jnp.int8)
+        mask_p = _pad_axis(mask_p, 2, tp) if mask_dims[2] else mask_p
+        mask_p = _pad_axis(mask_p, 3, sp) if mask_dims[3] else mask_p
+
+    aux = {
+        "qpos": _pad_axis(q_positions, 1, tp, "edge") if use_pos else None,
+        "kvpos": _pad_axis(kv_positions, 1, sp, "edge") if use_pos else None,
+        "qseg": _pad_axis(q_segment_ids, 1, tp, "edge") if use_seg else None,
+        "kvseg": _pad_axis(kv_segment_ids, 1, sp, "edge") if use_seg else None,
+        "mask": mask_p,
+    }
+    meta = dict(
+        q_pos=q_positions if use_pos else None,
+        kv_pos=kv_positions if use_pos else None,
+        q_seg=q_segment_ids,
+        kv_seg=kv_segment_ids,
+        mask=mask,
+        causal=bool(is_causal),
+        max_distance=max_distance if shaw else None,
+        seq_k=s,
+        batch=b,
+    )
+    for name, (bq_, bk_) in (("fwd", (fq, fk)), ("bwd", (bq_b, bk_b))):
+        for key_, arr in _tiling(meta, bq_, bk_, tp, sp).items():
+            aux[f"{name}_{key_}"] = arr
+    per_head = aux["fwd_bmap"].shape[1] > 1
+    common = dict(
+        seq_k=s, num_heads=n, num_kv_heads=kh, scale=float(scale), causal=bool(is_causal),
+        max_distance=int(max_distance), use_pos=use_pos, use_seg=use_seg, use_qr=use_qr,
+        use_pr=use_pr, bias_dims=bias_dims, mask_dims=mask_dims, map_per_head=per_head,
+        num_rel=rp, backend=backend, num_stages=None,
+    )  # fmt: skip
+    warps = 4 if max(hp, hvp) <= 64 else 8
+    fwd_cfg = fp.KernelConfig(block_q=fq, block_k=fk, num_warps=warps, **common)
+    bwd_cfg = fp.KernelConfig(block_q=bq_b, block_k=bk_b, num_warps=warps, **common)
+    o, pr = _flash_core(fwd_cfg, bwd_cfg, q, k, v, qr, bias_p, aux)
+    out = o[:, :t, :, :hv].astype(f32)  # [B, T, N, Hv]
+    if use_pr:
+        pr = pr[:, :t, :, :num_rel]  # [B, T, N, R]
+        out = out + jnp.einsum("BTNR,NRV->BTNV", pr, rel_value.astype(f32), precision=hi)
+    return out.astype(query.dtype)

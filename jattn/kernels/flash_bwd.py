@@ -1,0 +1,324 @@
+"""The backward Pallas kernels of flash attention: dq and dk/dv.
+
+Both recompute the probabilities of a tile from the forward's log-sum-exp,
+`P = exp(s - lse)`, and form `dS = P * (dP - delta)` with
+`dP = dO·v + dpr[t, r]` (the second term only with a Shaw value table) and
+`delta = Σ_s P dP`, computed outside from the forward's outputs. The dq kernel
+also returns the gradient of the key-term table `qr` (dS summed per relative
+id) and of a bias with a key axis; the dk/dv kernel loops over the G query
+heads of its kv head, so GQA/MQA gradients never pass through an
+`[B, S, N, H]` intermediate. Layout and BlockSpecs as in `flash_pallas`.
+"""
+
+from __future__ import annotations
+
+import functools
+
+import jax
+import jax.numpy as jnp
+from jax import lax
+from jax.experimental import pallas as pl
+
+from jattn.kernels import flash_tiles as ft
+from jattn.kernels.flash_pallas import (
+    SQ,
+    KernelConfig,
+    _bias_spec_kv,
+    _call,
+    _col_reader,
+    _common_q_specs,
+    _kv_valid,
+    _load_bias_kv,
+    _load_bias_q,
+    _row_spec,
+    _tile_loop,
+)
+
+Array = jax.Array
+
+
+def dbias_kind(cfg: KernelConfig) -> str | None:
+    """Where the bias gradient is reduced: "full" (dq kernel writes dS tiles),
+    "rows" (dq kernel sums over keys), "cols" (dk/dv kernel sums over queries)."""
+    if cfg.bias_dims is None:
+        return None
+    _, _, full_t, full_s = cfg.bias_dims
+    if not full_s:
+        return "rows"
+    return "full" if full_t else "cols"
+
+
+def _dq_kernel(r, *refs, cfg: KernelConfig):
+    kind = dbias_kind(cfg)
+    refs = list(refs)
+    if kind == "full":
+        refs.pop(0)  # the aliased zeros input; written through the output ref
+    dq_ref = refs.pop(0)
+    dqr_ref = refs.pop(0) if cfg.use_qr else None
+    db_ref = refs.pop(0) if kind in ("full", "rows") else None
+    bq, bk = cfg.block_q, cfg.block_k
+    sp = r["k"].shape[0]
+    i = pl.program_id(0)
+    q = r["q"][...]  # [bq, H]
+    do = r["do"][...]  # [bq, Hv]
+    lse, delta = r["lse"][...], r["delta"][...]  # [bq]
+    q_pos = r["qpos"][...] if cfg.use_pos else None
+    q_seg = r["qseg"][...] if cfg.use_seg else None
+    qr_col = _col_reader(r["qr"], slice(None))
+    dpr_col = _col_reader(r["dpr"], slice(None))
+
+    def step(j, general, right, carry):
+        dq_acc, *rest = carry
+        kv = pl.ds(pl.multiple_of(j * bk, bk), bk)
+        k = r["k"][kv, :]
+        v = r["v"][kv, :]
+        s, dpr_t, rel = ft.tile_scores(
+            general,
+            q=q,
+            k=k,
+            scale=cfg.scale,
+            causal=cfg.causal,
+            max_distance=cfg.max_distance,
+            q_pos=q_pos,
+            kv_pos=r["kvpos"][kv] if cfg.use_pos else None,
+            q_seg=q_seg,
+            kv_seg=r["kvseg"][kv] if cfg.use_seg else None,
+            kv_valid=_kv_valid(cfg, j, bk, sp) if general else None,
+            bias=_load_bias_q(r["bias"], cfg.bias_dims, j, bk),
+            mask=_load_bias_q(r["mask"], cfg.mask_dims, j, bk) if general else None,
+            qr_col=qr_col,
+            dpr_col=dpr_col,
+            far_id=jnp.where(right, cfg.far_right, 0),
+        )
+        p = jnp.exp(s - lse[:, None])  # [bq, bk]
+        dp = lax.dot_general(do, v, (((1,), (1,)), ((), ())), preferred_element_type=jnp.float32)
+        if dpr_t is not None:
+            dp = dp + dpr_t
+        ds = p * (dp - delta[:, None])  # [bq, bk]
+        dq_acc = dq_acc + lax.dot_general(
+            ds.astype(k.dtype), k, (((1,), (0,)), ((), ())), preferred_element_type=jnp.float32
+        )
+        out = [dq_acc]
+        if cfg.use_qr:
+            acc_r, w_left, w_right = rest[:3]
+            rest = rest[3:]
+            if general:
+                acc_r = ft.near_scatter(*rel, ds, acc_r)
+            else:
+                ds_sum = jnp.sum(ds, axis=1)
+                w_left = w_left + jnp.where(right, 0.0, ds_sum)
+                w_right = w_right + jnp.where(right, ds_sum, 0.0)
+            out += [acc_r, w_left, w_right]
+        if kind == "full":
+            db_ref[:, kv] = ds
+        elif kind == "rows":
+            out.append(rest[0] + jnp.sum(ds, axis=1))
+        return tuple(out)
+
+    zeros = jnp.zeros((bq,), jnp.float32)
+    carry = (jnp.zeros((bq, dq_ref.shape[-1]), jnp.float32),)
+    if cfg.use_qr:
+        carry += (jnp.zeros((bq, cfg.num_rel), jnp.float32), zeros, zeros)
+    if kind == "rows":
+        carry += (zeros,)
+    bounds = tuple(r["bounds"][c, i] for c in range(4))
+    carry = _tile_loop(bounds, lambda j: r["bmap"][i, j], step, carry)
+    dq_ref[...] = (carry[0] * cfg.scale).astype(dq_ref.dtype)
+    if cfg.use_qr:
+        acc_r, w_left, w_right = carry[1:4]
+        dqr_ref[...] = ft.add_far_columns(acc_r, w_left, w_right, cfg.far_right)
+    if kind == "rows":
+        db_ref[...] = carry[-1]
+
+
+def flash_dq(cfg: KernelConfig, ins: dict) -> tuple[Array, Array | None, Array | None]:
+    """dq kernel (grid over query tiles).
+
+    Args:
+      ins: the forward inputs (bwd tiling's bmap/bounds) plus do `[B, Tp, N, Hv]`
+        (query dtype), lse and delta `[B, N, Tp]` float32, dpr `[B, Tp, N, Rp]`
+        float32 or None.
+
+    Returns:
+      dq `[B, Tp, N, H]` (query dtype), dqr `[B, Tp, N, Rp]` float32 or None,
+      and the bias gradient before reduction: `[B, N, Tp, Sp]` ("full") or
+      `[B, N, Tp]` ("rows") float32, or None.
+    """
+    b, tp, n, h = ins["q"].shape
+    hv, sp = ins["v"].shape[-1], ins["k"].shape[1]
+    bq = cfg.block_q
+    specs = _common_q_specs(cfg, ins, ins["bmap"].shape[-1])
+    specs["do"] = _row_spec(bq, hv)
+    specs["lse"] = pl.BlockSpec((SQ, SQ, bq), lambda i, b_, h_: (b_, h_, i))
+    specs["delta"] = specs["lse"]
+    specs["dpr"] = _row_spec(bq, cfg.num_rel) if cfg.use_pr else None
+    args = [{name: ins[name] for name in specs}]
+    in_specs = [specs]
+    out_shape = [jax.ShapeDtypeStruct((b, tp, n, h), ins["q"].dtype)]
+    out_specs = [_row_spec(bq, h)]
+    if cfg.use_qr:
+        out_shape.append(jax.ShapeDtypeStruct((b, tp, n, cfg.num_rel), jnp.float32))
+        out_specs.append(_row_spec(bq, cfg.num_rel))
+    kind = dbias_kind(cfg)
+    aliases = {}
+    if kind == "full":
+        full_spec = pl.BlockSpec((SQ, SQ, bq, sp), lambda i, b_, h_: (b_, h_, i, 0))
+        zeros = jnp.zeros((b, n, tp, sp), jnp.float32)  # tiles never visited stay 0
+        aliases = {len(jax.tree_util.tree_leaves(args[0])): len(out_shape)}
+        args.append(zeros)
+        in_specs.append(full_spec)
+        out_shape.append(jax.ShapeDtypeStruct(zeros.shape, jnp.float32))
+        out_specs.append(full_spec)
+    elif kind == "rows":
+        out_shape.append(jax.ShapeDtypeStruct((b, n, tp), jnp.float32))
+        out_specs.append(pl.BlockSpec((SQ, SQ, bq), lambda i, b_, h_: (b_, h_, i)))
+    outs = list(
+        _call(
+            functools.partial(_dq_kernel, cfg=cfg),
+            cfg,
+            "jattn_flash_dq",
+            grid=(tp // bq, b, n),
+            in_specs=in_specs,
+            out_specs=out_specs,
+            out_shape=out_shape,
+            input_output_aliases=aliases,
+        )(*args)
+    )
+    dq = outs.pop(0)
+    dqr = outs.pop(0) if cfg.use_qr else None
+    dbias = outs.pop(0) if kind in ("full", "rows") else None
+    return dq, dqr, dbias
+
+
+def _dkv_kernel(r, dk_ref, dv_ref, *db_ref, cfg: KernelConfig):
+    kind = dbias_kind(cfg)
+    bq, bk = cfg.block_q, cfg.block_k
+    j = pl.program_id(0)
+    k = r["k"][...]  # [bk, H]
+    v = r["v"][...]  # [bk, Hv]
+    kv_pos = r["kvpos"][...] if cfg.use_pos else None  # [bk]
+    kv_seg = r["kvseg"][...] if cfg.use_seg else None
+    kv_valid = _kv_valid(cfg, j, bk, r["bmap"].shape[-1] * bk)
+
+    def group_body(g, carry):
+        gm = g if cfg.map_per_head else 0
+
+        def step(i, general, right, c):
+            dk_acc, dv_acc, db = c
+            qs = pl.ds(pl.multiple_of(i * bq, bq), bq)
+            q = r["q"][qs, g, :]  # [bq, H]
+            do = r["do"][qs, g, :]  # [bq, Hv]
+            lse, delta = r["lse"][g, qs], r["delta"][g, qs]  # [bq]
+            qr_col = _col_reader(r["qr"], qs, g)
+            dpr_col = _col_reader(r["dpr"], qs, g)
+            s, dpr_t, _ = ft.tile_scores(
+                general,
+                q=q,
+                k=k,
+                scale=cfg.scale,
+                causal=cfg.causal,
+                max_distance=cfg.max_distance,
+                q_pos=r["qpos"][qs] if cfg.use_pos else None,
+                kv_pos=kv_pos,
+                q_seg=r["qseg"][qs] if cfg.use_seg else None,
+                kv_seg=kv_seg,
+                kv_valid=kv_valid if general else None,
+                bias=_load_bias_kv(r["bias"], cfg.bias_dims, g, i, bq),
+                mask=_load_bias_kv(r["mask"], cfg.mask_dims, g, i, bq) if general else None,
+                qr_col=qr_col,
+                dpr_col=dpr_col,
+                far_id=jnp.where(right, cfg.far_right, 0),
+            )
+            p = jnp.exp(s - lse[:, None])  # [bq, bk]
+            dv_acc = dv_acc + lax.dot_general(
+                p.astype(do.dtype), do, (((0,), (0,)), ((), ())), preferred_element_type=jnp.float32
+            )  # [bk, Hv]
+            dp = lax.dot_general(
+                do, v, (((1,), (1,)), ((), ())), preferred_element_type=jnp.float32
+            )
+            if dpr_t is not None:
+                dp = dp + dpr_t
+            ds = p * (dp - delta[:, None])  # [bq, bk]
+            dk_acc = dk_acc + lax.dot_general(
+                ds.astype(q.dtype), q, (((0,), (0,)), ((), ())), preferred_element_type=jnp.float32
+            )  # [bk, H]
+            if kind == "cols":
+                db = db + jnp.sum(ds, axis=0)
+            return dk_acc, dv_acc, db
+
+        bounds = tuple(r["bounds"][gm, c, j] for c in range(4))
+        dk_acc, dv_acc = carry
+        dk_acc, dv_acc, db = _tile_loop(
+            bounds,
+            lambda i: r["bmap"][gm, i, j],
+            step,
+            (dk_acc, dv_acc, jnp.zeros((bk,), jnp.float32)),
+        )
+        if kind == "cols":
+            db_ref[0][g, :] = db
+        return dk_acc, dv_acc
+
+    init = (
+        jnp.zeros((bk, dk_ref.shape[-1]), jnp.float32),
+        jnp.zeros((bk, dv_ref.shape[-1]), jnp.float32),
+    )
+    dk_acc, dv_acc = lax.fori_loop(0, cfg.groups, group_body, init)
+    dk_ref[...] = (dk_acc * cfg.scale).astype(dk_ref.dtype)
+    dv_ref[...] = dv_acc.astype(dv_ref.dtype)
+
+
+def flash_dkv(cfg: KernelConfig, ins: dict) -> tuple[Array, Array, Array | None]:
+    """dk/dv kernel (grid over key tiles and kv heads; loops over the G query
+    heads of the kv head and over query tiles, using the column bounds).
+
+    Returns:
+      dk `[B, Sp, K, H]`, dv `[B, Sp, K, Hv]` (key / value dtype) and, for a
+      bias without a query axis, its gradient summed over queries
+      `[B, N, Sp]` float32 (else None).
+    """
+    b, tp, n, h = ins["q"].shape
+    _, sp, kh, hv = ins["v"].shape
+    bk, g = cfg.block_k, cfg.groups
+    n_q_tiles, n_kv_tiles = ins["bmap"].shape[-2:]
+    gm = g if cfg.map_per_head else 1
+    grp = lambda w: pl.BlockSpec((SQ, tp, g, w), lambda j, b_, k_: (b_, 0, k_, 0))  # noqa: E731
+    kv = lambda w: pl.BlockSpec((SQ, bk, SQ, w), lambda j, b_, k_: (b_, j, k_, 0))  # noqa: E731
+    hm = (lambda k_: k_) if cfg.map_per_head else (lambda k_: 0)
+    vec_g = pl.BlockSpec((SQ, g, tp), lambda j, b_, k_: (b_, k_, 0))
+    specs = {
+        "q": grp(h),
+        "k": kv(h),
+        "v": kv(hv),
+        "do": grp(hv),
+        "lse": vec_g,
+        "delta": vec_g,
+        "qpos": pl.BlockSpec((SQ, tp), lambda j, b_, k_: (b_, 0)) if cfg.use_pos else None,
+        "kvpos": pl.BlockSpec((SQ, bk), lambda j, b_, k_: (b_, j)) if cfg.use_pos else None,
+        "qseg": pl.BlockSpec((SQ, tp), lambda j, b_, k_: (b_, 0)) if cfg.use_seg else None,
+        "kvseg": pl.BlockSpec((SQ, bk), lambda j, b_, k_: (b_, j)) if cfg.use_seg else None,
+        "bias": _bias_spec_kv(cfg.bias_dims, g, tp, bk) if cfg.bias_dims else None,
+        "mask": _bias_spec_kv(cfg.mask_dims, g, tp, bk) if cfg.mask_dims else None,
+        "qr": grp(cfg.num_rel) if cfg.use_qr else None,
+        "dpr": grp(cfg.num_rel) if cfg.use_pr else None,
+        "bmap": pl.BlockSpec((SQ, gm, n_q_tiles, n_kv_tiles), lambda j, b_, k_: (b_, hm(k_), 0, 0)),
+        "bounds": pl.BlockSpec((SQ, gm, 4, n_kv_tiles), lambda j, b_, k_: (b_, hm(k_), 0, 0)),
+    }
+    args = {name: (ins["cbounds"] if name == "bounds" else ins[name]) for name in specs}
+    out_shape = [
+        jax.ShapeDtypeStruct((b, sp, kh, h), ins["k"].dtype),
+        jax.ShapeDtypeStruct((b, sp, kh, hv), ins["v"].dtype),
+    ]
+    out_specs = [kv(h), kv(hv)]
+    if dbias_kind(cfg) == "cols":
+        out_shape.append(jax.ShapeDtypeStruct((b, n, sp), jnp.float32))
+        out_specs.append(pl.BlockSpec((SQ, g, bk), lambda j, b_, k_: (b_, k_, j)))
+    outs = _call(
+        functools.partial(_dkv_kernel, cfg=cfg),
+        cfg,
+        "jattn_flash_dkv",
+        grid=(sp // bk, b, kh),
+        in_specs=[specs],
+        out_specs=out_specs,
+        out_shape=out_shape,
+    )(args)
+    return outs[0], outs[1], outs[2] if len(outs) > 2 else None

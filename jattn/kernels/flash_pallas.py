@@ -1,0 +1,324 @@
+"""The Pallas kernels of flash attention: forward, dq and dk/dv.
+
+Each kernel owns one output tile and loops over the tiles of the other
+sequence inside the kernel, GPU style (Triton): the forward and dq kernels run
+on a grid `(query tiles, B, N)` and loop over key tiles; the dk/dv kernel runs
+on `(key tiles, B, K)` and loops over the G query heads of its kv head and
+their query tiles, so GQA/MQA gradients are summed in registers, never through
+an `[B, S, N, H]` intermediate. Keys and values are indexed by kv head
+`h // G` in the BlockSpec index maps: nothing is repeated in memory.
+
+Which tiles a loop visits comes from the block map (`flash_attention.block_map`):
+per row, `[lo, hi)` bounds the tiles that may be visible; inside it, the first
+run of FAST tiles `[flo, fhi)` runs a branch-free body (no mask, one relative
+id), and the rest dispatch per tile on its class (skip / general / fast).
+
+Inputs arrive padded (lengths to the tile sizes, head dims to powers of two on
+the GPU) in the layout of `jax.nn.dot_product_attention`, `[B, L, heads, H]`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+
+import jax
+import jax.numpy as jnp
+from jax import lax
+from jax.experimental import pallas as pl
+
+from jattn.kernels import flash_tiles as ft
+
+Array = jax.Array
+
+# A squeezed block dimension: `pl.squeezed` on recent jax, None before.
+SQ = getattr(pl, "squeezed", None)
+
+
+@dataclasses.dataclass(frozen=True)
+class KernelConfig:
+    """Static description of one flash call (hashable: it keys compilation).
+
+    `bias_dims` / `mask_dims` say which of the axes `(B, N, T, S)` the bias /
+    mask has in full (the others are 1), or are None when absent.
+    """
+
+    block_q: int
+    block_k: int
+    seq_k: int  # true key length; keys at or after it are padding
+    num_heads: int
+    num_kv_heads: int
+    scale: float
+    causal: bool
+    max_distance: int
+    use_pos: bool
+    use_seg: bool
+    use_qr: bool
+    use_pr: bool
+    bias_dims: tuple[bool, bool, bool, bool] | None
+    mask_dims: tuple[bool, bool, bool, bool] | None
+    map_per_head: bool
+    num_rel: int  # width of the relative tables (2k+1, padded on the GPU)
+    backend: str  # "interpret" | "gpu" | "tpu"
+    num_warps: int | None = None
+    num_stages: int | None = None
+
+    @property
+    def groups(self) -> int:
+        return self.num_heads // self.num_kv_heads
+
+    @property
+    def far_right(self) -> int:
+        return 2 * self.max_distance
+
+
+def _compiler_params(cfg: KernelConfig):
+    if cfg.backend == "gpu":
+        try:
+            from jax.experimental.pallas import triton as pltriton
+        except ImportError:  # pragma: no cover - depends on the jax build
+            return None
+        params = getattr(pltriton, "CompilerParams", None)
+        if params is None:  # pragma: no cover
+            return None
+        return params(num_warps=cfg.num_warps, num_stages=cfg.num_stages)
+    return None
+
+
+def _call(kernel, cfg: KernelConfig, name: str, **kwargs):
+    return pl.pallas_call(
+        kernel,
+        interpret=cfg.backend == "interpret",
+        compiler_params=_compiler_params(cfg),
+        name=name,
+        **kwargs,
+    )
+
+
+# --------------------------------------------------------------------------------------
+# BlockSpecs. Grid of the forward and dq kernels: (i, b, h); of dk/dv: (j, b, kh).
+
+
+def _row_spec(block: int, width: int):
+    """`[B, L, heads, width]` tiled along L, one head: grid (i, b, h)."""
+    return pl.BlockSpec((SQ, block, SQ, width), lambda i, b, h: (b, i, h, 0))
+
+
+def _bias_spec_q(dims, bq: int, sp: int):
+    """bias/mask `[B|1, N|1, Tp|1, Sp|1]` for a query tile: all keys, grid (i, b, h)."""
+    fb, fn, ft_, fs = dims
+    return pl.BlockSpec(
+        (SQ, SQ, bq if ft_ else 1, sp if fs else 1),
+        lambda i, b, h: (b if fb else 0, h if fn else 0, i if ft_ else 0, 0),
+    )
+
+
+def _bias_spec_kv(dims, g: int, tp: int, bk: int):
+    """bias/mask for a key tile: the G heads of one kv head, grid (j, b, kh)."""
+    fb, fn, ft_, fs = dims
+    return pl.BlockSpec(
+        (SQ, g if fn else 1, tp if ft_ else 1, bk if fs else 1),
+        lambda j, b, kh: (b if fb else 0, kh if fn else 0, 0, j if fs else 0),
+    )
+
+
+def _load_bias_q(ref, dims, j, bk):
+    """The `[bq|1, bk|1]` tile of key tile j from a query-tile bias/mask block."""
+    if ref is None:
+        return None
+    x = ref[:, pl.ds(j * bk, bk)] if dims[3] else ref[...]
+    return x if x.dtype != jnp.int8 else x != 0
+
+
+def _load_bias_kv(ref, dims, g, i, bq):
+    """The `[bq|1, bk|1]` tile of query tile i, group member g, from a key-tile block."""
+    if ref is None:
+        return None
+    gi = g if dims[1] else 0
+    x = ref[gi, pl.ds(i * bq, bq), :] if dims[2] else ref[gi, :, :]
+    return x if x.dtype != jnp.int8 else x != 0
+
+
+def _tile_loop(bounds, cls_at, step, carry):
+    """Run `step(t, general, far_id_is_right, carry)` over one row of tiles.
+
+    `bounds = (lo, flo, fhi, hi)`: `[flo, fhi)` is a run of FAST tiles run
+    without branches; the tiles of `[lo, flo)` and `[fhi, hi)` dispatch on
+    their class, SKIP tiles returning the carry untouched.
+    """
+    lo, flo, fhi, hi = bounds
+
+    def dispatch(t, c):
+        cls = cls_at(t)
+        branches = [
+            lambda c: c,
+            lambda c: step(t, True, False, c),
+            lambda c: step(t, False, cls == ft.FAST_RIGHT, c),
+        ]
+        return lax.switch(jnp.minimum(cls, 2), branches, c)
+
+    def fast(t, c):
+        return step(t, False, cls_at(t) == ft.FAST_RIGHT, c)
+
+    carry = lax.fori_loop(lo, flo, dispatch, carry)
+    carry = lax.fori_loop(flo, fhi, fast, carry)
+    return lax.fori_loop(fhi, hi, dispatch, carry)
+
+
+def _kv_valid(cfg: KernelConfig, j, bk: int, padded_k: int):
+    if cfg.seq_k == padded_k:
+        return None
+    return j * bk + lax.broadcasted_iota(jnp.int32, (bk,), 0) < cfg.seq_k
+
+
+def _col_reader(ref, *lead):
+    """`c -> ref[*lead, c]` as a `[bq]` float32 column, or None."""
+    if ref is None:
+        return None
+    return lambda c: ref[(*lead, c)].astype(jnp.float32)
+
+
+# --------------------------------------------------------------------------------------
+# Forward.
+
+
+def _fwd_kernel(r, o_ref, lse_ref, *pr_ref, cfg: KernelConfig):
+    bq, bk = cfg.block_q, cfg.block_k
+    sp = r["k"].shape[0]
+    i = pl.program_id(0)
+    q = r["q"][...]  # [bq, H]
+    q_pos = r["qpos"][...] if cfg.use_pos else None  # [bq]
+    q_seg = r["qseg"][...] if cfg.use_seg else None
+    qr_col = _col_reader(r["qr"], slice(None))
+    rp = cfg.num_rel
+
+    def step(j, general, right, carry):
+        m, l, acc, *prs = carry
+        kv = pl.ds(pl.multiple_of(j * bk, bk), bk)
+        k = r["k"][kv, :]  # [bk, H]
+        v = r["v"][kv, :]  # [bk, Hv]
+        s, _, rel = ft.tile_scores(
+            general,
+            q=q,
+            k=k,
+            scale=cfg.scale,
+            causal=cfg.causal,
+            max_distance=cfg.max_distance,
+            q_pos=q_pos,
+            kv_pos=r["kvpos"][kv] if cfg.use_pos else None,
+            q_seg=q_seg,
+            kv_seg=r["kvseg"][kv] if cfg.use_seg else None,
+            kv_valid=_kv_valid(cfg, j, bk, sp) if general else None,
+            bias=_load_bias_q(r["bias"], cfg.bias_dims, j, bk),
+            mask=_load_bias_q(r["mask"], cfg.mask_dims, j, bk) if general else None,
+            qr_col=qr_col,
+            dpr_col=None,
+            far_id=jnp.where(right, cfg.far_right, 0),
+            need_rel=cfg.use_pr,
+        )
+        p, m_new, l_new, corr, row_sum = ft.online_softmax_step(s, m, l)
+        pv = lax.dot_general(
+            p.astype(v.dtype), v, (((1,), (0,)), ((), ())), preferred_element_type=jnp.float32
+        )  # [bq, Hv]
+        acc = acc * corr[:, None] + pv
+        if not cfg.use_pr:
+            return m_new, l_new, acc
+        w_left, w_right, acc_r, m_r = prs
+        w_left, w_right = w_left * corr, w_right * corr
+        if general:
+            # Lazy rescale: acc_r is relative to m_r, only touched on general tiles.
+            acc_r = acc_r * jnp.exp(m_r - ft.safe_max(m_new))[:, None]
+            acc_r = ft.near_scatter(*rel, p, acc_r)
+            m_r = m_new
+        else:
+            w_left = w_left + jnp.where(right, 0.0, row_sum)
+            w_right = w_right + jnp.where(right, row_sum, 0.0)
+        return m_new, l_new, acc, w_left, w_right, acc_r, m_r
+
+    zeros = jnp.zeros((bq,), jnp.float32)
+    carry = (jnp.full((bq,), ft.NEG_INF), zeros, jnp.zeros((bq, o_ref.shape[-1]), jnp.float32))
+    if cfg.use_pr:
+        carry += (zeros, zeros, jnp.zeros((bq, rp), jnp.float32), jnp.full((bq,), ft.NEG_INF))
+    bounds = tuple(r["bounds"][c, i] for c in range(4))
+    carry = _tile_loop(bounds, lambda j: r["bmap"][i, j], step, carry)
+
+    m, l, acc = carry[:3]
+    shift = ft.safe_max(m)
+    empty = l == 0.0
+    l_safe = jnp.where(empty, 1.0, l)
+    o_ref[...] = (acc / l_safe[:, None]).astype(o_ref.dtype)
+    # +inf for a row with nothing visible: the backward's exp(s - lse) is then 0.
+    lse_ref[...] = jnp.where(empty, jnp.inf, shift + jnp.log(l_safe))
+    if cfg.use_pr:
+        w_left, w_right, acc_r, m_r = carry[3:]
+        acc_r = acc_r * jnp.exp(m_r - shift)[:, None]
+        acc_r = ft.add_far_columns(acc_r, w_left, w_right, cfg.far_right)
+        pr_ref[0][...] = acc_r / l_safe[:, None]
+
+
+def _common_q_specs(cfg: KernelConfig, ins: dict, n_kv_tiles: int):
+    """Specs of the inputs shared by the forward and dq kernels (grid (i, b, h))."""
+    bq = cfg.block_q
+    _, tp, n, h = ins["q"].shape
+    sp, hv = ins["k"].shape[1], ins["v"].shape[-1]
+    g = cfg.groups
+    hm = (lambda h_: h_) if cfg.map_per_head else (lambda h_: 0)
+    kv_spec = lambda w: pl.BlockSpec((SQ, sp, SQ, w), lambda i, b, h_: (b, 0, h_ // g, 0))  # noqa: E731
+    n_q_tiles = tp // bq
+    return {
+        "q": _row_spec(bq, h),
+        "k": kv_spec(h),
+        "v": kv_spec(hv),
+        "qpos": pl.BlockSpec((SQ, bq), lambda i, b, h_: (b, i)) if cfg.use_pos else None,
+        "kvpos": pl.BlockSpec((SQ, sp), lambda i, b, h_: (b, 0)) if cfg.use_pos else None,
+        "qseg": pl.BlockSpec((SQ, bq), lambda i, b, h_: (b, i)) if cfg.use_seg else None,
+        "kvseg": pl.BlockSpec((SQ, sp), lambda i, b, h_: (b, 0)) if cfg.use_seg else None,
+        "bias": _bias_spec_q(cfg.bias_dims, bq, sp) if cfg.bias_dims else None,
+        "mask": _bias_spec_q(cfg.mask_dims, bq, sp) if cfg.mask_dims else None,
+        "qr": _row_spec(bq, cfg.num_rel) if cfg.use_qr else None,
+        "bmap": pl.BlockSpec((SQ, SQ, n_q_tiles, n_kv_tiles), lambda i, b, h_: (b, hm(h_), 0, 0)),
+        "bounds": pl.BlockSpec((SQ, SQ, 4, n_q_tiles), lambda i, b, h_: (b, hm(h_), 0, 0)),
+    }
+
+
+def flash_forward(cfg: KernelConfig, ins: dict) -> tuple[Array, Array, Array | None]:
+    """Forward kernel.
+
+    Args:
+      cfg: static configuration.
+      ins: padded inputs: q `[B, Tp, N, H]`, k `[B, Sp, K, H]`, v `[B, Sp, K, Hv]`,
+        qpos/qseg `[B, Tp]`, kvpos/kvseg `[B, Sp]`, bias/mask
+        `[B|1, N|1, Tp|1, Sp|1]` (mask int8), qr `[B, Tp, N, Rp]` float32,
+        bmap `[B, N|1, nT, nS]`, bounds (row) `[B, N|1, 4, nT]`; absent = None.
+
+    Returns:
+      `o [B, Tp, N, Hv]` (float32 when `use_pr`, else the query dtype),
+      `lse [B, N, Tp]` float32, `pr [B, Tp, N, Rp]` float32 or None.
+    """
+    b, tp, n, _ = ins["q"].shape
+    hv = ins["v"].shape[-1]
+    n_kv_tiles = ins["bmap"].shape[-1]
+    specs = _common_q_specs(cfg, ins, n_kv_tiles)
+    ins = {name: ins[name] for name in specs}
+    o_dtype = jnp.float32 if cfg.use_pr else ins["q"].dtype
+    out_shape = [
+        jax.ShapeDtypeStruct((b, tp, n, hv), o_dtype),
+        jax.ShapeDtypeStruct((b, n, tp), jnp.float32),
+    ]
+    out_specs = [
+        _row_spec(cfg.block_q, hv),
+        pl.BlockSpec((SQ, SQ, cfg.block_q), lambda i, b_, h: (b_, h, i)),
+    ]
+    if cfg.use_pr:
+        out_shape.append(jax.ShapeDtypeStruct((b, tp, n, cfg.num_rel), jnp.float32))
+        out_specs.append(_row_spec(cfg.block_q, cfg.num_rel))
+    outs = _call(
+        functools.partial(_fwd_kernel, cfg=cfg),
+        cfg,
+        "jattn_flash_fwd",
+        grid=(tp // cfg.block_q, b, n),
+        in_specs=[specs],
+        out_specs=out_specs,
+        out_shape=out_shape,
+    )(ins)
+    return outs[0], outs[1], outs[2] if cfg.use_pr else None

@@ -1,0 +1,247 @@
+"""Tile math of the flash kernel: what one (query tile, key tile) pair computes.
+
+Pure `jnp`/`lax` on values (no refs), called from inside the Pallas kernels
+(`jattn.kernels.flash_pallas`), so it must stay within what the Triton and
+Mosaic lowerings accept: 2-D tiles, broadcasting, reductions along one axis,
+`where`, `fori_loop` with scalar bounds. Relative-position columns are read
+through callables (`column(c) -> [bq]`), which the kernels implement as
+strided loads from a ref: no gather is ever needed.
+
+Shapes: bq / bk the query / key tile lengths, H head dim, R = 2k + 1 Shaw
+distances (Rp >= R once padded to a power of two for the GPU).
+
+Tile classes, decided per (query tile, key tile) from block-level min/max of
+positions and segment ids (`jattn.kernels.flash_attention.block_map`):
+
+- ``SKIP``: provably nothing visible; not computed.
+- ``GENERAL``: some masking, or a Shaw tile within k of the diagonal.
+- ``FAST_LEFT`` / ``FAST_RIGHT``: everything visible and every relative id the
+  same, `0` (all keys at least k before every query) or `2k` (all at least k
+  after); the Shaw key term is one broadcast column, the value term one row sum.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+
+import jax
+import jax.numpy as jnp
+from jax import lax
+
+Array = jax.Array
+
+SKIP, GENERAL, FAST_LEFT, FAST_RIGHT = 0, 1, 2, 3
+NEG_INF = float("-inf")
+
+
+def rel_ids(q_pos: Array, kv_pos: Array, max_distance: int) -> Array:
+    """`clip(kv - q, -k, k) + k` of a tile: int32 `[bq, bk]`."""
+    d = kv_pos[None, :] - q_pos[:, None]  # [bq, bk]
+    return jnp.clip(d, -max_distance, max_distance) + max_distance
+
+
+def rel_range(q_pos: Array, kv_pos: Array, max_distance: int) -> tuple[Array, Array]:
+    """Smallest and largest relative id present in a tile (scalars), from the
+    extreme positions: the near-diagonal loops only visit ids in this range."""
+    lo = jnp.min(kv_pos) - jnp.max(q_pos)
+    hi = jnp.max(kv_pos) - jnp.min(q_pos)
+    k = max_distance
+    return jnp.clip(lo, -k, k) + k, jnp.clip(hi, -k, k) + k
+
+
+def visibility(
+    *,
+    causal: bool,
+    q_pos: Array | None,
+    kv_pos: Array | None,
+    q_seg: Array | None,
+    kv_seg: Array | None,
+    kv_valid: Array | None,
+    mask: Array | None,
+) -> Array | None:
+    """Boolean `[bq, bk]` (or broadcastable) visibility of a tile; None = all.
+
+    Args:
+      causal: key visible iff `kv_pos <= q_pos`.
+      q_pos, kv_pos: int `[bq]`, `[bk]` (needed when causal).
+      q_seg, kv_seg: int `[bq]`, `[bk]` or None.
+      kv_valid: bool `[bk]` (False for keys padded to the tile) or None.
+      mask: bool `[bq|1, bk|1]` user mask tile or None.
+    """
+    vis = None
+
+    def add(m):
+        nonlocal vis
+        vis = m if vis is None else jnp.logical_and(vis, m)
+
+    if causal:
+        add(kv_pos[None, :] <= q_pos[:, None])
+    if q_seg is not None:
+        add(q_seg[:, None] == kv_seg[None, :])
+    if kv_valid is not None:
+        add(kv_valid[None, :])
+    if mask is not None:
+        add(mask)
+    return vis
+
+
+def near_gather(
+    rt: Array,
+    lo: Array,
+    hi: Array,
+    columns: Sequence[Callable[[Array], Array]],
+) -> tuple[Array, ...]:
+    """`out_i[t, s] = column_i(rt[t, s])[t]` for every relative id in `[lo, hi]`.
+
+    The Shaw key term (`column = qr[:, c]`) and, in the backward pass, the
+    value term of `dP` (`column = dpr[:, c]`) of a near-diagonal tile, one
+    distance at a time; never a `[bq, bk, H]` tensor.
+
+    Args:
+      rt: int `[bq, bk]` relative ids of the tile.
+      lo, hi: int scalars, the id range present in `rt`.
+      columns: callables `c -> [bq]` float32.
+
+    Returns:
+      One float32 `[bq, bk]` per column callable.
+    """
+
+    def body(c, outs):
+        hit = rt == c  # [bq, bk]
+        pairs = zip(columns, outs, strict=True)
+        return tuple(jnp.where(hit, col(c)[:, None], o) for col, o in pairs)
+
+    init = tuple(jnp.zeros(rt.shape, jnp.float32) for _ in columns)
+    return lax.fori_loop(lo, hi + 1, body, init)
+
+
+def near_scatter(rt: Array, lo: Array, hi: Array, w: Array, acc: Array) -> Array:
+    """`acc[t, c] += Σ_s w[t, s] [rt[t, s] = c]` for ids c in `[lo, hi]`.
+
+    Weight mass per relative distance (the Shaw value term, and in the
+    backward pass the gradient of the key term), accumulated one distance at a
+    time into a `[bq, Rp]` tile.
+
+    Args:
+      rt: int `[bq, bk]` relative ids.
+      lo, hi: int scalars.
+      w: float32 `[bq, bk]` weights (probabilities or dS).
+      acc: float32 `[bq, Rp]`.
+    """
+    col_ids = lax.broadcasted_iota(jnp.int32, acc.shape, 1)  # [bq, Rp]
+
+    def body(c, acc):
+        mass = jnp.sum(jnp.where(rt == c, w, 0.0), axis=1)  # [bq]
+        return acc + jnp.where(col_ids == c, mass[:, None], 0.0)
+
+    return lax.fori_loop(lo, hi + 1, body, acc)
+
+
+def add_far_columns(acc: Array, w_left: Array, w_right: Array, right_col: int) -> Array:
+    """Add per-row masses of the constant-id tiles into columns 0 and 2k of a
+    `[bq, Rp]` tile (`right_col` = 2k; with k = 0 both are column 0)."""
+    col_ids = lax.broadcasted_iota(jnp.int32, acc.shape, 1)
+    acc = acc + jnp.where(col_ids == 0, w_left[:, None], 0.0)
+    return acc + jnp.where(col_ids == right_col, w_right[:, None], 0.0)
+
+
+def safe_max(m: Array) -> Array:
+    """A row max usable as an exponent shift: 0 where the row has seen
+    nothing visible yet (max = -inf), so `exp(s - m)` is 0, never NaN."""
+    return jnp.where(m == NEG_INF, 0.0, m)
+
+
+def online_softmax_step(
+    s: Array, m_prev: Array, l_prev: Array
+) -> tuple[Array, Array, Array, Array, Array]:
+    """One step of the online softmax over a `[bq, bk]` logits tile.
+
+    Invisible entries of `s` are -inf. Returns `(p, m_new, l_new, corr,
+    row_sum)`: unnormalised weights `exp(s - m_new)` (0 where invisible), the
+    running max (stays -inf for rows with nothing visible so far), the running
+    sum, the factor `exp(m_prev - m_new)` that rescales earlier accumulators
+    (0 while `m_prev` is -inf) and this tile's `Σ_s p`.
+    """
+    m_new = jnp.maximum(m_prev, jnp.max(s, axis=1))  # [bq]
+    shift = safe_max(m_new)
+    corr = jnp.exp(m_prev - shift)  # [bq]
+    p = jnp.exp(s - shift[:, None])  # [bq, bk]
+    row_sum = jnp.sum(p, axis=1)  # [bq]
+    return p, m_new, l_prev * corr + row_sum, corr, row_sum
+
+
+def tile_scores(
+    general: bool,
+    *,
+    q: Array,
+    k: Array,
+    scale: float,
+    causal: bool,
+    max_distance: int,
+    q_pos: Array | None,
+    kv_pos: Array | None,
+    q_seg: Array | None,
+    kv_seg: Array | None,
+    kv_valid: Array | None,
+    bias: Array | None,
+    mask: Array | None,
+    qr_col: Callable[[Array], Array] | None,
+    dpr_col: Callable[[Array], Array] | None,
+    far_id: Array | int,
+    need_rel: bool = False,
+) -> tuple[Array, Array | None, tuple[Array, Array, Array] | None]:
+    """Logits of one tile, float32 `[bq, bk]`, -inf where invisible.
+
+    `logit = scale * q·k + qr[t, r] + bias` where `qr = scale * q @ key_tableᵀ`
+    (precomputed per query, so one column per relative id).
+
+    Args:
+      general: False for a FAST tile (nothing masked, one relative id
+        `far_id` for the whole tile); True for the general path.
+      q: `[bq, H]`; k: `[bk, H]` (input dtype; the dot accumulates in float32).
+      qr_col, dpr_col: `c -> [bq]` readers of the Shaw key-term table and of
+        the cotangent of the value-term masses (backward only), or None.
+      far_id: the constant relative id of a FAST tile.
+      need_rel: return the relative ids of a general tile even without
+        columns to gather (the forward's value-term scatter needs them).
+      Others: see `visibility`.
+
+    Returns:
+      `(s, dpr_tile, rel)`: logits; `dpr[t, r[t, s]]` as `[bq, bk]` or
+      `[bq, 1]` (None without `dpr_col`); `(rt, lo, hi)` relative ids and
+      their range for the scatter of a general tile (None otherwise).
+    """
+    s = lax.dot_general(q, k, (((1,), (1,)), ((), ())), preferred_element_type=jnp.float32)
+    s = s * scale  # [bq, bk]
+    dpr_tile = rel = None
+    cols = [c for c in (qr_col, dpr_col) if c is not None]
+    if general:
+        if cols or need_rel:
+            rt = rel_ids(q_pos, kv_pos, max_distance)  # [bq, bk]
+            lo, hi = rel_range(q_pos, kv_pos, max_distance)
+            rel = (rt, lo, hi)
+            gathered = list(near_gather(rt, lo, hi, cols)) if cols else []
+            if qr_col is not None:
+                s = s + gathered.pop(0)
+            if dpr_col is not None:
+                dpr_tile = gathered.pop(0)
+    else:
+        if qr_col is not None:
+            s = s + qr_col(far_id)[:, None]
+        if dpr_col is not None:
+            dpr_tile = dpr_col(far_id)[:, None]
+    if bias is not None:
+        s = s + bias.astype(jnp.float32)
+    if general:
+        vis = visibility(
+            causal=causal,
+            q_pos=q_pos,
+            kv_pos=kv_pos,
+            q_seg=q_seg,
+            kv_seg=kv_seg,
+            kv_valid=kv_valid,
+            mask=mask,
+        )
+        if vis is not None:
+            s = jnp.where(vis, s, NEG_INF)
+    return s, dpr_tile, rel
