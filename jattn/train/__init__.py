@@ -1,0 +1,37 @@
+"""Training: configs, a jitted sharded loop, orbax checkpoints, metrics.
+
+    from jattn.train import load_config, apply_overrides, train_and_evaluate
+    config = load_config("configs/numbers.py")
+    apply_overrides(config, [("num_train_steps", "100")])
+    final = train_and_evaluate(config, "/tmp/run")   # {"eval/validation/exact_match": ...}
+
+Needs the `train` extra (flax, optax, orbax, grain, ml_collections, ...).
+"""
+
+from jattn.train.config import (
+    ConfigError,
+    apply_overrides,
+    config_to_dict,
+    config_to_json,
+    load_config,
+    split_overrides,
+)
+from jattn.train.defaults import apply_variant, check_config, default_config
+from jattn.train.loop import TrainingDivergedError, build_model_config, train_and_evaluate
+from jattn.train.metrics import read_metrics
+
+__all__ = [
+    "ConfigError",
+    "TrainingDivergedError",
+    "apply_overrides",
+    "apply_variant",
+    "build_model_config",
+    "check_config",
+    "config_to_dict",
+    "config_to_json",
+    "default_config",
+    "load_config",
+    "read_metrics",
+    "split_overrides",
+    "train_and_evaluate",
+]

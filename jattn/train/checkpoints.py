@@ -1,0 +1,193 @@
+"""Checkpoints: one orbax CheckpointManager step holds everything a run needs.
+
+Layout of `workdir/checkpoints/<step>/`:
+
+- ``state``: the `TrainState` (params, optimiser state, step, RNG), saved
+  asynchronously, restored straight into the target shardings (so a run may
+  resume on a different mesh);
+- ``data``: the grain iterator state, one JSON file per process;
+- ``meta``: the run's resolved config and its compatibility signature.
+
+Saves are atomic: orbax writes into ``<step>.orbax-checkpoint-tmp-*`` and
+renames the folder only once every item is complete, so a crash mid-save
+leaves the previous steps untouched and a temporary folder that the next
+start deletes (`cleanup_tmp_directories`). Retention keeps the last
+`keep_checkpoints` steps plus the best one by `best_metric` (an eval metric
+name such as ``"eval/validation/exact_match"``, `best_mode` "max" or "min").
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from typing import Any
+
+import grain
+import ml_collections
+import orbax.checkpoint as ocp
+from orbax.checkpoint import checkpoint_managers as cm
+
+from jattn.train.config import ConfigError, config_to_dict
+
+__all__ = [
+    "COMPAT_KEYS",
+    "check_compatible",
+    "make_manager",
+    "restore",
+    "save",
+    "signature",
+]
+
+CHECKPOINT_DIR = "checkpoints"
+
+# Keys that fix the shapes of the state or the meaning of the data stream. A
+# checkpoint saved under other values of these cannot continue this run.
+COMPAT_KEYS = (
+    "model",
+    "dataset",
+    "tokenizer",
+    "vocab_size",
+    "source_key",
+    "target_key",
+    "max_len",
+    "pack",
+    "batch_size",
+    "seed",
+    "optimizer",
+)
+
+
+def signature(config: ml_collections.ConfigDict | dict[str, Any]) -> dict[str, Any]:
+    """The part of a config a checkpoint must agree with to be resumed."""
+    flat = config if isinstance(config, dict) else config_to_dict(config)
+    sig = {k: flat.get(k) for k in COMPAT_KEYS}
+    sig["gradient_clipping"] = bool((flat.get("grad_clip_norm") or 0) > 0)
+    return sig
+
+
+def _diff(old: dict[str, Any], new: dict[str, Any], prefix: str = "") -> list[str]:
+    out = []
+    for key in sorted(set(old) | set(new)):
+        a, b = old.get(key), new.get(key)
+        if isinstance(a, dict) and isinstance(b, dict):
+            out += _diff(a, b, f"{prefix}{key}.")
+        elif a != b:
+            out.append(f"{prefix}{key}: checkpoint {a!r} != config {b!r}")
+    return out
+
+
+def make_manager(workdir: str, config: ml_collections.ConfigDict) -> ocp.CheckpointManager:
+    """The run's CheckpointManager (creates `workdir/checkpoints`)."""
+    mode = config.best_mode
+    if mode not in ("max", "min"):
+        raise ConfigError(f"best_mode={mode!r}: choose 'max' or 'min'")
+    policies = [cm.LatestN(n=max(int(config.keep_checkpoints), 1))]
+    if config.best_metric:
+        name = config.best_metric
+        sign = 1.0 if mode == "max" else -1.0
+        policies.append(
+            cm.BestN(
+                get_metric_fn=lambda m: sign * float(m.get(name, float("-inf") * sign)),
+                reverse=False,
+                n=1,
+                keep_checkpoints_without_metrics=False,
+            )
+        )
+    options = ocp.CheckpointManagerOptions(
+        preservation_policy=cm.AnyPreservationPolicy(policies),
+        enable_async_checkpointing=bool(config.async_checkpointing),
+        cleanup_tmp_directories=True,
+        create=True,
+    )
+    directory = os.path.join(os.path.abspath(workdir), CHECKPOINT_DIR)
+    return ocp.CheckpointManager(directory, options=options)
+
+
+def saved_meta(mngr: ocp.CheckpointManager, step: int) -> dict[str, Any] | None:
+    """The ``meta`` item of checkpoint `step` (None if it has none)."""
+    path = os.path.join(str(mngr.directory), str(step), "meta", "metadata")
+    if not os.path.exists(path):
+        return None
+    with open(path) as f:
+        return json.load(f)
+
+
+def check_compatible(
+    mngr: ocp.CheckpointManager, workdir: str, config: ml_collections.ConfigDict
+) -> int | None:
+    """Checks that the latest checkpoint in `workdir` can continue under `config`.
+
+    Returns:
+      The latest step, or None for a fresh workdir.
+
+    Raises:
+      ConfigError: one line listing what differs (the workdir is left alone).
+    """
+    step = mngr.latest_step()
+    if step is None:
+        return None
+    meta = saved_meta(mngr, step)
+    if meta is None:
+        path = os.path.join(workdir, "config.json")
+        if not os.path.exists(path):
+            return step
+        with open(path) as f:
+            meta = {"signature": signature(json.load(f))}
+    diffs = _diff(meta["signature"], signature(config))
+    if diffs:
+        raise ConfigError(
+            f"workdir {workdir!r} holds a checkpoint (step {step}) of an incompatible config: "
+            + "; ".join(diffs)
+            + ". Use a new --workdir (nothing was overwritten)."
+        )
+    return step
+
+
+def save(
+    mngr: ocp.CheckpointManager,
+    step: int,
+    state: Any,
+    data_iter: Any,
+    config: ml_collections.ConfigDict,
+    metrics: dict[str, float] | None = None,
+) -> None:
+    """Starts an (async) save of `state` and the data iterator at `step`."""
+    meta = {"config": config_to_dict(config), "signature": signature(config), "step": int(step)}
+    mngr.save(
+        step,
+        args=ocp.args.Composite(
+            state=ocp.args.StandardSave(state),
+            data=grain.checkpoint.CheckpointSave(data_iter),
+            meta=ocp.args.JsonSave(meta),
+        ),
+        metrics=metrics,
+        force=True,
+    )
+
+
+def restore(mngr: ocp.CheckpointManager, step: int, abstract_state: Any, data_iter: Any) -> Any:
+    """Restores checkpoint `step` into `abstract_state`'s shardings and `data_iter`.
+
+    Args:
+      abstract_state: the state as `jax.ShapeDtypeStruct` leaves with shardings.
+      data_iter: a fresh iterator of the same loader; its position is set in place.
+
+    Returns:
+      The restored state.
+    """
+    try:
+        restored = mngr.restore(
+            step,
+            args=ocp.args.Composite(
+                state=ocp.args.StandardRestore(abstract_state),
+                data=grain.checkpoint.CheckpointRestore(data_iter),
+            ),
+        )
+    except ValueError as e:
+        if "process_" in str(e):
+            raise ConfigError(
+                f"checkpoint step {step} in {mngr.directory} was written by a different number "
+                f"of processes ({e})"
+            ) from None
+        raise
+    return restored.state

@@ -1,0 +1,106 @@
+"""Starting JAX on several processes, and agreeing on preemption.
+
+`initialize` calls `jax.distributed.initialize`:
+
+- with the explicit arguments when `--coordinator_address`, `--num_processes`
+  and `--process_id` are given (e.g. two processes on 127.0.0.1);
+- with no arguments when the environment is a cluster JAX detects itself: a
+  SLURM job step with more than one task, or a multi-host Cloud TPU slice;
+- not at all otherwise (one process sees all local devices).
+
+Several CPU processes need a collectives backend; gloo is selected before the
+backend starts (it only affects the CPU client, so GPU/TPU runs are unchanged).
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import threading
+
+import jax
+
+__all__ = ["PreemptionWatch", "cluster_detected", "initialize"]
+
+
+def cluster_detected(env: dict[str, str] | None = None) -> bool:
+    """True in a multi-task SLURM step or on a multi-host Cloud TPU VM slice."""
+    env = os.environ if env is None else env
+    slurm_tasks = env.get("SLURM_NTASKS") or env.get("SLURM_NPROCS") or "1"
+    if env.get("SLURM_JOB_ID") and slurm_tasks.isdigit() and int(slurm_tasks) > 1:
+        return True
+    tpu_hosts = env.get("TPU_WORKER_HOSTNAMES", "")
+    return "," in tpu_hosts or bool(env.get("MEGASCALE_COORDINATOR_ADDRESS"))
+
+
+def initialize(
+    coordinator_address: str | None = None,
+    num_processes: int | None = None,
+    process_id: int | None = None,
+) -> bool:
+    """Starts the distributed runtime if this is a multi-process run.
+
+    Returns:
+      True if `jax.distributed.initialize` was called.
+
+    Raises:
+      ValueError: only some of the three explicit arguments were given.
+    """
+    explicit = (coordinator_address, num_processes, process_id)
+    if any(a is not None for a in explicit):
+        if any(a is None for a in explicit):
+            raise ValueError(
+                "--coordinator_address, --num_processes and --process_id go together; got "
+                f"coordinator_address={coordinator_address!r}, num_processes={num_processes!r}, "
+                f"process_id={process_id!r}"
+            )
+        if not 0 <= process_id < num_processes:
+            raise ValueError(f"--process_id={process_id} must be in [0, {num_processes})")
+        jax.config.update("jax_cpu_collectives_implementation", "gloo")
+        jax.distributed.initialize(
+            coordinator_address=coordinator_address,
+            num_processes=num_processes,
+            process_id=process_id,
+        )
+        return True
+    if cluster_detected():
+        jax.config.update("jax_cpu_collectives_implementation", "gloo")
+        jax.distributed.initialize()
+        return True
+    return False
+
+
+class PreemptionWatch:
+    """Tells the loop, at a step every process agrees on, that SIGTERM arrived.
+
+    One process: a SIGTERM handler sets a flag (installed only from the main
+    thread; the previous handler is restored by `close`). Several processes:
+    JAX's preemption sync point, so that all of them stop at the same step
+    and write one consistent checkpoint.
+    """
+
+    def __init__(self) -> None:
+        self._flag = threading.Event()
+        self._previous = None
+        self._multi = jax.process_count() > 1
+        if not self._multi and threading.current_thread() is threading.main_thread():
+            self._previous = signal.signal(signal.SIGTERM, self._handler)
+
+    def _handler(self, signum, frame) -> None:  # noqa: ARG002
+        self._flag.set()
+
+    def reached(self, step: int) -> bool:
+        """True once a preemption notice has arrived (the same step on every process)."""
+        if self._multi:
+            from jax.experimental import multihost_utils  # noqa: PLC0415
+
+            try:
+                return bool(multihost_utils.reached_preemption_sync_point(step))
+            except RuntimeError:  # no preemption manager: not started by jax.distributed
+                return False
+        return self._flag.is_set()
+
+    def close(self) -> None:
+        if self._previous is not None:
+            signal.signal(signal.SIGTERM, self._previous)
+            self._previous = None

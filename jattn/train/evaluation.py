@@ -1,0 +1,175 @@
+"""Periodic evaluation: loss, token accuracy and decoded metrics on each eval split.
+
+Each split (``config.eval_splits``, e.g. validation and test_longer) is read
+once, unpacked (one example a row), without shuffling, up to
+`eval_max_batches` batches of `eval_batch_size` rows at `eval_max_len`
+tokens, and cached in host memory. Every process reads the same rows, so the
+batches are global and each process can build its shards locally.
+
+Metrics, per split ``S``:
+
+- ``eval/S/loss``: mean per-token cross entropy (no label smoothing), nats;
+- ``eval/S/accuracy``: teacher-forced next-token accuracy;
+- ``eval/S/exact_match``: fraction of the first `eval_decode_examples`
+  examples whose decoded output equals the reference string (in [0, 1]);
+- ``eval/S/bleu``, ``eval/S/chrf``: sacrebleu corpus BLEU and chrF (0-100).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import jax
+import numpy as np
+
+__all__ = ["EvalSet", "evaluate", "ids_to_text", "load_eval_sets", "write_decodes"]
+
+EOS_ID, PAD_ID = 1, 0
+
+
+@dataclasses.dataclass
+class EvalSet:
+    """The cached rows of one eval split.
+
+    Attributes:
+      split: the split name.
+      batches: numpy batches, each ``{name: int32 [rows, eval_max_len]}``.
+      num_examples: real (non-padding) rows across `batches`.
+    """
+
+    split: str
+    batches: list[dict[str, np.ndarray]]
+    num_examples: int
+
+
+def _pad_rows(batch: dict[str, np.ndarray], rows: int) -> dict[str, np.ndarray]:
+    """Pads every array to `rows` rows with zeros (padding rows carry no weight)."""
+    have = next(iter(batch.values())).shape[0]
+    if have == rows:
+        return batch
+    return {k: np.pad(v, [(0, rows - have)] + [(0, 0)] * (v.ndim - 1)) for k, v in batch.items()}
+
+
+def load_eval_sets(
+    task: Any, make_loader: Callable[..., Any], config: Any, splits: Sequence[str]
+) -> dict[str, EvalSet]:
+    """Reads and caches the eval rows of `splits` (see the module docstring)."""
+    sets = {}
+    for split in splits:
+        loader = make_loader(
+            task,
+            split,
+            batch_size=config.eval_batch_size,
+            max_len=config.eval_max_len,
+            seed=config.seed,
+            shuffle=False,
+            num_epochs=1,
+            pack=False,
+            overlong="drop",
+        )
+        batches, count = [], 0
+        for batch in loader:
+            batch = {k: np.asarray(v) for k, v in batch.items()}
+            count += int(np.sum(np.any(batch["targets"] > 0, axis=-1)))
+            batches.append(_pad_rows(batch, config.eval_batch_size))
+            if config.eval_max_batches and len(batches) >= config.eval_max_batches:
+                break
+        sets[split] = EvalSet(split, batches, count)
+    return sets
+
+
+def ids_to_text(tokenizer: Any, ids: np.ndarray) -> str:
+    """Decodes one row of ids, stopping at EOS or PAD and skipping ids past the vocab.
+
+    (The model's vocabulary may be padded beyond the tokenizer's for sharding.)
+    """
+    ids = [int(i) for i in ids]
+    for stop in (EOS_ID, PAD_ID):
+        if stop in ids:
+            ids = ids[: ids.index(stop)]
+    return tokenizer.decode([i for i in ids if i < tokenizer.vocab_size])
+
+
+def evaluate(
+    params: Any,
+    eval_sets: dict[str, EvalSet],
+    *,
+    eval_step: Callable[[Any, dict[str, jax.Array]], dict[str, jax.Array]],
+    decode: Callable[[Any, jax.Array], jax.Array] | None,
+    to_global: Callable[[dict[str, np.ndarray]], dict[str, jax.Array]],
+    tokenizer: Any,
+    num_decode: int,
+) -> tuple[dict[str, float], dict[str, list[dict[str, Any]]]]:
+    """Evaluates `params` on every cached split.
+
+    Args:
+      params: the (sharded) model parameters.
+      eval_sets: from `load_eval_sets`.
+      eval_step: jitted `(params, batch) -> {"loss_sum", "weight_sum", "correct"}`
+        with replicated outputs.
+      decode: jitted `(params, inputs [rows, L]) -> ids [rows, max_length]`,
+        replicated output; None skips the decoded metrics.
+      to_global: numpy batch (the same on every process) -> global arrays.
+      tokenizer: has ``decode(ids) -> str`` and ``vocab_size``.
+      num_decode: decode at most this many examples a split.
+
+    Returns:
+      (metrics named ``eval/<split>/<metric>``, per split the decoded examples
+      as dicts with input, target, prediction, correct, input_tokens).
+    """
+    import sacrebleu  # noqa: PLC0415 -- heavy, only needed here
+
+    metrics, decodes = {}, {}
+    for split, es in eval_sets.items():
+        loss = weight = correct = 0.0
+        examples: list[dict[str, Any]] = []
+        for batch in es.batches:
+            gbatch = to_global(batch)
+            sums = jax.device_get(eval_step(params, gbatch))
+            loss += float(sums["loss_sum"])
+            weight += float(sums["weight_sum"])
+            correct += float(sums["correct"])
+            if decode is None or len(examples) >= num_decode:
+                continue
+            out = np.asarray(jax.device_get(decode(params, gbatch["inputs"])))
+            for row in range(out.shape[0]):
+                if len(examples) >= num_decode or not np.any(batch["targets"][row] > 0):
+                    continue
+                pred = ids_to_text(tokenizer, out[row])
+                ref = ids_to_text(tokenizer, batch["targets"][row])
+                examples.append(
+                    {
+                        "input": ids_to_text(tokenizer, batch["inputs"][row]),
+                        "target": ref,
+                        "prediction": pred,
+                        "correct": pred == ref,
+                        "input_tokens": int(np.sum(batch["inputs"][row] > 0)),
+                    }
+                )
+        prefix = f"eval/{split}/"
+        metrics[prefix + "loss"] = loss / max(weight, 1.0)
+        metrics[prefix + "accuracy"] = correct / max(weight, 1.0)
+        if examples:
+            hyps = [e["prediction"] for e in examples]
+            refs = [e["target"] for e in examples]
+            metrics[prefix + "exact_match"] = float(np.mean([e["correct"] for e in examples]))
+            metrics[prefix + "bleu"] = float(sacrebleu.corpus_bleu(hyps, [refs]).score)
+            metrics[prefix + "chrf"] = float(sacrebleu.corpus_chrf(hyps, [refs]).score)
+        decodes[split] = examples
+    return metrics, decodes
+
+
+def write_decodes(workdir: str, step: int, decodes: dict[str, list[dict[str, Any]]]) -> None:
+    """Writes `workdir/decodes/<split>.jsonl` (the latest eval's decoded examples)."""
+    folder = os.path.join(workdir, "decodes")
+    os.makedirs(folder, exist_ok=True)
+    for split, examples in decodes.items():
+        path = os.path.join(folder, f"{split}.jsonl")
+        with open(path + ".tmp", "w") as f:
+            for e in examples:
+                f.write(json.dumps({"step": int(step), **e}) + "\n")
+        os.replace(path + ".tmp", path)

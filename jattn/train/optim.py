@@ -1,0 +1,121 @@
+"""Learning-rate schedules and optimisers, picked by name from the config.
+
+Config keys read here: `schedule`, `learning_rate`, `warmup_steps`,
+`num_train_steps`, `model.d_model`, `optimizer`, `adam_b1`, `adam_b2`,
+`adam_eps`, `weight_decay`, `grad_clip_norm`.
+
+The paper's schedule ("rsqrt", Vaswani et al. 2017, eq. 3) is
+
+    lr(step) = learning_rate * d_model^-0.5 * min(step^-0.5, step * warmup^-1.5)
+
+with `step` counted from 1 and `learning_rate` a multiplier (1.0 in the
+paper). For the other schedules `learning_rate` is the peak rate.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import jax.numpy as jnp
+import ml_collections
+import optax
+
+from jattn.train.config import ConfigError
+
+__all__ = ["SCHEDULES", "OPTIMIZERS", "make_optimizer", "make_schedule"]
+
+Schedule = Callable[[int], float]
+
+
+def rsqrt_schedule(learning_rate: float, d_model: int, warmup_steps: int) -> Schedule:
+    """The paper's warmup then inverse-square-root decay (step counted from 1)."""
+
+    def schedule(count):
+        step = jnp.asarray(count, jnp.float32) + 1.0
+        warm = step * float(max(warmup_steps, 1)) ** -1.5
+        return learning_rate * float(d_model) ** -0.5 * jnp.minimum(step**-0.5, warm)
+
+    return schedule
+
+
+def _rsqrt(c: ml_collections.ConfigDict) -> Schedule:
+    return rsqrt_schedule(c.learning_rate, c.model.d_model, c.warmup_steps)
+
+
+def _warmup(c: ml_collections.ConfigDict, count):
+    """Linear warmup factor: (count + 1) / warmup_steps, capped at 1 (1 without warmup)."""
+    return jnp.minimum(1.0, (jnp.asarray(count, jnp.float32) + 1.0) / max(c.warmup_steps, 1))
+
+
+def _decay_fraction(c: ml_collections.ConfigDict, count):
+    """Fraction of the post-warmup steps done, in [0, 1]."""
+    span = max(c.num_train_steps - c.warmup_steps, 1)
+    return jnp.clip((jnp.asarray(count, jnp.float32) - c.warmup_steps) / span, 0.0, 1.0)
+
+
+def _constant(c: ml_collections.ConfigDict) -> Schedule:
+    return lambda count: c.learning_rate * _warmup(c, count)
+
+
+def _cosine(c: ml_collections.ConfigDict) -> Schedule:
+    def schedule(count):
+        cosine = 0.5 * (1.0 + jnp.cos(jnp.pi * _decay_fraction(c, count)))
+        return c.learning_rate * _warmup(c, count) * cosine
+
+    return schedule
+
+
+def _linear(c: ml_collections.ConfigDict) -> Schedule:
+    return lambda count: c.learning_rate * _warmup(c, count) * (1.0 - _decay_fraction(c, count))
+
+
+SCHEDULES: dict[str, Callable[[ml_collections.ConfigDict], Schedule]] = {
+    "rsqrt": _rsqrt,
+    "constant": _constant,
+    "cosine": _cosine,
+    "linear": _linear,
+}
+
+
+def make_schedule(config: ml_collections.ConfigDict) -> Schedule:
+    """The learning-rate schedule named by `config.schedule`."""
+    if config.schedule not in SCHEDULES:
+        raise ConfigError(f"schedule={config.schedule!r}: choose one of {sorted(SCHEDULES)}")
+    return SCHEDULES[config.schedule](config)
+
+
+def _adam(c, lr):
+    return optax.adam(lr, b1=c.adam_b1, b2=c.adam_b2, eps=c.adam_eps)
+
+
+def _adamw(c, lr):
+    return optax.adamw(lr, b1=c.adam_b1, b2=c.adam_b2, eps=c.adam_eps, weight_decay=c.weight_decay)
+
+
+def _sgd(c, lr):
+    return optax.sgd(lr, momentum=c.adam_b1 or None)
+
+
+OPTIMIZERS = {"adam": _adam, "adamw": _adamw, "sgd": _sgd}
+
+
+def make_optimizer(
+    config: ml_collections.ConfigDict,
+) -> tuple[optax.GradientTransformation, Schedule]:
+    """The optimiser named by `config.optimizer`, with global-norm clipping when
+    `config.grad_clip_norm > 0`.
+
+    Gradient accumulation is not an optax wrapper here: the train step scans
+    over `grad_accum_steps` micro-batches and applies one update, so the step
+    counter, schedule and checkpoints mean the same with or without it.
+
+    Returns:
+      (the optax transformation, the schedule, for logging).
+    """
+    if config.optimizer not in OPTIMIZERS:
+        raise ConfigError(f"optimizer={config.optimizer!r}: choose one of {sorted(OPTIMIZERS)}")
+    schedule = make_schedule(config)
+    tx = OPTIMIZERS[config.optimizer](config, schedule)
+    if config.grad_clip_norm and config.grad_clip_norm > 0:
+        tx = optax.chain(optax.clip_by_global_norm(config.grad_clip_norm), tx)
+    return tx, schedule
