@@ -212,10 +212,17 @@ def load(
         another file format, an empty train split, a mismatched cached vocabulary.
     """
     builder = _make_builder(name, data_dir)
-    builder.download_and_prepare()
     info = builder.info
     source_key = _resolve_key(info, source_key, "source_key", name)
     target_key = _resolve_key(info, target_key, "target_key", name)
+    try:
+        builder.download_and_prepare()
+    except AssertionError as e:  # tfds refuses to write a split without examples
+        if "No examples were yielded" not in str(e):
+            raise
+        raise ValueError(
+            f"dataset {name!r} has an empty split, which tfds cannot write: {e}"
+        ) from e
     try:
         data_sources = builder.as_data_source()
     except (NotImplementedError, ValueError) as e:

@@ -1,0 +1,610 @@
+"""jattn.data: tfds builders, tokenizers, packing, the grain pipeline, orbax resume."""
+
+import collections
+import json
+import os
+
+import jax.numpy as jnp
+import numpy as np
+import orbax.checkpoint as ocp
+import pytest
+import tensorflow_datasets as tfds
+
+import jattn.data as data
+from jattn.data import builders, packing, tokenizers
+from jattn.data import checkpoint as data_ckpt
+
+tfds.disable_progress_bar()
+
+
+# ---------------------------------------------------------------------------
+# Stand-in corpora with the features of real translation data sets.
+# ---------------------------------------------------------------------------
+
+
+def _pairs(lo, hi):
+    from num2words import num2words
+
+    return [(num2words(n, lang="de"), num2words(n, lang="en")) for n in range(lo, hi)]
+
+
+class JattnTestTranslate(builders.LocalBuilder):
+    """Like wmt14_translate/de-en: one Translation feature, supervised_keys (de, en)."""
+
+    VERSION = tfds.core.Version("1.0.0")
+    BUILDER_CONFIGS = [tfds.core.BuilderConfig(name="de-en")]
+
+    def _info(self):
+        return tfds.core.DatasetInfo(
+            builder=self,
+            features=tfds.features.Translation(languages=("de", "en")),
+            supervised_keys=("de", "en"),
+        )
+
+    def _split_generators(self, dl_manager):
+        return {
+            "train": self._generate_examples(_pairs(0, 400)),
+            "validation": self._generate_examples(_pairs(400, 420)),
+        }
+
+    def _generate_examples(self, pairs):
+        for i, (de, en) in enumerate(pairs):
+            yield i, {"de": de, "en": en}
+
+
+class JattnTestTexts(builders.LocalBuilder):
+    """Two Text features and an int one, no supervised_keys; `empty` has an empty split."""
+
+    VERSION = tfds.core.Version("1.0.0")
+    BUILDER_CONFIGS = [tfds.core.BuilderConfig(name="full"), tfds.core.BuilderConfig(name="empty")]
+
+    def _info(self):
+        return tfds.core.DatasetInfo(
+            builder=self,
+            features=tfds.features.FeaturesDict(
+                {"src": tfds.features.Text(), "tgt": tfds.features.Text(), "id": np.int64}
+            ),
+        )
+
+    def _split_generators(self, dl_manager):
+        n_val = 0 if self.builder_config.name == "empty" else 3
+        return {
+            "train": self._generate_examples(30),
+            "validation": self._generate_examples(n_val),
+        }
+
+    def _generate_examples(self, n):
+        for i in range(n):
+            yield i, {"src": f"q{i}", "tgt": f"a{i}" * 2, "id": i}
+
+
+# ---------------------------------------------------------------------------
+# Fixtures: every builder is prepared once per session.
+# ---------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="session")
+def data_dir(tmp_path_factory):
+    return str(tmp_path_factory.mktemp("tfds"))
+
+
+@pytest.fixture(scope="session")
+def numbers(data_dir):
+    return data.load("numbers", data_dir=data_dir)
+
+
+@pytest.fixture(scope="session")
+def tiny(data_dir):
+    return data.load("numbers/de_tiny", data_dir=data_dir)
+
+
+@pytest.fixture(scope="session")
+def strings(data_dir):
+    return {name: data.load(f"{name}/tiny", data_dir=data_dir) for name in ("copy", "reverse")}
+
+
+@pytest.fixture(scope="session")
+def translate(data_dir):
+    return data.load("jattn_test_translate", data_dir=data_dir, tokenizer="spm", vocab_size=64)
+
+
+def records(task, split):
+    src = task.source(split)
+    return [(ex["inputs"], ex["targets"]) for ex in src.__getitems__(range(len(src)))]
+
+
+def encoded(task, split):
+    """Tokenized examples of a split as (inputs tuple, targets tuple)."""
+    enc = task.tokenizer.encode
+    return [(tuple(enc(i)), tuple(enc(t))) for i, t in records(task, split)]
+
+
+def batches(loader, n=None):
+    it = iter(loader)
+    out = []
+    for b in it:
+        out.append(b)
+        if n is not None and len(out) == n:
+            break
+    return out
+
+
+def unpacked(batch_list):
+    return [
+        (tuple(ex["inputs"].tolist()), tuple(ex["targets"].tolist()))
+        for b in batch_list
+        for ex in data.unpack(b)
+    ]
+
+
+# ---------------------------------------------------------------------------
+# Builders
+# ---------------------------------------------------------------------------
+
+
+def test_numbers_german_default(numbers):
+    assert numbers.splits == ("train", "validation", "test_longer")
+    train, val, test = (records(numbers, s) for s in numbers.splits)
+    assert (len(train), len(val), len(test)) == (20_000, 1_000, 1_000)
+    pairs = dict(train + val)
+    # Every 3-digit number fits in the default sizes, so 342 is in train or validation.
+    assert pairs["342"] == "dreihundertzweiundvierzig"
+    assert pairs["21"] == "einundzwanzig"  # units before tens
+    assert pairs["7"] == "sieben"
+    assert all(1 <= len(i) <= 6 and i.isdigit() for i, _ in train + val)
+    assert {len(i) for i, _ in test} == {7, 8}
+    assert any("Million" in t for _, t in test)
+    train_in, val_in = {i for i, _ in train}, {i for i, _ in val}
+    assert len(train_in) == len(train)  # distinct numbers
+    assert not train_in & val_in
+    assert not train_in & {i for i, _ in test}
+    # Even spread over digit counts: all 90 two-digit numbers, ~3.3k six-digit ones.
+    counts = collections.Counter(len(i) for i, _ in train + val)
+    assert counts[1] == 10 and counts[2] == 90 and counts[3] == 900
+    assert 4000 < counts[6] < 8000
+
+
+@pytest.mark.parametrize(
+    "language, expected",
+    [("en", "three hundred and forty-two"), ("fr", "trois cent quarante-deux")],
+)
+def test_numbers_other_languages(tmp_path, language, expected):
+    config = builders.NumbersConfig(
+        name=f"{language}_test",
+        language=language,
+        num_train=850,
+        num_validation=50,
+        num_test_longer=20,
+        train_digits=(3,),
+    )
+    b = builders.JattnNumbers(data_dir=str(tmp_path), config=config, file_format="array_record")
+    b.download_and_prepare()
+    src = b.as_data_source()
+    pairs = {
+        ex["inputs"].decode(): ex["targets"].decode()
+        for s in ("train", "validation")
+        for ex in src[s]
+    }
+    assert len(pairs) == 900  # all 3-digit numbers, each once
+    assert pairs["342"] == expected
+    assert {len(ex["inputs"]) for ex in src["test_longer"]} == {7, 8}
+
+
+@pytest.mark.parametrize("name", ["copy", "reverse"])
+def test_copy_reverse(strings, name):
+    task = strings[name]
+    train, val, test = (records(task, s) for s in task.splits)
+    assert (len(train), len(val), len(test)) == (600, 50, 50)
+    for i, t in train + val + test:
+        assert t == (i if name == "copy" else i[::-1])
+        assert set(i) <= set("abcdefghijklmnop")
+    assert {len(i) for i, _ in train + val} <= set(range(1, 16))
+    assert {len(i) for i, _ in test} <= set(range(16, 31))
+    assert not {i for i, _ in train} & {i for i, _ in val}
+
+
+def test_same_seed_same_data(tmp_path):
+    def generate(directory, seed):
+        config = builders.StringsConfig(
+            name=f"seed{seed}", num_train=200, num_validation=10, num_test_longer=10, seed=seed
+        )
+        b = builders.JattnReverse(
+            data_dir=str(directory), config=config, file_format="array_record"
+        )
+        b.download_and_prepare()
+        return {s: [ex["inputs"] for ex in d] for s, d in b.as_data_source().items()}
+
+    a = generate(tmp_path / "a", seed=1)
+    assert a == generate(tmp_path / "b", seed=1)
+    assert a["train"] != generate(tmp_path / "c", seed=2)["train"]
+
+
+def test_sampling_helpers_exact_and_distinct():
+    rng = np.random.default_rng(0)
+    assert builders._even_allocation(10, [1, 10, 10]) == [1, 5, 4]
+    with pytest.raises(ValueError, match="cannot draw"):
+        builders._even_allocation(5, [1, 2])
+    x = builders.sample_numbers(rng, 300, (1, 2, 8))
+    assert len(set(x.tolist())) == 300
+    assert collections.Counter(len(str(v)) for v in x.tolist()) == {1: 10, 2: 90, 8: 200}
+
+
+# ---------------------------------------------------------------------------
+# Tokenizers
+# ---------------------------------------------------------------------------
+
+
+def test_char_tokenizer(numbers, data_dir):
+    tok = numbers.tokenizer
+    assert (data.PAD_ID, data.EOS_ID, data.UNK_ID) == (0, 1, 2)
+    chars = sorted({c for i, t in records(numbers, "train") for c in i + t})
+    assert tok.vocab_size == len(chars) + 3
+    ids = tok.encode("342")
+    assert ids == [3 + chars.index(c) for c in "342"] + [data.EOS_ID]
+    assert tok.decode(ids + [5, 6]) == "342"  # stops at EOS
+    assert tok.decode([*tok.encode("null")[:-1], data.PAD_ID, 7]) == "null"  # and at PAD
+    assert tok.decode(tok.encode("zwölf!")) == "zwölf" + tokenizers.UNK_TEXT
+    # Cached: a second load reads the file and gives the same vocabulary.
+    again = data.load("numbers", data_dir=data_dir)
+    assert again.tokenizer.chars == tok.chars
+
+
+def test_sentencepiece_shared_vocab(translate, data_dir):
+    tok = translate.tokenizer
+    assert isinstance(tok, data.SentencePieceTokenizer)
+    assert tok.vocab_size == 64
+    assert translate.source_key == "de" and translate.target_key == "en"
+    de, en = records(translate, "validation")[0]
+    for text in (de, en):  # one vocabulary for both languages
+        ids = tok.encode(text)
+        assert ids[-1] == data.EOS_ID and data.PAD_ID not in ids and data.UNK_ID not in ids
+        assert tok.decode(ids + [9, 9]) == text
+    path = tokenizers.vocab_path(
+        os.path.join(data_dir, "jattn_vocab", translate.full_name), "spm", 64
+    )
+    mtime = os.path.getmtime(path)
+    again = data.load("jattn_test_translate", data_dir=data_dir, tokenizer="spm", vocab_size=64)
+    assert os.path.getmtime(path) == mtime  # reused, not retrained
+    assert again.tokenizer.encode(de) == tok.encode(de)
+
+
+def test_mismatched_vocabulary_file(translate, data_dir, tmp_path):
+    cache = os.path.join(data_dir, "jattn_vocab", translate.full_name)
+    # A 64-piece model where a 48-piece one is expected, with matching settings.
+    small = tokenizers.vocab_path(cache, "spm", 48)
+    os.link(tokenizers.vocab_path(cache, "spm", 64), small)
+    with open(tokenizers.vocab_path(cache, "spm", 64) + ".settings.json") as f:
+        settings = json.load(f)
+    with open(small + ".settings.json", "w") as f:
+        json.dump(dict(settings, vocab_size=48), f)
+    with pytest.raises(ValueError, match="has 64 pieces but vocab_size=48"):
+        data.load("jattn_test_translate", data_dir=data_dir, tokenizer="spm", vocab_size=48)
+    # A cached vocabulary learned with other keys.
+    with pytest.raises(
+        ValueError, match=r"does not match.*source_key: cached 'de' vs requested 'en'"
+    ):
+        data.load(
+            "jattn_test_translate",
+            data_dir=data_dir,
+            tokenizer="spm",
+            vocab_size=64,
+            source_key="en",
+            target_key="de",
+        )
+
+
+def test_two_text_features_with_keys(data_dir):
+    task = data.load("jattn_test_texts/full", data_dir=data_dir, source_key="src", target_key="tgt")
+    assert ("q3", "a3a3") in records(task, "train")  # tfds stores examples shuffled by key
+    loader = data.make_loader(task, "validation", batch_size=4, max_len=8, seed=0, num_epochs=1)
+    batch = next(iter(loader))
+    assert sorted(unpacked([batch])) == sorted(encoded(task, "validation"))
+
+
+# ---------------------------------------------------------------------------
+# Packing
+# ---------------------------------------------------------------------------
+
+
+def test_pack_hand_example():
+    import grain
+
+    examples = [
+        {"inputs": np.array([3, 4, 1], np.int32), "targets": np.array([5, 1], np.int32)},
+        {"inputs": np.array([6, 1], np.int32), "targets": np.array([7, 8, 1], np.int32)},
+        {"inputs": np.array([9, 9, 9, 1], np.int32), "targets": np.array([1], np.int32)},
+    ]
+    ds = grain.MapDataset.source(examples).to_iter_dataset()
+    rows = list(packing.pack(ds, max_len=5, num_bins=2, seed=0))
+    assert len(rows) == 2
+    r0, r1 = rows
+    np.testing.assert_array_equal(r0["inputs"], [3, 4, 1, 6, 1])
+    np.testing.assert_array_equal(r0["inputs_segment_ids"], [1, 1, 1, 2, 2])
+    np.testing.assert_array_equal(r0["inputs_positions"], [0, 1, 2, 0, 1])
+    np.testing.assert_array_equal(r0["targets"], [5, 1, 7, 8, 1])
+    np.testing.assert_array_equal(r0["targets_segment_ids"], [1, 1, 2, 2, 2])
+    np.testing.assert_array_equal(r0["targets_positions"], [0, 1, 0, 1, 2])
+    np.testing.assert_array_equal(r1["inputs"], [9, 9, 9, 1, 0])
+    np.testing.assert_array_equal(r1["inputs_segment_ids"], [1, 1, 1, 1, 0])
+    np.testing.assert_array_equal(r1["targets"], [1, 0, 0, 0, 0])
+    np.testing.assert_array_equal(r1["targets_segment_ids"], [1, 0, 0, 0, 0])
+    assert all(r[k].dtype == np.int32 for r in rows for k in data.BATCH_KEYS)
+    back = data.unpack({k: np.stack([r0[k], r1[k]]) for k in data.BATCH_KEYS})
+    assert [(e["inputs"].tolist(), e["targets"].tolist()) for e in back] == [
+        (x["inputs"].tolist(), x["targets"].tolist()) for x in examples
+    ]
+
+
+def test_pad_to_row():
+    row = data.pad_to_row({"inputs": [7, 1], "targets": [8, 9, 1]}, 4)
+    np.testing.assert_array_equal(row["inputs"], [7, 1, 0, 0])
+    np.testing.assert_array_equal(row["inputs_segment_ids"], [1, 1, 0, 0])
+    np.testing.assert_array_equal(row["targets_positions"], [0, 1, 2, 0])
+    with pytest.raises(ValueError, match="more than max_len=2"):
+        data.pad_to_row({"inputs": [7, 1], "targets": [8, 9, 1]}, 2)
+
+
+def test_unpack_rejects_broken_rows():
+    good = data.pad_to_row({"inputs": [7, 1], "targets": [8, 1]}, 4)
+    bad_pos = dict(good, inputs_positions=np.array([0, 2, 0, 0]))
+    with pytest.raises(ValueError, match="positions"):
+        data.unpack(bad_pos)
+    split = dict(
+        good,
+        targets=np.array([8, 0, 1, 0]),
+        targets_segment_ids=np.array([1, 0, 1, 0]),
+        targets_positions=np.array([0, 0, 1, 0]),
+    )
+    with pytest.raises(ValueError, match="not contiguous"):
+        data.unpack(split)
+    mixed = dict(good, targets_segment_ids=np.array([2, 2, 0, 0]))
+    with pytest.raises(ValueError, match="differ"):
+        data.unpack(mixed)
+
+
+def assert_row_invariants(batch, max_len):
+    """Independent check of the packed layout, row by row."""
+    for key in packing.FEATURES:
+        ids, seg, pos = (batch[key], batch[f"{key}_segment_ids"], batch[f"{key}_positions"])
+        assert ids.shape == seg.shape == pos.shape == (len(ids), max_len)
+        for b in range(len(ids)):
+            real = seg[b] > 0
+            n = int(real.sum())
+            assert real[:n].all() and not real[n:].any()  # padding only at the end
+            assert not ids[b][~real].any() and not pos[b][~real].any()
+            s, p = seg[b][:n], pos[b][:n]
+            starts = np.flatnonzero(np.diff(s, prepend=0) != 0)  # [num_segments]
+            assert np.array_equal(s[starts], np.arange(1, len(starts) + 1))  # 1, 2, ... in order
+            assert np.all(np.diff(s) >= 0)  # contiguous segments
+            assert np.array_equal(p[starts], np.zeros(len(starts)))  # positions restart
+            assert np.all(np.diff(p)[np.diff(s) == 0] == 1)  # and count up inside
+            assert ids[b][starts[1:] - 1].tolist() == [data.EOS_ID] * (len(starts) - 1)
+    for b in range(len(batch["inputs"])):  # the same examples in inputs and targets
+        assert set(batch["inputs_segment_ids"][b].tolist()) - {0} == set(
+            batch["targets_segment_ids"][b].tolist()
+        ) - {0}
+
+
+@pytest.mark.parametrize("pack", [True, False])
+def test_one_epoch_unpacks_to_the_split(tiny, pack):
+    loader = data.make_loader(
+        tiny, "train", batch_size=16, max_len=96, seed=0, num_epochs=1, pack=pack
+    )
+    got = batches(loader)
+    for b in got:
+        assert set(b) == set(data.BATCH_KEYS)
+        assert all(v.dtype == np.int32 and v.shape == (16, 96) for v in b.values())
+        assert_row_invariants(b, 96)
+        if not pack:
+            assert b["targets_segment_ids"].max() <= 1
+    # Every example exactly once, whole: nothing split across rows, nothing lost.
+    assert collections.Counter(unpacked(got)) == collections.Counter(encoded(tiny, "train"))
+    rows = sum(int((b["targets_segment_ids"].max(axis=1) > 0).sum()) for b in got)
+    assert (rows < 600 / 1.5) if pack else (rows == 600)
+
+
+def test_packed_batches_of_the_default_task(numbers):
+    got = batches(data.make_loader(numbers, "train", batch_size=32, max_len=64, seed=1), 5)
+    for b in got:
+        assert_row_invariants(b, 64)
+    originals = set(encoded(numbers, "train"))
+    assert set(unpacked(got)) <= originals
+
+
+def test_overlong_drop_and_truncate(tiny):
+    max_len = 24
+    lengths = [max(len(i), len(t)) for i, t in encoded(tiny, "train")]
+    n_over = sum(n > max_len for n in lengths)
+    assert 0 < n_over < len(lengths)
+    drop = data.make_loader(tiny, "train", batch_size=16, max_len=max_len, seed=0, num_epochs=1)
+    it = iter(drop)
+    got = list(it)
+    assert data.loader_stats(it) == {"examples": 600, "dropped": n_over, "truncated": 0}
+    assert len(unpacked(got)) == 600 - n_over
+    trunc = data.make_loader(
+        tiny, "train", batch_size=16, max_len=max_len, seed=0, num_epochs=1, overlong="truncate"
+    )
+    it = iter(trunc)
+    examples = unpacked(list(it))
+    assert data.loader_stats(it) == {"examples": 600, "dropped": 0, "truncated": n_over}
+    assert len(examples) == 600
+    cut = [e for e in examples if max(len(e[0]), len(e[1])) == max_len and data.EOS_ID not in e[1]]
+    assert len(cut) > 0
+
+
+# ---------------------------------------------------------------------------
+# Determinism, shuffling, epochs
+# ---------------------------------------------------------------------------
+
+
+def _same(a, b):
+    if len(a) != len(b):
+        return False
+    return all(np.array_equal(x[k], y[k]) for x, y in zip(a, b, strict=True) for k in x)
+
+
+def test_same_seed_same_batches(tiny):
+    make = lambda seed, **kw: data.make_loader(
+        tiny, "train", batch_size=8, max_len=96, seed=seed, **kw
+    )
+    a = batches(make(3), 6)
+    assert _same(a, batches(make(3), 6))
+    assert _same(a, batches(make(3, prefetch=0), 6))  # prefetching changes nothing
+    assert not _same(a, batches(make(4), 6))
+    ordered = batches(make(3, shuffle=False, pack=False, num_epochs=1), 2)
+    first = [(tuple(e[0]), tuple(e[1])) for e in encoded(tiny, "train")[:16]]
+    assert unpacked(ordered) == first
+
+
+def test_epochs_reshuffle(tiny):
+    got = unpacked(
+        batches(
+            data.make_loader(
+                tiny, "train", batch_size=50, max_len=96, seed=0, pack=False, num_epochs=2
+            )
+        )
+    )
+    first, second = got[:600], got[600:]
+    assert len(second) == 600
+    assert collections.Counter(first) == collections.Counter(second)
+    assert first != second
+
+
+# ---------------------------------------------------------------------------
+# Orbax: the iterator saved with the train state at step k resumes exactly
+# ---------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "kwargs",
+    [dict(pack=True), dict(pack=False, overlong="truncate", max_len=24, prefetch=0)],
+    ids=["packed", "unpacked-truncate"],
+)
+def test_checkpoint_resume_gives_the_same_batches(tiny, tmp_path, kwargs):
+    kwargs = dict(dict(batch_size=8, max_len=96, seed=5), **kwargs)
+    make = lambda: iter(data.make_loader(tiny, "train", **kwargs))
+    k, m = 70, 8  # past the end of the first epoch (~60 batches)
+    ref_it = make()
+    reference = [next(ref_it) for _ in range(k + m)]
+
+    state = {"params": jnp.arange(6.0).reshape(2, 3), "step": jnp.asarray(k)}
+    it = make()
+    for _ in range(k):
+        next(it)
+    with ocp.CheckpointManager(tmp_path / "ckpt") as mngr:
+        mngr.save(
+            k,
+            args=ocp.args.Composite(
+                state=ocp.args.StandardSave(state), data=data_ckpt.save_args(it)
+            ),
+        )
+        next(it)  # moving on after save() does not change what was saved
+        mngr.wait_until_finished()
+    del it  # the run "dies"
+
+    fresh = make()
+    with ocp.CheckpointManager(tmp_path / "ckpt") as mngr:
+        assert mngr.latest_step() == k
+        restored = mngr.restore(
+            k,
+            args=ocp.args.Composite(
+                state=ocp.args.StandardRestore(state), data=data_ckpt.restore_args(fresh)
+            ),
+        )
+    np.testing.assert_array_equal(restored["state"]["params"], state["params"])
+    assert restored["data"] is fresh
+    assert _same([next(fresh) for _ in range(m)], reference[k:])
+    if kwargs.get("prefetch") == 0:  # without read-ahead the counts are exact too
+        assert data.loader_stats(fresh) == data.loader_stats(ref_it)
+        assert data.loader_stats(fresh)["truncated"] > 0
+
+
+def test_get_set_state_roundtrip(tiny):
+    make = lambda: iter(data.make_loader(tiny, "train", batch_size=8, max_len=96, seed=2))
+    it = make()
+    for _ in range(3):
+        next(it)
+    state = json.loads(json.dumps(it.get_state()))  # JSON-able
+    expected = [next(it) for _ in range(4)]
+    other = make()
+    other.set_state(state)
+    assert _same([next(other) for _ in range(4)], expected)
+
+
+def test_checkpoint_args_reject_non_iterators(tiny):
+    with pytest.raises(TypeError, match="make_loader"):
+        data_ckpt.save_args(data.make_loader(tiny, "train", batch_size=2, max_len=8, seed=0))
+
+
+# ---------------------------------------------------------------------------
+# Sharding (in-process; tests/test_data_multiprocess.py runs real processes)
+# ---------------------------------------------------------------------------
+
+
+def test_shards_are_disjoint_and_cover(tiny):
+    seen = []
+    for index in range(3):
+        loader = data.make_loader(
+            tiny,
+            "validation",
+            batch_size=4,
+            max_len=96,
+            seed=0,
+            num_epochs=1,
+            shard_index=index,
+            shard_count=3,
+        )
+        seen.append(unpacked(batches(loader)))
+    assert [len(s) for s in seen] == [17, 17, 16]
+    all_seen = [e for s in seen for e in s]
+    assert collections.Counter(all_seen) == collections.Counter(encoded(tiny, "validation"))
+
+
+# ---------------------------------------------------------------------------
+# Throughput and packing efficiency
+# ---------------------------------------------------------------------------
+
+
+def test_measure_loader(numbers):
+    stats = data.measure_loader(numbers, batch_size=32, max_len=64, num_batches=10)
+    assert stats["examples_per_s"] > 0 and stats["batches_per_s"] > 0
+    assert 0 < stats["inputs_efficiency"] < stats["targets_efficiency"] <= 1
+    assert stats["examples_per_row"] >= 1
+    assert stats["dropped_fraction"] == 0  # German numbers up to 6 digits fit in 64
+    short = data.measure_loader(numbers, batch_size=32, max_len=32, num_batches=3)
+    assert short["dropped_fraction"] > 0.5  # most 5-6 digit numbers are longer than 32
+
+
+# ---------------------------------------------------------------------------
+# Clear errors
+# ---------------------------------------------------------------------------
+
+
+def test_errors(data_dir, tiny):
+    with pytest.raises(ValueError, match="unknown dataset name 'no_such_set'"):
+        data.load("no_such_set", data_dir=data_dir)
+    with pytest.raises(ValueError, match="unknown config 'xx'.*'de', 'en', 'fr'"):
+        data.load("numbers/xx", data_dir=data_dir)
+    with pytest.raises(ValueError, match="unknown tokenizer 'words'"):
+        data.load("numbers/de_tiny", data_dir=data_dir, tokenizer="words")
+    with pytest.raises(ValueError, match="no \\(source, target\\) supervised_keys.*src"):
+        data.load("jattn_test_texts/full", data_dir=data_dir)
+    with pytest.raises(ValueError, match="source_key='fr' is not a feature.*'de', 'en'"):
+        data.load("jattn_test_translate", data_dir=data_dir, source_key="fr", target_key="en")
+    with pytest.raises(ValueError, match="target_key='id'.*not a Text feature"):
+        data.load("jattn_test_texts/full", data_dir=data_dir, source_key="src", target_key="id")
+    with pytest.raises(ValueError, match="empty split"):
+        data.load("jattn_test_texts/empty", data_dir=data_dir, source_key="src", target_key="tgt")
+    make = lambda **kw: data.make_loader(
+        tiny, **dict(dict(split="train", batch_size=4, max_len=16, seed=0), **kw)
+    )
+    with pytest.raises(ValueError, match="no split 'test'"):
+        make(split="test")
+    with pytest.raises(ValueError, match="overlong must be one of"):
+        make(overlong="wrap")
+    with pytest.raises(ValueError, match="max_len must be a positive int, got 0"):
+        make(max_len=0)
+    with pytest.raises(ValueError, match="shard_index=2, shard_count=2"):
+        make(shard_index=2, shard_count=2)
+    with pytest.raises(ValueError, match="shard 700 of 800 .* is empty"):
+        make(shard_index=700, shard_count=800)
