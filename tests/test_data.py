@@ -190,6 +190,32 @@ def test_numbers_other_languages(tmp_path, language, expected):
     assert {len(ex["inputs"]) for ex in src["test_longer"]} == {7, 8}
 
 
+def test_numbers_with_round_millions_in_train(tmp_path):
+    config = builders.NumbersConfig(
+        name="de_millions_test",
+        train_extra=builders.ROUND_MILLIONS,
+        num_train=300,
+        num_validation=20,
+        num_test_longer=300,
+    )
+    splits = {
+        split: [(ex["inputs"], ex["targets"]) for _, ex in examples]
+        for split, examples in builders.numbers_splits(config).items()
+    }
+    train = dict(splits["train"])
+    assert len(train) == 300 + 99
+    assert train["12000000"] == "zwölf Millionen" and train["1000000"] == "eine Million"
+    assert not {i for i, _ in splits["test_longer"]} & set(train)
+    assert not {i for i, _ in splits["validation"]} & set(train)
+    assert {len(i) for i, _ in splits["test_longer"]} == {7, 8}
+    # Every character (and "Million(en)") of test_longer is seen in training.
+    train_chars = {c for t in train.values() for c in t}
+    assert {c for _, t in splits["test_longer"] for c in t} <= train_chars
+    # The default config keeps 7-8 digit numbers entirely out of training.
+    default = builders.numbers_splits(builders.NumbersConfig(name="x", num_train=300))
+    assert all(len(ex["inputs"]) <= 6 for _, ex in default["train"])
+
+
 @pytest.mark.parametrize("name", ["copy", "reverse"])
 def test_copy_reverse(strings, name):
     task = strings[name]
@@ -291,6 +317,14 @@ def test_mismatched_vocabulary_file(translate, data_dir, tmp_path):
             source_key="en",
             target_key="de",
         )
+
+
+def test_text_source_indexing(tiny):
+    src = tiny.source("validation")
+    assert len(src) == 50 and src[-1] == src[49]
+    with pytest.raises(IndexError):
+        src[50]
+    assert list(src) == src.__getitems__(range(50))
 
 
 def test_two_text_features_with_keys(data_dir):

@@ -156,6 +156,8 @@ class NumbersConfig(tfds.core.BuilderConfig):
       num_test_longer: examples of `test_digits` digits, never in training.
       train_digits: digit counts of train and validation numbers.
       test_digits: digit counts of the `test_longer` numbers.
+      train_extra: numbers added to train (beyond `num_train`) and kept out of the
+        other splits, whatever their digit count (e.g. ROUND_MILLIONS).
       seed: seed of the generator; the data is a pure function of the config.
     """
 
@@ -165,7 +167,13 @@ class NumbersConfig(tfds.core.BuilderConfig):
     num_test_longer: int = 1_000
     train_digits: tuple[int, ...] = (1, 2, 3, 4, 5, 6)
     test_digits: tuple[int, ...] = (7, 8)
+    train_extra: tuple[int, ...] = ()
     seed: int = 0
+
+
+# 1, 2, ..., 99 million: with these in training, the words of 7 and 8 digit numbers
+# ("Million", "Millionen") are all seen, and `test_longer` tests composing them.
+ROUND_MILLIONS = tuple(k * 10**6 for k in range(1, 100))
 
 
 def numbers_splits(config: NumbersConfig) -> dict[str, list[tuple[int, dict[str, str]]]]:
@@ -176,9 +184,13 @@ def numbers_splits(config: NumbersConfig) -> dict[str, list[tuple[int, dict[str,
         )
     rng = np.random.default_rng(config.seed)
     short = sample_numbers(rng, config.num_train + config.num_validation, config.train_digits)
-    longer = sample_numbers(rng, config.num_test_longer, config.test_digits)
+    extra = np.asarray(sorted(set(config.train_extra)), np.int64)
+    longer = sample_numbers(rng, config.num_test_longer + len(extra), config.test_digits)
+    longer = longer[~np.isin(longer, extra)][: config.num_test_longer]
+    short_extra = np.isin(short, extra)
+    short = np.concatenate([short[~short_extra], short[short_extra]])  # extras last: not in val
     parts = {
-        "train": short[config.num_validation :],
+        "train": np.concatenate([short[config.num_validation :], extra[~np.isin(extra, short)]]),
         "validation": short[: config.num_validation],
         "test_longer": longer,
     }
@@ -200,6 +212,12 @@ class JattnNumbers(LocalBuilder):
         NumbersConfig(name="de", language="de", description="German (default)."),
         NumbersConfig(name="en", language="en", description="English."),
         NumbersConfig(name="fr", language="fr", description="French."),
+        NumbersConfig(
+            name="de_millions",
+            language="de",
+            train_extra=ROUND_MILLIONS,
+            description="German, with 1..99 million in train: test_longer needs no unseen word.",
+        ),
         NumbersConfig(
             name="de_tiny",
             language="de",

@@ -46,7 +46,14 @@ class TextSource:
         }
 
     def __getitem__(self, index: int) -> dict[str, str]:
-        return self._convert(self._data[index])
+        n = len(self._data)
+        if not -n <= index < n:
+            raise IndexError(f"index {index} out of range for a split of {n} examples")
+        return self._convert(self._data[index % n])
+
+    def __iter__(self) -> Iterator[dict[str, str]]:
+        for start in range(0, len(self), 1024):
+            yield from self.__getitems__(range(start, min(start + 1024, len(self))))
 
     def __getitems__(self, indices: Sequence[int]) -> list[dict[str, str]]:
         if hasattr(self._data, "__getitems__"):
