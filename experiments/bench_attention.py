@@ -1,0 +1,204 @@
+"""Benchmark: jattn's attention implementations against jax.nn.dot_product_attention.
+
+Measures, in one run on the same inputs, forward and forward+backward wall time
+and XLA's compiled temporary memory (`lower(...).compile().memory_analysis()`)
+for
+
+- `jax.nn.dot_product_attention` (the peer; implementation="xla" on CPU),
+- jattn "xla" and "chunked" (and "pallas" with --pallas; interpret mode on CPU
+  is a correctness tool, far too slow to time meaningfully),
+- Shaw relative attention (k=16, key and value tables) through jattn, against
+  the straightforward formulation that gathers the `[T, S, H]` tables as
+  tensor2tensor does.
+
+Memory is read from the compiled executable before anything runs, so a
+configuration that would need more than --max-gib is reported and skipped
+instead of exhausting the machine. Prints the table last and writes it as CSV.
+
+    python experiments/bench_attention.py --lengths 512 1024 2048 4096 8192
+    jattn bench attention --lengths 4096 --out docs/bench_attention_cpu.csv
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import statistics
+import sys
+import time
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+import jattn
+
+
+def t2t_shaw(q, k, v, rel_k, rel_v, *, causal):
+    """Shaw et al. the way tensor2tensor writes it: gather `[T, S, H]` tables."""
+    t, s, h = q.shape[1], k.shape[1], q.shape[-1]
+    kk = rel_k.shape[0] // 2
+    r = jnp.clip(jnp.arange(s)[None, :] - jnp.arange(t)[:, None], -kk, kk) + kk
+    ek = rel_k[r]  # [T, S, H]  <- the O(L^2 H) tensor
+    ev = rel_v[r]  # [T, S, Hv]
+    logits = jnp.einsum("BTNH,BSNH->BNTS", q, k) + jnp.einsum("BTNH,TSH->BNTS", q, ek)
+    logits = logits / np.sqrt(h)
+    if causal:
+        logits = jnp.where(jnp.tril(jnp.ones((t, s), bool)), logits, -1e30)
+    w = jax.nn.softmax(logits, axis=-1)
+    return jnp.einsum("BNTS,BSNV->BTNV", w, v) + jnp.einsum("BNTS,TSV->BTNV", w, ev)
+
+
+def candidates(with_pallas: bool):
+    """name -> (fn(q, k, v, rel_k, rel_v, causal), uses_shaw)."""
+
+    def jattn_impl(impl, shaw):
+        def f(q, k, v, rk, rv, causal):
+            rel = jattn.ShawRelative(rk, rv, (rk.shape[0] - 1) // 2) if shaw else None
+            return jattn.dot_product_attention(q, k, v, is_causal=causal, relative=rel,
+                                               implementation=impl)
+
+        return f
+
+    out = {
+        "jax.nn (xla)": (lambda q, k, v, rk, rv, c: jax.nn.dot_product_attention(
+            q, k, v, is_causal=c), False),
+        "jattn xla": (jattn_impl("xla", False), False),
+        "jattn chunked": (jattn_impl("chunked", False), False),
+        "jattn chunked + shaw": (jattn_impl("chunked", True), True),
+        "jattn xla + shaw": (jattn_impl("xla", True), True),
+        "t2t gather shaw": (lambda q, k, v, rk, rv, c: t2t_shaw(q, k, v, rk, rv, causal=c),
+                            True),
+    }
+    if with_pallas:
+        out["jattn pallas"] = (jattn_impl("pallas", False), False)
+        out["jattn pallas + shaw"] = (jattn_impl("pallas", True), True)
+    return out
+
+
+def measure(fn, args, repeats):
+    compiled = jax.jit(fn).lower(*args).compile()
+    mem = compiled.memory_analysis()
+    temp = None if mem is None else mem.temp_size_in_bytes
+    return compiled, temp
+
+
+def time_it(compiled, args, repeats):
+    jax.block_until_ready(compiled(*args))  # warm-up
+    ts = []
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        jax.block_until_ready(compiled(*args))
+        ts.append(time.perf_counter() - t0)
+    return statistics.median(ts)
+
+
+def run(args) -> list[dict]:
+    rng = np.random.default_rng(0)
+    b, n, h, kd = args.batch, args.heads, args.head_dim, args.max_distance
+    dtype = jnp.dtype(args.dtype)
+    rows = []
+    names = [c for c in candidates(args.pallas) if not args.only or c in args.only]
+    cands = candidates(args.pallas)
+    for length in args.lengths:
+        q = jnp.asarray(rng.normal(size=(b, length, n, h)), dtype)
+        k = jnp.asarray(rng.normal(size=(b, length, n, h)), dtype)
+        v = jnp.asarray(rng.normal(size=(b, length, n, h)), dtype)
+        rk = jnp.asarray(0.1 * rng.normal(size=(2 * kd + 1, h)), dtype)
+        rv = jnp.asarray(0.1 * rng.normal(size=(2 * kd + 1, h)), dtype)
+        for name in names:
+            fn, _ = cands[name]
+            for mode in args.modes:
+                if mode == "fwd":
+                    f = lambda q, k, v, rk, rv, fn=fn: fn(q, k, v, rk, rv, args.causal)
+                else:
+                    def f(q, k, v, rk, rv, fn=fn):
+                        def loss(q, k, v, rk, rv):
+                            return jnp.sum(fn(q, k, v, rk, rv, args.causal).astype(jnp.float32))
+                        return jax.grad(loss, argnums=(0, 1, 2, 3, 4))(q, k, v, rk, rv)
+                row = dict(L=length, impl=name, mode=mode, causal=args.causal,
+                           dtype=args.dtype, ms=None, temp_mib=None, note="")
+                try:
+                    compiled, temp = measure(f, (q, k, v, rk, rv), args.repeats)
+                    row["temp_mib"] = None if temp is None else temp / 2**20
+                    if temp is not None and temp > args.max_gib * 2**30:
+                        row["note"] = f"skipped: needs {temp / 2**30:.1f} GiB"
+                    else:
+                        row["ms"] = 1e3 * time_it(compiled, (q, k, v, rk, rv), args.repeats)
+                except Exception as e:  # report and carry on with the other cells
+                    row["note"] = f"error: {type(e).__name__}: {str(e)[:80]}"
+                rows.append(row)
+                print(format_row(row), flush=True)
+    return rows
+
+
+def format_row(r):
+    ms = "-" if r["ms"] is None else f"{r['ms']:.1f}"
+    mem = "-" if r["temp_mib"] is None else f"{r['temp_mib']:.1f}"
+    return f"{r['L']:>6} {r['impl']:<22} {r['mode']:<8} {ms:>10} {mem:>11}  {r['note']}"
+
+
+def with_ratios(rows):
+    """Time and memory relative to the peer (jax.nn) and Shaw against plain
+    chunked, at the same length and mode."""
+    def find(length, impl, mode):
+        for r in rows:
+            if r["L"] == length and r["impl"] == impl and r["mode"] == mode:
+                return r
+        return None
+
+    for r in rows:
+        peer = find(r["L"], "jax.nn (xla)", r["mode"])
+        r["time_vs_jax_nn"] = (r["ms"] / peer["ms"]) if peer and peer["ms"] and r["ms"] else None
+        r["mem_vs_jax_nn"] = (r["temp_mib"] / peer["temp_mib"]
+                              if peer and peer["temp_mib"] and r["temp_mib"] is not None
+                              else None)
+    return rows
+
+
+def table(rows) -> str:
+    head = (f"| L | implementation | pass | time (ms) | temp memory (MiB) | time / jax.nn | "
+            f"memory / jax.nn | note |\n|---:|---|---|---:|---:|---:|---:|---|")
+    lines = [head]
+    for r in rows:
+        def f(x, fmt):
+            return "-" if x is None else format(x, fmt)
+        lines.append(f"| {r['L']} | {r['impl']} | {r['mode']} | {f(r['ms'], '.1f')} | "
+                     f"{f(r['temp_mib'], '.1f')} | {f(r['time_vs_jax_nn'], '.2f')} | "
+                     f"{f(r['mem_vs_jax_nn'], '.3f')} | {r['note']} |")
+    return "\n".join(lines)
+
+
+def main(argv=None):
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--lengths", type=int, nargs="+", default=[512, 1024, 2048, 4096, 8192])
+    p.add_argument("--batch", type=int, default=1)
+    p.add_argument("--heads", type=int, default=8)
+    p.add_argument("--head-dim", type=int, default=64)
+    p.add_argument("--max-distance", type=int, default=16)
+    p.add_argument("--dtype", default="float32")
+    p.add_argument("--modes", nargs="+", default=["fwd", "fwd+bwd"],
+                   choices=["fwd", "fwd+bwd"])
+    p.add_argument("--no-causal", dest="causal", action="store_false")
+    p.add_argument("--repeats", type=int, default=3)
+    p.add_argument("--max-gib", type=float, default=8.0,
+                   help="skip a cell whose compiled temporary memory exceeds this")
+    p.add_argument("--pallas", action="store_true", help="also time the Pallas kernel")
+    p.add_argument("--only", nargs="*", help="implementations to run (names as printed)")
+    p.add_argument("--out", default="bench_attention.csv")
+    args = p.parse_args(argv)
+    print(f"jax {jax.__version__}, backend {jax.default_backend()}, "
+          f"devices {jax.devices()}, B={args.batch} N={args.heads} H={args.head_dim} "
+          f"causal={args.causal} {args.dtype}", flush=True)
+    rows = with_ratios(run(args))
+    with open(args.out, "w", newline="") as fh:
+        w = csv.DictWriter(fh, fieldnames=list(rows[0]))
+        w.writeheader()
+        w.writerows(rows)
+    print(f"\nwrote {args.out}\n")
+    print(table(rows))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
