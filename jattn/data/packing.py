@@ -12,8 +12,8 @@ so the attention masks (`q_segment_ids == kv_segment_ids`) keep encoder,
 decoder and cross attention inside one example. No example is ever split
 across rows.
 
-Packing uses grain's first-fit packer (`grain.experimental.FirstFitPackIterDataset`),
-whose iterator state makes packed streams resumable; `unpack` is its inverse and
+`PackIterDataset` packs first fit (the algorithm of grain's FirstFitPackIterDataset,
+in a lean form) with a resumable iterator state; `unpack` is its inverse and
 `pad_to_row` the unpacked (one example a row) layout.
 """
 
@@ -59,25 +59,106 @@ def pad_to_row(example: dict[str, np.ndarray], max_len: int) -> dict[str, np.nda
     return out
 
 
-def pack(ds: grain.IterDataset, *, max_len: int, num_bins: int, seed: int) -> grain.IterDataset:
-    """Packs a stream of {"inputs", "targets"} int32 arrays into rows of `max_len`.
+class PackIterDataset(grain.IterDataset):
+    """First-fit packing of {"inputs", "targets"} int32 examples into rows of `max_len`.
 
-    First fit over `num_bins` rows: each example goes into the first row where both
-    its inputs and its targets still fit; when one fits nowhere, the `num_bins` rows
-    are emitted (in order) and a new set starts with it. Every example must already
-    be at most `max_len` long.
+    Examples are taken in order and each goes into the first of `num_bins` rows where
+    both its inputs and its targets still fit. When one fits nowhere, the non-empty
+    rows are emitted in order and a new group of rows starts with it. Every example
+    must already be at most `max_len` long.
 
-    Returns:
-      An IterDataset of rows: the six BATCH_KEYS, each int32 [max_len].
+    The iterator state is the parent's state at the start of the current group plus
+    the number of its rows already emitted; restoring re-packs that group (packing is
+    deterministic) and skips those rows.
     """
-    packed = grain.experimental.FirstFitPackIterDataset(
-        ds,
-        length_struct={key: max_len for key in FEATURES},
-        num_packing_bins=num_bins,
-        seed=seed,
-        shuffle_bins=False,
-    )
-    return packed.map(lambda row: {k: np.asarray(row[k], np.int32) for k in BATCH_KEYS})
+
+    def __init__(self, parent: grain.IterDataset, *, max_len: int, num_bins: int):
+        super().__init__(parent)
+        if max_len < 1 or num_bins < 1:
+            raise ValueError(f"need max_len, num_bins >= 1, got {max_len}, {num_bins}")
+        self._max_len = max_len
+        self._num_bins = num_bins
+
+    def __iter__(self) -> _PackIterator:
+        return _PackIterator(self._parent.__iter__(), self._max_len, self._num_bins)
+
+
+class _PackIterator(grain.DatasetIterator):
+    def __init__(self, parent: grain.DatasetIterator, max_len: int, num_bins: int):
+        super().__init__(parent)
+        self._max_len = max_len
+        self._num_bins = num_bins
+        self._reset(parent.get_state(), emitted=0)
+
+    def _reset(self, group_state, emitted: int) -> None:
+        self._group_state = group_state  # parent state where the current group starts
+        self._rows: list[dict[str, np.ndarray]] | None = None  # None: not packed yet
+        self._emitted = emitted  # rows of the current group already returned
+        self._carry = None  # (example, parent state before it): starts the next group
+
+    def _pack_group(self) -> list[dict[str, np.ndarray]]:
+        free = np.full((2, self._num_bins), self._max_len, np.int64)  # [inputs|targets, bins]
+        bins: list[list[dict[str, np.ndarray]]] = [[] for _ in range(self._num_bins)]
+        pending = [self._carry] if self._carry is not None else []
+        self._carry = None
+        while True:
+            if pending:
+                example, before = pending.pop()
+            else:
+                before = self._parent.get_state()
+                try:
+                    example = next(self._parent)
+                except StopIteration:
+                    break
+            lengths = (len(example["inputs"]), len(example["targets"]))
+            if max(lengths) > self._max_len:
+                raise ValueError(f"example of lengths {lengths} exceeds max_len={self._max_len}")
+            fits = np.flatnonzero((free[0] >= lengths[0]) & (free[1] >= lengths[1]))
+            if len(fits) == 0:
+                self._carry = (example, before)
+                break
+            b = fits[0]
+            bins[b].append(example)
+            free[:, b] -= lengths
+        return [_make_row(examples, self._max_len) for examples in bins if examples]
+
+    def __next__(self) -> dict[str, np.ndarray]:
+        if self._rows is None:  # fresh or restored: (re-)pack the current group
+            self._rows = self._pack_group()
+        while self._emitted >= len(self._rows):  # used up: the next group starts
+            self._group_state = self._carry[1] if self._carry else self._parent.get_state()
+            self._emitted = 0
+            self._rows = self._pack_group()
+            if not self._rows:
+                raise StopIteration
+        row = self._rows[self._emitted]
+        self._emitted += 1
+        return row
+
+    def get_state(self) -> dict:
+        return {"parent": self._group_state, "emitted": self._emitted}
+
+    def set_state(self, state: dict) -> None:
+        self._parent.set_state(state["parent"])
+        self._reset(state["parent"], emitted=state["emitted"])
+
+
+def _make_row(examples: list[dict[str, np.ndarray]], max_len: int) -> dict[str, np.ndarray]:
+    """Concatenates whole examples into one row: the six BATCH_KEYS, int32 [max_len]."""
+    out = {}
+    for key in FEATURES:
+        row = np.zeros([max_len], np.int32)
+        seg = np.zeros([max_len], np.int32)
+        pos = np.zeros([max_len], np.int32)
+        start = 0
+        for segment, example in enumerate(examples, start=1):
+            n = len(example[key])
+            row[start : start + n] = example[key]
+            seg[start : start + n] = segment
+            pos[start : start + n] = np.arange(n, dtype=np.int32)
+            start += n
+        out[key], out[f"{key}_segment_ids"], out[f"{key}_positions"] = row, seg, pos
+    return out
 
 
 def unpack(rows: dict[str, np.ndarray]) -> list[dict[str, np.ndarray]]:

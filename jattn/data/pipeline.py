@@ -1,11 +1,12 @@
 """The grain input pipeline: shard, shuffle, tokenize, drop/truncate, pack, batch.
 
-    source[shard_index::shard_count]        random access (tfds array_record)
-      .shuffle(seed) .repeat(num_epochs)    a new permutation every epoch
-      .map(tokenize)                        {"inputs": int32 [Li], "targets": int32 [Lt]}
-    -> iterator: drop or truncate examples longer than max_len (counted)
-      -> pack (first fit, `batch_size` bins) or pad (one example a row)
-      -> batch(batch_size)                  a short last batch is padded with empty rows
+    range(len(split))[shard_index::shard_count]   example indices of this process
+      .shuffle(seed) .repeat(num_epochs)          a new permutation every epoch
+      .batch(256) .map(read_block)                one batched array_record read, tokenize
+    -> examples: drop or truncate those longer than max_len (counted)
+      -> pack (first fit over `batch_size` rows) or pad (one example a row)
+      -> batch(batch_size)                        a short last batch gets empty rows
+      -> prefetch (a background thread)
 
 Everything is a deterministic function of (task, split, arguments, seed), and the
 iterator's `get_state()` is a small JSON-able dict, so a run restored from a
@@ -30,32 +31,42 @@ from jattn.data.tasks import Task
 OVERLONG = ("drop", "truncate")
 
 
-class _OverlongIterDataset(grain.IterDataset):
-    """Drops or truncates examples longer than `max_len`, counting what it does."""
+class _ExamplesIterDataset(grain.IterDataset):
+    """Blocks of tokenized examples -> single examples, over-long ones dropped or cut."""
 
-    def __init__(self, parent: grain.IterDataset, max_len: int, overlong: str):
-        super().__init__(parent)
+    def __init__(self, blocks: grain.IterDataset, max_len: int, overlong: str):
+        super().__init__(blocks)
         self._max_len = max_len
         self._overlong = overlong
 
-    def __iter__(self) -> _OverlongIterator:
-        return _OverlongIterator(self._parent.__iter__(), self._max_len, self._overlong)
+    def __iter__(self) -> _ExamplesIterator:
+        return _ExamplesIterator(self._parent.__iter__(), self._max_len, self._overlong)
 
 
-class _OverlongIterator(grain.DatasetIterator):
-    """State: the parent's state and the counts, so that counts survive a restore."""
+class _ExamplesIterator(grain.DatasetIterator):
+    """State: the blocks' state before the current block, the offset in it, the counts."""
 
-    def __init__(self, parent: grain.DatasetIterator, max_len: int, overlong: str):
-        super().__init__(parent)
+    def __init__(self, blocks: grain.DatasetIterator, max_len: int, overlong: str):
+        super().__init__(blocks)
         self._max_len = max_len
         self._overlong = overlong
         self.counts = {"examples": 0, "dropped": 0, "truncated": 0}
+        self._block_state = blocks.get_state()
+        self._block: list | None = None  # None: not read yet (fresh or restored)
+        self._offset = 0  # examples of the current block already taken
 
     def __next__(self) -> dict[str, np.ndarray]:
         while True:
-            example = next(self._parent)
+            if self._block is None:
+                self._block = next(self._parent)
+            if self._offset == len(self._block):
+                self._block_state = self._parent.get_state()
+                self._block, self._offset = next(self._parent), 0
+                continue
+            example = self._block[self._offset]
+            self._offset += 1
             self.counts["examples"] += 1
-            longest = max(len(example[k]) for k in packing.FEATURES)
+            longest = max(len(example["inputs"]), len(example["targets"]))
             if longest <= self._max_len:
                 return example
             if self._overlong == "drop":
@@ -65,10 +76,15 @@ class _OverlongIterator(grain.DatasetIterator):
             return {k: example[k][: self._max_len] for k in packing.FEATURES}
 
     def get_state(self) -> dict[str, Any]:
-        return {"parent": self._parent.get_state(), "counts": dict(self.counts)}
+        return {"parent": self._block_state, "offset": self._offset, "counts": dict(self.counts)}
 
     def set_state(self, state: dict[str, Any]) -> None:
         self._parent.set_state(state["parent"])
+        self._block_state = state["parent"]
+        self._block = next(self._parent, None) if state["offset"] else None
+        if self._block is None and state["offset"]:
+            raise ValueError(f"cannot restore {state}: the data ended before it")
+        self._offset = state["offset"]
         self.counts = dict(state["counts"])
 
 
@@ -105,14 +121,22 @@ def _close_prefetchers() -> None:
         it.close()
 
 
-def _tokenize_fn(tokenizer):
-    def tokenize(example: dict[str, str]) -> dict[str, np.ndarray]:
-        return {
-            "inputs": np.asarray(tokenizer.encode(example["inputs"]), np.int32),
-            "targets": np.asarray(tokenizer.encode(example["targets"]), np.int32),
-        }
+_BLOCK = 256  # examples read (and tokenized) together
 
-    return tokenize
+
+def _read_block_fn(source, tokenizer):
+    encode = tokenizer.encode
+
+    def read_block(indices: np.ndarray) -> list[dict[str, np.ndarray]]:
+        return [
+            {
+                "inputs": np.asarray(encode(ex["inputs"]), np.int32),
+                "targets": np.asarray(encode(ex["targets"]), np.int32),
+            }
+            for ex in source.__getitems__(indices.tolist())
+        ]
+
+    return read_block
 
 
 def _batch_fn(batch_size: int):
@@ -195,22 +219,23 @@ def make_loader(
     source = task.source(split)
     if len(source) == 0:
         raise ValueError(f"split {split!r} of task {task.name!r} is empty")
-    ds = grain.MapDataset.source(source)[shard_index::shard_count]
-    if len(ds) == 0:
+    indices = grain.MapDataset.range(len(source))[shard_index::shard_count]
+    if len(indices) == 0:
         raise ValueError(
             f"shard {shard_index} of {shard_count} of split {split!r} ({len(source)} examples) "
             "is empty"
         )
     if shuffle:
-        ds = ds.shuffle(seed=seed)
-    ds = ds.repeat(num_epochs)  # with shuffle: a new permutation every epoch
-    ds = ds.map(_tokenize_fn(task.tokenizer))
-    read = grain.ReadOptions(num_threads=read_threads, prefetch_buffer_size=4 * read_threads)
-    it_ds = _OverlongIterDataset(ds.to_iter_dataset(read), max_len, overlong)
+        indices = indices.shuffle(seed=seed)
+    indices = indices.repeat(num_epochs)  # with shuffle: a new permutation every epoch
+    # Read and tokenize blocks of examples: one batched array_record read per block.
+    blocks = indices.batch(_BLOCK, drop_remainder=False).map(_read_block_fn(source, task.tokenizer))
+    read = grain.ReadOptions(num_threads=read_threads, prefetch_buffer_size=2 * read_threads)
+    examples = _ExamplesIterDataset(blocks.to_iter_dataset(read), max_len, overlong)
     if pack:
-        rows = packing.pack(it_ds, max_len=max_len, num_bins=batch_size, seed=seed)
+        rows = packing.PackIterDataset(examples, max_len=max_len, num_bins=batch_size)
     else:
-        rows = it_ds.map(lambda ex: packing.pad_to_row(ex, max_len))
+        rows = examples.map(lambda ex: packing.pad_to_row(ex, max_len))
     batches = rows.batch(batch_size, drop_remainder=False, batch_fn=_batch_fn(batch_size))
     return _PrefetchIterDataset(batches, prefetch) if prefetch else batches
 
@@ -223,7 +248,7 @@ def loader_stats(iterator: grain.DatasetIterator) -> dict[str, int]:
     todo = [iterator]
     while todo:
         it = todo.pop()
-        if isinstance(it, _OverlongIterator):
+        if isinstance(it, _ExamplesIterator):
             return copy.deepcopy(it.counts)
         todo.extend(getattr(it, "_parents", ()))
     raise ValueError(f"{iterator!r} is not an iterator of a make_loader dataset")
