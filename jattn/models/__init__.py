@@ -1,0 +1,38 @@
+"""Flax encoder–decoder Transformers built on jattn's core functions.
+
+    from jattn.models import Transformer, TransformerConfig
+    model = Transformer(TransformerConfig.base(vocab_size=37_000))
+    logits = model.apply({"params": params}, inputs, targets)  # [B, T, V]
+
+Needs flax (the `train` extra); `import jattn` alone does not import this.
+"""
+
+from jattn.models.attention_weights import attention_weights
+from jattn.models.config import POSITIONS, TransformerConfig
+from jattn.models.summary import abstract_params, count_params, param_counts, summary
+from jattn.models.transformer import (
+    Decoder,
+    DecoderLayer,
+    Encoder,
+    EncoderLayer,
+    Transformer,
+    positions_from_segments,
+    shift_right,
+)
+
+__all__ = [
+    "POSITIONS",
+    "Decoder",
+    "DecoderLayer",
+    "Encoder",
+    "EncoderLayer",
+    "Transformer",
+    "TransformerConfig",
+    "abstract_params",
+    "attention_weights",
+    "count_params",
+    "param_counts",
+    "positions_from_segments",
+    "shift_right",
+    "summary",
+]

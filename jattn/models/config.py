@@ -1,0 +1,248 @@
+"""`TransformerConfig`: every hyperparameter of the encoder–decoder, checked once.
+
+A frozen dataclass so it can be a static argument of `jax.jit` and a field of
+a flax module. Experiment configs build one from a dict
+(`TransformerConfig.from_dict(config.model)` or `TransformerConfig(**d)`);
+every check runs in `__post_init__`, before anything is traced or compiled.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Mapping
+from typing import Any
+
+import jax.numpy as jnp
+
+from jattn.attention import IMPLEMENTATIONS
+
+__all__ = ["POSITIONS", "TransformerConfig"]
+
+# position scheme -> (absolute vector added to the embeddings, relative term in self-attention)
+POSITIONS: dict[str, tuple[str | None, str | None]] = {
+    "none": (None, None),
+    "sinusoidal": ("sinusoidal", None),
+    "learned": ("learned", None),
+    "shaw": (None, "shaw"),
+    "sinusoidal+shaw": ("sinusoidal", "shaw"),
+    "rope": (None, "rope"),
+    "alibi": (None, "alibi"),
+    "t5": (None, "t5"),
+}
+
+
+def _positive_int(name: str, value: Any) -> None:
+    if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
+        raise ValueError(f"TransformerConfig.{name} must be a positive int, got {value!r}")
+
+
+@dataclasses.dataclass(frozen=True)
+class TransformerConfig:
+    """Hyperparameters of `jattn.models.Transformer`.
+
+    Attributes:
+      vocab_size: shared vocabulary size V (token 0 = padding and decoder
+        start, token 1 = end of sequence).
+      d_model: model width D.
+      num_heads: query heads N; `d_model / num_heads` is the head dim H.
+      num_kv_heads: key/value heads K (N = MHA, 1 < K < N = GQA, 1 = MQA);
+        None means `num_heads`.
+      num_layers: layers per stack (encoder and decoder each).
+      d_ff: hidden width of the position-wise MLP.
+      dropout_rate: dropout on embeddings and on every sub-layer output.
+      max_len: longest sequence (learned position table size; decoding's
+        `max_length` may not exceed it for "learned").
+      position: positional scheme of the whole model, one of `POSITIONS`.
+        Relative schemes act in encoder and decoder self-attention only.
+      max_relative_distance: Shaw's clip distance k.
+      attention_impl: `implementation` passed to `jattn.dot_product_attention`
+        (None picks the best for the backend and shapes).
+      pre_norm: pre-layer-norm residual blocks (plus a final norm per stack)
+        instead of the paper's post-layer-norm.
+      share_embeddings: one table for source, target and output projection
+        (the paper); otherwise separate tables and an output dense layer.
+      scale_embeddings: multiply embeddings by sqrt(d_model) (the paper).
+      attention_bias: biases in the q/k/v/output projections.
+      shaw_values: Shaw's value term `a^V` next to the key term `a^K`.
+      t5_num_buckets: T5 relative buckets.
+      t5_max_distance: distance at which T5 buckets saturate.
+      t5_per_layer: a T5 bias table per layer instead of one per stack.
+      rope_max_timescale: RoPE base wavelength.
+      layer_norm_epsilon: epsilon of every layer norm.
+      dtype: compute dtype of activations ("float32", "bfloat16", ...).
+      param_dtype: dtype of parameters.
+      capture_attention: sow the attention weights `[B, N, T, S]` of every
+        attention layer into the "intermediates" collection under
+        "attention_weights" (computed with an extra materialising pass).
+    """
+
+    vocab_size: int
+    d_model: int = 512
+    num_heads: int = 8
+    num_kv_heads: int | None = None
+    num_layers: int = 6
+    d_ff: int = 2048
+    dropout_rate: float = 0.1
+    max_len: int = 256
+    position: str = "sinusoidal"
+    max_relative_distance: int = 16
+    attention_impl: str | None = None
+    pre_norm: bool = False
+    share_embeddings: bool = True
+    scale_embeddings: bool = True
+    attention_bias: bool = False
+    shaw_values: bool = True
+    t5_num_buckets: int = 32
+    t5_max_distance: int = 128
+    t5_per_layer: bool = False
+    rope_max_timescale: float = 10_000.0
+    layer_norm_epsilon: float = 1e-6
+    dtype: str = "float32"
+    param_dtype: str = "float32"
+    capture_attention: bool = False
+
+    def __post_init__(self):
+        if self.num_kv_heads is None:
+            object.__setattr__(self, "num_kv_heads", self.num_heads)
+        for name in ("vocab_size", "d_model", "num_heads", "num_kv_heads", "num_layers", "d_ff"):
+            _positive_int(name, getattr(self, name))
+        _positive_int("max_len", self.max_len)
+        if self.vocab_size < 2:
+            raise ValueError(
+                f"TransformerConfig.vocab_size must be >= 2 (0 = padding/start, 1 = EOS), "
+                f"got {self.vocab_size}"
+            )
+        if self.d_model % self.num_heads:
+            raise ValueError(
+                f"TransformerConfig.d_model={self.d_model} must be divisible by "
+                f"num_heads={self.num_heads}"
+            )
+        if self.num_heads % self.num_kv_heads:
+            raise ValueError(
+                f"TransformerConfig.num_kv_heads={self.num_kv_heads} must divide "
+                f"num_heads={self.num_heads} (MHA: equal, GQA: a divisor, MQA: 1)"
+            )
+        if not 0.0 <= float(self.dropout_rate) < 1.0:
+            raise ValueError(
+                f"TransformerConfig.dropout_rate must be in [0, 1), got {self.dropout_rate!r}"
+            )
+        if self.position not in POSITIONS:
+            raise ValueError(
+                f"TransformerConfig.position={self.position!r} is not a positional scheme; "
+                f"choose one of {sorted(POSITIONS)}"
+            )
+        if self.attention_impl is not None and self.attention_impl not in IMPLEMENTATIONS:
+            raise ValueError(
+                f"TransformerConfig.attention_impl={self.attention_impl!r}; choose one of "
+                f"{sorted(IMPLEMENTATIONS)} or None"
+            )
+        absolute, relative = POSITIONS[self.position]
+        if absolute == "sinusoidal" and self.d_model % 2:
+            raise ValueError(
+                f"TransformerConfig.d_model={self.d_model} must be even for sinusoidal positions"
+            )
+        if relative == "shaw":
+            _positive_int("max_relative_distance", self.max_relative_distance)
+        if relative == "rope" and self.head_dim < 2:
+            raise ValueError(
+                f"TransformerConfig: rope needs head_dim >= 2, got d_model/num_heads="
+                f"{self.head_dim}"
+            )
+        if relative == "t5":
+            _positive_int("t5_num_buckets", self.t5_num_buckets)
+            if self.t5_num_buckets < 4 or self.t5_num_buckets % 2:
+                raise ValueError(
+                    f"TransformerConfig.t5_num_buckets must be even and >= 4, "
+                    f"got {self.t5_num_buckets}"
+                )
+            if self.t5_max_distance <= self.t5_num_buckets // 2:
+                raise ValueError(
+                    f"TransformerConfig.t5_max_distance={self.t5_max_distance} must exceed "
+                    f"t5_num_buckets/2={self.t5_num_buckets // 2}"
+                )
+        for name in ("dtype", "param_dtype"):
+            try:
+                dt = jnp.dtype(getattr(self, name))
+            except TypeError as e:
+                raise ValueError(
+                    f"TransformerConfig.{name}={getattr(self, name)!r} is not a dtype"
+                ) from e
+            if not jnp.issubdtype(dt, jnp.floating):
+                raise ValueError(f"TransformerConfig.{name} must be floating, got {dt}")
+
+    # -- derived ---------------------------------------------------------------
+
+    @property
+    def head_dim(self) -> int:
+        return self.d_model // self.num_heads
+
+    @property
+    def absolute_position(self) -> str | None:
+        """ "sinusoidal", "learned" or None."""
+        return POSITIONS[self.position][0]
+
+    @property
+    def relative_position(self) -> str | None:
+        """ "shaw", "rope", "alibi", "t5" or None."""
+        return POSITIONS[self.position][1]
+
+    @property
+    def compute_dtype(self) -> jnp.dtype:
+        return jnp.dtype(self.dtype)
+
+    @property
+    def params_dtype(self) -> jnp.dtype:
+        return jnp.dtype(self.param_dtype)
+
+    # -- constructors ----------------------------------------------------------
+
+    @classmethod
+    def base(cls, vocab_size: int, **overrides) -> TransformerConfig:
+        """The paper's base model (Vaswani et al., Table 3): 6+6 layers,
+        d_model 512, 8 heads, d_ff 2048, dropout 0.1, post-LN, shared
+        embeddings scaled by sqrt(d_model), sinusoidal positions."""
+        kw = dict(
+            vocab_size=vocab_size,
+            d_model=512,
+            num_heads=8,
+            num_layers=6,
+            d_ff=2048,
+            dropout_rate=0.1,
+            position="sinusoidal",
+            pre_norm=False,
+            share_embeddings=True,
+            scale_embeddings=True,
+        )
+        kw.update(overrides)
+        return cls(**kw)
+
+    @classmethod
+    def big(cls, vocab_size: int, **overrides) -> TransformerConfig:
+        """The paper's big model: d_model 1024, 16 heads, d_ff 4096, dropout 0.3."""
+        kw = dict(d_model=1024, num_heads=16, d_ff=4096, dropout_rate=0.3)
+        kw.update(overrides)
+        return cls.base(vocab_size, **kw)
+
+    @classmethod
+    def from_dict(cls, d: Mapping[str, Any]) -> TransformerConfig:
+        """Build from a mapping (a dict, or an `ml_collections.ConfigDict`).
+
+        Unknown keys are an error naming them and the valid fields.
+        """
+        if hasattr(d, "to_dict"):
+            d = d.to_dict()
+        d = dict(d)
+        fields = {f.name for f in dataclasses.fields(cls)}
+        unknown = sorted(set(d) - fields)
+        if unknown:
+            raise ValueError(
+                f"TransformerConfig.from_dict: unknown keys {unknown}; valid keys are "
+                f"{sorted(fields)}"
+            )
+        return cls(**d)
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+    def replace(self, **changes) -> TransformerConfig:
+        return dataclasses.replace(self, **changes)

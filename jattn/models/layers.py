@@ -1,0 +1,315 @@
+"""Flax layers of the Transformer: embeddings, absolute positions, attention, MLP.
+
+Each module owns parameters and calls core functions (`jattn.dot_product_attention`,
+`jattn.positions.*`); the arithmetic lives there. Every parameter carries
+logical axis names and the main activations are constrained by name, so a
+training loop shards them with `flax.linen` logical axis rules:
+
+    batch   the batch axis B
+    length  sequence axes T and S (also the learned position table's rows)
+    embed   the model width D
+    heads   attention heads, query (N) and key/value (K) alike
+    kv      the head dim H
+    mlp     the MLP hidden width F
+    vocab   the vocabulary V
+
+Shapes: B batch, T query length, S key length, D model width, N query heads,
+K key/value heads, H head dim, F MLP width, V vocabulary, R = 2k+1 Shaw distances.
+"""
+
+from __future__ import annotations
+
+import math
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+from jax import lax
+
+from jattn import positions as pos_lib
+from jattn.attention import dot_product_attention
+from jattn.models.attention_weights import attention_weights
+from jattn.models.config import TransformerConfig
+from jattn.positions import ShawRelative
+
+Array = jax.Array
+
+__all__ = ["AbsolutePositions", "Attention", "Embed", "MLP", "T5RelativeBias", "layer_norm"]
+
+_xavier = jax.nn.initializers.xavier_uniform
+
+
+def _param(module: nn.Module, name: str, init, shape, names, dtype):
+    """A parameter with logical axis names (one per axis)."""
+    assert len(names) == len(shape), (name, shape, names)
+    return module.param(name, nn.with_logical_partitioning(init, names), shape, dtype)
+
+
+def constrain(x: Array, names: tuple[str | None, ...]) -> Array:
+    """`nn.with_logical_constraint`, a no-op outside a mesh with rules."""
+    return nn.with_logical_constraint(x, names)
+
+
+def layer_norm(config: TransformerConfig, name: str) -> nn.LayerNorm:
+    """A LayerNorm whose scale and bias are named ("embed",)."""
+    return nn.LayerNorm(
+        epsilon=config.layer_norm_epsilon,
+        dtype=config.compute_dtype,
+        param_dtype=config.params_dtype,
+        scale_init=nn.with_logical_partitioning(nn.initializers.ones, ("embed",)),
+        bias_init=nn.with_logical_partitioning(nn.initializers.zeros, ("embed",)),
+        name=name,
+    )
+
+
+class Embed(nn.Module):
+    """Token embedding `[V, D]`, optionally reused as the output projection."""
+
+    config: TransformerConfig
+
+    def setup(self):
+        cfg = self.config
+        self.embedding = _param(
+            self,
+            "embedding",
+            nn.initializers.normal(stddev=cfg.d_model**-0.5),
+            (cfg.vocab_size, cfg.d_model),
+            ("vocab", "embed"),
+            cfg.params_dtype,
+        )
+
+    def __call__(self, tokens: Array) -> Array:
+        """int `[B, T]` -> `[B, T, D]`, scaled by sqrt(D) when configured."""
+        cfg = self.config
+        x = jnp.take(self.embedding, tokens, axis=0).astype(cfg.compute_dtype)  # [B, T, D]
+        if cfg.scale_embeddings:
+            x = x * jnp.asarray(math.sqrt(cfg.d_model), cfg.compute_dtype)
+        return constrain(x, ("batch", "length", "embed"))
+
+    def attend(self, x: Array) -> Array:
+        """Output logits through the embedding: `[B, T, D] -> [B, T, V]`."""
+        emb = self.embedding.astype(self.config.compute_dtype)
+        return jnp.einsum("BTD,VD->BTV", x, emb)
+
+
+class AbsolutePositions(nn.Module):
+    """Adds a sinusoidal or learned position vector to every embedding."""
+
+    config: TransformerConfig
+
+    @nn.compact
+    def __call__(self, x: Array, positions: Array) -> Array:
+        """`[B, T, D]` plus the vector of each int position `[B, T]`."""
+        cfg = self.config
+        kind = cfg.absolute_position
+        if kind == "sinusoidal":
+            pe = pos_lib.sinusoidal(positions, cfg.d_model)  # [B, T, D]
+        elif kind == "learned":
+            table = _param(
+                self,
+                "table",
+                nn.initializers.normal(stddev=cfg.d_model**-0.5),
+                (cfg.max_len, cfg.d_model),
+                ("length", "embed"),
+                cfg.params_dtype,
+            )
+            pe = jnp.take(table, positions, axis=0, mode="clip")  # [B, T, D]
+        else:
+            raise ValueError(f"AbsolutePositions: no absolute scheme in {cfg.position!r}")
+        return x + pe.astype(x.dtype)
+
+
+class T5RelativeBias(nn.Module):
+    """The learned T5 bias table `[num_buckets, N]` (one per stack or per layer)."""
+
+    config: TransformerConfig
+
+    @nn.compact
+    def __call__(self) -> Array:
+        cfg = self.config
+        return _param(
+            self,
+            "table",
+            nn.initializers.normal(stddev=0.5),
+            (cfg.t5_num_buckets, cfg.num_heads),
+            (None, "heads"),
+            cfg.params_dtype,
+        )
+
+
+class MLP(nn.Module):
+    """Position-wise feed-forward: `relu(x W1 + b1) W2 + b2`."""
+
+    config: TransformerConfig
+
+    @nn.compact
+    def __call__(self, x: Array) -> Array:
+        cfg = self.config
+        d, f, dt = cfg.d_model, cfg.d_ff, cfg.params_dtype
+        w1 = _param(self, "wi", _xavier(), (d, f), ("embed", "mlp"), dt)
+        b1 = _param(self, "bi", nn.initializers.zeros, (f,), ("mlp",), dt)
+        w2 = _param(self, "wo", _xavier(), (f, d), ("mlp", "embed"), dt)
+        b2 = _param(self, "bo", nn.initializers.zeros, (d,), ("embed",), dt)
+        c = cfg.compute_dtype
+        h = jnp.einsum("BTD,DF->BTF", x, w1.astype(c)) + b1.astype(c)  # [B, T, F]
+        h = constrain(jax.nn.relu(h), ("batch", "length", "mlp"))
+        y = jnp.einsum("BTF,FD->BTD", h, w2.astype(c)) + b2.astype(c)  # [B, T, D]
+        return constrain(y, ("batch", "length", "embed"))
+
+
+class Attention(nn.Module):
+    """Multi-head attention with GQA/MQA, relative positions and a KV cache.
+
+    Attributes:
+      config: the model config.
+      causal: decoder self-attention (causal over positions).
+      cross: encoder–decoder attention: keys/values from the encoder and no
+        positional term (as in Shaw et al.).
+      decode: keep keys/values in the "cache" collection and attend one new
+        query at a time (causal self-attention only). The first call (at
+        `init`, with the full target length) only sizes the cache.
+    """
+
+    config: TransformerConfig
+    causal: bool = False
+    cross: bool = False
+    decode: bool = False
+
+    @nn.compact
+    def __call__(
+        self,
+        x: Array,
+        kv: Array,
+        *,
+        q_segment_ids: Array | None,
+        kv_segment_ids: Array | None,
+        q_positions: Array,
+        kv_positions: Array,
+        t5_table: Array | None = None,
+        cache_index: Array | None = None,
+    ) -> Array:
+        """Attend from `x` `[B, T, D]` to `kv` `[B, S, D]`; returns `[B, T, D]`.
+
+        Args:
+          x: queries' inputs.
+          kv: keys' and values' inputs (`x` itself for self-attention).
+          q_segment_ids, kv_segment_ids: int `[B, T]`, `[B, S]` or both None.
+          q_positions, kv_positions: int `[B, T]`, `[B, S]`.
+          t5_table: the stack's shared T5 table `[buckets, N]` (when T5 is
+            per stack), else None.
+          cache_index: int scalar, where the new key/value goes in the cache
+            (decode mode after init).
+        """
+        cfg = self.config
+        n, k, h, d = cfg.num_heads, cfg.num_kv_heads, cfg.head_dim, cfg.d_model
+        c, pdt = cfg.compute_dtype, cfg.params_dtype
+        qkv_init = _xavier(in_axis=0, out_axis=(1, 2))
+        wq = _param(self, "q", qkv_init, (d, n, h), ("embed", "heads", "kv"), pdt)
+        wk = _param(self, "k", qkv_init, (d, k, h), ("embed", "heads", "kv"), pdt)
+        wv = _param(self, "v", qkv_init, (d, k, h), ("embed", "heads", "kv"), pdt)
+        wo = _param(self, "o", _xavier(in_axis=(0, 1), out_axis=2), (n, h, d),
+                    ("heads", "kv", "embed"), pdt)  # fmt: skip
+        q = jnp.einsum("BTD,DNH->BTNH", x, wq.astype(c))  # [B, T, N, H]
+        key = jnp.einsum("BSD,DKH->BSKH", kv, wk.astype(c))  # [B, S, K, H]
+        value = jnp.einsum("BSD,DKH->BSKH", kv, wv.astype(c))  # [B, S, K, H]
+        if cfg.attention_bias:
+            zeros = nn.initializers.zeros
+            q = q + _param(self, "q_bias", zeros, (n, h), ("heads", "kv"), pdt).astype(c)
+            key = key + _param(self, "k_bias", zeros, (k, h), ("heads", "kv"), pdt).astype(c)
+            value = value + _param(self, "v_bias", zeros, (k, h), ("heads", "kv"), pdt).astype(c)
+        q = constrain(q, ("batch", "length", "heads", "kv"))
+        key = constrain(key, ("batch", "length", "heads", "kv"))
+        value = constrain(value, ("batch", "length", "heads", "kv"))
+
+        relative = None if self.cross else cfg.relative_position
+        if relative == "rope":
+            q = pos_lib.rope(q, q_positions, max_timescale=cfg.rope_max_timescale)
+            key = pos_lib.rope(key, kv_positions, max_timescale=cfg.rope_max_timescale)
+
+        if self.decode:
+            if self.cross or not self.causal:
+                raise ValueError("Attention: decode=True is for causal self-attention only")
+            key, value, kv_positions, q_segment_ids, kv_segment_ids = self._update_cache(
+                key, value, kv_positions, q_segment_ids, kv_segment_ids, cache_index
+            )
+
+        shaw = None
+        if relative == "shaw":
+            r, init = 2 * cfg.max_relative_distance + 1, _xavier()
+            shaw = ShawRelative(
+                key=_param(self, "rel_key", init, (r, h), (None, "kv"), pdt).astype(c),
+                value=(
+                    _param(self, "rel_value", init, (r, h), (None, "kv"), pdt).astype(c)
+                    if cfg.shaw_values
+                    else None
+                ),
+                max_distance=cfg.max_relative_distance,
+            )
+        bias = None
+        if relative == "alibi":
+            bias = pos_lib.alibi_bias(pos_lib.alibi_slopes(n), q_positions, kv_positions)
+        elif relative == "t5":
+            if cfg.t5_per_layer:
+                t5_table = T5RelativeBias(cfg, name="t5_bias")()
+            if t5_table is None:
+                raise ValueError("Attention: position 't5' needs the stack's t5_table")
+            buckets = pos_lib.t5_buckets(
+                q_positions,
+                kv_positions,
+                num_buckets=cfg.t5_num_buckets,
+                max_distance=cfg.t5_max_distance,
+                bidirectional=not self.causal,
+            )  # [B, T, S]
+            bias = pos_lib.t5_bias(t5_table.astype(jnp.float32), buckets)  # [B, N, T, S]
+
+        args = dict(
+            bias=bias,
+            is_causal=self.causal,
+            q_segment_ids=q_segment_ids,
+            kv_segment_ids=kv_segment_ids,
+            q_positions=q_positions,
+            kv_positions=kv_positions,
+        )
+        out = dot_product_attention(
+            q, key, value, relative=shaw, implementation=cfg.attention_impl, **args
+        )  # [B, T, N, H]
+        if cfg.capture_attention:
+            weights = attention_weights(
+                q,
+                key,
+                rel_key=None if shaw is None else shaw.key,
+                max_distance=cfg.max_relative_distance,
+                scale=1.0 / math.sqrt(h),
+                **args,
+            )  # [B, N, T, S]
+            self.sow("intermediates", "attention_weights", weights)
+        out = constrain(out, ("batch", "length", "heads", "kv"))
+        y = jnp.einsum("BTNH,NHD->BTD", out, wo.astype(c))  # [B, T, D]
+        if cfg.attention_bias:
+            y = y + _param(self, "o_bias", nn.initializers.zeros, (d,), ("embed",), pdt).astype(c)
+        return constrain(y, ("batch", "length", "embed"))
+
+    def _update_cache(self, key, value, kv_positions, q_segment_ids, kv_segment_ids, index):
+        """Write this step's key/value at `index`; attend over the whole cache.
+
+        At init (no cache yet) the cache is created with the shape of `key`
+        (the full target length) and the call attends normally. Afterwards the
+        query is one token at position `index`; causal masking over the cache
+        positions `arange(L)` hides the slots not yet written.
+        """
+        initialised = self.has_variable("cache", "cached_key")
+        cached_key = self.variable("cache", "cached_key", jnp.zeros, key.shape, key.dtype)
+        cached_value = self.variable("cache", "cached_value", jnp.zeros, value.shape, value.dtype)
+        if not initialised:
+            return key, value, kv_positions, q_segment_ids, kv_segment_ids
+        b, t = key.shape[:2]
+        if t != 1:
+            raise ValueError(f"Attention(decode=True): one token a step, got length {t}")
+        if index is None:
+            raise ValueError("Attention(decode=True): cache_index is required when decoding")
+        start = (0, index, 0, 0)
+        cached_key.value = lax.dynamic_update_slice(cached_key.value, key, start)
+        cached_value.value = lax.dynamic_update_slice(cached_value.value, value, start)
+        length = cached_key.value.shape[1]
+        kv_positions = jnp.broadcast_to(jnp.arange(length, dtype=jnp.int32), (b, length))
+        return cached_key.value, cached_value.value, kv_positions, None, None

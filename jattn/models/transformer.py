@@ -1,0 +1,467 @@
+"""The encoder–decoder Transformer (Vaswani et al.) with switchable positions.
+
+`Transformer(config)(inputs, targets)` returns next-token logits for `targets`
+shifted right inside the decoder. Token 0 is padding and the decoder's start
+symbol, token 1 is end of sequence. Packed rows carry segment ids (>= 1 for
+real tokens, 0 for padding) and positions that restart at each segment; the
+shift right restarts too, so the first token of a packed sequence sees the
+start symbol, never its neighbour's last token.
+
+Shapes: B batch, S input length, T target length, D model width, V vocabulary.
+"""
+
+from __future__ import annotations
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+from jax import lax
+
+from jattn.models.config import TransformerConfig
+from jattn.models.layers import (
+    MLP,
+    AbsolutePositions,
+    Attention,
+    Embed,
+    T5RelativeBias,
+    constrain,
+    layer_norm,
+)
+
+Array = jax.Array
+
+__all__ = [
+    "Decoder",
+    "DecoderLayer",
+    "Encoder",
+    "EncoderLayer",
+    "Transformer",
+    "positions_from_segments",
+    "shift_right",
+]
+
+
+# -- pure helpers --------------------------------------------------------------
+
+
+def shift_right(targets: Array, segment_ids: Array) -> Array:
+    """Decoder inputs: each token's predecessor within its segment, else 0.
+
+    Args:
+      targets: int `[B, T]`.
+      segment_ids: int `[B, T]`.
+
+    Returns:
+      int `[B, T]`: `out[t] = targets[t-1]` when `t-1` is in the same segment
+      as `t`, and the start symbol 0 at every segment's first token.
+    """
+    prev = jnp.pad(targets, ((0, 0), (1, 0)))[:, :-1]  # [B, T]
+    prev_seg = jnp.pad(segment_ids, ((0, 0), (1, 0)), constant_values=-1)[:, :-1]  # [B, T]
+    return jnp.where(prev_seg == segment_ids, prev, 0).astype(targets.dtype)
+
+
+def positions_from_segments(segment_ids: Array) -> Array:
+    """Positions that restart at 0 wherever the segment id changes.
+
+    Args:
+      segment_ids: int `[B, T]`.
+
+    Returns:
+      int32 `[B, T]`, e.g. ids `[1,1,1,2,2,0]` -> `[0,1,2,0,1,0]`.
+    """
+    t = jnp.arange(segment_ids.shape[1], dtype=jnp.int32)  # [T]
+    start = jnp.concatenate(
+        [
+            jnp.ones_like(segment_ids[:, :1], dtype=bool),
+            segment_ids[:, 1:] != segment_ids[:, :-1],
+        ],
+        axis=1,
+    )  # [B, T]
+    first = lax.cummax(jnp.where(start, t, 0), axis=1)  # [B, T] index of the segment start
+    return t - first
+
+
+def _check_ids(name: str, x, shape: tuple[int, int]) -> Array:
+    x = jnp.asarray(x)
+    if not jnp.issubdtype(x.dtype, jnp.integer):
+        raise TypeError(f"Transformer: {name} must be an integer array, got dtype {x.dtype}")
+    if x.shape != shape:
+        raise ValueError(f"Transformer: {name} must have shape {list(shape)}, got {list(x.shape)}")
+    return x.astype(jnp.int32)
+
+
+def _tokens(name: str, x) -> Array:
+    x = jnp.asarray(x)
+    if x.ndim != 2 or not jnp.issubdtype(x.dtype, jnp.integer):
+        raise ValueError(
+            f"Transformer: {name} must be integer token ids [B, length], got "
+            f"{x.dtype} {list(x.shape)}"
+        )
+    return x
+
+
+def _segments_and_positions(tokens, segment_ids, positions, name: str):
+    """Segment ids (default: tokens != 0) and positions (default: restarting
+    per given segment, else arange)."""
+    shape = tokens.shape
+    if segment_ids is None:
+        segment_ids = (tokens != 0).astype(jnp.int32)
+        if positions is None:
+            positions = jnp.broadcast_to(jnp.arange(shape[1], dtype=jnp.int32), shape)
+    else:
+        segment_ids = _check_ids(f"{name}_segment_ids", segment_ids, shape)
+    if positions is None:
+        positions = positions_from_segments(segment_ids)
+    positions = _check_ids(f"{name}_positions", positions, shape)
+    return segment_ids, positions
+
+
+def _check_learned_length(config: TransformerConfig, length: int, what: str) -> None:
+    if config.absolute_position == "learned" and length > config.max_len:
+        raise ValueError(
+            f"Transformer: {what} length {length} exceeds max_len={config.max_len} "
+            "of the learned position table"
+        )
+
+
+# -- layers --------------------------------------------------------------------
+
+
+def _sublayer(cfg: TransformerConfig, x: Array, f, norm: nn.Module, train: bool) -> Array:
+    """`x + dropout(f(norm(x)))` (pre-norm) or `norm(x + dropout(f(x)))` (post-norm)."""
+    h = f(norm(x) if cfg.pre_norm else x)
+    h = nn.Dropout(cfg.dropout_rate)(h, deterministic=not train)
+    y = x + h
+    return y if cfg.pre_norm else norm(y)
+
+
+class EncoderLayer(nn.Module):
+    """Self-attention then MLP, each in a residual block."""
+
+    config: TransformerConfig
+
+    @nn.compact
+    def __call__(self, x, *, segment_ids, positions, t5_table, train: bool) -> Array:
+        cfg = self.config
+        attn = Attention(cfg, name="self_attention")
+        x = _sublayer(
+            cfg,
+            x,
+            lambda h: attn(
+                h,
+                h,
+                q_segment_ids=segment_ids,
+                kv_segment_ids=segment_ids,
+                q_positions=positions,
+                kv_positions=positions,
+                t5_table=t5_table,
+            ),
+            layer_norm(cfg, "self_attention_norm"),
+            train,
+        )
+        return _sublayer(cfg, x, MLP(cfg, name="mlp"), layer_norm(cfg, "mlp_norm"), train)
+
+
+class DecoderLayer(nn.Module):
+    """Causal self-attention, cross-attention, MLP, each in a residual block."""
+
+    config: TransformerConfig
+    decode: bool = False
+
+    @nn.compact
+    def __call__(
+        self,
+        x,
+        encoded,
+        *,
+        segment_ids,
+        positions,
+        encoded_segment_ids,
+        encoded_positions,
+        t5_table,
+        cache_index,
+        train: bool,
+    ) -> Array:
+        cfg = self.config
+        self_attn = Attention(cfg, causal=True, decode=self.decode, name="self_attention")
+        cross_attn = Attention(cfg, cross=True, name="cross_attention")
+        x = _sublayer(
+            cfg,
+            x,
+            lambda h: self_attn(
+                h,
+                h,
+                q_segment_ids=segment_ids,
+                kv_segment_ids=segment_ids,
+                q_positions=positions,
+                kv_positions=positions,
+                t5_table=t5_table,
+                cache_index=cache_index,
+            ),
+            layer_norm(cfg, "self_attention_norm"),
+            train,
+        )
+        # While decoding one token there are no target segment ids: the query
+        # belongs to the row's only segment, and the encoder's real tokens are 1.
+        cross_q_segments = jnp.ones(x.shape[:2], jnp.int32) if segment_ids is None else segment_ids
+        x = _sublayer(
+            cfg,
+            x,
+            lambda h: cross_attn(
+                h,
+                encoded,
+                q_segment_ids=cross_q_segments,
+                kv_segment_ids=encoded_segment_ids,
+                q_positions=positions,
+                kv_positions=encoded_positions,
+            ),
+            layer_norm(cfg, "cross_attention_norm"),
+            train,
+        )
+        return _sublayer(cfg, x, MLP(cfg, name="mlp"), layer_norm(cfg, "mlp_norm"), train)
+
+
+# -- stacks --------------------------------------------------------------------
+
+
+def _embed_and_position(cfg, embed, tokens, positions, train) -> Array:
+    """Embeddings `[B, L, D]` plus absolute positions (if any), with dropout."""
+    x = embed(tokens)  # [B, L, D]
+    if cfg.absolute_position is not None:
+        x = AbsolutePositions(cfg, name="positions")(x, positions)
+    x = nn.Dropout(cfg.dropout_rate)(x, deterministic=not train)
+    return constrain(x, ("batch", "length", "embed"))
+
+
+class Encoder(nn.Module):
+    """Embeddings + positions, `num_layers` encoder layers (+ final norm if pre-norm)."""
+
+    config: TransformerConfig
+    embed: nn.Module
+
+    @nn.compact
+    def __call__(self, inputs, *, segment_ids, positions, train: bool = False) -> Array:
+        """int `[B, S]` with segment ids and positions `[B, S]` -> `[B, S, D]`."""
+        cfg = self.config
+        x = _embed_and_position(cfg, self.embed, inputs, positions, train)
+        t5_table = None
+        if cfg.relative_position == "t5" and not cfg.t5_per_layer:
+            t5_table = T5RelativeBias(cfg, name="t5_bias")()
+        for i in range(cfg.num_layers):
+            x = EncoderLayer(cfg, name=f"layer_{i}")(
+                x, segment_ids=segment_ids, positions=positions, t5_table=t5_table, train=train
+            )
+        if cfg.pre_norm:
+            x = layer_norm(cfg, "final_norm")(x)
+        return constrain(x, ("batch", "length", "embed"))
+
+
+class Decoder(nn.Module):
+    """Target embeddings, `num_layers` decoder layers, output logits.
+
+    With `decode=True` the stack keeps a "cache" collection: an `index` (the
+    next position) and each self-attention layer's keys and values. After the
+    cache exists, each call takes the previous token `[B, 1]` (no shift) at
+    position `index` and returns the logits `[B, 1, V]` for the next one.
+    """
+
+    config: TransformerConfig
+    embed: nn.Module
+    decode: bool = False
+
+    @nn.compact
+    def __call__(
+        self,
+        encoded,
+        targets,
+        *,
+        encoded_segment_ids,
+        encoded_positions,
+        segment_ids,
+        positions,
+        train: bool = False,
+    ) -> Array:
+        cfg = self.config
+        stepping = self.decode and self.has_variable("cache", "index")
+        cache_index = None
+        if self.decode:
+            index = self.variable("cache", "index", lambda: jnp.zeros((), jnp.int32))
+        if stepping:
+            cache_index = index.value
+            b = targets.shape[0]
+            positions = jnp.full((b, 1), cache_index, jnp.int32)  # the query's position
+            segment_ids = None
+            encoded_segment_ids = (encoded_segment_ids != 0).astype(jnp.int32)
+            index.value = cache_index + 1
+            y = targets
+        else:
+            y = shift_right(targets, segment_ids)  # [B, T]
+        x = _embed_and_position(cfg, self.embed, y, positions, train)
+        t5_table = None
+        if cfg.relative_position == "t5" and not cfg.t5_per_layer:
+            t5_table = T5RelativeBias(cfg, name="t5_bias")()
+        for i in range(cfg.num_layers):
+            x = DecoderLayer(cfg, decode=self.decode, name=f"layer_{i}")(
+                x,
+                encoded,
+                segment_ids=segment_ids,
+                positions=positions,
+                encoded_segment_ids=encoded_segment_ids,
+                encoded_positions=encoded_positions,
+                t5_table=t5_table,
+                cache_index=cache_index,
+                train=train,
+            )
+        if cfg.pre_norm:
+            x = layer_norm(cfg, "final_norm")(x)
+        if cfg.share_embeddings:
+            logits = self.embed.attend(x)
+        else:
+            logits = nn.Dense(
+                cfg.vocab_size,
+                use_bias=False,
+                dtype=cfg.compute_dtype,
+                param_dtype=cfg.params_dtype,
+                kernel_init=nn.with_logical_partitioning(
+                    jax.nn.initializers.xavier_uniform(), ("embed", "vocab")
+                ),
+                name="logits",
+            )(x)
+        logits = logits.astype(jnp.float32)  # [B, T, V]
+        return constrain(logits, ("batch", "length", "vocab"))
+
+
+class Transformer(nn.Module):
+    """The encoder–decoder model of `jattn.models.TransformerConfig`.
+
+    Attributes:
+      config: hyperparameters.
+      use_cache: build the decoder in decode mode (KV cache); used by
+        `jattn.decoding`, which clones the model with `use_cache=True`.
+    """
+
+    config: TransformerConfig
+    use_cache: bool = False
+
+    def setup(self):
+        cfg = self.config
+        if not isinstance(cfg, TransformerConfig):
+            raise TypeError(
+                f"Transformer: config must be a TransformerConfig, got {type(cfg).__name__}"
+            )
+        if cfg.share_embeddings:
+            self.embed = Embed(cfg)
+            source, target = self.embed, self.embed
+        else:
+            self.source_embed = Embed(cfg)
+            self.target_embed = Embed(cfg)
+            source, target = self.source_embed, self.target_embed
+        self.encoder = Encoder(cfg, embed=source)
+        self.decoder = Decoder(cfg, embed=target, decode=self.use_cache)
+
+    def encode(
+        self,
+        inputs: Array,
+        *,
+        inputs_segment_ids: Array | None = None,
+        inputs_positions: Array | None = None,
+        train: bool = False,
+    ) -> Array:
+        """Encoder outputs `[B, S, D]` for int `inputs` `[B, S]`."""
+        inputs = _tokens("inputs", inputs)
+        _check_learned_length(self.config, inputs.shape[1], "inputs")
+        seg, pos = _segments_and_positions(inputs, inputs_segment_ids, inputs_positions, "inputs")
+        return self.encoder(inputs, segment_ids=seg, positions=pos, train=train)
+
+    def decode(
+        self,
+        encoded: Array,
+        inputs: Array,
+        targets: Array,
+        *,
+        inputs_segment_ids: Array | None = None,
+        inputs_positions: Array | None = None,
+        targets_segment_ids: Array | None = None,
+        targets_positions: Array | None = None,
+        train: bool = False,
+    ) -> Array:
+        """Logits `[B, T, V]` for `targets` `[B, T]` given `encoded` `[B, S, D]`.
+
+        `inputs` (or `inputs_segment_ids`) tells cross-attention which encoder
+        positions are real. With `use_cache=True` and an initialised cache,
+        `targets` is the previous token `[B, 1]` and nothing is shifted.
+        """
+        inputs = _tokens("inputs", inputs)
+        targets = _tokens("targets", targets)
+        if (inputs_segment_ids is None) != (targets_segment_ids is None):
+            raise ValueError(
+                "Transformer: packed rows need both inputs_segment_ids and "
+                "targets_segment_ids (or neither)"
+            )
+        if inputs.shape[0] != targets.shape[0] or encoded.shape[:2] != inputs.shape:
+            raise ValueError(
+                f"Transformer: batch/length mismatch: inputs {list(inputs.shape)}, "
+                f"targets {list(targets.shape)}, encoded {list(encoded.shape)}"
+            )
+        _check_learned_length(self.config, targets.shape[1], "targets")
+        enc_seg, enc_pos = _segments_and_positions(
+            inputs, inputs_segment_ids, inputs_positions, "inputs"
+        )
+        seg, pos = _segments_and_positions(
+            targets, targets_segment_ids, targets_positions, "targets"
+        )
+        return self.decoder(
+            encoded,
+            targets,
+            encoded_segment_ids=enc_seg,
+            encoded_positions=enc_pos,
+            segment_ids=seg,
+            positions=pos,
+            train=train,
+        )
+
+    def __call__(
+        self,
+        inputs: Array,
+        targets: Array,
+        *,
+        inputs_segment_ids: Array | None = None,
+        targets_segment_ids: Array | None = None,
+        inputs_positions: Array | None = None,
+        targets_positions: Array | None = None,
+        train: bool = False,
+    ) -> Array:
+        """Next-token logits `[B, T, V]` (float32) for `targets` shifted right.
+
+        Args:
+          inputs: int `[B, S]` source tokens (0 = padding).
+          targets: int `[B, T]` target tokens (0 = padding, 1 = EOS).
+          inputs_segment_ids: int `[B, S]` for packed rows (0 = padding);
+            default `inputs != 0`. Give both segment ids or neither.
+          targets_segment_ids: int `[B, T]`; default `targets != 0`.
+          inputs_positions: int `[B, S]`; default restarts per given segment,
+            else `arange(S)`.
+          targets_positions: int `[B, T]`; likewise.
+          train: enables dropout (needs a "dropout" rng).
+        """
+        if (inputs_segment_ids is None) != (targets_segment_ids is None):
+            raise ValueError(
+                "Transformer: packed rows need both inputs_segment_ids and "
+                "targets_segment_ids (or neither)"
+            )
+        encoded = self.encode(
+            inputs,
+            inputs_segment_ids=inputs_segment_ids,
+            inputs_positions=inputs_positions,
+            train=train,
+        )
+        return self.decode(
+            encoded,
+            inputs,
+            targets,
+            inputs_segment_ids=inputs_segment_ids,
+            inputs_positions=inputs_positions,
+            targets_segment_ids=targets_segment_ids,
+            targets_positions=targets_positions,
+            train=train,
+        )
