@@ -335,6 +335,18 @@ def test_fast_reads_equal_tfds_decoding(tiny, translate):
         assert src.__getitems__(indices) == [src[i] for i in indices]
 
 
+def test_tfds_translation_names_resolve(tmp_path):
+    """wmt14_translate is found (tfds registers it lazily) and its keys are checked."""
+    from jattn.data import tasks
+
+    builder = tasks._make_builder("wmt14_translate/de-en", str(tmp_path))
+    assert builder.info.supervised_keys == ("de", "en")
+    assert tasks._resolve_key(builder.info, "en", "source_key", "wmt14") == "en"
+    with pytest.raises(ValueError, match="target_key='fr' is not a feature.*'de', 'en'"):
+        tasks._resolve_key(builder.info, "fr", "target_key", "wmt14")
+    assert not os.listdir(tmp_path)  # nothing prepared or downloaded
+
+
 def test_two_text_features_with_keys(data_dir):
     task = data.load("jattn_test_texts/full", data_dir=data_dir, source_key="src", target_key="tgt")
     assert ("q3", "a3a3") in records(task, "train")  # tfds stores examples shuffled by key

@@ -9,6 +9,7 @@ target keys default to its `supervised_keys`.
 from __future__ import annotations
 
 import dataclasses
+import importlib
 import os
 from collections.abc import Iterator, Mapping, Sequence
 from typing import Any
@@ -21,6 +22,7 @@ from jattn.data import builders as builders_lib
 from jattn.data import tokenizers as tokenizers_lib
 
 _SPLIT_ORDER = ("train", "validation", "test", "test_longer")
+_TFDS_COLLECTIONS = ("translate", "text", "summarization")  # imported to find a builder
 _TOKENIZER_SAMPLE = 1_000_000  # at most this many training examples teach the vocabulary
 
 
@@ -162,6 +164,17 @@ def _make_builder(name: str, data_dir: str | None) -> tfds.core.DatasetBuilder:
         )
     try:
         return tfds.builder(name, data_dir=data_dir, file_format="array_record")
+    except tfds.core.registered.DatasetNotFoundError:
+        pass
+    # Without TensorFlow, tfds imports its dataset collections lazily, so a builder such
+    # as wmt14_translate is only registered once its collection has been imported.
+    for collection in _TFDS_COLLECTIONS:
+        try:
+            importlib.import_module(f"tensorflow_datasets.{collection}")
+        except Exception:  # noqa: BLE001, S112 - a collection that cannot load is skipped
+            continue
+    try:
+        return tfds.builder(name, data_dir=data_dir, file_format="array_record")
     except tfds.core.registered.DatasetNotFoundError as e:
         raise ValueError(
             f"unknown dataset name {name!r}: neither a jattn task ({sorted(builders_lib.BUILDERS)}"
@@ -259,6 +272,15 @@ def load(
     target_key = _resolve_key(info, target_key, "target_key", name)
     try:
         builder.download_and_prepare()
+    except ModuleNotFoundError as e:
+        if e.name != "importlib_resources":
+            raise
+        raise ValueError(
+            f"preparing tfds dataset {name!r} needs the package importlib_resources, which "
+            "tfds 4.9 imports but does not install on Python >= 3.9 (pip install "
+            "importlib_resources), or prepare it elsewhere as array_record (`tfds build "
+            f"{name.partition('/')[0]} --file_format=array_record`) into data_dir"
+        ) from e
     except AssertionError as e:  # tfds refuses to write a split without examples
         if "No examples were yielded" not in str(e):
             raise
