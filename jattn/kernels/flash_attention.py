@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import functools
 import math
+from typing import NamedTuple
 
 import jax
 import jax.numpy as jnp
@@ -39,11 +40,19 @@ from jattn.kernels import flash_tiles as ft
 
 Array = jax.Array
 
-__all__ = ["block_map", "default_blocks", "flash_attention", "run_bounds"]
+__all__ = [
+    "Prepared",
+    "block_map",
+    "default_blocks",
+    "flash_attention",
+    "prepare",
+    "run_bounds",
+]
 
 _INT_MAX = np.iinfo(np.int32).max
 _INT_MIN = np.iinfo(np.int32).min
 _GPU_BACKENDS = ("gpu", "cuda", "rocm")
+_HIGHEST = jax.lax.Precision.HIGHEST
 
 
 def _round_up(x: int, m: int) -> int:
@@ -335,12 +344,57 @@ def flash_attention(
     )
 
 
-def _flash_attention(
-    query, key, value, *, bias, mask, is_causal, q_segment_ids, kv_segment_ids, q_positions,
-    kv_positions, rel_key, rel_value, max_distance, scale, block_q, block_k, backend: str,
-):  # fmt: skip
+class Prepared(NamedTuple):
+    """Padded kernel inputs and static configs of one call (see `prepare`)."""
+
+    fwd_cfg: fp.KernelConfig
+    bwd_cfg: fp.KernelConfig
+    q: Array  # [B, Tp, N, Hp]
+    k: Array  # [B, Sp, K, Hp]
+    v: Array  # [B, Sp, K, Hvp]
+    qr: Array | None  # [B, Tp, N, Rp] float32
+    bias: Array | None  # [B|1, N|1, Tp|1, Sp|1]
+    aux: dict  # positions, segment ids, int8 mask, block maps and bounds
+
+
+def _flash_attention(query, key, value, *, rel_value, backend: str, **kwargs) -> Array:
     """`flash_attention` for an explicit backend ("interpret" or "gpu"); the
     GPU path can be lowered on any machine (tests lower it for CUDA on CPU)."""
+    b, t, n, _ = query.shape
+    hv = value.shape[-1]
+    pre = prepare(query, key, value, rel_value=rel_value, backend=backend, **kwargs)
+    o, pr = _flash_core(pre.fwd_cfg, pre.bwd_cfg, pre.q, pre.k, pre.v, pre.qr, pre.bias, pre.aux)
+    out = o[:, :t, :, :hv].astype(jnp.float32)  # [B, T, N, Hv]
+    if rel_value is not None:
+        pr = pr[:, :t, :, : rel_value.shape[1]]  # [B, T, N, R]
+        out = out + jnp.einsum(
+            "BTNR,NRV->BTNV", pr, rel_value.astype(jnp.float32), precision=_HIGHEST
+        )
+    return out.astype(query.dtype)
+
+
+def prepare(
+    query,
+    key,
+    value,
+    *,
+    bias,
+    mask,
+    is_causal,
+    q_segment_ids,
+    kv_segment_ids,
+    q_positions,
+    kv_positions,
+    rel_key,
+    rel_value,
+    max_distance,
+    scale,
+    block_q,
+    block_k,
+    backend: str,
+) -> Prepared:
+    """Everything before the kernels: tile sizes, padding, the Shaw key-term
+    table, block maps and bounds, static configs."""
     b, t, n, h = query.shape
     _, s, kh, hv = value.shape
     (fq, fk), (bq_b, bk_b) = default_blocks(backend, t, s)
@@ -359,19 +413,19 @@ def _flash_attention(
     use_pos = bool(is_causal) or shaw
     use_seg = q_segment_ids is not None
     f32 = jnp.float32
-    hi = jax.lax.Precision.HIGHEST
 
     # Shaw key term as a per-query table (scaled), padded to Rp columns.
     qr = None
     if use_qr:
         qr = scale * jnp.einsum(
-            "BTNH,NRH->BTNR", query.astype(f32), rel_key.astype(f32), precision=hi
+            "BTNH,NRH->BTNR", query.astype(f32), rel_key.astype(f32), precision=_HIGHEST
         )  # [B, T, N, R]
         qr = _pad_axis(_pad_axis(qr, 3, rp), 1, tp)
 
+    # One dtype for the kernel's dots (the Triton dot needs equal operand types).
     q = _pad_axis(_pad_axis(query, 3, hp), 1, tp)
-    k = _pad_axis(_pad_axis(key, 3, hp), 1, sp)
-    v = _pad_axis(_pad_axis(value, 3, hvp), 1, sp)
+    k = _pad_axis(_pad_axis(key.astype(query.dtype), 3, hp), 1, sp)
+    v = _pad_axis(_pad_axis(value.astype(query.dtype), 3, hvp), 1, sp)
     bias_p = bias_dims = None
     if bias is not None:
         bias_dims = tuple(bool(bias.shape[a] == full) for a, full in enumerate((b, n, t, s)))
@@ -407,17 +461,23 @@ def _flash_attention(
             aux[f"{name}_{key_}"] = arr
     per_head = aux["fwd_bmap"].shape[1] > 1
     common = dict(
-        seq_k=s, num_heads=n, num_kv_heads=kh, scale=float(scale), causal=bool(is_causal),
-        max_distance=int(max_distance), use_pos=use_pos, use_seg=use_seg, use_qr=use_qr,
-        use_pr=use_pr, bias_dims=bias_dims, mask_dims=mask_dims, map_per_head=per_head,
-        num_rel=rp, backend=backend, num_stages=None,
-    )  # fmt: skip
+        seq_k=s,
+        num_heads=n,
+        num_kv_heads=kh,
+        scale=float(scale),
+        causal=bool(is_causal),
+        max_distance=int(max_distance),
+        use_pos=use_pos,
+        use_seg=use_seg,
+        use_qr=use_qr,
+        use_pr=use_pr,
+        bias_dims=bias_dims,
+        mask_dims=mask_dims,
+        map_per_head=per_head,
+        num_rel=rp,
+        backend=backend,
+    )
     warps = 4 if max(hp, hvp) <= 64 else 8
-    fwd_cfg = fp.KernelConfig(block_q=fq, block_k=fk, num_warps=warps, **common)
-    bwd_cfg = fp.KernelConfig(block_q=bq_b, block_k=bk_b, num_warps=warps, **common)
-    o, pr = _flash_core(fwd_cfg, bwd_cfg, q, k, v, qr, bias_p, aux)
-    out = o[:, :t, :, :hv].astype(f32)  # [B, T, N, Hv]
-    if use_pr:
-        pr = pr[:, :t, :, :num_rel]  # [B, T, N, R]
-        out = out + jnp.einsum("BTNR,NRV->BTNV", pr, rel_value.astype(f32), precision=hi)
-    return out.astype(query.dtype)
+    fwd_cfg = fp.KernelConfig(block_q=fq, block_k=fk, num_warps=warps, num_stages=3, **common)
+    bwd_cfg = fp.KernelConfig(block_q=bq_b, block_k=bk_b, num_warps=warps, num_stages=2, **common)
+    return Prepared(fwd_cfg, bwd_cfg, q, k, v, qr, bias_p, aux)

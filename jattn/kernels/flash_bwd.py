@@ -23,15 +23,15 @@ from jattn.kernels import flash_tiles as ft
 from jattn.kernels.flash_pallas import (
     SQ,
     KernelConfig,
-    _bias_spec_kv,
-    _call,
-    _col_reader,
-    _common_q_specs,
-    _kv_valid,
-    _load_bias_kv,
-    _load_bias_q,
-    _row_spec,
-    _tile_loop,
+    bias_spec_kv,
+    col_reader,
+    kernel_call,
+    kv_valid_mask,
+    load_bias_kv,
+    load_bias_q,
+    q_tile_specs,
+    row_spec,
+    tile_loop,
 )
 
 Array = jax.Array
@@ -64,8 +64,8 @@ def _dq_kernel(r, *refs, cfg: KernelConfig):
     lse, delta = r["lse"][...], r["delta"][...]  # [bq]
     q_pos = r["qpos"][...] if cfg.use_pos else None
     q_seg = r["qseg"][...] if cfg.use_seg else None
-    qr_col = _col_reader(r["qr"], slice(None))
-    dpr_col = _col_reader(r["dpr"], slice(None))
+    qr_col = col_reader(r["qr"], slice(None))
+    dpr_col = col_reader(r["dpr"], slice(None))
 
     def step(j, general, right, carry):
         dq_acc, *rest = carry
@@ -80,12 +80,12 @@ def _dq_kernel(r, *refs, cfg: KernelConfig):
             causal=cfg.causal,
             max_distance=cfg.max_distance,
             q_pos=q_pos,
-            kv_pos=r["kvpos"][kv] if cfg.use_pos else None,
+            kv_pos=r["kvpos"][kv] if cfg.use_pos and general else None,
             q_seg=q_seg,
-            kv_seg=r["kvseg"][kv] if cfg.use_seg else None,
-            kv_valid=_kv_valid(cfg, j, bk, sp) if general else None,
-            bias=_load_bias_q(r["bias"], cfg.bias_dims, j, bk),
-            mask=_load_bias_q(r["mask"], cfg.mask_dims, j, bk) if general else None,
+            kv_seg=r["kvseg"][kv] if cfg.use_seg and general else None,
+            kv_valid=kv_valid_mask(cfg, j, bk, sp) if general else None,
+            bias=load_bias_q(r["bias"], cfg.bias_dims, j, bk),
+            mask=load_bias_q(r["mask"], cfg.mask_dims, j, bk) if general else None,
             qr_col=qr_col,
             dpr_col=dpr_col,
             far_id=jnp.where(right, cfg.far_right, 0),
@@ -122,7 +122,7 @@ def _dq_kernel(r, *refs, cfg: KernelConfig):
     if kind == "rows":
         carry += (zeros,)
     bounds = tuple(r["bounds"][c, i] for c in range(4))
-    carry = _tile_loop(bounds, lambda j: r["bmap"][i, j], step, carry)
+    carry = tile_loop(bounds, lambda j: r["bmap"][i, j], step, carry)
     dq_ref[...] = (carry[0] * cfg.scale).astype(dq_ref.dtype)
     if cfg.use_qr:
         acc_r, w_left, w_right = carry[1:4]
@@ -147,18 +147,18 @@ def flash_dq(cfg: KernelConfig, ins: dict) -> tuple[Array, Array | None, Array |
     b, tp, n, h = ins["q"].shape
     hv, sp = ins["v"].shape[-1], ins["k"].shape[1]
     bq = cfg.block_q
-    specs = _common_q_specs(cfg, ins, ins["bmap"].shape[-1])
-    specs["do"] = _row_spec(bq, hv)
+    specs = q_tile_specs(cfg, ins, ins["bmap"].shape[-1])
+    specs["do"] = row_spec(bq, hv)
     specs["lse"] = pl.BlockSpec((SQ, SQ, bq), lambda i, b_, h_: (b_, h_, i))
     specs["delta"] = specs["lse"]
-    specs["dpr"] = _row_spec(bq, cfg.num_rel) if cfg.use_pr else None
+    specs["dpr"] = row_spec(bq, cfg.num_rel) if cfg.use_pr else None
     args = [{name: ins[name] for name in specs}]
     in_specs = [specs]
     out_shape = [jax.ShapeDtypeStruct((b, tp, n, h), ins["q"].dtype)]
-    out_specs = [_row_spec(bq, h)]
+    out_specs = [row_spec(bq, h)]
     if cfg.use_qr:
         out_shape.append(jax.ShapeDtypeStruct((b, tp, n, cfg.num_rel), jnp.float32))
-        out_specs.append(_row_spec(bq, cfg.num_rel))
+        out_specs.append(row_spec(bq, cfg.num_rel))
     kind = dbias_kind(cfg)
     aliases = {}
     if kind == "full":
@@ -173,7 +173,7 @@ def flash_dq(cfg: KernelConfig, ins: dict) -> tuple[Array, Array | None, Array |
         out_shape.append(jax.ShapeDtypeStruct((b, n, tp), jnp.float32))
         out_specs.append(pl.BlockSpec((SQ, SQ, bq), lambda i, b_, h_: (b_, h_, i)))
     outs = list(
-        _call(
+        kernel_call(
             functools.partial(_dq_kernel, cfg=cfg),
             cfg,
             "jattn_flash_dq",
@@ -198,7 +198,7 @@ def _dkv_kernel(r, dk_ref, dv_ref, *db_ref, cfg: KernelConfig):
     v = r["v"][...]  # [bk, Hv]
     kv_pos = r["kvpos"][...] if cfg.use_pos else None  # [bk]
     kv_seg = r["kvseg"][...] if cfg.use_seg else None
-    kv_valid = _kv_valid(cfg, j, bk, r["bmap"].shape[-1] * bk)
+    kv_valid = kv_valid_mask(cfg, j, bk, r["bmap"].shape[-1] * bk)
 
     def group_body(g, carry):
         gm = g if cfg.map_per_head else 0
@@ -209,8 +209,8 @@ def _dkv_kernel(r, dk_ref, dv_ref, *db_ref, cfg: KernelConfig):
             q = r["q"][qs, g, :]  # [bq, H]
             do = r["do"][qs, g, :]  # [bq, Hv]
             lse, delta = r["lse"][g, qs], r["delta"][g, qs]  # [bq]
-            qr_col = _col_reader(r["qr"], qs, g)
-            dpr_col = _col_reader(r["dpr"], qs, g)
+            qr_col = col_reader(r["qr"], qs, g)
+            dpr_col = col_reader(r["dpr"], qs, g)
             s, dpr_t, _ = ft.tile_scores(
                 general,
                 q=q,
@@ -218,13 +218,13 @@ def _dkv_kernel(r, dk_ref, dv_ref, *db_ref, cfg: KernelConfig):
                 scale=cfg.scale,
                 causal=cfg.causal,
                 max_distance=cfg.max_distance,
-                q_pos=r["qpos"][qs] if cfg.use_pos else None,
+                q_pos=r["qpos"][qs] if cfg.use_pos and general else None,
                 kv_pos=kv_pos,
-                q_seg=r["qseg"][qs] if cfg.use_seg else None,
+                q_seg=r["qseg"][qs] if cfg.use_seg and general else None,
                 kv_seg=kv_seg,
                 kv_valid=kv_valid if general else None,
-                bias=_load_bias_kv(r["bias"], cfg.bias_dims, g, i, bq),
-                mask=_load_bias_kv(r["mask"], cfg.mask_dims, g, i, bq) if general else None,
+                bias=load_bias_kv(r["bias"], cfg.bias_dims, g, i, bq),
+                mask=load_bias_kv(r["mask"], cfg.mask_dims, g, i, bq) if general else None,
                 qr_col=qr_col,
                 dpr_col=dpr_col,
                 far_id=jnp.where(right, cfg.far_right, 0),
@@ -248,7 +248,7 @@ def _dkv_kernel(r, dk_ref, dv_ref, *db_ref, cfg: KernelConfig):
 
         bounds = tuple(r["bounds"][gm, c, j] for c in range(4))
         dk_acc, dv_acc = carry
-        dk_acc, dv_acc, db = _tile_loop(
+        dk_acc, dv_acc, db = tile_loop(
             bounds,
             lambda i: r["bmap"][gm, i, j],
             step,
@@ -296,8 +296,8 @@ def flash_dkv(cfg: KernelConfig, ins: dict) -> tuple[Array, Array, Array | None]
         "kvpos": pl.BlockSpec((SQ, bk), lambda j, b_, k_: (b_, j)) if cfg.use_pos else None,
         "qseg": pl.BlockSpec((SQ, tp), lambda j, b_, k_: (b_, 0)) if cfg.use_seg else None,
         "kvseg": pl.BlockSpec((SQ, bk), lambda j, b_, k_: (b_, j)) if cfg.use_seg else None,
-        "bias": _bias_spec_kv(cfg.bias_dims, g, tp, bk) if cfg.bias_dims else None,
-        "mask": _bias_spec_kv(cfg.mask_dims, g, tp, bk) if cfg.mask_dims else None,
+        "bias": bias_spec_kv(cfg.bias_dims, g, tp, bk) if cfg.bias_dims else None,
+        "mask": bias_spec_kv(cfg.mask_dims, g, tp, bk) if cfg.mask_dims else None,
         "qr": grp(cfg.num_rel) if cfg.use_qr else None,
         "dpr": grp(cfg.num_rel) if cfg.use_pr else None,
         "bmap": pl.BlockSpec((SQ, gm, n_q_tiles, n_kv_tiles), lambda j, b_, k_: (b_, hm(k_), 0, 0)),
@@ -312,7 +312,7 @@ def flash_dkv(cfg: KernelConfig, ins: dict) -> tuple[Array, Array, Array | None]
     if dbias_kind(cfg) == "cols":
         out_shape.append(jax.ShapeDtypeStruct((b, n, sp), jnp.float32))
         out_specs.append(pl.BlockSpec((SQ, g, bk), lambda j, b_, k_: (b_, k_, j)))
-    outs = _call(
+    outs = kernel_call(
         functools.partial(_dkv_kernel, cfg=cfg),
         cfg,
         "jattn_flash_dkv",

@@ -85,7 +85,7 @@ def _compiler_params(cfg: KernelConfig):
     return None
 
 
-def _call(kernel, cfg: KernelConfig, name: str, **kwargs):
+def kernel_call(kernel, cfg: KernelConfig, name: str, **kwargs):
     return pl.pallas_call(
         kernel,
         interpret=cfg.backend == "interpret",
@@ -99,12 +99,12 @@ def _call(kernel, cfg: KernelConfig, name: str, **kwargs):
 # BlockSpecs. Grid of the forward and dq kernels: (i, b, h); of dk/dv: (j, b, kh).
 
 
-def _row_spec(block: int, width: int):
+def row_spec(block: int, width: int):
     """`[B, L, heads, width]` tiled along L, one head: grid (i, b, h)."""
     return pl.BlockSpec((SQ, block, SQ, width), lambda i, b, h: (b, i, h, 0))
 
 
-def _bias_spec_q(dims, bq: int, sp: int):
+def bias_spec_q(dims, bq: int, sp: int):
     """bias/mask `[B|1, N|1, Tp|1, Sp|1]` for a query tile: all keys, grid (i, b, h)."""
     fb, fn, ft_, fs = dims
     return pl.BlockSpec(
@@ -113,7 +113,7 @@ def _bias_spec_q(dims, bq: int, sp: int):
     )
 
 
-def _bias_spec_kv(dims, g: int, tp: int, bk: int):
+def bias_spec_kv(dims, g: int, tp: int, bk: int):
     """bias/mask for a key tile: the G heads of one kv head, grid (j, b, kh)."""
     fb, fn, ft_, fs = dims
     return pl.BlockSpec(
@@ -122,7 +122,7 @@ def _bias_spec_kv(dims, g: int, tp: int, bk: int):
     )
 
 
-def _load_bias_q(ref, dims, j, bk):
+def load_bias_q(ref, dims, j, bk):
     """The `[bq|1, bk|1]` tile of key tile j from a query-tile bias/mask block."""
     if ref is None:
         return None
@@ -130,7 +130,7 @@ def _load_bias_q(ref, dims, j, bk):
     return x if x.dtype != jnp.int8 else x != 0
 
 
-def _load_bias_kv(ref, dims, g, i, bq):
+def load_bias_kv(ref, dims, g, i, bq):
     """The `[bq|1, bk|1]` tile of query tile i, group member g, from a key-tile block."""
     if ref is None:
         return None
@@ -139,16 +139,21 @@ def _load_bias_kv(ref, dims, g, i, bq):
     return x if x.dtype != jnp.int8 else x != 0
 
 
-def _tile_loop(bounds, cls_at, step, carry):
+def tile_loop(bounds, cls_at, step, carry):
     """Run `step(t, general, far_id_is_right, carry)` over one row of tiles.
 
-    `bounds = (lo, flo, fhi, hi)`: `[flo, fhi)` is a run of FAST tiles run
-    without branches; the tiles of `[lo, flo)` and `[fhi, hi)` dispatch on
-    their class, SKIP tiles returning the carry untouched.
+    `bounds = (lo, flo, fhi, hi)`: the run `[flo, fhi)` of FAST tiles goes
+    through a branch-free loop; the other tiles of `[lo, hi)` go through one
+    loop that dispatches on their class, SKIP returning the carry untouched.
+    (One dispatch loop over both sides of the run keeps the code to one copy
+    of each step kind plus the fast loop.)
     """
     lo, flo, fhi, hi = bounds
+    run = fhi - flo
 
-    def dispatch(t, c):
+    def dispatch(u, c):
+        t = lo + u
+        t = jnp.where(t >= flo, t + run, t)  # jump over the FAST run
         cls = cls_at(t)
         branches = [
             lambda c: c,
@@ -160,18 +165,17 @@ def _tile_loop(bounds, cls_at, step, carry):
     def fast(t, c):
         return step(t, False, cls_at(t) == ft.FAST_RIGHT, c)
 
-    carry = lax.fori_loop(lo, flo, dispatch, carry)
     carry = lax.fori_loop(flo, fhi, fast, carry)
-    return lax.fori_loop(fhi, hi, dispatch, carry)
+    return lax.fori_loop(0, hi - lo - run, dispatch, carry)
 
 
-def _kv_valid(cfg: KernelConfig, j, bk: int, padded_k: int):
+def kv_valid_mask(cfg: KernelConfig, j, bk: int, padded_k: int):
     if cfg.seq_k == padded_k:
         return None
     return j * bk + lax.broadcasted_iota(jnp.int32, (bk,), 0) < cfg.seq_k
 
 
-def _col_reader(ref, *lead):
+def col_reader(ref, *lead):
     """`c -> ref[*lead, c]` as a `[bq]` float32 column, or None."""
     if ref is None:
         return None
@@ -189,7 +193,7 @@ def _fwd_kernel(r, o_ref, lse_ref, *pr_ref, cfg: KernelConfig):
     q = r["q"][...]  # [bq, H]
     q_pos = r["qpos"][...] if cfg.use_pos else None  # [bq]
     q_seg = r["qseg"][...] if cfg.use_seg else None
-    qr_col = _col_reader(r["qr"], slice(None))
+    qr_col = col_reader(r["qr"], slice(None))
     rp = cfg.num_rel
 
     def step(j, general, right, carry):
@@ -205,12 +209,12 @@ def _fwd_kernel(r, o_ref, lse_ref, *pr_ref, cfg: KernelConfig):
             causal=cfg.causal,
             max_distance=cfg.max_distance,
             q_pos=q_pos,
-            kv_pos=r["kvpos"][kv] if cfg.use_pos else None,
+            kv_pos=r["kvpos"][kv] if cfg.use_pos and general else None,
             q_seg=q_seg,
-            kv_seg=r["kvseg"][kv] if cfg.use_seg else None,
-            kv_valid=_kv_valid(cfg, j, bk, sp) if general else None,
-            bias=_load_bias_q(r["bias"], cfg.bias_dims, j, bk),
-            mask=_load_bias_q(r["mask"], cfg.mask_dims, j, bk) if general else None,
+            kv_seg=r["kvseg"][kv] if cfg.use_seg and general else None,
+            kv_valid=kv_valid_mask(cfg, j, bk, sp) if general else None,
+            bias=load_bias_q(r["bias"], cfg.bias_dims, j, bk),
+            mask=load_bias_q(r["mask"], cfg.mask_dims, j, bk) if general else None,
             qr_col=qr_col,
             dpr_col=None,
             far_id=jnp.where(right, cfg.far_right, 0),
@@ -240,7 +244,7 @@ def _fwd_kernel(r, o_ref, lse_ref, *pr_ref, cfg: KernelConfig):
     if cfg.use_pr:
         carry += (zeros, zeros, jnp.zeros((bq, rp), jnp.float32), jnp.full((bq,), ft.NEG_INF))
     bounds = tuple(r["bounds"][c, i] for c in range(4))
-    carry = _tile_loop(bounds, lambda j: r["bmap"][i, j], step, carry)
+    carry = tile_loop(bounds, lambda j: r["bmap"][i, j], step, carry)
 
     m, l, acc = carry[:3]
     shift = ft.safe_max(m)
@@ -256,7 +260,7 @@ def _fwd_kernel(r, o_ref, lse_ref, *pr_ref, cfg: KernelConfig):
         pr_ref[0][...] = acc_r / l_safe[:, None]
 
 
-def _common_q_specs(cfg: KernelConfig, ins: dict, n_kv_tiles: int):
+def q_tile_specs(cfg: KernelConfig, ins: dict, n_kv_tiles: int):
     """Specs of the inputs shared by the forward and dq kernels (grid (i, b, h))."""
     bq = cfg.block_q
     _, tp, n, h = ins["q"].shape
@@ -266,16 +270,16 @@ def _common_q_specs(cfg: KernelConfig, ins: dict, n_kv_tiles: int):
     kv_spec = lambda w: pl.BlockSpec((SQ, sp, SQ, w), lambda i, b, h_: (b, 0, h_ // g, 0))  # noqa: E731
     n_q_tiles = tp // bq
     return {
-        "q": _row_spec(bq, h),
+        "q": row_spec(bq, h),
         "k": kv_spec(h),
         "v": kv_spec(hv),
         "qpos": pl.BlockSpec((SQ, bq), lambda i, b, h_: (b, i)) if cfg.use_pos else None,
         "kvpos": pl.BlockSpec((SQ, sp), lambda i, b, h_: (b, 0)) if cfg.use_pos else None,
         "qseg": pl.BlockSpec((SQ, bq), lambda i, b, h_: (b, i)) if cfg.use_seg else None,
         "kvseg": pl.BlockSpec((SQ, sp), lambda i, b, h_: (b, 0)) if cfg.use_seg else None,
-        "bias": _bias_spec_q(cfg.bias_dims, bq, sp) if cfg.bias_dims else None,
-        "mask": _bias_spec_q(cfg.mask_dims, bq, sp) if cfg.mask_dims else None,
-        "qr": _row_spec(bq, cfg.num_rel) if cfg.use_qr else None,
+        "bias": bias_spec_q(cfg.bias_dims, bq, sp) if cfg.bias_dims else None,
+        "mask": bias_spec_q(cfg.mask_dims, bq, sp) if cfg.mask_dims else None,
+        "qr": row_spec(bq, cfg.num_rel) if cfg.use_qr else None,
         "bmap": pl.BlockSpec((SQ, SQ, n_q_tiles, n_kv_tiles), lambda i, b, h_: (b, hm(h_), 0, 0)),
         "bounds": pl.BlockSpec((SQ, SQ, 4, n_q_tiles), lambda i, b, h_: (b, hm(h_), 0, 0)),
     }
@@ -298,7 +302,7 @@ def flash_forward(cfg: KernelConfig, ins: dict) -> tuple[Array, Array, Array | N
     b, tp, n, _ = ins["q"].shape
     hv = ins["v"].shape[-1]
     n_kv_tiles = ins["bmap"].shape[-1]
-    specs = _common_q_specs(cfg, ins, n_kv_tiles)
+    specs = q_tile_specs(cfg, ins, n_kv_tiles)
     ins = {name: ins[name] for name in specs}
     o_dtype = jnp.float32 if cfg.use_pr else ins["q"].dtype
     out_shape = [
@@ -306,13 +310,13 @@ def flash_forward(cfg: KernelConfig, ins: dict) -> tuple[Array, Array, Array | N
         jax.ShapeDtypeStruct((b, n, tp), jnp.float32),
     ]
     out_specs = [
-        _row_spec(cfg.block_q, hv),
+        row_spec(cfg.block_q, hv),
         pl.BlockSpec((SQ, SQ, cfg.block_q), lambda i, b_, h: (b_, h, i)),
     ]
     if cfg.use_pr:
         out_shape.append(jax.ShapeDtypeStruct((b, tp, n, cfg.num_rel), jnp.float32))
-        out_specs.append(_row_spec(cfg.block_q, cfg.num_rel))
-    outs = _call(
+        out_specs.append(row_spec(cfg.block_q, cfg.num_rel))
+    outs = kernel_call(
         functools.partial(_fwd_kernel, cfg=cfg),
         cfg,
         "jattn_flash_fwd",

@@ -1,0 +1,102 @@
+"""Plain-JAX reference of the flash kernel's own contract, beside the kernel.
+
+The Pallas kernel does not compute `attention(q, k, v, tables)` directly: the
+wrapper hands it the Shaw key term as a per-query table `qr` and gets back the
+value-term masses `pr` and the log-sum-exp `lse`. This module computes exactly
+those three outputs densely (`[B, N, T, S]` logits, so small shapes only), in
+float32 with `jnp` only, sharing no code with the kernel, so a test can pin
+the kernel's intermediate outputs and, through autodiff, the gradients its
+custom VJP returns for `qr` and the bias. It also rebuilds attention from
+those parts (`attention_from_parts`) the way `flash_attention` does.
+
+Shapes: B batch, T queries, S keys, N query heads, K kv heads, H / Hv head
+dims, R = 2k + 1 relative ids.
+"""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+
+Array = jax.Array
+
+
+def reference_parts(
+    q: Array,
+    k: Array,
+    v: Array,
+    *,
+    qr: Array | None,
+    bias: Array | None,
+    mask: Array | None,
+    is_causal: bool,
+    q_segment_ids: Array | None,
+    kv_segment_ids: Array | None,
+    q_positions: Array,
+    kv_positions: Array,
+    max_distance: int,
+    scale: float,
+    with_pr: bool,
+) -> tuple[Array, Array, Array | None]:
+    """Dense `(o, lse, pr)` of the kernel contract.
+
+    Args:
+      q: `[B, T, N, H]`; k: `[B, S, K, H]`; v: `[B, S, K, Hv]`.
+      qr: `[B, T, N, R]` float32, the already scaled key term
+        `scale * q @ key_tableᵀ`, or None.
+      bias, mask: `[B|1, N|1, T|1, S|1]` or None.
+      q_positions, kv_positions: int `[B, T]`, `[B, S]`.
+      with_pr: also return the weight mass per relative id.
+
+    Returns:
+      `o [B, T, N, Hv]` (normalised `Σ_s w v_s`, float32), `lse [B, N, T]`
+      (+inf for a row with nothing visible) and `pr [B, T, N, R]` or None.
+    """
+    f32 = jnp.float32
+    n, kh = q.shape[2], k.shape[2]
+    kk = jnp.repeat(k.astype(f32), n // kh, axis=2)  # [B, S, N, H]
+    vv = jnp.repeat(v.astype(f32), n // kh, axis=2)  # [B, S, N, Hv]
+    hi = jax.lax.Precision.HIGHEST
+    s = scale * jnp.einsum("BTNH,BSNH->BNTS", q.astype(f32), kk, precision=hi)
+    r = jnp.clip(kv_positions[:, None, :] - q_positions[:, :, None], -max_distance, max_distance)
+    r = r + max_distance  # [B, T, S]
+    num_rel = 2 * max_distance + 1
+    onehot = jax.nn.one_hot(r, num_rel, dtype=f32)  # [B, T, S, R]
+    if qr is not None:
+        s = s + jnp.einsum("BTNR,BTSR->BNTS", qr, onehot, precision=hi)
+    if bias is not None:
+        s = s + bias.astype(f32)
+    vis = jnp.ones(s.shape, bool)
+    if is_causal:
+        vis &= (kv_positions[:, None, :] <= q_positions[:, :, None])[:, None]
+    if q_segment_ids is not None:
+        vis &= (q_segment_ids[:, :, None] == kv_segment_ids[:, None, :])[:, None]
+    if mask is not None:
+        vis &= mask
+    s = jnp.where(vis, s, -jnp.inf)
+    m = jnp.max(s, axis=-1, keepdims=True)
+    m = jax.lax.stop_gradient(jnp.where(jnp.isfinite(m), m, 0.0))
+    p = jnp.exp(s - m)  # [B, N, T, S]
+    den = jnp.sum(p, axis=-1, keepdims=True)
+    safe = jnp.where(den == 0, 1.0, den)
+    w = p / safe
+    o = jnp.einsum("BNTS,BSNV->BTNV", w, vv, precision=hi)
+    lse = jnp.where(den[..., 0] == 0, jnp.inf, m[..., 0] + jnp.log(safe[..., 0]))
+    pr = jnp.einsum("BNTS,BTSR->BTNR", w, onehot, precision=hi) if with_pr else None
+    return o, lse, pr
+
+
+def attention_from_parts(
+    o: Array, pr: Array | None, rel_value: Array | None, dtype: jnp.dtype
+) -> Array:
+    """`out = o + pr @ value_table`, cast to `dtype`, as `flash_attention` does.
+
+    Args:
+      o: `[B, T, N, Hv]`; pr: `[B, T, N, R]` or None; rel_value: `[N, R, Hv]`.
+    """
+    out = o.astype(jnp.float32)
+    if pr is not None:
+        out = out + jnp.einsum(
+            "BTNR,NRV->BTNV", pr, rel_value.astype(jnp.float32), precision=jax.lax.Precision.HIGHEST
+        )
+    return out.astype(dtype)

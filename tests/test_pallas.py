@@ -1,0 +1,589 @@
+"""The Pallas flash kernel (interpret mode on the CPU) against the float64 oracle.
+
+Every attention case checks the output and all gradients (query, key, value,
+bias, Shaw key and value tables) against `tests/oracle.py`. Compiled
+functions are shared: one jitted vjp keyed by its static arguments, so cases
+with the same shapes and flags compile once. Shapes stay small (interpret
+mode runs the kernel body as XLA loops on the CPU); the GPU path is checked
+by lowering it to Triton IR for CUDA, which needs no GPU.
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+import subprocess
+import sys
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import oracle
+import pytest
+
+import jattn
+from jattn.attention import _normalise
+from jattn.kernels import flash_attention as fa
+from jattn.kernels import flash_pallas, flash_reference
+from jattn.kernels import flash_tiles as ft
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+GRAD_NAMES = ("query", "key", "value", "bias", "rel_key", "rel_value")
+F32_TOL = 2e-5
+BF16_TOL = 3e-2
+
+
+# --------------------------------------------------------------------------------------
+# Harness.
+
+
+def _normal_form(inputs: dict, *, is_causal: bool, max_distance: int):
+    rel = None
+    if inputs.get("rel_key") is not None or inputs.get("rel_value") is not None:
+        rel = jattn.ShawRelative(
+            key=inputs.get("rel_key"), value=inputs.get("rel_value"), max_distance=max_distance
+        )
+    return _normalise(
+        inputs["query"],
+        inputs["key"],
+        inputs["value"],
+        bias=inputs.get("bias"),
+        mask=inputs.get("mask"),
+        is_causal=is_causal,
+        q_segment_ids=inputs.get("q_segment_ids"),
+        kv_segment_ids=inputs.get("kv_segment_ids"),
+        q_positions=inputs.get("q_positions"),
+        kv_positions=inputs.get("kv_positions"),
+        relative=rel,
+        scale=None,
+    )
+
+
+@functools.partial(
+    jax.jit, static_argnames=("is_causal", "max_distance", "block_q", "block_k", "backend")
+)
+def _pallas_vjp(
+    inputs, cotangent, *, is_causal, max_distance, block_q, block_k, backend="interpret"
+):
+    """Output and gradients of the differentiable inputs (None where absent)."""
+    diff = {name: inputs.get(name) for name in GRAD_NAMES}
+
+    def f(diff):
+        (q, k, v), kw = _normal_form(
+            {**inputs, **diff}, is_causal=is_causal, max_distance=max_distance
+        )
+        return fa._flash_attention(q, k, v, block_q=block_q, block_k=block_k, backend=backend, **kw)
+
+    out, vjp = jax.vjp(f, diff)
+    return out, vjp(cotangent)[0]
+
+
+def _oracle(inputs: dict, cotangent, *, is_causal: bool, max_distance: int):
+    as64 = lambda x: None if x is None else np.asarray(jnp.asarray(x, jnp.float32), np.float64)  # noqa: E731
+    rel = None
+    if inputs.get("rel_key") is not None or inputs.get("rel_value") is not None:
+        rel = jattn.ShawRelative(
+            key=as64(inputs.get("rel_key")),
+            value=as64(inputs.get("rel_value")),
+            max_distance=max_distance,
+        )
+    return oracle.attention_and_grads(
+        as64(inputs["query"]),
+        as64(inputs["key"]),
+        as64(inputs["value"]),
+        bias=as64(inputs.get("bias")),
+        mask=inputs.get("mask"),
+        is_causal=is_causal,
+        q_segment_ids=inputs.get("q_segment_ids"),
+        kv_segment_ids=inputs.get("kv_segment_ids"),
+        q_positions=inputs.get("q_positions"),
+        kv_positions=inputs.get("kv_positions"),
+        relative=rel,
+        cotangent=as64(cotangent),
+    )
+
+
+def _close(name: str, got, want, tol: float, absolute: bool = False):
+    """Max error relative to the largest reference value (or absolute)."""
+    got = np.asarray(jnp.asarray(got, jnp.float32), np.float64)
+    assert got.shape == want.shape, (name, got.shape, want.shape)
+    assert np.all(np.isfinite(got)), f"{name}: non-finite values"
+    scale = 1.0 if absolute else max(float(np.max(np.abs(want))), 1e-6)
+    err = float(np.max(np.abs(got - want))) / scale
+    assert err <= tol, f"{name}: max error {err:.2e} (scale {scale:.2e}) > {tol:.0e}"
+
+
+def _check(inputs, *, is_causal=False, max_distance=0, block_q=16, block_k=16, tol=F32_TOL, seed=0):
+    """Run pallas and the oracle on `inputs`; compare output and every gradient.
+
+    A bias without a key axis shifts whole rows of logits, which softmax
+    ignores: its gradient is 0 up to rounding and is compared absolutely.
+    """
+    rng = np.random.default_rng(seed + 1000)
+    q, v = inputs["query"], inputs["value"]
+    cot = rng.standard_normal((*q.shape[:3], v.shape[-1])).astype(np.float32)
+    cot = jnp.asarray(cot, q.dtype)
+    out, grads = _pallas_vjp(
+        inputs,
+        cot,
+        is_causal=is_causal,
+        max_distance=max_distance,
+        block_q=block_q,
+        block_k=block_k,
+    )
+    want, want_grads = _oracle(inputs, cot, is_causal=is_causal, max_distance=max_distance)
+    assert out.dtype == q.dtype
+    _close("out", out, want, tol)
+    for name in GRAD_NAMES:
+        if inputs.get(name) is None:
+            continue
+        assert grads[name].shape == np.shape(inputs[name]), name
+        row_bias = name == "bias" and np.shape(inputs["bias"])[-1] == 1
+        _close(f"d{name}", grads[name], want_grads[name], tol, absolute=row_bias)
+    return out, grads
+
+
+def _qkv(seed, b, t, s, n, kh, h, hv=None, dtype=np.float32, q_scale=1.0):
+    rng = np.random.default_rng(seed)
+    hv = hv or h
+    arr = lambda *shape: jnp.asarray(rng.standard_normal(shape).astype(np.float32), dtype)  # noqa: E731
+    return {
+        "query": jnp.asarray(q_scale * rng.standard_normal((b, t, n, h)).astype(np.float32), dtype),
+        "key": arr(b, s, kh, h),
+        "value": arr(b, s, kh, hv),
+    }
+
+
+def _packed(b: int, lengths: list[int]) -> tuple[np.ndarray, np.ndarray]:
+    """Segment ids (1, 2, ...; 0 = padding tail) and positions restarting per segment."""
+    seg, pos = [], []
+    for i, n in enumerate(lengths):
+        seg += [i + 1] * n
+        pos += list(range(n))
+    return np.tile(np.int32(seg), (b, 1)), np.tile(np.int32(pos), (b, 1))
+
+
+# --------------------------------------------------------------------------------------
+# Forward and backward against the oracle.
+
+
+# Shape families (few distinct shapes keep compilation and the eager oracle cheap):
+# ragged B=2, T=40, S=36, N=K=2, H=16; main B=2, T=S=64, N=4, K=2, H=16, Hv=8;
+# cross B=2, T=24, S=56, N=4, K=1 (MQA), H=16.
+RAGGED = (2, 40, 36, 2, 2, 16)
+MAIN = (2, 64, 64, 4, 2, 16, 8)
+CROSS = (2, 24, 56, 4, 1, 16)
+
+
+@pytest.mark.parametrize(
+    "block_q,block_k,case",
+    [
+        (16, 16, "plain"),
+        (32, 16, "causal+bias_full"),  # bias [1, N, T, S]: gradient summed over batch
+        (16, 32, "mask+bias_keys"),  # bias [B, 1, 1, S]: gradient summed over queries
+    ],
+)
+def test_blocks_and_ragged_lengths(block_q, block_k, case):
+    # T=40, S=36: neither a multiple of any block; padded tails are masked.
+    b, t, s, n, _, _ = RAGGED
+    inputs = _qkv(0, *RAGGED)
+    rng = np.random.default_rng(1)
+    if case == "causal+bias_full":
+        inputs["bias"] = jnp.asarray(rng.standard_normal((1, n, t, s)), jnp.float32)
+    if case == "mask+bias_keys":
+        inputs["mask"] = rng.random((b, 1, t, s)) > 0.3
+        inputs["bias"] = jnp.asarray(rng.standard_normal((b, 1, 1, s)), jnp.float32)
+    _check(inputs, is_causal=case.startswith("causal"), block_q=block_q, block_k=block_k)
+
+
+def test_fully_masked_rows_are_zero_with_zero_gradient():
+    b, t, s, n, _, _ = RAGGED
+    inputs = _qkv(11, *RAGGED)
+    rng = np.random.default_rng(12)
+    mask = rng.random((b, 1, t, s)) > 0.3
+    mask[:, :, 5] = False  # rows with nothing visible
+    mask[:, :, 17:33] = False  # whole query tiles masked
+    inputs["mask"] = mask
+    inputs["bias"] = jnp.asarray(rng.standard_normal((b, n, t, s)), jnp.float32)
+    inputs["rel_value"] = jnp.asarray(rng.standard_normal((3, 16)), jnp.float32)
+    out, grads = _check(inputs, max_distance=1)
+    dead = [5, *range(17, 33)]
+    assert np.all(np.asarray(out)[:, dead] == 0.0)
+    assert np.all(np.asarray(grads["query"])[:, dead] == 0.0)
+    assert np.all(np.asarray(grads["bias"])[:, :, dead] == 0.0)
+
+
+def test_causal_gqa_and_bias_per_query():
+    b, t, _, n, _, _, _ = MAIN
+    inputs = _qkv(2, *MAIN)  # Hv != H
+    inputs["bias"] = jnp.asarray(
+        np.random.default_rng(3).standard_normal((b, n, t, 1)), jnp.float32
+    )
+    _check(inputs, is_causal=True)
+
+
+def test_causal_future_tokens_do_not_change_the_past():
+    b, t, _, n, _, _, hv = MAIN
+    inputs = _qkv(2, *MAIN)
+    inputs["bias"] = jnp.zeros((b, n, t, 1), jnp.float32)
+    cot = jnp.ones((b, t, n, hv), jnp.float32)
+    kw = dict(is_causal=True, max_distance=0, block_q=16, block_k=16)
+    out, _ = _pallas_vjp(inputs, cot, **kw)
+    changed = dict(inputs)
+    for name in ("query", "key", "value"):
+        changed[name] = inputs[name].at[:, 30:].multiply(-3.0)
+    out2, _ = _pallas_vjp(changed, cot, **kw)
+    np.testing.assert_array_equal(np.asarray(out[:, :30]), np.asarray(out2[:, :30]))
+    assert not np.allclose(out[:, 30:], out2[:, 30:])
+
+
+def test_cross_attention_mqa_head_mask_scalar_bias():
+    # T != S, one kv head for four query heads, a per-head mask (per-head block
+    # map) and a scalar bias (gradient summed over everything).
+    b, t, s, n, _, _ = CROSS
+    inputs = _qkv(4, *CROSS)
+    rng = np.random.default_rng(5)
+    inputs["mask"] = rng.random((1, n, t, s)) > 0.5
+    inputs["bias"] = jnp.asarray([[[[0.3]]]], jnp.float32)
+    _check(inputs)
+
+
+def test_segment_without_keys_and_causal_before_all_keys():
+    # Cross attention where some queries' segment has no keys at all and some
+    # queries sit (causally) before every key: those rows are exactly 0.
+    inputs = _qkv(13, *CROSS)
+    inputs["q_segment_ids"] = np.tile(np.int32([1] * 8 + [2] * 8 + [3] * 8), (2, 1))
+    inputs["kv_segment_ids"] = np.tile(np.int32([1] * 28 + [3] * 28), (2, 1))
+    inputs["q_positions"] = np.tile(np.int32([*range(-4, 4), *range(8), *range(8)]), (2, 1))
+    inputs["kv_positions"] = np.tile(np.int32([*range(28), *range(28)]), (2, 1))
+    out, grads = _check(inputs, is_causal=True)
+    dead = [0, 1, 2, 3, *range(8, 16)]
+    assert np.all(np.asarray(out)[:, dead] == 0.0)
+    assert np.all(np.asarray(grads["query"])[:, dead] == 0.0)
+
+
+def _packed_inputs(dtype=np.float32):
+    b, t, _, _, _, h, hv = MAIN
+    seg, pos = _packed(b, [20, 9, 27, 8])
+    inputs = _qkv(6, *MAIN, dtype=dtype)
+    rng = np.random.default_rng(7)
+    r = 2 * 3 + 1
+    inputs.update(
+        q_segment_ids=seg,
+        kv_segment_ids=seg,
+        q_positions=pos,
+        kv_positions=pos,
+        rel_key=jnp.asarray(rng.standard_normal((r, h)), dtype),
+        rel_value=jnp.asarray(rng.standard_normal((r, hv)), dtype),
+    )
+    return inputs
+
+
+PACKED_KW = dict(is_causal=True, max_distance=3, block_q=16, block_k=16)
+
+
+def test_packed_segments_positions_shaw():
+    _check(_packed_inputs(), is_causal=True, max_distance=3)
+
+
+def test_packed_isolation_outputs_and_gradients():
+    # Changing the second packed sequence leaves the others' outputs and
+    # gradients unchanged (bit for bit), and changes its own.
+    inputs = _packed_inputs()
+    cot = jnp.asarray(np.random.default_rng(8).standard_normal((2, 64, 4, 8)), jnp.float32)
+    out, grads = _pallas_vjp(inputs, cot, **PACKED_KW)
+    changed = dict(inputs)
+    seg2 = slice(20, 29)
+    for name in ("query", "key", "value"):
+        changed[name] = inputs[name].at[:, seg2].set(5.0 * inputs[name][:, ::-1][:, seg2])
+    out2, grads2 = _pallas_vjp(changed, cot, **PACKED_KW)
+    others = np.r_[0:20, 29:64]
+    np.testing.assert_array_equal(np.asarray(out)[:, others], np.asarray(out2)[:, others])
+    for name in ("query", "key", "value"):
+        np.testing.assert_array_equal(
+            np.asarray(grads[name])[:, others], np.asarray(grads2[name])[:, others]
+        )
+    assert not np.allclose(out[:, seg2], out2[:, seg2])
+
+
+def test_shaw_shift_invariance_and_order():
+    # Relative terms see only differences of positions: shifting every
+    # position leaves the output unchanged; swapping two keys' positions does not.
+    inputs = _packed_inputs()
+    cot = jnp.zeros((2, 64, 4, 8), jnp.float32)
+    out, _ = _pallas_vjp(inputs, cot, **PACKED_KW)
+    shifted = dict(
+        inputs, q_positions=inputs["q_positions"] + 1000, kv_positions=inputs["kv_positions"] + 1000
+    )
+    np.testing.assert_allclose(_pallas_vjp(shifted, cot, **PACKED_KW)[0], out, rtol=0, atol=1e-6)
+    swapped = dict(inputs, kv_positions=inputs["kv_positions"][:, [1, 0, *range(2, 64)]])
+    assert not np.allclose(_pallas_vjp(swapped, cot, **PACKED_KW)[0][:, :3], out[:, :3], atol=1e-4)
+
+
+@pytest.mark.parametrize(
+    "tables,causal,dist",
+    [
+        ("key_per_head", False, 3),  # far tiles on both sides: ids 0 and 2k
+        ("value_shared", True, 0),  # k = 0: a single relative id
+        ("both_shared", False, 20),  # k > block: fewer constant tiles
+        ("both_per_head", True, 3),
+    ],
+)
+def test_shaw_relative(tables, causal, dist):
+    _, _, _, n, _, h, hv = MAIN
+    inputs = _qkv(9, *MAIN)
+    rng = np.random.default_rng(10)
+    r = 2 * dist + 1
+    lead = (n,) if tables.endswith("per_head") else ()
+    if tables.startswith(("key", "both")):
+        inputs["rel_key"] = jnp.asarray(rng.standard_normal((*lead, r, h)), jnp.float32)
+    if tables.startswith(("value", "both")):
+        inputs["rel_value"] = jnp.asarray(rng.standard_normal((*lead, r, hv)), jnp.float32)
+    _check(inputs, is_causal=causal, max_distance=dist)
+
+
+def test_bf16_causal_gqa_shaw_packed():
+    _check(_packed_inputs(jnp.bfloat16), is_causal=True, max_distance=3, tol=BF16_TOL)
+
+
+def test_extreme_logits():
+    # |logits| ~ 1e4 and a bias of -1e30 on some keys: finite, and still the
+    # oracle's softmax (the max shift is a stabilisation, not a change).
+    _, t, s, _, _, _, _ = MAIN
+    inputs = _qkv(14, *MAIN, q_scale=300.0)
+    bias = np.zeros((1, 1, t, s), np.float32)
+    bias[..., ::3] = -1e30
+    inputs["bias"] = jnp.asarray(bias)
+    out, _ = _check(inputs, is_causal=True, tol=1e-4)
+    assert np.all(np.isfinite(np.asarray(out)))
+
+
+def test_public_entry_point_hand_example():
+    # One query [1, 0]; keys [1,0], [0,1], [-1,0]; values 10, 20, 40 -> ~17.04
+    # (default scale 1/sqrt(2)), through jattn.dot_product_attention.
+    q = jnp.asarray([[[[1.0, 0.0]]]])
+    k = jnp.asarray([[[[1.0, 0.0]], [[0.0, 1.0]], [[-1.0, 0.0]]]])
+    v = jnp.asarray([[[[10.0]], [[20.0]], [[40.0]]]])
+    out = float(jattn.dot_product_attention(q, k, v, implementation="pallas")[0, 0, 0, 0])
+    w = np.exp(np.array([1.0, 0.0, -1.0]) / np.sqrt(2.0))
+    np.testing.assert_allclose(out, w @ [10.0, 20.0, 40.0] / w.sum(), rtol=1e-6)
+    assert abs(out - 17.04) < 0.01
+
+
+# --------------------------------------------------------------------------------------
+# The kernel's own contract against the plain-JAX reference beside it.
+
+
+def test_kernel_parts_and_custom_vjp_match_reference():
+    inputs = _packed_inputs()
+    rng = np.random.default_rng(15)
+    inputs["bias"] = jnp.asarray(rng.standard_normal((2, 4, 64, 64)), jnp.float32)
+    (q, k, v), kw = _normal_form(inputs, is_causal=True, max_distance=3)
+    pre = fa.prepare(q, k, v, block_q=16, block_k=32, backend="interpret", **kw)
+    assert pre.fwd_cfg.use_qr and pre.fwd_cfg.use_pr
+    ins = fa._kernel_inputs(pre.q, pre.k, pre.v, pre.qr, pre.bias, pre.aux, "fwd")
+    o, lse, pr = jax.jit(functools.partial(flash_pallas.flash_forward, pre.fwd_cfg))(ins)
+    names = ("mask", "is_causal", "q_segment_ids", "kv_segment_ids", "q_positions")
+    names += ("kv_positions", "max_distance", "scale")
+    ref_kw = {name: kw[name] for name in names}
+
+    def ref(q, k, v, qr, bias):
+        o, lse, pr = flash_reference.reference_parts(
+            q, k, v, qr=qr, bias=bias, with_pr=True, **ref_kw
+        )
+        return o, pr, lse
+
+    want_o, want_pr, want_lse = jax.jit(ref)(q, k, v, pre.qr, kw["bias"])
+    np.testing.assert_allclose(o, want_o, rtol=1e-5, atol=1e-5)
+    np.testing.assert_allclose(pr, want_pr, rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(lse, want_lse, rtol=1e-5, atol=1e-5)
+
+    # The custom VJP with respect to the kernel's own inputs, including the
+    # Shaw key-term table qr and the bias.
+    cot_o = jnp.asarray(rng.standard_normal(o.shape), jnp.float32)
+    cot_pr = jnp.asarray(rng.standard_normal(pr.shape), jnp.float32)
+    core = lambda *a: fa._flash_core(pre.fwd_cfg, pre.bwd_cfg, *a, pre.aux)  # noqa: E731
+    vjp_of = lambda f, args, cots: jax.vjp(f, *args)[1](cots)  # noqa: E731
+    primals = (pre.q, pre.k, pre.v, pre.qr, pre.bias)
+    got = jax.jit(functools.partial(vjp_of, core))(primals, (cot_o, cot_pr))
+    want = jax.jit(functools.partial(vjp_of, lambda *a: ref(*a)[:2]))(primals, (cot_o, cot_pr))
+    for name, g, w in zip(("q", "k", "v", "qr", "bias"), got, want, strict=True):
+        scale = float(np.max(np.abs(w)))
+        assert float(np.max(np.abs(np.asarray(g) - np.asarray(w)))) <= F32_TOL * scale, name
+
+
+# --------------------------------------------------------------------------------------
+# Block map: skipping is sound, fast tiles are really fast.
+
+
+def _dense_tiles(x: np.ndarray, bq: int, bk: int, nt: int, ns: int) -> np.ndarray:
+    """`[..., T, S]` -> `[..., nT, nS, bq, bk]`, padding with False."""
+    t, s = x.shape[-2:]
+    pad = [(0, 0)] * (x.ndim - 2) + [(0, nt * bq - t), (0, ns * bk - s)]
+    x = np.pad(x, pad)
+    x = x.reshape(*x.shape[:-2], nt, bq, ns, bk)
+    return np.moveaxis(x, -3, -2)
+
+
+@pytest.mark.parametrize("causal", [True, False])
+def test_block_map_is_sound(causal):
+    rng = np.random.default_rng(16)
+    b, t, s, bq, bk, dist = 2, 96, 88, 16, 32, 5
+    seg, pos = _packed(b, [64, 20, 12])
+    kv_seg, kv_pos = seg[:, :s], pos[:, :s]
+    mask = np.ones((b, 1, t, s), bool)
+    mask[0, :, 48:64, :] = False  # a whole row of tiles invisible
+    mask[1, :, 70:, 3] = rng.random(t - 70) > 0.5
+    tp, sp = 96, 96
+    cls = np.asarray(
+        fa.block_map(
+            q_pos=jnp.asarray(pos),
+            kv_pos=jnp.asarray(kv_pos),
+            q_seg=jnp.asarray(seg),
+            kv_seg=jnp.asarray(kv_seg),
+            mask=jnp.asarray(mask),
+            causal=causal,
+            max_distance=dist,
+            seq_k=s,
+            block_q=bq,
+            block_k=bk,
+            padded_q=tp,
+            padded_k=sp,
+            batch=b,
+        )
+    )
+    nt, ns = tp // bq, sp // bk
+    assert cls.shape == (b, 1, nt, ns)
+    vis = (seg[:, :, None] == kv_seg[:, None, :])[:, None] & mask
+    if causal:
+        vis &= (kv_pos[:, None, :] <= pos[:, :, None])[:, None]
+    rel = np.clip(kv_pos[:, None, :] - pos[:, :, None], -dist, dist) + dist
+    real = np.ones((t, s), bool)
+    vis_t = _dense_tiles(vis, bq, bk, nt, ns)  # [B, 1, nT, nS, bq, bk]
+    rel_t = _dense_tiles(rel[:, None] + 1, bq, bk, nt, ns) - 1  # -1 = padding
+    real_t = _dense_tiles(real, bq, bk, nt, ns)
+    q_real = (np.arange(tp) < t).reshape(nt, bq)
+    for bi, ti, si in np.ndindex(b, nt, ns):
+        c = cls[bi, 0, ti, si]
+        v, r = vis_t[bi, 0, ti, si], rel_t[bi, 0, ti, si]
+        rows = q_real[ti]
+        if c == ft.SKIP:
+            assert not v.any(), (bi, ti, si)
+        elif c in (ft.FAST_LEFT, ft.FAST_RIGHT):
+            assert real_t[ti, si][rows].all() and v[rows].all(), (bi, ti, si)
+            assert np.all(r[rows] == (0 if c == ft.FAST_LEFT else 2 * dist)), (bi, ti, si)
+    found = set(np.unique(cls).tolist())
+    assert {ft.SKIP, ft.GENERAL, ft.FAST_LEFT} <= found
+    assert (ft.FAST_RIGHT in found) == (not causal)
+    # Loop bounds: nothing outside [lo, hi) is visited, [flo, fhi) is all FAST.
+    bounds = np.asarray(fa.run_bounds(jnp.asarray(cls)))
+    for bi, ti in np.ndindex(b, nt):
+        lo, flo, fhi, hi = bounds[bi, 0, ti]
+        row = cls[bi, 0, ti]
+        assert lo <= flo <= fhi <= hi
+        assert np.all(row[:lo] == ft.SKIP) and np.all(row[hi:] == ft.SKIP)
+        assert np.all(row[flo:fhi] >= ft.FAST_LEFT)
+
+
+# --------------------------------------------------------------------------------------
+# The GPU path: lowers to Triton IR (no GPU needed), validates its block sizes.
+
+
+def _lower_for_cuda(dtype, *, causal, packed, shaw, bias_shape, mask_shape):
+    b, t, n, kh, h = 1, 200, 4, 2, 64  # T not a multiple of the blocks
+    sds = jax.ShapeDtypeStruct
+    args = {
+        "query": sds((b, t, n, h), dtype),
+        "key": sds((b, t, kh, h), dtype),
+        "value": sds((b, t, kh, h), dtype),
+    }
+    if shaw:
+        args["rel_key"] = sds((n, 33, h), jnp.float32)
+        args["rel_value"] = sds((33, h), jnp.float32)
+    if bias_shape:
+        args["bias"] = sds(bias_shape, jnp.float32)
+    if mask_shape:
+        args["mask"] = sds(mask_shape, jnp.bool_)
+    if packed:
+        for name in ("q_segment_ids", "kv_segment_ids", "q_positions", "kv_positions"):
+            args[name] = sds((b, t), jnp.int32)
+    cot = sds((b, t, n, h), dtype)
+    fn = functools.partial(
+        _pallas_vjp.__wrapped__,
+        is_causal=causal,
+        max_distance=16,
+        block_q=None,
+        block_k=None,
+        backend="gpu",
+    )
+    return jax.jit(fn).trace(args, cot).lower(lowering_platforms=("cuda",)).as_text()
+
+
+@pytest.mark.parametrize(
+    "dtype,causal,packed,shaw,bias_shape,mask_shape",
+    [
+        (jnp.bfloat16, True, False, False, None, None),
+        (jnp.bfloat16, True, True, True, (1, 4, 200, 200), (1, 4, 1, 200)),
+        (jnp.float32, False, False, True, (1, 1, 1, 200), None),
+    ],
+)
+def test_gpu_path_lowers_to_triton(dtype, causal, packed, shaw, bias_shape, mask_shape):
+    try:
+        text = _lower_for_cuda(
+            dtype,
+            causal=causal,
+            packed=packed,
+            shaw=shaw,
+            bias_shape=bias_shape,
+            mask_shape=mask_shape,
+        )
+    except RuntimeError as e:  # jax >= 0.11 compiles Triton while lowering: needs a GPU
+        if "compil" in str(e).lower() and "handler" in str(e).lower():
+            pytest.skip(f"Triton compilation needs a GPU with this jax: {e}")
+        raise
+    calls = text.count("__gpu$xla.gpu.triton") + text.count("triton_kernel_call")
+    assert calls >= 3, "expected the forward, dq and dk/dv Triton kernels"
+    for name in ("jattn_flash_fwd", "jattn_flash_dq", "jattn_flash_dkv"):
+        assert name in text
+
+
+def test_block_size_validation():
+    inputs = _qkv(17, 1, 40, 40, 2, 2, 16)
+    (q, k, v), kw = _normal_form(inputs, is_causal=False, max_distance=0)
+    with pytest.raises(ValueError, match="power of two"):
+        fa._flash_attention(q, k, v, block_q=24, block_k=None, backend="gpu", **kw)
+    with pytest.raises(ValueError, match="block_k must be positive"):
+        fa.flash_attention(q, k, v, block_q=None, block_k=0, **kw)
+    assert fa.default_blocks("gpu", 8192, 8192) == ((128, 64), (64, 64))
+    assert fa.default_blocks("gpu", 20, 5) == ((32, 16), (32, 16))
+
+
+# --------------------------------------------------------------------------------------
+# The GPU benchmark script runs (tiny CPU configuration, interpret mode).
+
+
+def test_bench_gpu_cpu_smoke(tmp_path):
+    out = tmp_path / "bench.csv"
+    env = dict(os.environ, JAX_PLATFORMS="cpu")
+    proc = subprocess.run(
+        [
+            sys.executable,
+            os.path.join(ROOT, "experiments", "bench_gpu.py"),
+            "--cpu-smoke",
+            "--out",
+            str(out),
+        ],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=300,
+        cwd=ROOT,
+    )
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    assert "correctness: PASS" in proc.stdout
+    lines = out.read_text().strip().splitlines()
+    header = lines[0].split(",")
+    assert {"impl", "L", "head_dim", "causal", "pass", "ms", "tflops"} <= set(header)
+    rows = [dict(zip(header, line.split(","), strict=True)) for line in lines[1:]]
+    assert {r["impl"] for r in rows} >= {"pallas", "xla", "pallas_shaw"}
+    assert all(float(r["ms"]) > 0 for r in rows if r["ms"])
