@@ -31,6 +31,12 @@ def _reduce_to(x, shape):
     return jnp.sum(x, axis=axes, keepdims=True) if axes else x
 
 
+def _bias_tile_shape(pb):
+    """Shape of one tile of the grouped bias: `[B|1, K|1, G|1, t|1, s|1]`."""
+    sh = pb.bias.shape
+    return sh[:3] + (pb.bq if sh[3] > 1 else 1, pb.bk if sh[4] > 1 else 1)
+
+
 def backward(res, dout, *, is_causal, max_distance, scale, block_q, block_k, problem, qr_tables):
     (q, k, v, bias, mask, qpos, kvpos, qseg, kvseg, rel_key, rel_value, out_t, lse_t, pr_t) = res
     f32 = jnp.float32
@@ -51,7 +57,11 @@ def backward(res, dout, *, is_causal, max_distance, scale, block_q, block_k, pro
         dor_all = jnp.einsum("nBKGtV,KGRV->nBKGtR", do, vtab)
 
     def tile(i, j, carry, c):
-        dk_j, dv_j, dq, dqr, dbias = carry
+        """Gradient contributions of tile (i, j). Returns the updated key-tile
+        accumulators and this tile's dq / dqr / dbias parts; the caller adds
+        those into the big buffers outside the branch, so no conditional ever
+        carries (and copies) a `[T, ...]` buffer."""
+        dk_j, dv_j = carry
         const = c is not None
         qi = pb.q[i].astype(f32)  # [B,K,G,t,H]
         kk = pb.k[j].astype(f32)  # [B,K,s,H]
@@ -83,37 +93,50 @@ def backward(res, dout, *, is_causal, max_distance, scale, block_q, block_k, pro
             else:
                 dp = dp + scores.rel_gather(dor_all[i], r)
         ds = p * (dp - big_d[i])  # [B,K,G,t,s]
-        if dbias is not None:
-            red = _reduce_to(ds, b_ij.shape)
-            cur = pb.slice_ts(dbias, i, j)
-            starts = (
-                0,
-                0,
-                0,
-                i * pb.bq if dbias.shape[3] > 1 else 0,
-                j * pb.bk if dbias.shape[4] > 1 else 0,
-            )
-            dbias = jax.lax.dynamic_update_slice(dbias, cur + red, starts)
+        dbias_ij = None if b_ij is None else _reduce_to(ds, b_ij.shape)
         dsl = ds * scale
-        dq = dq.at[i].add(jnp.einsum("BKGts,BKsH->BKGtH", dsl, kk))
+        dq_i = jnp.einsum("BKGts,BKsH->BKGtH", dsl, kk)
         dk_j = dk_j + jnp.einsum("BKGts,BKGtH->BKsH", dsl, qi)
-        if dqr is not None:
+        dqr_i = None
+        if rel_key is not None:
             if const:
-                add = jax.nn.one_hot(c, num_rel, dtype=f32) * jnp.sum(dsl, -1, keepdims=True)
+                dqr_i = jax.nn.one_hot(c, num_rel, dtype=f32) * jnp.sum(dsl, -1, keepdims=True)
             else:
-                add = scores.rel_scatter(dsl, r, num_rel)
-            dqr = dqr.at[i].add(add)
-        return dk_j, dv_j, dq, dqr, dbias
+                dqr_i = scores.rel_scatter(dsl, r, num_rel)
+        return (dk_j, dv_j), (dq_i, dqr_i, dbias_ij)
 
     def kv_block(carry, j):
         dq, dqr, dbias = carry
 
-        def body(i, inner):
+        def skip(inner):
+            zeros = (
+                jnp.zeros(pb.q.shape[1:], f32),
+                None if dqr is None else jnp.zeros(dqr.shape[1:], f32),
+                None if dbias is None else jnp.zeros(_bias_tile_shape(pb), f32),
+            )
+            return inner, zeros
+
+        def body(i, state):
+            inner, (dq, dqr, dbias) = state[:2], state[2:]
             mode, c = pb.mode(i, j, is_causal, max_distance, relative)
-            branches = [lambda cr: cr, lambda cr: tile(i, j, cr, None)]
+            branches = [skip, lambda cr: tile(i, j, cr, None)]
             if relative:
                 branches.append(lambda cr: tile(i, j, cr, c))
-            return jax.lax.switch(mode, branches, inner)
+            inner, (dq_i, dqr_i, dbias_ij) = jax.lax.switch(mode, branches, inner)
+            dq = dq.at[i].add(dq_i)
+            if dqr is not None:
+                dqr = dqr.at[i].add(dqr_i)
+            if dbias is not None:
+                starts = (
+                    0,
+                    0,
+                    0,
+                    i * pb.bq if dbias.shape[3] > 1 else 0,
+                    j * pb.bk if dbias.shape[4] > 1 else 0,
+                )
+                cur = pb.slice_ts(dbias, i, j)
+                dbias = jax.lax.dynamic_update_slice(dbias, cur + dbias_ij, starts)
+            return (*inner, dq, dqr, dbias)
 
         init = (
             jnp.zeros((b, pb.kh, pb.bk, pb.h), f32),
