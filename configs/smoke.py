@@ -1,4 +1,4 @@
-"""Tiny config for tests and smoke runs: `copy/tiny`, a 1+1-layer model, 20 steps.
+"""Tiny config for tests and smoke runs: `copy/tiny`, a 1+1-layer model, 40 steps.
 
     jattn train --config configs/smoke.py --workdir /tmp/smoke
 
@@ -15,18 +15,18 @@ def get_config(arg=None):
     c.max_len = 16
     c.pack = True
     c.batch_size = 8
-    c.num_train_steps = 20
+    c.num_train_steps = 40
     c.schedule = "constant"
     c.learning_rate = 3e-3
     c.warmup_steps = 5
     c.label_smoothing = 0.1
 
-    c.eval_every_steps = 10
+    c.eval_every_steps = 20
     c.eval_batch_size = 8
     c.eval_max_len = 32
     c.eval_max_batches = 1
     c.eval_decode_examples = 8
-    c.checkpoint_every_steps = 5
+    c.checkpoint_every_steps = 10
     c.keep_checkpoints = 2
     c.log_every_steps = 1
     c.progress_bar = False

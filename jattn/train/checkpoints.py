@@ -22,11 +22,11 @@ import json
 import os
 from typing import Any
 
-import grain
 import ml_collections
 import orbax.checkpoint as ocp
 from orbax.checkpoint import checkpoint_managers as cm
 
+from jattn.data import checkpoint as data_ckpt
 from jattn.train.config import ConfigError, config_to_dict
 
 __all__ = [
@@ -157,7 +157,7 @@ def save(
         step,
         args=ocp.args.Composite(
             state=ocp.args.StandardSave(state),
-            data=grain.checkpoint.CheckpointSave(data_iter),
+            data=data_ckpt.save_args(data_iter),
             meta=ocp.args.JsonSave(meta),
         ),
         metrics=metrics,
@@ -180,7 +180,7 @@ def restore(mngr: ocp.CheckpointManager, step: int, abstract_state: Any, data_it
             step,
             args=ocp.args.Composite(
                 state=ocp.args.StandardRestore(abstract_state),
-                data=grain.checkpoint.CheckpointRestore(data_iter),
+                data=data_ckpt.restore_args(data_iter),
             ),
         )
     except ValueError as e:

@@ -54,7 +54,9 @@ class MetricsWriter:
             os.replace(tmp, self.path)
         from tensorboardX import SummaryWriter  # noqa: PLC0415 -- optional, heavy
 
-        self._tb = SummaryWriter(os.path.join(workdir, "tb"), purge_step=resume_step)
+        # TensorBoard drops events at or after purge_step: those of the interrupted run.
+        purge = None if resume_step is None else resume_step + 1
+        self._tb = SummaryWriter(os.path.join(workdir, "tb"), purge_step=purge)
 
     def write(self, step: int, metrics: Mapping[str, Any]) -> None:
         """Writes one line `{"step": step, **metrics}` and the TensorBoard scalars."""

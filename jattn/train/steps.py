@@ -190,7 +190,7 @@ def make_train_step(
             "loss": loss,
             "accuracy": correct / denom,
             "tokens": tokens.astype(jnp.float32),
-            "grad_norm": optax.global_norm(grads),
+            "grad_norm": optax.tree.norm(grads),
             "learning_rate": jnp.asarray(schedule(state.step), jnp.float32),
         }
         new_state = state.replace(step=state.step + 1, params=params, opt_state=opt_state)

@@ -1,0 +1,182 @@
+"""The `jattn` command: dispatch, config overrides, one-line errors before compiling, bench."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import jax
+import pytest
+
+from jattn import cli
+from jattn.train import ConfigError, apply_overrides, load_config, split_overrides
+
+REPO = Path(__file__).resolve().parents[1]
+SMOKE = str(REPO / "configs" / "smoke.py")
+NO_CACHE = ["--compilation_cache_dir="]  # keep this process's jax config untouched
+
+
+@pytest.fixture
+def compiles():
+    """Counts XLA backend compilations while the test runs."""
+    events = []
+
+    def listener(event, duration, **kwargs):
+        if event == "/jax/core/compile/backend_compile_duration":
+            events.append(duration)
+
+    jax.monitoring.register_event_duration_secs_listener(listener)
+    yield events
+    jax.monitoring.unregister_event_duration_listener(listener)
+
+
+def test_compile_counter_sees_compiles(compiles):
+    jax.jit(lambda x: x * 3 + 1)(jax.numpy.arange(7.0))
+    assert compiles, "the listener must see a compilation, or the tests below prove nothing"
+
+
+# -- overrides --------------------------------------------------------------------------
+
+
+def test_overrides_are_typed_against_the_locked_config():
+    config = load_config(SMOKE)
+    overrides, rest = split_overrides(
+        ["--config.model.d_model=64", "--workdir", "w", "--config.mesh_shape", "(1,-1,1)",
+         "--config.progress_bar=true", "--config.learning_rate=2", "--config.model.num_kv_heads=1",
+         "--config.model.attention_impl=chunked"]
+    )  # fmt: skip
+    assert rest == ["--workdir", "w"]
+    apply_overrides(config, overrides)
+    assert config.model.d_model == 64 and isinstance(config.model.d_model, int)
+    assert config.mesh_shape == (1, -1, 1)
+    assert config.progress_bar is True
+    assert config.learning_rate == 2.0 and isinstance(config.learning_rate, float)
+    assert config.model.num_kv_heads == 1 and config.model.attention_impl == "chunked"
+
+
+@pytest.mark.parametrize(
+    "override, message",
+    [
+        (("model.d_modl", "3"), "unknown config key 'd_modl' in model (did you mean 'd_model'?)"),
+        (("batch_sise", "3"), "unknown config key 'batch_sise' in config (did you mean"),
+        (("model.d_model.x", "3"), "unknown config key 'x' in model.d_model"),
+        (("batch_size", "abc"), "--config.batch_size='abc': not a valid int"),
+        (("batch_size", "1.5"), "not a valid int"),
+        (("progress_bar", "maybe"), "not a valid bool"),
+        (("model", "3"), "--config.model: is a group of keys"),
+        (("mesh_shape", "(1,"), "not a valid tuple"),
+    ],
+)
+def test_bad_overrides_are_one_line_errors(override, message):
+    with pytest.raises(ConfigError) as e:
+        apply_overrides(load_config(SMOKE), [override])
+    assert message in str(e.value) and "\n" not in str(e.value)
+
+
+def test_config_variants():
+    config = load_config(f"{REPO}/configs/base.py:rope,chunked,bf16")
+    assert (config.model.position, config.model.attention_impl) == ("rope", "chunked")
+    assert config.model.dtype == "bfloat16" and config.model.param_dtype == "float32"
+    assert load_config(f"{REPO}/configs/base.py:shaw").model.position == "shaw"
+    with pytest.raises(ConfigError, match="unknown config variant 'nonsense'"):
+        load_config(f"{SMOKE}:nonsense")
+    with pytest.raises(ConfigError, match="no such config file"):
+        load_config("configs/does_not_exist.py")
+
+
+def test_base_config_is_the_papers_setup():
+    from jattn.train.optim import make_optimizer
+
+    c = load_config(f"{REPO}/configs/base.py")
+    assert (c.adam_b1, c.adam_b2, c.adam_eps) == (0.9, 0.98, 1e-9)
+    assert (c.label_smoothing, c.model.dropout_rate, c.warmup_steps) == (0.1, 0.1, 4000)
+    assert (c.num_train_steps, c.decode, c.beam_size, c.beam_alpha) == (100_000, "beam", 4, 0.6)
+    assert 24_000 <= c.batch_size * c.max_len <= 26_000
+    m = c.model
+    assert (m.d_model, m.num_heads, m.num_layers, m.d_ff) == (512, 8, 6, 2048)
+    _, schedule = make_optimizer(c)
+    # lr = d^-0.5 * min(step^-0.5, step * warmup^-1.5), step counted from 1.
+    for step in (1, 1000, 4000, 10_000):
+        want = 512**-0.5 * min(step**-0.5, step * 4000**-1.5)
+        assert float(schedule(step - 1)) == pytest.approx(want, rel=1e-5)
+
+
+# -- jattn train: one-line errors before anything compiles -------------------------------
+
+
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        (["--config.model.d_modl=3"], "did you mean 'd_model'"),
+        (["--config.batch_size=abc"], "not a valid int"),
+        (["--config.mesh_shape=(2,1,1)"], "mesh_shape=(2, 1, 1) needs 2 devices, but there are 1"),
+        (["--config.mesh_shape=(1,1)"], "mesh_shape must give the sizes of"),
+        (["--config.dataset=no_such_dataset"], "unknown dataset name 'no_such_dataset'"),
+        (["--config.dataset=copy/huge"], "unknown config 'huge'"),
+        (["--config.batch_size=8", "--config.grad_accum_steps=3"], "not divisible by grad_accum"),
+        (["--config.model.num_heads=5"], "must be divisible by num_heads=5"),
+        (["--config.model.position=nope"], "is not a positional scheme"),
+        (["--config.schedule=exp"], "schedule='exp': choose one of"),
+        (["--num_processes=2"], "go together"),
+    ],
+)
+def test_train_rejects_bad_input_in_one_line_without_compiling(
+    args, message, tmp_path, capsys, compiles
+):
+    status = cli.main(
+        ["train", "--config", SMOKE, "--workdir", str(tmp_path / "w"), *NO_CACHE, *args]
+    )
+    err = capsys.readouterr().err.strip()
+    assert status == 2
+    assert err.startswith("jattn train: error: ") and "\n" not in err, err
+    assert message in err
+    assert not compiles
+    assert not (tmp_path / "w" / "config.json").exists()
+
+
+def test_unknown_command_and_help(capsys):
+    assert cli.main(["trian"]) == 2
+    assert "unknown command 'trian'" in capsys.readouterr().err
+    assert cli.main(["--help"]) == 0
+    out = capsys.readouterr().out
+    assert "train" in out and "bench" in out
+
+
+def test_console_script_reports_errors_in_one_line(tmp_path):
+    script = Path(sys.executable).parent / "jattn"
+    assert script.exists(), "pip install -e . provides the jattn console script"
+    proc = subprocess.run(
+        [str(script), "train", "--config", SMOKE, "--workdir", str(tmp_path),
+         "--config.model.d_modl=3"],
+        capture_output=True, text=True, timeout=120, env=dict(os.environ, JAX_PLATFORMS="cpu"),
+    )  # fmt: skip
+    assert proc.returncode == 2
+    assert proc.stderr.strip().splitlines() == [
+        "jattn train: error: --config.model.d_modl: unknown config key 'd_modl' in model "
+        "(did you mean 'd_model'?)"
+    ]
+
+
+# -- jattn bench ------------------------------------------------------------------------
+
+
+def test_bench_runs_the_named_script_with_its_arguments(tmp_path, monkeypatch, capsys):
+    (tmp_path / "experiments").mkdir()
+    (tmp_path / "experiments" / "bench_echo.py").write_text(
+        "import sys\nprint('ARGS', sys.argv[1:], __name__)\nsys.exit(int(sys.argv[1]))\n"
+    )
+    monkeypatch.chdir(tmp_path)
+    assert cli.main(["bench", "echo", "3", "--flag"]) == 3
+    assert "ARGS ['3', '--flag'] __main__" in capsys.readouterr().out
+    assert cli.main(["bench", "echo", "0"]) == 0
+
+
+def test_bench_unknown_name_lists_what_exists(tmp_path, monkeypatch, capsys):
+    (tmp_path / "experiments").mkdir()
+    (tmp_path / "experiments" / "bench_alpha.py").write_text("")
+    monkeypatch.chdir(tmp_path)
+    assert cli.main(["bench", "nope"]) == 2
+    err = capsys.readouterr().err
+    assert "unknown benchmark 'nope'; available: " in err and "alpha" in err

@@ -1,0 +1,357 @@
+"""Training loop: learning, outputs, exact resumption, faults, meshes, several processes.
+
+Everything runs the real pieces: `configs/smoke.py` (copy/tiny, a 1+1-layer
+jattn Transformer), real tfds data, real orbax checkpoints, real subprocesses
+and signals. One in-process reference run (module fixture) gives the
+step-by-step losses every other run is compared against. Subprocesses share a
+persistent compilation cache so that restarts do not compile again.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from jattn.train import (
+    TrainingDivergedError,
+    apply_overrides,
+    config_to_dict,
+    load_config,
+    read_metrics,
+    train_and_evaluate,
+)
+
+REPO = Path(__file__).resolve().parents[1]
+SMOKE = str(REPO / "configs" / "smoke.py")
+
+
+def smoke_config(**overrides):
+    config = load_config(SMOKE)
+    return apply_overrides(config, [(k, str(v)) for k, v in overrides.items()])
+
+
+def losses(workdir) -> dict[int, float]:
+    """step -> train/loss from metrics.jsonl (asserting each step appears once)."""
+    rows = [r for r in read_metrics(str(workdir)) if "train/loss" in r]
+    steps = [r["step"] for r in rows]
+    assert len(steps) == len(set(steps)), f"repeated steps in metrics.jsonl: {steps}"
+    return {r["step"]: r["train/loss"] for r in rows}
+
+
+def compare(got: dict[int, float], want: dict[int, float], steps, rtol: float) -> None:
+    steps = list(steps)
+    assert set(steps) <= set(got), f"missing steps {sorted(set(steps) - set(got))}"
+    np.testing.assert_allclose(
+        [got[s] for s in steps], [want[s] for s in steps], rtol=rtol, err_msg=f"steps {steps}"
+    )
+
+
+@pytest.fixture(scope="module")
+def cache_env(tmp_path_factory):
+    """Environment for subprocesses: CPU, a shared compilation cache, the repo on the path."""
+    env = dict(os.environ)
+    env.update(
+        JAX_PLATFORMS="cpu",
+        JATTN_COMPILATION_CACHE=str(tmp_path_factory.mktemp("xla_cache")),
+        JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS="0",
+        PYTHONPATH=str(REPO) + os.pathsep + env.get("PYTHONPATH", ""),
+    )
+    env.pop("XLA_FLAGS", None)
+    return env
+
+
+@pytest.fixture(scope="module")
+def reference(tmp_path_factory):
+    """The uninterrupted smoke run on one device: (workdir, final metrics, losses)."""
+    workdir = tmp_path_factory.mktemp("reference")
+    final = train_and_evaluate(smoke_config(), str(workdir))
+    return workdir, final, losses(workdir)
+
+
+def train_cmd(workdir, *extra) -> list[str]:
+    return [
+        sys.executable, "-m", "jattn.cli", "train", "--config", SMOKE, "--workdir", str(workdir),
+        *extra,
+    ]  # fmt: skip
+
+
+def wait_for_step(workdir, proc: subprocess.Popen, step: int, timeout: float = 240) -> int:
+    """Polls metrics.jsonl until a train/loss at `step` or later is written."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        done = [s for s in losses_quiet(workdir) if s >= step]
+        if done:
+            return max(losses_quiet(workdir))
+        assert proc.poll() is None, f"run exited early: {proc.communicate()}"
+        time.sleep(0.01)
+    raise TimeoutError(f"no step {step} within {timeout}s")
+
+
+def losses_quiet(workdir) -> list[int]:
+    return [r["step"] for r in read_metrics(str(workdir)) if "train/loss" in r]
+
+
+# -- the reference run ------------------------------------------------------------------
+
+
+def test_smoke_run_learns_and_writes_its_outputs(reference):
+    workdir, final, loss = reference
+    steps = sorted(loss)
+    assert steps == list(range(1, 41))
+    first, last = np.mean([loss[s] for s in steps[:5]]), np.mean([loss[s] for s in steps[-5:]])
+    assert last < first - 0.5, (first, last)
+    assert all(math.isfinite(v) for v in loss.values())
+
+    # metrics.jsonl: one object a line, "step" plus named metrics, eval at 20 and 40.
+    rows = read_metrics(str(workdir))
+    assert all(isinstance(r["step"], int) for r in rows)
+    eval_rows = {r["step"]: r for r in rows if "eval/validation/loss" in r}
+    assert sorted(eval_rows) == [20, 40]
+    for name in ("loss", "accuracy", "exact_match", "bleu", "chrf"):
+        for split in ("validation", "test_longer"):
+            assert f"eval/{split}/{name}" in eval_rows[40]
+            assert final[f"eval/{split}/{name}"] == pytest.approx(
+                eval_rows[40][f"eval/{split}/{name}"]
+            )
+    assert 0.0 <= final["eval/validation/exact_match"] <= 1.0
+    assert {"train/tokens_per_sec", "train/learning_rate", "train/accuracy"} <= set(rows[0])
+
+    # TensorBoard, the resolved config, the model config, decodes, final metrics.
+    events = list((workdir / "tb").glob("events.out.tfevents.*"))
+    assert events and events[0].stat().st_size > 0
+    saved = json.loads((workdir / "config.json").read_text())
+    assert saved == config_to_dict(smoke_config())
+    model_config = json.loads((workdir / "model_config.json").read_text())
+    assert model_config["vocab_size"] % 8 == 0 and model_config["d_model"] == 32
+    decoded = [json.loads(x) for x in (workdir / "decodes" / "validation.jsonl").open()]
+    assert len(decoded) == 8 and {"input", "target", "prediction", "correct"} <= set(decoded[0])
+    assert json.loads((workdir / "final_metrics.json").read_text())["step"] == 40
+
+    # Checkpoints: the last two (30, 40) plus the best by exact match (20 or 40).
+    kept = sorted(int(p.name) for p in (workdir / "checkpoints").iterdir() if p.name.isdigit())
+    assert kept[-2:] == [30, 40] and set(kept) <= {20, 30, 40}
+    assert (workdir / "checkpoints" / "40" / "data" / "process_0-of-1.json").exists()
+
+
+def test_finished_workdir_returns_its_results_without_training(reference):
+    workdir, final, _ = reference
+    before = (workdir / "metrics.jsonl").read_text()
+    t0 = time.perf_counter()
+    again = train_and_evaluate(smoke_config(), str(workdir))
+    assert again == json.loads(json.dumps(final))
+    assert (workdir / "metrics.jsonl").read_text() == before
+    assert time.perf_counter() - t0 < 30
+
+
+def test_incompatible_workdir_is_refused_and_left_untouched(reference, tmp_path, capsys):
+    from jattn import cli
+
+    workdir = tmp_path / "run"
+    shutil.copytree(reference[0], workdir)
+    before = {p: p.read_bytes() for p in workdir.rglob("*") if p.is_file()}
+    status = cli.main(
+        ["train", "--config", SMOKE, "--workdir", str(workdir), "--compilation_cache_dir=",
+         "--config.model.d_model=64", "--config.seed=3"]
+    )  # fmt: skip
+    err = capsys.readouterr().err.strip()
+    assert status == 2 and "\n" not in err
+    assert f"workdir '{workdir}' holds a checkpoint (step 40) of an incompatible config" in err
+    assert (
+        "model.d_model: checkpoint 32 != config 64" in err
+        and "seed: checkpoint 0 != config 3" in err
+    )
+    assert {p: p.read_bytes() for p in workdir.rglob("*") if p.is_file()} == before
+
+
+# -- faults -----------------------------------------------------------------------------
+
+
+def test_nan_loss_stops_with_the_step_and_keeps_the_last_good_checkpoint(tmp_path):
+    import orbax.checkpoint as ocp
+
+    config = smoke_config(debug_nan_at_step=13, eval_splits="()")
+    with pytest.raises(TrainingDivergedError, match=r"non-finite loss \(nan\) at step 13.*step 10"):
+        train_and_evaluate(config, str(tmp_path))
+    kept = sorted(int(p.name) for p in (tmp_path / "checkpoints").iterdir() if p.name.isdigit())
+    assert kept == [10]
+    assert max(losses(tmp_path)) == 12  # nothing logged or saved for the NaN step
+    restored = ocp.StandardCheckpointer().restore(tmp_path / "checkpoints" / "10" / "state")
+    leaves = [np.asarray(x) for x in __import__("jax").tree.leaves(restored["params"])]
+    assert leaves and all(np.all(np.isfinite(x)) for x in leaves)
+    assert int(restored["step"]) == 10
+
+
+@pytest.mark.slow
+def test_resume_skips_a_torn_save_and_extends_a_finished_run(reference, tmp_path):
+    """A crash mid-save leaves `<step>.orbax-checkpoint-tmp-*`; the restart ignores it."""
+    src, _, ref_loss = reference
+    workdir = tmp_path / "run"
+    shutil.copytree(src, workdir)
+    torn = workdir / "checkpoints" / "50.orbax-checkpoint-tmp-1700000000000000"
+    shutil.copytree(workdir / "checkpoints" / "40", torn)
+    for f in (torn / "state").rglob("*"):
+        if f.is_file() and "manifest" in f.name:
+            f.write_bytes(b"torn")
+    final = train_and_evaluate(smoke_config(num_train_steps=45, eval_splits="()"), str(workdir))
+    assert final["step"] == 45
+    assert not torn.exists()
+    loss = losses(workdir)
+    assert sorted(loss) == list(range(1, 46))
+    compare(loss, ref_loss, range(1, 41), rtol=0)  # history kept as it was
+    assert all(math.isfinite(loss[s]) for s in range(41, 46))
+
+
+@pytest.mark.slow
+def test_sigterm_then_sigkill_then_finish_equals_the_uninterrupted_run(
+    reference, cache_env, tmp_path
+):
+    """SIGTERM saves and exits cleanly; SIGKILL loses only the steps since the last save;
+    the restarted run reproduces the uninterrupted run's losses step by step."""
+    _, _, ref_loss = reference
+    # Eval settings do not touch training; skipping eval keeps the subprocesses quick.
+    cmd = train_cmd(tmp_path, "--config.eval_splits=()", "--config.progress_bar=false")
+
+    proc = subprocess.Popen(cmd, env=cache_env, cwd=REPO, stdout=subprocess.PIPE, text=True)
+    wait_for_step(tmp_path, proc, 13)
+    proc.send_signal(signal.SIGTERM)
+    out, _ = proc.communicate(timeout=120)
+    assert proc.returncode == 0, out
+    assert "preempted at step" in out
+    stopped = max(losses(tmp_path))
+    assert 13 <= stopped < 40
+    saved = sorted(int(p.name) for p in (tmp_path / "checkpoints").iterdir() if p.name.isdigit())
+    assert saved[-1] == stopped  # a checkpoint at the very step it stopped
+
+    proc = subprocess.Popen(cmd, env=cache_env, cwd=REPO, stdout=subprocess.PIPE, text=True)
+    seen = wait_for_step(tmp_path, proc, max(stopped, 20) + 3)
+    proc.kill()
+    proc.communicate(timeout=60)
+    assert seen < 40, "the run finished before it could be killed"
+    assert max(losses_quiet(tmp_path)) > max(
+        int(p.name) for p in (tmp_path / "checkpoints").iterdir() if p.name.isdigit()
+    ), "killed exactly at a checkpoint: nothing to lose"
+
+    subprocess.run(cmd, env=cache_env, cwd=REPO, check=True, capture_output=True, timeout=300)
+    compare(losses(tmp_path), ref_loss, range(1, 41), rtol=1e-6)
+
+
+# -- several devices and processes ------------------------------------------------------
+
+MESH_SCRIPT = """
+import json, sys
+import jax
+from jattn.train import load_config, apply_overrides, train_and_evaluate, read_metrics, ConfigError
+assert jax.device_count() == 8, jax.devices()
+out = {}
+for mesh in ("(2,2,2)", "(8,1,1)"):
+    c = apply_overrides(load_config(sys.argv[1]), [
+        ("num_train_steps", "6"), ("eval_splits", "()"), ("mesh_shape", mesh)])
+    train_and_evaluate(c, f"{sys.argv[2]}/{mesh}")
+    out[mesh] = {r["step"]: r["train/loss"] for r in read_metrics(f"{sys.argv[2]}/{mesh}")}
+errors = []
+for bad in [[("batch_size", "12")], [("mesh_shape", "(3,-1,1)")], [("mesh_shape", "(4,1,1)")]]:
+    try:
+        train_and_evaluate(apply_overrides(load_config(sys.argv[1]), bad), sys.argv[2] + "/bad")
+    except ConfigError as e:
+        errors.append(str(e))
+out["errors"] = errors
+print("RESULT" + json.dumps(out))
+"""
+
+
+@pytest.mark.slow
+def test_meshes_of_eight_devices_match_one_device(reference, cache_env, tmp_path):
+    _, _, ref_loss = reference
+    env = dict(cache_env, XLA_FLAGS="--xla_force_host_platform_device_count=8")
+    proc = subprocess.run(
+        [sys.executable, "-c", MESH_SCRIPT, SMOKE, str(tmp_path)],
+        env=env, cwd=REPO, capture_output=True, text=True, timeout=400,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    result = json.loads(proc.stdout.split("RESULT", 1)[1])
+    for mesh in ("(2,2,2)", "(8,1,1)"):
+        got = {int(k): v for k, v in result[mesh].items()}
+        compare(got, ref_loss, range(1, 7), rtol=2e-5)
+    # The (2,2,2) run really sharded its parameters (orbax records each array's spec).
+    specs = json.loads(
+        (tmp_path / "(2,2,2)" / "checkpoints" / "6" / "state" / "_sharding").read_text()
+    )
+    used = set()
+    for spec in specs.values():
+        spec = json.loads(spec) if isinstance(spec, str) else spec
+        for entry in spec["partition_spec"]:
+            used.update([entry] if isinstance(entry, str) else entry or [])
+    assert {"fsdp", "tensor"} <= used
+    batch_error, fill_error, mesh_error = result["errors"]
+    assert "batch_size=12 is not divisible by the data-parallel devices data*fsdp=8" in batch_error
+    assert "8 devices are not divisible by 3" in fill_error
+    assert "needs 4 devices, but there are 8" in mesh_error
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def run_two_processes(workdir, env, *extra) -> list[str]:
+    port = free_port()
+    procs = [
+        subprocess.Popen(
+            train_cmd(
+                workdir,
+                *extra,
+                "--coordinator_address",
+                f"127.0.0.1:{port}",
+                "--num_processes",
+                "2",
+                "--process_id",
+                str(i),
+            ),
+            env=env,
+            cwd=REPO,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+        )  # fmt: skip
+        for i in range(2)
+    ]
+    outs = []
+    for p in procs:
+        out, _ = p.communicate(timeout=400)
+        outs.append(out)
+        assert p.returncode == 0, out[-3000:]
+    return outs
+
+
+@pytest.mark.slow
+def test_two_processes_train_checkpoint_and_resume_exactly(cache_env, tmp_path):
+    """Two processes on 127.0.0.1 (gloo): an uninterrupted 15-step run, and a run resumed
+    from its step-10 checkpoint, agree step by step."""
+    args = ("--config.num_train_steps=15", "--config.checkpoint_every_steps=5",
+            "--config.eval_splits=()")  # fmt: skip
+    full = tmp_path / "full"
+    outs = run_two_processes(full, cache_env, *args)
+    assert "done at step 15" in outs[0] and "done at step" not in outs[1]  # process 0 reports
+    step10 = full / "checkpoints" / "10"
+    assert {p.name for p in (step10 / "data").glob("*.json")} == {
+        "process_0-of-2.json",
+        "process_1-of-2.json",
+    }
+    resumed = tmp_path / "resumed"
+    shutil.copytree(step10, resumed / "checkpoints" / "10")
+    run_two_processes(resumed, cache_env, *args)
+    got = losses(resumed)
+    assert sorted(got) == list(range(11, 16))  # continued from 10, not from scratch
+    compare(got, losses(full), range(11, 16), rtol=1e-6)
