@@ -1,0 +1,163 @@
+"""Run an ablation grid on this machine, or print it for a cluster.
+
+`run_grid` trains the runs one after another in this process, skipping
+finished ones (their ``final_metrics.json`` says they reached
+``num_train_steps``) and resuming interrupted ones (each run's workdir holds
+its own orbax checkpoints), then writes the report. A run that diverges is
+recorded as such and the grid goes on. `emit` prints the same grid as one
+``jattn train`` line per run or as a SLURM array script, so a cluster runs
+exactly what this machine would.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shlex
+import sys
+import time
+from typing import Any
+
+import ml_collections
+
+from jattn.ablation import grid as grid_lib
+from jattn.ablation import report
+
+STATUS_FILE = "ablation_status.json"
+
+
+def _final(run: grid_lib.Run, num_steps: int) -> dict[str, Any] | None:
+    from jattn.train.loop import FINAL_METRICS  # noqa: PLC0415
+
+    path = os.path.join(run.workdir, FINAL_METRICS)
+    if not os.path.exists(path):
+        return None
+    with open(path) as f:
+        final = json.load(f)
+    return final if final.get("step") == num_steps else None
+
+
+def _fmt(seconds: float) -> str:
+    seconds = int(seconds)
+    return f"{seconds // 60}m{seconds % 60:02d}s"
+
+
+def run_grid(
+    exp: ml_collections.ConfigDict, workdir: str, *, repo_root: str, log=print
+) -> dict[str, Any]:
+    """Trains every run of the grid that is not finished, then reports.
+
+    Args:
+      exp: the experiment config (see `jattn.ablation.grid`).
+      workdir: the ablation directory; runs go to ``workdir/runs/<name>``,
+        the report to ``results.csv``, ``results.md`` and ``*.png``.
+      repo_root: where relative config paths are resolved.
+      log: where progress lines go.
+
+    Returns:
+      The report summary (see `jattn.ablation.report.write_report`).
+    """
+    from jattn.train.loop import TrainingDivergedError, train_and_evaluate  # noqa: PLC0415
+
+    os.makedirs(workdir, exist_ok=True)
+    runs = grid_lib.expand(exp, workdir)
+    configs = [grid_lib.training_config(exp, r, repo_root) for r in runs]  # all checked first
+    with open(os.path.join(workdir, "experiment.json"), "w") as f:
+        f.write(exp.to_json_best_effort(indent=2, sort_keys=True))
+    status: dict[str, str] = {}
+    todo = [i for i, r in enumerate(runs) if _final(r, configs[i].num_train_steps) is None]
+    for i, r in enumerate(runs):
+        if i not in todo:
+            status[r.name] = "finished"
+    log(
+        f"ablation: {len(runs)} runs, {len(runs) - len(todo)} already finished, "
+        f"{len(todo)} to train -> {workdir}"
+    )
+    start = time.time()
+    for done, i in enumerate(todo):
+        run, config = runs[i], configs[i]
+        elapsed = time.time() - start
+        eta = "" if done == 0 else f", ETA {_fmt(elapsed / done * (len(todo) - done))}"
+        log(f"[{done + 1}/{len(todo)}] {run.name} (elapsed {_fmt(elapsed)}{eta})")
+        t0 = time.time()
+        try:
+            final = train_and_evaluate(config, run.workdir)
+            status[run.name] = "preempted" if final.get("preempted") else "finished"
+        except TrainingDivergedError as e:
+            status[run.name] = f"diverged: {e}"
+            log(f"  {run.name} diverged: {e}")
+        log(f"  done in {_fmt(time.time() - t0)}")
+        with open(os.path.join(workdir, STATUS_FILE), "w") as f:
+            json.dump(status, f, indent=2)
+        if status[run.name] == "preempted":
+            log("ablation: preempted; rerun the same command to resume")
+            break
+    log(f"ablation: trained {len(todo)} runs in {_fmt(time.time() - start)}")
+    return report.write_report(exp, runs, configs, workdir, status=status)
+
+
+def emit(
+    exp: ml_collections.ConfigDict, workdir: str, *, fmt: str, repo_root: str, config_spec: str
+) -> str:
+    """The grid as shell commands (``fmt="commands"``) or a SLURM array script
+    (``fmt="slurm"``); each command is the ``jattn train`` of one run."""
+    runs = grid_lib.expand(exp, workdir)
+    for r in runs:  # fail here, not on the cluster
+        grid_lib.training_config(exp, r, repo_root)
+    base = grid_lib.resolve_base(exp.base, repo_root)
+    lines = []
+    for r in runs:
+        args = ["jattn", "train", "--config", base, "--workdir", r.workdir]
+        args += [f"--config.{k}={v}" for k, v in r.overrides]
+        lines.append(shlex.join(args))
+    if fmt == "commands":
+        return "\n".join(lines) + "\n"
+    if fmt != "slurm":
+        raise ValueError(f"--emit must be 'commands' or 'slurm', got {fmt!r}")
+    cases = "\n".join(f"  {i}) {line} ;;" for i, line in enumerate(lines))
+    return f"""#!/bin/bash
+# Ablation grid from {config_spec}: {len(runs)} runs, one array task each.
+# Submit with: sbatch this_script.sbatch ; afterwards build the report with
+#   jattn ablate --config {config_spec} --workdir {workdir} --report-only
+#SBATCH --job-name=jattn-ablate
+#SBATCH --array=0-{len(runs) - 1}
+#SBATCH --nodes=1
+#SBATCH --ntasks-per-node=1
+#SBATCH --gpus-per-node=1
+#SBATCH --time=04:00:00
+#SBATCH --output={workdir}/slurm-%A_%a.out
+set -euo pipefail
+case "$SLURM_ARRAY_TASK_ID" in
+{cases}
+esac
+"""
+
+
+def main_ablate(
+    config_spec: str,
+    workdir: str,
+    overrides,
+    *,
+    emit_fmt: str | None,
+    report_only: bool,
+    repo_root: str,
+) -> int:
+    """`jattn ablate` (called by `jattn.cli`)."""
+    from jattn.train.config import apply_overrides, load_config  # noqa: PLC0415
+
+    exp = load_config(config_spec)
+    apply_overrides(exp, overrides)
+    workdir = os.path.abspath(workdir)
+    if emit_fmt:
+        sys.stdout.write(
+            emit(exp, workdir, fmt=emit_fmt, repo_root=repo_root, config_spec=config_spec)
+        )
+        return 0
+    if report_only:
+        runs = grid_lib.expand(exp, workdir)
+        configs = [grid_lib.training_config(exp, r, repo_root) for r in runs]
+        summary = report.write_report(exp, runs, configs, workdir, status=None)
+    else:
+        summary = run_grid(exp, workdir, repo_root=repo_root)
+    print(summary["markdown"])
+    return 0
