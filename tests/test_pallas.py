@@ -583,7 +583,10 @@ def test_bench_gpu_cpu_smoke(tmp_path):
     assert "correctness: PASS" in proc.stdout
     lines = out.read_text().strip().splitlines()
     header = lines[0].split(",")
-    assert {"impl", "L", "head_dim", "causal", "pass", "ms", "tflops"} <= set(header)
+    assert {"impl", "mode", "L", "head_dim", "causal", "ms", "tflops", "status"} <= set(header)
     rows = [dict(zip(header, line.split(","), strict=True)) for line in lines[1:]]
     assert {r["impl"] for r in rows} >= {"pallas", "xla", "pallas_shaw"}
-    assert all(float(r["ms"]) > 0 for r in rows if r["ms"])
+    assert {r["mode"] for r in rows} == {"fwd", "fwd+bwd"}
+    for r in rows:
+        assert r["status"] == "ok", r
+        assert float(r["ms"]) > 0 and float(r["tflops"]) > 0, r
