@@ -1,0 +1,128 @@
+"""Count the representation you are materialising.
+
+Closed-form byte counts for what attention keeps in memory, so a config can
+be sized before anything compiles, and a check of those counts against XLA's
+own figure for the compiled program (`memory_analysis()`).
+
+- Logits: the xla path holds the `[B, N, T, S]` float32 scores, the masked
+  scores when any mask applies (causal, segments, a mask), and the weights:
+  2 or 3 arrays of `B·N·T·S·4` bytes at once in the forward pass. The chunked
+  path holds the same arrays for one `[block_q, block_k]` tile at a time; the
+  Pallas kernel holds a tile in on-chip memory (SRAM/VMEM) and nothing of
+  size `T·S` in device memory.
+- KV cache for decoding: `layers × 2 (K and V) × kv heads × context × head dim
+  × bytes` per sequence: MHA (kv heads = heads), GQA and MQA (kv heads = 1)
+  differ only in the kv-head count.
+
+Pure python and jax; no flax.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import jax
+import jax.numpy as jnp
+
+__all__ = [
+    "LogitsMemory",
+    "attention_logits_bytes",
+    "kv_cache_bytes",
+    "xla_attention_temp_bytes",
+]
+
+
+@dataclasses.dataclass(frozen=True)
+class LogitsMemory:
+    """Bytes of score-shaped arrays one attention call keeps at once."""
+
+    implementation: str
+    per_array: int  # one [B, N, T, S] (or one tile) float32 array
+    arrays: int  # how many such arrays are live together
+    where: str  # "device memory" or "on-chip"
+
+    @property
+    def total(self) -> int:
+        return self.per_array * self.arrays
+
+
+def attention_logits_bytes(
+    batch: int,
+    heads: int,
+    q_len: int,
+    kv_len: int,
+    *,
+    implementation: str,
+    masked: bool = False,
+    block_q: int = 512,
+    block_k: int = 512,
+) -> LogitsMemory:
+    """Score-shaped bytes of one forward attention call.
+
+    Args:
+      batch, heads, q_len, kv_len: B, N, T, S.
+      implementation: "xla", "chunked" or "pallas".
+      masked: any of causal / segments / mask applies (adds the masked scores).
+      block_q, block_k: tile sizes of the chunked and Pallas paths.
+
+    Returns:
+      A `LogitsMemory`; logits are float32 (4 bytes) in every implementation.
+    """
+    arrays = 3 if masked else 2  # scores, (masked scores), weights
+    if implementation == "xla":
+        return LogitsMemory("xla", 4 * batch * heads * q_len * kv_len, arrays, "device memory")
+    tile = 4 * batch * heads * min(block_q, q_len) * min(block_k, kv_len)
+    if implementation == "chunked":
+        return LogitsMemory("chunked", tile, arrays, "device memory")
+    if implementation == "pallas":
+        # One program owns one (batch, head, query tile); its scores never
+        # leave on-chip memory.
+        per_program = 4 * min(block_q, q_len) * min(block_k, kv_len)
+        return LogitsMemory("pallas", per_program, arrays, "on-chip")
+    raise ValueError(f"attention_logits_bytes: unknown implementation {implementation!r}")
+
+
+def kv_cache_bytes(
+    *,
+    num_layers: int,
+    num_kv_heads: int,
+    context: int,
+    head_dim: int,
+    dtype=jnp.float32,
+    batch: int = 1,
+) -> int:
+    """Decoder self-attention KV cache: layers × 2 × K × context × H × bytes × B."""
+    itemsize = jnp.dtype(dtype).itemsize
+    return num_layers * 2 * num_kv_heads * context * head_dim * itemsize * batch
+
+
+def xla_attention_temp_bytes(
+    batch: int,
+    heads: int,
+    q_len: int,
+    kv_len: int,
+    head_dim: int,
+    *,
+    kv_heads: int | None = None,
+    is_causal: bool = False,
+    implementation: str = "xla",
+) -> int:
+    """XLA's compiled temporary memory for one forward attention call.
+
+    Compiles (does not run) `jattn.dot_product_attention` on abstract inputs
+    and reads `memory_analysis().temp_size_in_bytes`.
+    """
+    from jattn.attention import dot_product_attention
+
+    kv_heads = kv_heads or heads
+    q = jax.ShapeDtypeStruct((batch, q_len, heads, head_dim), jnp.float32)
+    kv = jax.ShapeDtypeStruct((batch, kv_len, kv_heads, head_dim), jnp.float32)
+    fn = jax.jit(
+        lambda q, k, v: dot_product_attention(
+            q, k, v, is_causal=is_causal, implementation=implementation
+        )
+    )
+    analysis = fn.lower(q, kv, kv).compile().memory_analysis()
+    if analysis is None:
+        raise RuntimeError("this backend reports no memory analysis")
+    return int(analysis.temp_size_in_bytes)

@@ -1,0 +1,90 @@
+"""Memory accounting: the closed-form counts against XLA's compiled figure
+and against the cache the model really allocates."""
+
+from __future__ import annotations
+
+import dataclasses
+import pathlib
+
+import jax
+import pytest
+
+from jattn import memory
+
+ROOT = pathlib.Path(__file__).resolve().parent.parent
+
+
+@pytest.mark.parametrize("length", [512, 1024])
+@pytest.mark.parametrize("causal", [False, True])
+def test_xla_logits_formula_matches_xla_within_10_percent(length, causal):
+    predicted = memory.attention_logits_bytes(
+        1, 8, length, length, implementation="xla", masked=causal
+    ).total
+    compiled = memory.xla_attention_temp_bytes(1, 8, length, length, 64, is_causal=causal)
+    assert abs(predicted - compiled) <= 0.10 * compiled, (predicted, compiled)
+
+
+def test_chunked_keeps_tiles_not_the_matrix():
+    """At L=2048 the chunked path's compiled memory is tile-sized: far below
+    the xla path's and close to the tile formula, not to T·S."""
+    xla = memory.xla_attention_temp_bytes(1, 8, 2048, 2048, 64, is_causal=True)
+    chunked = memory.xla_attention_temp_bytes(
+        1, 8, 2048, 2048, 64, is_causal=True, implementation="chunked"
+    )
+    full = memory.attention_logits_bytes(1, 8, 2048, 2048, implementation="xla").per_array
+    tile = memory.attention_logits_bytes(1, 8, 2048, 2048, implementation="chunked", masked=True)
+    assert chunked < xla / 4
+    assert chunked < full  # less than a single [B, N, T, S] float32 array
+    assert tile.total <= chunked
+
+
+def test_kv_cache_formula_equals_the_models_cache():
+    from jattn import decoding
+    from jattn.models import Transformer, TransformerConfig
+
+    base = TransformerConfig(
+        vocab_size=50,
+        d_model=32,
+        num_heads=4,
+        num_kv_heads=4,
+        num_layers=3,
+        d_ff=64,
+        dropout_rate=0.0,
+        max_len=64,
+    )
+    for kv in (4, 2, 1):  # MHA, GQA, MQA
+        cfg = dataclasses.replace(base, num_kv_heads=kv)
+        shapes = jax.eval_shape(lambda cfg=cfg: decoding.init_cache(Transformer(cfg), 2, 40))
+        got = sum(
+            x.size * x.dtype.itemsize
+            for p, x in jax.tree_util.tree_leaves_with_path(shapes)
+            if "cached_" in jax.tree_util.keystr(p)
+        )
+        want = memory.kv_cache_bytes(num_layers=3, num_kv_heads=kv, context=40, head_dim=8, batch=2)
+        assert got == want, (kv, got, want)
+    # MQA's cache is the MHA cache divided by the head count.
+    assert memory.kv_cache_bytes(
+        num_layers=6, num_kv_heads=8, context=100, head_dim=64
+    ) == 8 * memory.kv_cache_bytes(num_layers=6, num_kv_heads=1, context=100, head_dim=64)
+
+
+def test_unknown_implementation_is_an_error():
+    with pytest.raises(ValueError, match="unknown implementation 'cudnn'"):
+        memory.attention_logits_bytes(1, 1, 4, 4, implementation="cudnn")
+
+
+def test_bench_memory_script_runs(tmp_path):
+    import runpy
+    import sys
+
+    out = tmp_path / "memory.md"
+    argv = sys.argv
+    sys.argv = ["bench_memory.py", "--config", "numbers", "--lengths", "64", "--out", str(out)]
+    try:
+        with pytest.raises(SystemExit) as e:
+            runpy.run_path(str(ROOT / "experiments" / "bench_memory.py"), run_name="__main__")
+        assert e.value.code == 0
+    finally:
+        sys.argv = argv
+    text = out.read_text()
+    assert "| 64 | encoder self |" in text and "MQA (kv heads 1)" in text
