@@ -506,6 +506,26 @@ def test_every_parameter_has_logical_axis_names(position):
     )
 
 
+def test_logical_names_become_sharding_constraints(zoo):
+    """Under a mesh and rules, activations are constrained to the mapped mesh axes."""
+    b = zoo["shaw"]
+    mesh = jax.sharding.Mesh(
+        np.array(jax.devices()[:1]).reshape(1, 1, 1), ("data", "fsdp", "tensor")
+    )
+    rules = (("batch", "data"), ("embed", "fsdp"), ("heads", "tensor"), ("mlp", "tensor"),
+             ("vocab", "tensor"), ("length", None), ("kv", None))  # fmt: skip
+    batch = _packed_batch()
+    with jax.set_mesh(mesh), nn.logical_axis_rules(rules):
+        text = b.run.lower(b.params, *batch).as_text()
+    constraints = [line for line in text.splitlines() if "sharding_constraint" in line]
+    shapes = {line.rsplit("tensor<", 1)[-1] for line in constraints}
+    assert {"3x8x16xf32>", "3x8x4x4xf32>", "3x8x32xf32>", "3x8x13xf32>"} <= shapes, shapes
+    for line in constraints:
+        assert '"data"' in line  # the batch axis, everywhere
+    plain = b.run.lower(b.params, *batch).as_text()
+    assert "sharding_constraint" not in plain  # no mesh: constraints are no-ops
+
+
 def test_dropout_only_in_training(zoo):
     b = zoo["learned"]
     x = np.array([[3, 4, 5, 6, 0, 0, 0, 0]] * 3, np.int32)

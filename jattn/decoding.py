@@ -1,0 +1,284 @@
+"""Greedy and beam-search decoding over the decoder's KV cache.
+
+Both run as one jitted `lax.while_loop`: the source is encoded once, then
+each step feeds the previous token `[B, 1]` (0, the start symbol, at step 0)
+to `Transformer.decode` on a clone with `use_cache=True`. The query's
+position is the cache index, so every positional scheme (absolute vectors,
+Shaw, RoPE, ALiBi, T5) sees the same positions as in a full forward pass,
+and causal masking over the cache positions hides slots not yet written.
+
+Token 0 is padding and the start symbol; token 1 (`EOS`) ends a sequence.
+Outputs are int32 `[B, max_length]`, with EOS kept and 0 after it.
+
+Shapes: B batch, W beams, L = max_length, S source length, V vocabulary.
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Mapping
+from typing import Any
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+from jax import lax
+
+from jattn.models.transformer import Transformer
+
+Array = jax.Array
+
+__all__ = ["EOS", "beam_search", "decode_step", "greedy", "init_cache"]
+
+EOS = 1
+_NEG = -1.0e9  # "minus infinity" that stays finite through sums and divisions
+
+
+# -- building blocks -----------------------------------------------------------
+
+
+def _unwrap(params: Any) -> Any:
+    """Accept the "params" collection or a variables dict `{"params": ...}`."""
+    if isinstance(params, Mapping) and set(params) == {"params"}:
+        params = params["params"]
+    return nn.unbox(params)
+
+
+def init_cache(model: Transformer, batch_size: int, max_length: int) -> Any:
+    """An empty "cache" collection for `max_length` decoder steps (zeros, index 0).
+
+    Shapes come from `jax.eval_shape` of `init`, so nothing but the cache is built.
+    """
+    cached = model.clone(use_cache=True)
+    tokens = jnp.ones((batch_size, 1), jnp.int32)
+    targets = jnp.ones((batch_size, max_length), jnp.int32)
+    shapes = jax.eval_shape(lambda: cached.init(jax.random.key(0), tokens, targets))["cache"]
+    return jax.tree.map(lambda s: jnp.zeros(s.shape, s.dtype), shapes)
+
+
+def decode_step(
+    model: Transformer, params: Any, cache: Any, encoded: Array, inputs: Array, tokens: Array
+) -> tuple[Array, Any]:
+    """One cached decoder step.
+
+    Args:
+      model: the Transformer (cloned with `use_cache=True` here).
+      params: its "params" collection.
+      cache: from `init_cache` or the previous step.
+      encoded: `[B, S, D]` encoder outputs.
+      inputs: int `[B, S]` source tokens (their zeros mask cross-attention).
+      tokens: int `[B, 1]`, the previous token (0 at the first step).
+
+    Returns:
+      float32 logits `[B, V]` for the next token, and the updated cache.
+    """
+    logits, variables = model.clone(use_cache=True).apply(
+        {"params": _unwrap(params), "cache": cache},
+        encoded,
+        inputs,
+        tokens,
+        mutable=["cache"],
+        method="decode",
+    )
+    return logits[:, 0].astype(jnp.float32), variables["cache"]
+
+
+def _check(model, inputs, max_length: int) -> Array:
+    if not isinstance(model, Transformer):
+        raise TypeError(f"decoding: model must be a jattn.models.Transformer, got {type(model)}")
+    inputs = jnp.asarray(inputs)
+    if inputs.ndim != 2 or not jnp.issubdtype(inputs.dtype, jnp.integer):
+        raise ValueError(
+            f"decoding: inputs must be integer token ids [B, S], got {inputs.dtype} "
+            f"{list(inputs.shape)}"
+        )
+    if isinstance(max_length, bool) or not isinstance(max_length, int) or max_length < 1:
+        raise ValueError(f"decoding: max_length must be a positive int, got {max_length!r}")
+    cfg = model.config
+    if cfg.absolute_position == "learned" and max_length > cfg.max_len:
+        raise ValueError(
+            f"decoding: max_length={max_length} exceeds max_len={cfg.max_len} of the "
+            "learned position table"
+        )
+    return inputs.astype(jnp.int32)
+
+
+# -- greedy --------------------------------------------------------------------
+
+
+@functools.partial(jax.jit, static_argnames=("model", "max_length"))
+def _greedy(model: Transformer, params, inputs: Array, max_length: int) -> tuple[Array, Array]:
+    """Greedy tokens `[B, L]` and the number of steps run."""
+    b = inputs.shape[0]
+    encoded = model.apply({"params": params}, inputs, method="encode")  # [B, S, D]
+    cache = init_cache(model, b, max_length)
+
+    def cond(state):
+        i, _, _, done, _ = state
+        return (i < max_length) & ~jnp.all(done)
+
+    def body(state):
+        i, tokens, last, done, cache = state
+        logits, cache = decode_step(model, params, cache, encoded, inputs, last[:, None])
+        nxt = jnp.argmax(logits, axis=-1).astype(jnp.int32)  # [B]
+        nxt = jnp.where(done, 0, nxt)
+        tokens = lax.dynamic_update_slice(tokens, nxt[:, None], (0, i))
+        return i + 1, tokens, nxt, done | (nxt == EOS), cache
+
+    state = (
+        jnp.zeros((), jnp.int32),
+        jnp.zeros((b, max_length), jnp.int32),
+        jnp.zeros((b,), jnp.int32),
+        jnp.zeros((b,), bool),
+        cache,
+    )
+    steps, tokens, _, _, _ = lax.while_loop(cond, body, state)
+    return tokens, steps
+
+
+def greedy(model: Transformer, params: Any, inputs: Array, *, max_length: int) -> Array:
+    """Greedy decoding with the KV cache, stopping once every row has emitted EOS.
+
+    Args:
+      model: a `jattn.models.Transformer`.
+      params: its "params" collection (or `{"params": ...}`).
+      inputs: int `[B, S]` source tokens, 0 = padding (unpacked rows).
+      max_length: number of target tokens to produce at most.
+
+    Returns:
+      int32 `[B, max_length]`: argmax tokens, EOS included, 0 after EOS.
+    """
+    inputs = _check(model, inputs, max_length)
+    return _greedy(model, _unwrap(params), inputs, max_length)[0]
+
+
+# -- beam search ---------------------------------------------------------------
+
+
+def length_penalty(length: Array, alpha: Array) -> Array:
+    """GNMT length penalty `((5 + length) / 6) ** alpha` (Wu et al., 2016)."""
+    return ((5.0 + jnp.asarray(length, jnp.float32)) / 6.0) ** alpha
+
+
+def _gather_beams(x: Array, idx: Array) -> Array:
+    """`x[b, idx[b, j]]` for `x` `[B, W', ...]`, `idx` int `[B, W]` -> `[B, W, ...]`."""
+    return jax.vmap(lambda row, i: row[i])(x, idx)
+
+
+def _reorder_cache(cache: Any, origin: Array) -> Any:
+    """Reorder every `[B*W, ...]` cache leaf by `origin` `[B, W]` (scalars kept)."""
+    b, w = origin.shape
+
+    def one(x):
+        if x.ndim == 0:
+            return x
+        y = x.reshape(b, w, *x.shape[1:])
+        return _gather_beams(y, origin).reshape(x.shape)
+
+    return jax.tree.map(one, cache)
+
+
+@functools.partial(jax.jit, static_argnames=("model", "max_length", "beam_size"))
+def _beam_search(model, params, inputs, alpha, max_length: int, beam_size: int):
+    """Best sequences `[B, L]`, their scores `[B]` and the number of steps run."""
+    b, w, big_l = inputs.shape[0], beam_size, max_length
+    encoded = model.apply({"params": params}, inputs, method="encode")  # [B, S, D]
+    enc_w = jnp.repeat(encoded, w, axis=0)  # [B*W, S, D], row b*W + j
+    inputs_w = jnp.repeat(inputs, w, axis=0)  # [B*W, S]
+    cache = init_cache(model, b * w, max_length)
+    max_penalty = length_penalty(big_l, alpha)
+
+    def cond(state):
+        i, _, live_logp, _, _, fin_scores, fin_flags, _ = state
+        # A live beam's log-prob only falls, and the penalty grows with length
+        # (alpha >= 0), so its best reachable score is logp / penalty(L).
+        best_live = jnp.max(live_logp, axis=1) / max_penalty  # [B]
+        worst_fin = jnp.where(jnp.all(fin_flags, axis=1), jnp.min(fin_scores, axis=1), _NEG)
+        return (i < big_l) & ~jnp.all(best_live < worst_fin)
+
+    def body(state):
+        i, live_seqs, live_logp, last, fin_seqs, fin_scores, fin_flags, cache = state
+        logits, cache = decode_step(
+            model, params, cache, enc_w, inputs_w, last.reshape(b * w, 1)
+        )  # [B*W, V]
+        v = logits.shape[-1]
+        logp = jax.nn.log_softmax(logits).reshape(b, w, v)  # [B, W, V]
+        cand = (live_logp[:, :, None] + logp).reshape(b, w * v)  # [B, W*V]
+        top_logp, top_idx = lax.top_k(cand, 2 * w)  # [B, 2W]
+        top_beam, top_tok = top_idx // v, (top_idx % v).astype(jnp.int32)
+        top_seqs = _gather_beams(live_seqs, top_beam)  # [B, 2W, L]
+        top_seqs = lax.dynamic_update_slice(top_seqs, top_tok[:, :, None], (0, 0, i))
+        real = top_logp > _NEG / 2  # not descended from an empty beam
+        ended = (top_tok == EOS) & real  # [B, 2W]
+
+        # Live: the best W continuations that did not end.
+        live_logp, pos = lax.top_k(jnp.where(ended, _NEG, top_logp), w)  # [B, W]
+        live_seqs = _gather_beams(top_seqs, pos)
+        last = _gather_beams(top_tok, pos)
+        cache = _reorder_cache(cache, _gather_beams(top_beam, pos))
+
+        # Finished: merge the new endings (length i+1 with EOS) into the best W.
+        new_scores = jnp.where(ended, top_logp / length_penalty(i + 1, alpha), _NEG)
+        all_scores = jnp.concatenate([fin_scores, new_scores], axis=1)  # [B, 3W]
+        fin_scores, pos = lax.top_k(all_scores, w)
+        fin_seqs = _gather_beams(jnp.concatenate([fin_seqs, top_seqs], axis=1), pos)
+        fin_flags = _gather_beams(jnp.concatenate([fin_flags, ended], axis=1), pos)
+        return i + 1, live_seqs, live_logp, last, fin_seqs, fin_scores, fin_flags, cache
+
+    live_logp = jnp.tile(jnp.array([0.0] + [_NEG] * (w - 1), jnp.float32), (b, 1))  # [B, W]
+    state = (
+        jnp.zeros((), jnp.int32),
+        jnp.zeros((b, w, big_l), jnp.int32),
+        live_logp,
+        jnp.zeros((b, w), jnp.int32),
+        jnp.zeros((b, w, big_l), jnp.int32),
+        jnp.full((b, w), _NEG, jnp.float32),
+        jnp.zeros((b, w), bool),
+        cache,
+    )
+    steps, live_seqs, live_logp, _, fin_seqs, fin_scores, fin_flags, _ = lax.while_loop(
+        cond, body, state
+    )
+    # A row with no finished sequence returns its best live one (no EOS).
+    any_fin = jnp.any(fin_flags, axis=1)  # [B]
+    seqs = jnp.where(any_fin[:, None], fin_seqs[:, 0], live_seqs[:, 0])
+    scores = jnp.where(any_fin, fin_scores[:, 0], live_logp[:, 0] / max_penalty)
+    return seqs, scores, steps
+
+
+def beam_search(
+    model: Transformer,
+    params: Any,
+    inputs: Array,
+    *,
+    max_length: int,
+    beam_size: int = 4,
+    alpha: float = 0.6,
+) -> Array:
+    """Beam search with the KV cache and the GNMT length penalty.
+
+    A hypothesis ending in EOS at length `n` (EOS counted) scores
+    `log p / ((5 + n) / 6) ** alpha`. The search stops once no live beam can
+    beat the worst of the `beam_size` finished hypotheses of any row.
+
+    Args:
+      model: a `jattn.models.Transformer`.
+      params: its "params" collection (or `{"params": ...}`).
+      inputs: int `[B, S]` source tokens, 0 = padding.
+      max_length: most target tokens per hypothesis.
+      beam_size: beams per row W.
+      alpha: length-penalty exponent (>= 0; 0 = plain log-probability).
+
+    Returns:
+      int32 `[B, max_length]`, the best finished hypothesis of each row (the
+      best live one where none finished), 0 after EOS.
+    """
+    inputs = _check(model, inputs, max_length)
+    if isinstance(beam_size, bool) or not isinstance(beam_size, int) or beam_size < 1:
+        raise ValueError(f"beam_search: beam_size must be a positive int, got {beam_size!r}")
+    if not alpha >= 0:
+        raise ValueError(f"beam_search: alpha must be >= 0, got {alpha!r}")
+    seqs, _, _ = _beam_search(
+        model, _unwrap(params), inputs, jnp.float32(alpha), max_length, beam_size
+    )
+    return seqs
