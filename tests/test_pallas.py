@@ -555,6 +555,7 @@ def test_block_size_validation():
     with pytest.raises(ValueError, match="block_k must be positive"):
         fa.flash_attention(q, k, v, block_q=None, block_k=0, **kw)
     assert fa.default_blocks("gpu", 8192, 8192) == ((128, 64), (64, 64))
+    assert fa.default_blocks("gpu", 8192, 8192, shaw=True) == ((64, 64), (64, 64))
     assert fa.default_blocks("gpu", 20, 5) == ((32, 16), (32, 16))
 
 

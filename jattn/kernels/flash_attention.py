@@ -63,17 +63,22 @@ def _pow2(x: int) -> int:
     return 1 << max(0, int(x) - 1).bit_length()
 
 
-def default_blocks(backend: str, t: int, s: int) -> tuple[tuple[int, int], tuple[int, int]]:
+def default_blocks(
+    backend: str, t: int, s: int, shaw: bool = False
+) -> tuple[tuple[int, int], tuple[int, int]]:
     """Default `((block_q, block_k) forward, (block_q, block_k) backward)`.
 
-    GPU: 128x64 forward, 64x64 backward (powers of two, >= 16, capped by the
-    sequence lengths); interpret mode: 128x128 capped by the lengths.
+    GPU: 128x64 forward (64x64 with Shaw terms, whose `[bq, 2k+1]`
+    accumulators add register pressure), 64x64 backward; powers of two >= 16
+    capped by the sequence lengths. Interpret mode: 128x128 capped by the
+    lengths (fewer, larger tiles run faster on the CPU).
     """
     if backend == "interpret":
         fwd = (min(128, t), min(128, s))
         return fwd, fwd
     cap_t, cap_s = max(16, _pow2(t)), max(16, _pow2(s))
-    return (min(128, cap_t), min(64, cap_s)), (min(64, cap_t), min(64, cap_s))
+    fwd_q = 64 if shaw else 128
+    return (min(fwd_q, cap_t), min(64, cap_s)), (min(64, cap_t), min(64, cap_s))
 
 
 def _resolve_backend(interpret: bool | None) -> str:
@@ -397,7 +402,8 @@ def prepare(
     table, block maps and bounds, static configs."""
     b, t, n, h = query.shape
     _, s, kh, hv = value.shape
-    (fq, fk), (bq_b, bk_b) = default_blocks(backend, t, s)
+    shaw = rel_key is not None or rel_value is not None
+    (fq, fk), (bq_b, bk_b) = default_blocks(backend, t, s, shaw)
     if block_q is not None:
         fq = bq_b = _check_block("block_q", block_q, backend)
     if block_k is not None:

@@ -66,6 +66,14 @@ def _dq_kernel(r, *refs, cfg: KernelConfig):
     q_seg = r["qseg"][...] if cfg.use_seg else None
     qr_col = col_reader(r["qr"], slice(None))
     dpr_col = col_reader(r["dpr"], slice(None))
+    # Columns 0 and 2k for FAST tiles, read once per query tile.
+    ends = lambda col: None if col is None else (col(0), col(cfg.far_right))  # noqa: E731
+    qr_ends, dpr_ends = ends(qr_col), ends(dpr_col)
+
+    def far(cols, general, right):
+        if general or cols is None:
+            return None
+        return jnp.where(right, cols[1], cols[0])
 
     def step(j, general, right, carry):
         dq_acc, *rest = carry
@@ -89,6 +97,8 @@ def _dq_kernel(r, *refs, cfg: KernelConfig):
             qr_col=qr_col,
             dpr_col=dpr_col,
             far_id=jnp.where(right, cfg.far_right, 0),
+            qr_far=far(qr_ends, general, right),
+            dpr_far=far(dpr_ends, general, right),
         )
         p = jnp.exp(s - lse[:, None])  # [bq, bk]
         dp = lax.dot_general(do, v, (((1,), (1,)), ((), ())), preferred_element_type=jnp.float32)

@@ -194,6 +194,8 @@ def _fwd_kernel(r, o_ref, lse_ref, *pr_ref, cfg: KernelConfig):
     q_pos = r["qpos"][...] if cfg.use_pos else None  # [bq]
     q_seg = r["qseg"][...] if cfg.use_seg else None
     qr_col = col_reader(r["qr"], slice(None))
+    # The key-term columns of FAST tiles (ids 0 and 2k), read once per query tile.
+    qr_ends = (qr_col(0), qr_col(cfg.far_right)) if cfg.use_qr else None
     rp = cfg.num_rel
 
     def step(j, general, right, carry):
@@ -218,6 +220,7 @@ def _fwd_kernel(r, o_ref, lse_ref, *pr_ref, cfg: KernelConfig):
             qr_col=qr_col,
             dpr_col=None,
             far_id=jnp.where(right, cfg.far_right, 0),
+            qr_far=None if general or qr_ends is None else jnp.where(right, qr_ends[1], qr_ends[0]),
             need_rel=cfg.use_pr,
         )
         p, m_new, l_new, corr, row_sum = ft.online_softmax_step(s, m, l)

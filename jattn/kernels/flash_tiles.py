@@ -188,6 +188,8 @@ def tile_scores(
     qr_col: Callable[[Array], Array] | None,
     dpr_col: Callable[[Array], Array] | None,
     far_id: Array | int,
+    qr_far: Array | None = None,
+    dpr_far: Array | None = None,
     need_rel: bool = False,
 ) -> tuple[Array, Array | None, tuple[Array, Array, Array] | None]:
     """Logits of one tile, float32 `[bq, bk]`, -inf where invisible.
@@ -202,6 +204,8 @@ def tile_scores(
       qr_col, dpr_col: `c -> [bq]` readers of the Shaw key-term table and of
         the cotangent of the value-term masses (backward only), or None.
       far_id: the constant relative id of a FAST tile.
+      qr_far, dpr_far: the columns at `far_id` when the caller already has
+        them (hoisted out of the loop), else they are read with the readers.
       need_rel: return the relative ids of a general tile even without
         columns to gather (the forward's value-term scatter needs them).
       Others: see `visibility`.
@@ -227,9 +231,9 @@ def tile_scores(
                 dpr_tile = gathered.pop(0)
     else:
         if qr_col is not None:
-            s = s + qr_col(far_id)[:, None]
+            s = s + (qr_col(far_id) if qr_far is None else qr_far)[:, None]
         if dpr_col is not None:
-            dpr_tile = dpr_col(far_id)[:, None]
+            dpr_tile = (dpr_col(far_id) if dpr_far is None else dpr_far)[:, None]
     if bias is not None:
         s = s + bias.astype(jnp.float32)
     if general:
