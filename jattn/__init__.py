@@ -10,12 +10,18 @@ tfds and grain on demand.
 """
 
 from jattn import masks, positions
-from jattn.attention import IMPLEMENTATIONS, default_implementation, dot_product_attention
+from jattn.attention import (
+    IMPLEMENTATIONS,
+    attention_weights,
+    default_implementation,
+    dot_product_attention,
+)
 from jattn.positions import ShawRelative
 
 __all__ = [
     "IMPLEMENTATIONS",
     "ShawRelative",
+    "attention_weights",
     "default_implementation",
     "dot_product_attention",
     "masks",

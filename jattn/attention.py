@@ -29,7 +29,12 @@ from jattn.positions import ShawRelative
 
 Array = jax.Array
 
-__all__ = ["IMPLEMENTATIONS", "default_implementation", "dot_product_attention"]
+__all__ = [
+    "IMPLEMENTATIONS",
+    "attention_weights",
+    "default_implementation",
+    "dot_product_attention",
+]
 
 # name -> "module:function"; imported lazily so `import jattn` stays cheap and a
 # missing optional backend only fails when asked for.
@@ -289,3 +294,47 @@ def dot_product_attention(
     )
     name = implementation or default_implementation(q.shape[1], k.shape[1])
     return _resolve(name)(q, k, v, **kwargs)
+
+
+def attention_weights(
+    query: Array,
+    key: Array,
+    *,
+    bias: Array | None = None,
+    mask: Array | None = None,
+    is_causal: bool = False,
+    q_segment_ids: Array | None = None,
+    kv_segment_ids: Array | None = None,
+    q_positions: Array | None = None,
+    kv_positions: Array | None = None,
+    relative: ShawRelative | None = None,
+    scale: float | None = None,
+) -> Array:
+    """The weights `dot_product_attention` mixes values with, for probing.
+
+    Same arguments and visibility rules as `dot_product_attention` (the Shaw
+    value table plays no part in the weights). Materialises `[B, N, T, S]`
+    by design: for inspecting small inputs, never for training.
+
+    Returns:
+      float32 `[B, N, T, S]`; each row sums to 1 over its visible keys, and a
+      row with no visible key is all zeros.
+    """
+    from jattn.attention_xla import attention_weights_xla
+
+    (q, k, _), kw = _normalise(
+        query,
+        key,
+        key,
+        bias=bias,
+        mask=mask,
+        is_causal=is_causal,
+        q_segment_ids=q_segment_ids,
+        kv_segment_ids=kv_segment_ids,
+        q_positions=q_positions,
+        kv_positions=kv_positions,
+        relative=relative,
+        scale=scale,
+    )
+    kw.pop("rel_value")
+    return attention_weights_xla(q, k, **kw)

@@ -305,3 +305,24 @@ def test_default_implementation_choice():
     assert jattn.default_implementation(4096, 4096, backend="cpu") == "chunked"
     assert jattn.default_implementation(128, 128, backend="gpu") == "pallas"
     assert jattn.default_implementation(128, 128, backend="tpu") == "pallas"
+
+
+def test_attention_weights_are_what_the_output_mixes():
+    """`jattn.attention_weights` rows sum to 1 over visible keys, are 0 on
+    hidden ones, and reproduce the output when multiplied with the values."""
+    q, k, v = make_problem(15, 1, 6, 6, 4, 2, 4)
+    seg = np.array([[1, 1, 1, 2, 2, 2]])
+    mask = np.ones((1, 1, 6, 6), bool)
+    mask[..., 2, :] = False  # one fully hidden row
+    rel = shaw(15, 4, 4, 4, 2, value=False)
+    kw = dict(is_causal=True, q_segment_ids=seg, kv_segment_ids=seg, mask=mask, relative=rel)
+    w = np.asarray(jattn.attention_weights(q, k, **kw))
+    assert w.shape == (1, 4, 6, 6)
+    sums = w.sum(-1)
+    np.testing.assert_allclose(np.delete(sums, 2, axis=-1), 1.0, rtol=1e-6)
+    assert np.all(w[..., 2, :] == 0.0)
+    assert np.all(w[..., 3:, :3] == 0.0) and np.all(np.triu(w[0, 0], 1) == 0.0)
+    out = np.asarray(jattn.dot_product_attention(q, k, v, **kw))
+    v_rep = np.repeat(v, 2, axis=2)  # GQA: query head n reads kv head n // 2
+    np.testing.assert_allclose(out, np.einsum("bnts,bsnh->btnh", w, v_rep), rtol=1e-5,
+                               atol=1e-6)
