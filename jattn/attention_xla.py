@@ -30,6 +30,7 @@ def _grouped_weights(
     max_distance,
     scale,
     num_kv_heads,
+    need_relative_ids,
 ):
     """Unnormalised weights `[B,K,G,T,S]`, their row sums `[B,K,G,T,1]` and the
     relative ids (or None). `q` is `[B,K,G,T,H]`, `kk` is `[B,K,S,H]`."""
