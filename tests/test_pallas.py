@@ -22,6 +22,7 @@ import oracle
 import pytest
 
 import jattn
+import jattn.attention_xla
 from jattn.attention import _normalise
 from jattn.kernels import flash_attention as fa
 from jattn.kernels import flash_pallas, flash_reference
@@ -591,3 +592,68 @@ def test_bench_gpu_cpu_smoke(tmp_path):
     for r in rows:
         assert r["status"] == "ok", r
         assert float(r["ms"]) > 0 and float(r["tflops"]) > 0, r
+
+
+# --------------------------------------------------------------------------------------
+# Count what is materialised.
+
+
+def _intermediate_shapes(closed_jaxpr) -> list[tuple[tuple[int, ...], str]]:
+    """(shape, dtype) of every value an equation produces, sub-jaxprs included."""
+    found = []
+
+    def walk(jaxpr):
+        for eqn in jaxpr.eqns:
+            for var in eqn.outvars:
+                aval = getattr(var, "aval", None)
+                if hasattr(aval, "shape"):
+                    found.append((tuple(aval.shape), str(aval.dtype)))
+            for param in eqn.params.values():
+                for sub in param if isinstance(param, (tuple, list)) else [param]:
+                    inner = getattr(sub, "jaxpr", sub)
+                    if hasattr(inner, "eqns"):
+                        walk(inner)
+
+    walk(closed_jaxpr.jaxpr)
+    return found
+
+
+def test_no_quadratic_tensor_with_segments_and_shaw():
+    # Forward and backward with causal, segments, positions and both Shaw
+    # tables: no value anywhere has two axes as long as the sequences
+    # (no [T, S] mask, no [T, S, H] table), only O(T) and O(tiles^2) ones.
+    inputs = _packed_inputs()
+    cot = jnp.ones((2, 64, 4, 8), jnp.float32)
+    jaxpr = jax.make_jaxpr(functools.partial(_pallas_vjp, **PACKED_KW))(inputs, cot)
+    shapes = _intermediate_shapes(jaxpr)
+    assert len(shapes) > 50
+    quadratic = [s for s in shapes if sum(d >= 64 for d in s[0]) >= 2]
+    assert not quadratic, quadratic[:5]
+    # The detector does see the [B, N, T, S] logits of the xla reference.
+    (q, k, v), kw = _normal_form(inputs, is_causal=True, max_distance=3)
+    xla = jax.make_jaxpr(lambda q: jattn.attention_xla.attention_xla(q, k, v, **kw))(q)
+    assert any(sum(d >= 64 for d in s[0]) >= 2 for s in _intermediate_shapes(xla))
+
+
+def test_fixed_bias_gets_no_gradient_buffer():
+    # A bias that is not differentiated (fixed ALiBi, a mask as a bias) must
+    # not cost the [B, N, T, S] float32 gradient buffer; a trained one does.
+    b, t, _, n, _, _, hv = MAIN
+    inputs = _qkv(18, *MAIN)
+    inputs["bias"] = jnp.asarray(np.random.default_rng(19).standard_normal((b, n, t, t)))
+    (q, k, v), kw = _normal_form(inputs, is_causal=True, max_distance=0)
+    kw["bias"] = kw["bias"].astype(jnp.float32)
+
+    def loss(q, bias):
+        kw2 = dict(kw, bias=bias)
+        out = fa.flash_attention(q, k, v, block_q=16, block_k=16, **kw2)
+        return jnp.sum(out)
+
+    full = ((b, n, t, t), "float32")
+    only_q = _intermediate_shapes(jax.make_jaxpr(jax.grad(loss))(q, kw["bias"]))
+    both = _intermediate_shapes(jax.make_jaxpr(jax.grad(loss, (0, 1)))(q, kw["bias"]))
+    assert full not in only_q
+    assert full in both
+    g_only = jax.jit(jax.grad(loss))(q, kw["bias"])
+    g_both = jax.jit(jax.grad(loss, (0, 1)))(q, kw["bias"])[0]
+    np.testing.assert_array_equal(np.asarray(g_only), np.asarray(g_both))

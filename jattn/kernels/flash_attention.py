@@ -26,6 +26,7 @@ and a key axis gets its gradient through a `[B, N, T, S]` float32 buffer
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import math
 from typing import NamedTuple
@@ -33,6 +34,7 @@ from typing import NamedTuple
 import jax
 import jax.numpy as jnp
 import numpy as np
+from jax.custom_derivatives import CustomVJPPrimal, SymbolicZero
 
 from jattn.kernels import flash_bwd
 from jattn.kernels import flash_pallas as fp
@@ -239,8 +241,17 @@ def _flash_core(fwd_cfg: fp.KernelConfig, bwd_cfg: fp.KernelConfig, q, k, v, qr,
 
 
 def _flash_core_fwd(fwd_cfg, bwd_cfg, q, k, v, qr, bias, aux):
+    # symbolic_zeros=True: primals arrive as CustomVJPPrimal(value, perturbed),
+    # which tells whether the bias needs a gradient at all (a fixed ALiBi bias
+    # or a mask given as a bias does not, and its [B, N, T, S] buffer is skipped).
+    is_primal = lambda x: isinstance(x, CustomVJPPrimal)  # noqa: E731
+    want_dbias = bias is not None and bias.perturbed
+    q, k, v, qr, bias, aux = jax.tree.map(
+        lambda p: p.value, (q, k, v, qr, bias, aux), is_leaf=is_primal
+    )
     o, lse, pr = fp.flash_forward(fwd_cfg, _kernel_inputs(q, k, v, qr, bias, aux, "fwd"))
-    return (o, pr), (q, k, v, qr, bias, aux, o, lse, pr)
+    flag = jnp.zeros((0,), jnp.float32) if want_dbias else None  # static via pytree structure
+    return (o, pr), (q, k, v, qr, bias, aux, o, lse, pr, flag)
 
 
 def _reduce_bias_grad(db: Array, kind: str, bias: Array) -> Array:
@@ -253,9 +264,15 @@ def _reduce_bias_grad(db: Array, kind: str, bias: Array) -> Array:
     return jnp.sum(db, axis=axes, keepdims=True).astype(bias.dtype)
 
 
+def _instantiate(ct):
+    return jnp.zeros(ct.shape, ct.dtype) if isinstance(ct, SymbolicZero) else ct
+
+
 def _flash_core_bwd(fwd_cfg, bwd_cfg, res, cts):
-    q, k, v, qr, bias, aux, o, lse, pr = res
-    do, dpr = cts
+    q, k, v, qr, bias, aux, o, lse, pr, want_dbias = res
+    do, dpr = (None if c is None else _instantiate(c) for c in cts)
+    if bias is not None and want_dbias is None:
+        bwd_cfg = dataclasses.replace(bwd_cfg, bias_grad=False)
     delta = jnp.einsum(
         "BTNV,BTNV->BNT", do.astype(jnp.float32), o.astype(jnp.float32)
     )  # [B, N, Tp]
@@ -273,7 +290,7 @@ def _flash_core_bwd(fwd_cfg, bwd_cfg, res, cts):
     return dq, dk, dv, dqr, dbias, None
 
 
-_flash_core.defvjp(_flash_core_fwd, _flash_core_bwd)
+_flash_core.defvjp(_flash_core_fwd, _flash_core_bwd, symbolic_zeros=True)
 
 
 # --------------------------------------------------------------------------------------

@@ -40,7 +40,7 @@ Array = jax.Array
 def dbias_kind(cfg: KernelConfig) -> str | None:
     """Where the bias gradient is reduced: "full" (dq kernel writes dS tiles),
     "rows" (dq kernel sums over keys), "cols" (dk/dv kernel sums over queries)."""
-    if cfg.bias_dims is None:
+    if cfg.bias_dims is None or not cfg.bias_grad:
         return None
     _, _, full_t, full_s = cfg.bias_dims
     if not full_s:

@@ -62,6 +62,7 @@ class KernelConfig:
     backend: str  # "interpret" | "gpu" | "tpu"
     num_warps: int | None = None
     num_stages: int | None = None
+    bias_grad: bool = True  # backward: compute the bias gradient at all
 
     @property
     def groups(self) -> int:
