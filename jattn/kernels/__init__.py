@@ -1,0 +1,11 @@
+"""Pallas kernels, each beside the plain-JAX reference it is tested against.
+
+- `flash_attention`: the public entry of `implementation="pallas"` (padding,
+  block map, Shaw tables, custom VJP).
+- `flash_pallas` (forward) and `flash_bwd` (dq, dk/dv): the kernels.
+- `flash_tiles`: the math of one tile, shared by the three kernels.
+- `flash_reference`: dense plain-JAX reference of the kernel's contract.
+
+Modules are imported on demand (`jattn.attention` resolves "pallas" lazily),
+so `import jattn` does not import Pallas.
+"""
