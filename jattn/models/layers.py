@@ -27,8 +27,7 @@ import jax.numpy as jnp
 from jax import lax
 
 from jattn import positions as pos_lib
-from jattn.attention import dot_product_attention
-from jattn.models.attention_weights import attention_weights
+from jattn.attention import attention_weights, dot_product_attention
 from jattn.models.config import TransformerConfig
 from jattn.positions import ShawRelative
 
@@ -226,6 +225,11 @@ class Attention(nn.Module):
             q = pos_lib.rope(q, q_positions, max_timescale=cfg.rope_max_timescale)
             key = pos_lib.rope(key, kv_positions, max_timescale=cfg.rope_max_timescale)
 
+        # Probing interventions (jattn.probe): read from the "interventions"
+        # collection when the caller passes one; absent, nothing changes.
+        value = self._replace_values(value)
+        key_mask = self._key_mask()  # [B, 1, 1, S] or None
+
         if self.decode:
             if self.cross or not self.causal:
                 raise ValueError("Attention: decode=True is for causal self-attention only")
@@ -264,6 +268,7 @@ class Attention(nn.Module):
 
         args = dict(
             bias=bias,
+            mask=key_mask,
             is_causal=self.causal,
             q_segment_ids=q_segment_ids,
             kv_segment_ids=kv_segment_ids,
@@ -274,20 +279,31 @@ class Attention(nn.Module):
             q, key, value, relative=shaw, implementation=cfg.attention_impl, **args
         )  # [B, T, N, H]
         if cfg.capture_attention:
-            weights = attention_weights(
-                q,
-                key,
-                rel_key=None if shaw is None else shaw.key,
-                max_distance=cfg.max_relative_distance,
-                scale=1.0 / math.sqrt(h),
-                **args,
-            )  # [B, N, T, S]
+            weights = attention_weights(q, key, relative=shaw, **args)  # [B, N, T, S]
             self.sow("intermediates", "attention_weights", weights)
+        if self.has_variable("interventions", "head_gate"):
+            gate = self.get_variable("interventions", "head_gate")  # [N]
+            out = out * gate.astype(out.dtype)[None, None, :, None]
         out = constrain(out, ("batch", "length", "heads", "kv"))
         y = jnp.einsum("BTNH,NHD->BTD", out, wo.astype(c))  # [B, T, D]
         if cfg.attention_bias:
             y = y + _param(self, "o_bias", nn.initializers.zeros, (d,), ("embed",), pdt).astype(c)
         return constrain(y, ("batch", "length", "embed"))
+
+    def _key_mask(self) -> Array | None:
+        """`interventions/key_visible` `[B, S]` as an attention mask `[B, 1, 1, S]`."""
+        if not self.has_variable("interventions", "key_visible"):
+            return None
+        visible = self.get_variable("interventions", "key_visible")
+        return jnp.asarray(visible, bool)[:, None, None, :]
+
+    def _replace_values(self, value: Array) -> Array:
+        """`interventions/value_where` `[B, S]` -> `value_replacement` `[B, S, K, H]`."""
+        if not self.has_variable("interventions", "value_where"):
+            return value
+        where = self.get_variable("interventions", "value_where")
+        replacement = self.get_variable("interventions", "value_replacement")
+        return jnp.where(where[:, :, None, None], replacement.astype(value.dtype), value)
 
     def _update_cache(self, key, value, kv_positions, q_segment_ids, kv_segment_ids, index):
         """Write this step's key/value at `index`; attend over the whole cache.
