@@ -15,9 +15,15 @@ from __future__ import annotations
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
-from jax import lax
 
 from jattn.models.config import TransformerConfig
+from jattn.models.inputs import (
+    check_learned_length,
+    check_tokens,
+    positions_from_segments,
+    segments_and_positions,
+    shift_right,
+)
 from jattn.models.layers import (
     MLP,
     AbsolutePositions,
@@ -39,89 +45,6 @@ __all__ = [
     "positions_from_segments",
     "shift_right",
 ]
-
-
-# -- pure helpers --------------------------------------------------------------
-
-
-def shift_right(targets: Array, segment_ids: Array) -> Array:
-    """Decoder inputs: each token's predecessor within its segment, else 0.
-
-    Args:
-      targets: int `[B, T]`.
-      segment_ids: int `[B, T]`.
-
-    Returns:
-      int `[B, T]`: `out[t] = targets[t-1]` when `t-1` is in the same segment
-      as `t`, and the start symbol 0 at every segment's first token.
-    """
-    prev = jnp.pad(targets, ((0, 0), (1, 0)))[:, :-1]  # [B, T]
-    prev_seg = jnp.pad(segment_ids, ((0, 0), (1, 0)), constant_values=-1)[:, :-1]  # [B, T]
-    return jnp.where(prev_seg == segment_ids, prev, 0).astype(targets.dtype)
-
-
-def positions_from_segments(segment_ids: Array) -> Array:
-    """Positions that restart at 0 wherever the segment id changes.
-
-    Args:
-      segment_ids: int `[B, T]`.
-
-    Returns:
-      int32 `[B, T]`, e.g. ids `[1,1,1,2,2,0]` -> `[0,1,2,0,1,0]`.
-    """
-    t = jnp.arange(segment_ids.shape[1], dtype=jnp.int32)  # [T]
-    start = jnp.concatenate(
-        [
-            jnp.ones_like(segment_ids[:, :1], dtype=bool),
-            segment_ids[:, 1:] != segment_ids[:, :-1],
-        ],
-        axis=1,
-    )  # [B, T]
-    first = lax.cummax(jnp.where(start, t, 0), axis=1)  # [B, T] index of the segment start
-    return t - first
-
-
-def _check_ids(name: str, x, shape: tuple[int, int]) -> Array:
-    x = jnp.asarray(x)
-    if not jnp.issubdtype(x.dtype, jnp.integer):
-        raise TypeError(f"Transformer: {name} must be an integer array, got dtype {x.dtype}")
-    if x.shape != shape:
-        raise ValueError(f"Transformer: {name} must have shape {list(shape)}, got {list(x.shape)}")
-    return x.astype(jnp.int32)
-
-
-def _tokens(name: str, x) -> Array:
-    x = jnp.asarray(x)
-    if x.ndim != 2 or not jnp.issubdtype(x.dtype, jnp.integer):
-        raise ValueError(
-            f"Transformer: {name} must be integer token ids [B, length], got "
-            f"{x.dtype} {list(x.shape)}"
-        )
-    return x
-
-
-def _segments_and_positions(tokens, segment_ids, positions, name: str):
-    """Segment ids (default: tokens != 0) and positions (default: restarting
-    per given segment, else arange)."""
-    shape = tokens.shape
-    if segment_ids is None:
-        segment_ids = (tokens != 0).astype(jnp.int32)
-        if positions is None:
-            positions = jnp.broadcast_to(jnp.arange(shape[1], dtype=jnp.int32), shape)
-    else:
-        segment_ids = _check_ids(f"{name}_segment_ids", segment_ids, shape)
-    if positions is None:
-        positions = positions_from_segments(segment_ids)
-    positions = _check_ids(f"{name}_positions", positions, shape)
-    return segment_ids, positions
-
-
-def _check_learned_length(config: TransformerConfig, length: int, what: str) -> None:
-    if config.absolute_position == "learned" and length > config.max_len:
-        raise ValueError(
-            f"Transformer: {what} length {length} exceeds max_len={config.max_len} "
-            "of the learned position table"
-        )
 
 
 # -- layers --------------------------------------------------------------------
@@ -368,9 +291,9 @@ class Transformer(nn.Module):
         train: bool = False,
     ) -> Array:
         """Encoder outputs `[B, S, D]` for int `inputs` `[B, S]`."""
-        inputs = _tokens("inputs", inputs)
-        _check_learned_length(self.config, inputs.shape[1], "inputs")
-        seg, pos = _segments_and_positions(inputs, inputs_segment_ids, inputs_positions, "inputs")
+        inputs = check_tokens("inputs", inputs)
+        check_learned_length(self.config, inputs.shape[1], "inputs")
+        seg, pos = segments_and_positions(inputs, inputs_segment_ids, inputs_positions, "inputs")
         return self.encoder(inputs, segment_ids=seg, positions=pos, train=train)
 
     def decode(
@@ -391,8 +314,8 @@ class Transformer(nn.Module):
         positions are real. With `use_cache=True` and an initialised cache,
         `targets` is the previous token `[B, 1]` and nothing is shifted.
         """
-        inputs = _tokens("inputs", inputs)
-        targets = _tokens("targets", targets)
+        inputs = check_tokens("inputs", inputs)
+        targets = check_tokens("targets", targets)
         if (inputs_segment_ids is None) != (targets_segment_ids is None):
             raise ValueError(
                 "Transformer: packed rows need both inputs_segment_ids and "
@@ -403,11 +326,11 @@ class Transformer(nn.Module):
                 f"Transformer: batch/length mismatch: inputs {list(inputs.shape)}, "
                 f"targets {list(targets.shape)}, encoded {list(encoded.shape)}"
             )
-        _check_learned_length(self.config, targets.shape[1], "targets")
-        enc_seg, enc_pos = _segments_and_positions(
+        check_learned_length(self.config, targets.shape[1], "targets")
+        enc_seg, enc_pos = segments_and_positions(
             inputs, inputs_segment_ids, inputs_positions, "inputs"
         )
-        seg, pos = _segments_and_positions(
+        seg, pos = segments_and_positions(
             targets, targets_segment_ids, targets_positions, "targets"
         )
         return self.decoder(

@@ -1,0 +1,108 @@
+"""Pure input handling of the Transformer: shift-right, segments, positions, checks.
+
+Packed rows carry segment ids (>= 1 for real tokens, 0 for padding) and
+positions that restart at each segment. Where a caller gives neither, segment
+ids come from `tokens != 0` (so padding is never attended) and positions are
+`arange`; where only segment ids are given, positions restart per segment.
+
+Shapes: B batch, T length.
+"""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+from jax import lax
+
+from jattn.models.config import TransformerConfig
+
+Array = jax.Array
+
+__all__ = [
+    "check_ids",
+    "check_learned_length",
+    "positions_from_segments",
+    "segments_and_positions",
+    "shift_right",
+    "check_tokens",
+]
+
+
+def shift_right(targets: Array, segment_ids: Array) -> Array:
+    """Decoder inputs: each token's predecessor within its segment, else 0.
+
+    Args:
+      targets: int `[B, T]`.
+      segment_ids: int `[B, T]`.
+
+    Returns:
+      int `[B, T]`: `out[t] = targets[t-1]` when `t-1` is in the same segment
+      as `t`, and the start symbol 0 at every segment's first token.
+    """
+    prev = jnp.pad(targets, ((0, 0), (1, 0)))[:, :-1]  # [B, T]
+    prev_seg = jnp.pad(segment_ids, ((0, 0), (1, 0)), constant_values=-1)[:, :-1]  # [B, T]
+    return jnp.where(prev_seg == segment_ids, prev, 0).astype(targets.dtype)
+
+
+def positions_from_segments(segment_ids: Array) -> Array:
+    """Positions that restart at 0 wherever the segment id changes.
+
+    Args:
+      segment_ids: int `[B, T]`.
+
+    Returns:
+      int32 `[B, T]`, e.g. ids `[1,1,1,2,2,0]` -> `[0,1,2,0,1,0]`.
+    """
+    t = jnp.arange(segment_ids.shape[1], dtype=jnp.int32)  # [T]
+    start = jnp.concatenate(
+        [
+            jnp.ones_like(segment_ids[:, :1], dtype=bool),
+            segment_ids[:, 1:] != segment_ids[:, :-1],
+        ],
+        axis=1,
+    )  # [B, T]
+    first = lax.cummax(jnp.where(start, t, 0), axis=1)  # [B, T] index of the segment start
+    return t - first
+
+
+def check_ids(name: str, x, shape: tuple[int, int]) -> Array:
+    x = jnp.asarray(x)
+    if not jnp.issubdtype(x.dtype, jnp.integer):
+        raise TypeError(f"Transformer: {name} must be an integer array, got dtype {x.dtype}")
+    if x.shape != shape:
+        raise ValueError(f"Transformer: {name} must have shape {list(shape)}, got {list(x.shape)}")
+    return x.astype(jnp.int32)
+
+
+def check_tokens(name: str, x) -> Array:
+    x = jnp.asarray(x)
+    if x.ndim != 2 or not jnp.issubdtype(x.dtype, jnp.integer):
+        raise ValueError(
+            f"Transformer: {name} must be integer token ids [B, length], got "
+            f"{x.dtype} {list(x.shape)}"
+        )
+    return x
+
+
+def segments_and_positions(tokens, segment_ids, positions, name: str):
+    """Segment ids (default: tokens != 0) and positions (default: restarting
+    per given segment, else arange)."""
+    shape = tokens.shape
+    if segment_ids is None:
+        segment_ids = (tokens != 0).astype(jnp.int32)
+        if positions is None:
+            positions = jnp.broadcast_to(jnp.arange(shape[1], dtype=jnp.int32), shape)
+    else:
+        segment_ids = check_ids(f"{name}_segment_ids", segment_ids, shape)
+    if positions is None:
+        positions = positions_from_segments(segment_ids)
+    positions = check_ids(f"{name}_positions", positions, shape)
+    return segment_ids, positions
+
+
+def check_learned_length(config: TransformerConfig, length: int, what: str) -> None:
+    if config.absolute_position == "learned" and length > config.max_len:
+        raise ValueError(
+            f"Transformer: {what} length {length} exceeds max_len={config.max_len} "
+            "of the learned position table"
+        )
