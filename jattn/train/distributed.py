@@ -5,7 +5,10 @@
 - with the explicit arguments when `--coordinator_address`, `--num_processes`
   and `--process_id` are given (e.g. two processes on 127.0.0.1);
 - with no arguments when the environment is a cluster JAX detects itself: a
-  SLURM job step with more than one task, or a multi-host Cloud TPU slice;
+  SLURM job step with more than one task, a multi-host TPU slice that
+  advertises its workers (TPU_WORKER_HOSTNAMES, as on GKE), or whenever
+  ``JATTN_DISTRIBUTED=1`` (launch/tpu_vm.sh sets it: on TPU VMs JAX finds
+  the peers from the metadata server);
 - not at all otherwise (one process sees all local devices).
 
 Several CPU processes need a collectives backend; gloo is selected before the
@@ -24,8 +27,10 @@ __all__ = ["PreemptionWatch", "cluster_detected", "initialize"]
 
 
 def cluster_detected(env: dict[str, str] | None = None) -> bool:
-    """True in a multi-task SLURM step or on a multi-host Cloud TPU VM slice."""
+    """True in a multi-task SLURM step, a multi-host TPU slice, or with JATTN_DISTRIBUTED=1."""
     env = os.environ if env is None else env
+    if env.get("JATTN_DISTRIBUTED") == "1":
+        return True
     slurm_tasks = env.get("SLURM_NTASKS") or env.get("SLURM_NPROCS") or "1"
     if env.get("SLURM_JOB_ID") and slurm_tasks.isdigit() and int(slurm_tasks) > 1:
         return True
