@@ -1,0 +1,258 @@
+"""Probing a trained Transformer: capture attention, then intervene.
+
+Attention weights are not explanations: a large weight on a small or
+cancelling value may matter less than it looks, and the residual stream can
+route around a head. So next to capturing per-layer, per-head weights this
+module changes the computation and measures what the output does:
+
+- hide key positions from an attention layer (`hide_keys`),
+- replace the value payload at key positions (`replace_values`),
+- ablate heads (`ablate_heads`),
+
+each reported as the change in the log-probability of the reference and in
+token accuracy. Interventions travel to the attention layers as the
+"interventions" variable collection (see `jattn.models.layers.Attention`),
+keyed by module path, e.g. ``("decoder", "layer_1", "cross_attention")``; a
+model applied without that collection is untouched.
+
+Shapes: B batch, S source length, T target length, N heads, K kv heads,
+H head dim.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Sequence
+from typing import Any
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from jattn.models import Transformer
+
+Array = jax.Array
+Path = tuple[str, ...]
+
+COLLECTION = "interventions"
+
+__all__ = [
+    "ablate_heads",
+    "attention_paths",
+    "capture",
+    "head_ablation_table",
+    "hide_keys",
+    "merge",
+    "reference_scores",
+    "replace_values",
+    "source_position_effects",
+]
+
+
+def _nest(path: Path, leaves: dict[str, Array]) -> dict:
+    tree: dict = dict(leaves)
+    for part in reversed(path):
+        tree = {part: tree}
+    return tree
+
+
+def merge(*interventions: dict) -> dict:
+    """Deep-merge intervention trees (later ones win on the same leaf)."""
+    out: dict = {}
+    for tree in interventions:
+        for k, v in tree.items():
+            out[k] = merge(out[k], v) if isinstance(v, dict) and isinstance(out.get(k), dict) else v
+    return out
+
+
+def hide_keys(path: Path, visible: Array) -> dict:
+    """Make key positions invisible to one attention layer.
+
+    Args:
+      path: module path of an attention layer.
+      visible: bool `[B, S]`; False hides that key from every query and head.
+    """
+    return _nest(path, {"key_visible": jnp.asarray(visible, bool)})
+
+
+def replace_values(path: Path, where: Array, replacement: Array) -> dict:
+    """Replace the value vectors (after projection) at some key positions.
+
+    Args:
+      path: module path of an attention layer.
+      where: bool `[B, S]`.
+      replacement: `[B, S, K, H]` (only positions in `where` are used).
+    """
+    return _nest(
+        path,
+        {"value_where": jnp.asarray(where, bool), "value_replacement": jnp.asarray(replacement)},
+    )
+
+
+def ablate_heads(path: Path, num_heads: int, heads: Sequence[int]) -> dict:
+    """Zero the outputs of `heads` of one attention layer (before the output
+    projection), so the layer's residual update omits them."""
+    gate = np.ones(num_heads, np.float32)
+    gate[list(heads)] = 0.0
+    return _nest(path, {"head_gate": jnp.asarray(gate)})
+
+
+def _variables(params, interventions):
+    params = params["params"] if isinstance(params, dict) and set(params) == {"params"} else params
+    v = {"params": params}
+    if interventions:
+        v[COLLECTION] = interventions
+    return v
+
+
+def capture(
+    model: Transformer,
+    params: Any,
+    inputs: Array,
+    targets: Array,
+    interventions: dict | None = None,
+) -> tuple[Array, dict[Path, Array]]:
+    """Logits and every attention layer's weights.
+
+    Returns:
+      `(logits [B, T, V], {path: weights [B, N, T, S]})`, weights float32.
+    """
+    probe = model.clone(config=dataclasses.replace(model.config, capture_attention=True))
+    logits, state = probe.apply(
+        _variables(params, interventions), inputs, targets, mutable=["intermediates"]
+    )
+    flat = jax.tree_util.tree_flatten_with_path(state["intermediates"])[0]
+    weights = {}
+    for keypath, leaf in flat:
+        names = tuple(getattr(k, "key", getattr(k, "name", str(k))) for k in keypath)
+        if "attention_weights" in names:
+            weights[names[: names.index("attention_weights")]] = leaf
+    return logits, weights
+
+
+def attention_paths(model: Transformer, params: Any, inputs: Array, targets: Array) -> list[Path]:
+    """Module paths of every attention layer, in call order."""
+    return list(capture(model, params, inputs[:1], targets[:1])[1])
+
+
+def reference_scores(
+    model: Transformer,
+    params: Any,
+    inputs: Array,
+    targets: Array,
+    interventions: dict | None = None,
+) -> dict[str, Array]:
+    """Per example: summed log-probability of the reference targets and token
+    accuracy (teacher forcing), over non-padding target tokens.
+
+    Returns:
+      ``{"logprob": [B], "accuracy": [B]}``.
+    """
+    logits = model.apply(_variables(params, interventions), inputs, targets)  # [B, T, V]
+    logp = jax.nn.log_softmax(logits.astype(jnp.float32), axis=-1)
+    real = (targets > 0).astype(jnp.float32)  # [B, T]
+    tok = jnp.take_along_axis(logp, targets[..., None], axis=-1)[..., 0]  # [B, T]
+    correct = (jnp.argmax(logits, -1) == targets).astype(jnp.float32)
+    return {
+        "logprob": jnp.sum(tok * real, -1),
+        "accuracy": jnp.sum(correct * real, -1) / jnp.maximum(jnp.sum(real, -1), 1.0),
+    }
+
+
+def _scores_fn(model):
+    return jax.jit(lambda p, i, t, iv: reference_scores(model, p, i, t, iv))
+
+
+def source_position_effects(
+    model: Transformer, params: Any, inputs: Array, targets: Array
+) -> dict[str, np.ndarray]:
+    """Cross-attention weight on each source position against the effect of
+    hiding that position from every cross-attention layer.
+
+    Returns:
+      ``weight [B, S]``: mean over layers, heads and real target tokens of the
+      cross-attention weight; ``effect [B, S]``: drop in the reference
+      log-probability when the position is hidden; ``base [B]``: the
+      unperturbed log-probability. Padding source positions get NaN.
+    """
+    _, weights = capture(model, params, inputs, targets)
+    cross = [p for p in weights if p[-1] == "cross_attention"]
+    real_t = np.asarray(targets > 0, np.float32)  # [B, T]
+    w = np.mean([np.asarray(weights[p]).mean(1) for p in cross], axis=0)  # [B, T, S]
+    weight = (w * real_t[..., None]).sum(1) / np.maximum(real_t.sum(1, keepdims=True), 1)
+    score = _scores_fn(model)
+    base = np.asarray(score(params, inputs, targets, None)["logprob"])
+    b, s = inputs.shape
+    effect = np.full((b, s), np.nan)
+    for pos in range(s):
+        visible = np.ones((b, s), bool)
+        visible[:, pos] = False
+        iv = merge(*[hide_keys(p, visible) for p in cross])
+        hidden = np.asarray(score(params, inputs, targets, iv)["logprob"])
+        effect[:, pos] = base - hidden
+    real_s = np.asarray(inputs > 0)
+    weight = np.where(real_s, weight, np.nan)
+    effect = np.where(real_s, effect, np.nan)
+    return {"weight": weight, "effect": effect, "base": base}
+
+
+def head_ablation_table(
+    model: Transformer, params: Any, inputs: Array, targets: Array
+) -> list[dict[str, Any]]:
+    """Ablate each head of each attention layer alone; rows sorted by cost
+    (largest drop in mean reference log-probability first)."""
+    paths = attention_paths(model, params, inputs, targets)
+    score = _scores_fn(model)
+    base = jax.device_get(score(params, inputs, targets, None))
+    n = model.config.num_heads
+    rows = []
+    for path in paths:
+        for head in range(n):
+            s = jax.device_get(score(params, inputs, targets, ablate_heads(path, n, [head])))
+            rows.append(
+                {
+                    "layer": "/".join(path),
+                    "head": head,
+                    "logprob_drop": float(np.mean(base["logprob"] - s["logprob"])),
+                    "accuracy_drop": float(np.mean(base["accuracy"] - s["accuracy"])),
+                }
+            )
+    rows.sort(key=lambda r: -r["logprob_drop"])
+    return rows
+
+
+def plot_weight_vs_effect(effects: dict[str, np.ndarray], path: str, labels=None) -> None:
+    """Scatter of attention weight (x) against intervention effect (y) per
+    source position, one colour per example."""
+    import matplotlib  # noqa: PLC0415
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt  # noqa: PLC0415
+
+    fig, ax = plt.subplots(figsize=(7, 5))
+    cmap = plt.get_cmap("tab10")
+    for i in range(effects["weight"].shape[0]):
+        ok = np.isfinite(effects["weight"][i])
+        label = labels[i] if labels else f"example {i}"
+        ax.scatter(
+            effects["weight"][i][ok],
+            effects["effect"][i][ok],
+            color=cmap(i % 10),
+            label=label,
+            s=30,
+        )
+    ax.axhline(0.0, color="0.6", linewidth=0.8)
+    ax.set_xlabel("mean cross-attention weight on the source position")
+    ax.set_ylabel("drop in log p(reference) when the position is hidden")
+    ax.set_title("Attention weight vs. intervention effect, per source position")
+    ax.legend(fontsize=7)
+    ax.grid(alpha=0.3)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def unbox(params: Any) -> Any:
+    """Strip flax partitioning metadata (restored checkpoints may carry it)."""
+    return nn.unbox(params)
