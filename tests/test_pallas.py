@@ -564,6 +564,7 @@ def test_block_size_validation():
 # The GPU benchmark script runs (tiny CPU configuration, interpret mode).
 
 
+@pytest.mark.slow  # a subprocess: imports jax and compiles a dozen programs (~20-40 s)
 def test_bench_gpu_cpu_smoke(tmp_path):
     out = tmp_path / "bench.csv"
     env = dict(os.environ, JAX_PLATFORMS="cpu")
