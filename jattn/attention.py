@@ -52,12 +52,13 @@ _CHUNKED_MIN_LOGITS = 1024 * 1024
 def default_implementation(t: int, s: int, backend: str | None = None) -> str:
     """The implementation `implementation=None` resolves to.
 
-    On GPU and TPU the Pallas kernel; on the CPU the xla path for small
+    On NVIDIA/AMD GPUs the Pallas kernel (Triton); on the CPU and on TPU (whose
+    Mosaic backend the kernel does not target yet) the xla path for small
     problems (fewer dispatch overheads) and the chunked path once the logits
     would be large.
     """
     backend = backend or jax.default_backend()
-    if backend in ("gpu", "cuda", "rocm", "tpu"):
+    if backend in ("gpu", "cuda", "rocm"):
         return "pallas"
     return "chunked" if t * s >= _CHUNKED_MIN_LOGITS else "xla"
 

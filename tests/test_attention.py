@@ -304,7 +304,8 @@ def test_default_implementation_choice():
     assert jattn.default_implementation(128, 128, backend="cpu") == "xla"
     assert jattn.default_implementation(4096, 4096, backend="cpu") == "chunked"
     assert jattn.default_implementation(128, 128, backend="gpu") == "pallas"
-    assert jattn.default_implementation(128, 128, backend="tpu") == "pallas"
+    assert jattn.default_implementation(128, 128, backend="tpu") == "xla"
+    assert jattn.default_implementation(4096, 4096, backend="tpu") == "chunked"
 
 
 def test_attention_weights_are_what_the_output_mixes():
