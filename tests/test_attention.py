@@ -49,7 +49,7 @@ def assert_matches_oracle(impl_key, q, k, v, tol=FP32_TOL, **kw):
 # --- the worked example from the article ------------------------------------
 
 
-@pytest.mark.parametrize("impl", ["xla", "chunked"])
+@pytest.mark.parametrize("impl", ["xla", "chunked", "pallas"])
 def test_three_key_worked_example(impl):
     """query [1,0]; keys [1,0],[0,1],[-1,0]; values 10,20,40 -> about 17.04."""
     q = np.array([1.0, 0.0], np.float32).reshape(1, 1, 1, 2)
