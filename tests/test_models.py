@@ -17,13 +17,11 @@ import ml_collections
 import numpy as np
 import pytest
 
-import jattn
 from jattn.models import (
     POSITIONS,
     Transformer,
     TransformerConfig,
     abstract_params,
-    attention_weights,
     count_params,
     param_counts,
     positions_from_segments,
@@ -539,37 +537,6 @@ def test_dropout_only_in_training(zoo):
     evaluation = np.asarray(b.fwd(b.params, x, x, seg, seg, pos, pos))
     assert np.abs(np.asarray(one) - evaluation).max() > 1e-3
     assert np.isfinite(np.asarray(one)).all()
-
-
-def test_attention_weights_reproduce_attention_output():
-    """The capture formula (weights, then mix) equals dot_product_attention."""
-    rng = np.random.default_rng(2)
-    b, t, s, n, k, h, dist = 2, 5, 6, 4, 2, 3, 2
-    q = jnp.asarray(rng.normal(size=(b, t, n, h)), jnp.float32)
-    key = jnp.asarray(rng.normal(size=(b, s, k, h)), jnp.float32)
-    v = jnp.asarray(rng.normal(size=(b, s, k, h)), jnp.float32)
-    rel = jnp.asarray(rng.normal(size=(2 * dist + 1, h)), jnp.float32)
-    bias = jnp.asarray(rng.normal(size=(1, n, t, s)), jnp.float32)
-    qseg = jnp.array([[1, 1, 2, 2, 2], [1, 1, 1, 1, 0]])
-    kvseg = jnp.array([[1, 1, 1, 2, 2, 2], [1, 1, 1, 1, 1, 1]])  # row 1, query 4: none visible
-    qpos = jnp.array([[0, 1, 0, 1, 2], [0, 1, 2, 3, 0]])
-    kvpos = jnp.array([[0, 1, 2, 0, 1, 2], [0, 1, 2, 3, 4, 5]])
-    args = dict(bias=bias, is_causal=True, q_segment_ids=qseg, kv_segment_ids=kvseg,
-                q_positions=qpos, kv_positions=kvpos)  # fmt: skip
-
-    @jax.jit
-    def run(q, key, v, rel):
-        w = attention_weights(q, key, rel_key=rel, max_distance=dist, scale=h**-0.5, **args)
-        out = jattn.dot_product_attention(
-            q, key, v, relative=jattn.ShawRelative(key=rel, max_distance=dist), **args
-        )
-        return w, out, jnp.einsum("BNTS,BSNH->BTNH", w, jnp.repeat(v, n // k, axis=2))
-
-    w, out, mixed = run(q, key, v, rel)
-    np.testing.assert_allclose(mixed, out, rtol=1e-5, atol=1e-6)
-    sums = np.asarray(w.sum(-1))
-    assert np.all(sums[1, :, 4] == 0)  # the row that sees nothing
-    np.testing.assert_allclose(np.delete(sums[1], 4, axis=-1), 1.0, rtol=1e-6)
 
 
 def test_capture_attention_sows_weights_only_when_asked(zoo):

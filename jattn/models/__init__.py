@@ -7,7 +7,6 @@
 Needs flax (the `train` extra); `import jattn` alone does not import this.
 """
 
-from jattn.models.attention_weights import attention_weights
 from jattn.models.config import POSITIONS, TransformerConfig
 from jattn.models.summary import abstract_params, count_params, param_counts, summary
 from jattn.models.transformer import (
@@ -29,7 +28,6 @@ __all__ = [
     "Transformer",
     "TransformerConfig",
     "abstract_params",
-    "attention_weights",
     "count_params",
     "param_counts",
     "positions_from_segments",
