@@ -28,6 +28,7 @@ from jattn.train import (
     apply_overrides,
     config_to_dict,
     load_config,
+    load_run,
     read_metrics,
     train_and_evaluate,
 )
@@ -172,6 +173,28 @@ def test_incompatible_workdir_is_refused_and_left_untouched(reference, tmp_path,
         and "seed: checkpoint 0 != config 3" in err
     )
     assert {p: p.read_bytes() for p in workdir.rglob("*") if p.is_file()} == before
+
+
+def test_load_run_reproduces_the_decodes_written_by_the_run(reference):
+    """The restored parameters decode the validation inputs exactly as the run did."""
+    from jattn import data, decoding
+    from jattn.train.evaluation import ids_to_text
+
+    workdir = reference[0]
+    run = load_run(str(workdir))
+    assert run.step == 40 and run.config.dataset == "copy/tiny"
+    with pytest.raises(ValueError, match="no checkpoint at step 7"):
+        load_run(str(workdir), step=7)
+    tokenizer = data.load(run.config.dataset).tokenizer
+    decoded = [json.loads(x) for x in (workdir / "decodes" / "validation.jsonl").open()]
+    inputs = np.zeros((len(decoded), run.config.eval_max_len), np.int32)
+    for i, example in enumerate(decoded):
+        ids = tokenizer.encode(example["input"])
+        inputs[i, : len(ids)] = ids
+    out = decoding.greedy(run.model, run.params, inputs, max_length=run.config.eval_max_len)
+    assert [ids_to_text(tokenizer, row) for row in np.asarray(out)] == [
+        e["prediction"] for e in decoded
+    ]
 
 
 # -- faults -----------------------------------------------------------------------------

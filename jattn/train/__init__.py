@@ -19,18 +19,22 @@ from jattn.train.config import (
 from jattn.train.defaults import apply_variant, check_config, default_config
 from jattn.train.loop import TrainingDivergedError, build_model_config, train_and_evaluate
 from jattn.train.metrics import read_metrics
+from jattn.train.restore import TrainedRun, checkpoint_steps, load_run
 
 __all__ = [
     "ConfigError",
+    "TrainedRun",
     "TrainingDivergedError",
     "apply_overrides",
     "apply_variant",
     "build_model_config",
     "check_config",
+    "checkpoint_steps",
     "config_to_dict",
     "config_to_json",
     "default_config",
     "load_config",
+    "load_run",
     "read_metrics",
     "split_overrides",
     "train_and_evaluate",

@@ -1,0 +1,87 @@
+"""Loading a trained run back from its workdir, for analysis (probing, decoding, plots).
+
+    run = jattn.train.load_run("runs/numbers")            # the latest checkpoint
+    logits = run.model.apply({"params": run.params}, inputs, targets)
+    ids = jattn.decoding.greedy(run.model, run.params, inputs, max_length=64)
+
+Parameters are restored onto one device (the first local one) whatever mesh
+the run was trained on, so a checkpoint of an 8-device run opens on a laptop.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+from typing import Any
+
+import jax
+import ml_collections
+import orbax.checkpoint as ocp
+
+from jattn.train.checkpoints import CHECKPOINT_DIR
+
+__all__ = ["TrainedRun", "checkpoint_steps", "load_run"]
+
+
+@dataclasses.dataclass
+class TrainedRun:
+    """A trained model read from a workdir.
+
+    Attributes:
+      config: the run's resolved config (`config.json`), unlocked.
+      model: `jattn.models.Transformer` with the run's `TransformerConfig`.
+      params: the parameters at `step` (jax arrays on one device).
+      step: the checkpoint's step.
+    """
+
+    config: ml_collections.ConfigDict
+    model: Any
+    params: Any
+    step: int
+
+
+def checkpoint_steps(workdir: str) -> list[int]:
+    """The steps of the complete checkpoints in `workdir` (torn saves excluded), ascending."""
+    folder = os.path.join(workdir, CHECKPOINT_DIR)
+    if not os.path.isdir(folder):
+        return []
+    return sorted(int(name) for name in os.listdir(folder) if name.isdigit())
+
+
+def load_run(workdir: str, step: int | None = None) -> TrainedRun:
+    """Reads the config, the model config and the parameters of checkpoint `step`.
+
+    Args:
+      workdir: a `jattn train` workdir.
+      step: a checkpoint step; None takes the latest.
+
+    Raises:
+      FileNotFoundError: no run or no checkpoint there.
+      ValueError: `step` is not one of the saved steps (they are listed).
+    """
+    from jattn.models import Transformer, TransformerConfig  # noqa: PLC0415
+
+    for name in ("config.json", "model_config.json"):
+        if not os.path.exists(os.path.join(workdir, name)):
+            raise FileNotFoundError(f"load_run: {workdir!r} has no {name}; not a jattn workdir")
+    steps = checkpoint_steps(workdir)
+    if not steps:
+        raise FileNotFoundError(f"load_run: no checkpoint in {workdir!r}")
+    step = steps[-1] if step is None else step
+    if step not in steps:
+        raise ValueError(f"load_run: no checkpoint at step {step} in {workdir!r}; saved: {steps}")
+    with open(os.path.join(workdir, "config.json")) as f:
+        config = ml_collections.ConfigDict(json.load(f))
+    with open(os.path.join(workdir, "model_config.json")) as f:
+        model_config = TransformerConfig.from_dict(json.load(f))
+
+    path = os.path.abspath(os.path.join(workdir, CHECKPOINT_DIR, str(step), "state"))
+    checkpointer = ocp.StandardCheckpointer()
+    saved = checkpointer.metadata(path).item_metadata
+    device = jax.sharding.SingleDeviceSharding(jax.local_devices()[0])
+    target = jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=device), saved)
+    state = checkpointer.restore(path, target)
+    checkpointer.close()
+    model = Transformer(model_config)
+    return TrainedRun(config=config, model=model, params=state["params"], step=step)
