@@ -328,9 +328,9 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def run_two_processes(workdir, env, *extra) -> list[str]:
+def start_two_processes(workdir, env, *extra) -> list[subprocess.Popen]:
     port = free_port()
-    procs = [
+    return [
         subprocess.Popen(
             train_cmd(
                 workdir,
@@ -350,6 +350,9 @@ def run_two_processes(workdir, env, *extra) -> list[str]:
         )  # fmt: skip
         for i in range(2)
     ]
+
+
+def finish(procs: list[subprocess.Popen]) -> list[str]:
     outs = []
     for p in procs:
         out, _ = p.communicate(timeout=400)
@@ -359,22 +362,31 @@ def run_two_processes(workdir, env, *extra) -> list[str]:
 
 
 @pytest.mark.slow
-def test_two_processes_train_checkpoint_and_resume_exactly(cache_env, tmp_path):
-    """Two processes on 127.0.0.1 (gloo): an uninterrupted 15-step run, and a run resumed
-    from its step-10 checkpoint, agree step by step."""
-    args = ("--config.num_train_steps=15", "--config.checkpoint_every_steps=5",
-            "--config.eval_splits=()")  # fmt: skip
+def test_two_processes_train_checkpoint_preempt_and_resume_exactly(cache_env, tmp_path):
+    """Two processes on 127.0.0.1 (gloo): an uninterrupted 15-step run; then a run resumed
+    from its step-10 checkpoint, preempted by SIGTERM to both processes, agrees with it
+    step by step and saves at the step both processes agreed on."""
+    args = ("--config.checkpoint_every_steps=5", "--config.eval_splits=()")
     full = tmp_path / "full"
-    outs = run_two_processes(full, cache_env, *args)
+    outs = finish(start_two_processes(full, cache_env, "--config.num_train_steps=15", *args))
     assert "done at step 15" in outs[0] and "done at step" not in outs[1]  # process 0 reports
     step10 = full / "checkpoints" / "10"
     assert {p.name for p in (step10 / "data").glob("*.json")} == {
         "process_0-of-2.json",
         "process_1-of-2.json",
     }
+
     resumed = tmp_path / "resumed"
     shutil.copytree(step10, resumed / "checkpoints" / "10")
-    run_two_processes(resumed, cache_env, *args)
+    procs = start_two_processes(resumed, cache_env, "--config.num_train_steps=100000", *args)
+    wait_for_step(resumed, procs[0], 15)
+    for p in procs:
+        p.send_signal(signal.SIGTERM)
+    outs = finish(procs)
+    assert "preempted at step" in outs[0]
     got = losses(resumed)
-    assert sorted(got) == list(range(11, 16))  # continued from 10, not from scratch
+    assert min(got) == 11  # continued from 10, not from scratch
     compare(got, losses(full), range(11, 16), rtol=1e-6)
+    saved = sorted(int(p.name) for p in (resumed / "checkpoints").iterdir() if p.name.isdigit())
+    assert saved[-1] == max(got) >= 15  # one checkpoint, at the step both processes stopped
+    assert (resumed / "checkpoints" / str(saved[-1]) / "data" / "process_1-of-2.json").exists()

@@ -35,7 +35,7 @@ from jattn.train import mesh as mesh_lib
 from jattn.train.config import ConfigError, config_to_json
 from jattn.train.defaults import check_config
 from jattn.train.distributed import PreemptionWatch
-from jattn.train.metrics import MetricsWriter, Progress
+from jattn.train.metrics import MetricsWriter, Progress, read_metrics
 from jattn.train.optim import make_optimizer
 
 __all__ = ["TrainingDivergedError", "build_model_config", "train_and_evaluate"]
@@ -376,6 +376,9 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict[
         writer.close()
 
     steady = timer["steady_steps"] / timer["steady_t"] if timer["steady_t"] > 0 else float("nan")
+    if not math.isfinite(last["loss"]):  # resumed at the end: no step ran in this process
+        logged = [r["train/loss"] for r in read_metrics(workdir) if "train/loss" in r]
+        last["loss"] = float(logged[-1]) if logged else float("nan")
     result = {
         "step": step,
         "preempted": preempted,
