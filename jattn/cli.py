@@ -162,6 +162,12 @@ def _experiment_dirs() -> list[Path]:
     return list(dict.fromkeys([here, checkout]))
 
 
+def available_benches() -> list[str]:
+    """Names NAME of the experiments/bench_NAME.py scripts that can be found."""
+    dirs = [d for d in _experiment_dirs() if d.is_dir()]
+    return sorted({p.stem.removeprefix("bench_") for d in dirs for p in d.glob("bench_*.py")})
+
+
 def find_bench(name: str) -> Path:
     """The path of `experiments/bench_<name>.py`.
 
@@ -173,11 +179,9 @@ def find_bench(name: str) -> Path:
         path = d / f"bench_{name}.py"
         if path.is_file():
             return path
-    found = sorted(
-        {p.stem.removeprefix("bench_") for d in dirs if d.is_dir() for p in d.glob("bench_*.py")}
-    )
-    where = ", ".join(str(d) for d in dirs)
+    found = available_benches()
     if not found:
+        where = ", ".join(str(d) for d in dirs)
         raise UsageError(
             f"no experiments folder with bench_{name}.py (looked in {where}); "
             "run from a checkout of the jattn repository"
@@ -190,10 +194,7 @@ def bench_command(argv: Sequence[str]) -> int:
     prog = "jattn bench"
     if not argv or argv[0] in ("-h", "--help"):
         print(f"usage: {prog} NAME [args ...]   (runs experiments/bench_NAME.py)")
-        try:
-            find_bench("\0")
-        except UsageError as e:
-            print(str(e).split("; ", 1)[-1])
+        print("available: " + (", ".join(available_benches()) or "none found"))
         return 0 if argv else 2
     try:
         path = find_bench(argv[0])

@@ -254,3 +254,25 @@ def test_check_config():
 )
 def test_cluster_detection(env, want):
     assert cluster_detected(env) is want
+
+
+# -- checkpoint retention ---------------------------------------------------------------
+
+
+@pytest.mark.parametrize("mode, best", [("max", 2), ("min", 3)])
+def test_retention_keeps_the_last_n_and_the_best(tmp_path, mode, best):
+    import orbax.checkpoint as ocp
+
+    from jattn.train import checkpoints as ckpt
+
+    c = default_config()
+    c.keep_checkpoints, c.best_metric, c.best_mode = 2, "eval/validation/exact_match", mode
+    mngr = ckpt.make_manager(str(tmp_path), c)
+    scores = {1: 0.2, 2: 0.9, 3: 0.1, 4: None, 5: 0.5, 6: None}
+    for step, score in scores.items():
+        metrics = None if score is None else {"eval/validation/exact_match": score}
+        args = ocp.args.Composite(state=ocp.args.StandardSave({"w": np.full(3, step, np.float32)}))
+        mngr.save(step, args=args, metrics=metrics, force=True)
+    mngr.wait_until_finished()
+    assert sorted(mngr.all_steps()) == sorted({5, 6, best})
+    mngr.close()
