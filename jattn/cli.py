@@ -29,6 +29,8 @@ __all__ = ["COMMANDS", "config_arguments", "load_config_from_args", "main"]
 COMMANDS: dict[str, tuple[str, str]] = {
     "train": ("jattn.cli:train_command", "train (or resume) one run from a config"),
     "bench": ("jattn.cli:bench_command", "run experiments/bench_NAME.py with the given args"),
+    "ablate": ("jattn.ablation.command:ablate_command", "run, emit or report an ablation grid"),
+    "probe": ("jattn.probe_command:probe_command", "interventions on a trained run"),
 }
 
 DEFAULT_CACHE = os.path.join(os.path.expanduser("~"), ".cache", "jattn", "xla")

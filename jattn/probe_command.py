@@ -24,35 +24,22 @@ import numpy as np
 
 
 def load_run(workdir: str, step: int | None = None):
-    """`(model, params, task, train_config_dict, step)` of a finished or
-    interrupted run: the model config, the task (for the tokenizer and the
-    splits) and the parameters of checkpoint `step` (default: the latest)."""
-    import orbax.checkpoint as ocp  # noqa: PLC0415
-
+    """`(model, params, task, config, step)`: the trained run (see
+    `jattn.train.load_run`) and its task, for the tokenizer and the splits."""
     from jattn import data as data_lib  # noqa: PLC0415
-    from jattn.models import Transformer, TransformerConfig  # noqa: PLC0415
+    from jattn.train.restore import load_run as load_trained  # noqa: PLC0415
 
-    with open(os.path.join(workdir, "config.json")) as f:
-        config = json.load(f)
-    with open(os.path.join(workdir, "model_config.json")) as f:
-        model_config = TransformerConfig.from_dict(json.load(f))
+    run = load_trained(workdir, step)
+    c = run.config
     task = data_lib.load(
-        config["dataset"],
-        data_dir=config.get("data_dir"),
-        tokenizer=config.get("tokenizer", "char"),
-        vocab_size=config.get("vocab_size", 8000),
-        source_key=config.get("source_key"),
-        target_key=config.get("target_key"),
+        c.dataset,
+        data_dir=c.get("data_dir"),
+        tokenizer=c.get("tokenizer", "char"),
+        vocab_size=c.get("vocab_size", 8000),
+        source_key=c.get("source_key"),
+        target_key=c.get("target_key"),
     )
-    mngr = ocp.CheckpointManager(os.path.abspath(os.path.join(workdir, "checkpoints")))
-    step = mngr.latest_step() if step is None else step
-    if step is None:
-        raise FileNotFoundError(f"no checkpoint in {workdir}/checkpoints")
-    restored = mngr.restore(step, args=ocp.args.Composite(state=ocp.args.StandardRestore()))
-    mngr.close()
-    state = restored.state
-    params = state["params"] if isinstance(state, dict) else state.params
-    return Transformer(model_config), params, task, config, step
+    return run.model, run.params, task, c, run.step
 
 
 def encode_examples(task, split: str, count: int):
@@ -83,9 +70,10 @@ def probe_command(argv: Sequence[str]) -> int:
     parser.add_argument("--step", type=int, default=None, help="checkpoint step (latest)")
     parser.add_argument("--top", type=int, default=10, help="heads listed in the table")
     args = parser.parse_args(argv)
-    if not os.path.exists(os.path.join(args.workdir, "model_config.json")):
-        return _fail(prog, f"{args.workdir} is not a jattn run directory (no model_config.json)")
-    model, params, task, _, step = load_run(args.workdir, args.step)
+    try:
+        model, params, task, _, step = load_run(args.workdir, args.step)
+    except (FileNotFoundError, ValueError) as e:
+        return _fail(prog, str(e))
     if args.split not in task.splits:
         return _fail(prog, f"unknown split {args.split!r}; the task has {', '.join(task.splits)}")
     inputs, targets, texts = encode_examples(task, args.split, args.examples)

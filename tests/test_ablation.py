@@ -70,3 +70,26 @@ def test_tiny_ablation_writes_outputs_and_resumes(tmp_path, capsys):
     out = capsys.readouterr().out
     assert "2 already finished, 0 to train" in out
     assert [os.stat(p).st_mtime_ns for p in finals] == stamps  # nothing retrained
+
+    # The probe opens a run of the grid from its checkpoint.
+    from jattn.cli import main
+
+    out = tmp_path / "probe"
+    run_dir = workdir / "runs" / "position-shaw_seed-0"
+    assert main(["probe", "--workdir", str(run_dir), "--out", str(out), "--examples", "2"]) == 0
+    assert (out / "weight_vs_effect.png").read_bytes()[:4] == b"\x89PNG"
+    table = (out / "head_ablation.md").read_text()
+    assert "| decoder/layer_0/cross_attention |" in table
+    assert main(["probe", "--workdir", str(tmp_path), "--out", str(out)]) == 2  # not a run
+
+
+def test_cli_emit_and_bad_key(tmp_path, capsys):
+    from jattn.cli import main
+
+    assert main(["ablate", "--config", TINY, "--workdir", str(tmp_path), "--emit", "commands"]) == 0
+    assert capsys.readouterr().out.count("jattn train") == 2
+    status = main(
+        ["ablate", "--config", TINY, "--workdir", str(tmp_path), "--config.grid.seed.valuez=1"]
+    )
+    assert status == 2
+    assert "valuez" in capsys.readouterr().err
