@@ -55,20 +55,22 @@ def candidates(with_pallas: bool):
     def jattn_impl(impl, shaw):
         def f(q, k, v, rk, rv, causal):
             rel = jattn.ShawRelative(rk, rv, (rk.shape[0] - 1) // 2) if shaw else None
-            return jattn.dot_product_attention(q, k, v, is_causal=causal, relative=rel,
-                                               implementation=impl)
+            return jattn.dot_product_attention(
+                q, k, v, is_causal=causal, relative=rel, implementation=impl
+            )
 
         return f
 
     out = {
-        "jax.nn (xla)": (lambda q, k, v, rk, rv, c: jax.nn.dot_product_attention(
-            q, k, v, is_causal=c), False),
+        "jax.nn (xla)": (
+            lambda q, k, v, rk, rv, c: jax.nn.dot_product_attention(q, k, v, is_causal=c),
+            False,
+        ),
         "jattn xla": (jattn_impl("xla", False), False),
         "jattn chunked": (jattn_impl("chunked", False), False),
         "jattn chunked + shaw": (jattn_impl("chunked", True), True),
         "jattn xla + shaw": (jattn_impl("xla", True), True),
-        "t2t gather shaw": (lambda q, k, v, rk, rv, c: t2t_shaw(q, k, v, rk, rv, causal=c),
-                            True),
+        "t2t gather shaw": (lambda q, k, v, rk, rv, c: t2t_shaw(q, k, v, rk, rv, causal=c), True),
     }
     if with_pallas:
         out["jattn pallas"] = (jattn_impl("pallas", False), False)
@@ -112,12 +114,23 @@ def run(args) -> list[dict]:
                 if mode == "fwd":
                     f = lambda q, k, v, rk, rv, fn=fn: fn(q, k, v, rk, rv, args.causal)
                 else:
+
                     def f(q, k, v, rk, rv, fn=fn):
                         def loss(q, k, v, rk, rv):
                             return jnp.sum(fn(q, k, v, rk, rv, args.causal).astype(jnp.float32))
+
                         return jax.grad(loss, argnums=(0, 1, 2, 3, 4))(q, k, v, rk, rv)
-                row = dict(L=length, impl=name, mode=mode, causal=args.causal,
-                           dtype=args.dtype, ms=None, temp_mib=None, note="")
+
+                row = dict(
+                    L=length,
+                    impl=name,
+                    mode=mode,
+                    causal=args.causal,
+                    dtype=args.dtype,
+                    ms=None,
+                    temp_mib=None,
+                    note="",
+                )
                 try:
                     compiled, temp = measure(f, (q, k, v, rk, rv), args.repeats)
                     row["temp_mib"] = None if temp is None else temp / 2**20
@@ -141,6 +154,7 @@ def format_row(r):
 def with_ratios(rows):
     """Time and memory relative to the peer (jax.nn) and Shaw against plain
     chunked, at the same length and mode."""
+
     def find(length, impl, mode):
         for r in rows:
             if r["L"] == length and r["impl"] == impl and r["mode"] == mode:
@@ -150,22 +164,30 @@ def with_ratios(rows):
     for r in rows:
         peer = find(r["L"], "jax.nn (xla)", r["mode"])
         r["time_vs_jax_nn"] = (r["ms"] / peer["ms"]) if peer and peer["ms"] and r["ms"] else None
-        r["mem_vs_jax_nn"] = (r["temp_mib"] / peer["temp_mib"]
-                              if peer and peer["temp_mib"] and r["temp_mib"] is not None
-                              else None)
+        r["mem_vs_jax_nn"] = (
+            r["temp_mib"] / peer["temp_mib"]
+            if peer and peer["temp_mib"] and r["temp_mib"] is not None
+            else None
+        )
     return rows
 
 
 def table(rows) -> str:
-    head = (f"| L | implementation | pass | time (ms) | temp memory (MiB) | time / jax.nn | "
-            f"memory / jax.nn | note |\n|---:|---|---|---:|---:|---:|---:|---|")
+    head = (
+        "| L | implementation | pass | time (ms) | temp memory (MiB) | time / jax.nn | "
+        "memory / jax.nn | note |\n|---:|---|---|---:|---:|---:|---:|---|"
+    )
     lines = [head]
     for r in rows:
+
         def f(x, fmt):
             return "-" if x is None else format(x, fmt)
-        lines.append(f"| {r['L']} | {r['impl']} | {r['mode']} | {f(r['ms'], '.1f')} | "
-                     f"{f(r['temp_mib'], '.1f')} | {f(r['time_vs_jax_nn'], '.2f')} | "
-                     f"{f(r['mem_vs_jax_nn'], '.3f')} | {r['note']} |")
+
+        lines.append(
+            f"| {r['L']} | {r['impl']} | {r['mode']} | {f(r['ms'], '.1f')} | "
+            f"{f(r['temp_mib'], '.1f')} | {f(r['time_vs_jax_nn'], '.2f')} | "
+            f"{f(r['mem_vs_jax_nn'], '.3f')} | {r['note']} |"
+        )
     return "\n".join(lines)
 
 
@@ -177,19 +199,25 @@ def main(argv=None):
     p.add_argument("--head-dim", type=int, default=64)
     p.add_argument("--max-distance", type=int, default=16)
     p.add_argument("--dtype", default="float32")
-    p.add_argument("--modes", nargs="+", default=["fwd", "fwd+bwd"],
-                   choices=["fwd", "fwd+bwd"])
+    p.add_argument("--modes", nargs="+", default=["fwd", "fwd+bwd"], choices=["fwd", "fwd+bwd"])
     p.add_argument("--no-causal", dest="causal", action="store_false")
     p.add_argument("--repeats", type=int, default=3)
-    p.add_argument("--max-gib", type=float, default=8.0,
-                   help="skip a cell whose compiled temporary memory exceeds this")
+    p.add_argument(
+        "--max-gib",
+        type=float,
+        default=8.0,
+        help="skip a cell whose compiled temporary memory exceeds this",
+    )
     p.add_argument("--pallas", action="store_true", help="also time the Pallas kernel")
     p.add_argument("--only", nargs="*", help="implementations to run (names as printed)")
     p.add_argument("--out", default="bench_attention.csv")
     args = p.parse_args(argv)
-    print(f"jax {jax.__version__}, backend {jax.default_backend()}, "
-          f"devices {jax.devices()}, B={args.batch} N={args.heads} H={args.head_dim} "
-          f"causal={args.causal} {args.dtype}", flush=True)
+    print(
+        f"jax {jax.__version__}, backend {jax.default_backend()}, "
+        f"devices {jax.devices()}, B={args.batch} N={args.heads} H={args.head_dim} "
+        f"causal={args.causal} {args.dtype}",
+        flush=True,
+    )
     rows = with_ratios(run(args))
     with open(args.out, "w", newline="") as fh:
         w = csv.DictWriter(fh, fieldnames=list(rows[0]))

@@ -46,8 +46,7 @@ def shaw(seed, n, h, hv, k, *, per_head_key=False, per_head_value=True, key=True
     r = 2 * k + 1
     kt = rng.normal(size=((n, r, h) if per_head_key else (r, h))).astype(np.float32)
     vt = rng.normal(size=((n, r, hv) if per_head_value else (r, hv))).astype(np.float32)
-    return jattn.ShawRelative(key=kt if key else None, value=vt if value else None,
-                              max_distance=k)
+    return jattn.ShawRelative(key=kt if key else None, value=vt if value else None, max_distance=k)
 
 
 def packed_ids(lengths: list[int], total: int) -> np.ndarray:
@@ -67,7 +66,7 @@ def packed_positions(ids: np.ndarray) -> np.ndarray:
     return pos
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def grad_fn(impl: str, options: tuple = (), static: tuple = ()):
     """A jitted `(out, vjp grads)` function for one implementation, cached so
     tests with the same shapes share compilations."""
@@ -81,10 +80,22 @@ def grad_fn(impl: str, options: tuple = (), static: tuple = ()):
 
         def g(q, k, v, bias, rk, rv):
             r = None if rel is None else jattn.ShawRelative(rk, rv, rel.max_distance)
-            return call(impl, q, k, v, options=opts, bias=bias, mask=mask,
-                        is_causal=stat.get("is_causal", False), q_segment_ids=qseg,
-                        kv_segment_ids=kvseg, q_positions=qpos, kv_positions=kvpos,
-                        relative=r, scale=stat.get("scale"))
+            return call(
+                impl,
+                q,
+                k,
+                v,
+                options=opts,
+                bias=bias,
+                mask=mask,
+                is_causal=stat.get("is_causal", False),
+                q_segment_ids=qseg,
+                kv_segment_ids=kvseg,
+                q_positions=qpos,
+                kv_positions=kvpos,
+                relative=r,
+                scale=stat.get("scale"),
+            )
 
         out, vjp = jax.vjp(g, q, k, v, bias, rel_key, rel_value)
         return out, vjp(ct.astype(out.dtype))
@@ -101,10 +112,21 @@ def run_with_grads(impl, q, k, v, *, options=None, ct=None, **kw):
     fn = grad_fn(impl, tuple(sorted((options or {}).items())), tuple(sorted(static.items())))
     if ct is None:
         ct = np.random.default_rng(7).normal(size=q.shape[:3] + (v.shape[-1],))
-    out, grads = fn(jnp.asarray(q), jnp.asarray(k), jnp.asarray(v), kw.get("bias"),
-                    None if rel is None else rel.key, None if rel is None else rel.value,
-                    kw.get("mask"), kw.get("q_segment_ids"), kw.get("kv_segment_ids"),
-                    kw.get("q_positions"), kw.get("kv_positions"), jnp.asarray(ct))
+    out, grads = fn(
+        jnp.asarray(q),
+        jnp.asarray(k),
+        jnp.asarray(v),
+        kw.get("bias"),
+        None if rel is None else rel.key,
+        None if rel is None else rel.value,
+        kw.get("mask"),
+        kw.get("q_segment_ids"),
+        kw.get("kv_segment_ids"),
+        kw.get("q_positions"),
+        kw.get("kv_positions"),
+        jnp.asarray(ct),
+    )
     names = ("query", "key", "value", "bias", "rel_key", "rel_value")
-    return np.asarray(out), {n: (None if g is None else np.asarray(g))
-                             for n, g in zip(names, grads, strict=True)}
+    return np.asarray(out), {
+        n: (None if g is None else np.asarray(g)) for n, g in zip(names, grads, strict=True)
+    }

@@ -106,8 +106,17 @@ def test_segments_and_positions(impl):
     q, k, v = make_problem(4, B, T, T, 4, 2, H)
     seg = np.stack([packed_ids([5, 6], T), packed_ids([13], T)])
     pos = np.stack([packed_positions(seg[0]), packed_positions(seg[1])])
-    assert_matches_oracle(impl, q, k, v, is_causal=True, q_segment_ids=seg, kv_segment_ids=seg,
-                          q_positions=pos, kv_positions=pos)
+    assert_matches_oracle(
+        impl,
+        q,
+        k,
+        v,
+        is_causal=True,
+        q_segment_ids=seg,
+        kv_segment_ids=seg,
+        q_positions=pos,
+        kv_positions=pos,
+    )
 
 
 @pytest.mark.parametrize("impl", MAIN)
@@ -119,7 +128,11 @@ def test_shaw_relative(impl, variant):
     n, kh = 4, 2
     q, k, v = make_problem(5, B, T, S, n, kh, H, hv=6)
     rel = shaw(
-        5, n, H, 6, 3,
+        5,
+        n,
+        H,
+        6,
+        3,
         per_head_key=variant == "per_head_both",
         per_head_value=variant == "per_head_both",
         key=variant != "value_only",
@@ -136,8 +149,19 @@ def test_shaw_with_packing_causal_and_bias(impl):
     pos = np.stack([packed_positions(seg[0]), packed_positions(seg[1])])
     bias = np.random.default_rng(6).normal(size=(1, 4, T, T)).astype(np.float32)
     rel = shaw(6, 4, H, H, 2, per_head_key=True)
-    assert_matches_oracle(impl, q, k, v, is_causal=True, q_segment_ids=seg, kv_segment_ids=seg,
-                          q_positions=pos, kv_positions=pos, bias=bias, relative=rel)
+    assert_matches_oracle(
+        impl,
+        q,
+        k,
+        v,
+        is_causal=True,
+        q_segment_ids=seg,
+        kv_segment_ids=seg,
+        q_positions=pos,
+        kv_positions=pos,
+        bias=bias,
+        relative=rel,
+    )
 
 
 def test_chunked_long_band_uses_constant_relative_tiles():
@@ -146,8 +170,16 @@ def test_chunked_long_band_uses_constant_relative_tiles():
     q, k, v = make_problem(7, 1, 40, 40, 2, 2, 4)
     rel = shaw(7, 2, 4, 4, 3)
     ct = np.random.default_rng(0).normal(size=(1, 40, 2, 4))
-    out, grads = run_with_grads("chunked", q, k, v, options={"block_q": 8, "block_k": 8},
-                                ct=ct, relative=rel, is_causal=True)
+    out, grads = run_with_grads(
+        "chunked",
+        q,
+        k,
+        v,
+        options={"block_q": 8, "block_k": 8},
+        ct=ct,
+        relative=rel,
+        is_causal=True,
+    )
     ref, ref_grads = attention_and_grads(q, k, v, cotangent=ct, relative=rel, is_causal=True)
     np.testing.assert_allclose(out, ref, **FP32_TOL)
     for name in ("query", "key", "value", "rel_key", "rel_value"):
@@ -167,8 +199,16 @@ def test_fully_masked_rows_are_zero_with_zero_gradient(impl, dtype):
     mask = np.ones((1, 1, 6, 7), bool)
     mask[:, :, 2] = False  # query row 2 sees nothing
     rel = shaw(8, 2, 4, 4, 2)
-    out, grads = run_with_grads(IMPLS[impl][0], q, k, v, options=IMPLS[impl][1], mask=mask,
-                                relative=rel, ct=np.ones((1, 6, 2, 4)))
+    out, grads = run_with_grads(
+        IMPLS[impl][0],
+        q,
+        k,
+        v,
+        options=IMPLS[impl][1],
+        mask=mask,
+        relative=rel,
+        ct=np.ones((1, 6, 2, 4)),
+    )
     out = np.asarray(out, np.float32)
     assert np.all(out[:, 2] == 0.0)
     assert np.all(np.abs(out[:, [0, 1, 3, 4, 5]]).sum(-1) > 0)
@@ -185,8 +225,9 @@ def test_padding_query_rows_via_segments_are_finite(impl):
     q, k, v = make_problem(9, 1, 5, 4, 2, 2, 4)
     qseg = np.array([[1, 1, 2, 0, 3]])
     kvseg = np.array([[1, 2, 2, 0]])
-    out = call(IMPLS[impl][0], q, k, v, options=IMPLS[impl][1], q_segment_ids=qseg,
-               kv_segment_ids=kvseg)
+    out = call(
+        IMPLS[impl][0], q, k, v, options=IMPLS[impl][1], q_segment_ids=qseg, kv_segment_ids=kvseg
+    )
     out = np.asarray(out)
     assert np.all(np.isfinite(out))
     assert np.all(out[0, 4] == 0.0)  # segment 3 has no keys
@@ -199,13 +240,15 @@ def test_padding_query_rows_via_segments_are_finite(impl):
 def test_causal_future_does_not_leak(impl):
     q, k, v = make_problem(10, 1, 12, 12, 2, 2, 4)
     rel = shaw(10, 2, 4, 4, 2)
-    base = np.asarray(call(IMPLS[impl][0], q, k, v, options=IMPLS[impl][1], is_causal=True,
-                           relative=rel))
+    base = np.asarray(
+        call(IMPLS[impl][0], q, k, v, options=IMPLS[impl][1], is_causal=True, relative=rel)
+    )
     k2, v2 = k.copy(), v.copy()
     k2[:, 7:] = 100.0 * np.random.default_rng(1).normal(size=k2[:, 7:].shape)
     v2[:, 7:] = -50.0
-    changed = np.asarray(call(IMPLS[impl][0], q, k2, v2, options=IMPLS[impl][1],
-                              is_causal=True, relative=rel))
+    changed = np.asarray(
+        call(IMPLS[impl][0], q, k2, v2, options=IMPLS[impl][1], is_causal=True, relative=rel)
+    )
     np.testing.assert_array_equal(changed[:, :7], base[:, :7])
     assert not np.allclose(changed[:, 7:], base[:, 7:])
 
@@ -220,8 +263,14 @@ def test_packed_sequences_are_isolated_forward_and_backward(impl):
     pos = packed_positions(seg[0])[None]
     q, k, v = make_problem(11, 1, t, t, 2, 1, 4)
     rel = shaw(11, 2, 4, 4, 2)
-    kw = dict(q_segment_ids=seg, kv_segment_ids=seg, q_positions=pos, kv_positions=pos,
-              relative=rel, is_causal=True)
+    kw = dict(
+        q_segment_ids=seg,
+        kv_segment_ids=seg,
+        q_positions=pos,
+        kv_positions=pos,
+        relative=rel,
+        is_causal=True,
+    )
     ct = np.random.default_rng(2).normal(size=(1, t, 2, 4))
     ct[:, 5:] = 0.0  # the loss reads only sequence 1
     out, grads = run_with_grads(IMPLS[impl][0], q, k, v, options=IMPLS[impl][1], ct=ct, **kw)
@@ -229,8 +278,7 @@ def test_packed_sequences_are_isolated_forward_and_backward(impl):
     q2, k2, v2 = q.copy(), k.copy(), v.copy()
     for a in (q2, k2, v2):
         a[:, 5:11] = 37.0 * np.sign(a[:, 5:11]) + 3.0
-    out2, grads2 = run_with_grads(IMPLS[impl][0], q2, k2, v2, options=IMPLS[impl][1], ct=ct,
-                                  **kw)
+    out2, grads2 = run_with_grads(IMPLS[impl][0], q2, k2, v2, options=IMPLS[impl][1], ct=ct, **kw)
     np.testing.assert_array_equal(out2[:, :5], out[:, :5])
     for name in ("query", "key", "value"):
         np.testing.assert_array_equal(grads2[name][:, :5], grads[name][:, :5], err_msg=name)
@@ -265,12 +313,23 @@ def test_bfloat16_accuracy(impl):
 
     q, k, v = make_problem(13, B, T, S, 4, 2, H)
     qb, kb, vb = (jnp.asarray(a, jnp.bfloat16) for a in (q, k, v))
-    out = call(IMPLS[impl][0], qb, kb, vb, options=IMPLS[impl][1], is_causal=False,
-               relative=shaw(13, 4, H, H, 2))
+    out = call(
+        IMPLS[impl][0],
+        qb,
+        kb,
+        vb,
+        options=IMPLS[impl][1],
+        is_causal=False,
+        relative=shaw(13, 4, H, H, 2),
+    )
     assert out.dtype == jnp.bfloat16
     # Oracle on the bf16-rounded inputs: the remaining error is the output rounding.
-    ref, _ = attention_and_grads(np.asarray(qb, np.float32), np.asarray(kb, np.float32),
-                                 np.asarray(vb, np.float32), relative=shaw(13, 4, H, H, 2))
+    ref, _ = attention_and_grads(
+        np.asarray(qb, np.float32),
+        np.asarray(kb, np.float32),
+        np.asarray(vb, np.float32),
+        relative=shaw(13, 4, H, H, 2),
+    )
     np.testing.assert_allclose(np.asarray(out, np.float32), ref, rtol=2e-2, atol=2e-2)
 
 
@@ -284,8 +343,18 @@ def test_shaw_is_shift_invariant_and_order_sensitive(impl):
     pos = np.arange(8)[None]
 
     def run(q, k, v, p):
-        return np.asarray(call(IMPLS[impl][0], q, k, v, options=IMPLS[impl][1], relative=rel,
-                               q_positions=p, kv_positions=p))
+        return np.asarray(
+            call(
+                IMPLS[impl][0],
+                q,
+                k,
+                v,
+                options=IMPLS[impl][1],
+                relative=rel,
+                q_positions=p,
+                kv_positions=p,
+            )
+        )
 
     base = run(q, k, v, pos)
     np.testing.assert_allclose(run(q, k, v, pos + 1000), base, rtol=1e-6, atol=1e-6)
@@ -293,8 +362,7 @@ def test_shaw_is_shift_invariant_and_order_sensitive(impl):
     # equivariant; with relative positions the other rows must change.
     perm = np.array([0, 1, 5, 3, 4, 2, 6, 7])
     swapped = run(q[:, perm], k[:, perm], v[:, perm], pos)
-    assert not np.allclose(swapped[:, [0, 1, 3, 4, 6, 7]], base[:, [0, 1, 3, 4, 6, 7]],
-                           atol=1e-4)
+    assert not np.allclose(swapped[:, [0, 1, 3, 4, 6, 7]], base[:, [0, 1, 3, 4, 6, 7]], atol=1e-4)
     plain = np.asarray(call("xla", q, k, v))
     plain_swapped = np.asarray(call("xla", q[:, perm], k[:, perm], v[:, perm]))
     np.testing.assert_allclose(plain_swapped, plain[:, perm], rtol=1e-5, atol=1e-6)
@@ -325,5 +393,4 @@ def test_attention_weights_are_what_the_output_mixes():
     assert np.all(w[..., 3:, :3] == 0.0) and np.all(np.triu(w[0, 0], 1) == 0.0)
     out = np.asarray(jattn.dot_product_attention(q, k, v, **kw))
     v_rep = np.repeat(v, 2, axis=2)  # GQA: query head n reads kv head n // 2
-    np.testing.assert_allclose(out, np.einsum("bnts,bsnh->btnh", w, v_rep), rtol=1e-5,
-                               atol=1e-6)
+    np.testing.assert_allclose(out, np.einsum("bnts,bsnh->btnh", w, v_rep), rtol=1e-5, atol=1e-6)

@@ -64,6 +64,15 @@ def test_dense_mask_equals_builtin_causal_and_segments():
     assert dense.shape == (2, 1, 6, 6)
     for impl in ("xla", "chunked"):
         a = call(impl, q, k, v, mask=dense)
-        b = call(impl, q, k, v, is_causal=True, q_segment_ids=seg, kv_segment_ids=seg,
-                 q_positions=p, kv_positions=p)
+        b = call(
+            impl,
+            q,
+            k,
+            v,
+            is_causal=True,
+            q_segment_ids=seg,
+            kv_segment_ids=seg,
+            q_positions=p,
+            kv_positions=p,
+        )
         np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=1e-6, atol=1e-6)

@@ -67,8 +67,7 @@ def test_rope_logits_depend_only_on_offset():
     np.testing.assert_allclose(logits(pos + 123), logits(pos), rtol=1e-4, atol=1e-4)
     # It is a rotation: norms are preserved, and position 0 is the identity.
     qr = positions.rope(jnp.asarray(q), pos)
-    np.testing.assert_allclose(np.linalg.norm(qr, axis=-1), np.linalg.norm(q, axis=-1),
-                               rtol=1e-5)
+    np.testing.assert_allclose(np.linalg.norm(qr, axis=-1), np.linalg.norm(q, axis=-1), rtol=1e-5)
     np.testing.assert_allclose(np.asarray(qr)[:, 0], q[:, 0], atol=1e-6)
 
 
