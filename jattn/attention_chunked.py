@@ -171,9 +171,7 @@ def _forward(pb, qr_all, rel_key, rel_value, *, is_causal, max_distance, scale):
             sv = s if vis is None else jnp.where(vis, s, -jnp.inf)
             m_new = jnp.maximum(m, jnp.max(sv, axis=-1, keepdims=True))
             m_safe = jnp.where(jnp.isfinite(m_new), m_new, 0.0)
-            p = jnp.exp(sv - m_safe)  # [B,K,G,t,s]
-            if vis is not None:
-                p = jnp.where(vis, p, 0.0)
+            p = jnp.exp(sv - m_safe)  # [B,K,G,t,s]; exactly 0 where sv = -inf
             alpha = jnp.exp(m - m_safe)  # 0 when m = -inf
             l = alpha * l + jnp.sum(p, axis=-1, keepdims=True)
             acc = alpha * acc + jnp.einsum("BKGts,BKsV->BKGtV", p, vv)

@@ -150,7 +150,8 @@ def tile_logits(
 
 def masked_softmax_parts(s: Array, vis: Array | None) -> tuple[Array, Array]:
     """Row max (finite; 0 for rows with nothing visible) and unnormalised
-    weights `exp(s - max)`, exactly 0 where invisible.
+    weights `exp(s - max)`, exactly 0 where invisible (`exp(-inf - m) = 0`
+    with a finite m, so no second `where` is needed).
 
     Subtracting the max is a stabilisation, not a change of distribution; a
     row with no visible key gets max 0 and weights 0, so it yields output 0
@@ -160,7 +161,5 @@ def masked_softmax_parts(s: Array, vis: Array | None) -> tuple[Array, Array]:
     sv = s if vis is None else jnp.where(vis, s, neg_inf)
     m = jnp.max(sv, axis=-1, keepdims=True)
     m = jax.lax.stop_gradient(jnp.where(jnp.isfinite(m), m, 0.0))
-    p = jnp.exp(sv - m)
-    if vis is not None:
-        p = jnp.where(vis, p, 0.0)
+    p = jnp.exp(sv - m)  # exactly 0 where sv = -inf (m is finite)
     return m, p
