@@ -138,8 +138,8 @@ def batches(rows: int, max_len: int, count: int) -> tuple[list[dict[str, np.ndar
     return [next(it) for _ in range(count)], task.tokenizer.vocab_size
 
 
-def measure(model, config, data, steps_to_time: int) -> dict[str, float]:
-    """Compiles the shared train step for `model` and times `steps_to_time` steps."""
+def prepare(model, data) -> dict:
+    """Initialises `model` and compiles the shared train step (timed)."""
     tx = optax.adam(1e-3, b1=0.9, b2=0.98, eps=1e-9)
     step_fn = jax.jit(
         steps.make_train_step(model, tx, lambda c: 1e-3, label_smoothing=0.1),
@@ -162,29 +162,34 @@ def measure(model, config, data, steps_to_time: int) -> dict[str, float]:
     t0 = time.perf_counter()
     state, m = step_fn(state, first)
     jax.block_until_ready(m)
-    compile_s = time.perf_counter() - t0
-    times, tokens = [], []
-    for i in range(steps_to_time):
-        batch = {k: jnp.asarray(v) for k, v in data[(i + 1) % len(data)].items()}
-        t0 = time.perf_counter()
-        state, m = step_fn(state, batch)
-        jax.block_until_ready(m)
-        times.append(time.perf_counter() - t0)
-        tokens.append(float(m["tokens"]))
-    ms = statistics.median(times) * 1e3
     return {
+        "step_fn": step_fn,
+        "state": state,
         "params": sum(x.size for x in jax.tree.leaves(params)),
-        "compile_s": compile_s,
-        "ms_per_step": ms,
-        "tokens_per_sec": statistics.mean(tokens) / (ms / 1e3),
-        "final_loss": float(m["loss"]),
+        "compile_s": time.perf_counter() - t0,
+        "times": [],
+        "tokens": [],
+        "loss": float(m["loss"]),
     }
+
+
+def time_steps(run: dict, data, count: int) -> None:
+    """Times `count` more steps of a prepared run (appends to its lists)."""
+    for _ in range(count):
+        batch = {k: jnp.asarray(v) for k, v in data[(len(run["times"]) + 1) % len(data)].items()}
+        t0 = time.perf_counter()
+        run["state"], m = run["step_fn"](run["state"], batch)
+        jax.block_until_ready(m)
+        run["times"].append(time.perf_counter() - t0)
+        run["tokens"].append(float(m["tokens"]))
+    run["loss"] = float(m["loss"])
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--sizes", default="numbers,small", help=f"from {sorted(SIZES)}")
-    parser.add_argument("--steps", type=int, default=20, help="timed steps per model")
+    parser.add_argument("--steps", type=int, default=10, help="timed steps per model per round")
+    parser.add_argument("--rounds", type=int, default=4, help="rounds, models interleaved")
     parser.add_argument("--impl", default="xla", help="jattn attention_impl (xla, chunked)")
     args = parser.parse_args()
     rows_out = []
@@ -202,30 +207,47 @@ def main() -> None:
             position="sinusoidal",
             attention_impl=args.impl,
         )
-        # Alternate the order so neither model always runs on a warmer machine.
-        for model_name, model in (
-            ("jattn", Transformer(config)),
-            ("flax stock", StockTransformer(config)),
-            ("jattn (again)", Transformer(config)),
-        ):
-            r = measure(model, config, data, args.steps)
-            rows_out.append((name, model_name, r))
-            print(f"{name:8s} {model_name:14s} {r['ms_per_step']:8.2f} ms/step", flush=True)
+        runs = {
+            "jattn": prepare(Transformer(config), data),
+            "flax stock": prepare(StockTransformer(config), data),
+        }
+        # Interleave the models round by round (order alternating), so machine
+        # noise hits both alike; each round also gives a paired time ratio.
+        ratios = []
+        for r in range(args.rounds):
+            order = list(runs) if r % 2 == 0 else list(runs)[::-1]
+            before = {k: len(v["times"]) for k, v in runs.items()}
+            for model_name in order:
+                time_steps(runs[model_name], data, args.steps)
+            med = {k: statistics.median(v["times"][before[k] :]) for k, v in runs.items()}
+            ratios.append(med["jattn"] / med["flax stock"])
+            print(
+                f"{name:8s} round {r}: jattn {med['jattn'] * 1e3:7.2f} ms, "
+                f"flax stock {med['flax stock'] * 1e3:7.2f} ms",
+                flush=True,
+            )
+        for model_name, run in runs.items():
+            ms = statistics.median(run["times"]) * 1e3
+            ratio = statistics.median(ratios) if model_name == "jattn" else 1.0
+            rows_out.append((name, model_name, run, ms, ratio))
 
     print()
     print(
-        f"jax {jax.__version__} on {jax.devices()[0].device_kind}, {os.cpu_count()} CPU cores;"
-        f" median of {args.steps} steps after compilation; jattn attention_impl={args.impl}"
+        f"jax {jax.__version__} on {jax.devices()[0].device_kind}, {os.cpu_count()} CPU cores; "
+        f"{args.rounds} interleaved rounds of {args.steps} steps after compilation; "
+        f"jattn attention_impl={args.impl}; time ratio = median over rounds of "
+        "jattn / flax stock"
     )
-    header = "| size | model | params | compile s | ms/step | tokens/s | loss |"
+    header = "| size | model | params | compile s | ms/step | tokens/s | time ratio | loss |"
     print(header)
-    print("|" + "---|" * 7)
-    for name, model_name, r in rows_out:
+    print("|" + "---|" * 8)
+    for name, model_name, run, ms, ratio in rows_out:
         d, h, layers, ff, rows, max_len = SIZES[name]
         label = f"{name} (d{d}, {layers}+{layers}L, {rows}x{max_len})"
+        tok_s = statistics.mean(run["tokens"]) / (ms / 1e3)
         print(
-            f"| {label} | {model_name} | {r['params']:,} | {r['compile_s']:.1f} | "
-            f"{r['ms_per_step']:.2f} | {r['tokens_per_sec']:,.0f} | {r['final_loss']:.3f} |"
+            f"| {label} | {model_name} | {run['params']:,} | {run['compile_s']:.1f} | "
+            f"{ms:.2f} | {tok_s:,.0f} | {ratio:.2f} | {run['loss']:.3f} |"
         )
 
 
