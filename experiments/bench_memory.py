@@ -54,17 +54,15 @@ def logits_rows(cfg, lengths, batch, check_xla: bool):
     n, h = cfg.num_heads, cfg.d_model // cfg.num_heads
     rows = []
     for length in lengths:
-        for kind, masked in (("encoder self", False), ("decoder self (causal)", True)):
+        for kind, causal in (("encoder self", False), ("decoder self (causal)", True)):
             row = dict(L=length, attention=kind)
             for impl in ("xla", "chunked", "pallas"):
-                m = memory.attention_logits_bytes(
-                    batch, n, length, length, implementation=impl, masked=masked
-                )
+                m = memory.attention_logits_bytes(batch, n, length, length, implementation=impl)
                 row[impl] = m.total
             row["xla_compiled"] = None
             if check_xla:
                 row["xla_compiled"] = memory.xla_attention_temp_bytes(
-                    batch, n, length, length, h, is_causal=masked
+                    batch, n, length, length, h, is_causal=causal
                 )
             rows.append(row)
     return rows

@@ -4,9 +4,9 @@ Closed-form byte counts for what attention keeps in memory, so a config can
 be sized before anything compiles, and a check of those counts against XLA's
 own figure for the compiled program (`memory_analysis()`).
 
-- Logits: the xla path holds the `[B, N, T, S]` float32 scores, the masked
-  scores when any mask applies (causal, segments, a mask), and the weights:
-  2 or 3 arrays of `B·N·T·S·4` bytes at once in the forward pass. The chunked
+- Logits: the xla path holds the `[B, N, T, S]` float32 scores and the
+  weights: 2 arrays of `B·N·T·S·4` bytes at once in the forward pass (the
+  mask is applied inside the fused exponential, so masking adds none). The chunked
   path holds the same arrays for one `[block_q, block_k]` tile at a time; the
   Pallas kernel holds a tile in on-chip memory (SRAM/VMEM) and nothing of
   size `T·S` in device memory.
@@ -53,7 +53,6 @@ def attention_logits_bytes(
     kv_len: int,
     *,
     implementation: str,
-    masked: bool = False,
     block_q: int = 512,
     block_k: int = 512,
 ) -> LogitsMemory:
@@ -62,13 +61,12 @@ def attention_logits_bytes(
     Args:
       batch, heads, q_len, kv_len: B, N, T, S.
       implementation: "xla", "chunked" or "pallas".
-      masked: any of causal / segments / mask applies (adds the masked scores).
       block_q, block_k: tile sizes of the chunked and Pallas paths.
 
     Returns:
       A `LogitsMemory`; logits are float32 (4 bytes) in every implementation.
     """
-    arrays = 3 if masked else 2  # scores, (masked scores), weights
+    arrays = 2  # scores and weights
     if implementation == "xla":
         return LogitsMemory("xla", 4 * batch * heads * q_len * kv_len, arrays, "device memory")
     tile = 4 * batch * heads * min(block_q, q_len) * min(block_k, kv_len)

@@ -17,9 +17,7 @@ ROOT = pathlib.Path(__file__).resolve().parent.parent
 @pytest.mark.parametrize("length", [512, 1024])
 @pytest.mark.parametrize("causal", [False, True])
 def test_xla_logits_formula_matches_xla_within_10_percent(length, causal):
-    predicted = memory.attention_logits_bytes(
-        1, 8, length, length, implementation="xla", masked=causal
-    ).total
+    predicted = memory.attention_logits_bytes(1, 8, length, length, implementation="xla").total
     compiled = memory.xla_attention_temp_bytes(1, 8, length, length, 64, is_causal=causal)
     assert abs(predicted - compiled) <= 0.10 * compiled, (predicted, compiled)
 
@@ -32,7 +30,7 @@ def test_chunked_keeps_tiles_not_the_matrix():
         1, 8, 2048, 2048, 64, is_causal=True, implementation="chunked"
     )
     full = memory.attention_logits_bytes(1, 8, 2048, 2048, implementation="xla").per_array
-    tile = memory.attention_logits_bytes(1, 8, 2048, 2048, implementation="chunked", masked=True)
+    tile = memory.attention_logits_bytes(1, 8, 2048, 2048, implementation="chunked")
     assert chunked < xla / 4
     assert chunked < full  # less than a single [B, N, T, S] float32 array
     assert tile.total <= chunked
