@@ -25,6 +25,7 @@ def get_config(arg=None):
     # Steps, evaluation and checkpoints as tuned in configs/numbers.py (800
     # steps: about a minute a run on 2 CPU cores); `train` overrides them.
     c.train = ml_collections.ConfigDict()
+    c.train.dataset = "numbers"  # or "numbers/de_millions": round millions in training
     c.train.progress_bar = True
 
     c.grid = ml_collections.ConfigDict()
