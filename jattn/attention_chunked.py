@@ -315,8 +315,6 @@ def _chunked_bwd(is_causal, max_distance, scale, block_q, block_k, res, dout):
         scale=scale,
         block_q=block_q,
         block_k=block_k,
-        problem=_Problem,
-        qr_tables=_qr_tables,
     )
 
 

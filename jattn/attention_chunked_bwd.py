@@ -22,6 +22,10 @@ import jax.numpy as jnp
 
 from jattn import scores
 
+# attention_chunked imports this module lazily (inside its VJP rule), so this
+# top-level import is not a cycle.
+from jattn.attention_chunked import _Problem, _qr_tables, _untile_kv, _untile_q
+
 _SKIP, _FULL, _CONST = 0, 1, 2
 
 
@@ -37,10 +41,11 @@ def _bias_tile_shape(pb):
     return sh[:3] + (pb.bq if sh[3] > 1 else 1, pb.bk if sh[4] > 1 else 1)
 
 
-def backward(res, dout, *, is_causal, max_distance, scale, block_q, block_k, problem, qr_tables):
+def backward(res, dout, *, is_causal, max_distance, scale, block_q, block_k):
+    """Cotangents of `_chunked`'s inputs (None for the mask and the integer ids)."""
     (q, k, v, bias, mask, qpos, kvpos, qseg, kvseg, rel_key, rel_value, out_t, lse_t, pr_t) = res
     f32 = jnp.float32
-    pb = problem(q, k, v, bias, mask, qpos, kvpos, qseg, kvseg, block_q=block_q, block_k=block_k)
+    pb = _Problem(q, k, v, bias, mask, qpos, kvpos, qseg, kvseg, block_q=block_q, block_k=block_k)
     relative = rel_key is not None or rel_value is not None
     num_rel = 2 * max_distance + 1
 
@@ -50,7 +55,7 @@ def backward(res, dout, *, is_causal, max_distance, scale, block_q, block_k, pro
     do = do.reshape(b, pb.tp, pb.kh, pb.g, hv).transpose(0, 2, 3, 1, 4)
     do = jnp.moveaxis(do.reshape(b, pb.kh, pb.g, pb.nq, pb.bq, hv), 3, 0)
     big_d = jnp.sum(do * out_t, axis=-1, keepdims=True)  # [nq,B,K,G,t,1]
-    qr_all = qr_tables(pb, rel_key, max_distance)  # [nq,B,K,G,t,R] or None
+    qr_all = _qr_tables(pb, rel_key, max_distance)  # [nq,B,K,G,t,R] or None
     dor_all = None
     if rel_value is not None:
         vtab = rel_value.astype(f32).reshape(pb.kh, pb.g, num_rel, hv)
@@ -163,16 +168,6 @@ def backward(res, dout, *, is_causal, max_distance, scale, block_q, block_k, pro
         d_rel_value = jnp.einsum("nBKGtR,nBKGtV->KGRV", pr_t, do)
         d_rel_value = d_rel_value.reshape(rel_value.shape).astype(rel_value.dtype)
 
-    def untile_q(x):  # [nq,B,K,G,t,X] -> [B,T,N,X]
-        nq, bb, kh, g, tt, d = x.shape
-        x = jnp.moveaxis(x, 0, 3).reshape(bb, kh, g, nq * tt, d)[:, :, :, :t]
-        return x.transpose(0, 3, 1, 2, 4).reshape(bb, t, kh * g, d)
-
-    def untile_kv(x):  # [nk,B,K,s,X] -> [B,S,K,X]
-        nk, bb, kh, ss, d = x.shape
-        x = jnp.moveaxis(x, 0, 2).reshape(bb, kh, nk * ss, d)[:, :, : pb.s]
-        return x.transpose(0, 2, 1, 3)
-
     d_bias = None
     if dbias is not None:
         d_bias = dbias[
@@ -180,9 +175,9 @@ def backward(res, dout, *, is_causal, max_distance, scale, block_q, block_k, pro
         ]
         d_bias = d_bias.reshape(bias.shape).astype(bias.dtype)
     return (
-        untile_q(dq).astype(q.dtype),
-        untile_kv(dk).astype(k.dtype),
-        untile_kv(dv).astype(v.dtype),
+        _untile_q(dq, pb).astype(q.dtype),
+        _untile_kv(dk, pb).astype(k.dtype),
+        _untile_kv(dv, pb).astype(v.dtype),
         d_bias,
         None,
         None,
