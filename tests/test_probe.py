@@ -84,9 +84,9 @@ def test_replacing_payloads_matters_only_where_the_weight_is():
 
 
 def test_a_large_weight_on_a_zero_payload_has_no_effect():
-    """The attention map says key 0 dominates; with a zero value there, hiding
-    it still changes nothing that matters less than the map suggests: the
-    output is 0 either way for the first feature."""
+    """Key 0 takes almost all the weight but carries a zero payload, and the
+    other keys' payloads cancel: hiding key 0 changes nothing. A heatmap
+    would call key 0 decisive; the intervention says it is not."""
     params = _hand_params()
     params["v"] = np.array([[[0.0, 0.0]], [[0.0, 1.0]]], np.float32)  # v(x) = [0, x_1]
     base = _apply(params=params)
