@@ -28,6 +28,7 @@ import jax
 import jax.numpy as jnp
 
 from jattn import scores
+from jattn.positions import relative_ids
 
 Array = jax.Array
 
@@ -68,9 +69,7 @@ class _Problem:
         self.nq, self.nk = math.ceil(t / self.bq), math.ceil(s / self.bk)
         tp, sp = self.nq * self.bq, self.nk * self.bk
         self.tp, self.sp = tp, sp
-        # [nq, B, K, G, t, H]
-        qg = _pad_axis(q, 1, tp).reshape(b, tp, kh, self.g, h)
-        self.q = _tiles(qg.transpose(0, 2, 3, 1, 4), 3, self.nq, self.bq)
+        self.q = self.tile_q(q)  # [nq, B, K, G, t, H]
         # [nk, B, K, s, H] and [nk, B, K, s, V]
         self.k = _tiles(_pad_axis(k, 1, sp).transpose(0, 2, 1, 3), 2, self.nk, self.bk)
         self.v = _tiles(_pad_axis(v, 1, sp).transpose(0, 2, 1, 3), 2, self.nk, self.bk)
@@ -86,6 +85,13 @@ class _Problem:
             self.kv_valid = _tiles((jnp.arange(sp) < s)[None], 1, self.nk, self.bk)  # [nk,1,s]
         self.bias = None if bias is None else self._pad_ts(scores.group_heads(bias, kh))
         self.mask = None if mask is None else self._pad_ts(scores.group_heads(mask, kh))
+
+    def tile_q(self, x: Array) -> Array:
+        """A query-shaped `[B, T, N, X]` array as `[nq, B, K, G, t, X]` tiles
+        (queries and, in the backward pass, output cotangents)."""
+        b, _, _, d = x.shape
+        xg = _pad_axis(x, 1, self.tp).reshape(b, self.tp, self.kh, self.g, d)
+        return _tiles(xg.transpose(0, 2, 3, 1, 4), 3, self.nq, self.bq)
 
     def _pad_ts(self, x):
         if x.shape[3] > 1:
@@ -135,7 +141,7 @@ class _Problem:
 
 
 def _rel_ids(pb, i, j, max_distance):
-    return scores.relative_ids(pb.qpos[i], pb.kvpos[j], max_distance)  # [B,t,s]
+    return relative_ids(pb.qpos[i], pb.kvpos[j], max_distance)  # [B,t,s]
 
 
 def _forward(pb, qr_all, rel_key, rel_value, *, is_causal, max_distance, scale):

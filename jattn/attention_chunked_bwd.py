@@ -25,8 +25,7 @@ from jattn import scores
 # attention_chunked imports this module lazily (inside its VJP rule), so this
 # top-level import is not a cycle.
 from jattn.attention_chunked import _Problem, _qr_tables, _untile_kv, _untile_q
-
-_SKIP, _FULL, _CONST = 0, 1, 2
+from jattn.positions import relative_ids
 
 
 def _reduce_to(x, shape):
@@ -51,9 +50,7 @@ def backward(res, dout, *, is_causal, max_distance, scale, block_q, block_k):
 
     # dout [B,T,N,V] -> [nq,B,K,G,t,V], the layout of out_t.
     b, t, n, hv = dout.shape
-    do = jnp.pad(dout.astype(f32), ((0, 0), (0, pb.tp - t), (0, 0), (0, 0)))
-    do = do.reshape(b, pb.tp, pb.kh, pb.g, hv).transpose(0, 2, 3, 1, 4)
-    do = jnp.moveaxis(do.reshape(b, pb.kh, pb.g, pb.nq, pb.bq, hv), 3, 0)
+    do = pb.tile_q(dout.astype(f32))
     big_d = jnp.sum(do * out_t, axis=-1, keepdims=True)  # [nq,B,K,G,t,1]
     qr_all = _qr_tables(pb, rel_key, max_distance)  # [nq,B,K,G,t,R] or None
     dor_all = None
@@ -82,7 +79,7 @@ def backward(res, dout, *, is_causal, max_distance, scale, block_q, block_k):
             if b_ij is not None:
                 s = s + b_ij.astype(f32)
         else:
-            r = scores.relative_ids(pb.qpos[i], pb.kvpos[j], max_distance) if relative else None
+            r = relative_ids(pb.qpos[i], pb.kvpos[j], max_distance) if relative else None
             s = scores.tile_logits(
                 qi, kk, scale=scale, bias=b_ij, qr=None if qr_all is None else qr_all[i], r=r
             )

@@ -11,6 +11,7 @@ import jax
 import jax.numpy as jnp
 
 from jattn import scores
+from jattn.positions import relative_ids
 
 Array = jax.Array
 
@@ -39,7 +40,7 @@ def _grouped_weights(
     num_rel = 2 * max_distance + 1
     r = qr = None
     if rel_key is not None or need_relative_ids:
-        r = scores.relative_ids(q_positions, kv_positions, max_distance)  # [B,T,S]
+        r = relative_ids(q_positions, kv_positions, max_distance)  # [B,T,S]
     if rel_key is not None:
         tab = rel_key.astype(q.dtype).reshape(k, g, num_rel, h)
         qr = jnp.einsum("BKGTH,KGRH->BKGTR", q, tab)  # [B,K,G,T,R]

@@ -27,18 +27,6 @@ def group_heads(x_bn: Array, num_kv_heads: int) -> Array:
     return x_bn.reshape(b, num_kv_heads, n // num_kv_heads, t, s)
 
 
-def ungroup_heads(x_bkg: Array) -> Array:
-    """`[B, K, G, t, s] -> [B, K*G, t, s]`; a singleton head pair stays 1."""
-    b, k, g, t, s = x_bkg.shape
-    return x_bkg.reshape(b, k * g, t, s)
-
-
-def relative_ids(q_pos: Array, kv_pos: Array, max_distance: int) -> Array:
-    """`clip(kv - q, -k, k) + k`: int32 `[B, t, s]`."""
-    d = kv_pos[:, None, :] - q_pos[:, :, None]
-    return jnp.clip(d, -max_distance, max_distance) + max_distance
-
-
 def rel_gather(qr: Array, r: Array) -> Array:
     """Key term `q_t·key[r[t,s]]` from `qr = q @ keyᵀ`.
 
