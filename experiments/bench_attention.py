@@ -15,14 +15,22 @@ Memory is read from the compiled executable before anything runs, so a
 configuration that would need more than --max-gib is reported and skipped
 instead of exhausting the machine. Prints the table last and writes it as CSV.
 
+`--gpu` is the GPU mode: everything after it goes to `experiments/bench_gpu.py`
+(correctness on the device first, then bf16 timings of the Pallas kernel
+against cuDNN and XLA with TFLOP/s and the fraction of the measured matmul
+peak, inside 8 minutes, table last).
+
     python experiments/bench_attention.py --lengths 512 1024 2048 4096 8192
     jattn bench attention --lengths 4096 --out docs/bench_attention_cpu.csv
+    python experiments/bench_attention.py --gpu --out docs/bench_gpu.csv
 """
 
 from __future__ import annotations
 
 import argparse
 import csv
+import importlib.util
+import os
 import statistics
 import sys
 import time
@@ -191,7 +199,19 @@ def table(rows) -> str:
     return "\n".join(lines)
 
 
+def gpu_mode(argv) -> int:
+    """`--gpu [args ...]`: the prepared GPU benchmark, experiments/bench_gpu.py."""
+    path = os.path.join(os.path.dirname(os.path.abspath(__file__)), "bench_gpu.py")
+    spec = importlib.util.spec_from_file_location("bench_gpu", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module.main(argv)
+
+
 def main(argv=None):
+    argv = sys.argv[1:] if argv is None else list(argv)
+    if "--gpu" in argv:
+        return gpu_mode([a for a in argv if a != "--gpu"])
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--lengths", type=int, nargs="+", default=[512, 1024, 2048, 4096, 8192])
     p.add_argument("--batch", type=int, default=1)

@@ -7,7 +7,8 @@ hands them to an implementation picked by name:
 - ``"chunked"``: pure JAX, tiled over queries and keys with an online softmax
   and a custom VJP that recomputes weights from the saved log-sum-exp, so
   forward and backward need O(T + S) memory per head, not O(T·S).
-- ``"pallas"``: the tiled Pallas kernel for GPU/TPU (interpret mode on CPU).
+- ``"pallas"``: the tiled Pallas kernel: Triton on GPUs, Mosaic on TPU,
+  interpret mode on the CPU.
 
 Every implementation receives the same normal form (see `_normalise`):
 query `[B, T, N, H]`, key `[B, S, K, H]`, value `[B, S, K, Hv]`; bias and mask
@@ -52,10 +53,12 @@ _CHUNKED_MIN_LOGITS = 1024 * 1024
 def default_implementation(t: int, s: int, backend: str | None = None) -> str:
     """The implementation `implementation=None` resolves to.
 
-    On NVIDIA/AMD GPUs the Pallas kernel (Triton); on the CPU and on TPU (whose
-    Mosaic backend the kernel does not target yet) the xla path for small
-    problems (fewer dispatch overheads) and the chunked path once the logits
-    would be large.
+    On NVIDIA/AMD GPUs the Pallas kernel (Triton); on the CPU and on TPU the
+    xla path for small problems (fewer dispatch overheads) and the chunked
+    path once the logits would be large. The kernel's Mosaic (TPU) variant is
+    reached with `implementation="pallas"`; it is lowered and checked in
+    interpret mode, but has never been compiled or timed on a TPU, so it is
+    not the default there.
     """
     backend = backend or jax.default_backend()
     if backend in ("gpu", "cuda", "rocm"):

@@ -2,7 +2,10 @@
 
 - `flash_attention`: the public entry of `implementation="pallas"` (padding,
   block map, Shaw tables, custom VJP).
-- `flash_pallas` (forward) and `flash_bwd` (dq, dk/dv): the kernels.
+- `flash_pallas` (forward) and `flash_bwd` (dq, dk/dv): the GPU (Triton)
+  kernels, also what runs in interpret mode on the CPU.
+- `flash_mosaic`: the same three kernels in the TPU's style (grid-axis
+  loops, VMEM scratch, scalar-prefetched block map).
 - `flash_tiles`: the math of one tile, shared by the three kernels.
 - `flash_reference`: dense plain-JAX reference of the kernel's contract.
 

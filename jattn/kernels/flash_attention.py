@@ -15,7 +15,10 @@ The public entry `flash_attention` receives the normal form of
    fast) from the tiles' min/max positions and segment ids and, if given, the
    user mask; and per row / column the loop bounds. It is O((T/bq)·(S/bk));
 4. runs the forward kernel, whose custom VJP runs the dq and dk/dv kernels,
-   recomputing probabilities from the saved log-sum-exp.
+   recomputing probabilities from the saved log-sum-exp: the Triton kernels
+   (`flash_pallas`, `flash_bwd`) on GPUs and in interpret mode, the Mosaic
+   ones (`flash_mosaic`) on TPU. Both take the same padded inputs and block
+   map and return the same layouts, so everything here is shared.
 
 Gradients of the Shaw tables and of `q` through `qr`, and of the value table
 through `pr`, follow by autodiff of the XLA steps around the kernel. The bias
@@ -54,6 +57,7 @@ __all__ = [
 _INT_MAX = np.iinfo(np.int32).max
 _INT_MIN = np.iinfo(np.int32).min
 _GPU_BACKENDS = ("gpu", "cuda", "rocm")
+_TPU_BACKENDS = ("tpu", "tpu_interpret")
 _HIGHEST = jax.lax.Precision.HIGHEST
 
 
@@ -72,11 +76,17 @@ def default_blocks(
 
     GPU: 128x64 forward (64x64 with Shaw terms, whose `[bq, 2k+1]`
     accumulators add register pressure), 64x64 backward; powers of two >= 16
-    capped by the sequence lengths. Interpret mode: 128x128 capped by the
-    lengths (fewer, larger tiles run faster on the CPU).
+    capped by the sequence lengths. TPU: 128x128 for both (the MXU's tile;
+    `block_k` a multiple of the 128 lanes unless one tile holds every key).
+    Interpret mode: 128x128 capped by the lengths (fewer, larger tiles run
+    faster on the CPU).
     """
     if backend == "interpret":
         fwd = (min(128, t), min(128, s))
+        return fwd, fwd
+    if backend in _TPU_BACKENDS:
+        # Queries: sublane tiles of 8; keys: lane tiles of 128 (or one tile).
+        fwd = (min(128, _round_up(t, 8)), 128 if s > 128 else _round_up(s, 8))
         return fwd, fwd
     cap_t, cap_s = max(16, _pow2(t)), max(16, _pow2(s))
     fwd_q = 64 if shaw else 128
@@ -88,16 +98,10 @@ def _resolve_backend(interpret: bool | None) -> str:
         interpret = jax.default_backend() not in (*_GPU_BACKENDS, "tpu")
     if interpret:
         return "interpret"
-    platform = jax.default_backend()
-    if platform == "tpu":
-        raise NotImplementedError(
-            "flash_attention: the Pallas kernel targets GPUs (Triton); on TPU use "
-            "implementation='chunked' or 'xla', or interpret=True"
-        )
-    return "gpu"
+    return "tpu" if jax.default_backend() == "tpu" else "gpu"
 
 
-def _check_block(name: str, value: int, backend: str) -> int:
+def _check_block(name: str, value: int, backend: str, length: int) -> int:
     value = int(value)
     if value < 1:
         raise ValueError(f"flash_attention: {name} must be positive, got {value}")
@@ -105,6 +109,14 @@ def _check_block(name: str, value: int, backend: str) -> int:
         raise ValueError(
             f"flash_attention: on the GPU {name} must be a power of two >= 16, got {value}"
         )
+    if backend in _TPU_BACKENDS:
+        if value % 8:
+            raise ValueError(f"flash_attention: on TPU {name} must be a multiple of 8, got {value}")
+        if name == "block_k" and value % 128 and value < length:
+            raise ValueError(
+                "flash_attention: on TPU block_k must be a multiple of 128 unless one "
+                f"tile holds every key (key length {length}), got {value}"
+            )
     return value
 
 
@@ -226,6 +238,15 @@ def _tiling(meta: dict, bq: int, bk: int, tp: int, sp: int) -> dict:
 # segment ids, the int8 mask, block maps and bounds.
 
 
+def _kernels(cfg: fp.KernelConfig):
+    """`(forward, dq, dkv)` kernel wrappers of the config's backend."""
+    if cfg.backend in _TPU_BACKENDS:
+        from jattn.kernels import flash_mosaic as fm
+
+        return fm.flash_forward, fm.flash_dq, fm.flash_dkv
+    return fp.flash_forward, flash_bwd.flash_dq, flash_bwd.flash_dkv
+
+
 def _kernel_inputs(q, k, v, qr, bias, aux: dict, tiling: str) -> dict:
     ins = dict(aux)
     for name in ("bmap", "bounds", "cbounds"):
@@ -236,7 +257,7 @@ def _kernel_inputs(q, k, v, qr, bias, aux: dict, tiling: str) -> dict:
 
 @functools.partial(jax.custom_vjp, nondiff_argnums=(0, 1))
 def _flash_core(fwd_cfg: fp.KernelConfig, bwd_cfg: fp.KernelConfig, q, k, v, qr, bias, aux):
-    o, _, pr = fp.flash_forward(fwd_cfg, _kernel_inputs(q, k, v, qr, bias, aux, "fwd"))
+    o, _, pr = _kernels(fwd_cfg)[0](fwd_cfg, _kernel_inputs(q, k, v, qr, bias, aux, "fwd"))
     return o, pr
 
 
@@ -249,7 +270,8 @@ def _flash_core_fwd(fwd_cfg, bwd_cfg, q, k, v, qr, bias, aux):
     q, k, v, qr, bias, aux = jax.tree.map(
         lambda p: p.value, (q, k, v, qr, bias, aux), is_leaf=is_primal
     )
-    o, lse, pr = fp.flash_forward(fwd_cfg, _kernel_inputs(q, k, v, qr, bias, aux, "fwd"))
+    forward = _kernels(fwd_cfg)[0]
+    o, lse, pr = forward(fwd_cfg, _kernel_inputs(q, k, v, qr, bias, aux, "fwd"))
     flag = jnp.zeros((0,), jnp.float32) if want_dbias else None  # static via pytree structure
     return (o, pr), (q, k, v, qr, bias, aux, o, lse, pr, flag)
 
@@ -281,8 +303,9 @@ def _flash_core_bwd(fwd_cfg, bwd_cfg, res, cts):
         delta = delta + jnp.einsum("BTNR,BTNR->BNT", pr, dpr)
     ins = _kernel_inputs(q, k, v, qr, bias, aux, "bwd")
     ins.update(do=do.astype(q.dtype), lse=lse, delta=delta, dpr=dpr)
-    dq, dqr, db_q = flash_bwd.flash_dq(bwd_cfg, ins)
-    dk, dv, db_kv = flash_bwd.flash_dkv(bwd_cfg, ins)
+    _, flash_dq, flash_dkv = _kernels(bwd_cfg)
+    dq, dqr, db_q = flash_dq(bwd_cfg, ins)
+    dk, dv, db_kv = flash_dkv(bwd_cfg, ins)
     dbias = None
     kind = flash_bwd.dbias_kind(bwd_cfg)
     if kind is not None:
@@ -338,9 +361,10 @@ def flash_attention(
       scale: logit scale.
       block_q, block_k: tile sizes for the forward and backward kernels
         (default per backend, see `default_blocks`); powers of two >= 16 on
-        the GPU.
-      interpret: run the kernels in Pallas interpret mode; None = on unless
-        the default backend is a GPU.
+        the GPU; on TPU multiples of 8 and of 128 (block_k, unless one tile
+        holds every key).
+      interpret: run the (Triton-style) kernels in Pallas interpret mode;
+        None = on unless the default backend is a GPU or a TPU.
 
     Returns:
       `[B, T, N, Hv]` in the dtype of `query`.
@@ -380,8 +404,10 @@ class Prepared(NamedTuple):
 
 
 def _flash_attention(query, key, value, *, rel_value, backend: str, **kwargs) -> Array:
-    """`flash_attention` for an explicit backend ("interpret" or "gpu"); the
-    GPU path can be lowered on any machine (tests lower it for CUDA on CPU)."""
+    """`flash_attention` for an explicit backend: "gpu" / "interpret" (the
+    Triton kernels, compiled or interpreted), "tpu" / "tpu_interpret" (the
+    Mosaic kernels). The compiled paths can be lowered on any machine (tests
+    lower them for CUDA and TPU on the CPU)."""
     b, t, n, _ = query.shape
     hv = value.shape[-1]
     pre = prepare(query, key, value, rel_value=rel_value, backend=backend, **kwargs)
@@ -422,9 +448,9 @@ def prepare(
     shaw = rel_key is not None or rel_value is not None
     (fq, fk), (bq_b, bk_b) = default_blocks(backend, t, s, shaw)
     if block_q is not None:
-        fq = bq_b = _check_block("block_q", block_q, backend)
+        fq = bq_b = _check_block("block_q", block_q, backend, t)
     if block_k is not None:
-        fk = bk_b = _check_block("block_k", block_k, backend)
+        fk = bk_b = _check_block("block_k", block_k, backend, s)
     tp, sp = _round_up(t, math.lcm(fq, bq_b)), _round_up(s, math.lcm(fk, bk_b))
     gpu = backend == "gpu"
     hp = max(16, _pow2(h)) if gpu else h

@@ -34,9 +34,22 @@ SKIP, GENERAL, FAST_LEFT, FAST_RIGHT = 0, 1, 2, 3
 NEG_INF = float("-inf")
 
 
+# Per-query vectors arrive as `[bq]` (Triton kernels) or as `[bq, 1]` columns
+# (Mosaic kernels, which keep every value 2-D); per-key vectors as `[bk]` or
+# `[1, bk]` rows. These lift either form to the 2-D one.
+def as_col(x: Array) -> Array:
+    """`[bq]` or `[bq, 1]` -> `[bq, 1]`."""
+    return x if x.ndim == 2 else x[:, None]
+
+
+def as_row(x: Array) -> Array:
+    """`[bk]` or `[1, bk]` -> `[1, bk]`."""
+    return x if x.ndim == 2 else x[None, :]
+
+
 def rel_ids(q_pos: Array, kv_pos: Array, max_distance: int) -> Array:
     """`clip(kv - q, -k, k) + k` of a tile: int32 `[bq, bk]`."""
-    d = kv_pos[None, :] - q_pos[:, None]  # [bq, bk]
+    d = as_row(kv_pos) - as_col(q_pos)  # [bq, bk]
     return jnp.clip(d, -max_distance, max_distance) + max_distance
 
 
@@ -63,9 +76,9 @@ def visibility(
 
     Args:
       causal: key visible iff `kv_pos <= q_pos`.
-      q_pos, kv_pos: int `[bq]`, `[bk]` (needed when causal).
-      q_seg, kv_seg: int `[bq]`, `[bk]` or None.
-      kv_valid: bool `[bk]` (False for keys padded to the tile) or None.
+      q_pos, kv_pos: int `[bq]|[bq, 1]`, `[bk]|[1, bk]` (needed when causal).
+      q_seg, kv_seg: int `[bq]|[bq, 1]`, `[bk]|[1, bk]` or None.
+      kv_valid: bool `[bk]|[1, bk]` (False for keys padded to the tile) or None.
       mask: bool `[bq|1, bk|1]` user mask tile or None.
     """
     vis = None
@@ -75,11 +88,11 @@ def visibility(
         vis = m if vis is None else jnp.logical_and(vis, m)
 
     if causal:
-        add(kv_pos[None, :] <= q_pos[:, None])
+        add(as_row(kv_pos) <= as_col(q_pos))
     if q_seg is not None:
-        add(q_seg[:, None] == kv_seg[None, :])
+        add(as_col(q_seg) == as_row(kv_seg))
     if kv_valid is not None:
-        add(kv_valid[None, :])
+        add(as_row(kv_valid))
     if mask is not None:
         add(mask)
     return vis
@@ -100,7 +113,7 @@ def near_gather(
     Args:
       rt: int `[bq, bk]` relative ids of the tile.
       lo, hi: int scalars, the id range present in `rt`.
-      columns: callables `c -> [bq]` float32.
+      columns: callables `c -> [bq]` (or `[bq, 1]`) float32.
 
     Returns:
       One float32 `[bq, bk]` per column callable.
@@ -109,7 +122,7 @@ def near_gather(
     def body(c, outs):
         hit = rt == c  # [bq, bk]
         pairs = zip(columns, outs, strict=True)
-        return tuple(jnp.where(hit, col(c)[:, None], o) for col, o in pairs)
+        return tuple(jnp.where(hit, as_col(col(c)), o) for col, o in pairs)
 
     init = tuple(jnp.zeros(rt.shape, jnp.float32) for _ in columns)
     return lax.fori_loop(lo, hi + 1, body, init)
@@ -131,8 +144,8 @@ def near_scatter(rt: Array, lo: Array, hi: Array, w: Array, acc: Array) -> Array
     col_ids = lax.broadcasted_iota(jnp.int32, acc.shape, 1)  # [bq, Rp]
 
     def body(c, acc):
-        mass = jnp.sum(jnp.where(rt == c, w, 0.0), axis=1)  # [bq]
-        return acc + jnp.where(col_ids == c, mass[:, None], 0.0)
+        mass = jnp.sum(jnp.where(rt == c, w, 0.0), axis=1, keepdims=True)  # [bq, 1]
+        return acc + jnp.where(col_ids == c, mass, 0.0)
 
     return lax.fori_loop(lo, hi + 1, body, acc)
 
@@ -141,8 +154,8 @@ def add_far_columns(acc: Array, w_left: Array, w_right: Array, right_col: int) -
     """Add per-row masses of the constant-id tiles into columns 0 and 2k of a
     `[bq, Rp]` tile (`right_col` = 2k; with k = 0 both are column 0)."""
     col_ids = lax.broadcasted_iota(jnp.int32, acc.shape, 1)
-    acc = acc + jnp.where(col_ids == 0, w_left[:, None], 0.0)
-    return acc + jnp.where(col_ids == right_col, w_right[:, None], 0.0)
+    acc = acc + jnp.where(col_ids == 0, as_col(w_left), 0.0)
+    return acc + jnp.where(col_ids == right_col, as_col(w_right), 0.0)
 
 
 def safe_max(m: Array) -> Array:
@@ -156,17 +169,20 @@ def online_softmax_step(
 ) -> tuple[Array, Array, Array, Array, Array]:
     """One step of the online softmax over a `[bq, bk]` logits tile.
 
-    Invisible entries of `s` are -inf. Returns `(p, m_new, l_new, corr,
-    row_sum)`: unnormalised weights `exp(s - m_new)` (0 where invisible), the
-    running max (stays -inf for rows with nothing visible so far), the running
-    sum, the factor `exp(m_prev - m_new)` that rescales earlier accumulators
-    (0 while `m_prev` is -inf) and this tile's `Σ_s p`.
+    Invisible entries of `s` are -inf. The row statistics `m_prev`, `l_prev`
+    are `[bq]` or `[bq, 1]`; every returned statistic has the same form.
+    Returns `(p, m_new, l_new, corr, row_sum)`: unnormalised weights
+    `exp(s - m_new)` (0 where invisible), the running max (stays -inf for
+    rows with nothing visible so far), the running sum, the factor
+    `exp(m_prev - m_new)` that rescales earlier accumulators (0 while
+    `m_prev` is -inf) and this tile's `Σ_s p`.
     """
-    m_new = jnp.maximum(m_prev, jnp.max(s, axis=1))  # [bq]
+    keep = m_prev.ndim == 2
+    m_new = jnp.maximum(m_prev, jnp.max(s, axis=1, keepdims=keep))  # [bq] | [bq, 1]
     shift = safe_max(m_new)
-    corr = jnp.exp(m_prev - shift)  # [bq]
-    p = jnp.exp(s - shift[:, None])  # [bq, bk]
-    row_sum = jnp.sum(p, axis=1)  # [bq]
+    corr = jnp.exp(m_prev - shift)
+    p = jnp.exp(s - as_col(shift))  # [bq, bk]
+    row_sum = jnp.sum(p, axis=1, keepdims=keep)
     return p, m_new, l_prev * corr + row_sum, corr, row_sum
 
 
@@ -191,6 +207,7 @@ def tile_scores(
     qr_far: Array | None = None,
     dpr_far: Array | None = None,
     need_rel: bool = False,
+    num_rel: int | None = None,
 ) -> tuple[Array, Array | None, tuple[Array, Array, Array] | None]:
     """Logits of one tile, float32 `[bq, bk]`, -inf where invisible.
 
@@ -208,6 +225,11 @@ def tile_scores(
         them (hoisted out of the loop), else they are read with the readers.
       need_rel: return the relative ids of a general tile even without
         columns to gather (the forward's value-term scatter needs them).
+      num_rel: visit every id in `[0, num_rel)` instead of the tile's own
+        range. Mosaic kernels use it: the range would be a vector-to-scalar
+        reduction, and a near-diagonal tile spans min(bq + bk - 1, 2k + 1)
+        ids anyway, so the static loop costs at most that many extra passes
+        on tiles far from the diagonal.
       Others: see `visibility`.
 
     Returns:
@@ -222,7 +244,10 @@ def tile_scores(
     if general:
         if cols or need_rel:
             rt = rel_ids(q_pos, kv_pos, max_distance)  # [bq, bk]
-            lo, hi = rel_range(q_pos, kv_pos, max_distance)
+            if num_rel is None:
+                lo, hi = rel_range(q_pos, kv_pos, max_distance)
+            else:
+                lo, hi = 0, num_rel - 1
             rel = (rt, lo, hi)
             gathered = list(near_gather(rt, lo, hi, cols)) if cols else []
             if qr_col is not None:
@@ -231,9 +256,9 @@ def tile_scores(
                 dpr_tile = gathered.pop(0)
     else:
         if qr_col is not None:
-            s = s + (qr_col(far_id) if qr_far is None else qr_far)[:, None]
+            s = s + as_col(qr_col(far_id) if qr_far is None else qr_far)
         if dpr_col is not None:
-            dpr_tile = (dpr_col(far_id) if dpr_far is None else dpr_far)[:, None]
+            dpr_tile = as_col(dpr_col(far_id) if dpr_far is None else dpr_far)
     if bias is not None:
         s = s + bias.astype(jnp.float32)
     if general:

@@ -1,0 +1,163 @@
+"""Shared harness of the flash-kernel tests: inputs, the jitted kernel vjp,
+the float64 oracle and the comparison with tolerances as tight as the dtype
+allows. Used by tests/test_pallas.py (Triton kernels) and
+tests/test_pallas_tpu.py (Mosaic kernels), both in interpret mode on the CPU.
+"""
+
+from __future__ import annotations
+
+import functools
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import oracle
+
+import jattn
+from jattn.attention import _normalise
+from jattn.kernels import flash_attention as fa
+
+GRAD_NAMES = ("query", "key", "value", "bias", "rel_key", "rel_value")
+F32_TOL = 2e-5
+BF16_TOL = 3e-2
+
+
+# --------------------------------------------------------------------------------------
+# Harness.
+
+
+def _normal_form(inputs: dict, *, is_causal: bool, max_distance: int):
+    rel = None
+    if inputs.get("rel_key") is not None or inputs.get("rel_value") is not None:
+        rel = jattn.ShawRelative(
+            key=inputs.get("rel_key"), value=inputs.get("rel_value"), max_distance=max_distance
+        )
+    return _normalise(
+        inputs["query"],
+        inputs["key"],
+        inputs["value"],
+        bias=inputs.get("bias"),
+        mask=inputs.get("mask"),
+        is_causal=is_causal,
+        q_segment_ids=inputs.get("q_segment_ids"),
+        kv_segment_ids=inputs.get("kv_segment_ids"),
+        q_positions=inputs.get("q_positions"),
+        kv_positions=inputs.get("kv_positions"),
+        relative=rel,
+        scale=None,
+    )
+
+
+@functools.partial(
+    jax.jit, static_argnames=("is_causal", "max_distance", "block_q", "block_k", "backend")
+)
+def _pallas_vjp(
+    inputs, cotangent, *, is_causal, max_distance, block_q, block_k, backend="interpret"
+):
+    """Output and gradients of the differentiable inputs (None where absent)."""
+    diff = {name: inputs.get(name) for name in GRAD_NAMES}
+
+    def f(diff):
+        (q, k, v), kw = _normal_form(
+            {**inputs, **diff}, is_causal=is_causal, max_distance=max_distance
+        )
+        return fa._flash_attention(q, k, v, block_q=block_q, block_k=block_k, backend=backend, **kw)
+
+    out, vjp = jax.vjp(f, diff)
+    return out, vjp(cotangent)[0]
+
+
+def _oracle(inputs: dict, cotangent, *, is_causal: bool, max_distance: int):
+    as64 = lambda x: None if x is None else np.asarray(jnp.asarray(x, jnp.float32), np.float64)  # noqa: E731
+    rel = None
+    if inputs.get("rel_key") is not None or inputs.get("rel_value") is not None:
+        rel = jattn.ShawRelative(
+            key=as64(inputs.get("rel_key")),
+            value=as64(inputs.get("rel_value")),
+            max_distance=max_distance,
+        )
+    return oracle.attention_and_grads(
+        as64(inputs["query"]),
+        as64(inputs["key"]),
+        as64(inputs["value"]),
+        bias=as64(inputs.get("bias")),
+        mask=inputs.get("mask"),
+        is_causal=is_causal,
+        q_segment_ids=inputs.get("q_segment_ids"),
+        kv_segment_ids=inputs.get("kv_segment_ids"),
+        q_positions=inputs.get("q_positions"),
+        kv_positions=inputs.get("kv_positions"),
+        relative=rel,
+        cotangent=as64(cotangent),
+    )
+
+
+def _close(name: str, got, want, tol: float, absolute: bool = False):
+    """Max error relative to the largest reference value (or absolute)."""
+    got = np.asarray(jnp.asarray(got, jnp.float32), np.float64)
+    assert got.shape == want.shape, (name, got.shape, want.shape)
+    assert np.all(np.isfinite(got)), f"{name}: non-finite values"
+    scale = 1.0 if absolute else max(float(np.max(np.abs(want))), 1e-6)
+    err = float(np.max(np.abs(got - want))) / scale
+    assert err <= tol, f"{name}: max error {err:.2e} (scale {scale:.2e}) > {tol:.0e}"
+
+
+def _check(
+    inputs,
+    *,
+    is_causal=False,
+    max_distance=0,
+    block_q=16,
+    block_k=16,
+    tol=F32_TOL,
+    seed=0,
+    backend="interpret",
+):
+    """Run pallas and the oracle on `inputs`; compare output and every gradient.
+
+    A bias without a key axis shifts whole rows of logits, which softmax
+    ignores: its gradient is 0 up to rounding and is compared absolutely.
+    """
+    rng = np.random.default_rng(seed + 1000)
+    q, v = inputs["query"], inputs["value"]
+    cot = rng.standard_normal((*q.shape[:3], v.shape[-1])).astype(np.float32)
+    cot = jnp.asarray(cot, q.dtype)
+    out, grads = _pallas_vjp(
+        inputs,
+        cot,
+        is_causal=is_causal,
+        max_distance=max_distance,
+        block_q=block_q,
+        block_k=block_k,
+        backend=backend,
+    )
+    want, want_grads = _oracle(inputs, cot, is_causal=is_causal, max_distance=max_distance)
+    assert out.dtype == q.dtype
+    _close("out", out, want, tol)
+    for name in GRAD_NAMES:
+        if inputs.get(name) is None:
+            continue
+        assert grads[name].shape == np.shape(inputs[name]), name
+        row_bias = name == "bias" and np.shape(inputs["bias"])[-1] == 1
+        _close(f"d{name}", grads[name], want_grads[name], tol, absolute=row_bias)
+    return out, grads
+
+
+def _qkv(seed, b, t, s, n, kh, h, hv=None, dtype=np.float32, q_scale=1.0):
+    rng = np.random.default_rng(seed)
+    hv = hv or h
+    arr = lambda *shape: jnp.asarray(rng.standard_normal(shape).astype(np.float32), dtype)  # noqa: E731
+    return {
+        "query": jnp.asarray(q_scale * rng.standard_normal((b, t, n, h)).astype(np.float32), dtype),
+        "key": arr(b, s, kh, h),
+        "value": arr(b, s, kh, hv),
+    }
+
+
+def _packed(b: int, lengths: list[int]) -> tuple[np.ndarray, np.ndarray]:
+    """Segment ids (1, 2, ...; 0 = padding tail) and positions restarting per segment."""
+    seg, pos = [], []
+    for i, n in enumerate(lengths):
+        seg += [i + 1] * n
+        pos += list(range(n))
+    return np.tile(np.int32(seg), (b, 1)), np.tile(np.int32(pos), (b, 1))

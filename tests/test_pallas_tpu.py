@@ -1,0 +1,231 @@
+"""The Mosaic (TPU) flash kernels against the float64 oracle, and their lowering.
+
+The kernels of `jattn.kernels.flash_mosaic` run here in Pallas interpret mode
+(`backend="tpu_interpret"`: same grid, scalar prefetch, scratch and index
+maps as on a TPU), forward and every gradient, and are lowered for TPU with
+`lowering_platforms=("tpu",)`, which runs Mosaic's own checks of block
+shapes, layouts and operations on this CPU-only machine. What no test here
+can show is that libtpu then compiles them and how fast they run.
+
+Key tiles on TPU are multiples of 128 lanes, so the shapes that exercise
+several key tiles (and FAST / SKIP tiles) have S = 200: two key tiles, the
+second ragged.
+"""
+
+from __future__ import annotations
+
+import functools
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from flash_harness import (
+    BF16_TOL,
+    _check,
+    _normal_form,
+    _packed,
+    _pallas_vjp,
+    _qkv,
+)
+
+from jattn.kernels import flash_attention as fa
+
+TPU = "tpu_interpret"
+# B, T, S, N, K, H (, Hv): two ragged key tiles of 128; one key tile (S = 36).
+LONG = (1, 200, 200, 2, 1, 16, 8)
+FAR = (1, 200, 256, 2, 1, 16, 8)  # S a multiple of 128: key tiles can be FAST
+CROSS = (2, 40, 200, 4, 2, 16)
+SHORT = (2, 40, 36, 2, 2, 16)
+
+
+def check(inputs, **kw):
+    kw.setdefault("block_q", 16)
+    kw.setdefault("block_k", None)
+    return _check(inputs, backend=TPU, **kw)
+
+
+@pytest.mark.parametrize(
+    "block_q,block_k,case",
+    [
+        (8, 128, "plain"),  # block_q != block_k, both sides ragged
+        (16, None, "mask+bias_keys"),  # bias [B, 1, 1, S]: summed over queries
+        (8, None, "bias_rows"),  # bias [B, N, T, 1]: summed over keys
+    ],
+)
+def test_blocks_ragged_bias_and_mask(block_q, block_k, case):
+    shape = SHORT if case == "bias_rows" else CROSS
+    b, t, s, n = shape[:4]
+    inputs = _qkv(20, *shape)
+    rng = np.random.default_rng(21)
+    if case == "mask+bias_keys":
+        inputs["mask"] = rng.random((b, 1, t, s)) > 0.3
+        inputs["bias"] = jnp.asarray(rng.standard_normal((b, 1, 1, s)), jnp.float32)
+    if case == "bias_rows":
+        inputs["bias"] = jnp.asarray(rng.standard_normal((b, n, t, 1)), jnp.float32)
+    check(inputs, block_q=block_q, block_k=block_k)
+
+
+def test_causal_full_bias_skips_and_fast_tiles():
+    # T = S = 200, causal: the (query tile, key tile 1) blocks above the
+    # diagonal are SKIP, those below FAST; the full bias gradient is written
+    # for every tile, zero where skipped.
+    b, t, s, n = LONG[:4]
+    inputs = _qkv(22, *LONG)
+    inputs["bias"] = jnp.asarray(np.random.default_rng(23).standard_normal((1, n, t, s)))
+    _, grads = check(inputs, is_causal=True)
+    above = np.triu(np.ones((t, s), bool), k=1)
+    assert np.all(np.asarray(grads["bias"])[:, :, above] == 0.0)
+
+
+def test_fully_masked_rows_are_zero_with_zero_gradient():
+    b, t, s, n = SHORT[:4]
+    inputs = _qkv(24, *SHORT)
+    rng = np.random.default_rng(25)
+    mask = rng.random((b, 1, t, s)) > 0.3
+    mask[:, :, 5] = False
+    mask[:, :, 16:32] = False  # whole query tiles
+    inputs["mask"] = mask
+    inputs["bias"] = jnp.asarray(rng.standard_normal((b, n, t, s)), jnp.float32)
+    inputs["rel_value"] = jnp.asarray(rng.standard_normal((3, 16)), jnp.float32)
+    out, grads = check(inputs, max_distance=1)
+    dead = [5, *range(16, 32)]
+    assert np.all(np.asarray(out)[:, dead] == 0.0)
+    assert np.all(np.asarray(grads["query"])[:, dead] == 0.0)
+    assert np.all(np.asarray(grads["bias"])[:, :, dead] == 0.0)
+
+
+def test_mqa_per_head_mask_scalar_bias():
+    # One kv head for four query heads; a per-head mask gives a per-head block map.
+    shape = (2, 40, 200, 4, 1, 16)
+    b, t, s, n = shape[:4]
+    inputs = _qkv(26, *shape)
+    inputs["mask"] = np.random.default_rng(27).random((1, n, t, s)) > 0.5
+    inputs["bias"] = jnp.asarray([[[[0.3]]]], jnp.float32)
+    check(inputs)
+
+
+def _packed_inputs(dtype=np.float32, per_head=False):
+    b, t, _, n, _, h, hv = LONG
+    seg, pos = _packed(b, [90, 9, 77, 24])
+    inputs = _qkv(28, *LONG, dtype=dtype)
+    rng = np.random.default_rng(29)
+    lead = (n,) if per_head else ()
+    inputs.update(
+        q_segment_ids=seg,
+        kv_segment_ids=seg,
+        q_positions=pos,
+        kv_positions=pos,
+        rel_key=jnp.asarray(rng.standard_normal((*lead, 7, h)), dtype),
+        rel_value=jnp.asarray(rng.standard_normal((*lead, 7, hv)), dtype),
+    )
+    return inputs
+
+
+def test_packed_segments_positions_shaw():
+    check(_packed_inputs(), is_causal=True, max_distance=3)
+
+
+def test_packed_isolation_bit_for_bit():
+    inputs = _packed_inputs()
+    kw = dict(is_causal=True, max_distance=3, block_q=16, block_k=None, backend=TPU)
+    cot = jnp.asarray(np.random.default_rng(30).standard_normal((1, 200, 2, 8)), jnp.float32)
+    out, grads = _pallas_vjp(inputs, cot, **kw)
+    changed = dict(inputs)
+    seg2 = slice(90, 99)
+    for name in ("query", "key", "value"):
+        changed[name] = inputs[name].at[:, seg2].set(5.0 * inputs[name][:, ::-1][:, seg2])
+    out2, grads2 = _pallas_vjp(changed, cot, **kw)
+    others = np.r_[0:90, 99:200]
+    np.testing.assert_array_equal(np.asarray(out)[:, others], np.asarray(out2)[:, others])
+    for name in ("query", "key", "value"):
+        np.testing.assert_array_equal(
+            np.asarray(grads[name])[:, others], np.asarray(grads2[name])[:, others]
+        )
+    assert not np.allclose(out[:, seg2], out2[:, seg2])
+
+
+@pytest.mark.parametrize("causal,dist", [(False, 3), (True, 20)])
+def test_shaw_per_head_tables_far_tiles(causal, dist):
+    # T = 200, S = 256 with k = 3: query tiles 0-6 see key tile 1 entirely
+    # more than k ahead (FAST_RIGHT, id 2k), tiles 9-12 see key tile 0 more
+    # than k behind (FAST_LEFT, id 0); k = 20 with causal: SKIP and near tiles.
+    b, t, s, n, _, h, hv = FAR
+    inputs = _qkv(31, *FAR)
+    rng = np.random.default_rng(32)
+    r = 2 * dist + 1
+    inputs["rel_key"] = jnp.asarray(rng.standard_normal((n, r, h)), jnp.float32)
+    inputs["rel_value"] = jnp.asarray(rng.standard_normal((n, r, hv)), jnp.float32)
+    check(inputs, is_causal=causal, max_distance=dist)
+
+
+def test_bf16_causal_shaw_packed():
+    check(_packed_inputs(jnp.bfloat16), is_causal=True, max_distance=3, tol=BF16_TOL)
+
+
+def test_tpu_block_validation():
+    inputs = _qkv(33, *CROSS)
+    (q, k, v), kw = _normal_form(inputs, is_causal=False, max_distance=0)
+    with pytest.raises(ValueError, match="multiple of 8"):
+        fa._flash_attention(q, k, v, block_q=12, block_k=None, backend=TPU, **kw)
+    with pytest.raises(ValueError, match="multiple of 128"):
+        fa._flash_attention(q, k, v, block_q=8, block_k=64, backend=TPU, **kw)
+    assert fa.default_blocks("tpu", 8192, 8192) == ((128, 128), (128, 128))
+    assert fa.default_blocks("tpu", 20, 36) == ((24, 40), (24, 40))
+
+
+# --------------------------------------------------------------------------------------
+# Lowering for TPU (Mosaic), forward and backward: no TPU needed.
+
+
+def _lower_for_tpu(dtype, *, causal, packed, shaw, bias_shape, mask_shape):
+    b, t, n, kh, h = 1, 300, 4, 2, 128
+    sds = jax.ShapeDtypeStruct
+    args = {
+        "query": sds((b, t, n, h), dtype),
+        "key": sds((b, t, kh, h), dtype),
+        "value": sds((b, t, kh, h), dtype),
+    }
+    if shaw:
+        args["rel_key"] = sds((n, 33, h), jnp.float32)
+        args["rel_value"] = sds((33, h), jnp.float32)
+    if bias_shape:
+        args["bias"] = sds(bias_shape, jnp.float32)
+    if mask_shape:
+        args["mask"] = sds(mask_shape, jnp.bool_)
+    if packed:
+        for name in ("q_segment_ids", "kv_segment_ids", "q_positions", "kv_positions"):
+            args[name] = sds((b, t), jnp.int32)
+    cot = sds((b, t, n, h), dtype)
+    fn = functools.partial(
+        _pallas_vjp.__wrapped__,
+        is_causal=causal,
+        max_distance=16,
+        block_q=None,
+        block_k=None,
+        backend="tpu",
+    )
+    return jax.jit(fn).trace(args, cot).lower(lowering_platforms=("tpu",)).as_text()
+
+
+@pytest.mark.parametrize(
+    "dtype,causal,packed,shaw,bias_shape,mask_shape",
+    [
+        (jnp.bfloat16, True, False, False, None, None),
+        (jnp.bfloat16, True, True, True, (1, 4, 300, 300), (1, 4, 1, 300)),
+        (jnp.float32, False, False, True, (1, 1, 1, 300), None),
+        (jnp.float32, False, False, False, (1, 4, 300, 1), (1, 1, 300, 300)),
+    ],
+)
+def test_tpu_path_lowers_to_mosaic(dtype, causal, packed, shaw, bias_shape, mask_shape):
+    text = _lower_for_tpu(
+        dtype,
+        causal=causal,
+        packed=packed,
+        shaw=shaw,
+        bias_shape=bias_shape,
+        mask_shape=mask_shape,
+    )
+    assert text.count("tpu_custom_call") >= 3, "expected the forward, dq and dk/dv kernels"
+    for name in ("jattn_flash_fwd_tpu", "jattn_flash_dq_tpu", "jattn_flash_dkv_tpu"):
+        assert name in text
