@@ -6,7 +6,9 @@
   kernels, also what runs in interpret mode on the CPU.
 - `flash_mosaic`: the same three kernels in the TPU's style (grid-axis
   loops, VMEM scratch, scalar-prefetched block map).
-- `flash_tiles`: the math of one tile, shared by the three kernels.
+- `flash_blockmap`: which tile pairs to compute (skip / general / fast) and
+  the loop bounds, built in XLA from per-tile min/max.
+- `flash_tiles`: the math of one tile, shared by every kernel.
 - `flash_reference`: dense plain-JAX reference of the kernel's contract.
 
 Modules are imported on demand (`jattn.attention` resolves "pallas" lazily),
