@@ -4,8 +4,9 @@
   block map, Shaw tables, custom VJP).
 - `flash_pallas` (forward) and `flash_bwd` (dq, dk/dv): the GPU (Triton)
   kernels, also what runs in interpret mode on the CPU.
-- `flash_mosaic`: the same three kernels in the TPU's style (grid-axis
-  loops, VMEM scratch, scalar-prefetched block map).
+- `flash_mosaic` (forward) and `flash_mosaic_bwd` (dq, dk/dv): the same
+  kernels in the TPU's style (grid-axis loops, VMEM scratch,
+  scalar-prefetched block map).
 - `flash_blockmap`: which tile pairs to compute (skip / general / fast) and
   the loop bounds, built in XLA from per-tile min/max.
 - `flash_tiles`: the math of one tile, shared by every kernel.

@@ -17,7 +17,7 @@ The public entry `flash_attention` receives the normal form of
 4. runs the forward kernel, whose custom VJP runs the dq and dk/dv kernels,
    recomputing probabilities from the saved log-sum-exp: the Triton kernels
    (`flash_pallas`, `flash_bwd`) on GPUs and in interpret mode, the Mosaic
-   ones (`flash_mosaic`) on TPU. Both take the same padded inputs and block
+   ones (`flash_mosaic`, `flash_mosaic_bwd`) on TPU. Both take the same padded inputs and block
    map and return the same layouts, so everything here is shared.
 
 Gradients of the Shaw tables and of `q` through `qr`, and of the value table
@@ -125,9 +125,9 @@ def _check_block(name: str, value: int, backend: str, length: int) -> int:
 def _kernels(cfg: fp.KernelConfig):
     """`(forward, dq, dkv)` kernel wrappers of the config's backend."""
     if cfg.backend in _TPU_BACKENDS:
-        from jattn.kernels import flash_mosaic as fm
+        from jattn.kernels import flash_mosaic, flash_mosaic_bwd
 
-        return fm.flash_forward, fm.flash_dq, fm.flash_dkv
+        return flash_mosaic.flash_forward, flash_mosaic_bwd.flash_dq, flash_mosaic_bwd.flash_dkv
     return fp.flash_forward, flash_bwd.flash_dq, flash_bwd.flash_dkv
 
 

@@ -1,4 +1,4 @@
-"""The flash kernels for TPU (Pallas Mosaic): forward, dq and dk/dv.
+"""The flash kernels for TPU (Pallas Mosaic): layout, tile helpers, forward.
 
 Same contract, same tile math (`flash_tiles`) and same block map as the
 Triton kernels of `flash_pallas` / `flash_bwd`, in the TPU's style:
@@ -18,12 +18,19 @@ Triton kernels of `flash_pallas` / `flash_bwd`, in the TPU's style:
   tile visits every relative id `0..2k` (no dynamic lane index, no
   vector-to-scalar reduction for the id range).
 
-The wrappers take and return the Triton kernels' layout (see
+The backward kernels (dq, dk/dv) are in `flash_mosaic_bwd`. The wrappers take
+and return the Triton kernels' layout (see
 `flash_pallas.flash_forward`, `flash_bwd.flash_dq` / `flash_dkv`), so the
 custom VJP in `flash_attention` is shared by both. Lengths must be padded to
 the blocks; `block_k` must be a multiple of 128 (a lane tile) unless one key
 tile covers all keys, `block_q` a multiple of 8 (32 with an int8 mask's query
 axis; the mask is widened to int32 here instead).
+
+Limits: the block map sits whole in SMEM, `B·Nm·nT·nS` int32 values (Nm = N
+with a per-head mask, else 1): B = 8 at L = 8k with 128-tiles is 128 KiB;
+longer sequences or per-head masks need larger blocks or smaller batches per
+call. Status: lowered for TPU and tested in interpret mode on the CPU; never
+compiled by libtpu nor timed on a TPU.
 """
 
 from __future__ import annotations
@@ -37,12 +44,9 @@ from jax.experimental import pallas as pl
 from jax.experimental.pallas import tpu as pltpu
 
 from jattn.kernels import flash_tiles as ft
-from jattn.kernels.flash_bwd import dbias_kind
 from jattn.kernels.flash_pallas import SQ, KernelConfig
 
 Array = jax.Array
-
-_LANES = 128
 
 
 def _params(cfg: KernelConfig, semantics: tuple[str, ...]):
@@ -51,7 +55,7 @@ def _params(cfg: KernelConfig, semantics: tuple[str, ...]):
     return pltpu.CompilerParams(dimension_semantics=semantics)
 
 
-def _call(kernel, cfg: KernelConfig, name: str, **kwargs):
+def mosaic_call(kernel, cfg: KernelConfig, name: str, **kwargs):
     semantics = kwargs.pop("semantics")
     return pl.pallas_call(
         kernel,
@@ -66,17 +70,17 @@ def _call(kernel, cfg: KernelConfig, name: str, **kwargs):
 # Layout: head-major values, 2-D positions, flat block map and bounds.
 
 
-def _heads_major(x: Array | None) -> Array | None:
+def heads_major(x: Array | None) -> Array | None:
     """`[B, L, heads, W]` -> `[B, heads, L, W]`."""
     return None if x is None else jnp.swapaxes(x, 1, 2)
 
 
-def _tpu_inputs(ins: dict) -> dict:
+def tpu_inputs(ins: dict) -> dict:
     """The Triton layout of `ins` turned into the Mosaic one."""
     out = dict(ins)
     for name in ("q", "k", "v", "qr", "do", "dpr"):
         if name in ins:
-            out[name] = _heads_major(ins[name])
+            out[name] = heads_major(ins[name])
     for name in ("qpos", "qseg"):
         if ins.get(name) is not None:
             out[name] = ins[name][:, :, None]  # [B, Tp, 1]
@@ -91,7 +95,7 @@ def _tpu_inputs(ins: dict) -> dict:
     return out
 
 
-class _Maps:
+class Maps:
     """Index arithmetic over the flat, scalar-prefetched block map
     `[B, Nm, nT, nS]` and bounds `[B, Nm, 4, n]` (Nm = N or 1)."""
 
@@ -115,7 +119,7 @@ class _Maps:
         return jnp.minimum(jnp.maximum(t, lo), jnp.maximum(hi - 1, lo))
 
 
-def _bias_spec(dims, bq: int, bk: int, head, q_tile, k_tile):
+def bias_spec(dims, bq: int, bk: int, head, q_tile, k_tile):
     """bias/mask `[B|1, N|1, Tp|1, Sp|1]` -> a `[bq|1, bk|1]` block."""
     fb, fn, ft_, fs = dims
     return pl.BlockSpec(
@@ -129,7 +133,7 @@ def _bias_spec(dims, bq: int, bk: int, head, q_tile, k_tile):
     )
 
 
-def _column_reader(tile: Array | None):
+def column_reader(tile: Array | None):
     """`c -> tile[:, c]` as `[bq, 1]` by a lane-masked sum (c may be traced)."""
     if tile is None:
         return None
@@ -137,26 +141,26 @@ def _column_reader(tile: Array | None):
     return lambda c: jnp.sum(jnp.where(lanes == c, tile, 0.0), axis=1, keepdims=True)
 
 
-def _add_column(acc: Array, c: int, col: Array) -> Array:
+def add_column(acc: Array, c: int, col: Array) -> Array:
     """`acc[:, c] += col` for a static column c (`acc [bq, R]`, `col [bq, 1]`)."""
     lanes = lax.broadcasted_iota(jnp.int32, acc.shape, 1)
     return acc + jnp.where(lanes == c, col, 0.0)
 
 
-def _kv_valid(cfg: KernelConfig, j, bk: int, padded_k: int):
+def kv_valid_row(cfg: KernelConfig, j, bk: int, padded_k: int):
     if cfg.seq_k == padded_k:
         return None
     return j * bk + lax.broadcasted_iota(jnp.int32, (1, bk), 1) < cfg.seq_k
 
 
-def _when_visible(cls, body):
+def when_visible(cls, body):
     """Run `body(general, right_id)` for the class of the current tile."""
     pl.when(cls == ft.GENERAL)(lambda: body(True, False))
     pl.when(cls == ft.FAST_LEFT)(lambda: body(False, False))
     pl.when(cls == ft.FAST_RIGHT)(lambda: body(False, True))
 
 
-def _scores(cfg, general, right, *, q, k, q_pos, kv_pos, q_seg, kv_seg, kv_valid, bias, mask,
+def scores(cfg, general, right, *, q, k, q_pos, kv_pos, q_seg, kv_seg, kv_valid, bias, mask,
             qr_col, dpr_col, need_rel=False):  # fmt: skip
     """`flash_tiles.tile_scores` with the Mosaic conventions (static id range,
     static far id)."""
@@ -182,11 +186,11 @@ def _scores(cfg, general, right, *, q, k, q_pos, kv_pos, q_seg, kv_seg, kv_valid
     )
 
 
-def _load(ref):
+def load(ref):
     return None if ref is None else ref[...]
 
 
-def _load_mask(ref):
+def load_mask(ref):
     return None if ref is None else ref[...] != 0
 
 
@@ -194,7 +198,7 @@ def _load_mask(ref):
 # Forward: grid (B, N, nT, nS).
 
 
-def _fwd_kernel(bmap_ref, bounds_ref, r, o_ref, lse_ref, *rest, cfg: KernelConfig, maps: _Maps):
+def _fwd_kernel(bmap_ref, bounds_ref, r, o_ref, lse_ref, *rest, cfg: KernelConfig, maps: Maps):
     pr_ref = rest[0] if cfg.use_pr else None
     m_sc, l_sc, acc_sc, *accr_sc = rest[1:] if cfg.use_pr else rest
     b, h, i, j = (pl.program_id(a) for a in range(4))
@@ -209,20 +213,20 @@ def _fwd_kernel(bmap_ref, bounds_ref, r, o_ref, lse_ref, *rest, cfg: KernelConfi
             accr_sc[0][...] = jnp.zeros(accr_sc[0].shape, jnp.float32)
 
     def body(general, right):
-        s, _, rel = _scores(
+        s, _, rel = scores(
             cfg,
             general,
             right,
             q=r["q"][...],
             k=r["k"][...],
-            q_pos=_load(r["qpos"]),
-            kv_pos=_load(r["kvpos"]),
-            q_seg=_load(r["qseg"]),
-            kv_seg=_load(r["kvseg"]),
-            kv_valid=_kv_valid(cfg, j, bk, maps.ns * bk),
-            bias=_load(r["bias"]),
-            mask=_load_mask(r["mask"]),
-            qr_col=_column_reader(_load(r["qr"])),
+            q_pos=load(r["qpos"]),
+            kv_pos=load(r["kvpos"]),
+            q_seg=load(r["qseg"]),
+            kv_seg=load(r["kvseg"]),
+            kv_valid=kv_valid_row(cfg, j, bk, maps.ns * bk),
+            bias=load(r["bias"]),
+            mask=load_mask(r["mask"]),
+            qr_col=column_reader(load(r["qr"])),
             dpr_col=None,
             need_rel=cfg.use_pr,
         )
@@ -238,10 +242,10 @@ def _fwd_kernel(bmap_ref, bounds_ref, r, o_ref, lse_ref, *rest, cfg: KernelConfi
             if general:
                 accr = ft.near_scatter(*rel, p, accr)
             else:
-                accr = _add_column(accr, cfg.far_right if right else 0, row_sum)
+                accr = add_column(accr, cfg.far_right if right else 0, row_sum)
             accr_sc[0][...] = accr
 
-    _when_visible(maps.cls(bmap_ref, b, h, i, j), body)
+    when_visible(maps.cls(bmap_ref, b, h, i, j), body)
 
     @pl.when(j == maps.ns - 1)
     def _finish():
@@ -254,7 +258,7 @@ def _fwd_kernel(bmap_ref, bounds_ref, r, o_ref, lse_ref, *rest, cfg: KernelConfi
             pr_ref[...] = accr_sc[0][...] / l_safe
 
 
-def _q_tile_specs(cfg: KernelConfig, x: dict, maps: _Maps) -> dict:
+def q_tile_specs(cfg: KernelConfig, x: dict, maps: Maps) -> dict:
     """Specs of the inputs of the forward and dq kernels, grid (b, h, i, j)."""
     bq, bk, g = cfg.block_q, cfg.block_k, cfg.groups
     hdim, hv = x["q"].shape[-1], x["v"].shape[-1]
@@ -282,30 +286,30 @@ def _q_tile_specs(cfg: KernelConfig, x: dict, maps: _Maps) -> dict:
         "kvpos": kv_row if cfg.use_pos else None,
         "qseg": q_col if cfg.use_seg else None,
         "kvseg": kv_row if cfg.use_seg else None,
-        "bias": _bias_spec(cfg.bias_dims, bq, bk, head, q_tile, kv_tile) if cfg.bias_dims else None,
-        "mask": _bias_spec(cfg.mask_dims, bq, bk, head, q_tile, kv_tile) if cfg.mask_dims else None,
+        "bias": bias_spec(cfg.bias_dims, bq, bk, head, q_tile, kv_tile) if cfg.bias_dims else None,
+        "mask": bias_spec(cfg.mask_dims, bq, bk, head, q_tile, kv_tile) if cfg.mask_dims else None,
         "qr": q_row(cfg.num_rel) if cfg.use_qr else None,
     }
 
 
-def _q_row_out(bq: int, w: int):
+def q_row_spec(bq: int, w: int):
     return pl.BlockSpec((SQ, SQ, bq, w), lambda b, h, i, j, *_: (b, h, i, 0))
 
 
 def flash_forward(cfg: KernelConfig, ins: dict) -> tuple[Array, Array, Array | None]:
     """Forward kernel; arguments and results as `flash_pallas.flash_forward`."""
-    x = _tpu_inputs(ins)
+    x = tpu_inputs(ins)
     b, n, tp, _ = x["q"].shape
     hv = x["v"].shape[-1]
     bq = cfg.block_q
-    maps = _Maps(cfg, ins["bmap"], ins["bounds"])
-    specs = _q_tile_specs(cfg, x, maps)
+    maps = Maps(cfg, ins["bmap"], ins["bounds"])
+    specs = q_tile_specs(cfg, x, maps)
     o_dtype = jnp.float32 if cfg.use_pr else x["q"].dtype
     out_shape = [
         jax.ShapeDtypeStruct((b, n, tp, hv), o_dtype),
         jax.ShapeDtypeStruct((b, n, tp, 1), jnp.float32),
     ]
-    out_specs = [_q_row_out(bq, hv), _q_row_out(bq, 1)]
+    out_specs = [q_row_spec(bq, hv), q_row_spec(bq, 1)]
     scratch = [
         pltpu.VMEM((bq, 1), jnp.float32),  # running max
         pltpu.VMEM((bq, 1), jnp.float32),  # running sum
@@ -313,7 +317,7 @@ def flash_forward(cfg: KernelConfig, ins: dict) -> tuple[Array, Array, Array | N
     ]
     if cfg.use_pr:
         out_shape.append(jax.ShapeDtypeStruct((b, n, tp, cfg.num_rel), jnp.float32))
-        out_specs.append(_q_row_out(bq, cfg.num_rel))
+        out_specs.append(q_row_spec(bq, cfg.num_rel))
         scratch.append(pltpu.VMEM((bq, cfg.num_rel), jnp.float32))
     grid_spec = pltpu.PrefetchScalarGridSpec(
         num_scalar_prefetch=2,
@@ -322,7 +326,7 @@ def flash_forward(cfg: KernelConfig, ins: dict) -> tuple[Array, Array, Array | N
         out_specs=out_specs,
         scratch_shapes=scratch,
     )
-    outs = _call(
+    outs = mosaic_call(
         functools.partial(_fwd_kernel, cfg=cfg, maps=maps),
         cfg,
         "jattn_flash_fwd_tpu",
@@ -330,285 +334,6 @@ def flash_forward(cfg: KernelConfig, ins: dict) -> tuple[Array, Array, Array | N
         out_shape=out_shape,
         semantics=("parallel", "parallel", "parallel", "arbitrary"),
     )(ins["bmap"].reshape(-1), ins["bounds"].reshape(-1), {k: x[k] for k in specs})
-    o = _heads_major(outs[0])
-    pr = _heads_major(outs[2]) if cfg.use_pr else None
+    o = heads_major(outs[0])
+    pr = heads_major(outs[2]) if cfg.use_pr else None
     return o, outs[1][..., 0], pr
-
-
-# --------------------------------------------------------------------------------------
-# dq: grid (B, N, nT, nS), as the forward.
-
-
-def _dq_kernel(bmap_ref, bounds_ref, r, *refs, cfg: KernelConfig, maps: _Maps):
-    kind = dbias_kind(cfg)
-    refs = list(refs)
-    dq_ref = refs.pop(0)
-    dqr_ref = refs.pop(0) if cfg.use_qr else None
-    db_ref = refs.pop(0) if kind in ("full", "rows") else None
-    dq_sc = refs.pop(0)
-    dqr_sc = refs.pop(0) if cfg.use_qr else None
-    db_sc = refs.pop(0) if kind == "rows" else None
-    b, h, i, j = (pl.program_id(a) for a in range(4))
-    bk = cfg.block_k
-
-    @pl.when(j == 0)
-    def _init():
-        for sc in (dq_sc, dqr_sc, db_sc):
-            if sc is not None:
-                sc[...] = jnp.zeros(sc.shape, jnp.float32)
-
-    def body(general, right):
-        k = r["k"][...]
-        v = r["v"][...]
-        do = r["do"][...]
-        s, dpr_t, rel = _scores(
-            cfg,
-            general,
-            right,
-            q=r["q"][...],
-            k=k,
-            q_pos=_load(r["qpos"]),
-            kv_pos=_load(r["kvpos"]),
-            q_seg=_load(r["qseg"]),
-            kv_seg=_load(r["kvseg"]),
-            kv_valid=_kv_valid(cfg, j, bk, maps.ns * bk),
-            bias=_load(r["bias"]),
-            mask=_load_mask(r["mask"]),
-            qr_col=_column_reader(_load(r["qr"])),
-            dpr_col=_column_reader(_load(r["dpr"])),
-            need_rel=cfg.use_qr,
-        )
-        p = jnp.exp(s - r["lse"][...])  # [bq, bk]; lse = +inf on empty rows: p = 0
-        dp = lax.dot_general(do, v, (((1,), (1,)), ((), ())), preferred_element_type=jnp.float32)
-        if dpr_t is not None:
-            dp = dp + dpr_t
-        ds = p * (dp - r["delta"][...])  # [bq, bk]
-        dq_sc[...] += lax.dot_general(
-            ds.astype(k.dtype), k, (((1,), (0,)), ((), ())), preferred_element_type=jnp.float32
-        )
-        if cfg.use_qr:
-            if general:
-                dqr_sc[...] = ft.near_scatter(*rel, ds, dqr_sc[...])
-            else:
-                far = cfg.far_right if right else 0
-                dqr_sc[...] = _add_column(dqr_sc[...], far, jnp.sum(ds, axis=1, keepdims=True))
-        if kind == "full":
-            db_ref[...] = ds
-        elif kind == "rows":
-            db_sc[...] += jnp.sum(ds, axis=1, keepdims=True)
-
-    cls = maps.cls(bmap_ref, b, h, i, j)
-    _when_visible(cls, body)
-    if kind == "full":  # every (i, j) block of the gradient is written once
-
-        @pl.when(cls == ft.SKIP)
-        def _zero():
-            db_ref[...] = jnp.zeros(db_ref.shape, db_ref.dtype)
-
-    @pl.when(j == maps.ns - 1)
-    def _finish():
-        dq_ref[...] = (dq_sc[...] * cfg.scale).astype(dq_ref.dtype)
-        if cfg.use_qr:
-            dqr_ref[...] = dqr_sc[...]
-        if kind == "rows":
-            db_ref[...] = db_sc[...]
-
-
-def flash_dq(cfg: KernelConfig, ins: dict) -> tuple[Array, Array | None, Array | None]:
-    """dq kernel; arguments and results as `flash_bwd.flash_dq`."""
-    x = _tpu_inputs(ins)
-    b, n, tp, hdim = x["q"].shape
-    hv = x["v"].shape[-1]
-    bq, bk = cfg.block_q, cfg.block_k
-    maps = _Maps(cfg, ins["bmap"], ins["bounds"])
-    specs = _q_tile_specs(cfg, x, maps)
-    specs["do"] = _q_row_out(bq, hv)
-    specs["lse"] = specs["delta"] = _q_row_out(bq, 1)
-    specs["dpr"] = _q_row_out(bq, cfg.num_rel) if cfg.use_pr else None
-    out_shape = [jax.ShapeDtypeStruct((b, n, tp, hdim), x["q"].dtype)]
-    out_specs = [_q_row_out(bq, hdim)]
-    scratch = [pltpu.VMEM((bq, hdim), jnp.float32)]
-    if cfg.use_qr:
-        out_shape.append(jax.ShapeDtypeStruct((b, n, tp, cfg.num_rel), jnp.float32))
-        out_specs.append(_q_row_out(bq, cfg.num_rel))
-        scratch.append(pltpu.VMEM((bq, cfg.num_rel), jnp.float32))
-    kind = dbias_kind(cfg)
-    if kind == "full":
-        sp = maps.ns * bk
-        out_shape.append(jax.ShapeDtypeStruct((b, n, tp, sp), jnp.float32))
-        out_specs.append(pl.BlockSpec((SQ, SQ, bq, bk), lambda b_, h, i, j, *_: (b_, h, i, j)))
-    elif kind == "rows":
-        out_shape.append(jax.ShapeDtypeStruct((b, n, tp, 1), jnp.float32))
-        out_specs.append(_q_row_out(bq, 1))
-        scratch.append(pltpu.VMEM((bq, 1), jnp.float32))
-    grid_spec = pltpu.PrefetchScalarGridSpec(
-        num_scalar_prefetch=2,
-        grid=(b, n, tp // bq, maps.ns),
-        in_specs=[specs],
-        out_specs=out_specs,
-        scratch_shapes=scratch,
-    )
-    outs = list(
-        _call(
-            functools.partial(_dq_kernel, cfg=cfg, maps=maps),
-            cfg,
-            "jattn_flash_dq_tpu",
-            grid_spec=grid_spec,
-            out_shape=out_shape,
-            semantics=("parallel", "parallel", "parallel", "arbitrary"),
-        )(ins["bmap"].reshape(-1), ins["bounds"].reshape(-1), {k: x[k] for k in specs})
-    )
-    dq = _heads_major(outs.pop(0))
-    dqr = _heads_major(outs.pop(0)) if cfg.use_qr else None
-    dbias = None
-    if kind == "full":
-        dbias = outs.pop(0)
-    elif kind == "rows":
-        dbias = outs.pop(0)[..., 0]
-    return dq, dqr, dbias
-
-
-# --------------------------------------------------------------------------------------
-# dk/dv: grid (B, K, nS, G, nT); the G query heads of a kv head and their query
-# tiles are the two inner ("arbitrary") axes, so GQA/MQA gradients are summed in
-# VMEM scratch, never through an `[B, S, N, H]` intermediate.
-
-
-def _dkv_kernel(bmap_ref, bounds_ref, r, dk_ref, dv_ref, *refs, cfg: KernelConfig, maps: _Maps):
-    kind = dbias_kind(cfg)
-    refs = list(refs)
-    db_ref = refs.pop(0) if kind == "cols" else None
-    dk_sc, dv_sc = refs.pop(0), refs.pop(0)
-    db_sc = refs.pop(0) if kind == "cols" else None
-    b, kh, j, g, i = (pl.program_id(a) for a in range(5))
-    h = kh * cfg.groups + g
-    bk, nt = cfg.block_k, maps.nt
-
-    @pl.when((g == 0) & (i == 0))
-    def _init():
-        dk_sc[...] = jnp.zeros(dk_sc.shape, jnp.float32)
-        dv_sc[...] = jnp.zeros(dv_sc.shape, jnp.float32)
-
-    if kind == "cols":
-
-        @pl.when(i == 0)
-        def _init_db():
-            db_sc[...] = jnp.zeros(db_sc.shape, jnp.float32)
-
-    def body(general, right):
-        q = r["q"][...]
-        v = r["v"][...]
-        do = r["do"][...]
-        s, dpr_t, _ = _scores(
-            cfg,
-            general,
-            right,
-            q=q,
-            k=r["k"][...],
-            q_pos=_load(r["qpos"]),
-            kv_pos=_load(r["kvpos"]),
-            q_seg=_load(r["qseg"]),
-            kv_seg=_load(r["kvseg"]),
-            kv_valid=_kv_valid(cfg, j, bk, maps.ns * bk),
-            bias=_load(r["bias"]),
-            mask=_load_mask(r["mask"]),
-            qr_col=_column_reader(_load(r["qr"])),
-            dpr_col=_column_reader(_load(r["dpr"])),
-        )
-        p = jnp.exp(s - r["lse"][...])  # [bq, bk]
-        dv_sc[...] += lax.dot_general(
-            p.astype(do.dtype), do, (((0,), (0,)), ((), ())), preferred_element_type=jnp.float32
-        )  # [bk, Hv]
-        dp = lax.dot_general(do, v, (((1,), (1,)), ((), ())), preferred_element_type=jnp.float32)
-        if dpr_t is not None:
-            dp = dp + dpr_t
-        ds = p * (dp - r["delta"][...])  # [bq, bk]
-        dk_sc[...] += lax.dot_general(
-            ds.astype(q.dtype), q, (((0,), (0,)), ((), ())), preferred_element_type=jnp.float32
-        )  # [bk, H]
-        if kind == "cols":
-            db_sc[...] += jnp.sum(ds, axis=0, keepdims=True)
-
-    _when_visible(maps.cls(bmap_ref, b, h, i, j), body)
-
-    if kind == "cols":
-
-        @pl.when(i == nt - 1)
-        def _finish_db():
-            db_ref[...] = db_sc[...]
-
-    @pl.when((g == cfg.groups - 1) & (i == nt - 1))
-    def _finish():
-        dk_ref[...] = (dk_sc[...] * cfg.scale).astype(dk_ref.dtype)
-        dv_ref[...] = dv_sc[...].astype(dv_ref.dtype)
-
-
-def flash_dkv(cfg: KernelConfig, ins: dict) -> tuple[Array, Array, Array | None]:
-    """dk/dv kernel; arguments and results as `flash_bwd.flash_dkv`."""
-    x = _tpu_inputs(ins)
-    b, n, tp, hdim = x["q"].shape
-    _, kh, sp, hv = x["v"].shape
-    bq, bk, grp = cfg.block_q, cfg.block_k, cfg.groups
-    maps = _Maps(cfg, ins["bmap"], ins["cbounds"])
-
-    def head(b_, k_, j, g, i, *_):
-        return k_ * grp + g
-
-    def q_tile(b_, k_, j, g, i, bmap, bounds):
-        return maps.clamp(bounds, b_, k_ * grp + g, j, i)
-
-    def k_tile(b_, k_, j, g, i, *_):
-        return j
-
-    def q_row(w):
-        return pl.BlockSpec((SQ, SQ, bq, w), lambda *a: (a[0], head(*a), q_tile(*a), 0))
-
-    def kv_rows(w):
-        return pl.BlockSpec((SQ, SQ, bk, w), lambda b_, k_, j, *_: (b_, k_, j, 0))
-
-    q_col = pl.BlockSpec((SQ, bq, 1), lambda *a: (a[0], q_tile(*a), 0))
-    kv_row = pl.BlockSpec((SQ, 1, bk), lambda b_, k_, j, *_: (b_, 0, j))
-    specs = {
-        "q": q_row(hdim),
-        "k": kv_rows(hdim),
-        "v": kv_rows(hv),
-        "do": q_row(hv),
-        "lse": q_row(1),
-        "delta": q_row(1),
-        "qpos": q_col if cfg.use_pos else None,
-        "kvpos": kv_row if cfg.use_pos else None,
-        "qseg": q_col if cfg.use_seg else None,
-        "kvseg": kv_row if cfg.use_seg else None,
-        "bias": _bias_spec(cfg.bias_dims, bq, bk, head, q_tile, k_tile) if cfg.bias_dims else None,
-        "mask": _bias_spec(cfg.mask_dims, bq, bk, head, q_tile, k_tile) if cfg.mask_dims else None,
-        "qr": q_row(cfg.num_rel) if cfg.use_qr else None,
-        "dpr": q_row(cfg.num_rel) if cfg.use_pr else None,
-    }
-    out_shape = [
-        jax.ShapeDtypeStruct((b, kh, sp, hdim), x["k"].dtype),
-        jax.ShapeDtypeStruct((b, kh, sp, hv), x["v"].dtype),
-    ]
-    out_specs = [kv_rows(hdim), kv_rows(hv)]
-    scratch = [pltpu.VMEM((bk, hdim), jnp.float32), pltpu.VMEM((bk, hv), jnp.float32)]
-    cols = dbias_kind(cfg) == "cols"
-    if cols:
-        out_shape.append(jax.ShapeDtypeStruct((b, n, 1, sp), jnp.float32))
-        out_specs.append(pl.BlockSpec((SQ, SQ, 1, bk), lambda *a: (a[0], head(*a), 0, a[2])))
-        scratch.append(pltpu.VMEM((1, bk), jnp.float32))
-    grid_spec = pltpu.PrefetchScalarGridSpec(
-        num_scalar_prefetch=2,
-        grid=(b, kh, maps.ns, grp, tp // bq),
-        in_specs=[specs],
-        out_specs=out_specs,
-        scratch_shapes=scratch,
-    )
-    outs = _call(
-        functools.partial(_dkv_kernel, cfg=cfg, maps=maps),
-        cfg,
-        "jattn_flash_dkv_tpu",
-        grid_spec=grid_spec,
-        out_shape=out_shape,
-        semantics=("parallel", "parallel", "parallel", "arbitrary", "arbitrary"),
-    )(ins["bmap"].reshape(-1), ins["cbounds"].reshape(-1), {k: x[k] for k in specs})
-    dk, dv = _heads_major(outs[0]), _heads_major(outs[1])
-    return dk, dv, outs[2][:, :, 0, :] if cols else None

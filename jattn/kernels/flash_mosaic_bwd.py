@@ -1,0 +1,319 @@
+"""The backward flash kernels for TPU (Pallas Mosaic): dq and dk/dv.
+
+The TPU-style counterparts of `flash_bwd` (same recomputation from the
+forward's log-sum-exp, same outputs and layouts), built from the layout and
+tile helpers of `flash_mosaic`: the other sequence's tiles are the innermost
+grid axis, accumulators live in VMEM scratch, and the scalar-prefetched block
+map picks each tile's body and clamps the DMAs of skipped tiles.
+"""
+
+from __future__ import annotations
+
+import functools
+
+import jax
+import jax.numpy as jnp
+from jax import lax
+from jax.experimental import pallas as pl
+from jax.experimental.pallas import tpu as pltpu
+
+from jattn.kernels import flash_tiles as ft
+from jattn.kernels.flash_bwd import dbias_kind
+from jattn.kernels.flash_mosaic import (
+    Maps,
+    add_column,
+    bias_spec,
+    column_reader,
+    heads_major,
+    kv_valid_row,
+    load,
+    load_mask,
+    mosaic_call,
+    q_row_spec,
+    q_tile_specs,
+    scores,
+    tpu_inputs,
+    when_visible,
+)
+from jattn.kernels.flash_pallas import SQ, KernelConfig
+
+Array = jax.Array
+
+
+# --------------------------------------------------------------------------------------
+# dq: grid (B, N, nT, nS), as the forward.
+
+
+def _dq_kernel(bmap_ref, bounds_ref, r, *refs, cfg: KernelConfig, maps: Maps):
+    kind = dbias_kind(cfg)
+    refs = list(refs)
+    dq_ref = refs.pop(0)
+    dqr_ref = refs.pop(0) if cfg.use_qr else None
+    db_ref = refs.pop(0) if kind in ("full", "rows") else None
+    dq_sc = refs.pop(0)
+    dqr_sc = refs.pop(0) if cfg.use_qr else None
+    db_sc = refs.pop(0) if kind == "rows" else None
+    b, h, i, j = (pl.program_id(a) for a in range(4))
+    bk = cfg.block_k
+
+    @pl.when(j == 0)
+    def _init():
+        for sc in (dq_sc, dqr_sc, db_sc):
+            if sc is not None:
+                sc[...] = jnp.zeros(sc.shape, jnp.float32)
+
+    def body(general, right):
+        k = r["k"][...]
+        v = r["v"][...]
+        do = r["do"][...]
+        s, dpr_t, rel = scores(
+            cfg,
+            general,
+            right,
+            q=r["q"][...],
+            k=k,
+            q_pos=load(r["qpos"]),
+            kv_pos=load(r["kvpos"]),
+            q_seg=load(r["qseg"]),
+            kv_seg=load(r["kvseg"]),
+            kv_valid=kv_valid_row(cfg, j, bk, maps.ns * bk),
+            bias=load(r["bias"]),
+            mask=load_mask(r["mask"]),
+            qr_col=column_reader(load(r["qr"])),
+            dpr_col=column_reader(load(r["dpr"])),
+            need_rel=cfg.use_qr,
+        )
+        p = jnp.exp(s - r["lse"][...])  # [bq, bk]; lse = +inf on empty rows: p = 0
+        dp = lax.dot_general(do, v, (((1,), (1,)), ((), ())), preferred_element_type=jnp.float32)
+        if dpr_t is not None:
+            dp = dp + dpr_t
+        ds = p * (dp - r["delta"][...])  # [bq, bk]
+        dq_sc[...] += lax.dot_general(
+            ds.astype(k.dtype), k, (((1,), (0,)), ((), ())), preferred_element_type=jnp.float32
+        )
+        if cfg.use_qr:
+            if general:
+                dqr_sc[...] = ft.near_scatter(*rel, ds, dqr_sc[...])
+            else:
+                far = cfg.far_right if right else 0
+                dqr_sc[...] = add_column(dqr_sc[...], far, jnp.sum(ds, axis=1, keepdims=True))
+        if kind == "full":
+            db_ref[...] = ds
+        elif kind == "rows":
+            db_sc[...] += jnp.sum(ds, axis=1, keepdims=True)
+
+    cls = maps.cls(bmap_ref, b, h, i, j)
+    when_visible(cls, body)
+    if kind == "full":  # every (i, j) block of the gradient is written once
+
+        @pl.when(cls == ft.SKIP)
+        def _zero():
+            db_ref[...] = jnp.zeros(db_ref.shape, db_ref.dtype)
+
+    @pl.when(j == maps.ns - 1)
+    def _finish():
+        dq_ref[...] = (dq_sc[...] * cfg.scale).astype(dq_ref.dtype)
+        if cfg.use_qr:
+            dqr_ref[...] = dqr_sc[...]
+        if kind == "rows":
+            db_ref[...] = db_sc[...]
+
+
+def flash_dq(cfg: KernelConfig, ins: dict) -> tuple[Array, Array | None, Array | None]:
+    """dq kernel; arguments and results as `flash_bwd.flash_dq`."""
+    x = tpu_inputs(ins)
+    b, n, tp, hdim = x["q"].shape
+    hv = x["v"].shape[-1]
+    bq, bk = cfg.block_q, cfg.block_k
+    maps = Maps(cfg, ins["bmap"], ins["bounds"])
+    specs = q_tile_specs(cfg, x, maps)
+    specs["do"] = q_row_spec(bq, hv)
+    specs["lse"] = specs["delta"] = q_row_spec(bq, 1)
+    specs["dpr"] = q_row_spec(bq, cfg.num_rel) if cfg.use_pr else None
+    out_shape = [jax.ShapeDtypeStruct((b, n, tp, hdim), x["q"].dtype)]
+    out_specs = [q_row_spec(bq, hdim)]
+    scratch = [pltpu.VMEM((bq, hdim), jnp.float32)]
+    if cfg.use_qr:
+        out_shape.append(jax.ShapeDtypeStruct((b, n, tp, cfg.num_rel), jnp.float32))
+        out_specs.append(q_row_spec(bq, cfg.num_rel))
+        scratch.append(pltpu.VMEM((bq, cfg.num_rel), jnp.float32))
+    kind = dbias_kind(cfg)
+    if kind == "full":
+        sp = maps.ns * bk
+        out_shape.append(jax.ShapeDtypeStruct((b, n, tp, sp), jnp.float32))
+        out_specs.append(pl.BlockSpec((SQ, SQ, bq, bk), lambda b_, h, i, j, *_: (b_, h, i, j)))
+    elif kind == "rows":
+        out_shape.append(jax.ShapeDtypeStruct((b, n, tp, 1), jnp.float32))
+        out_specs.append(q_row_spec(bq, 1))
+        scratch.append(pltpu.VMEM((bq, 1), jnp.float32))
+    grid_spec = pltpu.PrefetchScalarGridSpec(
+        num_scalar_prefetch=2,
+        grid=(b, n, tp // bq, maps.ns),
+        in_specs=[specs],
+        out_specs=out_specs,
+        scratch_shapes=scratch,
+    )
+    outs = list(
+        mosaic_call(
+            functools.partial(_dq_kernel, cfg=cfg, maps=maps),
+            cfg,
+            "jattn_flash_dq_tpu",
+            grid_spec=grid_spec,
+            out_shape=out_shape,
+            semantics=("parallel", "parallel", "parallel", "arbitrary"),
+        )(ins["bmap"].reshape(-1), ins["bounds"].reshape(-1), {k: x[k] for k in specs})
+    )
+    dq = heads_major(outs.pop(0))
+    dqr = heads_major(outs.pop(0)) if cfg.use_qr else None
+    dbias = None
+    if kind == "full":
+        dbias = outs.pop(0)
+    elif kind == "rows":
+        dbias = outs.pop(0)[..., 0]
+    return dq, dqr, dbias
+
+
+# --------------------------------------------------------------------------------------
+# dk/dv: grid (B, K, nS, G, nT); the G query heads of a kv head and their query
+# tiles are the two inner ("arbitrary") axes, so GQA/MQA gradients are summed in
+# VMEM scratch, never through an `[B, S, N, H]` intermediate.
+
+
+def _dkv_kernel(bmap_ref, bounds_ref, r, dk_ref, dv_ref, *refs, cfg: KernelConfig, maps: Maps):
+    kind = dbias_kind(cfg)
+    refs = list(refs)
+    db_ref = refs.pop(0) if kind == "cols" else None
+    dk_sc, dv_sc = refs.pop(0), refs.pop(0)
+    db_sc = refs.pop(0) if kind == "cols" else None
+    b, kh, j, g, i = (pl.program_id(a) for a in range(5))
+    h = kh * cfg.groups + g
+    bk, nt = cfg.block_k, maps.nt
+
+    @pl.when((g == 0) & (i == 0))
+    def _init():
+        dk_sc[...] = jnp.zeros(dk_sc.shape, jnp.float32)
+        dv_sc[...] = jnp.zeros(dv_sc.shape, jnp.float32)
+
+    if kind == "cols":
+
+        @pl.when(i == 0)
+        def _init_db():
+            db_sc[...] = jnp.zeros(db_sc.shape, jnp.float32)
+
+    def body(general, right):
+        q = r["q"][...]
+        v = r["v"][...]
+        do = r["do"][...]
+        s, dpr_t, _ = scores(
+            cfg,
+            general,
+            right,
+            q=q,
+            k=r["k"][...],
+            q_pos=load(r["qpos"]),
+            kv_pos=load(r["kvpos"]),
+            q_seg=load(r["qseg"]),
+            kv_seg=load(r["kvseg"]),
+            kv_valid=kv_valid_row(cfg, j, bk, maps.ns * bk),
+            bias=load(r["bias"]),
+            mask=load_mask(r["mask"]),
+            qr_col=column_reader(load(r["qr"])),
+            dpr_col=column_reader(load(r["dpr"])),
+        )
+        p = jnp.exp(s - r["lse"][...])  # [bq, bk]
+        dv_sc[...] += lax.dot_general(
+            p.astype(do.dtype), do, (((0,), (0,)), ((), ())), preferred_element_type=jnp.float32
+        )  # [bk, Hv]
+        dp = lax.dot_general(do, v, (((1,), (1,)), ((), ())), preferred_element_type=jnp.float32)
+        if dpr_t is not None:
+            dp = dp + dpr_t
+        ds = p * (dp - r["delta"][...])  # [bq, bk]
+        dk_sc[...] += lax.dot_general(
+            ds.astype(q.dtype), q, (((0,), (0,)), ((), ())), preferred_element_type=jnp.float32
+        )  # [bk, H]
+        if kind == "cols":
+            db_sc[...] += jnp.sum(ds, axis=0, keepdims=True)
+
+    when_visible(maps.cls(bmap_ref, b, h, i, j), body)
+
+    if kind == "cols":
+
+        @pl.when(i == nt - 1)
+        def _finish_db():
+            db_ref[...] = db_sc[...]
+
+    @pl.when((g == cfg.groups - 1) & (i == nt - 1))
+    def _finish():
+        dk_ref[...] = (dk_sc[...] * cfg.scale).astype(dk_ref.dtype)
+        dv_ref[...] = dv_sc[...].astype(dv_ref.dtype)
+
+
+def flash_dkv(cfg: KernelConfig, ins: dict) -> tuple[Array, Array, Array | None]:
+    """dk/dv kernel; arguments and results as `flash_bwd.flash_dkv`."""
+    x = tpu_inputs(ins)
+    b, n, tp, hdim = x["q"].shape
+    _, kh, sp, hv = x["v"].shape
+    bq, bk, grp = cfg.block_q, cfg.block_k, cfg.groups
+    maps = Maps(cfg, ins["bmap"], ins["cbounds"])
+
+    def head(b_, k_, j, g, i, *_):
+        return k_ * grp + g
+
+    def q_tile(b_, k_, j, g, i, bmap, bounds):
+        return maps.clamp(bounds, b_, k_ * grp + g, j, i)
+
+    def k_tile(b_, k_, j, g, i, *_):
+        return j
+
+    def q_row(w):
+        return pl.BlockSpec((SQ, SQ, bq, w), lambda *a: (a[0], head(*a), q_tile(*a), 0))
+
+    def kv_rows(w):
+        return pl.BlockSpec((SQ, SQ, bk, w), lambda b_, k_, j, *_: (b_, k_, j, 0))
+
+    q_col = pl.BlockSpec((SQ, bq, 1), lambda *a: (a[0], q_tile(*a), 0))
+    kv_row = pl.BlockSpec((SQ, 1, bk), lambda b_, k_, j, *_: (b_, 0, j))
+    specs = {
+        "q": q_row(hdim),
+        "k": kv_rows(hdim),
+        "v": kv_rows(hv),
+        "do": q_row(hv),
+        "lse": q_row(1),
+        "delta": q_row(1),
+        "qpos": q_col if cfg.use_pos else None,
+        "kvpos": kv_row if cfg.use_pos else None,
+        "qseg": q_col if cfg.use_seg else None,
+        "kvseg": kv_row if cfg.use_seg else None,
+        "bias": bias_spec(cfg.bias_dims, bq, bk, head, q_tile, k_tile) if cfg.bias_dims else None,
+        "mask": bias_spec(cfg.mask_dims, bq, bk, head, q_tile, k_tile) if cfg.mask_dims else None,
+        "qr": q_row(cfg.num_rel) if cfg.use_qr else None,
+        "dpr": q_row(cfg.num_rel) if cfg.use_pr else None,
+    }
+    out_shape = [
+        jax.ShapeDtypeStruct((b, kh, sp, hdim), x["k"].dtype),
+        jax.ShapeDtypeStruct((b, kh, sp, hv), x["v"].dtype),
+    ]
+    out_specs = [kv_rows(hdim), kv_rows(hv)]
+    scratch = [pltpu.VMEM((bk, hdim), jnp.float32), pltpu.VMEM((bk, hv), jnp.float32)]
+    cols = dbias_kind(cfg) == "cols"
+    if cols:
+        out_shape.append(jax.ShapeDtypeStruct((b, n, 1, sp), jnp.float32))
+        out_specs.append(pl.BlockSpec((SQ, SQ, 1, bk), lambda *a: (a[0], head(*a), 0, a[2])))
+        scratch.append(pltpu.VMEM((1, bk), jnp.float32))
+    grid_spec = pltpu.PrefetchScalarGridSpec(
+        num_scalar_prefetch=2,
+        grid=(b, kh, maps.ns, grp, tp // bq),
+        in_specs=[specs],
+        out_specs=out_specs,
+        scratch_shapes=scratch,
+    )
+    outs = mosaic_call(
+        functools.partial(_dkv_kernel, cfg=cfg, maps=maps),
+        cfg,
+        "jattn_flash_dkv_tpu",
+        grid_spec=grid_spec,
+        out_shape=out_shape,
+        semantics=("parallel", "parallel", "parallel", "arbitrary", "arbitrary"),
+    )(ins["bmap"].reshape(-1), ins["cbounds"].reshape(-1), {k: x[k] for k in specs})
+    dk, dv = heads_major(outs[0]), heads_major(outs[1])
+    return dk, dv, outs[2][:, :, 0, :] if cols else None
