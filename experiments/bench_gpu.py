@@ -12,9 +12,10 @@ One prepared script for one accelerator (written for an H200, jax 0.10/0.11):
    implementation "cudnn" and "xla", and Shaw relative attention (k = 16, key
    and value tables) through "pallas". Each cell catches its own errors (OOM,
    unsupported) and configurations whose materialised logits would not fit
-   are skipped. Cells run in priority order (L = 8k first, then 2k, 32k, ...)
-   and stop being started once --budget-s is spent, so the run fits in 8
-   minutes;
+   are skipped. Cells run in priority order (L = 8k first, then 2k, 32k, ...,
+   and last a sweep of other tile sizes for "pallas" at L = 8k, head dim 128,
+   causal, rows `pallas[bq x bk]`) and stop being started once --budget-s is
+   spent, so the run fits in 8 minutes;
 4. prints the table last and writes it as CSV to --out.
 
 FLOP convention (model FLOPs, recomputation not counted): forward
@@ -117,6 +118,39 @@ def _jax_nn(impl: str):
         return jax.nn.dot_product_attention(q, k, v, is_causal=causal, implementation=impl)
 
     return f
+
+
+def _pallas_blocks(block_q: int, block_k: int):
+    """The Pallas kernel with explicit tile sizes (the public entry point
+    picks the backend's defaults): for the block-size sweep."""
+    from jattn.attention import _normalise
+    from jattn.kernels import flash_attention as fa
+
+    def f(q, k, v, tables, causal):
+        (q, k, v), kw = _normalise(
+            q,
+            k,
+            v,
+            bias=None,
+            mask=None,
+            is_causal=causal,
+            q_segment_ids=None,
+            kv_segment_ids=None,
+            q_positions=None,
+            kv_positions=None,
+            relative=None,
+            scale=None,
+        )
+        return fa.flash_attention(q, k, v, block_q=block_q, block_k=block_k, **kw)
+
+    return f
+
+
+def sweep_implementations(smoke: bool) -> dict:
+    """`pallas[bq x bk]` -> (fn, False): the tile sizes around the defaults,
+    timed last (only while the budget lasts) to choose the next defaults."""
+    sizes = [(16, 16)] if smoke else [(64, 64), (128, 128), (64, 128), (128, 32)]
+    return {f"pallas[{bq}x{bk}]": (_pallas_blocks(bq, bk), False) for bq, bk in sizes}
 
 
 def implementations(smoke: bool) -> dict:
@@ -360,6 +394,12 @@ def main(argv=None) -> int:
         for impl in impls
         for mode in ("fwd+bwd", "fwd")
     ]
+    # Lowest priority: the block-size sweep at the headline shape.
+    sweep = sweep_implementations(smoke)
+    impls.update(sweep)
+    sweep_len = lengths[0]
+    cells += [(impl, heads[0], True, sweep_len, "fwd+bwd") for impl in sweep]
+    cells += [(impl, heads[0], True, sweep_len, "fwd") for impl in sweep]
     rows = []
     for impl, h, causal, t, mode in cells:
         if time.perf_counter() - START > args.budget_s:
