@@ -389,6 +389,42 @@ def test_pack_hand_example():
     ]
 
 
+def test_pack_hand_example_with_separate_lengths():
+    """3 inputs slots, 6 targets slots: an example goes where both of its sides fit."""
+    import grain
+
+    examples = [
+        {"inputs": np.array([3, 1], np.int32), "targets": np.array([5, 5, 5, 1], np.int32)},
+        # Its targets would fit row 0 (2 free), its inputs not (1 free): row 1.
+        {"inputs": np.array([4, 1], np.int32), "targets": np.array([6, 1], np.int32)},
+        # Its inputs would fit row 0 (1 free), its targets not (2 free): row 1.
+        {"inputs": np.array([1], np.int32), "targets": np.array([8, 8, 1], np.int32)},
+    ]
+    ds = grain.MapDataset.source(examples).to_iter_dataset()
+    r0, r1 = packing.PackIterDataset(ds, max_len=6, max_input_len=3, num_bins=2)
+    np.testing.assert_array_equal(r0["inputs"], [3, 1, 0])
+    np.testing.assert_array_equal(r0["inputs_segment_ids"], [1, 1, 0])
+    np.testing.assert_array_equal(r0["targets"], [5, 5, 5, 1, 0, 0])
+    np.testing.assert_array_equal(r0["targets_segment_ids"], [1, 1, 1, 1, 0, 0])
+    np.testing.assert_array_equal(r1["inputs"], [4, 1, 1])  # full: 3 of 3
+    np.testing.assert_array_equal(r1["inputs_segment_ids"], [1, 1, 2])
+    np.testing.assert_array_equal(r1["inputs_positions"], [0, 1, 0])
+    np.testing.assert_array_equal(r1["targets"], [6, 1, 8, 8, 1, 0])
+    np.testing.assert_array_equal(r1["targets_segment_ids"], [1, 1, 2, 2, 2, 0])
+    np.testing.assert_array_equal(r1["targets_positions"], [0, 1, 0, 1, 2, 0])
+    for r in (r0, r1):
+        assert {k: r[k].shape for k in data.BATCH_KEYS} == {
+            k: (3,) if k.startswith("inputs") else (6,) for k in data.BATCH_KEYS
+        }
+    back = data.unpack({k: np.stack([r0[k], r1[k]]) for k in data.BATCH_KEYS})
+    assert [(e["inputs"].tolist(), e["targets"].tolist()) for e in back] == [
+        (x["inputs"].tolist(), x["targets"].tolist()) for x in examples
+    ]
+    row = data.pad_to_row(examples[0], 6, max_input_len=3)
+    np.testing.assert_array_equal(row["inputs"], [3, 1, 0])
+    np.testing.assert_array_equal(row["targets_positions"], [0, 1, 2, 3, 0, 0])
+
+
 def _random_examples(n, max_len, seed):
     rng = np.random.default_rng(seed)
     return [
@@ -400,19 +436,28 @@ def _random_examples(n, max_len, seed):
     ]
 
 
-def test_packer_matches_grain_first_fit():
-    """Our packer against grain's FirstFitPackIterDataset (same algorithm), row by row."""
+@pytest.mark.parametrize("max_input_len", [None, 5, 20], ids=["same", "shorter", "longer"])
+def test_packer_matches_grain_first_fit(max_input_len):
+    """Our packer against grain's FirstFitPackIterDataset (same algorithm), row by row,
+    with inputs rows as long as, shorter than and longer than the targets rows."""
     import grain
 
     examples = _random_examples(300, 12, seed=0)
+    examples = [
+        {"inputs": ex["inputs"][: max_input_len or 12], "targets": ex["targets"]} for ex in examples
+    ]
     ds = grain.MapDataset.source(examples).to_iter_dataset()
-    ours = list(packing.PackIterDataset(ds, max_len=12, num_bins=5))
+    ours = list(packing.PackIterDataset(ds, max_len=12, num_bins=5, max_input_len=max_input_len))
     reference = list(
         grain.experimental.FirstFitPackIterDataset(
-            ds, length_struct={"inputs": 12, "targets": 12}, num_packing_bins=5, shuffle_bins=False
+            ds,
+            length_struct={"inputs": max_input_len or 12, "targets": 12},
+            num_packing_bins=5,
+            shuffle_bins=False,
         )
     )
     assert len(ours) == len(reference) > 300 / 4
+    assert ours[0]["inputs"].shape == (max_input_len or 12,) and ours[0]["targets"].shape == (12,)
     for a, b in zip(ours, reference, strict=True):
         for key in data.BATCH_KEYS:
             np.testing.assert_array_equal(a[key], b[key])
@@ -465,11 +510,13 @@ def test_unpack_rejects_broken_rows():
         data.unpack(mixed)
 
 
-def assert_row_invariants(batch, max_len):
-    """Independent check of the packed layout, row by row."""
+def assert_row_invariants(batch, max_len, max_input_len=None):
+    """Independent check of the packed layout, row by row (inputs rows of
+    `max_input_len` tokens, default `max_len`; targets rows of `max_len`)."""
+    lengths = {"inputs": max_input_len or max_len, "targets": max_len}
     for key in packing.FEATURES:
         ids, seg, pos = (batch[key], batch[f"{key}_segment_ids"], batch[f"{key}_positions"])
-        assert ids.shape == seg.shape == pos.shape == (len(ids), max_len)
+        assert ids.shape == seg.shape == pos.shape == (len(ids), lengths[key])
         for b in range(len(ids)):
             real = seg[b] > 0
             n = int(real.sum())
@@ -533,6 +580,168 @@ def test_overlong_drop_and_truncate(tiny):
     assert len(examples) == 600
     cut = [e for e in examples if max(len(e[0]), len(e[1])) == max_len and data.EOS_ID not in e[1]]
     assert len(cut) > 0
+
+
+# ---------------------------------------------------------------------------
+# Separate row lengths for inputs (encoder) and targets (decoder)
+# ---------------------------------------------------------------------------
+
+
+def _fingerprint(batch_list):
+    """sha256 (first 16 hex digits) of the keys, shapes and int32 bytes of batches."""
+    import hashlib
+
+    h = hashlib.sha256()
+    for b in batch_list:
+        for key in data.BATCH_KEYS:
+            h.update(key.encode())
+            h.update(np.ascontiguousarray(b[key], np.int32).tobytes())
+            h.update(str(b[key].shape).encode())
+    return h.hexdigest()[:16]
+
+
+# The first 6 batches as make_loader gave them before max_input_len existed
+# (commit fc09a0c; the builders are byte-for-byte deterministic).
+BEFORE_SEPARATE_LENGTHS = [
+    ("tiny", dict(batch_size=8, max_len=64, seed=3), "8145cc9da6d247f5"),
+    ("tiny", dict(batch_size=8, max_len=96, seed=3, pack=False), "f00ed2ad2447ca38"),
+    ("tiny", dict(batch_size=8, max_len=24, seed=3, overlong="truncate"), "15262e0fc5383c86"),
+    ("numbers", dict(batch_size=16, max_len=64, seed=0), "2f4cb285378a0041"),
+]
+
+
+@pytest.mark.parametrize(
+    "task_name, kwargs, before",
+    BEFORE_SEPARATE_LENGTHS,
+    ids=["packed", "unpacked", "truncate", "numbers"],
+)
+def test_default_input_length_gives_exactly_the_batches_of_before(
+    request, task_name, kwargs, before
+):
+    task = request.getfixturevalue(task_name)
+    for same in ({}, {"max_input_len": None}, {"max_input_len": kwargs["max_len"]}):
+        it = iter(data.make_loader(task, "train", prefetch=0, **kwargs, **same))
+        assert _fingerprint([next(it) for _ in range(6)]) == before, same
+
+
+@pytest.mark.parametrize("pack", [True, False])
+@pytest.mark.parametrize("max_input_len", [8, 12])
+def test_separate_input_length_one_epoch(tiny, pack, max_input_len):
+    """`max_input_len` inputs and 64 targets slots: shapes per side, every example once
+    and whole, its inputs and targets under the same segment id of the same row. With
+    8 slots the inputs (2-7 tokens) limit the packing, with 12 the targets do."""
+    loader = data.make_loader(
+        tiny,
+        "train",
+        batch_size=16,
+        max_len=64,
+        max_input_len=max_input_len,
+        seed=0,
+        num_epochs=1,
+        pack=pack,
+    )
+    got = batches(loader)
+    for b in got:
+        assert {k: v.shape for k, v in b.items()} == {
+            k: (16, max_input_len) if k.startswith("inputs") else (16, 64) for k in data.BATCH_KEYS
+        }
+        assert_row_invariants(b, 64, max_input_len=max_input_len)
+    # unpack pairs segment s of the inputs with segment s of the targets: equal to the
+    # split's (inputs, targets) pairs only if no example's sides were mixed with another's.
+    assert collections.Counter(unpacked(got)) == collections.Counter(encoded(tiny, "train"))
+    rows = sum(int((b["targets_segment_ids"].max(axis=1) > 0).sum()) for b in got)
+    assert (rows < 600 / 1.25) if pack else (rows == 600)
+    if pack:
+        fill = sum(int(np.count_nonzero(b["inputs_segment_ids"])) for b in got) / (
+            rows * max_input_len
+        )
+        assert fill > 0.45  # about 0.12 with 64 inputs slots (5 tokens, 1.5 examples a row)
+
+
+def test_model_sees_each_packed_example_as_if_alone(tiny):
+    """Real packed rows (12 inputs, 64 targets slots) through a Transformer: each
+    example's logits equal those of the example alone in a row. Misaligned segment
+    ids or positions, or any leakage between examples, would change them."""
+    import jax
+
+    from jattn.models import Transformer, TransformerConfig
+    from jattn.train.steps import model_kwargs
+
+    loader = data.make_loader(
+        tiny, "train", batch_size=4, max_len=64, max_input_len=12, seed=1, prefetch=0
+    )
+    # The first batch with a row of three examples.
+    packed = next(b for b in loader if b["targets_segment_ids"].max() >= 3)
+    config = TransformerConfig(
+        vocab_size=tiny.tokenizer.vocab_size,
+        d_model=16,
+        num_heads=2,
+        num_layers=1,
+        d_ff=32,
+        dropout_rate=0.0,
+        max_len=64,
+        position="sinusoidal+shaw",  # absolute and relative positions both matter
+        max_relative_distance=4,
+        attention_impl="xla",
+    )
+    model = Transformer(config)
+    alone_rows = [data.pad_to_row(ex, 64, max_input_len=12) for ex in data.unpack(packed)]
+    alone = {k: np.stack([r[k] for r in alone_rows]) for k in data.BATCH_KEYS}  # [E, L]
+    params = model.init(jax.random.key(0), alone["inputs"], alone["targets"])["params"]
+    logits = lambda b: np.asarray(
+        model.apply({"params": params}, b["inputs"], b["targets"], **model_kwargs(b))
+    )  # [rows, 64, V]
+    packed_logits, alone_logits = logits(packed), logits(alone)
+    example = 0
+    for row in range(4):  # unpack's order: row by row, segments in order
+        seg = packed["targets_segment_ids"][row]
+        for s in range(1, seg.max() + 1):
+            where = np.flatnonzero(seg == s)  # [n]
+            np.testing.assert_allclose(
+                packed_logits[row, where],
+                alone_logits[example, : len(where)],
+                rtol=1e-5,
+                atol=1e-5,
+            )
+            example += 1
+    assert example == len(alone_rows)
+
+
+@pytest.mark.parametrize(
+    "max_input_len, max_len", [(5, 96), (8, 24), (3, 48)], ids=["inputs", "targets", "both"]
+)
+def test_overlong_per_side(tiny, max_input_len, max_len):
+    """Over-long inputs are measured against max_input_len, targets against max_len;
+    "truncate" cuts each side to its own limit and leaves a side that fits whole."""
+    originals = encoded(tiny, "train")
+    over = [len(i) > max_input_len or len(t) > max_len for i, t in originals]
+    assert 0 < sum(over) < len(originals)
+    kw = dict(batch_size=16, max_len=max_len, max_input_len=max_input_len, seed=0, num_epochs=1)
+
+    it = iter(data.make_loader(tiny, "train", **kw))
+    got = unpacked(list(it))
+    assert data.loader_stats(it) == {"examples": 600, "dropped": sum(over), "truncated": 0}
+    kept = [e for e, o in zip(originals, over, strict=True) if not o]
+    assert collections.Counter(got) == collections.Counter(kept)
+
+    it = iter(data.make_loader(tiny, "train", overlong="truncate", **kw))
+    got = unpacked(list(it))
+    assert data.loader_stats(it) == {"examples": 600, "dropped": 0, "truncated": sum(over)}
+    cut = [(i[:max_input_len], t[:max_len]) for i, t in originals]
+    assert collections.Counter(got) == collections.Counter(cut)
+
+
+def test_measure_loader_counts_each_side_against_its_own_length(numbers):
+    """On `numbers` inputs of at most 7 tokens never bind at 16 slots: the same rows,
+    so the encoder's real-token fraction is exactly 4x that at 64 slots."""
+    wide = data.measure_loader(numbers, batch_size=16, max_len=64, num_batches=10)
+    narrow = data.measure_loader(
+        numbers, batch_size=16, max_len=64, max_input_len=16, num_batches=10
+    )
+    assert narrow["inputs_efficiency"] == pytest.approx(4 * wide["inputs_efficiency"])
+    for key in ("targets_efficiency", "examples_per_row", "dropped_fraction"):
+        assert narrow[key] == wide[key]
+    assert wide["inputs_efficiency"] < 0.15 < 0.35 < narrow["inputs_efficiency"]
 
 
 # ---------------------------------------------------------------------------
@@ -634,10 +843,19 @@ def test_get_set_state_roundtrip(tiny):
     assert _same([next(other) for _ in range(4)], expected)
 
 
-def test_pipeline_resumes_from_every_batch(tiny):
-    """Through block boundaries (256 examples), packer groups and the end of the data."""
+@pytest.mark.parametrize("max_input_len", [None, 6], ids=["same", "separate"])
+def test_pipeline_resumes_from_every_batch(tiny, max_input_len):
+    """Through block boundaries (256 examples), packer groups and the end of the data
+    (a state taken after the last, short batch restores to an empty iterator)."""
     loader = data.make_loader(
-        tiny, "train", batch_size=16, max_len=64, seed=9, num_epochs=1, prefetch=0
+        tiny,
+        "train",
+        batch_size=16,
+        max_len=64,
+        max_input_len=max_input_len,
+        seed=9,
+        num_epochs=1,
+        prefetch=0,
     )
     it = iter(loader)
     states, reference = [it.get_state()], []
@@ -645,7 +863,7 @@ def test_pipeline_resumes_from_every_batch(tiny):
         reference.append(batch)
         states.append(it.get_state())
     assert len(reference) > 20
-    for k in range(0, len(states), 3):
+    for k in [*range(0, len(states), 3), len(states) - 1]:  # the state after the end too
         resumed = iter(loader)
         resumed.set_state(states[k])
         assert _same(list(resumed), reference[k:])
@@ -701,6 +919,8 @@ def test_measure_loader(numbers):
 
 
 def test_errors(data_dir, tiny):
+    import grain
+
     with pytest.raises(ValueError, match="unknown dataset name 'no_such_set'"):
         data.load("no_such_set", data_dir=data_dir)
     with pytest.raises(ValueError, match="unknown config 'xx'.*'de', 'en', 'fr'"):
@@ -724,6 +944,18 @@ def test_errors(data_dir, tiny):
         make(overlong="wrap")
     with pytest.raises(ValueError, match="max_len must be a positive int, got 0"):
         make(max_len=0)
+    for bad in (0, -4, 2.5, True):
+        with pytest.raises(
+            ValueError,
+            match=rf"max_input_len must be a positive int or None \(= max_len\), got {bad}",
+        ):
+            make(max_input_len=bad)
+    with pytest.raises(ValueError, match="max_input_len must be a positive int"):
+        packing.PackIterDataset(
+            grain.MapDataset.source([]).to_iter_dataset(), max_len=8, max_input_len=-1, num_bins=2
+        )
+    with pytest.raises(ValueError, match="inputs has 3 tokens, more than max_input_len=2"):
+        data.pad_to_row({"inputs": [7, 7, 1], "targets": [8, 1]}, 4, max_input_len=2)
     with pytest.raises(ValueError, match="shard_index=2, shard_count=2"):
         make(shard_index=2, shard_count=2)
     with pytest.raises(ValueError, match="shard 700 of 800 .* is empty"):

@@ -197,6 +197,73 @@ def test_load_run_reproduces_the_decodes_written_by_the_run(reference):
     ]
 
 
+# -- separate row lengths for inputs and targets ---------------------------------------
+
+
+def test_input_lengths_equal_to_the_target_lengths_reproduce_the_reference_run(reference, tmp_path):
+    """max_input_len = max_len (and the same for eval) is the default layout: the same
+    batches, so the same losses step by step and the same eval metrics."""
+    _, ref_final, ref_loss = reference
+    config = smoke_config(max_input_len=16, eval_max_input_len=32)
+    final = train_and_evaluate(config, str(tmp_path))
+    compare(losses(tmp_path), ref_loss, range(1, 41), rtol=0)
+    evals = sorted(k for k in ref_final if k.startswith("eval/"))
+    assert evals and {k: final[k] for k in evals} == {k: ref_final[k] for k in evals}
+
+
+def test_training_with_shorter_input_rows(tmp_path):
+    """Encoder rows of 8 tokens and decoder rows of 16 (eval: 12 and 32): it trains,
+    reads the data stream of a loader with those lengths, and resumes."""
+    from jattn import data
+
+    overrides = dict(
+        max_input_len=8,
+        eval_max_input_len=12,
+        num_train_steps=6,
+        eval_every_steps=6,
+        checkpoint_every_steps=3,
+        eval_splits="('validation',)",
+    )
+    final = train_and_evaluate(smoke_config(**overrides), str(tmp_path))
+    loss = losses(tmp_path)
+    assert sorted(loss) == list(range(1, 7)) and all(math.isfinite(v) for v in loss.values())
+    assert math.isfinite(final["eval/validation/loss"]) and final["eval/validation/loss"] > 0
+    # The data state saved with step 6 is that of the loader with 8 inputs slots after
+    # 6 batches. copy/tiny inputs and targets have equal lengths (2-16 tokens), so only
+    # the inputs' limit can have dropped examples.
+    saved = json.loads(
+        (tmp_path / "checkpoints" / "6" / "data" / "process_0-of-1.json").read_text()
+    )
+    loader = data.make_loader(
+        data.load("copy/tiny"), "train", batch_size=8, max_len=16, max_input_len=8, seed=0
+    )
+    it = iter(loader)
+    for _ in range(6):
+        batch = next(it)
+    assert batch["inputs"].shape == (8, 8) and batch["targets"].shape == (8, 16)
+    assert json.loads(json.dumps(it.get_state())) == saved
+    assert data.loader_stats(it)["dropped"] > 0
+    decoded = [json.loads(x) for x in (tmp_path / "decodes" / "validation.jsonl").open()]
+    assert decoded and all(e["input_tokens"] <= 12 for e in decoded)  # eval's inputs limit
+    # Resuming with the same lengths continues the run (history kept).
+    final = train_and_evaluate(smoke_config(**{**overrides, "num_train_steps": 8}), str(tmp_path))
+    assert final["step"] == 8
+    compare(losses(tmp_path), loss, range(1, 7), rtol=0)
+
+
+def test_input_length_keys_fail_clearly(tmp_path):
+    from jattn.train import ConfigError
+
+    for key, value in (("max_input_len", -1), ("eval_max_input_len", -3)):
+        with pytest.raises(
+            ConfigError, match=rf"config.{key} must be an int >= 0 \(0: the default\), got {value}"
+        ):
+            train_and_evaluate(smoke_config(**{key: value}), str(tmp_path / "run"))
+    assert not (tmp_path / "run").exists()  # refused before anything was written
+    with pytest.raises(ConfigError, match="max_input_len='16.5': not a valid int"):
+        smoke_config(max_input_len="16.5")
+
+
 # -- faults -----------------------------------------------------------------------------
 
 

@@ -3,10 +3,15 @@
     range(len(split))[shard_index::shard_count]   example indices of this process
       .shuffle(seed) .repeat(num_epochs)          a new permutation every epoch
       .batch(256) .map(read_block)                one batched array_record read, tokenize
-    -> examples: drop or truncate those longer than max_len (counted)
+    -> examples: drop or truncate those with inputs longer than max_input_len or
+       targets longer than max_len (counted)
       -> pack (first fit over `batch_size` rows) or pad (one example a row)
       -> batch(batch_size)                        a short last batch gets empty rows
       -> prefetch (a background thread)
+
+Encoder rows hold `max_input_len` tokens and decoder rows `max_len` (by default
+the same): a task whose sources are much shorter than its targets (digits to
+number words) would otherwise spend most of the encoder on padding.
 
 Everything is a deterministic function of (task, split, arguments, seed), and the
 iterator's `get_state()` is a small JSON-able dict, so a run restored from a
@@ -32,23 +37,31 @@ OVERLONG = ("drop", "truncate")
 
 
 class _ExamplesIterDataset(grain.IterDataset):
-    """Blocks of tokenized examples -> single examples, over-long ones dropped or cut."""
+    """Blocks of tokenized examples -> single examples, over-long ones dropped or cut.
 
-    def __init__(self, blocks: grain.IterDataset, max_len: int, overlong: str):
+    `lengths` ({"inputs": n, "targets": m}) limits each side on its own: an example
+    is over-long when either side is; "drop" skips it, "truncate" cuts each side to
+    its own limit (a side within its limit is kept whole).
+    """
+
+    def __init__(self, blocks: grain.IterDataset, lengths: dict[str, int], overlong: str):
         super().__init__(blocks)
-        self._max_len = max_len
+        self._lengths = lengths
         self._overlong = overlong
 
     def __iter__(self) -> _ExamplesIterator:
-        return _ExamplesIterator(self._parent.__iter__(), self._max_len, self._overlong)
+        return _ExamplesIterator(self._parent.__iter__(), self._lengths, self._overlong)
 
 
 class _ExamplesIterator(grain.DatasetIterator):
-    """State: the blocks' state before the current block, the offset in it, the counts."""
+    """State: the blocks' state before the current block, the offset in it, the counts.
 
-    def __init__(self, blocks: grain.DatasetIterator, max_len: int, overlong: str):
+    The counts are per example: one that is over-long on both sides counts once.
+    """
+
+    def __init__(self, blocks: grain.DatasetIterator, lengths: dict[str, int], overlong: str):
         super().__init__(blocks)
-        self._max_len = max_len
+        self._lengths = lengths
         self._overlong = overlong
         self.counts = {"examples": 0, "dropped": 0, "truncated": 0}
         self._block_state = blocks.get_state()
@@ -60,20 +73,20 @@ class _ExamplesIterator(grain.DatasetIterator):
             if self._block is None:
                 self._block = next(self._parent)
             if self._offset == len(self._block):
-                self._block_state = self._parent.get_state()
-                self._block, self._offset = next(self._parent), 0
+                before = self._parent.get_state()
+                block = next(self._parent)  # at the end: raises, leaving the state whole
+                self._block_state, self._block, self._offset = before, block, 0
                 continue
             example = self._block[self._offset]
             self._offset += 1
             self.counts["examples"] += 1
-            longest = max(len(example["inputs"]), len(example["targets"]))
-            if longest <= self._max_len:
+            if all(len(example[k]) <= n for k, n in self._lengths.items()):
                 return example
             if self._overlong == "drop":
                 self.counts["dropped"] += 1
                 continue
             self.counts["truncated"] += 1
-            return {k: example[k][: self._max_len] for k in packing.FEATURES}
+            return {k: example[k][:n] for k, n in self._lengths.items()}
 
     def get_state(self) -> dict[str, Any]:
         return {"parent": self._block_state, "offset": self._offset, "counts": dict(self.counts)}
@@ -159,6 +172,7 @@ def make_loader(
     batch_size: int,
     max_len: int,
     seed: int,
+    max_input_len: int | None = None,
     shuffle: bool = True,
     num_epochs: int | None = None,
     pack: bool = True,
@@ -174,14 +188,19 @@ def make_loader(
       task: from `jattn.data.load`.
       split: one of `task.splits`.
       batch_size: rows per batch on this process.
-      max_len: tokens per row, for inputs and for targets (EOS included).
+      max_len: target tokens per row (EOS included); also input tokens per row when
+        `max_input_len` is None.
       seed: shuffles the examples (a new permutation every epoch).
+      max_input_len: input (encoder) tokens per row, EOS included; None: `max_len`,
+        which gives exactly the batches of a loader built without it. Packing fills
+        each side's budget on its own and places an example only where both fit.
       shuffle: False keeps the split's order (evaluation).
       num_epochs: passes over the data; None repeats forever.
       pack: several examples a row (first fit); False: one example a row.
-      overlong: examples with more than `max_len` input or target tokens are
-        "drop"ped or "truncate"d (cut to `max_len`, losing their EOS); both counted,
-        see `loader_stats`.
+      overlong: examples with more than `max_input_len` input tokens or more than
+        `max_len` target tokens are "drop"ped or "truncate"d (each side cut to its
+        own limit, losing its EOS; a side that fits is kept whole); both counted once
+        per example, see `loader_stats`.
       shard_index, shard_count: this process reads examples shard_index,
         shard_index + shard_count, ... (usually jax.process_index(), jax.process_count()).
       read_threads: threads reading and tokenizing examples (grain ReadOptions); 0 reads
@@ -190,21 +209,23 @@ def make_loader(
         steps); 0 prepares each batch when asked for. Does not change the batches.
 
     Returns:
-      A grain IterDataset; `iter()` of it yields dicts of int32 [batch_size, max_len]:
-      "inputs", "targets", "inputs_segment_ids", "targets_segment_ids",
-      "inputs_positions", "targets_positions". The iterator has `get_state()` /
+      A grain IterDataset; `iter()` of it yields dicts of int32 arrays: "inputs",
+      "inputs_segment_ids", "inputs_positions" [batch_size, max_input_len] and
+      "targets", "targets_segment_ids", "targets_positions" [batch_size, max_len];
+      segment id k marks the same example on both sides. The iterator has `get_state()` /
       `set_state(state)`. With a finite `num_epochs`, the last batch is padded with
       empty rows (segment id 0 everywhere), and shards may yield different numbers of
       batches.
 
     Raises:
-      ValueError: unknown split, an empty split or shard, bad sizes or `overlong`.
+      ValueError: unknown split, an empty split or shard, bad sizes (a `max_len` or
+        `max_input_len` below 1 included) or `overlong`.
     """
     if split not in task.splits:
         raise ValueError(f"task {task.name!r} has no split {split!r}; splits: {task.splits}")
-    for arg, value in (("batch_size", batch_size), ("max_len", max_len)):
-        if not isinstance(value, int | np.integer) or value < 1:
-            raise ValueError(f"{arg} must be a positive int, got {value!r}")
+    if not isinstance(batch_size, int | np.integer) or batch_size < 1:
+        raise ValueError(f"batch_size must be a positive int, got {batch_size!r}")
+    lengths = packing.row_lengths(max_len, max_input_len)  # {"inputs": Li, "targets": Lt}
     if overlong not in OVERLONG:
         raise ValueError(f"overlong must be one of {OVERLONG}, got {overlong!r}")
     if not (isinstance(shard_count, int) and shard_count >= 1 and 0 <= shard_index < shard_count):
@@ -231,11 +252,18 @@ def make_loader(
     # Read and tokenize blocks of examples: one batched array_record read per block.
     blocks = indices.batch(_BLOCK, drop_remainder=False).map(_read_block_fn(source, task.tokenizer))
     read = grain.ReadOptions(num_threads=read_threads, prefetch_buffer_size=2 * read_threads)
-    examples = _ExamplesIterDataset(blocks.to_iter_dataset(read), max_len, overlong)
+    examples = _ExamplesIterDataset(blocks.to_iter_dataset(read), lengths, overlong)
     if pack:
-        rows = packing.PackIterDataset(examples, max_len=max_len, num_bins=batch_size)
+        rows = packing.PackIterDataset(
+            examples,
+            max_len=lengths["targets"],
+            max_input_len=lengths["inputs"],
+            num_bins=batch_size,
+        )
     else:
-        rows = examples.map(lambda ex: packing.pad_to_row(ex, max_len))
+        rows = examples.map(
+            lambda ex: packing.pad_to_row(ex, lengths["targets"], lengths["inputs"])
+        )
     batches = rows.batch(batch_size, drop_remainder=False, batch_fn=_batch_fn(batch_size))
     return _PrefetchIterDataset(batches, prefetch) if prefetch else batches
 
@@ -260,6 +288,7 @@ def measure_loader(
     *,
     batch_size: int = 64,
     max_len: int = 64,
+    max_input_len: int | None = None,
     num_batches: int = 50,
     seed: int = 0,
     **loader_kwargs,
@@ -273,34 +302,42 @@ def measure_loader(
       examples_per_s: examples read (tokenized, packed or dropped) per second.
       batches_per_s: batches per second.
       examples_per_row: examples per row (packing factor).
-      inputs_efficiency, targets_efficiency: real tokens / all tokens of the batches.
+      inputs_efficiency, targets_efficiency: real tokens / all tokens of that side of
+        the batches (its row length is `max_input_len`, resp. `max_len`).
       dropped_fraction, truncated_fraction: of the examples read.
     """
     loader_kwargs.setdefault("prefetch", 0)
     loader = make_loader(
-        task, split, batch_size=batch_size, max_len=max_len, seed=seed, **loader_kwargs
+        task,
+        split,
+        batch_size=batch_size,
+        max_len=max_len,
+        max_input_len=max_input_len,
+        seed=seed,
+        **loader_kwargs,
     )
     it = iter(loader)
     next(it)
     start_counts = loader_stats(it)
     real = {"inputs": 0, "targets": 0}
+    total = {"inputs": 0, "targets": 0}
     segments = 0
     start = time.perf_counter()
     for _ in range(num_batches):
         batch = next(it)
         for key in real:
             real[key] += int(np.count_nonzero(batch[f"{key}_segment_ids"]))
+            total[key] += batch[f"{key}_segment_ids"].size
         segments += int(batch["targets_segment_ids"].max(axis=1).sum())
     elapsed = time.perf_counter() - start
     counts = loader_stats(it)
     read = counts["examples"] - start_counts["examples"]
-    total = num_batches * batch_size * max_len
     return {
         "examples_per_s": read / elapsed,
         "batches_per_s": num_batches / elapsed,
         "examples_per_row": segments / (num_batches * batch_size),
-        "inputs_efficiency": real["inputs"] / total,
-        "targets_efficiency": real["targets"] / total,
+        "inputs_efficiency": real["inputs"] / total["inputs"],
+        "targets_efficiency": real["targets"] / total["targets"],
         "dropped_fraction": (counts["dropped"] - start_counts["dropped"]) / max(read, 1),
         "truncated_fraction": (counts["truncated"] - start_counts["truncated"]) / max(read, 1),
     }

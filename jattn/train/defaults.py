@@ -16,7 +16,13 @@ from ml_collections import config_dict
 
 from jattn.train.config import ConfigError
 
-__all__ = ["apply_variant", "check_config", "default_config", "model_defaults"]
+__all__ = [
+    "apply_variant",
+    "check_config",
+    "default_config",
+    "input_lengths",
+    "model_defaults",
+]
 
 
 def model_defaults() -> ml_collections.ConfigDict:
@@ -53,9 +59,15 @@ def default_config() -> ml_collections.ConfigDict:
     c.vocab_multiple = 8  # model vocab = tokenizer vocab rounded up to this (sharding)
     c.source_key = config_dict.placeholder(str)
     c.target_key = config_dict.placeholder(str)
-    c.max_len = 64  # tokens a row (inputs and targets) in training
-    c.pack = True  # several examples a row
-    c.overlong = "drop"  # "drop" | "truncate" training examples longer than max_len
+    c.max_len = 64  # target (decoder) tokens a row in training, EOS included
+    # Input (encoder) tokens a row in training; 0: max_len (the layout before this
+    # key existed). Set it near the longest input when inputs are much shorter than
+    # targets (configs/numbers.py), so encoder rows are not mostly padding.
+    c.max_input_len = 0
+    c.pack = True  # several examples a row; each side fills its own row length
+    # "drop" | "truncate" training examples whose inputs exceed max_input_len or
+    # whose targets exceed max_len (truncate cuts each side to its own limit).
+    c.overlong = "drop"
 
     # Optimisation.
     c.batch_size = 64  # global rows a step (split over processes and the data axes)
@@ -80,7 +92,8 @@ def default_config() -> ml_collections.ConfigDict:
     c.eval_every_steps = 500
     c.eval_splits = ("validation", "test_longer")  # those the task has are used
     c.eval_batch_size = 64  # global rows
-    c.eval_max_len = 128  # tokens a row for evaluation (longer examples are dropped)
+    c.eval_max_len = 128  # target tokens a row for evaluation (longer examples are dropped)
+    c.eval_max_input_len = 0  # input tokens a row for evaluation (longer: dropped); 0: eval_max_len
     c.eval_max_batches = 4  # per split, for loss/accuracy (0: the whole split)
     c.eval_decode_examples = 128  # per split, decoded for exact match / BLEU / chrF
     c.decode = "greedy"  # "greedy" | "beam"
@@ -118,6 +131,8 @@ _POSITIVE = (
     "vocab_multiple",
     "beam_size",
 )
+# 0 means "the same as another key" (see `input_lengths`).
+_NON_NEGATIVE = ("max_input_len", "eval_max_input_len")
 _CHOICES = {
     "decode": ("greedy", "beam"),
     "best_mode": ("max", "min"),
@@ -143,6 +158,10 @@ def check_config(config: ml_collections.ConfigDict) -> None:
         value = config[key]
         if isinstance(value, bool) or not isinstance(value, int) or value < 1:
             raise ConfigError(f"config.{key} must be a positive int, got {value!r}")
+    for key in _NON_NEGATIVE:
+        value = config[key]
+        if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+            raise ConfigError(f"config.{key} must be an int >= 0 (0: the default), got {value!r}")
     for key, options in _CHOICES.items():
         if config[key] not in options:
             raise ConfigError(f"config.{key}={config[key]!r}: choose one of {options}")
@@ -159,6 +178,14 @@ def check_config(config: ml_collections.ConfigDict) -> None:
             f"unknown model keys {['model.' + k for k in unknown_model]}; "
             f"TransformerConfig has {sorted(model_defaults().keys())}"
         )
+
+
+def input_lengths(config: ml_collections.ConfigDict) -> tuple[int, int]:
+    """(training, evaluation) input tokens a row, resolving 0 to max_len / eval_max_len."""
+    return (
+        config.max_input_len or config.max_len,
+        config.eval_max_input_len or config.eval_max_len,
+    )
 
 
 def apply_variant(config: ml_collections.ConfigDict, arg: str | None) -> ml_collections.ConfigDict:

@@ -2,8 +2,9 @@
 
 Each split (``config.eval_splits``, e.g. validation and test_longer) is read
 once, unpacked (one example a row), without shuffling, up to
-`eval_max_batches` batches of `eval_batch_size` rows at `eval_max_len`
-tokens, and cached in host memory. Every process reads the same rows, so the
+`eval_max_batches` batches of `eval_batch_size` rows of `eval_max_input_len`
+input and `eval_max_len` target tokens (examples longer on either side are
+dropped), and cached in host memory. Every process reads the same rows, so the
 batches are global and each process can build its shards locally.
 
 Metrics, per split ``S``:
@@ -26,6 +27,8 @@ from typing import Any
 import jax
 import numpy as np
 
+from jattn.train.defaults import input_lengths
+
 __all__ = ["EvalSet", "evaluate", "ids_to_text", "load_eval_sets", "write_decodes"]
 
 EOS_ID, PAD_ID = 1, 0
@@ -37,7 +40,8 @@ class EvalSet:
 
     Attributes:
       split: the split name.
-      batches: numpy batches, each ``{name: int32 [rows, eval_max_len]}``.
+      batches: numpy batches, each ``{name: int32 [rows, L]}`` with L =
+        `eval_max_input_len` for the "inputs*" names, `eval_max_len` for "targets*".
       num_examples: real (non-padding) rows across `batches`.
     """
 
@@ -58,6 +62,7 @@ def load_eval_sets(
     task: Any, make_loader: Callable[..., Any], config: Any, splits: Sequence[str]
 ) -> dict[str, EvalSet]:
     """Reads and caches the eval rows of `splits` (see the module docstring)."""
+    _, input_len = input_lengths(config)
     sets = {}
     for split in splits:
         loader = make_loader(
@@ -65,6 +70,7 @@ def load_eval_sets(
             split,
             batch_size=config.eval_batch_size,
             max_len=config.eval_max_len,
+            max_input_len=input_len,
             seed=config.seed,
             shuffle=False,
             num_epochs=1,
@@ -111,7 +117,7 @@ def evaluate(
       eval_sets: from `load_eval_sets`.
       eval_step: jitted `(params, batch) -> {"loss_sum", "weight_sum", "correct"}`
         with replicated outputs.
-      decode: jitted `(params, inputs [rows, L]) -> ids [rows, max_length]`,
+      decode: jitted `(params, inputs [rows, S]) -> ids [rows, max_length]`,
         replicated output; None skips the decoded metrics.
       to_global: numpy batch (the same on every process) -> global arrays.
       tokenizer: has ``decode(ids) -> str`` and ``vocab_size``.

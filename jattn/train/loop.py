@@ -33,7 +33,7 @@ from jattn.train import checkpoints as ckpt
 from jattn.train import evaluation, steps
 from jattn.train import mesh as mesh_lib
 from jattn.train.config import ConfigError, config_to_json
-from jattn.train.defaults import check_config
+from jattn.train.defaults import check_config, input_lengths
 from jattn.train.distributed import PreemptionWatch
 from jattn.train.metrics import MetricsWriter, Progress, read_metrics
 from jattn.train.optim import make_optimizer
@@ -182,11 +182,13 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict[
 
     # 3. Abstract state and shardings from the logical axis names. ---------------------
     rows = mesh.shape["data"] * mesh.shape["fsdp"]
+    input_len, _ = input_lengths(config)  # encoder row length; config.max_len: decoder's
 
     def init_boxed(rng: jax.Array) -> steps.TrainState:
         init_rng, state_rng = jax.random.split(jax.random.wrap_key_data(rng))
-        tokens = jnp.zeros((rows, config.max_len), jnp.int32)  # [rows, L]
-        params = model.init({"params": init_rng}, tokens, tokens, train=False)["params"]
+        inputs = jnp.zeros((rows, input_len), jnp.int32)  # [rows, S]
+        targets = jnp.zeros((rows, config.max_len), jnp.int32)  # [rows, T]
+        params = model.init({"params": init_rng}, inputs, targets, train=False)["params"]
         return steps.TrainState(
             step=jnp.zeros((), jnp.int32),
             params=params,
@@ -214,6 +216,7 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict[
             "train",
             batch_size=config.batch_size // jax.process_count(),
             max_len=config.max_len,
+            max_input_len=input_len,
             seed=config.seed,
             shuffle=True,
             pack=config.pack,
