@@ -55,17 +55,6 @@ def _params(cfg: KernelConfig, semantics: tuple[str, ...]):
     return pltpu.CompilerParams(dimension_semantics=semantics)
 
 
-def mosaic_call(kernel, cfg: KernelConfig, name: str, **kwargs):
-    semantics = kwargs.pop("semantics")
-    return pl.pallas_call(
-        kernel,
-        interpret=cfg.backend == "tpu_interpret",
-        compiler_params=_params(cfg, semantics),
-        name=name,
-        **kwargs,
-    )
-
-
 # --------------------------------------------------------------------------------------
 # Layout: head-major values, 2-D positions, flat block map and bounds.
 
@@ -103,6 +92,7 @@ class Maps:
         _, self.nm, self.nt, self.ns = bmap.shape
         self.n_bounds = bounds.shape[-1]
         self.per_head = cfg.map_per_head
+        self.bmap_flat, self.bounds_flat = bmap.reshape(-1), bounds.reshape(-1)
 
     def hm(self, h):
         return h if self.per_head else 0
@@ -117,6 +107,29 @@ class Maps:
         lo = bounds_ref[base]
         hi = bounds_ref[base + 3 * self.n_bounds]
         return jnp.minimum(jnp.maximum(t, lo), jnp.maximum(hi - 1, lo))
+
+
+def mosaic_call(kernel, cfg: KernelConfig, name: str, *, maps: Maps, grid, in_specs: dict,
+                inputs: dict, out_specs, out_shape, scratch, semantics):  # fmt: skip
+    """Run `kernel(bmap_ref, bounds_ref, refs, *outs, *scratch, cfg=, maps=)`
+    over `grid`, the block map and bounds scalar-prefetched into SMEM.
+    `in_specs` and `inputs` are dicts with the same keys (None = absent)."""
+    grid_spec = pltpu.PrefetchScalarGridSpec(
+        num_scalar_prefetch=2,
+        grid=grid,
+        in_specs=[in_specs],
+        out_specs=out_specs,
+        scratch_shapes=scratch,
+    )
+    call = pl.pallas_call(
+        functools.partial(kernel, cfg=cfg, maps=maps),
+        grid_spec=grid_spec,
+        out_shape=out_shape,
+        interpret=cfg.backend == "tpu_interpret",
+        compiler_params=_params(cfg, semantics),
+        name=name,
+    )
+    return call(maps.bmap_flat, maps.bounds_flat, {k: inputs[k] for k in in_specs})
 
 
 def bias_spec(dims, bq: int, bk: int, head, q_tile, k_tile):
@@ -160,26 +173,28 @@ def when_visible(cls, body):
     pl.when(cls == ft.FAST_RIGHT)(lambda: body(False, True))
 
 
-def scores(cfg, general, right, *, q, k, q_pos, kv_pos, q_seg, kv_seg, kv_valid, bias, mask,
-            qr_col, dpr_col, need_rel=False):  # fmt: skip
-    """`flash_tiles.tile_scores` with the Mosaic conventions (static id range,
-    static far id)."""
+def ref_scores(cfg: KernelConfig, r: dict, maps: Maps, j, general: bool, right: bool,
+               *, need_rel: bool = False):  # fmt: skip
+    """`flash_tiles.tile_scores` of the current (query tile, key tile) block,
+    every input read from the kernel's refs `r`, with the Mosaic conventions
+    (static relative-id range, static far id)."""
+    bk = cfg.block_k
     return ft.tile_scores(
         general,
-        q=q,
-        k=k,
+        q=r["q"][...],
+        k=r["k"][...],
         scale=cfg.scale,
         causal=cfg.causal,
         max_distance=cfg.max_distance,
-        q_pos=q_pos if general else None,
-        kv_pos=kv_pos if general else None,
-        q_seg=q_seg if general else None,
-        kv_seg=kv_seg if general else None,
-        kv_valid=kv_valid if general else None,
-        bias=bias,
-        mask=mask if general else None,
-        qr_col=qr_col,
-        dpr_col=dpr_col,
+        q_pos=load(r["qpos"]) if general else None,
+        kv_pos=load(r["kvpos"]) if general else None,
+        q_seg=load(r["qseg"]) if general else None,
+        kv_seg=load(r["kvseg"]) if general else None,
+        kv_valid=kv_valid_row(cfg, j, bk, maps.ns * bk) if general else None,
+        bias=load(r["bias"]),
+        mask=load_mask(r["mask"]) if general else None,
+        qr_col=column_reader(load(r["qr"])),
+        dpr_col=column_reader(load(r.get("dpr"))),
         far_id=cfg.far_right if right else 0,
         need_rel=need_rel,
         num_rel=2 * cfg.max_distance + 1,
@@ -202,7 +217,6 @@ def _fwd_kernel(bmap_ref, bounds_ref, r, o_ref, lse_ref, *rest, cfg: KernelConfi
     pr_ref = rest[0] if cfg.use_pr else None
     m_sc, l_sc, acc_sc, *accr_sc = rest[1:] if cfg.use_pr else rest
     b, h, i, j = (pl.program_id(a) for a in range(4))
-    bk = cfg.block_k
 
     @pl.when(j == 0)
     def _init():
@@ -213,23 +227,7 @@ def _fwd_kernel(bmap_ref, bounds_ref, r, o_ref, lse_ref, *rest, cfg: KernelConfi
             accr_sc[0][...] = jnp.zeros(accr_sc[0].shape, jnp.float32)
 
     def body(general, right):
-        s, _, rel = scores(
-            cfg,
-            general,
-            right,
-            q=r["q"][...],
-            k=r["k"][...],
-            q_pos=load(r["qpos"]),
-            kv_pos=load(r["kvpos"]),
-            q_seg=load(r["qseg"]),
-            kv_seg=load(r["kvseg"]),
-            kv_valid=kv_valid_row(cfg, j, bk, maps.ns * bk),
-            bias=load(r["bias"]),
-            mask=load_mask(r["mask"]),
-            qr_col=column_reader(load(r["qr"])),
-            dpr_col=None,
-            need_rel=cfg.use_pr,
-        )
+        s, _, rel = ref_scores(cfg, r, maps, j, general, right, need_rel=cfg.use_pr)
         p, m_new, l_new, corr, row_sum = ft.online_softmax_step(s, m_sc[...], l_sc[...])
         v = r["v"][...]
         pv = lax.dot_general(
@@ -319,21 +317,19 @@ def flash_forward(cfg: KernelConfig, ins: dict) -> tuple[Array, Array, Array | N
         out_shape.append(jax.ShapeDtypeStruct((b, n, tp, cfg.num_rel), jnp.float32))
         out_specs.append(q_row_spec(bq, cfg.num_rel))
         scratch.append(pltpu.VMEM((bq, cfg.num_rel), jnp.float32))
-    grid_spec = pltpu.PrefetchScalarGridSpec(
-        num_scalar_prefetch=2,
-        grid=(b, n, tp // bq, maps.ns),
-        in_specs=[specs],
-        out_specs=out_specs,
-        scratch_shapes=scratch,
-    )
     outs = mosaic_call(
-        functools.partial(_fwd_kernel, cfg=cfg, maps=maps),
+        _fwd_kernel,
         cfg,
         "jattn_flash_fwd_tpu",
-        grid_spec=grid_spec,
+        maps=maps,
+        grid=(b, n, tp // bq, maps.ns),
+        in_specs=specs,
+        inputs=x,
+        out_specs=out_specs,
         out_shape=out_shape,
+        scratch=scratch,
         semantics=("parallel", "parallel", "parallel", "arbitrary"),
-    )(ins["bmap"].reshape(-1), ins["bounds"].reshape(-1), {k: x[k] for k in specs})
+    )
     o = heads_major(outs[0])
     pr = heads_major(outs[2]) if cfg.use_pr else None
     return o, outs[1][..., 0], pr

@@ -9,8 +9,6 @@ map picks each tile's body and clamps the DMAs of skipped tiles.
 
 from __future__ import annotations
 
-import functools
-
 import jax
 import jax.numpy as jnp
 from jax import lax
@@ -23,15 +21,11 @@ from jattn.kernels.flash_mosaic import (
     Maps,
     add_column,
     bias_spec,
-    column_reader,
     heads_major,
-    kv_valid_row,
-    load,
-    load_mask,
     mosaic_call,
     q_row_spec,
     q_tile_specs,
-    scores,
+    ref_scores,
     tpu_inputs,
     when_visible,
 )
@@ -54,7 +48,6 @@ def _dq_kernel(bmap_ref, bounds_ref, r, *refs, cfg: KernelConfig, maps: Maps):
     dqr_sc = refs.pop(0) if cfg.use_qr else None
     db_sc = refs.pop(0) if kind == "rows" else None
     b, h, i, j = (pl.program_id(a) for a in range(4))
-    bk = cfg.block_k
 
     @pl.when(j == 0)
     def _init():
@@ -66,23 +59,7 @@ def _dq_kernel(bmap_ref, bounds_ref, r, *refs, cfg: KernelConfig, maps: Maps):
         k = r["k"][...]
         v = r["v"][...]
         do = r["do"][...]
-        s, dpr_t, rel = scores(
-            cfg,
-            general,
-            right,
-            q=r["q"][...],
-            k=k,
-            q_pos=load(r["qpos"]),
-            kv_pos=load(r["kvpos"]),
-            q_seg=load(r["qseg"]),
-            kv_seg=load(r["kvseg"]),
-            kv_valid=kv_valid_row(cfg, j, bk, maps.ns * bk),
-            bias=load(r["bias"]),
-            mask=load_mask(r["mask"]),
-            qr_col=column_reader(load(r["qr"])),
-            dpr_col=column_reader(load(r["dpr"])),
-            need_rel=cfg.use_qr,
-        )
+        s, dpr_t, rel = ref_scores(cfg, r, maps, j, general, right, need_rel=cfg.use_qr)
         p = jnp.exp(s - r["lse"][...])  # [bq, bk]; lse = +inf on empty rows: p = 0
         dp = lax.dot_general(do, v, (((1,), (1,)), ((), ())), preferred_element_type=jnp.float32)
         if dpr_t is not None:
@@ -146,22 +123,20 @@ def flash_dq(cfg: KernelConfig, ins: dict) -> tuple[Array, Array | None, Array |
         out_shape.append(jax.ShapeDtypeStruct((b, n, tp, 1), jnp.float32))
         out_specs.append(q_row_spec(bq, 1))
         scratch.append(pltpu.VMEM((bq, 1), jnp.float32))
-    grid_spec = pltpu.PrefetchScalarGridSpec(
-        num_scalar_prefetch=2,
-        grid=(b, n, tp // bq, maps.ns),
-        in_specs=[specs],
-        out_specs=out_specs,
-        scratch_shapes=scratch,
-    )
     outs = list(
         mosaic_call(
-            functools.partial(_dq_kernel, cfg=cfg, maps=maps),
+            _dq_kernel,
             cfg,
             "jattn_flash_dq_tpu",
-            grid_spec=grid_spec,
+            maps=maps,
+            grid=(b, n, tp // bq, maps.ns),
+            in_specs=specs,
+            inputs=x,
+            out_specs=out_specs,
             out_shape=out_shape,
+            scratch=scratch,
             semantics=("parallel", "parallel", "parallel", "arbitrary"),
-        )(ins["bmap"].reshape(-1), ins["bounds"].reshape(-1), {k: x[k] for k in specs})
+        )
     )
     dq = heads_major(outs.pop(0))
     dqr = heads_major(outs.pop(0)) if cfg.use_qr else None
@@ -187,7 +162,7 @@ def _dkv_kernel(bmap_ref, bounds_ref, r, dk_ref, dv_ref, *refs, cfg: KernelConfi
     db_sc = refs.pop(0) if kind == "cols" else None
     b, kh, j, g, i = (pl.program_id(a) for a in range(5))
     h = kh * cfg.groups + g
-    bk, nt = cfg.block_k, maps.nt
+    nt = maps.nt
 
     @pl.when((g == 0) & (i == 0))
     def _init():
@@ -204,22 +179,7 @@ def _dkv_kernel(bmap_ref, bounds_ref, r, dk_ref, dv_ref, *refs, cfg: KernelConfi
         q = r["q"][...]
         v = r["v"][...]
         do = r["do"][...]
-        s, dpr_t, _ = scores(
-            cfg,
-            general,
-            right,
-            q=q,
-            k=r["k"][...],
-            q_pos=load(r["qpos"]),
-            kv_pos=load(r["kvpos"]),
-            q_seg=load(r["qseg"]),
-            kv_seg=load(r["kvseg"]),
-            kv_valid=kv_valid_row(cfg, j, bk, maps.ns * bk),
-            bias=load(r["bias"]),
-            mask=load_mask(r["mask"]),
-            qr_col=column_reader(load(r["qr"])),
-            dpr_col=column_reader(load(r["dpr"])),
-        )
+        s, dpr_t, _ = ref_scores(cfg, r, maps, j, general, right)
         p = jnp.exp(s - r["lse"][...])  # [bq, bk]
         dv_sc[...] += lax.dot_general(
             p.astype(do.dtype), do, (((0,), (0,)), ((), ())), preferred_element_type=jnp.float32
@@ -300,20 +260,18 @@ def flash_dkv(cfg: KernelConfig, ins: dict) -> tuple[Array, Array, Array | None]
         out_shape.append(jax.ShapeDtypeStruct((b, n, 1, sp), jnp.float32))
         out_specs.append(pl.BlockSpec((SQ, SQ, 1, bk), lambda *a: (a[0], head(*a), 0, a[2])))
         scratch.append(pltpu.VMEM((1, bk), jnp.float32))
-    grid_spec = pltpu.PrefetchScalarGridSpec(
-        num_scalar_prefetch=2,
-        grid=(b, kh, maps.ns, grp, tp // bq),
-        in_specs=[specs],
-        out_specs=out_specs,
-        scratch_shapes=scratch,
-    )
     outs = mosaic_call(
-        functools.partial(_dkv_kernel, cfg=cfg, maps=maps),
+        _dkv_kernel,
         cfg,
         "jattn_flash_dkv_tpu",
-        grid_spec=grid_spec,
+        maps=maps,
+        grid=(b, kh, maps.ns, grp, tp // bq),
+        in_specs=specs,
+        inputs=x,
+        out_specs=out_specs,
         out_shape=out_shape,
+        scratch=scratch,
         semantics=("parallel", "parallel", "parallel", "arbitrary", "arbitrary"),
-    )(ins["bmap"].reshape(-1), ins["cbounds"].reshape(-1), {k: x[k] for k in specs})
+    )
     dk, dv = heads_major(outs[0]), heads_major(outs[1])
     return dk, dv, outs[2][:, :, 0, :] if cols else None
