@@ -161,3 +161,37 @@ def _packed(b: int, lengths: list[int]) -> tuple[np.ndarray, np.ndarray]:
         seg += [i + 1] * n
         pos += list(range(n))
     return np.tile(np.int32(seg), (b, 1)), np.tile(np.int32(pos), (b, 1))
+
+
+def _lower_vjp(platform: str, backend: str, dtype, *, t, h, causal, packed, shaw, bias_shape,
+               mask_shape) -> str:  # fmt: skip
+    """StableHLO text of the kernel's output and vjp, lowered for `platform`
+    ("cuda" or "tpu") from abstract inputs: B = 1, N = 4 query heads over
+    K = 2 kv heads, Shaw k = 16 (a per-head key table, a shared value table)."""
+    b, n, kh = 1, 4, 2
+    sds = jax.ShapeDtypeStruct
+    args = {
+        "query": sds((b, t, n, h), dtype),
+        "key": sds((b, t, kh, h), dtype),
+        "value": sds((b, t, kh, h), dtype),
+    }
+    if shaw:
+        args["rel_key"] = sds((n, 33, h), jnp.float32)
+        args["rel_value"] = sds((33, h), jnp.float32)
+    if bias_shape:
+        args["bias"] = sds(bias_shape, jnp.float32)
+    if mask_shape:
+        args["mask"] = sds(mask_shape, jnp.bool_)
+    if packed:
+        for name in ("q_segment_ids", "kv_segment_ids", "q_positions", "kv_positions"):
+            args[name] = sds((b, t), jnp.int32)
+    cot = sds((b, t, n, h), dtype)
+    fn = functools.partial(
+        _pallas_vjp.__wrapped__,
+        is_causal=causal,
+        max_distance=16,
+        block_q=None,
+        block_k=None,
+        backend=backend,
+    )
+    return jax.jit(fn).trace(args, cot).lower(lowering_platforms=(platform,)).as_text()

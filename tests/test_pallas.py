@@ -23,6 +23,7 @@ from flash_harness import (
     BF16_TOL,
     F32_TOL,
     _check,
+    _lower_vjp,
     _normal_form,
     _packed,
     _pallas_vjp,
@@ -364,34 +365,9 @@ def test_block_map_is_sound(causal):
 # The GPU path: lowers to Triton IR (no GPU needed), validates its block sizes.
 
 
-def _lower_for_cuda(dtype, *, causal, packed, shaw, bias_shape, mask_shape):
-    b, t, n, kh, h = 1, 200, 4, 2, 64  # T not a multiple of the blocks
-    sds = jax.ShapeDtypeStruct
-    args = {
-        "query": sds((b, t, n, h), dtype),
-        "key": sds((b, t, kh, h), dtype),
-        "value": sds((b, t, kh, h), dtype),
-    }
-    if shaw:
-        args["rel_key"] = sds((n, 33, h), jnp.float32)
-        args["rel_value"] = sds((33, h), jnp.float32)
-    if bias_shape:
-        args["bias"] = sds(bias_shape, jnp.float32)
-    if mask_shape:
-        args["mask"] = sds(mask_shape, jnp.bool_)
-    if packed:
-        for name in ("q_segment_ids", "kv_segment_ids", "q_positions", "kv_positions"):
-            args[name] = sds((b, t), jnp.int32)
-    cot = sds((b, t, n, h), dtype)
-    fn = functools.partial(
-        _pallas_vjp.__wrapped__,
-        is_causal=causal,
-        max_distance=16,
-        block_q=None,
-        block_k=None,
-        backend="gpu",
-    )
-    return jax.jit(fn).trace(args, cot).lower(lowering_platforms=("cuda",)).as_text()
+def _lower_for_cuda(dtype, **kw):
+    # T = 200: not a multiple of the blocks.
+    return _lower_vjp("cuda", "gpu", dtype, t=200, h=64, **kw)
 
 
 @pytest.mark.parametrize(

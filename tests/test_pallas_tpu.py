@@ -14,15 +14,13 @@ second ragged.
 
 from __future__ import annotations
 
-import functools
-
-import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
 from flash_harness import (
     BF16_TOL,
     _check,
+    _lower_vjp,
     _normal_form,
     _packed,
     _pallas_vjp,
@@ -178,34 +176,9 @@ def test_tpu_block_validation():
 # Lowering for TPU (Mosaic), forward and backward: no TPU needed.
 
 
-def _lower_for_tpu(dtype, *, causal, packed, shaw, bias_shape, mask_shape):
-    b, t, n, kh, h = 1, 300, 4, 2, 128
-    sds = jax.ShapeDtypeStruct
-    args = {
-        "query": sds((b, t, n, h), dtype),
-        "key": sds((b, t, kh, h), dtype),
-        "value": sds((b, t, kh, h), dtype),
-    }
-    if shaw:
-        args["rel_key"] = sds((n, 33, h), jnp.float32)
-        args["rel_value"] = sds((33, h), jnp.float32)
-    if bias_shape:
-        args["bias"] = sds(bias_shape, jnp.float32)
-    if mask_shape:
-        args["mask"] = sds(mask_shape, jnp.bool_)
-    if packed:
-        for name in ("q_segment_ids", "kv_segment_ids", "q_positions", "kv_positions"):
-            args[name] = sds((b, t), jnp.int32)
-    cot = sds((b, t, n, h), dtype)
-    fn = functools.partial(
-        _pallas_vjp.__wrapped__,
-        is_causal=causal,
-        max_distance=16,
-        block_q=None,
-        block_k=None,
-        backend="tpu",
-    )
-    return jax.jit(fn).trace(args, cot).lower(lowering_platforms=("tpu",)).as_text()
+def _lower_for_tpu(dtype, **kw):
+    # T = 300: three key tiles of 128, the last ragged; head dim 128 (a lane tile).
+    return _lower_vjp("tpu", "tpu", dtype, t=300, h=128, **kw)
 
 
 @pytest.mark.parametrize(
