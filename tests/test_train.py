@@ -163,16 +163,39 @@ def test_incompatible_workdir_is_refused_and_left_untouched(reference, tmp_path,
     before = {p: p.read_bytes() for p in workdir.rglob("*") if p.is_file()}
     status = cli.main(
         ["train", "--config", SMOKE, "--workdir", str(workdir), "--compilation_cache_dir=",
-         "--config.model.d_model=64", "--config.seed=3"]
+         "--config.model.d_model=64", "--config.seed=3", "--config.max_input_len=8"]
     )  # fmt: skip
     err = capsys.readouterr().err.strip()
     assert status == 2 and "\n" not in err
     assert f"workdir '{workdir}' holds a checkpoint (step 40) of an incompatible config" in err
+    max_len = smoke_config().max_len
     assert (
         "model.d_model: checkpoint 32 != config 64" in err
         and "seed: checkpoint 0 != config 3" in err
+        and f"input_len: checkpoint {max_len} != config 8" in err
     )
     assert {p: p.read_bytes() for p in workdir.rglob("*") if p.is_file()} == before
+
+
+def test_signature_input_length_and_legacy_checkpoints():
+    # max_input_len = 0 means max_len: the same data stream, so the same
+    # signature; another input length is a different stream. A signature
+    # saved before the key existed (no input_len) meant max_len.
+    from jattn.train.checkpoints import incompatibilities, signature
+
+    config = smoke_config()
+    same = smoke_config()
+    same.max_input_len = config.max_len
+    assert signature(same) == signature(config)
+    legacy = signature(config)
+    del legacy["input_len"]
+    assert incompatibilities(legacy, config) == []
+    assert incompatibilities(legacy, same) == []
+    shorter = smoke_config()
+    shorter.max_input_len = 8
+    assert incompatibilities(legacy, shorter) == [
+        f"input_len: checkpoint {config.max_len} != config 8"
+    ]
 
 
 def test_load_run_reproduces_the_decodes_written_by_the_run(reference):

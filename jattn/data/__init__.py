@@ -1,9 +1,13 @@
 """Data: local tfds builders, tokenizers, and a grain pipeline with packing.
 
     task = jattn.data.load("numbers", data_dir=...)           # prepares it once
-    loader = jattn.data.make_loader(task, "train", batch_size=64, max_len=64, seed=0)
+    loader = jattn.data.make_loader(
+        task, "train", batch_size=64, max_len=64, max_input_len=16, seed=0
+    )
     it = iter(loader)
-    batch = next(it)    # int32 [64, 64]: inputs, targets, *_segment_ids, *_positions
+    batch = next(it)    # int32: inputs* [64, 16], targets* [64, 64]
+                        # (tokens, *_segment_ids, *_positions); max_input_len
+                        # None = max_len for both sides
 
 Checkpoint the iterator with the train state in one orbax step: see
 `jattn.data.checkpoint`.

@@ -32,6 +32,7 @@ from jattn.train.config import ConfigError, config_to_dict
 __all__ = [
     "COMPAT_KEYS",
     "check_compatible",
+    "incompatibilities",
     "make_manager",
     "restore",
     "save",
@@ -58,11 +59,26 @@ COMPAT_KEYS = (
 
 
 def signature(config: ml_collections.ConfigDict | dict[str, Any]) -> dict[str, Any]:
-    """The part of a config a checkpoint must agree with to be resumed."""
+    """The part of a config a checkpoint must agree with to be resumed.
+
+    `input_len` is the effective training input row length (`max_input_len`,
+    0 meaning `max_len`): it decides how examples pack into rows, so a run
+    cannot continue its data stream under another value.
+    """
     flat = config if isinstance(config, dict) else config_to_dict(config)
     sig = {k: flat.get(k) for k in COMPAT_KEYS}
     sig["gradient_clipping"] = bool((flat.get("grad_clip_norm") or 0) > 0)
+    sig["input_len"] = flat.get("max_input_len") or flat.get("max_len")
     return sig
+
+
+def incompatibilities(saved: dict[str, Any], config: ml_collections.ConfigDict) -> list[str]:
+    """What differs between a checkpoint's saved signature and `config`'s, one
+    line each. Signatures saved before inputs had their own row length lack
+    `input_len`: their inputs used `max_len`, which is what they are given."""
+    saved = dict(saved)
+    saved.setdefault("input_len", saved.get("max_len"))
+    return _diff(saved, signature(config))
 
 
 def _diff(old: dict[str, Any], new: dict[str, Any], prefix: str = "") -> list[str]:
@@ -133,7 +149,7 @@ def check_compatible(
             return step
         with open(path) as f:
             meta = {"signature": signature(json.load(f))}
-    diffs = _diff(meta["signature"], signature(config))
+    diffs = incompatibilities(meta["signature"], config)
     if diffs:
         raise ConfigError(
             f"workdir {workdir!r} holds a checkpoint (step {step}) of an incompatible config: "
