@@ -27,6 +27,7 @@ from typing import Any
 import jax
 import numpy as np
 
+from jattn.train.config import ConfigError
 from jattn.train.defaults import input_lengths
 
 __all__ = ["EvalSet", "evaluate", "ids_to_text", "load_eval_sets", "write_decodes"]
@@ -61,7 +62,12 @@ def _pad_rows(batch: dict[str, np.ndarray], rows: int) -> dict[str, np.ndarray]:
 def load_eval_sets(
     task: Any, make_loader: Callable[..., Any], config: Any, splits: Sequence[str]
 ) -> dict[str, EvalSet]:
-    """Reads and caches the eval rows of `splits` (see the module docstring)."""
+    """Reads and caches the eval rows of `splits` (see the module docstring).
+
+    Raises:
+      ConfigError: a split none of whose examples fits the eval row lengths
+        (its metrics would silently read 0).
+    """
     _, input_len = input_lengths(config)
     sets = {}
     for split in splits:
@@ -84,6 +90,12 @@ def load_eval_sets(
             batches.append(_pad_rows(batch, config.eval_batch_size))
             if config.eval_max_batches and len(batches) >= config.eval_max_batches:
                 break
+        if count == 0:
+            raise ConfigError(
+                f"eval split {split!r} has no example that fits eval_max_input_len="
+                f"{input_len} and eval_max_len={config.eval_max_len}: raise them, or drop "
+                f"{split!r} from eval_splits"
+            )
         sets[split] = EvalSet(split, batches, count)
     return sets
 
