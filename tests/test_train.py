@@ -285,6 +285,15 @@ def test_input_length_keys_fail_clearly(tmp_path):
     assert not (tmp_path / "run").exists()  # refused before anything was written
     with pytest.raises(ConfigError, match="max_input_len='16.5': not a valid int"):
         smoke_config(max_input_len="16.5")
+    # A learned position table must cover every row length, checked up front.
+    learned = smoke_config(eval_max_input_len=40)
+    learned.model.position = "learned"
+    with pytest.raises(
+        ConfigError,
+        match=r"model.max_len=32 positions, but eval_max_input_len resolves to 40",
+    ):
+        train_and_evaluate(learned, str(tmp_path / "learned"))
+    assert not (tmp_path / "learned").exists()
     # copy/tiny inputs have 2-16 tokens: one input slot drops every eval example,
     # which would read as loss 0 and accuracy 0 instead of an error.
     with pytest.raises(ConfigError, match="eval split 'validation' has no example that fits"):

@@ -178,6 +178,21 @@ def check_config(config: ml_collections.ConfigDict) -> None:
             f"unknown model keys {['model.' + k for k in unknown_model]}; "
             f"TransformerConfig has {sorted(model_defaults().keys())}"
         )
+    if config.model.get("position") == "learned":
+        # A learned table has model.max_len rows: every row length must fit it.
+        lengths = {
+            "max_len": config.max_len,
+            "max_input_len": input_lengths(config)[0],
+            "eval_max_len": config.eval_max_len,
+            "eval_max_input_len": input_lengths(config)[1],
+            "decode_max_len": config.decode_max_len or config.eval_max_len,
+        }
+        name, longest = max(lengths.items(), key=lambda kv: kv[1])
+        if longest > config.model.max_len:
+            raise ConfigError(
+                f"model.position='learned' has model.max_len={config.model.max_len} "
+                f"positions, but {name} resolves to {longest}: raise model.max_len"
+            )
 
 
 def input_lengths(config: ml_collections.ConfigDict) -> tuple[int, int]:
