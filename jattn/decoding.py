@@ -1,16 +1,39 @@
 """Greedy and beam-search decoding over the decoder's KV cache.
 
-Both run as one jitted `lax.while_loop`: the source is encoded once, then
-each step feeds the previous token `[B, 1]` (0, the start symbol, at step 0)
-to `Transformer.decode` on a clone with `use_cache=True`. The query's
-position is the cache index, so every positional scheme (absolute vectors,
-Shaw, RoPE, ALiBi, T5) sees the same positions as in a full forward pass,
-and causal masking over the cache positions hides slots not yet written.
+Both run as one jitted `lax.while_loop`. Before the loop the source is
+encoded once and `prefill` projects the encoder output into every decoder
+layer's cross-attention keys/values, once per decode call: they depend on
+the source only, so recomputing them at each step would repeat the same
+`2 · B·S·D·K·H` multiply-adds a layer `max_length` times. Each step then
+feeds the previous token `[B, 1]` (0, the start symbol, at step 0) to
+`Transformer.decode` on a clone with `use_cache=True`, without the encoder
+output: cross-attention reads the cached keys/values and the step never
+touches the cross-attention "k"/"v" weights. The query's position is the
+cache index, so every positional scheme (absolute vectors, Shaw, RoPE,
+ALiBi, T5) sees the same positions as in a full forward pass, and causal
+masking over the cache positions hides slots not yet written.
+
+The "cache" collection (`init_cache`), per decoder layer `i`:
+
+    decoder/index                                   int32 []   next position
+    decoder/layer_i/self_attention/cached_{key,value}   [B, L, K, H]
+    decoder/layer_i/cross_attention/cached_{key,value}  [B, S, K, H]
+
+Beam search keeps B·W rows of both: the encoder output is tiled over the
+beams before the prefill, so row `b·W + j` is beam `j` of source `b`. That
+stores W equal copies of each row's cross-attention keys/values (W times
+the memory of computing them once per row and broadcasting over beams),
+and buys simplicity: every cache leaf keeps the leading axis B·W that the
+decoder's queries have, so the decoder knows nothing of beams. Reordering
+beams only ever moves a row to another beam of the same source, whose
+cross-attention keys/values are the same, so the cross entries are left
+out of the reorder (the self-attention entries follow it).
 
 Token 0 is padding and the start symbol; token 1 (`EOS`) ends a sequence.
 Outputs are int32 `[B, max_length]`, with EOS kept and 0 after it.
 
-Shapes: B batch, W beams, L = max_length, S source length, V vocabulary.
+Shapes: B batch, W beams, L = max_length, S source length, D model width,
+K key/value heads, H head dim, V vocabulary.
 """
 
 from __future__ import annotations
@@ -28,7 +51,7 @@ from jattn.models.transformer import Transformer
 
 Array = jax.Array
 
-__all__ = ["EOS", "beam_search", "decode_step", "greedy", "init_cache"]
+__all__ = ["EOS", "beam_search", "decode_step", "greedy", "init_cache", "prefill"]
 
 EOS = 1
 _NEG = -1.0e9  # "minus infinity" that stays finite through sums and divisions
@@ -44,30 +67,63 @@ def _unwrap(params: Any) -> Any:
     return nn.unbox(params)
 
 
-def init_cache(model: Transformer, batch_size: int, max_length: int) -> Any:
-    """An empty "cache" collection for `max_length` decoder steps (zeros, index 0).
+def init_cache(
+    model: Transformer, batch_size: int, max_length: int, source_length: int | None = None
+) -> Any:
+    """An empty "cache" collection (zeros, index 0) for `max_length` decoder
+    steps over a source of `source_length` tokens (default `max_length`).
 
-    Shapes come from `jax.eval_shape` of `init`, so nothing but the cache is built.
+    Shapes (see the module docstring) come from `jax.eval_shape` of `init`,
+    so nothing but the cache is built. This is the cache's size and
+    structure (`jattn.memory.kv_cache_bytes` counts it, with the same default
+    source length); to decode, start from `prefill`, which fills the
+    cross-attention entries (here zeros, which a step would attend to
+    silently). The self-attention entries fill up one step at a time.
     """
+    s = max_length if source_length is None else source_length
     cached = model.clone(use_cache=True)
-    tokens = jnp.ones((batch_size, 1), jnp.int32)
+    inputs = jnp.ones((batch_size, s), jnp.int32)
     targets = jnp.ones((batch_size, max_length), jnp.int32)
-    shapes = jax.eval_shape(lambda: cached.init(jax.random.key(0), tokens, targets))["cache"]
-    return jax.tree.map(lambda s: jnp.zeros(s.shape, s.dtype), shapes)
+    shapes = jax.eval_shape(lambda: cached.init(jax.random.key(0), inputs, targets))["cache"]
+    return jax.tree.map(lambda x: jnp.zeros(x.shape, x.dtype), shapes)
+
+
+def prefill(model: Transformer, params: Any, encoded: Array, max_length: int) -> Any:
+    """The cache for decoding `max_length` steps over `encoded` `[B, S, D]`.
+
+    Every decoder layer's cross-attention keys/values `[B, S, K, H]` are the
+    projections of `encoded` (computed here, once); the self-attention
+    entries are zeros and the index is 0.
+    """
+    b, s = encoded.shape[:2]
+    cache = init_cache(model, b, max_length, source_length=s)
+    _, variables = model.clone(use_cache=True).apply(
+        {"params": _unwrap(params), "cache": cache}, encoded, mutable=["cache"], method="prefill"
+    )
+    return variables["cache"]
 
 
 def decode_step(
-    model: Transformer, params: Any, cache: Any, encoded: Array, inputs: Array, tokens: Array
+    model: Transformer,
+    params: Any,
+    cache: Any,
+    inputs: Array,
+    tokens: Array,
+    *,
+    encoded: Array | None = None,
 ) -> tuple[Array, Any]:
     """One cached decoder step.
 
     Args:
       model: the Transformer (cloned with `use_cache=True` here).
       params: its "params" collection.
-      cache: from `init_cache` or the previous step.
-      encoded: `[B, S, D]` encoder outputs.
+      cache: from `prefill` or the previous step.
       inputs: int `[B, S]` source tokens (their zeros mask cross-attention).
       tokens: int `[B, 1]`, the previous token (0 at the first step).
+      encoded: None (cross-attention reads the prefilled keys/values), or the
+        encoder outputs `[B, S, D]` to project them again at this step (the
+        uncached path, for comparisons; the cross-attention cache is then
+        neither read nor written).
 
     Returns:
       float32 logits `[B, V]` for the next token, and the updated cache.
@@ -81,6 +137,13 @@ def decode_step(
         method="decode",
     )
     return logits[:, 0].astype(jnp.float32), variables["cache"]
+
+
+def _start_cache(model, params, encoded, max_length: int, cross_cache: bool) -> Any:
+    """`prefill`, or for the uncached path an empty cache (cross entries unused)."""
+    if cross_cache:
+        return prefill(model, params, encoded, max_length)
+    return init_cache(model, encoded.shape[0], max_length, source_length=encoded.shape[1])
 
 
 def _check(model, inputs, max_length: int) -> Array:
@@ -106,12 +169,19 @@ def _check(model, inputs, max_length: int) -> Array:
 # -- greedy --------------------------------------------------------------------
 
 
-@functools.partial(jax.jit, static_argnames=("model", "max_length"))
-def _greedy(model: Transformer, params, inputs: Array, max_length: int) -> tuple[Array, Array]:
-    """Greedy tokens `[B, L]` and the number of steps run."""
+@functools.partial(jax.jit, static_argnames=("model", "max_length", "cross_cache"))
+def _greedy(
+    model: Transformer, params, inputs: Array, max_length: int, cross_cache: bool = True
+) -> tuple[Array, Array]:
+    """Greedy tokens `[B, L]` and the number of steps run.
+
+    `cross_cache=False` projects the cross-attention keys/values at every step
+    (the path before the cache; same tokens, kept for benchmarks and tests).
+    """
     b = inputs.shape[0]
     encoded = model.apply({"params": params}, inputs, method="encode")  # [B, S, D]
-    cache = init_cache(model, b, max_length)
+    cache = _start_cache(model, params, encoded, max_length, cross_cache)
+    step_encoded = None if cross_cache else encoded
 
     def cond(state):
         i, _, _, done, _ = state
@@ -119,7 +189,9 @@ def _greedy(model: Transformer, params, inputs: Array, max_length: int) -> tuple
 
     def body(state):
         i, tokens, last, done, cache = state
-        logits, cache = decode_step(model, params, cache, encoded, inputs, last[:, None])
+        logits, cache = decode_step(
+            model, params, cache, inputs, last[:, None], encoded=step_encoded
+        )  # [B, V]
         nxt = jnp.argmax(logits, axis=-1).astype(jnp.int32)  # [B]
         nxt = jnp.where(done, 0, nxt)
         tokens = lax.dynamic_update_slice(tokens, nxt[:, None], (0, i))
@@ -165,27 +237,45 @@ def _gather_beams(x: Array, idx: Array) -> Array:
     return jax.vmap(lambda row, i: row[i])(x, idx)
 
 
+def _is_cross(path) -> bool:
+    """Whether a cache leaf belongs to a cross-attention layer."""
+    return any(getattr(k, "key", None) == "cross_attention" for k in path)
+
+
 def _reorder_cache(cache: Any, origin: Array) -> Any:
-    """Reorder every `[B*W, ...]` cache leaf by `origin` `[B, W]` (scalars kept)."""
+    """Reorder every `[B*W, ...]` cache leaf by `origin` `[B, W]`.
+
+    Scalars (the index) are kept, and so are the cross-attention keys/values:
+    `origin` only picks beams of the same source row, which share them.
+    """
     b, w = origin.shape
 
-    def one(x):
-        if x.ndim == 0:
+    def one(path, x):
+        if x.ndim == 0 or _is_cross(path):
             return x
         y = x.reshape(b, w, *x.shape[1:])
         return _gather_beams(y, origin).reshape(x.shape)
 
-    return jax.tree.map(one, cache)
+    return jax.tree_util.tree_map_with_path(one, cache)
 
 
-@functools.partial(jax.jit, static_argnames=("model", "max_length", "beam_size"))
-def _beam_search(model, params, inputs, alpha, max_length: int, beam_size: int):
-    """Best sequences `[B, L]`, their scores `[B]` and the number of steps run."""
+@functools.partial(jax.jit, static_argnames=("model", "max_length", "beam_size", "cross_cache"))
+def _beam_search(
+    model, params, inputs, alpha, max_length: int, beam_size: int, cross_cache: bool = True
+):
+    """Best sequences `[B, L]`, their scores `[B]` and the number of steps run.
+
+    The cross-attention keys/values are projected once from the encoder
+    output tiled over the beams (`[B*W, S, K, H]` a layer): W copies a row,
+    which keeps every cache leaf's leading axis B*W and the decoder unaware
+    of beams. `cross_cache=False` projects them at every step instead.
+    """
     b, w, big_l = inputs.shape[0], beam_size, max_length
     encoded = model.apply({"params": params}, inputs, method="encode")  # [B, S, D]
     enc_w = jnp.repeat(encoded, w, axis=0)  # [B*W, S, D], row b*W + j
     inputs_w = jnp.repeat(inputs, w, axis=0)  # [B*W, S]
-    cache = init_cache(model, b * w, max_length)
+    cache = _start_cache(model, params, enc_w, max_length, cross_cache)
+    step_encoded = None if cross_cache else enc_w
     max_penalty = length_penalty(big_l, alpha)
 
     def cond(state):
@@ -199,7 +289,7 @@ def _beam_search(model, params, inputs, alpha, max_length: int, beam_size: int):
     def body(state):
         i, live_seqs, live_logp, last, fin_seqs, fin_scores, fin_flags, cache = state
         logits, cache = decode_step(
-            model, params, cache, enc_w, inputs_w, last.reshape(b * w, 1)
+            model, params, cache, inputs_w, last.reshape(b * w, 1), encoded=step_encoded
         )  # [B*W, V]
         v = logits.shape[-1]
         logp = jax.nn.log_softmax(logits).reshape(b, w, v)  # [B, W, V]
@@ -272,6 +362,9 @@ def beam_search(
     Returns:
       int32 `[B, max_length]`, the best finished hypothesis of each row (the
       best live one where none finished), 0 after EOS.
+
+    The cross-attention keys/values are projected once, for the encoder
+    output tiled over the beams (see the module docstring).
     """
     inputs = _check(model, inputs, max_length)
     if isinstance(beam_size, bool) or not isinstance(beam_size, int) or beam_size < 1:

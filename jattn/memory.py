@@ -10,9 +10,12 @@ own figure for the compiled program (`memory_analysis()`).
   path holds the same arrays for one `[block_q, block_k]` tile at a time; the
   Pallas kernel holds a tile in on-chip memory (SRAM/VMEM) and nothing of
   size `T·S` in device memory.
-- KV cache for decoding: `layers × 2 (K and V) × kv heads × context × head dim
-  × bytes` per sequence: MHA (kv heads = heads), GQA and MQA (kv heads = 1)
-  differ only in the kv-head count.
+- KV cache for decoding: `layers × 2 (K and V) × kv heads × (context +
+  source) × head dim × bytes` per sequence. Each decoder layer caches its
+  self-attention keys/values for the `context` target positions and its
+  cross-attention keys/values for the `source` encoder positions (projected
+  once per decode call instead of at every step). MHA (kv heads = heads),
+  GQA and MQA (kv heads = 1) differ only in the kv-head count.
 
 Pure python and jax; no flax.
 """
@@ -88,10 +91,27 @@ def kv_cache_bytes(
     head_dim: int,
     dtype=jnp.float32,
     batch: int = 1,
+    source_length: int | None = None,
 ) -> int:
-    """Decoder self-attention KV cache: layers × 2 × K × context × H × bytes × B."""
+    """Decoder KV cache: layers × 2 × K × (context + source) × H × bytes × B.
+
+    Args:
+      num_layers: decoder layers.
+      num_kv_heads: K.
+      context: target positions L (self-attention keys/values `[B, L, K, H]`).
+      head_dim: H.
+      dtype: the cache's dtype (the model's compute dtype).
+      batch: rows B (B·W for beam search, which keeps both per beam).
+      source_length: encoder positions S (cross-attention keys/values
+        `[B, S, K, H]`); default `context`, as `jattn.decoding.init_cache`
+        assumes; 0 counts self-attention only.
+
+    Returns:
+      Bytes of every cached key and value (the 4-byte index not counted).
+    """
+    source = context if source_length is None else source_length
     itemsize = jnp.dtype(dtype).itemsize
-    return num_layers * 2 * num_kv_heads * context * head_dim * itemsize * batch
+    return num_layers * 2 * num_kv_heads * (context + source) * head_dim * itemsize * batch
 
 
 def xla_attention_temp_bytes(

@@ -1,6 +1,9 @@
 """Tests of jattn.decoding: the KV cache against full recomputation for every
 positional scheme, greedy against a naive recomputing loop, beam search
 against exhaustive enumeration, and both searches on a model trained to copy.
+The cross-attention cache: its contents are the projections of the encoder
+output, cached steps (greedy and beam, MHA/GQA/MQA) give the full forward
+pass's logits, and the projection is in no step's program.
 """
 
 from __future__ import annotations
@@ -65,7 +68,8 @@ def full_logits(model, params, inputs, targets):
 class Zoo(dict):
     """Per scheme: (model, params, check), where one compiled `check(params,
     inputs, targets)` returns full logits, cached teacher-forced logits, the
-    final cache and the greedy decode, so each scheme compiles once. "t5" has
+    greedy decode, the final and the prefilled cache, so each scheme compiles
+    once. "t5" has
     two layers per stack (one shared bias table, a cache per layer); a few
     schemes also carry a model variant, covered at no extra compile."""
 
@@ -88,15 +92,13 @@ class Zoo(dict):
             prev = shift_right(targets, jnp.ones_like(targets))  # [B, L]
 
             def step(cache, tok):  # tok [B]
-                logits, cache = decoding.decode_step(
-                    model, params, cache, encoded, inputs, tok[:, None]
-                )
+                logits, cache = decoding.decode_step(model, params, cache, inputs, tok[:, None])
                 return cache, logits
 
-            cache = decoding.init_cache(model, inputs.shape[0], targets.shape[1])
-            cache, cached = lax.scan(step, cache, prev.T)  # [L, B, V]
+            prefilled = decoding.prefill(model, params, encoded, targets.shape[1])
+            cache, cached = lax.scan(step, prefilled, prev.T)  # [L, B, V]
             greedy = decoding.greedy(model, params, inputs, max_length=targets.shape[1])
-            return full, cached.transpose(1, 0, 2), greedy, cache
+            return full, cached.transpose(1, 0, 2), greedy, cache, prefilled
 
         self[position] = (model, fill_params(model.config, seed=len(self)), check)
         return self[position]
@@ -119,7 +121,7 @@ def test_cached_decoding_equals_full_recomputation(zoo, position):
     model, params, check = zoo[position]
     inputs = _inputs(0)
     targets = np.random.default_rng(1).integers(0, 11, (B, L)).astype(np.int32)
-    full, cached, greedy, _ = check(params, inputs, targets)
+    full, cached, greedy, _, _ = check(params, inputs, targets)
     full, cached, greedy = np.asarray(full), np.asarray(cached), np.asarray(greedy)
     # Teacher forcing: the cached step t sees the same positions as the full pass.
     np.testing.assert_allclose(cached, full, rtol=1e-5, atol=1e-5)
@@ -137,22 +139,186 @@ def test_cached_decoding_equals_full_recomputation(zoo, position):
 
 def test_cache_holds_every_layer_and_the_index(zoo):
     model, params, check = zoo["t5"]
-    empty = decoding.init_cache(model, B, L)
+    empty = decoding.init_cache(model, B, L, source_length=S)
     assert empty["decoder"]["index"].shape == () and int(empty["decoder"]["index"]) == 0
     assert all(np.all(np.asarray(x) == 0) for x in jax.tree.leaves(empty))
     targets = np.full((B, L), 5, np.int32)
-    cache = check(params, _inputs(0), targets)[3]  # after L teacher-forced steps
+    _, _, _, cache, prefilled = check(params, _inputs(0), targets)  # after L steps, and before
     dec = cache["decoder"]
     assert int(dec["index"]) == L
     for layer in ("layer_0", "layer_1"):
         attn = dec[layer]["self_attention"]
         assert attn["cached_key"].shape == attn["cached_value"].shape == (B, L, 2, 4)  # [B,L,K,H]
         assert np.all(np.abs(np.asarray(attn["cached_key"])).max(axis=(2, 3)) > 0)  # all written
-        assert "cross_attention" not in dec[layer]  # cross-attention keeps no cache
+        cross = dec[layer]["cross_attention"]
+        assert cross["cached_key"].shape == cross["cached_value"].shape == (B, S, 2, 4)  # [B,S,K,H]
+        # Written once by the prefill; the L steps only read it.
+        for name in ("cached_key", "cached_value"):
+            want = prefilled["decoder"][layer]["cross_attention"][name]
+            np.testing.assert_array_equal(cross[name], want)
     assert not np.allclose(
         dec["layer_0"]["self_attention"]["cached_key"],
         dec["layer_1"]["self_attention"]["cached_key"],
     )
+
+
+# -- the cross-attention cache ------------------------------------------------------
+
+HEADS = {  # a positional scheme per variant, for variety
+    "mha": dict(num_kv_heads=4, position="shaw", attention_bias=True),
+    "gqa": dict(num_kv_heads=2, position="rope"),
+    "mqa": dict(num_kv_heads=1, position="t5"),
+}
+W = 3  # beams
+
+
+@pytest.fixture(scope="module", params=list(HEADS))
+def heads(request):
+    """Two-layer MHA, GQA and MQA models (random parameters)."""
+    cfg = TransformerConfig(**{**TINY, "num_layers": 2, **HEADS[request.param]})
+    return Transformer(cfg), fill_params(cfg, seed=20 + list(HEADS).index(request.param))
+
+
+def test_prefill_caches_the_projections_of_the_encoder_output(heads):
+    model, params = heads
+    cfg = model.config
+    encoded = model.apply({"params": params}, _inputs(0), method="encode")  # [B, S, D]
+    cache = decoding.prefill(model, params, encoded, L)["decoder"]
+    enc = np.asarray(encoded, np.float64)
+    assert int(cache["index"]) == 0
+    for i in range(cfg.num_layers):
+        weights = params["decoder"][f"layer_{i}"]["cross_attention"]
+        cross = cache[f"layer_{i}"]["cross_attention"]
+        for w, name in (("k", "cached_key"), ("v", "cached_value")):
+            want = np.einsum("BSD,DKH->BSKH", enc, np.asarray(weights[w], np.float64))
+            if cfg.attention_bias:
+                want = want + np.asarray(weights[f"{w}_bias"], np.float64)
+            assert cross[name].shape == (B, S, cfg.num_kv_heads, cfg.head_dim)
+            np.testing.assert_allclose(cross[name], want, rtol=1e-5, atol=1e-5)
+            # Self-attention slots are written by the steps, not the prefill.
+            assert not np.any(np.asarray(cache[f"layer_{i}"]["self_attention"][name]))
+
+
+def _beam_shaped_run(model, params, inputs, origins, tokens):
+    """Decode like beam search: B*W rows (encoder output tiled over beams),
+    after step t the rows reordered by `origins[t]` `[B, W]` (each beam's
+    parent) and extended by `tokens[t]` `[B, W]`. Returns each step's cached
+    logits `[L, B*W, V]` and the targets each step saw `[L, B*W, L]` (those
+    before position t; the rest is 0)."""
+    b, w = origins.shape[1:]
+    encoded = model.apply({"params": params}, inputs, method="encode")
+    cache = decoding.prefill(model, params, jnp.repeat(encoded, w, axis=0), L)
+    inputs_w = jnp.repeat(inputs, w, axis=0)  # [B*W, S]
+
+    def step(carry, xs):
+        cache, seqs, last = carry  # seqs [B, W, L], last [B, W]
+        t, origin, tok = xs
+        logits, cache = decoding.decode_step(model, params, cache, inputs_w, last.reshape(-1, 1))
+        seen = seqs.reshape(b * w, -1)
+        seqs = decoding._gather_beams(seqs, origin).at[:, :, t].set(tok)
+        cache = decoding._reorder_cache(cache, origin)
+        return (cache, seqs, tok), (logits, seen)
+
+    start = (cache, jnp.zeros((b, w, L), jnp.int32), jnp.zeros((b, w), jnp.int32))
+    _, (logits, seen) = lax.scan(step, start, (jnp.arange(L), origins, tokens))
+    return logits, seen
+
+
+def test_cached_steps_equal_the_full_forward_pass_greedy_and_beam(heads):
+    model, params = heads
+    inputs = jnp.asarray(_inputs(3))
+    greedy, _ = decoding._greedy(model, params, inputs, L)  # [B, L]
+    greedy = np.asarray(greedy)
+
+    # Beam-shaped steps: random parents (beams duplicated and dropped) and
+    # tokens, except that beam 0 of every row stays beam 0 and follows greedy.
+    rng = np.random.default_rng(4)
+    origins = rng.integers(0, W, (L, B, W)).astype(np.int32)
+    toks = rng.integers(0, TINY["vocab_size"], (L, B, W)).astype(np.int32)
+    origins[:, :, 0], toks[:, :, 0] = 0, greedy.T
+    logits, seen = jax.jit(_beam_shaped_run, static_argnums=0)(
+        model, params, inputs, origins, toks
+    )  # [L, B*W, V], [L, B*W, L]
+    x = np.repeat(np.repeat(_inputs(3), W, axis=0)[None], L, axis=0).reshape(-1, S)
+    full = jax.jit(full_logits, static_argnums=0)(model, params, x, np.asarray(seen).reshape(-1, L))
+    full = np.asarray(full).reshape(L, B * W, L, -1)
+    step = np.arange(L)
+    np.testing.assert_allclose(logits, full[step, :, step], rtol=1e-5, atol=1e-5)
+
+    # Greedy's tokens are the argmax of those logits up to each row's EOS.
+    greedy_logits = np.asarray(logits)[:, ::W].transpose(1, 0, 2)  # beam 0: [B, L, V]
+    eos_before = np.cumsum(greedy == decoding.EOS, axis=1) - (greedy == decoding.EOS)
+    np.testing.assert_array_equal(np.where(eos_before == 0, greedy_logits.argmax(-1), 0), greedy)
+
+    # beam_search itself: the same result as projecting at every step.
+    args = (model, params, inputs, jnp.float32(0.6), L, W)
+    seqs, scores, _ = decoding._beam_search(*args)
+    seqs_r, scores_r, _ = decoding._beam_search(*args, cross_cache=False)
+    np.testing.assert_array_equal(seqs, seqs_r)
+    np.testing.assert_allclose(scores, scores_r, rtol=1e-6)
+
+
+def _encoder_projections(closed, s: int, d: int) -> tuple[int, int]:
+    """dot_generals with an operand shaped `[..., S, D]` (projections of the
+    encoder output), counted outside and inside `while` loops of a jaxpr."""
+    counts = [0, 0]
+
+    def walk(jaxpr, in_loop):
+        for eqn in jaxpr.eqns:
+            if eqn.primitive.name == "dot_general":
+                if any(tuple(v.aval.shape[-2:]) == (s, d) for v in eqn.invars):
+                    counts[in_loop] += 1
+            for value in eqn.params.values():
+                for sub in value if isinstance(value, tuple | list) else (value,):
+                    sub = getattr(sub, "jaxpr", sub)  # ClosedJaxpr -> Jaxpr
+                    if hasattr(sub, "eqns"):
+                        walk(sub, in_loop or eqn.primitive.name == "while")
+
+    walk(closed.jaxpr, False)
+    return counts[0], counts[1]
+
+
+def test_cross_projection_runs_once_per_decode_call_not_per_step(heads):
+    model, params = heads
+    cfg = model.config
+    per_call = 2 * cfg.num_layers  # K and V of every cross-attention layer
+    inputs = jnp.asarray(_inputs(0))
+    encoded = model.apply({"params": params}, inputs, method="encode")
+    cache = decoding.prefill(model, params, encoded, L)
+    tok = jnp.zeros((B, 1), jnp.int32)
+    assert S != L and (S, cfg.d_model) != (1, cfg.d_model)  # the operand shape is unambiguous
+
+    def count(fn, *args):
+        return _encoder_projections(jax.make_jaxpr(fn)(*args), S, cfg.d_model)
+
+    # One step: no projection of the encoder output (with the encoder output
+    # given, the uncached step has them all: the count sees them).
+    assert count(lambda c: decoding.decode_step(model, params, c, inputs, tok), cache) == (0, 0)
+    uncached = lambda c, e: decoding.decode_step(model, params, c, inputs, tok, encoded=e)  # noqa: E731
+    assert count(uncached, cache, encoded) == (per_call, 0)
+    assert count(lambda e: decoding.prefill(model, params, e, L), encoded) == (per_call, 0)
+
+    # Whole decode calls: none inside the step loop, once before it.
+    for search in (
+        lambda p, x, c: decoding._greedy(model, p, x, L, cross_cache=c),
+        lambda p, x, c: decoding._beam_search(model, p, x, jnp.float32(0.6), L, W, cross_cache=c),
+    ):
+        outside, inside = count(lambda p, x, search=search: search(p, x, True), params, inputs)
+        outside_r, inside_r = count(lambda p, x, search=search: search(p, x, False), params, inputs)
+        assert (inside, inside_r) == (0, per_call)
+        assert outside - outside_r == per_call  # the prefill
+
+    # The step never reads the cross-attention key/value weights: without
+    # them it computes the same logits and cache.
+    stripped = jax.tree.map(lambda x: x, params)
+    for i in range(cfg.num_layers):
+        cross = stripped["decoder"][f"layer_{i}"]["cross_attention"]
+        for name in ("k", "v", "k_bias", "v_bias"):
+            cross.pop(name, None)
+    step = jax.jit(decoding.decode_step, static_argnums=0)
+    want = step(model, params, cache, inputs, tok)
+    got = step(model, stripped, cache, inputs, tok)
+    jax.tree.map(np.testing.assert_array_equal, got, want)
 
 
 # -- beam search against exhaustive enumeration ---------------------------------
@@ -312,3 +478,29 @@ def test_bad_arguments_fail_clearly(zoo):
         decoding.beam_search(model, params, x, max_length=4, alpha=-1.0)
     with pytest.raises(TypeError, match="model must be a jattn.models.Transformer"):
         decoding.greedy(object(), params, x, max_length=4)
+    # The cross-attention cache: only in decode mode, and only for its source.
+    y = np.ones((B, 1), np.int32)
+    with pytest.raises(ValueError, match="need decode=True and an initialised cache"):
+        model.apply({"params": params}, None, x, y, method="decode")
+    encoded = model.apply({"params": params}, x, method="encode")  # [B, S, D]
+    cache = decoding.prefill(model, params, encoded, 4)
+    with pytest.raises(ValueError, match="cached keys cover 5 source positions, the source has 4"):
+        decoding.decode_step(model, params, cache, x[:, :4], y)
+    with pytest.raises(ValueError, match=r"keys \[3, 4, 2, 4\] do not fit the cache \[3, 5,"):
+        model.clone(use_cache=True).apply(
+            {"params": params, "cache": cache}, encoded[:, :4], method="prefill", mutable=["cache"]
+        )
+
+
+def test_bench_decode_script_runs(capsys):
+    """experiments/bench_decode.py on a tiny problem: both paths, one table."""
+    import pathlib
+    import runpy
+
+    path = pathlib.Path(__file__).resolve().parent.parent / "experiments" / "bench_decode.py"
+    bench = runpy.run_path(str(path))
+    args = ["--sizes", "numbers", "--batch", "2", "--source", "5", "--steps", "3"]
+    assert bench["main"]([*args, "--beam", "2", "--repeats", "1"]) == 0
+    table = capsys.readouterr().out
+    assert "| numbers (d64, 4/4 heads, 2+2L) | beam 2 | cached |" in table
+    assert table.count("| recompute |") == table.count("| cached |") == 2

@@ -37,6 +37,8 @@ def test_chunked_keeps_tiles_not_the_matrix():
 
 
 def test_kv_cache_formula_equals_the_models_cache():
+    """Every cached key and value (self-attention over the context,
+    cross-attention over the source), byte for byte, for MHA/GQA/MQA."""
     from jattn import decoding
     from jattn.models import Transformer, TransformerConfig
 
@@ -50,20 +52,33 @@ def test_kv_cache_formula_equals_the_models_cache():
         dropout_rate=0.0,
         max_len=64,
     )
+
+    def cache_bytes(shapes, part=""):
+        leaves = jax.tree_util.tree_leaves_with_path(shapes)
+        return sum(
+            x.size * x.dtype.itemsize
+            for p, x in leaves
+            if x.ndim and part in jax.tree_util.keystr(p)  # x.ndim: not the index
+        )
+
     for kv in (4, 2, 1):  # MHA, GQA, MQA
         cfg = dataclasses.replace(base, num_kv_heads=kv)
-        shapes = jax.eval_shape(lambda cfg=cfg: decoding.init_cache(Transformer(cfg), 2, 40))
-        got = sum(
-            x.size * x.dtype.itemsize
-            for p, x in jax.tree_util.tree_leaves_with_path(shapes)
-            if "cached_" in jax.tree_util.keystr(p)
-        )
-        want = memory.kv_cache_bytes(num_layers=3, num_kv_heads=kv, context=40, head_dim=8, batch=2)
-        assert got == want, (kv, got, want)
+        for source in (40, 17, None):  # None: init_cache's default, the context
+            shapes = jax.eval_shape(
+                lambda cfg=cfg, s=source: decoding.init_cache(Transformer(cfg), 2, 40, s)
+            )
+            sizes = dict(num_layers=3, num_kv_heads=kv, context=40, head_dim=8, batch=2)
+            want = memory.kv_cache_bytes(**sizes, source_length=source)
+            assert cache_bytes(shapes) == want, (kv, source, cache_bytes(shapes), want)
+            self_only = memory.kv_cache_bytes(**sizes, source_length=0)
+            assert cache_bytes(shapes, "self_attention") == self_only
+            assert cache_bytes(shapes, "cross_attention") == want - self_only
+            assert cache_bytes(shapes, "cached_") == want  # what bench_memory.py counts
     # MQA's cache is the MHA cache divided by the head count.
-    assert memory.kv_cache_bytes(
-        num_layers=6, num_kv_heads=8, context=100, head_dim=64
-    ) == 8 * memory.kv_cache_bytes(num_layers=6, num_kv_heads=1, context=100, head_dim=64)
+    sizes = dict(num_layers=6, context=100, head_dim=64, source_length=30)
+    assert memory.kv_cache_bytes(num_kv_heads=8, **sizes) == 8 * memory.kv_cache_bytes(
+        num_kv_heads=1, **sizes
+    )
 
 
 def test_unknown_implementation_is_an_error():

@@ -164,9 +164,27 @@ class Attention(nn.Module):
       causal: decoder self-attention (causal over positions).
       cross: encoder–decoder attention: keys/values from the encoder and no
         positional term (as in Shaw et al.).
-      decode: keep keys/values in the "cache" collection and attend one new
-        query at a time (causal self-attention only). The first call (at
-        `init`, with the full target length) only sizes the cache.
+      decode: keep keys/values in the "cache" collection ("cached_key",
+        "cached_value", both `[B, L, K, H]` or `[B, S, K, H]`). The first
+        call (at `init`) only sizes the cache, from the shape of its keys.
+
+    Causal self-attention in decode mode writes one new key/value a step at
+    `cache_index` and attends over the whole cache `[B, L, K, H]`.
+
+    Cross-attention in decode mode caches the encoder's keys/values
+    `[B, S, K, H]`: they depend only on the encoder output, not on the step,
+    so projecting them once per decode call replaces `2 · B·S·D·K·H`
+    multiply-adds a layer and a step by a read. Its calls, once the cache
+    exists:
+
+      `x=None, kv=encoded`   prefill: project `kv`, store, return None;
+      `kv=None`              a decoding step: attend over the stored
+                             keys/values; the "k"/"v" weights are not read;
+      `kv=encoded`           recompute (the path before the cache, kept for
+                             comparison): project `kv`, leave the cache as is.
+
+    The cache holds the plain projections; interventions ("value_where",
+    "key_visible") act on what is read from it, as on fresh projections.
     """
 
     config: TransformerConfig
@@ -177,45 +195,75 @@ class Attention(nn.Module):
     @nn.compact
     def __call__(
         self,
-        x: Array,
-        kv: Array,
+        x: Array | None,
+        kv: Array | None,
         *,
         q_segment_ids: Array | None,
         kv_segment_ids: Array | None,
-        q_positions: Array,
-        kv_positions: Array,
+        q_positions: Array | None,
+        kv_positions: Array | None,
         t5_table: Array | None = None,
         cache_index: Array | None = None,
-    ) -> Array:
+    ) -> Array | None:
         """Attend from `x` `[B, T, D]` to `kv` `[B, S, D]`; returns `[B, T, D]`.
 
         Args:
-          x: queries' inputs.
-          kv: keys' and values' inputs (`x` itself for self-attention).
+          x: queries' inputs; None only to prefill a cross-attention cache.
+          kv: keys' and values' inputs (`x` itself for self-attention); None
+            for a cross-attention step over the cached keys/values.
           q_segment_ids, kv_segment_ids: int `[B, T]`, `[B, S]` or both None.
           q_positions, kv_positions: int `[B, T]`, `[B, S]`.
           t5_table: the stack's shared T5 table `[buckets, N]` (when T5 is
             per stack), else None.
           cache_index: int scalar, where the new key/value goes in the cache
-            (decode mode after init).
+            (causal self-attention in decode mode, after init).
         """
         cfg = self.config
         n, k, h, d = cfg.num_heads, cfg.num_kv_heads, cfg.head_dim, cfg.d_model
         c, pdt = cfg.compute_dtype, cfg.params_dtype
+        if self.decode and not (self.causal or self.cross):
+            raise ValueError("Attention: decode=True is for causal self- or cross-attention")
+        if (x is None or kv is None) and not (self.cross and self.decode):
+            raise ValueError(
+                "Attention: x=None (prefill) and kv=None (cached keys/values) need "
+                "cross=True and decode=True"
+            )
+        project = kv is not None  # else keys/values come from the cross-attention cache
+        # Init draws each parameter's rng from a per-module counter, so the
+        # declaration order (q, k, v, o) fixes the initial values; a cached
+        # cross-attention step declares no k/v because it never reads them.
         qkv_init = _xavier(in_axis=0, out_axis=(1, 2))
         wq = _param(self, "q", qkv_init, (d, n, h), ("embed", "heads", "kv"), pdt)
-        wk = _param(self, "k", qkv_init, (d, k, h), ("embed", "heads", "kv"), pdt)
-        wv = _param(self, "v", qkv_init, (d, k, h), ("embed", "heads", "kv"), pdt)
+        if project:
+            wk = _param(self, "k", qkv_init, (d, k, h), ("embed", "heads", "kv"), pdt)
+            wv = _param(self, "v", qkv_init, (d, k, h), ("embed", "heads", "kv"), pdt)
         wo = _param(self, "o", _xavier(in_axis=(0, 1), out_axis=2), (n, h, d),
                     ("heads", "kv", "embed"), pdt)  # fmt: skip
-        q = jnp.einsum("BTD,DNH->BTNH", x, wq.astype(c))  # [B, T, N, H]
-        key = jnp.einsum("BSD,DKH->BSKH", kv, wk.astype(c))  # [B, S, K, H]
-        value = jnp.einsum("BSD,DKH->BSKH", kv, wv.astype(c))  # [B, S, K, H]
+        q = key = value = None
+        if x is not None:
+            q = jnp.einsum("BTD,DNH->BTNH", x, wq.astype(c))  # [B, T, N, H]
+        if project:
+            key = jnp.einsum("BSD,DKH->BSKH", kv, wk.astype(c))  # [B, S, K, H]
+            value = jnp.einsum("BSD,DKH->BSKH", kv, wv.astype(c))  # [B, S, K, H]
         if cfg.attention_bias:
             zeros = nn.initializers.zeros
-            q = q + _param(self, "q_bias", zeros, (n, h), ("heads", "kv"), pdt).astype(c)
-            key = key + _param(self, "k_bias", zeros, (k, h), ("heads", "kv"), pdt).astype(c)
-            value = value + _param(self, "v_bias", zeros, (k, h), ("heads", "kv"), pdt).astype(c)
+            q_bias = _param(self, "q_bias", zeros, (n, h), ("heads", "kv"), pdt)
+            if q is not None:
+                q = q + q_bias.astype(c)
+            if project:
+                k_bias = _param(self, "k_bias", zeros, (k, h), ("heads", "kv"), pdt)
+                v_bias = _param(self, "v_bias", zeros, (k, h), ("heads", "kv"), pdt)
+                key, value = key + k_bias.astype(c), value + v_bias.astype(c)
+
+        if self.cross and self.decode:
+            key, value = self._cross_cache(key, value, store=x is None)
+            if x is None:
+                return None  # prefill: the cache is the result
+            if kv_segment_ids is not None and kv_segment_ids.shape[1] != key.shape[1]:
+                raise ValueError(
+                    f"Attention: the cached keys cover {key.shape[1]} source positions, "
+                    f"the source has {kv_segment_ids.shape[1]}"
+                )
         q = constrain(q, ("batch", "length", "heads", "kv"))
         key = constrain(key, ("batch", "length", "heads", "kv"))
         value = constrain(value, ("batch", "length", "heads", "kv"))
@@ -230,9 +278,7 @@ class Attention(nn.Module):
         value = self._replace_values(value)
         key_mask = self._key_mask()  # [B, 1, 1, S] or None
 
-        if self.decode:
-            if self.cross or not self.causal:
-                raise ValueError("Attention: decode=True is for causal self-attention only")
+        if self.decode and not self.cross:
             key, value, kv_positions, q_segment_ids, kv_segment_ids = self._update_cache(
                 key, value, kv_positions, q_segment_ids, kv_segment_ids, cache_index
             )
@@ -304,6 +350,36 @@ class Attention(nn.Module):
         where = self.get_variable("interventions", "value_where")
         replacement = self.get_variable("interventions", "value_replacement")
         return jnp.where(where[:, :, None, None], replacement.astype(value.dtype), value)
+
+    def _cross_cache(self, key: Array | None, value: Array | None, *, store: bool):
+        """The cross-attention cache: encoder keys/values `[B, S, K, H]`.
+
+        At init (no cache yet) the entries are created with the shape of the
+        projected `key` and the projections are used as they are. Afterwards
+        `key=None` reads the stored pair, `store=True` (prefill) overwrites it
+        with `key`/`value`, and otherwise (recompute) the fresh projections
+        are used and the cache is left alone.
+        """
+        initialised = self.has_variable("cache", "cached_key")
+        if key is None:
+            if not initialised:
+                raise ValueError(
+                    "Attention: no cached cross-attention keys/values; prefill the cache "
+                    "(jattn.decoding.prefill) before stepping without the encoder output"
+                )
+            return self.get_variable("cache", "cached_key"), self.get_variable(
+                "cache", "cached_value"
+            )
+        cached_key = self.variable("cache", "cached_key", jnp.zeros, key.shape, key.dtype)
+        cached_value = self.variable("cache", "cached_value", jnp.zeros, value.shape, value.dtype)
+        if initialised and store:
+            if cached_key.value.shape != key.shape:
+                raise ValueError(
+                    f"Attention: cross-attention keys {list(key.shape)} do not fit the cache "
+                    f"{list(cached_key.value.shape)}: init_cache for the source's batch and length"
+                )
+            cached_key.value, cached_value.value = key, value
+        return key, value
 
     def _update_cache(self, key, value, kv_positions, q_segment_ids, kv_segment_ids, index):
         """Write this step's key/value at `index`; attend over the whole cache.

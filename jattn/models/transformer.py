@@ -86,7 +86,15 @@ class EncoderLayer(nn.Module):
 
 
 class DecoderLayer(nn.Module):
-    """Causal self-attention, cross-attention, MLP, each in a residual block."""
+    """Causal self-attention, cross-attention, MLP, each in a residual block.
+
+    With `decode=True` both attentions keep a cache (see `Attention`). Two
+    calls differ from the usual one: `x=None` prefills the cross-attention
+    cache from `encoded` `[B, S, D]` and returns None (nothing else runs:
+    the encoder output enters a layer only through cross-attention's
+    keys/values, and the layer norms act on `x`); `encoded=None` is a step
+    whose cross-attention reads the prefilled keys/values.
+    """
 
     config: TransformerConfig
     decode: bool = False
@@ -104,10 +112,19 @@ class DecoderLayer(nn.Module):
         t5_table,
         cache_index,
         train: bool,
-    ) -> Array:
+    ) -> Array | None:
         cfg = self.config
         self_attn = Attention(cfg, causal=True, decode=self.decode, name="self_attention")
-        cross_attn = Attention(cfg, cross=True, name="cross_attention")
+        cross_attn = Attention(cfg, cross=True, decode=self.decode, name="cross_attention")
+        if x is None:  # prefill
+            return cross_attn(
+                None,
+                encoded,
+                q_segment_ids=None,
+                kv_segment_ids=None,
+                q_positions=None,
+                kv_positions=None,
+            )
         x = _sublayer(
             cfg,
             x,
@@ -183,9 +200,17 @@ class Decoder(nn.Module):
     """Target embeddings, `num_layers` decoder layers, output logits.
 
     With `decode=True` the stack keeps a "cache" collection: an `index` (the
-    next position) and each self-attention layer's keys and values. After the
-    cache exists, each call takes the previous token `[B, 1]` (no shift) at
-    position `index` and returns the logits `[B, 1, V]` for the next one.
+    next position), each self-attention layer's keys and values `[B, L, K, H]`
+    and each cross-attention layer's keys and values of the encoder output
+    `[B, S, K, H]`. After the cache exists:
+
+    - `targets=None` prefills: every layer projects `encoded` into its
+      cross-attention cache (once per decode call); returns None.
+    - otherwise each call takes the previous token `[B, 1]` (no shift) at
+      position `index` and returns the logits `[B, 1, V]` for the next one.
+      With `encoded=None` cross-attention reads its cached keys/values; with
+      `encoded` given it projects them again (the uncached path, for
+      comparison), leaving the cross-attention cache untouched.
     """
 
     config: TransformerConfig
@@ -203,9 +228,28 @@ class Decoder(nn.Module):
         segment_ids,
         positions,
         train: bool = False,
-    ) -> Array:
+    ) -> Array | None:
         cfg = self.config
         stepping = self.decode and self.has_variable("cache", "index")
+        if (targets is None or encoded is None) and not stepping:
+            raise ValueError(
+                "Decoder: targets=None (prefill) and encoded=None (a step over cached "
+                "cross-attention keys/values) need decode=True and an initialised cache"
+            )
+        if targets is None:
+            for i in range(cfg.num_layers):
+                DecoderLayer(cfg, decode=True, name=f"layer_{i}")(
+                    None,
+                    encoded,
+                    segment_ids=None,
+                    positions=None,
+                    encoded_segment_ids=None,
+                    encoded_positions=None,
+                    t5_table=None,
+                    cache_index=None,
+                    train=False,
+                )
+            return None
         cache_index = None
         if self.decode:
             index = self.variable("cache", "index", lambda: jnp.zeros((), jnp.int32))
@@ -298,7 +342,7 @@ class Transformer(nn.Module):
 
     def decode(
         self,
-        encoded: Array,
+        encoded: Array | None,
         inputs: Array,
         targets: Array,
         *,
@@ -312,7 +356,9 @@ class Transformer(nn.Module):
 
         `inputs` (or `inputs_segment_ids`) tells cross-attention which encoder
         positions are real. With `use_cache=True` and an initialised cache,
-        `targets` is the previous token `[B, 1]` and nothing is shifted.
+        `targets` is the previous token `[B, 1]` and nothing is shifted, and
+        `encoded` may be None: cross-attention then reads the keys/values that
+        `prefill` stored (see `Decoder`).
         """
         inputs = check_tokens("inputs", inputs)
         targets = check_tokens("targets", targets)
@@ -321,10 +367,11 @@ class Transformer(nn.Module):
                 "Transformer: packed rows need both inputs_segment_ids and "
                 "targets_segment_ids (or neither)"
             )
-        if inputs.shape[0] != targets.shape[0] or encoded.shape[:2] != inputs.shape:
+        enc_shape = inputs.shape if encoded is None else encoded.shape[:2]
+        if inputs.shape[0] != targets.shape[0] or enc_shape != inputs.shape:
             raise ValueError(
                 f"Transformer: batch/length mismatch: inputs {list(inputs.shape)}, "
-                f"targets {list(targets.shape)}, encoded {list(encoded.shape)}"
+                f"targets {list(targets.shape)}, encoded {list(enc_shape)}"
             )
         check_learned_length(self.config, targets.shape[1], "targets")
         enc_seg, enc_pos = segments_and_positions(
@@ -341,6 +388,31 @@ class Transformer(nn.Module):
             segment_ids=seg,
             positions=pos,
             train=train,
+        )
+
+    def prefill(self, encoded: Array) -> None:
+        """Store every decoder layer's cross-attention keys/values of `encoded`.
+
+        Needs `use_cache=True`, a "cache" collection from
+        `jattn.decoding.init_cache` sized for `encoded` `[B, S, D]` and
+        `mutable=["cache"]`; writes `[B, S, K, H]` keys and values per layer,
+        which later steps (`decode` with `encoded=None`) read instead of
+        projecting the encoder output again.
+        """
+        if not self.use_cache:
+            raise ValueError("Transformer.prefill needs use_cache=True")
+        if encoded.ndim != 3 or encoded.shape[-1] != self.config.d_model:
+            raise ValueError(
+                f"Transformer.prefill: encoded must be [B, S, {self.config.d_model}], "
+                f"got {list(encoded.shape)}"
+            )
+        self.decoder(
+            encoded,
+            None,
+            encoded_segment_ids=None,
+            encoded_positions=None,
+            segment_ids=None,
+            positions=None,
         )
 
     def __call__(
