@@ -960,3 +960,24 @@ def test_errors(data_dir, tiny):
         make(shard_index=2, shard_count=2)
     with pytest.raises(ValueError, match="shard 700 of 800 .* is empty"):
         make(shard_index=700, shard_count=800)
+
+
+def test_bench_data_script_reports_each_row_length(numbers, data_dir):
+    # experiments/bench_data.py: one table row per (task, max_len, max_input_len,
+    # pack); shorter input rows raise the inputs' share of real tokens.
+    import importlib.util
+
+    path = os.path.join(os.path.dirname(os.path.dirname(__file__)), "experiments", "bench_data.py")
+    spec = importlib.util.spec_from_file_location("bench_data", path)
+    bench = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bench)
+    table = bench.main(
+        ["--data_dir", data_dir, "--tasks", "numbers", "--max_lens", "64",
+         "--max_input_lens", "0,16", "--num_batches", "3"]
+    )  # fmt: skip
+    rows = [line.split(" | ") for line in table.splitlines() if line.startswith("| numbers")]
+    assert [(r[1], r[2], r[3]) for r in rows] == [
+        ("64", "64", "yes"), ("64", "64", "no"), ("64", "16", "yes"), ("64", "16", "no")
+    ]  # fmt: skip
+    inputs_real = {(r[2], r[3]): float(r[7]) for r in rows}
+    assert inputs_real[("16", "yes")] > 2 * inputs_real[("64", "yes")]
