@@ -195,3 +195,22 @@ def _lower_vjp(platform: str, backend: str, dtype, *, t, h, causal, packed, shaw
         backend=backend,
     )
     return jax.jit(fn).trace(args, cot).lower(lowering_platforms=(platform,)).as_text()
+
+
+def _assert_packed_isolation(inputs, cot, kw: dict, segment: slice):
+    """Changing the packed sequence at `segment` (queries, keys and values)
+    leaves every other token's output and gradients bit-identical, and
+    changes its own outputs."""
+    out, grads = _pallas_vjp(inputs, cot, **kw)
+    changed = dict(inputs)
+    for name in ("query", "key", "value"):
+        x = inputs[name]
+        changed[name] = x.at[:, segment].set(5.0 * x[:, ::-1][:, segment])
+    out2, grads2 = _pallas_vjp(changed, cot, **kw)
+    others = np.r_[0 : segment.start, segment.stop : out.shape[1]]
+    np.testing.assert_array_equal(np.asarray(out)[:, others], np.asarray(out2)[:, others])
+    for name in ("query", "key", "value"):
+        np.testing.assert_array_equal(
+            np.asarray(grads[name])[:, others], np.asarray(grads2[name])[:, others]
+        )
+    assert not np.allclose(out[:, segment], out2[:, segment])
