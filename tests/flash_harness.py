@@ -214,3 +214,21 @@ def _assert_packed_isolation(inputs, cot, kw: dict, segment: slice):
             np.asarray(grads[name])[:, others], np.asarray(grads2[name])[:, others]
         )
     assert not np.allclose(out[:, segment], out2[:, segment])
+
+
+def _check_fully_masked_rows(shape, dead: list[int], *, seed: int, **check_kw):
+    """Rows `dead` see no key (a random mask elsewhere, a full bias and a Shaw
+    value table, k = 1): against the oracle, and exactly 0 in the output and
+    in the query and bias gradients of those rows."""
+    b, t, s, n = shape[:4]
+    inputs = _qkv(seed, *shape)
+    rng = np.random.default_rng(seed + 1)
+    mask = rng.random((b, 1, t, s)) > 0.3
+    mask[:, :, dead] = False
+    inputs["mask"] = mask
+    inputs["bias"] = jnp.asarray(rng.standard_normal((b, n, t, s)), jnp.float32)
+    inputs["rel_value"] = jnp.asarray(rng.standard_normal((3, shape[5])), jnp.float32)
+    out, grads = _check(inputs, max_distance=1, **check_kw)
+    assert np.all(np.asarray(out)[:, dead] == 0.0)
+    assert np.all(np.asarray(grads["query"])[:, dead] == 0.0)
+    assert np.all(np.asarray(grads["bias"])[:, :, dead] == 0.0)

@@ -24,6 +24,7 @@ from flash_harness import (
     F32_TOL,
     _assert_packed_isolation,
     _check,
+    _check_fully_masked_rows,
     _lower_vjp,
     _normal_form,
     _packed,
@@ -74,20 +75,8 @@ def test_blocks_and_ragged_lengths(block_q, block_k, case):
 
 
 def test_fully_masked_rows_are_zero_with_zero_gradient():
-    b, t, s, n, _, _ = RAGGED
-    inputs = _qkv(11, *RAGGED)
-    rng = np.random.default_rng(12)
-    mask = rng.random((b, 1, t, s)) > 0.3
-    mask[:, :, 5] = False  # rows with nothing visible
-    mask[:, :, 17:33] = False  # whole query tiles masked
-    inputs["mask"] = mask
-    inputs["bias"] = jnp.asarray(rng.standard_normal((b, n, t, s)), jnp.float32)
-    inputs["rel_value"] = jnp.asarray(rng.standard_normal((3, 16)), jnp.float32)
-    out, grads = _check(inputs, max_distance=1)
-    dead = [5, *range(17, 33)]
-    assert np.all(np.asarray(out)[:, dead] == 0.0)
-    assert np.all(np.asarray(grads["query"])[:, dead] == 0.0)
-    assert np.all(np.asarray(grads["bias"])[:, :, dead] == 0.0)
+    # Row 5 and the query tiles covering 17-32 see nothing.
+    _check_fully_masked_rows(RAGGED, [5, *range(17, 33)], seed=11)
 
 
 def test_causal_gqa_and_bias_per_query():

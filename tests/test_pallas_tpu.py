@@ -21,6 +21,7 @@ from flash_harness import (
     BF16_TOL,
     _assert_packed_isolation,
     _check,
+    _check_fully_masked_rows,
     _lower_vjp,
     _normal_form,
     _packed,
@@ -77,20 +78,10 @@ def test_causal_full_bias_skips_and_fast_tiles():
 
 
 def test_fully_masked_rows_are_zero_with_zero_gradient():
-    b, t, s, n = SHORT[:4]
-    inputs = _qkv(24, *SHORT)
-    rng = np.random.default_rng(25)
-    mask = rng.random((b, 1, t, s)) > 0.3
-    mask[:, :, 5] = False
-    mask[:, :, 16:32] = False  # whole query tiles
-    inputs["mask"] = mask
-    inputs["bias"] = jnp.asarray(rng.standard_normal((b, n, t, s)), jnp.float32)
-    inputs["rel_value"] = jnp.asarray(rng.standard_normal((3, 16)), jnp.float32)
-    out, grads = check(inputs, max_distance=1)
-    dead = [5, *range(16, 32)]
-    assert np.all(np.asarray(out)[:, dead] == 0.0)
-    assert np.all(np.asarray(grads["query"])[:, dead] == 0.0)
-    assert np.all(np.asarray(grads["bias"])[:, :, dead] == 0.0)
+    # Row 5 and whole query tiles (16-31) see nothing.
+    _check_fully_masked_rows(
+        SHORT, [5, *range(16, 32)], seed=24, block_q=16, block_k=None, backend=TPU
+    )
 
 
 def test_mqa_per_head_mask_scalar_bias():
