@@ -28,7 +28,7 @@ from jattn.kernels.flash_pallas import (
     kernel_call,
     kv_valid_mask,
     load_bias_kv,
-    load_bias_q,
+    q_tile_scorer,
     q_tile_specs,
     row_spec,
     tile_loop,
@@ -56,50 +56,15 @@ def _dq_kernel(r, *refs, cfg: KernelConfig):
     dq_ref = refs.pop(0)
     dqr_ref = refs.pop(0) if cfg.use_qr else None
     db_ref = refs.pop(0) if kind in ("full", "rows") else None
-    bq, bk = cfg.block_q, cfg.block_k
-    sp = r["k"].shape[0]
+    bq = cfg.block_q
     i = pl.program_id(0)
-    q = r["q"][...]  # [bq, H]
     do = r["do"][...]  # [bq, Hv]
     lse, delta = r["lse"][...], r["delta"][...]  # [bq]
-    q_pos = r["qpos"][...] if cfg.use_pos else None
-    q_seg = r["qseg"][...] if cfg.use_seg else None
-    qr_col = col_reader(r["qr"], slice(None))
-    dpr_col = col_reader(r["dpr"], slice(None))
-    # Columns 0 and 2k for FAST tiles, read once per query tile.
-    ends = lambda col: None if col is None else (col(0), col(cfg.far_right))  # noqa: E731
-    qr_ends, dpr_ends = ends(qr_col), ends(dpr_col)
-
-    def far(cols, general, right):
-        if general or cols is None:
-            return None
-        return jnp.where(right, cols[1], cols[0])
+    score = q_tile_scorer(cfg, r)
 
     def step(j, general, right, carry):
         dq_acc, *rest = carry
-        kv = pl.ds(pl.multiple_of(j * bk, bk), bk)
-        k = r["k"][kv, :]
-        v = r["v"][kv, :]
-        s, dpr_t, rel = ft.tile_scores(
-            general,
-            q=q,
-            k=k,
-            scale=cfg.scale,
-            causal=cfg.causal,
-            max_distance=cfg.max_distance,
-            q_pos=q_pos,
-            kv_pos=r["kvpos"][kv] if cfg.use_pos and general else None,
-            q_seg=q_seg,
-            kv_seg=r["kvseg"][kv] if cfg.use_seg and general else None,
-            kv_valid=kv_valid_mask(cfg, j, bk, sp) if general else None,
-            bias=load_bias_q(r["bias"], cfg.bias_dims, j, bk),
-            mask=load_bias_q(r["mask"], cfg.mask_dims, j, bk) if general else None,
-            qr_col=qr_col,
-            dpr_col=dpr_col,
-            far_id=jnp.where(right, cfg.far_right, 0),
-            qr_far=far(qr_ends, general, right),
-            dpr_far=far(dpr_ends, general, right),
-        )
+        s, dpr_t, rel, k, v = score(j, general, right)
         p = jnp.exp(s - lse[:, None])  # [bq, bk]
         dp = lax.dot_general(do, v, (((1,), (1,)), ((), ())), preferred_element_type=jnp.float32)
         if dpr_t is not None:
@@ -120,7 +85,7 @@ def _dq_kernel(r, *refs, cfg: KernelConfig):
                 w_right = w_right + jnp.where(right, ds_sum, 0.0)
             out += [acc_r, w_left, w_right]
         if kind == "full":
-            db_ref[:, kv] = ds
+            db_ref[:, pl.ds(pl.multiple_of(j * cfg.block_k, cfg.block_k), cfg.block_k)] = ds
         elif kind == "rows":
             out.append(rest[0] + jnp.sum(ds, axis=1))
         return tuple(out)

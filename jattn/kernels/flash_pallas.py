@@ -187,24 +187,32 @@ def col_reader(ref, *lead):
 # Forward.
 
 
-def _fwd_kernel(r, o_ref, lse_ref, *pr_ref, cfg: KernelConfig):
-    bq, bk = cfg.block_q, cfg.block_k
+def q_tile_scorer(cfg: KernelConfig, r: dict):
+    """Scores of a kernel that owns one query tile and loops over key tiles
+    (forward, dq): `score(j, general, right, need_rel=False) -> (s, dpr_tile,
+    rel, k, v)` for key tile j (see `flash_tiles.tile_scores`). The query
+    tile's inputs, and the Shaw columns that FAST tiles use (ids 0 and 2k),
+    are read once per program, not once per key tile."""
+    bk = cfg.block_k
     sp = r["k"].shape[0]
-    i = pl.program_id(0)
     q = r["q"][...]  # [bq, H]
     q_pos = r["qpos"][...] if cfg.use_pos else None  # [bq]
     q_seg = r["qseg"][...] if cfg.use_seg else None
     qr_col = col_reader(r["qr"], slice(None))
-    # The key-term columns of FAST tiles (ids 0 and 2k), read once per query tile.
-    qr_ends = (qr_col(0), qr_col(cfg.far_right)) if cfg.use_qr else None
-    rp = cfg.num_rel
+    dpr_col = col_reader(r.get("dpr"), slice(None))
+    ends = lambda col: None if col is None else (col(0), col(cfg.far_right))  # noqa: E731
+    qr_ends, dpr_ends = ends(qr_col), ends(dpr_col)
 
-    def step(j, general, right, carry):
-        m, l, acc, *prs = carry
+    def far(cols, general, right):
+        if general or cols is None:
+            return None
+        return jnp.where(right, cols[1], cols[0])
+
+    def score(j, general, right, need_rel=False):
         kv = pl.ds(pl.multiple_of(j * bk, bk), bk)
         k = r["k"][kv, :]  # [bk, H]
         v = r["v"][kv, :]  # [bk, Hv]
-        s, _, rel = ft.tile_scores(
+        s, dpr_tile, rel = ft.tile_scores(
             general,
             q=q,
             k=k,
@@ -219,11 +227,26 @@ def _fwd_kernel(r, o_ref, lse_ref, *pr_ref, cfg: KernelConfig):
             bias=load_bias_q(r["bias"], cfg.bias_dims, j, bk),
             mask=load_bias_q(r["mask"], cfg.mask_dims, j, bk) if general else None,
             qr_col=qr_col,
-            dpr_col=None,
+            dpr_col=dpr_col,
             far_id=jnp.where(right, cfg.far_right, 0),
-            qr_far=None if general or qr_ends is None else jnp.where(right, qr_ends[1], qr_ends[0]),
-            need_rel=cfg.use_pr,
+            qr_far=far(qr_ends, general, right),
+            dpr_far=far(dpr_ends, general, right),
+            need_rel=need_rel,
         )
+        return s, dpr_tile, rel, k, v
+
+    return score
+
+
+def _fwd_kernel(r, o_ref, lse_ref, *pr_ref, cfg: KernelConfig):
+    bq = cfg.block_q
+    i = pl.program_id(0)
+    score = q_tile_scorer(cfg, r)
+    rp = cfg.num_rel
+
+    def step(j, general, right, carry):
+        m, l, acc, *prs = carry
+        s, _, rel, _, v = score(j, general, right, need_rel=cfg.use_pr)
         p, m_new, l_new, corr, row_sum = ft.online_softmax_step(s, m, l)
         pv = lax.dot_general(
             p.astype(v.dtype), v, (((1,), (0,)), ((), ())), preferred_element_type=jnp.float32
