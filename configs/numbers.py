@@ -12,7 +12,7 @@ inputs at most 9 (7 here, 9 for the round millions of `numbers/de_millions`).
 So encoder rows get 16 slots and decoder rows 64: on `numbers` the packed rows
 are those of 64 and 64 (nothing dropped or moved) with a quarter of the
 encoder slots, which were 90% padding. A 2+2-layer model of width 64 learns
-the task in about a minute on two CPU cores; the positional ablation (`jattn
+the task in under a minute on two CPU cores; the positional ablation (`jattn
 ablate`) runs it for every scheme and seed.
 `:arg` takes the variants of `jattn.train.apply_variant` (a positional scheme,
 an attention implementation, `bf16`, `greedy`/`beam`).
