@@ -119,7 +119,7 @@ def _check_block(name: str, value: int, backend: str, length: int) -> int:
 
 # --------------------------------------------------------------------------------------
 # Kernel call with its custom VJP. `aux` holds what gets no gradient: positions,
-# segment ids, the int8 mask, block maps and bounds.
+# segment ids, the integer mask, block maps and bounds.
 
 
 def _kernels(cfg: fp.KernelConfig):
@@ -284,7 +284,7 @@ class Prepared(NamedTuple):
     v: Array  # [B, Sp, K, Hvp]
     qr: Array | None  # [B, Tp, N, Rp] float32
     bias: Array | None  # [B|1, N|1, Tp|1, Sp|1]
-    aux: dict  # positions, segment ids, int8 mask, block maps and bounds
+    aux: dict  # positions, segment ids, int mask, block maps and bounds
 
 
 def _flash_attention(query, key, value, *, rel_value, backend: str, **kwargs) -> Array:
@@ -367,7 +367,8 @@ def prepare(
     mask_p = mask_dims = None
     if mask is not None:
         mask_dims = tuple(bool(mask.shape[a] == full) for a, full in enumerate((b, n, t, s)))
-        mask_p = mask.astype(jnp.int8)
+        # int8 for Triton; int32 for Mosaic, whose int8 blocks need 32-row tiles.
+        mask_p = mask.astype(jnp.int32 if backend in _TPU_BACKENDS else jnp.int8)
         mask_p = _pad_axis(mask_p, 2, tp) if mask_dims[2] else mask_p
         mask_p = _pad_axis(mask_p, 3, sp) if mask_dims[3] else mask_p
 

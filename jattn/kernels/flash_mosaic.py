@@ -23,8 +23,8 @@ and return the Triton kernels' layout (see
 `flash_pallas.flash_forward`, `flash_bwd.flash_dq` / `flash_dkv`), so the
 custom VJP in `flash_attention` is shared by both. Lengths must be padded to
 the blocks; `block_k` must be a multiple of 128 (a lane tile) unless one key
-tile covers all keys, `block_q` a multiple of 8 (32 with an int8 mask's query
-axis; the mask is widened to int32 here instead).
+tile covers all keys, `block_q` a multiple of 8 (an int8 mask would need 32,
+so `prepare` hands TPU kernels an int32 mask).
 
 Limits: the block map sits whole in SMEM, `B·Nm·nT·nS` int32 values (Nm = N
 with a per-head mask, else 1): B = 8 at L = 8k with 128-tiles is 128 KiB;
@@ -79,8 +79,6 @@ def tpu_inputs(ins: dict) -> dict:
     for name in ("lse", "delta"):
         if name in ins:
             out[name] = ins[name][..., None]  # [B, N, Tp, 1]
-    if ins.get("mask") is not None:
-        out["mask"] = ins["mask"].astype(jnp.int32)
     return out
 
 
