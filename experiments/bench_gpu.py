@@ -123,25 +123,12 @@ def _jax_nn(impl: str):
 def _pallas_blocks(block_q: int, block_k: int):
     """The Pallas kernel with explicit tile sizes (the public entry point
     picks the backend's defaults): for the block-size sweep."""
-    from jattn.attention import _normalise
+    import jattn
     from jattn.kernels import flash_attention as fa
 
     def f(q, k, v, tables, causal):
-        (q, k, v), kw = _normalise(
-            q,
-            k,
-            v,
-            bias=None,
-            mask=None,
-            is_causal=causal,
-            q_segment_ids=None,
-            kv_segment_ids=None,
-            q_positions=None,
-            kv_positions=None,
-            relative=None,
-            scale=None,
-        )
-        return fa.flash_attention(q, k, v, block_q=block_q, block_k=block_k, **kw)
+        nf = jattn.normalise(q, k, v, is_causal=causal)
+        return fa.flash_attention(nf, block_q=block_q, block_k=block_k)[0]
 
     return f
 

@@ -9,22 +9,26 @@ Models, data and training live in subpackages that import flax, optax, orbax,
 tfds and grain on demand.
 """
 
-from jattn import masks, positions
+from jattn import dropout, masks, positions
 from jattn.attention import (
     IMPLEMENTATIONS,
     attention_weights,
     default_implementation,
     dot_product_attention,
 )
+from jattn.normal_form import NormalForm, normalise
 from jattn.positions import ShawRelative
 
 __all__ = [
     "IMPLEMENTATIONS",
+    "NormalForm",
     "ShawRelative",
     "attention_weights",
     "default_implementation",
     "dot_product_attention",
+    "dropout",
     "masks",
+    "normalise",
     "positions",
 ]
 

@@ -10,11 +10,9 @@ hands them to an implementation picked by name:
 - ``"pallas"``: the tiled Pallas kernel: Triton on GPUs, Mosaic on TPU,
   interpret mode on the CPU.
 
-Every implementation receives the same normal form (see `_normalise`):
-query `[B, T, N, H]`, key `[B, S, K, H]`, value `[B, S, K, Hv]`; bias and mask
-rank 4 with each axis 1 or full; positions always present as int32 `[B, T]`
-and `[B, S]`; segment ids both present or both None; Shaw tables per head,
-`[N, R, H]` and `[N, R, Hv]`, or None.
+Every implementation takes one `jattn.NormalForm` (built by
+`jattn.normalise`, see `jattn.normal_form`) and returns `(out [B, T, N, Hv],
+lse [B, T, N] float32)`; the entry point drops the lse unless asked for it.
 """
 
 from __future__ import annotations
@@ -26,6 +24,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from jattn.normal_form import normalise
 from jattn.positions import ShawRelative
 
 Array = jax.Array
@@ -76,237 +75,193 @@ def _resolve(name: str) -> Callable[..., Array]:
     return getattr(importlib.import_module(module), fn)
 
 
-def _shape(x) -> tuple[int, ...]:
-    return tuple(np.shape(x))
-
-
-def _as_rank4(x: Array, name: str, full: tuple[int, int, int, int]) -> Array:
-    """Left-pad `x` to rank 4 and check each axis is 1 or the full size."""
-    x = jnp.asarray(x)
-    if x.ndim > 4:
-        raise ValueError(
-            f"dot_product_attention: {name} must broadcast to [B, N, T, S]={list(full)}, "
-            f"got rank {x.ndim} shape {list(x.shape)}"
-        )
-    x = x.reshape((1,) * (4 - x.ndim) + x.shape)
-    for got, want in zip(x.shape, full, strict=True):
-        if got not in (1, want):
-            raise ValueError(
-                f"dot_product_attention: {name} of shape {list(x.shape)} does not "
-                f"broadcast to [B, N, T, S]={list(full)}"
-            )
-    return x
-
-
-def _int_ids(x, name: str, batch: int, length: int, what: str) -> Array:
-    x = jnp.asarray(x)
-    if not jnp.issubdtype(x.dtype, jnp.integer):
-        raise TypeError(
-            f"dot_product_attention: {name} must be an integer array, got dtype {x.dtype}"
-        )
-    if x.ndim == 1:
-        x = jnp.broadcast_to(x[None], (batch, x.shape[0]))
-    if x.shape != (batch, length):
-        raise ValueError(
-            f"dot_product_attention: {name} must have shape [B, {what}]=[{batch}, {length}], "
-            f"got {list(x.shape)}"
-        )
-    return x.astype(jnp.int32)
-
-
-def _table(x, name: str, n: int, r: int, h: int, h_name: str) -> Array:
-    x = jnp.asarray(x)
-    if x.ndim == 2:
-        if x.shape != (r, h):
-            raise ValueError(
-                f"ShawRelative.{name} must be [2k+1, {h_name}]=[{r}, {h}] or "
-                f"[N, 2k+1, {h_name}]=[{n}, {r}, {h}], got {list(x.shape)}"
-            )
-        return jnp.broadcast_to(x[None], (n, r, h))
-    if x.shape != (n, r, h):
-        raise ValueError(
-            f"ShawRelative.{name} must be [2k+1, {h_name}]=[{r}, {h}] or "
-            f"[N, 2k+1, {h_name}]=[{n}, {r}, {h}], got {list(x.shape)}"
-        )
-    return x
-
-
-def _normalise(
+def _cudnn(
     query,
     key,
     value,
-    *,
     bias,
     mask,
-    is_causal,
-    q_segment_ids,
-    kv_segment_ids,
-    q_positions,
-    kv_positions,
-    relative,
+    *,
     scale,
-) -> tuple[tuple[Array, Array, Array], dict]:
-    """Check every argument and return `(q, k, v), kwargs` in normal form."""
-    query, key, value = (jnp.asarray(a) for a in (query, key, value))
-    for name, a in (("query", query), ("key", key), ("value", value)):
-        if a.ndim != 4:
+    is_causal,
+    query_seq_lengths,
+    key_value_seq_lengths,
+    local_window_size,
+    return_residual,
+    unsupported,
+):
+    """Hand the call to jax.nn's cuDNN path, naming the first argument it cannot take."""
+    for name, given in unsupported.items():
+        if given:
             raise ValueError(
-                f"dot_product_attention: {name} must have rank 4 ([B, T|S, heads, head_dim]), "
-                f"got shape {list(a.shape)}"
+                f'dot_product_attention: implementation="cudnn" (jax.nn\'s cuDNN path) '
+                f"cannot take {name}; use implementation=None, 'xla', 'chunked' or 'pallas'"
             )
-        if not jnp.issubdtype(a.dtype, jnp.floating):
-            raise TypeError(f"dot_product_attention: {name} must be floating, got {a.dtype}")
-    b, t, n, h = query.shape
-    bk, s, k, hk = key.shape
-    if bk != b or value.shape[0] != b:
-        raise ValueError(
-            "dot_product_attention: batch sizes differ: query "
-            f"{list(query.shape)}, key {list(key.shape)}, value {list(value.shape)}"
-        )
-    if hk != h:
-        raise ValueError(
-            f"dot_product_attention: query head dim {h} != key head dim {hk} "
-            f"(query {list(query.shape)}, key {list(key.shape)})"
-        )
-    if value.shape[1] != s or value.shape[2] != k:
-        raise ValueError(
-            f"dot_product_attention: value [B, S, K, Hv] must match key [B, S, K, H] in S "
-            f"and K: key {list(key.shape)}, value {list(value.shape)}"
-        )
-    if k == 0 or n % k:
-        raise ValueError(
-            f"dot_product_attention: key heads K={k} must divide query heads N={n} "
-            f"(query {list(query.shape)}, key {list(key.shape)})"
-        )
-    full = (b, n, t, s)
-    if bias is not None:
-        bias = _as_rank4(bias, "bias", full)
-        if not jnp.issubdtype(bias.dtype, jnp.floating):
-            raise TypeError(f"dot_product_attention: bias must be floating, got {bias.dtype}")
-    if mask is not None:
-        mask = _as_rank4(mask, "mask", full)
-        if mask.dtype != jnp.bool_:
-            raise TypeError(
-                f"dot_product_attention: mask must be boolean (True = may attend), got {mask.dtype}"
-            )
-    if (q_segment_ids is None) != (kv_segment_ids is None):
-        missing = "kv_segment_ids" if kv_segment_ids is None else "q_segment_ids"
-        raise ValueError(f"dot_product_attention: segment ids come in pairs; {missing} is missing")
-    if q_segment_ids is not None:
-        q_segment_ids = _int_ids(q_segment_ids, "q_segment_ids", b, t, "T")
-        kv_segment_ids = _int_ids(kv_segment_ids, "kv_segment_ids", b, s, "S")
-    q_pos = (
-        jnp.broadcast_to(jnp.arange(t, dtype=jnp.int32), (b, t))
-        if q_positions is None
-        else _int_ids(q_positions, "q_positions", b, t, "T")
+    return jax.nn.dot_product_attention(
+        query,
+        key,
+        value,
+        bias,
+        mask,
+        scale=scale,
+        is_causal=is_causal,
+        query_seq_lengths=query_seq_lengths,
+        key_value_seq_lengths=key_value_seq_lengths,
+        local_window_size=local_window_size,
+        implementation="cudnn",
+        return_residual=return_residual,
     )
-    kv_pos = (
-        jnp.broadcast_to(jnp.arange(s, dtype=jnp.int32), (b, s))
-        if kv_positions is None
-        else _int_ids(kv_positions, "kv_positions", b, s, "S")
-    )
-    rel_key = rel_value = None
-    max_distance = 0
-    if relative is not None:
-        if not isinstance(relative, ShawRelative):
-            raise TypeError(
-                "dot_product_attention: relative must be a jattn.ShawRelative, "
-                f"got {type(relative).__name__}"
-            )
-        max_distance = int(relative.max_distance)
-        if max_distance < 0:
-            raise ValueError(f"ShawRelative.max_distance must be >= 0, got {max_distance}")
-        r = 2 * max_distance + 1
-        if relative.key is not None:
-            rel_key = _table(relative.key, "key", n, r, h, "H")
-        if relative.value is not None:
-            rel_value = _table(relative.value, "value", n, r, value.shape[-1], "Hv")
-    if scale is None:
-        scale = 1.0 / float(np.sqrt(h))
-    kwargs = dict(
-        bias=bias,
-        mask=mask,
-        is_causal=bool(is_causal),
-        q_segment_ids=q_segment_ids,
-        kv_segment_ids=kv_segment_ids,
-        q_positions=q_pos,
-        kv_positions=kv_pos,
-        rel_key=rel_key,
-        rel_value=rel_value,
-        max_distance=max_distance,
-        scale=float(scale),
-    )
-    return (query, key, value), kwargs
+
+
+def _unbatched(x, ndim: int):
+    """Add a batch axis of 1 to a rank-3 input (jax.nn's `[T, N, H]` form)."""
+    return None if x is None else jnp.asarray(x)[None] if ndim == 3 else x
 
 
 def dot_product_attention(
     query: Array,
     key: Array,
     value: Array,
-    *,
     bias: Array | None = None,
     mask: Array | None = None,
+    *,
+    scale: float | None = None,
     is_causal: bool = False,
+    query_seq_lengths: Array | None = None,
+    key_value_seq_lengths: Array | None = None,
+    local_window_size: int | tuple[int, int] | None = None,
+    implementation: str | None = None,
+    return_residual: bool = False,
     q_segment_ids: Array | None = None,
     kv_segment_ids: Array | None = None,
     q_positions: Array | None = None,
     kv_positions: Array | None = None,
     relative: ShawRelative | None = None,
-    scale: float | None = None,
-    implementation: str | None = None,
-) -> Array:
-    """Scaled dot-product attention with masks, packing and relative positions.
+    dropout_rate: float = 0.0,
+    dropout_rng: Array | None = None,
+    dropout_broadcast_batch: bool = False,
+):
+    """Scaled dot-product attention: jax.nn's function, plus packing, relative
+    positions and dropout.
 
     `softmax(scale * (q·k + q·key_rel[r]) + bias, masked) @ (v + value_rel[r])`
-    per head, in the layout of `jax.nn.dot_product_attention`.
+    per head. Everything `jax.nn.dot_product_attention` accepts is accepted
+    here with the same meaning (rank 3 or 4, bias and mask positional), so
+    code written for jax.nn runs unchanged; jattn's own options follow.
 
     Args:
-      query: `[B, T, N, H]`.
-      key: `[B, S, K, H]`; K divides N (MHA K=N, GQA 1<K<N, MQA K=1).
-      value: `[B, S, K, Hv]`.
+      query: `[B, T, N, H]` or `[T, N, H]`.
+      key: `[B, S, K, H]` or `[S, K, H]`; K divides N (MHA K=N, GQA, MQA K=1).
+      value: `[B, S, K, Hv]` or `[S, K, Hv]`.
       bias: float, broadcastable to `[B, N, T, S]`; added to the scaled logits.
       mask: bool, broadcastable to `[B, N, T, S]`; True = may attend.
+      scale: logit scale, default `1/sqrt(H)`.
       is_causal: a key is visible iff `kv_position <= q_position`.
+      query_seq_lengths: int `[B]`; queries at or past the length attend to
+        nothing and return 0 (as jax.nn).
+      key_value_seq_lengths: int `[B]`; keys at or past the length are invisible.
+      local_window_size: an int or `(left, right)`: a key is visible iff
+        `q_position - left <= kv_position <= q_position + right` (as jax.nn,
+        which uses indices; here positions, which default to indices). The
+        chunked path and the kernels skip tiles outside the window.
+      implementation: None (best for the backend and shapes), "xla",
+        "chunked", "pallas", or "cudnn" (jax.nn's cuDNN path, for the
+        arguments it takes).
+      return_residual: also return the log-sum-exp `[B, T, N]` of each row's
+        scaled, biased logits (as jax.nn: a residual, its cotangent ignored;
+        `EMPTY_ROW_LSE` for a row with no visible key).
       q_segment_ids: int `[B, T]`; attend iff q and kv segment ids are equal.
       kv_segment_ids: int `[B, S]`; required with `q_segment_ids`.
-      q_positions: int `[B, T]`; default `arange(T)`; used by causal and
-        relative terms (packed rows restart them per segment; decoding offsets
-        them into the cache).
+      q_positions: int `[B, T]`; default `arange(T)`; used by causal, window
+        and relative terms (packed rows restart them per segment; decoding
+        offsets them into the cache).
       kv_positions: int `[B, S]`; default `arange(S)`.
       relative: `jattn.ShawRelative` tables, or None.
-      scale: logit scale, default `1/sqrt(H)`.
-      implementation: None (best for the backend and shapes), "xla",
-        "chunked" or "pallas".
+      dropout_rate: attention-weight dropout rate in [0, 1).
+      dropout_rng: a jax.random key; needed when `dropout_rate > 0`. The keep
+        mask is a hash of `(rng, b, n, t, s)` (see `jattn.dropout`), the same
+        in every implementation.
+      dropout_broadcast_batch: one keep mask for all batch rows (flax's
+        `broadcast_dropout`).
 
     Returns:
-      `[B, T, N, Hv]` in the dtype of `query`. A query row with no visible key
-      returns exactly 0 and passes no gradient.
+      `[B, T, N, Hv]` (`[T, N, Hv]` for rank-3 inputs) in the dtype of
+      `query`, and with `return_residual` also the lse `[B, T, N]` (`[T, N]`).
+      A query row with no visible key returns exactly 0 and passes no gradient.
     """
-    (q, k, v), kwargs = _normalise(
+    ndim = np.ndim(query)
+    ranks = (ndim, np.ndim(key), np.ndim(value))
+    if len(set(ranks)) > 1 or ndim not in (3, 4):
+        raise ValueError(
+            "dot_product_attention: query, key and value must all have rank 4 "
+            "([B, T|S, heads, head_dim]) or all rank 3 (no batch axis), got shapes "
+            f"{list(np.shape(query))}, {list(np.shape(key))}, {list(np.shape(value))}"
+        )
+    if implementation == "cudnn":
+        return _cudnn(
+            query,
+            key,
+            value,
+            bias,
+            mask,
+            scale=scale,
+            is_causal=is_causal,
+            query_seq_lengths=query_seq_lengths,
+            key_value_seq_lengths=key_value_seq_lengths,
+            local_window_size=local_window_size,
+            return_residual=return_residual,
+            unsupported={
+                "segment ids": q_segment_ids is not None or kv_segment_ids is not None,
+                "positions": q_positions is not None or kv_positions is not None,
+                "relative (Shaw) terms": relative is not None,
+                "dropout": dropout_rate > 0,
+            },
+        )
+    if ndim == 3:
+        query, key, value = (_unbatched(a, 3) for a in (query, key, value))
+        q_segment_ids, kv_segment_ids, q_positions, kv_positions = (
+            None if a is None else jnp.asarray(a).reshape(1, -1)
+            for a in (q_segment_ids, kv_segment_ids, q_positions, kv_positions)
+        )
+    nf = normalise(
         query,
         key,
         value,
-        bias=bias,
-        mask=mask,
+        bias,
+        mask,
+        scale=scale,
         is_causal=is_causal,
+        query_seq_lengths=query_seq_lengths,
+        key_value_seq_lengths=key_value_seq_lengths,
+        local_window_size=local_window_size,
         q_segment_ids=q_segment_ids,
         kv_segment_ids=kv_segment_ids,
         q_positions=q_positions,
         kv_positions=kv_positions,
         relative=relative,
-        scale=scale,
+        dropout_rate=dropout_rate,
+        dropout_rng=dropout_rng,
+        dropout_broadcast_batch=dropout_broadcast_batch,
     )
-    name = implementation or default_implementation(q.shape[1], k.shape[1])
-    return _resolve(name)(q, k, v, **kwargs)
+    name = implementation or default_implementation(nf.query.shape[1], nf.key.shape[1])
+    out, lse = _resolve(name)(nf)
+    if ndim == 3:
+        out, lse = out[0], lse[0]
+    if return_residual:
+        return out, jax.lax.stop_gradient(lse).astype(out.dtype)
+    return out
 
 
 def attention_weights(
     query: Array,
     key: Array,
-    *,
     bias: Array | None = None,
     mask: Array | None = None,
+    *,
     is_causal: bool = False,
+    query_seq_lengths: Array | None = None,
+    key_value_seq_lengths: Array | None = None,
+    local_window_size: int | tuple[int, int] | None = None,
     q_segment_ids: Array | None = None,
     kv_segment_ids: Array | None = None,
     q_positions: Array | None = None,
@@ -326,19 +281,21 @@ def attention_weights(
     """
     from jattn.attention_xla import attention_weights_xla
 
-    (q, k, _), kw = _normalise(
+    nf = normalise(
         query,
         key,
         key,
-        bias=bias,
-        mask=mask,
+        bias,
+        mask,
+        scale=scale,
         is_causal=is_causal,
+        query_seq_lengths=query_seq_lengths,
+        key_value_seq_lengths=key_value_seq_lengths,
+        local_window_size=local_window_size,
         q_segment_ids=q_segment_ids,
         kv_segment_ids=kv_segment_ids,
         q_positions=q_positions,
         kv_positions=kv_positions,
         relative=relative,
-        scale=scale,
     )
-    kw.pop("rel_value")
-    return attention_weights_xla(q, k, **kw)
+    return attention_weights_xla(nf.replace(rel_value=None))

@@ -28,6 +28,7 @@ import jax
 import jax.numpy as jnp
 
 from jattn import scores
+from jattn.normal_form import EMPTY_ROW_LSE, NormalForm
 from jattn.positions import relative_ids
 
 Array = jax.Array
@@ -60,9 +61,12 @@ def _tiles(x: Array, axis: int, n: int, size: int) -> Array:
 class _Problem:
     """Tiled, padded views of the normal-form inputs, and per-tile decisions."""
 
-    def __init__(self, q, k, v, bias, mask, qpos, kvpos, qseg, kvseg, *, block_q, block_k):
+    def __init__(
+        self, q, k, v, bias, mask, qpos, kvpos, qseg, kvseg, *, block_q, block_k, window=None
+    ):
         b, t, n, h = q.shape
         _, s, kh, hv = v.shape
+        self.window = window
         self.b, self.t, self.s, self.n, self.kh, self.h, self.hv = b, t, s, n, kh, h, hv
         self.g = n // kh
         self.bq, self.bk = min(block_q, t), min(block_k, s)
@@ -113,6 +117,7 @@ class _Problem:
             q_pos=self.qpos[i],
             kv_pos=self.kvpos[j],
             is_causal=is_causal,
+            window=self.window,
             q_seg=None if self.qseg is None else self.qseg[i],
             kv_seg=None if self.kvseg is None else self.kvseg[j],
             kv_valid=None if self.kv_valid is None else self.kv_valid[j],
@@ -125,6 +130,10 @@ class _Problem:
         skip = jnp.array(False)
         if is_causal:
             skip |= jnp.all(kp.min(-1) > qp.max(-1))
+        if self.window is not None:
+            left, right = self.window
+            outside = (kp.min(-1) > qp.max(-1) + right) | (kp.max(-1) < qp.min(-1) - left)
+            skip |= jnp.all(outside)
         if self.qseg is not None:
             qs, ks = self.qseg[i], self.kvseg[j]
             skip |= jnp.all((qs.max(-1) < ks.min(-1)) | (qs.min(-1) > ks.max(-1)))
@@ -147,7 +156,8 @@ def _rel_ids(pb, i, j, max_distance):
 def _forward(pb, qr_all, rel_key, rel_value, *, is_causal, max_distance, scale):
     """Returns out [nq,B,K,G,t,V] (normalised, incl. value term), lse
     [nq,B,K,G,t,1] (0 for rows with nothing visible), pr [nq,B,K,G,t,R] or None
-    (normalised weight mass per relative id)."""
+    (normalised weight mass per relative id) and the public lse (EMPTY_ROW_LSE
+    for rows with nothing visible)."""
     relative = rel_key is not None or rel_value is not None
     num_rel = 2 * max_distance + 1
     f32 = jnp.float32
@@ -174,11 +184,12 @@ def _forward(pb, qr_all, rel_key, rel_value, *, is_causal, max_distance, scale):
             else:
                 r = _rel_ids(pb, i, j, max_distance) if relative else None
                 s = scores.tile_logits(q, kk, scale=scale, bias=bias, qr=qr, r=r)
-            sv = s if vis is None else jnp.where(vis, s, -jnp.inf)
+            # Finite sentinels (scores.NEG), never -inf: see masked_softmax_parts.
+            sv = s if vis is None else jnp.where(vis, s, scores.NEG)
             m_new = jnp.maximum(m, jnp.max(sv, axis=-1, keepdims=True))
-            m_safe = jnp.where(jnp.isfinite(m_new), m_new, 0.0)
-            p = jnp.exp(sv - m_safe)  # [B,K,G,t,s]; exactly 0 where sv = -inf
-            alpha = jnp.exp(m - m_safe)  # 0 when m = -inf
+            m_safe = jnp.where(m_new > scores.NEG / 2, m_new, 0.0)
+            p = jnp.exp(sv - m_safe)  # [B,K,G,t,s]; exactly 0 where sv = NEG
+            alpha = jnp.exp(m - m_safe)  # 0 while the row has seen nothing
             l = alpha * l + jnp.sum(p, axis=-1, keepdims=True)
             acc = alpha * acc + jnp.einsum("BKGts,BKsV->BKGtV", p, vv)
             if accr is not None:
@@ -199,7 +210,7 @@ def _forward(pb, qr_all, rel_key, rel_value, *, is_causal, max_distance, scale):
             return jax.lax.switch(mode, branches, carry)
 
         init = (
-            jnp.full(shape_row + (1,), -jnp.inf, f32),
+            jnp.full(shape_row + (1,), scores.NEG, f32),
             jnp.zeros(shape_row + (1,), f32),
             jnp.zeros(shape_row + (pb.hv,), f32),
             None if rel_value is None else jnp.zeros(shape_row + (num_rel,), f32),
@@ -212,10 +223,11 @@ def _forward(pb, qr_all, rel_key, rel_value, *, is_causal, max_distance, scale):
             pr = accr * inv
             vtab = rel_value.astype(f32).reshape(pb.kh, pb.g, num_rel, pb.hv)
             out = out + jnp.einsum("BKGtR,KGRV->BKGtV", pr, vtab)
-        lse = jnp.where(
-            l == 0, 0.0, jnp.where(jnp.isfinite(m), m, 0.0) + jnp.log(jnp.where(l == 0, 1.0, l))
-        )
-        return out, lse, pr
+        lse = jnp.where(l == 0, 0.0, m + jnp.log(jnp.where(l == 0, 1.0, l)))
+        # The backward recomputes exp(s - lse), so rows with nothing visible
+        # keep lse 0 there; the public lse marks them with EMPTY_ROW_LSE.
+        public = jnp.where(l == 0, EMPTY_ROW_LSE, lse)
+        return out, lse, pr, public
 
     return jax.lax.map(q_block, jnp.arange(pb.nq))
 
@@ -242,7 +254,7 @@ def _untile_kv(x, pb):
     return x.transpose(0, 2, 1, 3)
 
 
-@functools.partial(jax.custom_vjp, nondiff_argnums=(11, 12, 13, 14, 15))
+@functools.partial(jax.custom_vjp, nondiff_argnums=(11, 12, 13, 14, 15, 16))
 def _chunked(
     q,
     k,
@@ -260,6 +272,7 @@ def _chunked(
     scale,
     block_q,
     block_k,
+    window,
 ):
     out, _ = _chunked_fwd(
         q,
@@ -278,6 +291,7 @@ def _chunked(
         scale,
         block_q,
         block_k,
+        window,
     )
     return out
 
@@ -299,20 +313,36 @@ def _chunked_fwd(
     scale,
     block_q,
     block_k,
+    window,
 ):
-    pb = _Problem(q, k, v, bias, mask, qpos, kvpos, qseg, kvseg, block_q=block_q, block_k=block_k)
+    pb = _Problem(
+        q,
+        k,
+        v,
+        bias,
+        mask,
+        qpos,
+        kvpos,
+        qseg,
+        kvseg,
+        block_q=block_q,
+        block_k=block_k,
+        window=window,
+    )
     qr_all = _qr_tables(pb, rel_key, max_distance)
-    out_t, lse_t, pr_t = _forward(
+    out_t, lse_t, pr_t, public_t = _forward(
         pb, qr_all, rel_key, rel_value, is_causal=is_causal, max_distance=max_distance, scale=scale
     )
     out = _untile_q(out_t, pb).astype(q.dtype)
+    lse = _untile_q(public_t, pb)[..., 0]  # [B, T, N]
     res = (q, k, v, bias, mask, qpos, kvpos, qseg, kvseg, rel_key, rel_value, out_t, lse_t, pr_t)
-    return out, res
+    return (out, lse), res
 
 
-def _chunked_bwd(is_causal, max_distance, scale, block_q, block_k, res, dout):
+def _chunked_bwd(is_causal, max_distance, scale, block_q, block_k, window, res, cts):
     from jattn.attention_chunked_bwd import backward
 
+    dout, _ = cts  # the lse is a residual: its cotangent is ignored (as jax.nn)
     return backward(
         res,
         dout,
@@ -321,6 +351,7 @@ def _chunked_bwd(is_causal, max_distance, scale, block_q, block_k, res, dout):
         scale=scale,
         block_q=block_q,
         block_k=block_k,
+        window=window,
     )
 
 
@@ -328,35 +359,22 @@ _chunked.defvjp(_chunked_fwd, _chunked_bwd)
 
 
 def attention_chunked(
-    query: Array,
-    key: Array,
-    value: Array,
-    *,
-    bias: Array | None,
-    mask: Array | None,
-    is_causal: bool,
-    q_segment_ids: Array | None,
-    kv_segment_ids: Array | None,
-    q_positions: Array,
-    kv_positions: Array,
-    rel_key: Array | None,
-    rel_value: Array | None,
-    max_distance: int,
-    scale: float,
-    block_q: int | None = None,
-    block_k: int | None = None,
-) -> Array:
-    """Tiled attention (normal-form inputs, see `jattn.attention`).
+    nf: NormalForm, *, block_q: int | None = None, block_k: int | None = None
+) -> tuple[Array, Array]:
+    """Tiled attention of a normal form (see `jattn.normal_form`).
 
     Args:
+      nf: the checked call.
       block_q, block_k: tile sizes, clipped to T and S; None picks 512, or
         256 with Shaw terms. Large tiles amortise loop overhead on the CPU;
         memory grows as `block_q * block_k`.
 
     Returns:
-      `[B, T, N, Hv]` in the dtype of `query`.
+      `out [B, T, N, Hv]` in the dtype of `query` and `lse [B, T, N]` float32.
     """
-    if rel_key is not None or rel_value is not None:
+    if nf.dropout:
+        raise NotImplementedError("attention_chunked: attention dropout is not implemented yet")
+    if nf.shaw:
         default_q = default_k = DEFAULT_BLOCK_SHAW
     else:
         default_q, default_k = DEFAULT_BLOCK_Q, DEFAULT_BLOCK_K
@@ -368,20 +386,21 @@ def attention_chunked(
             f"block_q={block_q}, block_k={block_k}"
         )
     return _chunked(
-        query,
-        key,
-        value,
-        bias,
-        mask,
-        q_positions,
-        kv_positions,
-        q_segment_ids,
-        kv_segment_ids,
-        rel_key,
-        rel_value,
-        bool(is_causal),
-        int(max_distance),
-        float(scale),
+        nf.query,
+        nf.key,
+        nf.value,
+        nf.bias,
+        nf.mask,
+        nf.q_positions,
+        nf.kv_positions,
+        nf.q_segment_ids,
+        nf.kv_segment_ids,
+        nf.rel_key,
+        nf.rel_value,
+        nf.is_causal,
+        nf.max_distance,
+        nf.scale,
         int(block_q),
         int(block_k),
+        nf.window,
     )

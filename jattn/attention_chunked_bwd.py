@@ -40,11 +40,24 @@ def _bias_tile_shape(pb):
     return sh[:3] + (pb.bq if sh[3] > 1 else 1, pb.bk if sh[4] > 1 else 1)
 
 
-def backward(res, dout, *, is_causal, max_distance, scale, block_q, block_k):
+def backward(res, dout, *, is_causal, max_distance, scale, block_q, block_k, window):
     """Cotangents of `_chunked`'s inputs (None for the mask and the integer ids)."""
     (q, k, v, bias, mask, qpos, kvpos, qseg, kvseg, rel_key, rel_value, out_t, lse_t, pr_t) = res
     f32 = jnp.float32
-    pb = _Problem(q, k, v, bias, mask, qpos, kvpos, qseg, kvseg, block_q=block_q, block_k=block_k)
+    pb = _Problem(
+        q,
+        k,
+        v,
+        bias,
+        mask,
+        qpos,
+        kvpos,
+        qseg,
+        kvseg,
+        block_q=block_q,
+        block_k=block_k,
+        window=window,
+    )
     relative = rel_key is not None or rel_value is not None
     num_rel = 2 * max_distance + 1
 

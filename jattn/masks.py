@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 Array = jax.Array
 
@@ -24,7 +25,73 @@ __all__ = [
     "padding",
     "padding_from_lengths",
     "segment",
+    "sliding_window",
+    "visible",
+    "window_pair",
 ]
+
+
+def window_pair(local_window_size: int | tuple[int, int] | None) -> tuple[int, int] | None:
+    """`local_window_size` as jax.nn takes it (an int or `(left, right)`) as a
+    checked `(left, right)` pair of non-negative ints, or None."""
+    if local_window_size is None:
+        return None
+    if isinstance(local_window_size, int | np.integer):
+        pair = (int(local_window_size), int(local_window_size))
+    else:
+        try:
+            left, right = local_window_size
+            pair = (int(left), int(right))
+        except (TypeError, ValueError):
+            raise ValueError(
+                "local_window_size must be an int or a (left, right) pair of ints, "
+                f"got {local_window_size!r}"
+            ) from None
+    if pair[0] < 0 or pair[1] < 0:
+        raise ValueError(f"local_window_size must be non-negative, got {local_window_size!r}")
+    return pair
+
+
+def visible(
+    q_pos: Array | None,
+    kv_pos: Array | None,
+    *,
+    is_causal: bool = False,
+    window: tuple[int, int] | None = None,
+    q_seg: Array | None = None,
+    kv_seg: Array | None = None,
+) -> Array | None:
+    """The one visibility rule every implementation of attention applies.
+
+    Operands arrive already laid out for broadcasting: query-side vectors as
+    columns (`[..., T, 1]`), key-side vectors as rows (`[..., 1, S]`), so the
+    same function serves the xla path on `[B, T, S]`, the chunked path on a
+    tile, the kernels on `[bq, 1]` x `[1, bk]` values and the standalone masks
+    below. A key is visible iff all the rules given hold:
+
+    - causal: `kv_pos <= q_pos`;
+    - window `(left, right)`: `q_pos - left <= kv_pos <= q_pos + right`
+      (jax.nn's `local_window_size`, on positions, so packed rows get a
+      window per segment);
+    - segments: `q_seg == kv_seg`.
+
+    Returns:
+      bool of the broadcast shape, or None when no rule applies ("all visible").
+    """
+    vis = None
+
+    def add(m):
+        nonlocal vis
+        vis = m if vis is None else jnp.logical_and(vis, m)
+
+    if is_causal:
+        add(kv_pos <= q_pos)
+    if window is not None:
+        left, right = window
+        add(jnp.logical_and(kv_pos >= q_pos - left, kv_pos <= q_pos + right))
+    if q_seg is not None:
+        add(q_seg == kv_seg)
+    return vis
 
 
 def causal(q_positions: Array, kv_positions: Array) -> Array:
@@ -37,7 +104,27 @@ def causal(q_positions: Array, kv_positions: Array) -> Array:
     Returns:
       bool `[..., T, S]`.
     """
-    return kv_positions[..., None, :] <= q_positions[..., :, None]
+    return visible(q_positions[..., :, None], kv_positions[..., None, :], is_causal=True)
+
+
+def sliding_window(
+    q_positions: Array, kv_positions: Array, local_window_size: int | tuple[int, int]
+) -> Array:
+    """Key visible iff `q - left <= kv <= q + right` (jax.nn's local window).
+
+    Args:
+      q_positions: int `[..., T]`.
+      kv_positions: int `[..., S]`.
+      local_window_size: an int (symmetric) or `(left, right)`.
+
+    Returns:
+      bool `[..., T, S]`.
+    """
+    return visible(
+        q_positions[..., :, None],
+        kv_positions[..., None, :],
+        window=window_pair(local_window_size),
+    )
 
 
 def segment(q_segment_ids: Array, kv_segment_ids: Array) -> Array:
@@ -50,7 +137,9 @@ def segment(q_segment_ids: Array, kv_segment_ids: Array) -> Array:
     Returns:
       bool `[..., T, S]`.
     """
-    return q_segment_ids[..., :, None] == kv_segment_ids[..., None, :]
+    return visible(
+        None, None, q_seg=q_segment_ids[..., :, None], kv_seg=kv_segment_ids[..., None, :]
+    )
 
 
 def padding(q_valid: Array, kv_valid: Array) -> Array:

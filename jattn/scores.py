@@ -16,6 +16,8 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 
+from jattn import masks
+
 Array = jax.Array
 
 
@@ -71,16 +73,18 @@ def visibility(
     q_pos: Array,
     kv_pos: Array,
     is_causal: bool,
+    window: tuple[int, int] | None = None,
     q_seg: Array | None,
     kv_seg: Array | None,
     kv_valid: Array | None,
     mask: Array | None,
 ) -> Array | None:
-    """Boolean visibility of a tile, broadcastable to `[B, K, G, t, s]`.
+    """Boolean visibility of a tile, broadcastable to `[B, K, G, t, s]`:
+    `jattn.masks.visible` on the tile's positions and ids, and the user mask.
 
     Args:
       q_pos, kv_pos: int `[B, t]`, `[B, s]`.
-      is_causal: key visible iff `kv_pos <= q_pos`.
+      is_causal, window: as in `jattn.masks.visible`.
       q_seg, kv_seg: int `[B, t]`, `[B, s]` or None.
       kv_valid: bool `[B, s]` or None (False for keys padded to a tile size).
       mask: bool `[B|1, K|1, G|1, t|1, s|1]` (already grouped) or None.
@@ -88,21 +92,17 @@ def visibility(
     Returns:
       bool array or None when everything is visible.
     """
-    vis = None
-
-    def add(m):
-        nonlocal vis
-        vis = m if vis is None else jnp.logical_and(vis, m)
-
-    if is_causal:
-        add((kv_pos[:, None, :] <= q_pos[:, :, None])[:, None, None])
-    if q_seg is not None:
-        add((q_seg[:, :, None] == kv_seg[:, None, :])[:, None, None])
-    if kv_valid is not None:
-        add(kv_valid[:, None, None, None, :])
-    if mask is not None:
-        add(mask)
-    return vis
+    col = lambda x: None if x is None else x[:, None, None, :, None]  # noqa: E731
+    row = lambda x: None if x is None else x[:, None, None, None, :]  # noqa: E731
+    vis = masks.visible(
+        col(q_pos),
+        row(kv_pos),
+        is_causal=is_causal,
+        window=window,
+        q_seg=col(q_seg),
+        kv_seg=row(kv_seg),
+    )
+    return masks.combine(vis, row(kv_valid), mask)
 
 
 def tile_logits(
@@ -136,18 +136,30 @@ def tile_logits(
     return s
 
 
-def masked_softmax_parts(s: Array, vis: Array | None) -> tuple[Array, Array]:
-    """Row max (finite; 0 for rows with nothing visible) and unnormalised
-    weights `exp(s - max)`, exactly 0 where invisible (`exp(-inf - m) = 0`
-    with a finite m, so no second `where` is needed).
+# Logits of invisible entries: a large finite negative (as jax.nn), so no
+# primitive ever produces an Inf (`jax.debug_infs` stays quiet) and
+# `exp(NEG - m)` underflows to exactly 0 for any finite row max m.
+NEG = float(-0.7 * jnp.finfo(jnp.float32).max)
 
-    Subtracting the max is a stabilisation, not a change of distribution; a
-    row with no visible key gets max 0 and weights 0, so it yields output 0
-    and no gradient instead of NaN.
+
+def masked_softmax_parts(s: Array, vis: Array | None) -> tuple[Array, Array]:
+    """Row max and unnormalised weights of a block of logits.
+
+    Args:
+      s: float `[..., s]` logits.
+      vis: bool broadcastable to `s`, or None (all visible).
+
+    Returns:
+      `m [..., 1]`, the row max over visible entries (0 for a row with
+      nothing visible; no gradient), and `p = exp(s - m)`, exactly 0 where
+      invisible. Subtracting the max is a stabilisation, not a change of
+      distribution; a row with no visible key gets weights 0, so it yields
+      output 0 and no gradient instead of NaN.
     """
-    neg_inf = jnp.array(-jnp.inf, s.dtype)
-    sv = s if vis is None else jnp.where(vis, s, neg_inf)
+    if vis is None:
+        m = jax.lax.stop_gradient(jnp.max(s, axis=-1, keepdims=True))
+        return m, jnp.exp(s - m)
+    sv = jnp.where(vis, s, jnp.asarray(NEG, s.dtype))
     m = jnp.max(sv, axis=-1, keepdims=True)
-    m = jax.lax.stop_gradient(jnp.where(jnp.isfinite(m), m, 0.0))
-    p = jnp.exp(sv - m)  # exactly 0 where sv = -inf (m is finite)
-    return m, p
+    m = jax.lax.stop_gradient(jnp.where(m > NEG / 2, m, 0.0))
+    return m, jnp.exp(sv - m)  # exactly 0 where invisible: exp(NEG - m) underflows

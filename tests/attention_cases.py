@@ -10,26 +10,23 @@ import jax.numpy as jnp
 import numpy as np
 
 import jattn
-from jattn.attention import _normalise, _resolve
-
-DEFAULTS = dict(
-    bias=None,
-    mask=None,
-    is_causal=False,
-    q_segment_ids=None,
-    kv_segment_ids=None,
-    q_positions=None,
-    kv_positions=None,
-    relative=None,
-    scale=None,
-)
+from jattn.attention import IMPLEMENTATIONS
 
 
-def call(impl: str, q, k, v, *, options=None, **kw):
+def implementation(name: str):
+    """The function behind `implementation=name` (takes a `jattn.NormalForm`)."""
+    import importlib
+
+    module, fn = IMPLEMENTATIONS[name].split(":")
+    return getattr(importlib.import_module(module), fn)
+
+
+def call(impl: str, q, k, v, *, options=None, residual=False, **kw):
     """Run one implementation on public-API arguments, with impl options
-    (e.g. block sizes) that the public entry point does not expose."""
-    (a, b, c), nk = _normalise(q, k, v, **{**DEFAULTS, **kw})
-    return _resolve(impl)(a, b, c, **nk, **(options or {}))
+    (e.g. block sizes) that the public entry point does not expose. Returns
+    the output, or `(out, lse)` with `residual=True`."""
+    out, lse = implementation(impl)(jattn.normalise(q, k, v, **kw), **(options or {}))
+    return (out, lse) if residual else out
 
 
 def make_problem(seed, b, t, s, n, kh, h, hv=None, dtype=np.float32):

@@ -14,7 +14,6 @@ import numpy as np
 import oracle
 
 import jattn
-from jattn.attention import _normalise
 from jattn.kernels import flash_attention as fa
 
 GRAD_NAMES = ("query", "key", "value", "bias", "rel_key", "rel_value")
@@ -32,7 +31,7 @@ def _normal_form(inputs: dict, *, is_causal: bool, max_distance: int):
         rel = jattn.ShawRelative(
             key=inputs.get("rel_key"), value=inputs.get("rel_value"), max_distance=max_distance
         )
-    return _normalise(
+    return jattn.normalise(
         inputs["query"],
         inputs["key"],
         inputs["value"],
@@ -58,10 +57,8 @@ def _pallas_vjp(
     diff = {name: inputs.get(name) for name in GRAD_NAMES}
 
     def f(diff):
-        (q, k, v), kw = _normal_form(
-            {**inputs, **diff}, is_causal=is_causal, max_distance=max_distance
-        )
-        return fa._flash_attention(q, k, v, block_q=block_q, block_k=block_k, backend=backend, **kw)
+        nf = _normal_form({**inputs, **diff}, is_causal=is_causal, max_distance=max_distance)
+        return fa._flash_attention(nf, block_q=block_q, block_k=block_k, backend=backend)[0]
 
     out, vjp = jax.vjp(f, diff)
     return out, vjp(cotangent)[0]

@@ -21,7 +21,7 @@ v = jnp.zeros((2, 7, 2, 6))
 @pytest.mark.parametrize(
     "kwargs, args, error, match",
     [
-        ({}, (jnp.zeros((5, 4, 8)), k, v), ValueError, r"query must have rank 4.*\[5, 4, 8\]"),
+        ({}, (jnp.zeros((5, 4, 8)), k, v), ValueError, r"all have rank 4.*\[5, 4, 8\]"),
         (
             {},
             (q, jnp.zeros((2, 7, 3, 8)), jnp.zeros((2, 7, 3, 6))),

@@ -10,6 +10,7 @@ by lowering it to Triton IR for CUDA, which needs no GPU.
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import os
 import subprocess
@@ -231,8 +232,10 @@ def test_kernel_parts_and_custom_vjp_match_reference():
     inputs = _packed_inputs()
     rng = np.random.default_rng(15)
     inputs["bias"] = jnp.asarray(rng.standard_normal((2, 4, 64, 64)), jnp.float32)
-    (q, k, v), kw = _normal_form(inputs, is_causal=True, max_distance=3)
-    pre = fa.prepare(q, k, v, block_q=16, block_k=32, backend="interpret", **kw)
+    nf = _normal_form(inputs, is_causal=True, max_distance=3)
+    q, k, v = nf.query, nf.key, nf.value
+    kw = {f.name: getattr(nf, f.name) for f in dataclasses.fields(nf)}
+    pre = fa.prepare(nf, block_q=16, block_k=32, backend="interpret")
     assert pre.fwd_cfg.use_qr and pre.fwd_cfg.use_pr
     ins = fa._kernel_inputs(pre.q, pre.k, pre.v, pre.qr, pre.bias, pre.aux, "fwd")
     o, lse, pr = jax.jit(functools.partial(flash_pallas.flash_forward, pre.fwd_cfg))(ins)
@@ -255,7 +258,8 @@ def test_kernel_parts_and_custom_vjp_match_reference():
     # Shaw key-term table qr and the bias.
     cot_o = jnp.asarray(rng.standard_normal(o.shape), jnp.float32)
     cot_pr = jnp.asarray(rng.standard_normal(pr.shape), jnp.float32)
-    core = lambda *a: fa._flash_core(pre.fwd_cfg, pre.bwd_cfg, *a, pre.aux)  # noqa: E731
+    # The core also returns the lse, a residual whose cotangent is ignored.
+    core = lambda *a: fa._flash_core(pre.fwd_cfg, pre.bwd_cfg, *a, pre.aux)[::2]  # noqa: E731
     vjp_of = lambda f, args, cots: jax.vjp(f, *args)[1](cots)  # noqa: E731
     primals = (pre.q, pre.k, pre.v, pre.qr, pre.bias)
     got = jax.jit(functools.partial(vjp_of, core))(primals, (cot_o, cot_pr))
@@ -377,11 +381,11 @@ def test_gpu_path_lowers_to_triton(dtype, causal, packed, shaw, bias_shape, mask
 
 def test_block_size_validation():
     inputs = _qkv(17, 1, 40, 40, 2, 2, 16)
-    (q, k, v), kw = _normal_form(inputs, is_causal=False, max_distance=0)
+    nf = _normal_form(inputs, is_causal=False, max_distance=0)
     with pytest.raises(ValueError, match="power of two"):
-        fa._flash_attention(q, k, v, block_q=24, block_k=None, backend="gpu", **kw)
+        fa._flash_attention(nf, block_q=24, block_k=None, backend="gpu")
     with pytest.raises(ValueError, match="block_k must be positive"):
-        fa.flash_attention(q, k, v, block_q=None, block_k=0, **kw)
+        fa.flash_attention(nf, block_q=None, block_k=0)
     assert fa.default_blocks("gpu", 8192, 8192) == ((128, 64), (64, 64))
     assert fa.default_blocks("gpu", 8192, 8192, shaw=True) == ((64, 64), (64, 64))
     assert fa.default_blocks("gpu", 20, 5) == ((32, 16), (32, 16))
@@ -459,8 +463,8 @@ def test_no_quadratic_tensor_with_segments_and_shaw():
     quadratic = [s for s in shapes if sum(d >= 64 for d in s[0]) >= 2]
     assert not quadratic, quadratic[:5]
     # The detector does see the [B, N, T, S] logits of the xla reference.
-    (q, k, v), kw = _normal_form(inputs, is_causal=True, max_distance=3)
-    xla = jax.make_jaxpr(lambda q: jattn.attention_xla.attention_xla(q, k, v, **kw))(q)
+    nf = _normal_form(inputs, is_causal=True, max_distance=3)
+    xla = jax.make_jaxpr(lambda q: jattn.attention_xla.attention_xla(nf.replace(query=q)))(nf.query)
     assert any(sum(d >= 64 for d in s[0]) >= 2 for s in _intermediate_shapes(xla))
 
 
@@ -470,12 +474,12 @@ def test_fixed_bias_gets_no_gradient_buffer():
     b, t, _, n, _, _, hv = MAIN
     inputs = _qkv(18, *MAIN)
     inputs["bias"] = jnp.asarray(np.random.default_rng(19).standard_normal((b, n, t, t)))
-    (q, k, v), kw = _normal_form(inputs, is_causal=True, max_distance=0)
-    kw["bias"] = kw["bias"].astype(jnp.float32)
+    nf = _normal_form(inputs, is_causal=True, max_distance=0)
+    q = nf.query
+    kw = {"bias": nf.bias.astype(jnp.float32)}
 
     def loss(q, bias):
-        kw2 = dict(kw, bias=bias)
-        out = fa.flash_attention(q, k, v, block_q=16, block_k=16, **kw2)
+        out, _ = fa.flash_attention(nf.replace(query=q, bias=bias), block_q=16, block_k=16)
         return jnp.sum(out)
 
     full = ((b, n, t, t), "float32")

@@ -41,6 +41,7 @@ from jax.custom_derivatives import CustomVJPPrimal, SymbolicZero
 from jattn.kernels import flash_bwd
 from jattn.kernels import flash_pallas as fp
 from jattn.kernels.flash_blockmap import block_map, run_bounds, tiling
+from jattn.normal_form import EMPTY_ROW_LSE, NormalForm
 
 Array = jax.Array
 
@@ -141,8 +142,7 @@ def _kernel_inputs(q, k, v, qr, bias, aux: dict, tiling: str) -> dict:
 
 @functools.partial(jax.custom_vjp, nondiff_argnums=(0, 1))
 def _flash_core(fwd_cfg: fp.KernelConfig, bwd_cfg: fp.KernelConfig, q, k, v, qr, bias, aux):
-    o, _, pr = _kernels(fwd_cfg)[0](fwd_cfg, _kernel_inputs(q, k, v, qr, bias, aux, "fwd"))
-    return o, pr
+    return _kernels(fwd_cfg)[0](fwd_cfg, _kernel_inputs(q, k, v, qr, bias, aux, "fwd"))
 
 
 def _flash_core_fwd(fwd_cfg, bwd_cfg, q, k, v, qr, bias, aux):
@@ -157,7 +157,7 @@ def _flash_core_fwd(fwd_cfg, bwd_cfg, q, k, v, qr, bias, aux):
     forward = _kernels(fwd_cfg)[0]
     o, lse, pr = forward(fwd_cfg, _kernel_inputs(q, k, v, qr, bias, aux, "fwd"))
     flag = jnp.zeros((0,), jnp.float32) if want_dbias else None  # static via pytree structure
-    return (o, pr), (q, k, v, qr, bias, aux, o, lse, pr, flag)
+    return (o, lse, pr), (q, k, v, qr, bias, aux, o, lse, pr, flag)
 
 
 def _reduce_bias_grad(db: Array, kind: str, bias: Array) -> Array:
@@ -176,7 +176,8 @@ def _instantiate(ct):
 
 def _flash_core_bwd(fwd_cfg, bwd_cfg, res, cts):
     q, k, v, qr, bias, aux, o, lse, pr, want_dbias = res
-    do, dpr = (None if c is None else _instantiate(c) for c in cts)
+    # The lse is a residual (as in jax.nn): its cotangent is ignored.
+    do, _, dpr = (None if c is None else _instantiate(c) for c in cts)
     if bias is not None and want_dbias is None:
         bwd_cfg = dataclasses.replace(bwd_cfg, bias_grad=False)
     delta = jnp.einsum(
@@ -213,36 +214,16 @@ def _pad_axis(x: Array | None, axis: int, size: int, mode: str = "constant") -> 
 
 
 def flash_attention(
-    query: Array,
-    key: Array,
-    value: Array,
+    nf: NormalForm,
     *,
-    bias: Array | None,
-    mask: Array | None,
-    is_causal: bool,
-    q_segment_ids: Array | None,
-    kv_segment_ids: Array | None,
-    q_positions: Array,
-    kv_positions: Array,
-    rel_key: Array | None,
-    rel_value: Array | None,
-    max_distance: int,
-    scale: float,
     block_q: int | None = None,
     block_k: int | None = None,
     interpret: bool | None = None,
-) -> Array:
-    """Tiled flash attention (normal-form inputs, see `jattn.attention`).
+) -> tuple[Array, Array]:
+    """Tiled flash attention of a normal form (see `jattn.normal_form`).
 
     Args:
-      query, key, value: `[B, T, N, H]`, `[B, S, K, H]`, `[B, S, K, Hv]`.
-      bias, mask: rank 4, each axis 1 or full (`[B, N, T, S]`), or None.
-      is_causal: key visible iff `kv_position <= q_position`.
-      q_segment_ids, kv_segment_ids: int32 `[B, T]`, `[B, S]`, both or neither.
-      q_positions, kv_positions: int32 `[B, T]`, `[B, S]`.
-      rel_key, rel_value: Shaw tables `[N, 2k+1, H]`, `[N, 2k+1, Hv]` or None.
-      max_distance: Shaw clip distance k.
-      scale: logit scale.
+      nf: the checked call.
       block_q, block_k: tile sizes for the forward and backward kernels
         (default per backend, see `default_blocks`); powers of two >= 16 on
         the GPU; on TPU multiples of 8 and of 128 (block_k, unless one tile
@@ -251,26 +232,10 @@ def flash_attention(
         None = on unless the default backend is a GPU or a TPU.
 
     Returns:
-      `[B, T, N, Hv]` in the dtype of `query`.
+      `out [B, T, N, Hv]` in the dtype of `query` and `lse [B, T, N]` float32.
     """
     return _flash_attention(
-        query,
-        key,
-        value,
-        bias=bias,
-        mask=mask,
-        is_causal=is_causal,
-        q_segment_ids=q_segment_ids,
-        kv_segment_ids=kv_segment_ids,
-        q_positions=q_positions,
-        kv_positions=kv_positions,
-        rel_key=rel_key,
-        rel_value=rel_value,
-        max_distance=max_distance,
-        scale=scale,
-        block_q=block_q,
-        block_k=block_k,
-        backend=_resolve_backend(interpret),
+        nf, block_q=block_q, block_k=block_k, backend=_resolve_backend(interpret)
     )
 
 
@@ -287,46 +252,42 @@ class Prepared(NamedTuple):
     aux: dict  # positions, segment ids, int mask, block maps and bounds
 
 
-def _flash_attention(query, key, value, *, rel_value, backend: str, **kwargs) -> Array:
+def _flash_attention(
+    nf: NormalForm, *, block_q: int | None, block_k: int | None, backend: str
+) -> tuple[Array, Array]:
     """`flash_attention` for an explicit backend: "gpu" / "interpret" (the
     Triton kernels, compiled or interpreted), "tpu" / "tpu_interpret" (the
     Mosaic kernels). The compiled paths can be lowered on any machine (tests
     lower them for CUDA and TPU on the CPU)."""
-    b, t, n, _ = query.shape
-    hv = value.shape[-1]
-    pre = prepare(query, key, value, rel_value=rel_value, backend=backend, **kwargs)
-    o, pr = _flash_core(pre.fwd_cfg, pre.bwd_cfg, pre.q, pre.k, pre.v, pre.qr, pre.bias, pre.aux)
-    out = o[:, :t, :, :hv].astype(jnp.float32)  # [B, T, N, Hv]
-    if rel_value is not None:
-        pr = pr[:, :t, :, : rel_value.shape[1]]  # [B, T, N, R]
-        out = out + jnp.einsum(
-            "BTNR,NRV->BTNV", pr, rel_value.astype(jnp.float32), precision=_HIGHEST
+    if nf.window is not None or nf.dropout:
+        raise NotImplementedError(
+            "flash_attention: local_window_size and dropout are not implemented yet"
         )
-    return out.astype(query.dtype)
+    t = nf.query.shape[1]
+    hv = nf.value.shape[-1]
+    pre = prepare(nf, block_q=block_q, block_k=block_k, backend=backend)
+    o, lse, pr = _flash_core(
+        pre.fwd_cfg, pre.bwd_cfg, pre.q, pre.k, pre.v, pre.qr, pre.bias, pre.aux
+    )
+    out = o[:, :t, :, :hv].astype(jnp.float32)  # [B, T, N, Hv]
+    if nf.rel_value is not None:
+        pr = pr[:, :t, :, : nf.rel_value.shape[1]]  # [B, T, N, R]
+        out = out + jnp.einsum(
+            "BTNR,NRV->BTNV", pr, nf.rel_value.astype(jnp.float32), precision=_HIGHEST
+        )
+    lse = jnp.swapaxes(lse[:, :, :t], 1, 2)  # [B, T, N]; +inf marks an empty row
+    lse = jnp.where(jnp.isinf(lse), EMPTY_ROW_LSE, lse)
+    return out.astype(nf.query.dtype), lse
 
 
-def prepare(
-    query,
-    key,
-    value,
-    *,
-    bias,
-    mask,
-    is_causal,
-    q_segment_ids,
-    kv_segment_ids,
-    q_positions,
-    kv_positions,
-    rel_key,
-    rel_value,
-    max_distance,
-    scale,
-    block_q,
-    block_k,
-    backend: str,
-) -> Prepared:
+def prepare(nf: NormalForm, *, block_q: int | None, block_k: int | None, backend: str) -> Prepared:
     """Everything before the kernels: tile sizes, padding, the Shaw key-term
     table, block maps and bounds, static configs."""
+    query, key, value, bias, mask = nf.query, nf.key, nf.value, nf.bias, nf.mask
+    q_segment_ids, kv_segment_ids = nf.q_segment_ids, nf.kv_segment_ids
+    q_positions, kv_positions = nf.q_positions, nf.kv_positions
+    rel_key, rel_value = nf.rel_key, nf.rel_value
+    is_causal, max_distance, scale = nf.is_causal, nf.max_distance, nf.scale
     b, t, n, h = query.shape
     _, s, kh, hv = value.shape
     shaw = rel_key is not None or rel_value is not None
