@@ -28,9 +28,12 @@ import jax
 import jax.numpy as jnp
 from jax import lax
 
+from jattn import tiles
+
 Array = jax.Array
 
-SKIP, GENERAL, FAST_LEFT, FAST_RIGHT = 0, 1, 2, 3
+# The tile classes of `jattn.tiles` under the kernels' historical names.
+SKIP, GENERAL, FAST_LEFT, FAST_RIGHT = tiles.SKIP, tiles.PARTIAL, tiles.FULL_LEFT, tiles.FULL_RIGHT
 NEG_INF = float("-inf")
 
 
