@@ -16,6 +16,7 @@ from jattn.attention import (
     default_implementation,
     dot_product_attention,
 )
+from jattn.flax_attention import flax_attention_fn
 from jattn.normal_form import NormalForm, normalise
 from jattn.positions import ShawRelative
 
@@ -27,6 +28,7 @@ __all__ = [
     "default_implementation",
     "dot_product_attention",
     "dropout",
+    "flax_attention_fn",
     "masks",
     "normalise",
     "positions",
