@@ -35,3 +35,16 @@ __all__ = [
 ]
 
 __version__ = "0.1.0"
+
+
+def __getattr__(name: str):
+    """`jattn.decoding` is `jattn.models.decoding`, imported on first use.
+
+    Decoding needs flax, so it is not imported with `jattn`; this keeps the
+    public name `jattn.decoding` (and `from jattn import decoding`) working.
+    """
+    if name == "decoding":
+        import importlib  # noqa: PLC0415
+
+        return importlib.import_module("jattn.models.decoding")
+    raise AttributeError(f"module 'jattn' has no attribute {name!r}")
