@@ -47,8 +47,7 @@ import jax  # noqa: E402
 import jax.numpy as jnp  # noqa: E402
 import numpy as np  # noqa: E402
 
-from jattn import decoding  # noqa: E402
-from jattn.models import Transformer, TransformerConfig  # noqa: E402
+from jattn.models import Transformer, TransformerConfig, decoding  # noqa: E402
 
 VOCAB = 1000
 # name -> (d_model, heads, kv heads, layers per stack, d_ff); None: configs/smoke.py's model

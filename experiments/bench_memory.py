@@ -71,8 +71,7 @@ def logits_rows(cfg, lengths, batch, check_xla: bool):
 def cache_rows(cfg, lengths, batch, check_model: bool):
     from dataclasses import replace  # noqa: PLC0415
 
-    from jattn import decoding  # noqa: PLC0415
-    from jattn.models import Transformer  # noqa: PLC0415
+    from jattn.models import Transformer, decoding  # noqa: PLC0415
 
     h = cfg.d_model // cfg.num_heads
     variants = (("MHA", cfg.num_heads), ("GQA", max(1, cfg.num_heads // 4)), ("MQA", 1))

@@ -39,8 +39,7 @@ def test_chunked_keeps_tiles_not_the_matrix():
 def test_kv_cache_formula_equals_the_models_cache():
     """Every cached key and value (self-attention over the context,
     cross-attention over the source), byte for byte, for MHA/GQA/MQA."""
-    from jattn import decoding
-    from jattn.models import Transformer, TransformerConfig
+    from jattn.models import Transformer, TransformerConfig, decoding
 
     base = TransformerConfig(
         vocab_size=50,

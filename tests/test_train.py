@@ -200,7 +200,8 @@ def test_signature_input_length_and_legacy_checkpoints():
 
 def test_load_run_reproduces_the_decodes_written_by_the_run(reference):
     """The restored parameters decode the validation inputs exactly as the run did."""
-    from jattn import data, decoding
+    from jattn import data
+    from jattn.models import decoding
     from jattn.train.evaluation import ids_to_text
 
     workdir = reference[0]

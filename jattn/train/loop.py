@@ -109,7 +109,7 @@ def _decode_fn(model, config: ml_collections.ConfigDict):
     """`(params, inputs [B, S]) -> ids [B, max_length]` per `config.decode`, or None."""
     if config.eval_decode_examples <= 0:
         return None
-    from jattn import decoding  # noqa: PLC0415
+    from jattn.models import decoding  # noqa: PLC0415
 
     max_length = config.decode_max_len or config.eval_max_len
     if config.decode == "beam":
