@@ -36,8 +36,8 @@ from flash_harness import (
 import jattn
 import jattn.attention_xla
 from jattn.kernels import flash_attention as fa
-from jattn.kernels import flash_pallas, flash_reference
-from jattn.kernels import flash_tiles as ft
+from jattn.kernels import reference, triton_forward
+from jattn.kernels import tile_math as ft
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -238,15 +238,13 @@ def test_kernel_parts_and_custom_vjp_match_reference():
     pre = fa.prepare(nf, block_q=16, block_k=32, backend="interpret")
     assert pre.fwd_cfg.use_qr and pre.fwd_cfg.use_pr
     ins = fa._kernel_inputs(pre.q, pre.k, pre.v, pre.qr, pre.bias, pre.aux, "fwd")
-    o, lse, pr = jax.jit(functools.partial(flash_pallas.flash_forward, pre.fwd_cfg))(ins)
+    o, lse, pr = jax.jit(functools.partial(triton_forward.flash_forward, pre.fwd_cfg))(ins)
     names = ("mask", "is_causal", "q_segment_ids", "kv_segment_ids", "q_positions")
     names += ("kv_positions", "max_distance", "scale")
     ref_kw = {name: kw[name] for name in names}
 
     def ref(q, k, v, qr, bias):
-        o, lse, pr = flash_reference.reference_parts(
-            q, k, v, qr=qr, bias=bias, with_pr=True, **ref_kw
-        )
+        o, lse, pr = reference.reference_parts(q, k, v, qr=qr, bias=bias, with_pr=True, **ref_kw)
         return o, pr, lse
 
     want_o, want_pr, want_lse = jax.jit(ref)(q, k, v, pre.qr, kw["bias"])

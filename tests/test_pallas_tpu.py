@@ -1,6 +1,6 @@
 """The Mosaic (TPU) flash kernels against the float64 oracle, and their lowering.
 
-The kernels of `jattn.kernels.flash_mosaic` run here in Pallas interpret mode
+The kernels of `jattn.kernels.mosaic_forward` / `mosaic_backward` run here in Pallas interpret mode
 (`backend="tpu_interpret"`: same grid, scalar prefetch, scratch and index
 maps as on a TPU), forward and every gradient, and are lowered for TPU with
 `lowering_platforms=("tpu",)`, which runs Mosaic's own checks of block

@@ -16,8 +16,8 @@ The public entry `flash_attention` receives the normal form of
    user mask; and per row / column the loop bounds. It is O((T/bq)·(S/bk));
 4. runs the forward kernel, whose custom VJP runs the dq and dk/dv kernels,
    recomputing probabilities from the saved log-sum-exp: the Triton kernels
-   (`flash_pallas`, `flash_bwd`) on GPUs and in interpret mode, the Mosaic
-   ones (`flash_mosaic`, `flash_mosaic_bwd`) on TPU. Both take the same padded inputs and block
+   (`triton_forward`, `triton_backward`) on GPUs and in interpret mode, the Mosaic
+   ones (`mosaic_forward`, `mosaic_backward`) on TPU. Both take the same padded inputs and block
    map and return the same layouts, so everything here is shared.
 
 Gradients of the Shaw tables and of `q` through `qr`, and of the value table
@@ -38,9 +38,9 @@ import jax
 import jax.numpy as jnp
 from jax.custom_derivatives import CustomVJPPrimal, SymbolicZero
 
-from jattn.kernels import flash_bwd
-from jattn.kernels import flash_pallas as fp
-from jattn.kernels.flash_blockmap import block_map, run_bounds, tiling
+from jattn.kernels import triton_backward, triton_forward
+from jattn.kernels.blockmap import block_map, run_bounds, tiling
+from jattn.kernels.config import KernelConfig, dbias_kind
 from jattn.normal_form import EMPTY_ROW_LSE, NormalForm
 
 Array = jax.Array
@@ -123,13 +123,13 @@ def _check_block(name: str, value: int, backend: str, length: int) -> int:
 # segment ids, the integer mask, block maps and bounds.
 
 
-def _kernels(cfg: fp.KernelConfig):
+def _kernels(cfg: KernelConfig):
     """`(forward, dq, dkv)` kernel wrappers of the config's backend."""
     if cfg.backend in _TPU_BACKENDS:
-        from jattn.kernels import flash_mosaic, flash_mosaic_bwd
+        from jattn.kernels import mosaic_backward, mosaic_forward
 
-        return flash_mosaic.flash_forward, flash_mosaic_bwd.flash_dq, flash_mosaic_bwd.flash_dkv
-    return fp.flash_forward, flash_bwd.flash_dq, flash_bwd.flash_dkv
+        return mosaic_forward.flash_forward, mosaic_backward.flash_dq, mosaic_backward.flash_dkv
+    return triton_forward.flash_forward, triton_backward.flash_dq, triton_backward.flash_dkv
 
 
 def _kernel_inputs(q, k, v, qr, bias, aux: dict, tiling: str) -> dict:
@@ -141,7 +141,7 @@ def _kernel_inputs(q, k, v, qr, bias, aux: dict, tiling: str) -> dict:
 
 
 @functools.partial(jax.custom_vjp, nondiff_argnums=(0, 1))
-def _flash_core(fwd_cfg: fp.KernelConfig, bwd_cfg: fp.KernelConfig, q, k, v, qr, bias, aux):
+def _flash_core(fwd_cfg: KernelConfig, bwd_cfg: KernelConfig, q, k, v, qr, bias, aux):
     return _kernels(fwd_cfg)[0](fwd_cfg, _kernel_inputs(q, k, v, qr, bias, aux, "fwd"))
 
 
@@ -192,7 +192,7 @@ def _flash_core_bwd(fwd_cfg, bwd_cfg, res, cts):
     dq, dqr, db_q = flash_dq(bwd_cfg, ins)
     dk, dv, db_kv = flash_dkv(bwd_cfg, ins)
     dbias = None
-    kind = flash_bwd.dbias_kind(bwd_cfg)
+    kind = dbias_kind(bwd_cfg)
     if kind is not None:
         dbias = _reduce_bias_grad(db_kv if kind == "cols" else db_q, kind, bias)
     return dq, dk, dv, dqr, dbias, None
@@ -242,8 +242,8 @@ def flash_attention(
 class Prepared(NamedTuple):
     """Padded kernel inputs and static configs of one call (see `prepare`)."""
 
-    fwd_cfg: fp.KernelConfig
-    bwd_cfg: fp.KernelConfig
+    fwd_cfg: KernelConfig
+    bwd_cfg: KernelConfig
     q: Array  # [B, Tp, N, Hp]
     k: Array  # [B, Sp, K, Hp]
     v: Array  # [B, Sp, K, Hvp]
@@ -373,6 +373,6 @@ def prepare(nf: NormalForm, *, block_q: int | None, block_k: int | None, backend
         backend=backend,
     )
     warps = 4 if max(hp, hvp) <= 64 else 8
-    fwd_cfg = fp.KernelConfig(block_q=fq, block_k=fk, num_warps=warps, num_stages=3, **common)
-    bwd_cfg = fp.KernelConfig(block_q=bq_b, block_k=bk_b, num_warps=warps, num_stages=2, **common)
+    fwd_cfg = KernelConfig(block_q=fq, block_k=fk, num_warps=warps, num_stages=3, **common)
+    bwd_cfg = KernelConfig(block_q=bq_b, block_k=bk_b, num_warps=warps, num_stages=2, **common)
     return Prepared(fwd_cfg, bwd_cfg, q, k, v, qr, bias_p, aux)

@@ -7,7 +7,7 @@ Both recompute the probabilities of a tile from the forward's log-sum-exp,
 also returns the gradient of the key-term table `qr` (dS summed per relative
 id) and of a bias with a key axis; the dk/dv kernel loops over the G query
 heads of its kv head, so GQA/MQA gradients never pass through an
-`[B, S, N, H]` intermediate. Layout and BlockSpecs as in `flash_pallas`.
+`[B, S, N, H]` intermediate. Layout and BlockSpecs as in `triton_forward`.
 """
 
 from __future__ import annotations
@@ -19,10 +19,9 @@ import jax.numpy as jnp
 from jax import lax
 from jax.experimental import pallas as pl
 
-from jattn.kernels import flash_tiles as ft
-from jattn.kernels.flash_pallas import (
-    SQ,
-    KernelConfig,
+from jattn.kernels import tile_math as ft
+from jattn.kernels.config import SQ, KernelConfig, dbias_kind
+from jattn.kernels.triton_forward import (
     bias_spec_kv,
     col_reader,
     kernel_call,
@@ -35,17 +34,6 @@ from jattn.kernels.flash_pallas import (
 )
 
 Array = jax.Array
-
-
-def dbias_kind(cfg: KernelConfig) -> str | None:
-    """Where the bias gradient is reduced: "full" (dq kernel writes dS tiles),
-    "rows" (dq kernel sums over keys), "cols" (dk/dv kernel sums over queries)."""
-    if cfg.bias_dims is None or not cfg.bias_grad:
-        return None
-    _, _, full_t, full_s = cfg.bias_dims
-    if not full_s:
-        return "rows"
-    return "full" if full_t else "cols"
 
 
 def _dq_kernel(r, *refs, cfg: KernelConfig):

@@ -19,7 +19,6 @@ the GPU) in the layout of `jax.nn.dot_product_attention`, `[B, L, heads, H]`.
 
 from __future__ import annotations
 
-import dataclasses
 import functools
 
 import jax
@@ -27,70 +26,17 @@ import jax.numpy as jnp
 from jax import lax
 from jax.experimental import pallas as pl
 
-from jattn.kernels import flash_tiles as ft
+from jattn.kernels import tile_math as ft
+from jattn.kernels.config import SQ, KernelConfig, triton_params
 
 Array = jax.Array
-
-# A squeezed block dimension: `pl.squeezed` on recent jax, None before.
-SQ = getattr(pl, "squeezed", None)
-
-
-@dataclasses.dataclass(frozen=True)
-class KernelConfig:
-    """Static description of one flash call (hashable: it keys compilation).
-
-    `bias_dims` / `mask_dims` say which of the axes `(B, N, T, S)` the bias /
-    mask has in full (the others are 1), or are None when absent.
-    """
-
-    block_q: int
-    block_k: int
-    seq_k: int  # true key length; keys at or after it are padding
-    num_heads: int
-    num_kv_heads: int
-    scale: float
-    causal: bool
-    max_distance: int
-    use_pos: bool
-    use_seg: bool
-    use_qr: bool
-    use_pr: bool
-    bias_dims: tuple[bool, bool, bool, bool] | None
-    mask_dims: tuple[bool, bool, bool, bool] | None
-    map_per_head: bool
-    num_rel: int  # width of the relative tables (2k+1, padded on the GPU)
-    backend: str  # "interpret" | "gpu" | "tpu"
-    num_warps: int | None = None
-    num_stages: int | None = None
-    bias_grad: bool = True  # backward: compute the bias gradient at all
-
-    @property
-    def groups(self) -> int:
-        return self.num_heads // self.num_kv_heads
-
-    @property
-    def far_right(self) -> int:
-        return 2 * self.max_distance
-
-
-def _compiler_params(cfg: KernelConfig):
-    if cfg.backend == "gpu":
-        try:
-            from jax.experimental.pallas import triton as pltriton
-        except ImportError:  # pragma: no cover - depends on the jax build
-            return None
-        params = getattr(pltriton, "CompilerParams", None)
-        if params is None:  # pragma: no cover
-            return None
-        return params(num_warps=cfg.num_warps, num_stages=cfg.num_stages)
-    return None
 
 
 def kernel_call(kernel, cfg: KernelConfig, name: str, **kwargs):
     return pl.pallas_call(
         kernel,
         interpret=cfg.backend == "interpret",
-        compiler_params=_compiler_params(cfg),
+        compiler_params=triton_params(cfg),
         name=name,
         **kwargs,
     )
@@ -190,7 +136,7 @@ def col_reader(ref, *lead):
 def q_tile_scorer(cfg: KernelConfig, r: dict):
     """Scores of a kernel that owns one query tile and loops over key tiles
     (forward, dq): `score(j, general, right, need_rel=False) -> (s, dpr_tile,
-    rel, k, v)` for key tile j (see `flash_tiles.tile_scores`). The query
+    rel, k, v)` for key tile j (see `tile_math.tile_scores`). The query
     tile's inputs, and the Shaw columns that FAST tiles use (ids 0 and 2k),
     are read once per program, not once per key tile."""
     bk = cfg.block_k

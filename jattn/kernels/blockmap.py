@@ -5,7 +5,7 @@ Built in XLA before the kernels from per-tile min/max of positions and segment
 ids (and per-tile any/all of a user mask), so it costs O((T/bq)·(S/bk)), never
 a `[T, S]` array. Both kernel families read it: the Triton kernels as loop
 bounds and per-tile classes in their inner loops, the Mosaic kernels as
-scalar-prefetched classes and DMA clamps (`flash_tiles` names the classes).
+scalar-prefetched classes and DMA clamps (`jattn.tiles` names the classes).
 """
 
 from __future__ import annotations

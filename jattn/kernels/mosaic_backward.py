@@ -1,8 +1,8 @@
 """The backward flash kernels for TPU (Pallas Mosaic): dq and dk/dv.
 
-The TPU-style counterparts of `flash_bwd` (same recomputation from the
+The TPU-style counterparts of `triton_backward` (same recomputation from the
 forward's log-sum-exp, same outputs and layouts), built from the layout and
-tile helpers of `flash_mosaic`: the other sequence's tiles are the innermost
+tile helpers of `mosaic_forward`: the other sequence's tiles are the innermost
 grid axis, accumulators live in VMEM scratch, and the scalar-prefetched block
 map picks each tile's body and clamps the DMAs of skipped tiles.
 """
@@ -15,9 +15,9 @@ from jax import lax
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import tpu as pltpu
 
-from jattn.kernels import flash_tiles as ft
-from jattn.kernels.flash_bwd import dbias_kind
-from jattn.kernels.flash_mosaic import (
+from jattn.kernels import tile_math as ft
+from jattn.kernels.config import SQ, KernelConfig, dbias_kind
+from jattn.kernels.mosaic_forward import (
     Maps,
     add_column,
     bias_spec,
@@ -29,7 +29,6 @@ from jattn.kernels.flash_mosaic import (
     tpu_inputs,
     when_visible,
 )
-from jattn.kernels.flash_pallas import SQ, KernelConfig
 
 Array = jax.Array
 
@@ -97,7 +96,7 @@ def _dq_kernel(bmap_ref, bounds_ref, r, *refs, cfg: KernelConfig, maps: Maps):
 
 
 def flash_dq(cfg: KernelConfig, ins: dict) -> tuple[Array, Array | None, Array | None]:
-    """dq kernel; arguments and results as `flash_bwd.flash_dq`."""
+    """dq kernel; arguments and results as `triton_backward.flash_dq`."""
     x = tpu_inputs(ins)
     b, n, tp, hdim = x["q"].shape
     hv = x["v"].shape[-1]
@@ -209,7 +208,7 @@ def _dkv_kernel(bmap_ref, bounds_ref, r, dk_ref, dv_ref, *refs, cfg: KernelConfi
 
 
 def flash_dkv(cfg: KernelConfig, ins: dict) -> tuple[Array, Array, Array | None]:
-    """dk/dv kernel; arguments and results as `flash_bwd.flash_dkv`."""
+    """dk/dv kernel; arguments and results as `triton_backward.flash_dkv`."""
     x = tpu_inputs(ins)
     b, n, tp, hdim = x["q"].shape
     _, kh, sp, hv = x["v"].shape

@@ -1,7 +1,7 @@
 """The flash kernels for TPU (Pallas Mosaic): layout, tile helpers, forward.
 
-Same contract, same tile math (`flash_tiles`) and same block map as the
-Triton kernels of `flash_pallas` / `flash_bwd`, in the TPU's style:
+Same contract, same tile math (`tile_math`) and same block map as the
+Triton kernels of `triton_forward` / `triton_backward`, in the TPU's style:
 
 - the loop over the other sequence's tiles is the innermost grid axis
   (`"arbitrary"`), with the running statistics and accumulators in VMEM
@@ -18,9 +18,9 @@ Triton kernels of `flash_pallas` / `flash_bwd`, in the TPU's style:
   tile visits every relative id `0..2k` (no dynamic lane index, no
   vector-to-scalar reduction for the id range).
 
-The backward kernels (dq, dk/dv) are in `flash_mosaic_bwd`. The wrappers take
+The backward kernels (dq, dk/dv) are in `mosaic_backward`. The wrappers take
 and return the Triton kernels' layout (see
-`flash_pallas.flash_forward`, `flash_bwd.flash_dq` / `flash_dkv`), so the
+`triton_forward.flash_forward`, `triton_backward.flash_dq` / `flash_dkv`), so the
 custom VJP in `flash_attention` is shared by both. Lengths must be padded to
 the blocks; `block_k` must be a multiple of 128 (a lane tile) unless one key
 tile covers all keys, `block_q` a multiple of 8 (an int8 mask would need 32,
@@ -43,16 +43,10 @@ from jax import lax
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import tpu as pltpu
 
-from jattn.kernels import flash_tiles as ft
-from jattn.kernels.flash_pallas import SQ, KernelConfig
+from jattn.kernels import tile_math as ft
+from jattn.kernels.config import SQ, KernelConfig, mosaic_params
 
 Array = jax.Array
-
-
-def _params(cfg: KernelConfig, semantics: tuple[str, ...]):
-    if cfg.backend == "tpu_interpret":
-        return None
-    return pltpu.CompilerParams(dimension_semantics=semantics)
 
 
 # --------------------------------------------------------------------------------------
@@ -124,7 +118,7 @@ def mosaic_call(kernel, cfg: KernelConfig, name: str, *, maps: Maps, grid, in_sp
         grid_spec=grid_spec,
         out_shape=out_shape,
         interpret=cfg.backend == "tpu_interpret",
-        compiler_params=_params(cfg, semantics),
+        compiler_params=mosaic_params(cfg, semantics),
         name=name,
     )
     return call(maps.bmap_flat, maps.bounds_flat, {k: inputs[k] for k in in_specs})
@@ -173,7 +167,7 @@ def when_visible(cls, body):
 
 def ref_scores(cfg: KernelConfig, r: dict, maps: Maps, j, general: bool, right: bool,
                *, need_rel: bool = False):  # fmt: skip
-    """`flash_tiles.tile_scores` of the current (query tile, key tile) block,
+    """`tile_math.tile_scores` of the current (query tile, key tile) block,
     every input read from the kernel's refs `r`, with the Mosaic conventions
     (static relative-id range, static far id)."""
     bk = cfg.block_k
@@ -293,7 +287,7 @@ def q_row_spec(bq: int, w: int):
 
 
 def flash_forward(cfg: KernelConfig, ins: dict) -> tuple[Array, Array, Array | None]:
-    """Forward kernel; arguments and results as `flash_pallas.flash_forward`."""
+    """Forward kernel; arguments and results as `triton_forward.flash_forward`."""
     x = tpu_inputs(ins)
     b, n, tp, _ = x["q"].shape
     hv = x["v"].shape[-1]

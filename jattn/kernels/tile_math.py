@@ -1,7 +1,7 @@
 """Tile math of the flash kernel: what one (query tile, key tile) pair computes.
 
 Pure `jnp`/`lax` on values (no refs), called from inside the Pallas kernels
-(`jattn.kernels.flash_pallas`), so it must stay within what the Triton and
+(`triton_*`, `mosaic_*`), so it must stay within what the Triton and
 Mosaic lowerings accept: 2-D tiles, broadcasting, reductions along one axis,
 `where`, `fori_loop` with scalar bounds. Relative-position columns are read
 through callables (`column(c) -> [bq]`), which the kernels implement as
