@@ -54,7 +54,7 @@ def sinusoidal(positions: Array, dim: int, max_timescale: float = 10_000.0) -> A
     positions = jnp.asarray(positions, jnp.float32)
     i = np.arange(dim // 2, dtype=np.float64)
     inv_freq = jnp.asarray(max_timescale ** (-2.0 * i / dim), jnp.float32)  # [dim/2]
-    angles = positions[..., None] * inv_freq  # [..., dim/2]
+    angles = positions[..., None] * inv_freq.reshape((1,) * positions.ndim + (-1,))  # [..., dim/2]
     pe = jnp.stack([jnp.sin(angles), jnp.cos(angles)], axis=-1)  # [..., dim/2, 2]
     return pe.reshape(*positions.shape, dim)
 
@@ -128,9 +128,9 @@ def rope(
         return x
     half = rot // 2
     inv_freq = max_timescale ** (-np.arange(half, dtype=np.float64) * 2.0 / rot)
-    angles = jnp.asarray(positions, jnp.float32)[..., None] * jnp.asarray(
-        inv_freq, jnp.float32
-    )  # [B, T, H'/2]
+    positions = jnp.asarray(positions, jnp.float32)
+    inv_freq = jnp.asarray(inv_freq, jnp.float32).reshape((1,) * positions.ndim + (-1,))
+    angles = positions[..., None] * inv_freq  # [B, T, H'/2]
     sin = jnp.sin(angles)[:, :, None, :]  # [B, T, 1, H'/2]
     cos = jnp.cos(angles)[:, :, None, :]
     xf = x.astype(jnp.float32)
