@@ -3,17 +3,23 @@
 Memory is O(T + S) per head for forward and backward: the forward keeps only a
 running max, denominator and output per query row (plus, for the Shaw value
 term, the weight mass per relative distance, `[T, 2k+1]`); the custom VJP saves
-the log-sum-exp and recomputes each tile's weights, so the `[T, S]`
-probability matrix never exists in full (FlashAttention's schedule, written
-with `lax` loops instead of a kernel).
+the log-sum-exp and recomputes each tile's weights (and its dropout mask), so
+the `[T, S]` probability matrix never exists in full (FlashAttention's
+schedule, written with `lax` loops instead of a kernel).
 
-Tiles that are provably invisible are skipped, decided at run time from the
-min/max of positions and segment ids inside each tile: causal tiles above the
-diagonal, tiles between different packed sequences, tiles where a user mask is
-all False. For Shaw relative terms, a tile whose distances all lie beyond the
-clip distance has one constant relative id, so its key and value terms reduce
-to a broadcast and a row sum; only tiles near the diagonal pay for the
-per-element lookup.
+Work goes only where tiles can be visible: a `jattn.tiles` plan, made once
+from per-tile min/max of positions and segment ids (`chunked_problem.TilePlan`),
+bounds each query tile's loop to the key tiles that are not SKIP, so a sliding
+window of width w costs O(L·w); inside those bounds causal tiles above the
+diagonal, tiles between packed sequences and tiles a user mask hides are
+skipped. FULL tiles need no visibility test; with Shaw terms a tile whose
+distances all lie beyond the clip distance has one constant relative id, so
+its key and value terms reduce to a broadcast and a row sum; only tiles near
+the diagonal pay for the per-element lookup.
+
+Dropout: weight `(b, n, t, s)` is kept iff `jattn.dropout.keep` says so (the
+same hash as every other implementation); the row normaliser uses the
+un-dropped weights, `out_t = Σ_s p_ts z_ts (v_s + value_rel[r_ts]) / l_t`.
 
 Shapes: B batch, K kv heads, G query heads per kv head, nq/nk tile counts,
 t/s tile lengths, H head dim, V value head dim, R = 2k+1.
@@ -22,16 +28,29 @@ t/s tile lengths, H head dim, V value head dim, R = 2k+1.
 from __future__ import annotations
 
 import functools
-import math
+from typing import NamedTuple
 
 import jax
 import jax.numpy as jnp
 
 from jattn import scores
+from jattn.attention_chunked_bwd import backward
+from jattn.chunked_problem import (
+    BODIES,
+    Residuals,
+    TileBody,
+    TiledProblem,
+    dropout_factor,
+    qr_tables,
+    rel_mass,
+    tile_logits,
+    untile_q,
+)
 from jattn.normal_form import EMPTY_ROW_LSE, NormalForm
-from jattn.positions import relative_ids
 
 Array = jax.Array
+
+__all__ = ["DEFAULT_BLOCK_Q", "DEFAULT_BLOCK_K", "ForwardTiles", "attention_chunked", "forward"]
 
 DEFAULT_BLOCK_Q = 512
 DEFAULT_BLOCK_K = 512
@@ -40,319 +59,124 @@ DEFAULT_BLOCK_K = 512
 # causal, fwd+bwd: 512-tiles plain 924 ms, Shaw 1173 ms; 256-tiles Shaw 1103 ms.
 DEFAULT_BLOCK_SHAW = 256
 
-_SKIP, _FULL, _CONST = 0, 1, 2
+
+class ForwardTiles(NamedTuple):
+    """The forward pass in tile layout.
+
+    Attributes:
+      out: `[nq, B, K, G, t, V]` float32, normalised (dropout, Shaw value term in).
+      lse: `[nq, B, K, G, t, 1]` float32 (0 for a row with nothing visible).
+      pr: `[nq, B, K, G, t, R]` float32 normalised dropped weight mass per
+        relative id, or None without a Shaw value table.
+      public_lse: as `lse`, with `EMPTY_ROW_LSE` for rows with nothing visible.
+      trips: int32 `[nq]`: key tiles each query tile's loop visited.
+    """
+
+    out: Array
+    lse: Array
+    pr: Array | None
+    public_lse: Array
+    trips: Array
 
 
-def _pad_axis(x: Array, axis: int, size: int, mode: str = "constant") -> Array:
-    extra = size - x.shape[axis]
-    if extra == 0:
-        return x
-    pad = [(0, 0)] * x.ndim
-    pad[axis] = (0, extra)
-    return jnp.pad(x, pad, mode=mode)
+def _online_step(pb: TiledProblem, i, j, q, qr, body: TileBody, carry):
+    """Fold key tile j into query tile i's running `(m, l, acc, accr)`:
+    max and denominator `[B,K,G,t,1]`, output `[B,K,G,t,V]`, Shaw value mass
+    `[B,K,G,t,R]` (or None)."""
+    m, l, acc, accr = carry
+    sv, r = tile_logits(pb, i, j, q, qr, body)  # [B,K,G,t,s]
+    m_new = jnp.maximum(m, jnp.max(sv, axis=-1, keepdims=True))
+    m_safe = jnp.where(m_new > scores.NEG / 2, m_new, 0.0)
+    p = jnp.exp(sv - m_safe)  # exactly 0 where sv = NEG
+    alpha = jnp.exp(m - m_safe)  # 0 while the row has seen nothing
+    l = alpha * l + jnp.sum(p, axis=-1, keepdims=True)  # un-dropped normaliser
+    z = dropout_factor(pb, i, j)
+    pd = p if z is None else p * z
+    vv = pb.v[j].astype(jnp.float32)  # [B,K,s,V]
+    acc = alpha * acc + jnp.einsum("BKGts,BKsV->BKGtV", pd, vv)
+    if accr is not None:
+        accr = alpha * accr + rel_mass(pb, i, j, pd, r)
+    return m_new, l, acc, accr
 
 
-def _tiles(x: Array, axis: int, n: int, size: int) -> Array:
-    """Split `axis` into `n` tiles of `size` and move the tile index to front."""
-    shape = x.shape[:axis] + (n, size) + x.shape[axis + 1 :]
-    return jnp.moveaxis(x.reshape(shape), axis, 0)
-
-
-class _Problem:
-    """Tiled, padded views of the normal-form inputs, and per-tile decisions."""
-
-    def __init__(
-        self, q, k, v, bias, mask, qpos, kvpos, qseg, kvseg, *, block_q, block_k, window=None
-    ):
-        b, t, n, h = q.shape
-        _, s, kh, hv = v.shape
-        self.window = window
-        self.b, self.t, self.s, self.n, self.kh, self.h, self.hv = b, t, s, n, kh, h, hv
-        self.g = n // kh
-        self.bq, self.bk = min(block_q, t), min(block_k, s)
-        self.nq, self.nk = math.ceil(t / self.bq), math.ceil(s / self.bk)
-        tp, sp = self.nq * self.bq, self.nk * self.bk
-        self.tp, self.sp = tp, sp
-        self.q = self.tile_q(q)  # [nq, B, K, G, t, H]
-        # [nk, B, K, s, H] and [nk, B, K, s, V]
-        self.k = _tiles(_pad_axis(k, 1, sp).transpose(0, 2, 1, 3), 2, self.nk, self.bk)
-        self.v = _tiles(_pad_axis(v, 1, sp).transpose(0, 2, 1, 3), 2, self.nk, self.bk)
-        # Padded rows copy the last position/segment so tile min/max stay tight.
-        self.qpos = _tiles(_pad_axis(qpos, 1, tp, "edge"), 1, self.nq, self.bq)  # [nq,B,t]
-        self.kvpos = _tiles(_pad_axis(kvpos, 1, sp, "edge"), 1, self.nk, self.bk)  # [nk,B,s]
-        self.qseg = self.kvseg = None
-        if qseg is not None:
-            self.qseg = _tiles(_pad_axis(qseg, 1, tp, "edge"), 1, self.nq, self.bq)
-            self.kvseg = _tiles(_pad_axis(kvseg, 1, sp, "edge"), 1, self.nk, self.bk)
-        self.kv_valid = None
-        if sp != s:
-            self.kv_valid = _tiles((jnp.arange(sp) < s)[None], 1, self.nk, self.bk)  # [nk,1,s]
-        self.bias = None if bias is None else self._pad_ts(scores.group_heads(bias, kh))
-        self.mask = None if mask is None else self._pad_ts(scores.group_heads(mask, kh))
-
-    def tile_q(self, x: Array) -> Array:
-        """A query-shaped `[B, T, N, X]` array as `[nq, B, K, G, t, X]` tiles
-        (queries and, in the backward pass, output cotangents)."""
-        b, _, _, d = x.shape
-        xg = _pad_axis(x, 1, self.tp).reshape(b, self.tp, self.kh, self.g, d)
-        return _tiles(xg.transpose(0, 2, 3, 1, 4), 3, self.nq, self.bq)
-
-    def _pad_ts(self, x):
-        if x.shape[3] > 1:
-            x = _pad_axis(x, 3, self.tp)
-        if x.shape[4] > 1:
-            x = _pad_axis(x, 4, self.sp)
-        return x
-
-    def slice_ts(self, x, i, j):
-        """Tile (i, j) of a grouped `[B|1, K|1, G|1, T|1, S|1]` array."""
-        if x.shape[3] > 1:
-            x = jax.lax.dynamic_slice_in_dim(x, i * self.bq, self.bq, axis=3)
-        if x.shape[4] > 1:
-            x = jax.lax.dynamic_slice_in_dim(x, j * self.bk, self.bk, axis=4)
-        return x
-
-    def visibility(self, i, j, is_causal):
-        return scores.visibility(
-            q_pos=self.qpos[i],
-            kv_pos=self.kvpos[j],
-            is_causal=is_causal,
-            window=self.window,
-            q_seg=None if self.qseg is None else self.qseg[i],
-            kv_seg=None if self.kvseg is None else self.kvseg[j],
-            kv_valid=None if self.kv_valid is None else self.kv_valid[j],
-            mask=None if self.mask is None else self.slice_ts(self.mask, i, j),
-        )
-
-    def mode(self, i, j, is_causal, max_distance, relative):
-        """(mode, c): skip the tile, compute it fully, or use constant rel id c."""
-        qp, kp = self.qpos[i], self.kvpos[j]  # [B,t], [B,s]
-        skip = jnp.array(False)
-        if is_causal:
-            skip |= jnp.all(kp.min(-1) > qp.max(-1))
-        if self.window is not None:
-            left, right = self.window
-            outside = (kp.min(-1) > qp.max(-1) + right) | (kp.max(-1) < qp.min(-1) - left)
-            skip |= jnp.all(outside)
-        if self.qseg is not None:
-            qs, ks = self.qseg[i], self.kvseg[j]
-            skip |= jnp.all((qs.max(-1) < ks.min(-1)) | (qs.min(-1) > ks.max(-1)))
-        if self.mask is not None:
-            skip |= ~jnp.any(self.slice_ts(self.mask, i, j))
-        mode = jnp.where(skip, _SKIP, _FULL)
-        c = jnp.int32(0)
-        if relative:
-            hi = jnp.all(kp.min(-1) - qp.max(-1) >= max_distance)
-            lo = jnp.all(kp.max(-1) - qp.min(-1) <= -max_distance)
-            mode = jnp.where(~skip & (hi | lo), _CONST, mode)
-            c = jnp.where(hi, 2 * max_distance, 0).astype(jnp.int32)
-        return mode.astype(jnp.int32), c
-
-
-def _rel_ids(pb, i, j, max_distance):
-    return relative_ids(pb.qpos[i], pb.kvpos[j], max_distance)  # [B,t,s]
-
-
-def _forward(pb, qr_all, rel_key, rel_value, *, is_causal, max_distance, scale):
-    """Returns out [nq,B,K,G,t,V] (normalised, incl. value term), lse
-    [nq,B,K,G,t,1] (0 for rows with nothing visible), pr [nq,B,K,G,t,R] or None
-    (normalised weight mass per relative id) and the public lse (EMPTY_ROW_LSE
-    for rows with nothing visible)."""
-    relative = rel_key is not None or rel_value is not None
-    num_rel = 2 * max_distance + 1
+def _query_tile(pb: TiledProblem, qr_all: Array | None, i):
+    """Forward of query tile i over the key tiles its plan row bounds."""
     f32 = jnp.float32
-    shape_row = (pb.b, pb.kh, pb.g, pb.bq)
+    nf = pb.nf
+    row = (pb.b, pb.kh, pb.g, pb.bq)
+    q = pb.q[i].astype(f32)  # [B,K,G,t,H]
+    qr = None if qr_all is None else qr_all[i]  # [B,K,G,t,R]
+    bodies = BODIES if nf.shaw else BODIES[:3]
 
-    def q_block(i):
-        q = pb.q[i].astype(f32)  # [B,K,G,t,H]
-        qr = None if qr_all is None else qr_all[i]  # [B,K,G,t,R]
+    def branch(body, j):
+        if body is None:
+            return lambda carry: carry
+        return functools.partial(_online_step, pb, i, j, q, qr, body)
 
-        def tile(j, carry, mode_c):
-            m, l, acc, accr = carry
-            kk = pb.k[j].astype(f32)
-            vv = pb.v[j].astype(f32)
-            bias = None if pb.bias is None else pb.slice_ts(pb.bias, i, j)
-            vis = pb.visibility(i, j, is_causal)
-            const = mode_c is not None
-            if const:
-                s = jnp.einsum("BKGtH,BKsH->BKGts", q, kk)
-                if qr is not None:
-                    s = s + jax.lax.dynamic_index_in_dim(qr, mode_c, axis=-1, keepdims=True)
-                s = s * scale
-                if bias is not None:
-                    s = s + bias.astype(f32)
-            else:
-                r = _rel_ids(pb, i, j, max_distance) if relative else None
-                s = scores.tile_logits(q, kk, scale=scale, bias=bias, qr=qr, r=r)
-            # Finite sentinels (scores.NEG), never -inf: see masked_softmax_parts.
-            sv = s if vis is None else jnp.where(vis, s, scores.NEG)
-            m_new = jnp.maximum(m, jnp.max(sv, axis=-1, keepdims=True))
-            m_safe = jnp.where(m_new > scores.NEG / 2, m_new, 0.0)
-            p = jnp.exp(sv - m_safe)  # [B,K,G,t,s]; exactly 0 where sv = NEG
-            alpha = jnp.exp(m - m_safe)  # 0 while the row has seen nothing
-            l = alpha * l + jnp.sum(p, axis=-1, keepdims=True)
-            acc = alpha * acc + jnp.einsum("BKGts,BKsV->BKGtV", p, vv)
-            if accr is not None:
-                if const:
-                    add = jax.nn.one_hot(mode_c, num_rel, dtype=f32) * jnp.sum(
-                        p, axis=-1, keepdims=True
-                    )
-                else:
-                    add = scores.rel_scatter(p, r, num_rel)
-                accr = alpha * accr + add
-            return m_new, l, acc, accr
+    def loop_body(j, state):
+        carry, trips = state
+        fns = [branch(body, j) for body in bodies]
+        return jax.lax.switch(pb.plan.branch[i, j], fns, carry), trips + 1
 
-        def body(j, carry):
-            mode, c = pb.mode(i, j, is_causal, max_distance, relative)
-            branches = [lambda cr: cr, lambda cr: tile(j, cr, None)]
-            if relative:
-                branches.append(lambda cr: tile(j, cr, c))
-            return jax.lax.switch(mode, branches, carry)
-
-        init = (
-            jnp.full(shape_row + (1,), scores.NEG, f32),
-            jnp.zeros(shape_row + (1,), f32),
-            jnp.zeros(shape_row + (pb.hv,), f32),
-            None if rel_value is None else jnp.zeros(shape_row + (num_rel,), f32),
-        )
-        m, l, acc, accr = jax.lax.fori_loop(0, pb.nk, body, init)
-        inv = jnp.where(l == 0, 0.0, 1.0 / jnp.where(l == 0, 1.0, l))
-        out = acc * inv
-        pr = None
-        if accr is not None:
-            pr = accr * inv
-            vtab = rel_value.astype(f32).reshape(pb.kh, pb.g, num_rel, pb.hv)
-            out = out + jnp.einsum("BKGtR,KGRV->BKGtV", pr, vtab)
-        lse = jnp.where(l == 0, 0.0, m + jnp.log(jnp.where(l == 0, 1.0, l)))
-        # The backward recomputes exp(s - lse), so rows with nothing visible
-        # keep lse 0 there; the public lse marks them with EMPTY_ROW_LSE.
-        public = jnp.where(l == 0, EMPTY_ROW_LSE, lse)
-        return out, lse, pr, public
-
-    return jax.lax.map(q_block, jnp.arange(pb.nq))
-
-
-def _qr_tables(pb, rel_key, max_distance):
-    if rel_key is None:
-        return None
-    num_rel = 2 * max_distance + 1
-    tab = rel_key.astype(jnp.float32).reshape(pb.kh, pb.g, num_rel, pb.h)
-    return jnp.einsum("nBKGtH,KGRH->nBKGtR", pb.q.astype(jnp.float32), tab)
-
-
-def _untile_q(x, pb):
-    """[nq,B,K,G,t,X] -> [B,T,N,X] (drops padding)."""
-    nq, b, kh, g, t, d = x.shape
-    x = jnp.moveaxis(x, 0, 3).reshape(b, kh, g, nq * t, d)[:, :, :, : pb.t]
-    return x.transpose(0, 3, 1, 2, 4).reshape(b, pb.t, kh * g, d)
-
-
-def _untile_kv(x, pb):
-    """[nk,B,K,s,X] -> [B,S,K,X] (drops padding)."""
-    nk, b, kh, s, d = x.shape
-    x = jnp.moveaxis(x, 0, 2).reshape(b, kh, nk * s, d)[:, :, : pb.s]
-    return x.transpose(0, 2, 1, 3)
-
-
-@functools.partial(jax.custom_vjp, nondiff_argnums=(11, 12, 13, 14, 15, 16))
-def _chunked(
-    q,
-    k,
-    v,
-    bias,
-    mask,
-    qpos,
-    kvpos,
-    qseg,
-    kvseg,
-    rel_key,
-    rel_value,
-    is_causal,
-    max_distance,
-    scale,
-    block_q,
-    block_k,
-    window,
-):
-    out, _ = _chunked_fwd(
-        q,
-        k,
-        v,
-        bias,
-        mask,
-        qpos,
-        kvpos,
-        qseg,
-        kvseg,
-        rel_key,
-        rel_value,
-        is_causal,
-        max_distance,
-        scale,
-        block_q,
-        block_k,
-        window,
+    init = (
+        jnp.full(row + (1,), scores.NEG, f32),
+        jnp.zeros(row + (1,), f32),
+        jnp.zeros(row + (pb.hv,), f32),
+        None if nf.rel_value is None else jnp.zeros(row + (pb.num_rel,), f32),
     )
-    return out
+    lo, hi = pb.plan.rows[i, 0], pb.plan.rows[i, 1]
+    (m, l, acc, accr), trips = jax.lax.fori_loop(lo, hi, loop_body, (init, jnp.int32(0)))
+    empty = l == 0
+    inv = jnp.where(empty, 0.0, 1.0 / jnp.where(empty, 1.0, l))
+    out = acc * inv
+    pr = None
+    if accr is not None:
+        pr = accr * inv
+        vtab = nf.rel_value.astype(f32).reshape(pb.kh, pb.g, pb.num_rel, pb.hv)
+        out = out + jnp.einsum("BKGtR,KGRV->BKGtV", pr, vtab)
+    lse = jnp.where(empty, 0.0, m + jnp.log(jnp.where(empty, 1.0, l)))
+    # The backward recomputes exp(s - lse), so rows with nothing visible keep
+    # lse 0 there; the public lse marks them with EMPTY_ROW_LSE.
+    public = jnp.where(empty, EMPTY_ROW_LSE, lse)
+    return ForwardTiles(out, lse, pr, public, trips)
 
 
-def _chunked_fwd(
-    q,
-    k,
-    v,
-    bias,
-    mask,
-    qpos,
-    kvpos,
-    qseg,
-    kvseg,
-    rel_key,
-    rel_value,
-    is_causal,
-    max_distance,
-    scale,
-    block_q,
-    block_k,
-    window,
-):
-    pb = _Problem(
-        q,
-        k,
-        v,
-        bias,
-        mask,
-        qpos,
-        kvpos,
-        qseg,
-        kvseg,
-        block_q=block_q,
-        block_k=block_k,
-        window=window,
-    )
-    qr_all = _qr_tables(pb, rel_key, max_distance)
-    out_t, lse_t, pr_t, public_t = _forward(
-        pb, qr_all, rel_key, rel_value, is_causal=is_causal, max_distance=max_distance, scale=scale
-    )
-    out = _untile_q(out_t, pb).astype(q.dtype)
-    lse = _untile_q(public_t, pb)[..., 0]  # [B, T, N]
-    res = (q, k, v, bias, mask, qpos, kvpos, qseg, kvseg, rel_key, rel_value, out_t, lse_t, pr_t)
-    return (out, lse), res
+def forward(pb: TiledProblem) -> ForwardTiles:
+    """The forward pass of a tiled problem, one query tile at a time."""
+    qr_all = qr_tables(pb)  # [nq,B,K,G,t,R] or None
+    return jax.lax.map(functools.partial(_query_tile, pb, qr_all), jnp.arange(pb.nq))
 
 
-def _chunked_bwd(is_causal, max_distance, scale, block_q, block_k, window, res, cts):
-    from jattn.attention_chunked_bwd import backward
+@functools.partial(jax.custom_vjp, nondiff_argnums=(1, 2))
+def _chunked(nf: NormalForm, block_q: int, block_k: int):
+    return _chunked_fwd(nf, block_q, block_k)[0]
 
+
+def _chunked_fwd(nf: NormalForm, block_q: int, block_k: int):
+    pb = TiledProblem(nf, block_q, block_k)
+    ft = forward(pb)
+    out = untile_q(ft.out, pb).astype(nf.query.dtype)  # [B,T,N,V]
+    lse = untile_q(ft.public_lse, pb)[..., 0]  # [B,T,N]
+    return (out, lse), Residuals(nf, ft.out, ft.lse, ft.pr)
+
+
+def _chunked_bwd(block_q: int, block_k: int, res: Residuals, cts):
     dout, _ = cts  # the lse is a residual: its cotangent is ignored (as jax.nn)
-    return backward(
-        res,
-        dout,
-        is_causal=is_causal,
-        max_distance=max_distance,
-        scale=scale,
-        block_q=block_q,
-        block_k=block_k,
-        window=window,
+    g = backward(res, dout, block_q=block_q, block_k=block_k)
+    # Integer ids, the mask and the dropout seed are not differentiable: None.
+    none = {f: None for f in ("mask", "q_segment_ids", "kv_segment_ids", "dropout_seed")}
+    d_nf = res.nf.replace(
+        query=g.query,
+        key=g.key,
+        value=g.value,
+        bias=g.bias,
+        rel_key=g.rel_key,
+        rel_value=g.rel_value,
+        q_positions=None,
+        kv_positions=None,
+        **none,
     )
+    return (d_nf,)
 
 
 _chunked.defvjp(_chunked_fwd, _chunked_bwd)
@@ -364,7 +188,8 @@ def attention_chunked(
     """Tiled attention of a normal form (see `jattn.normal_form`).
 
     Args:
-      nf: the checked call.
+      nf: the checked call (any mask, causal, window, segments, Shaw terms,
+        dropout).
       block_q, block_k: tile sizes, clipped to T and S; None picks 512, or
         256 with Shaw terms. Large tiles amortise loop overhead on the CPU;
         memory grows as `block_q * block_k`.
@@ -372,8 +197,6 @@ def attention_chunked(
     Returns:
       `out [B, T, N, Hv]` in the dtype of `query` and `lse [B, T, N]` float32.
     """
-    if nf.dropout:
-        raise NotImplementedError("attention_chunked: attention dropout is not implemented yet")
     if nf.shaw:
         default_q = default_k = DEFAULT_BLOCK_SHAW
     else:
@@ -385,22 +208,4 @@ def attention_chunked(
             f"attention_chunked: block sizes must be positive, got "
             f"block_q={block_q}, block_k={block_k}"
         )
-    return _chunked(
-        nf.query,
-        nf.key,
-        nf.value,
-        nf.bias,
-        nf.mask,
-        nf.q_positions,
-        nf.kv_positions,
-        nf.q_segment_ids,
-        nf.kv_segment_ids,
-        nf.rel_key,
-        nf.rel_value,
-        nf.is_causal,
-        nf.max_distance,
-        nf.scale,
-        int(block_q),
-        int(block_k),
-        nf.window,
-    )
+    return _chunked(nf, int(block_q), int(block_k))

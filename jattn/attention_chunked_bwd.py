@@ -1,199 +1,204 @@
-"""Backward pass of the chunked implementation (see `attention_chunked`).
+"""Backward pass of the chunked implementation (see `jattn.attention_chunked`).
 
-Recomputes each tile's weights from the saved log-sum-exp,
-`p = exp(s - lse)`, and accumulates, in FlashAttention-2 order (key tiles
-outside, query tiles inside):
+Recomputes each tile's weights from the saved log-sum-exp, `p = exp(s - lse)`,
+and its dropout factor `z` (keep / (1 - rate), never stored), and accumulates
+in FlashAttention-2 order (key tiles outside; inside, only the query tiles
+that can see the key tile, `TilePlan.cols`):
 
-  dv_j += pᵀ do                 dp = do vᵀ (+ do·value_rel[r])
-  ds    = p (dp - D),  D = rowsum(do ∘ out)
+  dv_j += (p z)ᵀ do             dp = z ∘ (do vᵀ + do·value_rel[r])
+  ds    = p (dp - D),  D = rowsum(do ∘ out)   (out with dropout and Shaw term)
   dq_i += scale ds k            dk_j += scale dsᵀ q
   dqr_i += scale Σ_s ds [r = R]  (Shaw key term; dq and d key_rel from it)
   dbias += ds, reduced to the bias's broadcast shape
 
 The Shaw value table's gradient needs no loop: `d value_rel = Σ_t prᵀ do`
-with `pr`, the normalised weight mass per relative id, saved by the forward.
-Memory: O(T + S) per head plus a `[T, 2k+1]` buffer for Shaw; never `[T, S]`.
+with `pr`, the normalised (dropped) weight mass per relative id, saved by the
+forward. Memory: O(T + S) per head plus a `[T, 2k+1]` buffer for Shaw; never
+`[T, S]`. Intermediates stay finite (`scores.NEG` sentinels, `lse` 0 on
+empty rows), so `jax.debug_nans` / `jax.debug_infs` stay quiet.
+
+Shapes: as in `jattn.chunked_problem`.
 """
 
 from __future__ import annotations
 
+import functools
+from typing import NamedTuple
+
 import jax
 import jax.numpy as jnp
 
-from jattn import scores
+from jattn.chunked_problem import (
+    BODIES,
+    Residuals,
+    TileBody,
+    TiledProblem,
+    dropout_factor,
+    qr_tables,
+    rel_mass,
+    rel_pick,
+    tile_logits,
+    untile_kv,
+    untile_q,
+)
 
-# attention_chunked imports this module lazily (inside its VJP rule), so this
-# top-level import is not a cycle.
-from jattn.attention_chunked import _Problem, _qr_tables, _untile_kv, _untile_q
-from jattn.positions import relative_ids
+Array = jax.Array
+
+__all__ = ["Gradients", "backward"]
 
 
-def _reduce_to(x, shape):
+class Gradients(NamedTuple):
+    """Cotangents of the differentiable inputs (None where absent), in the
+    inputs' shapes and dtypes, and `trips`: int32 `[nk]`, the query tiles
+    each key tile's loop visited."""
+
+    query: Array
+    key: Array
+    value: Array
+    bias: Array | None
+    rel_key: Array | None
+    rel_value: Array | None
+    trips: Array
+
+
+class _Cotangent(NamedTuple):
+    """The output side of the backward in tile layout: `do [nq,B,K,G,t,V]`,
+    `big_d = rowsum(do ∘ out) [nq,B,K,G,t,1]`, Shaw tables `qr`
+    `[nq,B,K,G,t,R]` and `dor = do · value_relᵀ` `[nq,B,K,G,t,R]` (or None)."""
+
+    do: Array
+    big_d: Array
+    qr: Array | None
+    dor: Array | None
+
+
+def _reduce_to(x: Array, shape: tuple[int, ...]) -> Array:
     """Sum `x` over the axes where `shape` has 1 (broadcast reduction)."""
     axes = tuple(a for a, (n, m) in enumerate(zip(x.shape, shape, strict=True)) if m == 1 and n > 1)
     return jnp.sum(x, axis=axes, keepdims=True) if axes else x
 
 
-def _bias_tile_shape(pb):
-    """Shape of one tile of the grouped bias: `[B|1, K|1, G|1, t|1, s|1]`."""
-    sh = pb.bias.shape
-    return sh[:3] + (pb.bq if sh[3] > 1 else 1, pb.bk if sh[4] > 1 else 1)
-
-
-def backward(res, dout, *, is_causal, max_distance, scale, block_q, block_k, window):
-    """Cotangents of `_chunked`'s inputs (None for the mask and the integer ids)."""
-    (q, k, v, bias, mask, qpos, kvpos, qseg, kvseg, rel_key, rel_value, out_t, lse_t, pr_t) = res
+def _tile_grads(pb: TiledProblem, res: Residuals, ct: _Cotangent, i, j, body: TileBody, inner):
+    """Gradient contributions of tile (i, j). Returns the updated key-tile
+    accumulators `(dk_j [B,K,s,H], dv_j [B,K,s,V])` and this tile's
+    `(dq_i, dqr_i, dbias_ij)`; the caller adds those into the big buffers
+    outside the branch, so no conditional carries (and copies) a `[T, ...]`
+    buffer."""
     f32 = jnp.float32
-    pb = _Problem(
-        q,
-        k,
-        v,
-        bias,
-        mask,
-        qpos,
-        kvpos,
-        qseg,
-        kvseg,
-        block_q=block_q,
-        block_k=block_k,
-        window=window,
-    )
-    relative = rel_key is not None or rel_value is not None
-    num_rel = 2 * max_distance + 1
+    scale = pb.nf.scale
+    dk_j, dv_j = inner
+    qi = pb.q[i].astype(f32)  # [B,K,G,t,H]
+    kk = pb.k[j].astype(f32)  # [B,K,s,H]
+    vv = pb.v[j].astype(f32)  # [B,K,s,V]
+    do_i = ct.do[i]  # [B,K,G,t,V]
+    sv, r = tile_logits(pb, i, j, qi, None if ct.qr is None else ct.qr[i], body)
+    p = jnp.exp(sv - res.lse[i])  # [B,K,G,t,s]; exactly 0 where sv = NEG
+    z = dropout_factor(pb, i, j)  # [B|1,K,G,t,s] or None
+    pd = p if z is None else p * z
+    dv_j = dv_j + jnp.einsum("BKGts,BKGtV->BKsV", pd, do_i)
+    dp = jnp.einsum("BKGtV,BKsV->BKGts", do_i, vv)
+    if ct.dor is not None:
+        dp = dp + rel_pick(pb, i, j, ct.dor[i], r)
+    if z is not None:
+        dp = dp * z
+    ds = p * (dp - ct.big_d[i])  # [B,K,G,t,s]
+    dbias_ij = None if pb.bias is None else _reduce_to(ds, pb.tile_shape(pb.bias))
+    dsl = ds * scale
+    dq_i = jnp.einsum("BKGts,BKsH->BKGtH", dsl, kk)
+    dk_j = dk_j + jnp.einsum("BKGts,BKGtH->BKsH", dsl, qi)
+    dqr_i = None if pb.nf.rel_key is None else rel_mass(pb, i, j, dsl, r)
+    return (dk_j, dv_j), (dq_i, dqr_i, dbias_ij)
 
-    # dout [B,T,N,V] -> [nq,B,K,G,t,V], the layout of out_t.
-    b, t, n, hv = dout.shape
-    do = pb.tile_q(dout.astype(f32))
-    big_d = jnp.sum(do * out_t, axis=-1, keepdims=True)  # [nq,B,K,G,t,1]
-    qr_all = _qr_tables(pb, rel_key, max_distance)  # [nq,B,K,G,t,R] or None
-    dor_all = None
-    if rel_value is not None:
-        vtab = rel_value.astype(f32).reshape(pb.kh, pb.g, num_rel, hv)
-        dor_all = jnp.einsum("nBKGtV,KGRV->nBKGtR", do, vtab)
 
-    def tile(i, j, carry, c):
-        """Gradient contributions of tile (i, j). Returns the updated key-tile
-        accumulators and this tile's dq / dqr / dbias parts; the caller adds
-        those into the big buffers outside the branch, so no conditional ever
-        carries (and copies) a `[T, ...]` buffer."""
-        dk_j, dv_j = carry
-        const = c is not None
-        qi = pb.q[i].astype(f32)  # [B,K,G,t,H]
-        kk = pb.k[j].astype(f32)  # [B,K,s,H]
-        vv = pb.v[j].astype(f32)  # [B,K,s,V]
-        do_i = do[i]
-        b_ij = None if pb.bias is None else pb.slice_ts(pb.bias, i, j)
-        r = None
-        if const:
-            s = jnp.einsum("BKGtH,BKsH->BKGts", qi, kk)
-            if qr_all is not None:
-                s = s + jax.lax.dynamic_index_in_dim(qr_all[i], c, axis=-1, keepdims=True)
-            s = s * scale
-            if b_ij is not None:
-                s = s + b_ij.astype(f32)
-        else:
-            r = relative_ids(pb.qpos[i], pb.kvpos[j], max_distance) if relative else None
-            s = scores.tile_logits(
-                qi, kk, scale=scale, bias=b_ij, qr=None if qr_all is None else qr_all[i], r=r
-            )
-        vis = pb.visibility(i, j, is_causal)
-        p = jnp.exp(s - lse_t[i])  # [B,K,G,t,s]
-        if vis is not None:
-            p = jnp.where(vis, p, 0.0)
-        dv_j = dv_j + jnp.einsum("BKGts,BKGtV->BKsV", p, do_i)
-        dp = jnp.einsum("BKGtV,BKsV->BKGts", do_i, vv)
-        if dor_all is not None:
-            if const:
-                dp = dp + jax.lax.dynamic_index_in_dim(dor_all[i], c, axis=-1, keepdims=True)
-            else:
-                dp = dp + scores.rel_gather(dor_all[i], r)
-        ds = p * (dp - big_d[i])  # [B,K,G,t,s]
-        dbias_ij = None if b_ij is None else _reduce_to(ds, b_ij.shape)
-        dsl = ds * scale
-        dq_i = jnp.einsum("BKGts,BKsH->BKGtH", dsl, kk)
-        dk_j = dk_j + jnp.einsum("BKGts,BKGtH->BKsH", dsl, qi)
-        dqr_i = None
-        if rel_key is not None:
-            if const:
-                dqr_i = jax.nn.one_hot(c, num_rel, dtype=f32) * jnp.sum(dsl, -1, keepdims=True)
-            else:
-                dqr_i = scores.rel_scatter(dsl, r, num_rel)
-        return (dk_j, dv_j), (dq_i, dqr_i, dbias_ij)
+def _key_tile(pb: TiledProblem, res: Residuals, ct: _Cotangent, carry, j):
+    """Backward of key tile j over the query tiles its plan column bounds:
+    returns the updated `(dq, dqr, dbias)` buffers and `(dk_j, dv_j, trips)`."""
+    f32 = jnp.float32
+    bodies = BODIES if pb.nf.shaw else BODIES[:3]
 
-    def kv_block(carry, j):
-        dq, dqr, dbias = carry
-
-        def skip(inner):
-            zeros = (
-                jnp.zeros(pb.q.shape[1:], f32),
-                None if dqr is None else jnp.zeros(dqr.shape[1:], f32),
-                None if dbias is None else jnp.zeros(_bias_tile_shape(pb), f32),
-            )
-            return inner, zeros
-
-        def body(i, state):
-            inner, (dq, dqr, dbias) = state[:2], state[2:]
-            mode, c = pb.mode(i, j, is_causal, max_distance, relative)
-            branches = [skip, lambda cr: tile(i, j, cr, None)]
-            if relative:
-                branches.append(lambda cr: tile(i, j, cr, c))
-            inner, (dq_i, dqr_i, dbias_ij) = jax.lax.switch(mode, branches, inner)
-            dq = dq.at[i].add(dq_i)
-            if dqr is not None:
-                dqr = dqr.at[i].add(dqr_i)
-            if dbias is not None:
-                starts = (
-                    0,
-                    0,
-                    0,
-                    i * pb.bq if dbias.shape[3] > 1 else 0,
-                    j * pb.bk if dbias.shape[4] > 1 else 0,
-                )
-                cur = pb.slice_ts(dbias, i, j)
-                dbias = jax.lax.dynamic_update_slice(dbias, cur + dbias_ij, starts)
-            return (*inner, dq, dqr, dbias)
-
-        init = (
-            jnp.zeros((b, pb.kh, pb.bk, pb.h), f32),
-            jnp.zeros((b, pb.kh, pb.bk, hv), f32),
-            dq,
-            dqr,
-            dbias,
+    def skip(inner):
+        zeros = (
+            jnp.zeros(pb.q.shape[1:], f32),
+            None if carry[1] is None else jnp.zeros(carry[1].shape[1:], f32),
+            None if pb.bias is None else jnp.zeros(pb.tile_shape(pb.bias), f32),
         )
-        dk_j, dv_j, dq, dqr, dbias = jax.lax.fori_loop(0, pb.nq, body, init)
-        return (dq, dqr, dbias), (dk_j, dv_j)
+        return inner, zeros
 
+    def branch(body, i):
+        if body is None:
+            return skip
+        return functools.partial(_tile_grads, pb, res, ct, i, j, body)
+
+    def loop_body(i, state):
+        inner, (dq, dqr, dbias), trips = state
+        fns = [branch(body, i) for body in bodies]
+        inner, (dq_i, dqr_i, dbias_ij) = jax.lax.switch(pb.plan.branch[i, j], fns, inner)
+        dq = dq.at[i].add(dq_i)
+        if dqr is not None:
+            dqr = dqr.at[i].add(dqr_i)
+        if dbias is not None:
+            cur = pb.slice_ts(dbias, i, j)
+            dbias = jax.lax.dynamic_update_slice(dbias, cur + dbias_ij, pb.tile_start(dbias, i, j))
+        return inner, (dq, dqr, dbias), trips + 1
+
+    inner = (
+        jnp.zeros((pb.b, pb.kh, pb.bk, pb.h), f32),
+        jnp.zeros((pb.b, pb.kh, pb.bk, pb.hv), f32),
+    )
+    lo, hi = pb.plan.cols[j, 0], pb.plan.cols[j, 1]
+    (dk_j, dv_j), carry, trips = jax.lax.fori_loop(lo, hi, loop_body, (inner, carry, jnp.int32(0)))
+    return carry, (dk_j, dv_j, trips)
+
+
+def _cotangent(pb: TiledProblem, res: Residuals, dout: Array) -> _Cotangent:
+    f32 = jnp.float32
+    do = pb.tile_q(dout.astype(f32))  # [nq,B,K,G,t,V], the layout of res.out
+    big_d = jnp.sum(do * res.out, axis=-1, keepdims=True)  # [nq,B,K,G,t,1]
+    dor = None
+    if pb.nf.rel_value is not None:
+        vtab = pb.nf.rel_value.astype(f32).reshape(pb.kh, pb.g, pb.num_rel, pb.hv)
+        dor = jnp.einsum("nBKGtV,KGRV->nBKGtR", do, vtab)
+    return _Cotangent(do, big_d, qr_tables(pb), dor)
+
+
+def backward(res: Residuals, dout: Array, *, block_q: int, block_k: int) -> Gradients:
+    """Cotangents of the chunked forward's differentiable inputs.
+
+    Args:
+      res: what the forward saved.
+      dout: `[B, T, N, V]` output cotangent.
+      block_q, block_k: the forward's tile sizes.
+    """
+    nf = res.nf
+    f32 = jnp.float32
+    pb = TiledProblem(nf, block_q, block_k)
+    ct = _cotangent(pb, res, dout)
     dq0 = jnp.zeros(pb.q.shape, f32)
-    dqr0 = None if rel_key is None else jnp.zeros(pb.q.shape[:-1] + (num_rel,), f32)
+    dqr0 = None if nf.rel_key is None else jnp.zeros(pb.q.shape[:-1] + (pb.num_rel,), f32)
     dbias0 = None if pb.bias is None else jnp.zeros(pb.bias.shape, f32)
-    (dq, dqr, dbias), (dk, dv) = jax.lax.scan(kv_block, (dq0, dqr0, dbias0), jnp.arange(pb.nk))
+    step = functools.partial(_key_tile, pb, res, ct)
+    (dq, dqr, dbias), (dk, dv, trips) = jax.lax.scan(step, (dq0, dqr0, dbias0), jnp.arange(pb.nk))
 
     d_rel_key = d_rel_value = None
-    if rel_key is not None:
-        ktab = rel_key.astype(f32).reshape(pb.kh, pb.g, num_rel, pb.h)
+    if nf.rel_key is not None:
+        ktab = nf.rel_key.astype(f32).reshape(pb.kh, pb.g, pb.num_rel, pb.h)
         dq = dq + jnp.einsum("nBKGtR,KGRH->nBKGtH", dqr, ktab)
         d_rel_key = jnp.einsum("nBKGtR,nBKGtH->KGRH", dqr, pb.q.astype(f32))
-        d_rel_key = d_rel_key.reshape(rel_key.shape).astype(rel_key.dtype)
-    if rel_value is not None:
-        d_rel_value = jnp.einsum("nBKGtR,nBKGtV->KGRV", pr_t, do)
-        d_rel_value = d_rel_value.reshape(rel_value.shape).astype(rel_value.dtype)
-
+        d_rel_key = d_rel_key.reshape(nf.rel_key.shape).astype(nf.rel_key.dtype)
+    if nf.rel_value is not None:
+        d_rel_value = jnp.einsum("nBKGtR,nBKGtV->KGRV", res.pr, ct.do)
+        d_rel_value = d_rel_value.reshape(nf.rel_value.shape).astype(nf.rel_value.dtype)
     d_bias = None
     if dbias is not None:
-        d_bias = dbias[
-            :, :, :, : (t if dbias.shape[3] > 1 else 1), : (pb.s if dbias.shape[4] > 1 else 1)
-        ]
-        d_bias = d_bias.reshape(bias.shape).astype(bias.dtype)
-    return (
-        _untile_q(dq, pb).astype(q.dtype),
-        _untile_kv(dk, pb).astype(k.dtype),
-        _untile_kv(dv, pb).astype(v.dtype),
-        d_bias,
-        None,
-        None,
-        None,
-        None,
-        None,
-        d_rel_key,
-        d_rel_value,
+        t_keep = pb.t if dbias.shape[3] > 1 else 1
+        s_keep = pb.s if dbias.shape[4] > 1 else 1
+        d_bias = dbias[:, :, :, :t_keep, :s_keep].reshape(nf.bias.shape).astype(nf.bias.dtype)
+    return Gradients(
+        query=untile_q(dq, pb).astype(nf.query.dtype),
+        key=untile_kv(dk, pb).astype(nf.key.dtype),
+        value=untile_kv(dv, pb).astype(nf.value.dtype),
+        bias=d_bias,
+        rel_key=d_rel_key,
+        rel_value=d_rel_value,
+        trips=trips,
     )
