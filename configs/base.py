@@ -20,7 +20,7 @@ tfds into `data_dir` on first use). `:arg` takes the variants of
 implementation, `bf16`, `greedy`/`beam`, comma-separated.
 """
 
-from jattn.train.defaults import apply_variant, default_config
+from jattn.train.config import apply_variant, default_config
 
 
 def get_config(arg=None):

@@ -18,7 +18,7 @@ ablate`) runs it for every scheme and seed.
 an attention implementation, `bf16`, `greedy`/`beam`).
 """
 
-from jattn.train.defaults import apply_variant, default_config
+from jattn.train.config import apply_variant, default_config
 
 
 def get_config(arg=None):

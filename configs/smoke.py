@@ -6,7 +6,7 @@ Takes seconds on one CPU core. `:arg` takes the variants of
 `jattn.train.apply_variant` (e.g. `configs/smoke.py:rope`).
 """
 
-from jattn.train.defaults import apply_variant, default_config
+from jattn.train.config import apply_variant, default_config
 
 
 def get_config(arg=None):

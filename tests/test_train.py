@@ -198,6 +198,24 @@ def test_signature_input_length_and_legacy_checkpoints():
     ]
 
 
+def test_signature_of_a_model_field_added_after_the_checkpoint():
+    # A checkpoint saved before a TransformerConfig field existed ran with the
+    # field's default: it resumes under that default and under no other value.
+    from jattn.train.checkpoints import incompatibilities, signature
+
+    config = smoke_config()
+    legacy = signature(config)
+    field = "attention_dropout_rate" if "attention_dropout_rate" in config.model else "shaw_values"
+    default = config.model[field]
+    del legacy["model"][field]
+    assert incompatibilities(legacy, config) == []
+    changed = smoke_config()
+    changed.model[field] = 0.5 if isinstance(default, float) else not default
+    assert incompatibilities(legacy, changed) == [
+        f"model.{field}: checkpoint {default!r} != config {changed.model[field]!r}"
+    ]
+
+
 def test_load_run_reproduces_the_decodes_written_by_the_run(reference):
     """The restored parameters decode the validation inputs exactly as the run did."""
     from jattn import data

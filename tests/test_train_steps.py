@@ -276,3 +276,43 @@ def test_retention_keeps_the_last_n_and_the_best(tmp_path, mode, best):
     mngr.wait_until_finished()
     assert sorted(mngr.all_steps()) == sorted({5, 6, best})
     mngr.close()
+
+
+# -- training-metric bookkeeping --------------------------------------------------------
+
+
+def test_train_metrics_average_an_interval_and_stop_on_a_non_finite_loss(tmp_path):
+    from jattn.train.metrics import (
+        MetricsWriter,
+        NonFiniteLossError,
+        Progress,
+        TrainMetrics,
+        read_metrics,
+    )
+
+    def step_metrics(loss, lr):
+        return {"loss": loss, "accuracy": 0.5, "tokens": 10.0, "grad_norm": 2 * loss,
+                "learning_rate": lr}  # fmt: skip
+
+    writer = MetricsWriter(str(tmp_path))
+    metrics = TrainMetrics(writer, Progress(10, 0, enabled=False, is_main=False))
+    metrics.push(1, step_metrics(1.0, 0.1))
+    assert metrics.last_loss != metrics.last_loss  # NaN: step 1 is still in flight
+    metrics.push(2, step_metrics(3.0, 0.2))
+    assert metrics.last_loss == 1.0  # step 1 fetched while step 2 runs
+    metrics.log(2)
+    metrics.push(3, step_metrics(5.0, 0.3))
+    metrics.log(3)
+    writer.close()
+    rows = read_metrics(str(tmp_path))
+    assert [r["step"] for r in rows] == [2, 3]
+    assert rows[0]["train/loss"] == 2.0 and rows[0]["train/grad_norm"] == 4.0
+    assert rows[0]["train/learning_rate"] == 0.2 and rows[1]["train/loss"] == 5.0
+    assert set(rows[0]) == {
+        "step", "train/loss", "train/accuracy", "train/grad_norm", "train/learning_rate",
+        "train/tokens_per_sec", "train/steps_per_sec",
+    }  # fmt: skip
+    assert metrics.steady_steps_per_sec > 0  # the second interval (the first compiles)
+    metrics.push(4, step_metrics(float("nan"), 0.4))
+    with pytest.raises(NonFiniteLossError, match=r"non-finite loss \(nan\) at step 4"):
+        metrics.fetch()

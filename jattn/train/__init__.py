@@ -1,4 +1,4 @@
-"""Training: configs, a jitted sharded loop, orbax checkpoints, metrics.
+"""Training: one config path, a jitted sharded loop, orbax checkpoints, metrics.
 
     from jattn.train import load_config, apply_overrides, train_and_evaluate
     config = load_config("configs/numbers.py")
@@ -11,15 +11,18 @@ Needs the `train` extra (flax, optax, orbax, grain, ml_collections, ...).
 from jattn.train.config import (
     ConfigError,
     apply_overrides,
+    apply_variant,
+    build_model_config,
+    check_config,
     config_to_dict,
     config_to_json,
+    default_config,
     load_config,
     split_overrides,
 )
-from jattn.train.defaults import apply_variant, check_config, default_config
-from jattn.train.loop import TrainingDivergedError, build_model_config, train_and_evaluate
+from jattn.train.loop import TrainingDivergedError, train_and_evaluate
 from jattn.train.metrics import read_metrics
-from jattn.train.restore import TrainedRun, checkpoint_steps, load_run
+from jattn.train.restore import TrainedRun, checkpoint_steps, load_run, load_task
 
 __all__ = [
     "ConfigError",
@@ -35,6 +38,7 @@ __all__ = [
     "default_config",
     "load_config",
     "load_run",
+    "load_task",
     "read_metrics",
     "split_overrides",
     "train_and_evaluate",

@@ -27,7 +27,7 @@ import orbax.checkpoint as ocp
 from orbax.checkpoint import checkpoint_managers as cm
 
 from jattn.data import checkpoint as data_ckpt
-from jattn.train.config import ConfigError, config_to_dict
+from jattn.train.config import ConfigError, config_to_dict, model_defaults
 
 __all__ = [
     "COMPAT_KEYS",
@@ -75,9 +75,14 @@ def signature(config: ml_collections.ConfigDict | dict[str, Any]) -> dict[str, A
 def incompatibilities(saved: dict[str, Any], config: ml_collections.ConfigDict) -> list[str]:
     """What differs between a checkpoint's saved signature and `config`'s, one
     line each. Signatures saved before inputs had their own row length lack
-    `input_len`: their inputs used `max_len`, which is what they are given."""
+    `input_len`: their inputs used `max_len`, which is what they are given.
+    Signatures saved before a model field existed lack it: the run used the
+    field's default (`TransformerConfig` adds fields with the old behaviour
+    as their default), which is what they are given."""
     saved = dict(saved)
     saved.setdefault("input_len", saved.get("max_len"))
+    if isinstance(saved.get("model"), dict):
+        saved["model"] = {**config_to_dict(model_defaults()), **saved["model"]}
     return _diff(saved, signature(config))
 
 

@@ -27,8 +27,7 @@ from typing import Any
 import jax
 import numpy as np
 
-from jattn.train.config import ConfigError
-from jattn.train.defaults import input_lengths
+from jattn.train.config import ConfigError, input_lengths
 
 __all__ = ["EvalSet", "evaluate", "ids_to_text", "load_eval_sets", "write_decodes"]
 

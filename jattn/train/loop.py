@@ -5,12 +5,13 @@
 3. derive the state's shardings from the model's logical axis names;
 4. initialise the state, or restore it and the data iterator;
 5. jit the train step (explicit shardings, donated state), eval and decode;
-6. loop: step, check the loss, log, evaluate, checkpoint, watch for SIGTERM;
+6. loop: step, log, evaluate, checkpoint, watch for SIGTERM;
 7. final evaluation, `final_metrics.json`.
 
-Helpers live beside this file by concern: `mesh` (shardings), `optim`,
-`steps` (loss and step functions), `checkpoints`, `evaluation`, `metrics`,
-`distributed`, `defaults` and `config` (keys, loading, checks).
+Helpers live beside this file by concern: `config` (keys, defaults, loading,
+checks), `mesh` (shardings), `optim`, `steps` (loss and step functions),
+`checkpoints`, `restore` (the data set of a config), `evaluation`, `metrics`
+(step bookkeeping and output), `distributed`.
 """
 
 from __future__ import annotations
@@ -19,7 +20,6 @@ import functools
 import json
 import math
 import os
-import time
 from typing import Any
 
 import jax
@@ -32,58 +32,31 @@ from jax.sharding import PartitionSpec as P
 from jattn.train import checkpoints as ckpt
 from jattn.train import evaluation, steps
 from jattn.train import mesh as mesh_lib
-from jattn.train.config import ConfigError, config_to_json
-from jattn.train.defaults import check_config, input_lengths
+from jattn.train.config import (
+    ConfigError,
+    build_model_config,
+    check_config,
+    config_to_json,
+    input_lengths,
+)
 from jattn.train.distributed import PreemptionWatch
-from jattn.train.metrics import MetricsWriter, Progress, read_metrics
+from jattn.train.metrics import (
+    MetricsWriter,
+    NonFiniteLossError,
+    Progress,
+    TrainMetrics,
+    read_metrics,
+)
 from jattn.train.optim import make_optimizer
+from jattn.train.restore import load_task
 
-__all__ = ["TrainingDivergedError", "build_model_config", "train_and_evaluate"]
+__all__ = ["FINAL_METRICS", "TrainingDivergedError", "build_model_config", "train_and_evaluate"]
 
 FINAL_METRICS = "final_metrics.json"
 
 
 class TrainingDivergedError(RuntimeError):
     """The loss became NaN or Inf; the message names the step and the last good checkpoint."""
-
-
-def build_model_config(config: ml_collections.ConfigDict, tokenizer_vocab: int) -> Any:
-    """`TransformerConfig` from `config.model`, filling `vocab_size=-1` from the tokenizer.
-
-    Raises:
-      ConfigError: an invalid model field, or a vocab_size below the tokenizer's.
-    """
-    from jattn.models import TransformerConfig  # noqa: PLC0415
-
-    fields = config.model.to_dict()
-    if fields["vocab_size"] <= 0:
-        multiple = config.vocab_multiple
-        fields["vocab_size"] = math.ceil(tokenizer_vocab / multiple) * multiple
-    elif fields["vocab_size"] < tokenizer_vocab:
-        raise ConfigError(
-            f"model.vocab_size={fields['vocab_size']} is smaller than the tokenizer's "
-            f"{tokenizer_vocab} (use -1 to follow the tokenizer)"
-        )
-    try:
-        return TransformerConfig.from_dict(fields)
-    except (ValueError, TypeError) as e:
-        raise ConfigError(f"config.model: {e}") from None
-
-
-def _load_task(config: ml_collections.ConfigDict):
-    from jattn import data  # noqa: PLC0415
-
-    try:
-        return data.load(
-            config.dataset,
-            data_dir=config.data_dir,
-            tokenizer=config.tokenizer,
-            vocab_size=config.vocab_size,
-            source_key=config.source_key,
-            target_key=config.target_key,
-        )
-    except ValueError as e:
-        raise ConfigError(f"dataset={config.dataset!r}: {e}") from None
 
 
 def _check_sizes(config: ml_collections.ConfigDict, mesh: jax.sharding.Mesh) -> None:
@@ -105,6 +78,77 @@ def _check_sizes(config: ml_collections.ConfigDict, mesh: jax.sharding.Mesh) -> 
         )
 
 
+def _finished(workdir: str, latest: int | None, config) -> dict[str, Any] | None:
+    """The saved final metrics if this workdir already completed `num_train_steps`."""
+    path = os.path.join(workdir, FINAL_METRICS)
+    if latest != config.num_train_steps or not os.path.exists(path):
+        return None
+    with open(path) as f:
+        final = json.load(f)
+    return final if final.get("step") == config.num_train_steps else None
+
+
+def _write_run_config(workdir: str, config: ml_collections.ConfigDict, model_config) -> None:
+    """`config.json` and `model_config.json` (what `load_run` reads back)."""
+    with open(os.path.join(workdir, "config.json"), "w") as f:
+        f.write(config_to_json(config))
+    with open(os.path.join(workdir, "model_config.json"), "w") as f:
+        json.dump(model_config.to_dict(), f, indent=2, sort_keys=True)
+
+
+def _make_init(model, tx, config: ml_collections.ConfigDict, rows: int):
+    """`rng key data -> TrainState` with boxed (logically annotated) parameters."""
+    input_len, _ = input_lengths(config)  # encoder row length; config.max_len: decoder's
+
+    def init_boxed(rng: jax.Array) -> steps.TrainState:
+        init_rng, state_rng = jax.random.split(jax.random.wrap_key_data(rng))
+        inputs = jnp.zeros((rows, input_len), jnp.int32)  # [rows, S]
+        targets = jnp.zeros((rows, config.max_len), jnp.int32)  # [rows, T]
+        params = model.init({"params": init_rng}, inputs, targets, train=False)["params"]
+        return steps.TrainState(
+            step=jnp.zeros((), jnp.int32),
+            params=params,
+            opt_state=tx.init(params),
+            rng=jax.random.key_data(state_rng),
+        )
+
+    return init_boxed
+
+
+def _abstract_state(init_boxed, root: jax.Array, mesh, rules):
+    """`(abstract state, state shardings)`: shapes, dtypes and shardings of the
+    state, from the logical axis names of the boxed parameters (nothing is
+    allocated)."""
+    with jax.set_mesh(mesh), nn.logical_axis_rules(rules):
+        abstract_boxed = jax.eval_shape(init_boxed, root)
+        shardings = mesh_lib.state_shardings(abstract_boxed, mesh, rules)
+    abstract_state = jax.tree.map(
+        lambda x, s: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=s),
+        mesh_lib.unbox_values(abstract_boxed),
+        shardings,
+    )
+    return abstract_state, shardings
+
+
+def _train_loader(task, config: ml_collections.ConfigDict):
+    """This process's shard of the shuffled, packed training stream."""
+    from jattn import data as data_lib  # noqa: PLC0415
+
+    return data_lib.make_loader(
+        task,
+        "train",
+        batch_size=config.batch_size // jax.process_count(),
+        max_len=config.max_len,
+        max_input_len=input_lengths(config)[0],
+        seed=config.seed,
+        shuffle=True,
+        pack=config.pack,
+        overlong=config.overlong,
+        shard_index=jax.process_index(),
+        shard_count=jax.process_count(),
+    )
+
+
 def _decode_fn(model, config: ml_collections.ConfigDict):
     """`(params, inputs [B, S]) -> ids [B, max_length]` per `config.decode`, or None."""
     if config.eval_decode_examples <= 0:
@@ -123,21 +167,50 @@ def _decode_fn(model, config: ml_collections.ConfigDict):
     return functools.partial(decoding.greedy, model, max_length=max_length)
 
 
-def _finished(workdir: str, latest: int | None, config) -> dict[str, Any] | None:
-    """The saved final metrics if this workdir already completed `num_train_steps`."""
-    path = os.path.join(workdir, FINAL_METRICS)
-    if latest != config.num_train_steps or not os.path.exists(path):
-        return None
-    with open(path) as f:
-        final = json.load(f)
-    return final if final.get("step") == config.num_train_steps else None
+def _compile(model, tx, schedule, config: ml_collections.ConfigDict, mesh, shardings):
+    """`(train_step, eval_step, decode or None)`, jitted with explicit shardings.
+
+    The train step donates the state; every output but the state is replicated.
+    """
+    batch_sharding = mesh_lib.batch_sharding(mesh)
+    replicated = NamedSharding(mesh, P())
+    train_step = jax.jit(
+        steps.make_train_step(
+            model,
+            tx,
+            schedule,
+            label_smoothing=config.label_smoothing,
+            grad_accum_steps=config.grad_accum_steps,
+            micro_spec=NamedSharding(mesh, P(None, *mesh_lib.BATCH_SPEC)),
+            debug_nan_at_step=config.debug_nan_at_step,
+        ),
+        in_shardings=(shardings, batch_sharding),
+        out_shardings=(shardings, replicated),
+        donate_argnums=(0,),
+    )
+    eval_step = jax.jit(
+        steps.make_eval_step(model),
+        in_shardings=(shardings.params, batch_sharding),
+        out_shardings=replicated,
+    )
+    decode_fn = _decode_fn(model, config)
+    decode = decode_fn and jax.jit(
+        decode_fn, in_shardings=(shardings.params, batch_sharding), out_shardings=replicated
+    )
+    return train_step, eval_step, decode
+
+
+def _last_logged_loss(workdir: str) -> float:
+    """The last `train/loss` of metrics.jsonl (a run resumed at its end trains no step)."""
+    logged = [r["train/loss"] for r in read_metrics(workdir) if "train/loss" in r]
+    return float(logged[-1]) if logged else float("nan")
 
 
 def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict[str, Any]:
     """Trains (or resumes) the run in `workdir` and returns its final metrics.
 
     Args:
-      config: a full config (see `jattn.train.defaults.default_config`).
+      config: a full config (see `jattn.train.config.default_config`).
       workdir: the run directory; holds `checkpoints/`, `metrics.jsonl`,
         `tb/`, `config.json`, `model_config.json`, `decodes/` and, once done,
         `final_metrics.json`. An existing checkpoint is resumed.
@@ -161,7 +234,7 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict[
     mesh = mesh_lib.make_mesh(config.mesh_shape)
     rules = tuple(tuple(r) for r in config.logical_axis_rules) or mesh_lib.DEFAULT_RULES
     _check_sizes(config, mesh)
-    task = _load_task(config)
+    task = load_task(config)
     eval_splits = [s for s in config.eval_splits if s in task.splits]
     model_config = build_model_config(config, task.tokenizer.vocab_size)
     model = Transformer(model_config)
@@ -175,56 +248,16 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict[
         mngr.close()
         return done
     if is_main:
-        with open(os.path.join(workdir, "config.json"), "w") as f:
-            f.write(config_to_json(config))
-        with open(os.path.join(workdir, "model_config.json"), "w") as f:
-            json.dump(model_config.to_dict(), f, indent=2, sort_keys=True)
+        _write_run_config(workdir, config, model_config)
 
     # 3. Abstract state and shardings from the logical axis names. ---------------------
-    rows = mesh.shape["data"] * mesh.shape["fsdp"]
-    input_len, _ = input_lengths(config)  # encoder row length; config.max_len: decoder's
-
-    def init_boxed(rng: jax.Array) -> steps.TrainState:
-        init_rng, state_rng = jax.random.split(jax.random.wrap_key_data(rng))
-        inputs = jnp.zeros((rows, input_len), jnp.int32)  # [rows, S]
-        targets = jnp.zeros((rows, config.max_len), jnp.int32)  # [rows, T]
-        params = model.init({"params": init_rng}, inputs, targets, train=False)["params"]
-        return steps.TrainState(
-            step=jnp.zeros((), jnp.int32),
-            params=params,
-            opt_state=tx.init(params),
-            rng=jax.random.key_data(state_rng),
-        )
-
+    init_boxed = _make_init(model, tx, config, rows=mesh.shape["data"] * mesh.shape["fsdp"])
     root = jax.random.key_data(jax.random.key(config.seed))  # uint32 [2]
-    with jax.set_mesh(mesh), nn.logical_axis_rules(rules):
-        abstract_boxed = jax.eval_shape(init_boxed, root)
-        shardings = mesh_lib.state_shardings(abstract_boxed, mesh, rules)
-    abstract_state = jax.tree.map(
-        lambda x, s: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=s),
-        mesh_lib.unbox_values(abstract_boxed),
-        shardings,
-    )
+    abstract_state, shardings = _abstract_state(init_boxed, root, mesh, rules)
     num_params = sum(math.prod(x.shape) for x in jax.tree.leaves(abstract_state.params))
-    batch_sharding = mesh_lib.batch_sharding(mesh)
-    replicated = NamedSharding(mesh, P())
 
     # 4. Data iterators; initialise or restore the state. ------------------------------
-    train_iter = iter(
-        data_lib.make_loader(
-            task,
-            "train",
-            batch_size=config.batch_size // jax.process_count(),
-            max_len=config.max_len,
-            max_input_len=input_len,
-            seed=config.seed,
-            shuffle=True,
-            pack=config.pack,
-            overlong=config.overlong,
-            shard_index=jax.process_index(),
-            shard_count=jax.process_count(),
-        )
-    )
+    train_iter = iter(_train_loader(task, config))
     eval_sets = evaluation.load_eval_sets(task, data_lib.make_loader, config, eval_splits)
     with jax.set_mesh(mesh), nn.logical_axis_rules(rules):
         if latest is not None:
@@ -234,37 +267,23 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict[
             state = init(root)
 
     # 5. Compiled functions: explicit shardings, the state donated. --------------------
-    micro_spec = NamedSharding(mesh, P(None, *mesh_lib.BATCH_SPEC))
-    train_step = jax.jit(
-        steps.make_train_step(
-            model,
-            tx,
-            schedule,
-            label_smoothing=config.label_smoothing,
-            grad_accum_steps=config.grad_accum_steps,
-            micro_spec=micro_spec,
-            debug_nan_at_step=config.debug_nan_at_step,
-        ),
-        in_shardings=(shardings, batch_sharding),
-        out_shardings=(shardings, replicated),
-        donate_argnums=(0,),
-    )
-    eval_step = jax.jit(
-        steps.make_eval_step(model),
-        in_shardings=(shardings.params, batch_sharding),
-        out_shardings=replicated,
-    )
-    decode_fn = _decode_fn(model, config)
-    decode = decode_fn and jax.jit(
-        decode_fn, in_shardings=(shardings.params, batch_sharding), out_shardings=replicated
-    )
+    train_step, eval_step, decode = _compile(model, tx, schedule, config, mesh, shardings)
+    batch_sharding = mesh_lib.batch_sharding(mesh)
     to_global = functools.partial(
         mesh_lib.make_global_batch, sharding=batch_sharding, replicated_input=True
     )
 
-    def run_eval(state_params, step: int) -> dict[str, float]:
+    # 6. The loop. ---------------------------------------------------------------------
+    step = start = int(jax.device_get(state.step))
+    writer = MetricsWriter(workdir, enabled=is_main, resume_step=start)
+    progress = Progress(
+        config.num_train_steps, start, enabled=is_main and config.progress_bar, is_main=is_main
+    )
+    train_metrics = TrainMetrics(writer, progress)
+
+    def run_eval(params, step: int) -> dict[str, float]:
         metrics, decodes = evaluation.evaluate(
-            state_params,
+            params,
             eval_sets,
             eval_step=eval_step,
             decode=decode,
@@ -274,103 +293,48 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict[
         )
         if is_main:
             evaluation.write_decodes(workdir, step, decodes)
+        writer.write(step, metrics)
         return metrics
 
-    # 6. The loop. ---------------------------------------------------------------------
-    start = int(jax.device_get(state.step))
-    writer = MetricsWriter(workdir, enabled=is_main, resume_step=start)
-    progress = Progress(
-        config.num_train_steps, start, enabled=is_main and config.progress_bar, is_main=is_main
-    )
     watch = PreemptionWatch()
-    sums = {"loss": 0.0, "accuracy": 0.0, "tokens": 0.0, "grad_norm": 0.0, "count": 0}
-    last = {"learning_rate": 0.0, "loss": float("nan")}
     eval_metrics: dict[str, float] = {}
-    eval_step_done = -1
-    pending = None  # (step, device metrics) of the step in flight
-    preempted = False
-    step = start
-    timer = {"t": time.perf_counter(), "steady_t": 0.0, "steady_steps": 0, "first": True}
-
-    def consume(item) -> None:
-        """Fetches one step's metrics; stops the run on a non-finite loss."""
-        s, device_metrics = item
-        m = jax.device_get(device_metrics)
-        loss = float(m["loss"])
-        if not math.isfinite(loss):
-            mngr.wait_until_finished()
-            good = mngr.latest_step()
-            raise TrainingDivergedError(
-                f"non-finite loss ({loss}) at step {s}; stopped without saving it. Last good "
-                f"checkpoint: step {good} in {mngr.directory}"
-            )
-        for k in ("loss", "accuracy", "tokens", "grad_norm"):
-            sums[k] += float(m[k])
-        sums["count"] += 1
-        last.update(loss=loss, learning_rate=float(m["learning_rate"]))
-
-    def flush_train_metrics(s: int) -> None:
-        now = time.perf_counter()
-        elapsed = max(now - timer["t"], 1e-9)
-        n = max(sums["count"], 1)
-        if timer["first"]:  # the first interval of this process includes compilation
-            timer["first"] = False
-        else:
-            timer["steady_t"] += elapsed
-            timer["steady_steps"] += sums["count"]
-        row = {
-            "train/loss": sums["loss"] / n,
-            "train/accuracy": sums["accuracy"] / n,
-            "train/grad_norm": sums["grad_norm"] / n,
-            "train/learning_rate": last["learning_rate"],
-            "train/tokens_per_sec": sums["tokens"] / elapsed,
-            "train/steps_per_sec": sums["count"] / elapsed,
-        }
-        writer.write(s, row)
-        progress.update(sums["count"], row["train/loss"], row["train/tokens_per_sec"])
-        for k in sums:
-            sums[k] = 0
-        timer["t"] = time.perf_counter()
-
+    eval_step_done, preempted = -1, False
     try:
         with jax.set_mesh(mesh), nn.logical_axis_rules(rules):
             while step < config.num_train_steps:
                 batch = mesh_lib.make_global_batch(next(train_iter), batch_sharding)
                 state, device_metrics = train_step(state, batch)
-                if pending is not None:
-                    consume(pending)  # the previous step, while this one runs
-                pending = (step + 1, device_metrics)
                 step += 1
-                final = step == config.num_train_steps
-                do_eval = step % config.eval_every_steps == 0 or final
+                train_metrics.push(step, device_metrics)  # fetches the previous step's
+                do_eval = step % config.eval_every_steps == 0 or step == config.num_train_steps
                 do_save = step % config.checkpoint_every_steps == 0 or do_eval
                 do_log = step % config.log_every_steps == 0 or do_save
                 preempted = watch.reached(step)
                 if do_log or preempted:
-                    consume(pending)
-                    pending = None
-                    flush_train_metrics(step)
+                    train_metrics.log(step)
                 if do_eval:
-                    eval_metrics = run_eval(state.params, step)
-                    eval_step_done = step
-                    writer.write(step, eval_metrics)
+                    eval_metrics, eval_step_done = run_eval(state.params, step), step
                     progress.write(_format_eval(step, eval_metrics))
                 if do_save or preempted:
                     saved_metrics = eval_metrics if do_eval else None
                     ckpt.save(mngr, step, state, train_iter, config, saved_metrics)
                 if do_eval or do_save:
                     writer.flush()
-                    timer["t"] = time.perf_counter()
+                    train_metrics.restart_clock()
                 if preempted:
                     mngr.wait_until_finished()
                     progress.write(f"preempted: saved step {step} in {mngr.directory}; exiting")
                     break
-            if pending is not None:
-                consume(pending)
+            train_metrics.fetch()
             # 7. Final evaluation (if the last step's is missing, e.g. a restart at the end).
             if not preempted and eval_step_done != step:
                 eval_metrics = run_eval(state.params, step)
-                writer.write(step, eval_metrics)
+    except NonFiniteLossError as e:
+        mngr.wait_until_finished()
+        raise TrainingDivergedError(
+            f"{e}; stopped without saving it. Last good checkpoint: step "
+            f"{mngr.latest_step()} in {mngr.directory}"
+        ) from None
     finally:
         watch.close()
         progress.close()
@@ -378,15 +342,12 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict[
         mngr.close()
         writer.close()
 
-    steady = timer["steady_steps"] / timer["steady_t"] if timer["steady_t"] > 0 else float("nan")
-    if not math.isfinite(last["loss"]):  # resumed at the end: no step ran in this process
-        logged = [r["train/loss"] for r in read_metrics(workdir) if "train/loss" in r]
-        last["loss"] = float(logged[-1]) if logged else float("nan")
+    last_loss = train_metrics.last_loss  # NaN when no step ran in this process
     result = {
         "step": step,
         "preempted": preempted,
-        "train/loss": last["loss"],
-        "train/steps_per_sec": steady,
+        "train/loss": last_loss if math.isfinite(last_loss) else _last_logged_loss(workdir),
+        "train/steps_per_sec": train_metrics.steady_steps_per_sec,
         "num_params": int(num_params),
         **eval_metrics,
     }

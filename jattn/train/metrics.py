@@ -1,4 +1,9 @@
-"""Metric output: `metrics.jsonl`, TensorBoard event files, and the progress bar.
+"""Metrics: training-step bookkeeping, `metrics.jsonl`, TensorBoard files, the progress bar.
+
+`TrainMetrics` keeps the training loop free of bookkeeping: it holds the
+device metrics of the step in flight (fetched while the next one runs),
+averages them over a log interval, times the steps, and writes a row through
+`MetricsWriter` and `Progress`.
 
 Only process 0 writes; on the others every method is a no-op. Each line of
 `metrics.jsonl` is one JSON object with ``"step"`` and metric names such as
@@ -15,7 +20,7 @@ import time
 from collections.abc import Mapping
 from typing import Any
 
-__all__ = ["MetricsWriter", "Progress", "read_metrics"]
+__all__ = ["MetricsWriter", "NonFiniteLossError", "Progress", "TrainMetrics", "read_metrics"]
 
 METRICS_FILE = "metrics.jsonl"
 
@@ -138,3 +143,106 @@ class Progress:
         if self._bar is not None:
             self._bar.close()
             self._bar = None
+
+
+class NonFiniteLossError(ArithmeticError):
+    """A training step's loss is NaN or Inf (`TrainMetrics` found it)."""
+
+    def __init__(self, step: int, loss: float):
+        super().__init__(f"non-finite loss ({loss}) at step {step}")
+        self.step = step
+        self.loss = loss
+
+
+_SUMMED = ("loss", "accuracy", "tokens", "grad_norm")
+
+
+class TrainMetrics:
+    """Training metrics between two log lines, and the run's step rate.
+
+    The train step returns device scalars (``loss``, ``accuracy``,
+    ``tokens``, ``grad_norm``, ``learning_rate``). `push` keeps one step's
+    in flight and fetches the previous one, so the host never waits for the
+    device; `log` fetches what is left and writes the interval's means:
+    ``train/loss``, ``train/accuracy``, ``train/grad_norm``,
+    ``train/learning_rate`` (the last step's), ``train/tokens_per_sec`` and
+    ``train/steps_per_sec``.
+
+    The first interval of a process includes compilation, so it is left out
+    of `steady_steps_per_sec`; `restart_clock` leaves evaluation and
+    checkpoint time out of the rates.
+
+    Raises (from `push`, `fetch`, `log`):
+      NonFiniteLossError: a fetched step's loss is NaN or Inf.
+    """
+
+    def __init__(self, writer: MetricsWriter, progress: Progress):
+        self._writer = writer
+        self._progress = progress
+        self._pending: tuple[int, Any] | None = None  # (step, device metrics) in flight
+        self._sums = dict.fromkeys(_SUMMED, 0.0)
+        self._count = 0
+        self._learning_rate = 0.0
+        self.last_loss = float("nan")  # of the last fetched step
+        self._clock = time.perf_counter()
+        self._first = True
+        self._steady_time = 0.0
+        self._steady_steps = 0
+
+    def push(self, step: int, device_metrics: Any) -> None:
+        """Records step `step`'s metrics (still on device); fetches the previous step's."""
+        self.fetch()
+        self._pending = (step, device_metrics)
+
+    def fetch(self) -> None:
+        """Fetches the metrics in flight, if any, into the interval's sums."""
+        if self._pending is None:
+            return
+        import jax  # noqa: PLC0415
+
+        step, device_metrics = self._pending
+        self._pending = None
+        m = jax.device_get(device_metrics)
+        loss = float(m["loss"])
+        if not math.isfinite(loss):
+            raise NonFiniteLossError(step, loss)
+        for k in _SUMMED:
+            self._sums[k] += float(m[k])
+        self._count += 1
+        self.last_loss = loss
+        self._learning_rate = float(m["learning_rate"])
+
+    def log(self, step: int) -> None:
+        """Fetches, writes the interval's row at `step`, starts a new interval."""
+        self.fetch()
+        elapsed = max(time.perf_counter() - self._clock, 1e-9)
+        n = max(self._count, 1)
+        if self._first:
+            self._first = False
+        else:
+            self._steady_time += elapsed
+            self._steady_steps += self._count
+        row = {
+            "train/loss": self._sums["loss"] / n,
+            "train/accuracy": self._sums["accuracy"] / n,
+            "train/grad_norm": self._sums["grad_norm"] / n,
+            "train/learning_rate": self._learning_rate,
+            "train/tokens_per_sec": self._sums["tokens"] / elapsed,
+            "train/steps_per_sec": self._count / elapsed,
+        }
+        self._writer.write(step, row)
+        self._progress.update(self._count, row["train/loss"], row["train/tokens_per_sec"])
+        self._sums = dict.fromkeys(_SUMMED, 0.0)
+        self._count = 0
+        self.restart_clock()
+
+    def restart_clock(self) -> None:
+        """Starts timing the interval now (after an evaluation or a checkpoint)."""
+        self._clock = time.perf_counter()
+
+    @property
+    def steady_steps_per_sec(self) -> float:
+        """Steps a second over every interval but the first (NaN if none)."""
+        if self._steady_time <= 0:
+            return float("nan")
+        return self._steady_steps / self._steady_time

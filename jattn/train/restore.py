@@ -1,8 +1,12 @@
-"""Loading a trained run back from its workdir, for analysis (probing, decoding, plots).
+"""A run's data and a trained run: `load_task(config)`, `load_run(workdir)`.
 
     run = jattn.train.load_run("runs/numbers")            # the latest checkpoint
     logits = run.model.apply({"params": run.params}, inputs, targets)
-    ids = jattn.decoding.greedy(run.model, run.params, inputs, max_length=64)
+    ids = jattn.models.decoding.greedy(run.model, run.params, inputs, max_length=64)
+    run.task.tokenizer.decode(ids[0])                     # the run's data set
+
+The training loop and `load_run` open a config's data set the same way
+(`load_task`), so an analysis sees the tokenizer and splits the run trained on.
 
 Parameters are restored onto one device (the first local one) whatever mesh
 the run was trained on, so a checkpoint of an 8-device run opens on a laptop.
@@ -11,6 +15,7 @@ the run was trained on, so a checkpoint of an 8-device run opens on a laptop.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import json
 import os
 from typing import Any
@@ -20,8 +25,30 @@ import ml_collections
 import orbax.checkpoint as ocp
 
 from jattn.train.checkpoints import CHECKPOINT_DIR
+from jattn.train.config import ConfigError, default_config
 
-__all__ = ["TrainedRun", "checkpoint_steps", "load_run"]
+__all__ = ["TrainedRun", "checkpoint_steps", "load_run", "load_task"]
+
+_TASK_KEYS = ("dataset", "data_dir", "tokenizer", "vocab_size", "source_key", "target_key")
+
+
+def load_task(config: ml_collections.ConfigDict):
+    """The `jattn.data` task (data set and tokenizer) of a config.
+
+    Keys a config lacks (a run saved before they existed) take their
+    `default_config` values.
+
+    Raises:
+      ConfigError: an unknown data set or an unusable data key.
+    """
+    from jattn import data  # noqa: PLC0415
+
+    defaults = default_config()
+    keys = {k: config.get(k, defaults[k]) for k in _TASK_KEYS}
+    try:
+        return data.load(keys.pop("dataset"), **keys)
+    except ValueError as e:
+        raise ConfigError(f"dataset={config.get('dataset')!r}: {e}") from None
 
 
 @dataclasses.dataclass
@@ -33,12 +60,17 @@ class TrainedRun:
       model: `jattn.models.Transformer` with the run's `TransformerConfig`.
       params: the parameters at `step` (jax arrays on one device).
       step: the checkpoint's step.
+      task: the run's data set and tokenizer (`load_task`), loaded on first use.
     """
 
     config: ml_collections.ConfigDict
     model: Any
     params: Any
     step: int
+
+    @functools.cached_property
+    def task(self):
+        return load_task(self.config)
 
 
 def checkpoint_steps(workdir: str) -> list[int]:
