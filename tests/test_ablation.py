@@ -10,7 +10,7 @@ import pathlib
 
 import pytest
 
-from jattn.ablation import emit, expand, main_ablate, run_grid
+from jattn.analysis import emit, expand, main_ablate, run_grid
 from jattn.train.config import ConfigError, apply_overrides, load_config
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
@@ -93,3 +93,37 @@ def test_cli_emit_and_bad_key(tmp_path, capsys):
     )
     assert status == 2
     assert "valuez" in capsys.readouterr().err
+
+
+def test_any_training_key_can_be_overridden_from_the_command_line(tmp_path, capsys):
+    """`--config.train.KEY` reaches every run for any key of the base training config,
+    set by the experiment or not, typed like that key; a misspelt key is one line."""
+    from jattn.analysis import apply_experiment_overrides, training_config
+    from jattn.cli import main
+
+    full = str(ROOT / "experiments" / "positional.py")  # its train section sets no steps
+    exp = apply_experiment_overrides(
+        load_config(full),
+        [("train.num_train_steps", "4"), ("train.model.d_model", "32"),
+         ("train.eval_splits", "('validation',)"), ("grid.seed.values", "0")],
+        repo_root=str(ROOT),
+    )  # fmt: skip
+    assert exp.train.num_train_steps == 4 and exp.train.model.d_model == 32
+    runs = expand(exp, str(tmp_path))
+    assert len(runs) == 8
+    config = training_config(exp, runs[0], str(ROOT))
+    assert (config.num_train_steps, config.model.d_model) == (4, 32)
+    assert config.eval_splits == ("validation",) and config.model.position == "none"
+
+    argv = ["ablate", "--config", full, "--workdir", str(tmp_path), "--emit", "commands"]
+    assert main([*argv, "--config.train.num_train_steps=4"]) == 0
+    lines = capsys.readouterr().out.strip().splitlines()
+    assert len(lines) == 16 and all("--config.num_train_steps=4" in line for line in lines)
+    assert main([*argv, "--config.train.num_train_step=4"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err == (
+        "jattn ablate: error: --config.train.num_train_step: unknown config key "
+        "'num_train_step' in train (did you mean 'num_train_steps'?)"
+    )
+    assert main([*argv, "--config.train.model.d_model=wide"]) == 2
+    assert "--config.train.model.d_model='wide': not a valid int" in capsys.readouterr().err

@@ -180,3 +180,34 @@ def test_bench_unknown_name_lists_what_exists(tmp_path, monkeypatch, capsys):
     assert cli.main(["bench", "nope"]) == 2
     err = capsys.readouterr().err
     assert "unknown benchmark 'nope'; available: " in err and "alpha" in err
+
+
+def test_every_subcommand_has_help(capsys):
+    for name in ("train", "ablate", "probe"):
+        with pytest.raises(SystemExit) as e:
+            cli.main([name, "--help"])
+        assert e.value.code == 0
+        assert f"usage: jattn {name}" in capsys.readouterr().out
+    assert cli.main(["bench", "--help"]) == 0
+    assert "usage: jattn bench NAME" in capsys.readouterr().out
+
+
+def test_model_keys_are_the_fields_of_the_model_config():
+    """`model.*` follows TransformerConfig: a new field is a new key, with its default;
+    None defaults are placeholders typed by the annotation."""
+    import dataclasses
+
+    from jattn.models import TransformerConfig
+    from jattn.train import default_config
+
+    model = default_config().model
+    fields = dataclasses.fields(TransformerConfig)
+    assert set(model.keys()) == {f.name for f in fields}
+    for f in fields:
+        want = -1 if f.name == "vocab_size" else f.default
+        assert model[f.name] == want, f.name
+    config = load_config(SMOKE)
+    apply_overrides(config, [("model.num_kv_heads", "2"), ("model.attention_impl", "xla")])
+    assert config.model.num_kv_heads == 2 and config.model.attention_impl == "xla"
+    with pytest.raises(ConfigError, match="num_kv_heads='two': not a valid int"):
+        apply_overrides(load_config(SMOKE), [("model.num_kv_heads", "two")])

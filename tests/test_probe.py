@@ -12,7 +12,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from jattn import probe
+from jattn.analysis import probe
 from jattn.models import Transformer, TransformerConfig
 from jattn.models.layers import Attention
 

@@ -24,7 +24,7 @@ from typing import Any
 
 import numpy as np
 
-from jattn.ablation import grid as grid_lib
+from jattn.analysis import grid as grid_lib
 
 
 def _load_json(path: str) -> dict[str, Any] | None:

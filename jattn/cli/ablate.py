@@ -5,8 +5,10 @@
     jattn ablate ... --emit commands   # one `jattn train` line per run
     jattn ablate ... --report-only     # rebuild results from finished runs
 
-Overrides address the experiment config, e.g. ``--config.grid.seed.values=0,1,2``
-or ``--config.train.num_train_steps=200``.
+Overrides address the experiment config, e.g. ``--config.grid.seed.values=0,1,2``;
+``--config.train.KEY=VALUE`` sets any key of the training config for every
+run, e.g. ``--config.train.num_train_steps=200`` or
+``--config.train.model.d_model=32``.
 """
 
 from __future__ import annotations
@@ -16,27 +18,30 @@ import os
 from collections.abc import Sequence
 from pathlib import Path
 
+from jattn.cli.common import (
+    cache_argument,
+    checkout_root,
+    config_arguments,
+    enable_compilation_cache,
+    fail,
+    parse_with_overrides,
+)
 
-def _repo_root(experiment_spec: str) -> str:
+__all__ = ["ablate_command"]
+
+PROG = "jattn ablate"
+
+
+def _repo_root() -> str:
     """Where relative base-config paths resolve: the current directory when it
     has them (a checkout), else the checkout jattn was installed from."""
     if Path("configs").is_dir():
         return os.getcwd()
-    return str(Path(__file__).resolve().parents[2])
+    return str(checkout_root())
 
 
-def ablate_command(argv: Sequence[str]) -> int:
-    from jattn.cli import (  # noqa: PLC0415
-        DEFAULT_CACHE,
-        _fail,
-        config_arguments,
-        enable_compilation_cache,
-        parse_with_overrides,
-    )
-    from jattn.train.config import ConfigError  # noqa: PLC0415
-
-    prog = "jattn ablate"
-    parser = argparse.ArgumentParser(prog=prog, description=__doc__.split("\n\n")[0])
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog=PROG, description=__doc__.split("\n\n")[0])
     config_arguments(parser)
     parser.add_argument("--workdir", required=True, help="ablation directory (resumed)")
     parser.add_argument(
@@ -48,15 +53,17 @@ def ablate_command(argv: Sequence[str]) -> int:
     parser.add_argument(
         "--report-only", action="store_true", help="only aggregate the runs already in --workdir"
     )
-    parser.add_argument(
-        "--compilation_cache_dir",
-        default=os.environ.get("JATTN_COMPILATION_CACHE", DEFAULT_CACHE),
-        help="persistent XLA compilation cache ('' disables; default %(default)s)",
-    )
-    from jattn.ablation.runner import main_ablate  # noqa: PLC0415
+    cache_argument(parser)
+    return parser
+
+
+def ablate_command(argv: Sequence[str]) -> int:
+    """`jattn ablate`: returns the exit status."""
+    from jattn.analysis.runner import main_ablate  # noqa: PLC0415
+    from jattn.train.config import ConfigError  # noqa: PLC0415
 
     try:
-        args, overrides = parse_with_overrides(parser, argv)
+        args, overrides = parse_with_overrides(_parser(), argv)
         if not args.emit:
             enable_compilation_cache(args.compilation_cache_dir)
         return main_ablate(
@@ -65,7 +72,7 @@ def ablate_command(argv: Sequence[str]) -> int:
             overrides,
             emit_fmt=args.emit,
             report_only=args.report_only,
-            repo_root=_repo_root(args.config),
+            repo_root=_repo_root(),
         )
     except ConfigError as e:
-        return _fail(prog, str(e))
+        return fail(PROG, str(e))

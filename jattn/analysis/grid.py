@@ -5,7 +5,9 @@ An experiment config (``experiments/X.py`` with ``get_config(arg)``) holds
 - ``base``: the training config spec, e.g. ``"configs/numbers.py"`` (a path
   relative to the repository root, or absolute),
 - ``train``: overrides for every run, nested like the training config
-  (``train.num_train_steps = 800``, ``train.model.d_model = 64``),
+  (``train.num_train_steps = 800``, ``train.model.d_model = 64``); on the
+  command line ``--config.train.KEY=VALUE`` may set any training key, also
+  one the experiment leaves alone (`apply_experiment_overrides`),
 - ``grid``: one entry per axis, ``grid.<axis>.key`` (a dotted key of the
   training config) and ``grid.<axis>.values`` (comma-separated, parsed with
   the type of that key), so ``--config.grid.seed.values=0,1,2`` works on
@@ -25,11 +27,21 @@ import dataclasses
 import itertools
 import os
 import re
+from collections.abc import Sequence
 from typing import Any
 
 import ml_collections
 
 from jattn.train.config import ConfigError, apply_overrides, load_config
+
+__all__ = [
+    "Run",
+    "apply_experiment_overrides",
+    "expand",
+    "resolve_base",
+    "training_config",
+    "typed_axes",
+]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -59,8 +71,11 @@ def _flatten(cfg: ml_collections.ConfigDict, prefix: str = "") -> list[tuple[str
 
 
 def _raw(value: Any) -> str:
+    """The override string that parses back to `value` (`jattn.train.apply_overrides`)."""
     if isinstance(value, tuple | list):
-        return ",".join(str(v) for v in value)
+        if all(isinstance(v, int | float) for v in value):
+            return ",".join(str(v) for v in value)
+        return repr(tuple(value))  # strings: ('validation', 'test')
     return str(value)
 
 
@@ -74,6 +89,51 @@ def resolve_base(spec: str, repo_root: str) -> str:
     if not os.path.isabs(path):
         path = os.path.join(repo_root, path)
     return path + sep + arg
+
+
+def _lookup(config: ml_collections.ConfigDict, dotted: str) -> Any:
+    node = config
+    for part in dotted.split("."):
+        node = node[part]
+    return node
+
+
+def _assign(config: ml_collections.ConfigDict, dotted: str, value: Any) -> None:
+    """Sets `config.<dotted>` on a locked config, adding the key (and groups) if missing."""
+    *groups, leaf = dotted.split(".")
+    node = config
+    for group in groups:
+        if group not in node:
+            with node.unlocked():
+                node[group] = ml_collections.ConfigDict()
+        node = node[group]
+    with node.unlocked():
+        node[leaf] = value
+
+
+def apply_experiment_overrides(
+    exp: ml_collections.ConfigDict, overrides: Sequence[tuple[str, str]], repo_root: str
+) -> ml_collections.ConfigDict:
+    """Applies command-line overrides to an experiment config, in place.
+
+    ``train.KEY`` may be any key of the base training config, whether the
+    experiment's ``train`` section sets it or not: it is checked and typed
+    against the base config, then added to ``exp.train``, so that every run
+    (and `emit`) gets it. Other keys (``grid.seed.values``, ``base``, ...)
+    must exist in the experiment config; they are applied first, so that a
+    new ``base`` is the one ``train.*`` keys are checked against.
+
+    Raises:
+      ConfigError: an unknown key or a value of the wrong type, in one line.
+    """
+    train = [(k.removeprefix("train."), v) for k, v in overrides if k.startswith("train.")]
+    apply_overrides(exp, [(k, v) for k, v in overrides if not k.startswith("train.")])
+    if train:
+        base = load_config(resolve_base(exp.base, repo_root))
+        apply_overrides(base, train, prefix="train.")
+        for key, _ in train:
+            _assign(exp.train, key, _lookup(base, key))
+    return exp
 
 
 def expand(exp: ml_collections.ConfigDict, workdir: str) -> list[Run]:
@@ -112,11 +172,4 @@ def training_config(exp: ml_collections.ConfigDict, run: Run, repo_root: str):
 
 def typed_axes(run: Run, config: ml_collections.ConfigDict, exp) -> dict[str, Any]:
     """Axis values with the types of the training config (for tables and plots)."""
-    out = {}
-    for axis in exp.grid.keys():
-        key = exp.grid[axis]["key"]
-        node = config
-        for part in key.split("."):
-            node = node[part]
-        out[axis] = node
-    return out
+    return {axis: _lookup(config, exp.grid[axis]["key"]) for axis in exp.grid.keys()}

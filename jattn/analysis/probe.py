@@ -41,12 +41,14 @@ __all__ = [
     "ablate_heads",
     "attention_paths",
     "capture",
+    "encode_examples",
     "head_ablation_table",
     "hide_keys",
     "merge",
     "reference_scores",
     "replace_values",
     "source_position_effects",
+    "weight_effect_correlation",
 ]
 
 
@@ -251,6 +253,32 @@ def plot_weight_vs_effect(effects: dict[str, np.ndarray], path: str, labels=None
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)
+
+
+def weight_effect_correlation(effects: dict[str, np.ndarray]) -> float:
+    """Pearson correlation of attention weight and hiding effect over the real
+    source positions of `source_position_effects` (NaN with fewer than 3, or
+    when either is constant)."""
+    w, e = effects["weight"].ravel(), effects["effect"].ravel()
+    ok = np.isfinite(w) & np.isfinite(e)
+    if ok.sum() < 3 or np.std(w[ok]) == 0 or np.std(e[ok]) == 0:
+        return float("nan")
+    return float(np.corrcoef(w[ok], e[ok])[0, 1])
+
+
+def encode_examples(task, split: str, count: int) -> tuple[np.ndarray, np.ndarray, list[dict]]:
+    """`(inputs [n, S], targets [n, T], texts)`: the first `count` examples of
+    `split` of a `jattn.data` task, tokenized and padded with 0."""
+    src = task.source(split)
+    texts = [src[i] for i in range(min(count, len(src)))]
+    ins = [task.tokenizer.encode(t["inputs"]) for t in texts]
+    outs = [task.tokenizer.encode(t["targets"]) for t in texts]
+
+    def pad(rows):
+        width = max(len(r) for r in rows)
+        return np.array([r + [0] * (width - len(r)) for r in rows], np.int32)
+
+    return pad(ins), pad(outs), texts
 
 
 def unbox(params: Any) -> Any:

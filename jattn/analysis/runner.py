@@ -20,8 +20,8 @@ from typing import Any
 
 import ml_collections
 
-from jattn.ablation import grid as grid_lib
-from jattn.ablation import report
+from jattn.analysis import grid as grid_lib
+from jattn.analysis import report
 
 STATUS_FILE = "ablation_status.json"
 
@@ -48,14 +48,14 @@ def run_grid(
     """Trains every run of the grid that is not finished, then reports.
 
     Args:
-      exp: the experiment config (see `jattn.ablation.grid`).
+      exp: the experiment config (see `jattn.analysis.grid`).
       workdir: the ablation directory; runs go to ``workdir/runs/<name>``,
         the report to ``results.csv``, ``results.md`` and ``*.png``.
       repo_root: where relative config paths are resolved.
       log: where progress lines go.
 
     Returns:
-      The report summary (see `jattn.ablation.report.write_report`).
+      The report summary (see `jattn.analysis.report.write_report`).
     """
     from jattn.train.loop import TrainingDivergedError, train_and_evaluate  # noqa: PLC0415
 
@@ -142,11 +142,23 @@ def main_ablate(
     report_only: bool,
     repo_root: str,
 ) -> int:
-    """`jattn ablate` (called by `jattn.cli`)."""
-    from jattn.train.config import apply_overrides, load_config  # noqa: PLC0415
+    """`jattn ablate` (see `jattn.cli.ablate`): runs, emits or reports the grid.
 
-    exp = load_config(config_spec)
-    apply_overrides(exp, overrides)
+    Args:
+      config_spec: the experiment config, ``experiments/X.py[:arg]``.
+      workdir: the ablation directory.
+      overrides: ``(dotted key, raw value)`` pairs for the experiment config
+        (see `jattn.analysis.grid.apply_experiment_overrides`).
+      emit_fmt: None (run the grid), "commands" or "slurm" (print it).
+      report_only: only rebuild the report from the runs in `workdir`.
+      repo_root: where relative base-config paths resolve.
+
+    Returns:
+      The exit status, 0 (errors are raised as ConfigError).
+    """
+    from jattn.train.config import load_config  # noqa: PLC0415
+
+    exp = grid_lib.apply_experiment_overrides(load_config(config_spec), overrides, repo_root)
     workdir = os.path.abspath(workdir)
     if emit_fmt:
         sys.stdout.write(
