@@ -34,7 +34,6 @@ from __future__ import annotations
 
 import argparse
 import csv
-import importlib
 import os
 import sys
 import time
@@ -142,14 +141,7 @@ def sweep_implementations(smoke: bool) -> dict:
 
 def implementations(smoke: bool) -> dict:
     """name -> (fn, uses Shaw tables)."""
-    impls = {"pallas": (_jattn("pallas"), False)}
-    if "chunked" in jattn.IMPLEMENTATIONS:
-        try:
-            module, name = jattn.IMPLEMENTATIONS["chunked"].split(":")
-            getattr(importlib.import_module(module), name)
-            impls["chunked"] = (_jattn("chunked"), False)
-        except Exception as e:  # noqa: BLE001 - optional implementation
-            log(f"chunked unavailable: {type(e).__name__}: {e}")
+    impls = {"pallas": (_jattn("pallas"), False), "chunked": (_jattn("chunked"), False)}
     if not smoke:
         impls["cudnn"] = (_jax_nn("cudnn"), False)
     impls["xla"] = (_jax_nn("xla"), False)

@@ -17,14 +17,15 @@ lse [B, T, N] float32)`; the entry point drops the lse unless asked for it.
 
 from __future__ import annotations
 
-import importlib
 from collections.abc import Callable
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 
-from jattn.normal_form import normalise
+from jattn.attention_chunked import attention_chunked
+from jattn.attention_xla import attention_xla
+from jattn.normal_form import NormalForm, normalise
 from jattn.positions import ShawRelative
 
 Array = jax.Array
@@ -36,12 +37,21 @@ __all__ = [
     "dot_product_attention",
 ]
 
-# name -> "module:function"; imported lazily so `import jattn` stays cheap and a
-# missing optional backend only fails when asked for.
-IMPLEMENTATIONS: dict[str, str] = {
-    "xla": "jattn.attention_xla:attention_xla",
-    "chunked": "jattn.attention_chunked:attention_chunked",
-    "pallas": "jattn.kernels.flash_attention:flash_attention",
+
+def _pallas(nf: NormalForm, **options) -> tuple[Array, Array]:
+    """The Pallas kernels, imported on first use: `import jattn` does not
+    import Pallas, and a jax without it fails only when asked for it."""
+    from jattn.kernels.flash_attention import flash_attention
+
+    return flash_attention(nf, **options)
+
+
+# name -> implementation: each takes a `NormalForm` (and its own tuning
+# keywords) and returns `(out [B, T, N, Hv], lse [B, T, N])`.
+IMPLEMENTATIONS: dict[str, Callable[..., tuple[Array, Array]]] = {
+    "xla": attention_xla,
+    "chunked": attention_chunked,
+    "pallas": _pallas,
 }
 
 # Above this many logits per (batch, head) the chunked path beats
@@ -71,8 +81,7 @@ def _resolve(name: str) -> Callable[..., Array]:
             f"dot_product_attention: unknown implementation {name!r}; "
             f"choose one of {sorted(IMPLEMENTATIONS)} or None"
         )
-    module, fn = IMPLEMENTATIONS[name].split(":")
-    return getattr(importlib.import_module(module), fn)
+    return IMPLEMENTATIONS[name]
 
 
 def _cudnn(

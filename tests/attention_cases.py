@@ -15,10 +15,7 @@ from jattn.attention import IMPLEMENTATIONS
 
 def implementation(name: str):
     """The function behind `implementation=name` (takes a `jattn.NormalForm`)."""
-    import importlib
-
-    module, fn = IMPLEMENTATIONS[name].split(":")
-    return getattr(importlib.import_module(module), fn)
+    return IMPLEMENTATIONS[name]
 
 
 def call(impl: str, q, k, v, *, options=None, residual=False, **kw):
