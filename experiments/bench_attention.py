@@ -15,6 +15,14 @@ Memory is read from the compiled executable before anything runs, so a
 configuration that would need more than --max-gib is reported and skipped
 instead of exhausting the machine. Prints the table last and writes it as CSV.
 
+`--window W` is the sliding-window mode: causal attention with
+`local_window_size=(W, 0)`, forward+backward by default, at L=8192 and 16384
+unless --lengths is given, for jattn "chunked" (with and without the window)
+and `jax.nn.dot_product_attention(local_window_size=...)` where it fits in
+--max-gib. The chunked path visits only the tiles inside the window, so its
+time grows as O(L·W); the table ends with time(L2) / time(L1) per
+implementation (about 2 for doubling L at O(L·W), 4 at O(L²)).
+
 `--gpu` is the GPU mode: everything after it goes to `experiments/bench_gpu.py`
 (correctness on the device first, then bf16 timings of the Pallas kernel
 against cuDNN and XLA with TFLOP/s and the fraction of the measured matmul
@@ -22,6 +30,7 @@ peak, inside 8 minutes, table last).
 
     python experiments/bench_attention.py --lengths 512 1024 2048 4096 8192
     jattn bench attention --lengths 4096 --out docs/bench_attention_cpu.csv
+    python experiments/bench_attention.py --window 512 --heads 4 --out docs/bench_window_cpu.csv
     python experiments/bench_attention.py --gpu --out docs/bench_gpu.csv
 """
 
@@ -86,6 +95,29 @@ def candidates(with_pallas: bool):
     return out
 
 
+def window_candidates(window: int):
+    """name -> (fn(q, k, v, rel_k, rel_v, causal), uses_shaw) for --window:
+    a left window of `window` keys (`local_window_size=(window, 0)`)."""
+    w = (window, 0)
+
+    def chunked(win):
+        def f(q, k, v, rk, rv, causal):
+            return jattn.dot_product_attention(
+                q, k, v, is_causal=causal, local_window_size=win, implementation="chunked"
+            )
+
+        return f
+
+    def peer(q, k, v, rk, rv, causal):
+        return jax.nn.dot_product_attention(q, k, v, is_causal=causal, local_window_size=w)
+
+    return {
+        "jax.nn (xla)": (peer, False),
+        "jattn chunked": (chunked(w), False),
+        "jattn chunked no window": (chunked(None), False),
+    }
+
+
 def measure(fn, args, repeats):
     compiled = jax.jit(fn).lower(*args).compile()
     mem = compiled.memory_analysis()
@@ -103,13 +135,12 @@ def time_it(compiled, args, repeats):
     return statistics.median(ts)
 
 
-def run(args) -> list[dict]:
+def run(args, cands: dict) -> list[dict]:
     rng = np.random.default_rng(0)
     b, n, h, kd = args.batch, args.heads, args.head_dim, args.max_distance
     dtype = jnp.dtype(args.dtype)
     rows = []
-    names = [c for c in candidates(args.pallas) if not args.only or c in args.only]
-    cands = candidates(args.pallas)
+    names = [c for c in cands if not args.only or c in args.only]
     for length in args.lengths:
         q = jnp.asarray(rng.normal(size=(b, length, n, h)), dtype)
         k = jnp.asarray(rng.normal(size=(b, length, n, h)), dtype)
@@ -199,6 +230,28 @@ def table(rows) -> str:
     return "\n".join(lines)
 
 
+def growth(rows) -> str:
+    """Markdown table of time(L2) / time(L1) per implementation and pass,
+    for the smallest and largest length measured."""
+    lengths = sorted({r["L"] for r in rows})
+    if len(lengths) < 2:
+        return ""
+    l1, l2 = lengths[0], lengths[-1]
+    lines = [
+        f"| implementation | pass | ms at L={l1} | ms at L={l2} | time({l2}) / time({l1}) |",
+        "|---|---|---:|---:|---:|",
+    ]
+    for impl in dict.fromkeys(r["impl"] for r in rows):
+        for mode in dict.fromkeys(r["mode"] for r in rows):
+            t = {r["L"]: r["ms"] for r in rows if r["impl"] == impl and r["mode"] == mode}
+            a, b = t.get(l1), t.get(l2)
+            ratio = "-" if not a or not b else f"{b / a:.2f}"
+            fa = "-" if a is None else f"{a:.1f}"
+            fb = "-" if b is None else f"{b:.1f}"
+            lines.append(f"| {impl} | {mode} | {fa} | {fb} | {ratio} |")
+    return "\n".join(lines)
+
+
 def gpu_mode(argv) -> int:
     """`--gpu [args ...]`: the prepared GPU benchmark, experiments/bench_gpu.py."""
     path = os.path.join(os.path.dirname(os.path.abspath(__file__)), "bench_gpu.py")
@@ -213,13 +266,22 @@ def main(argv=None):
     if "--gpu" in argv:
         return gpu_mode([a for a in argv if a != "--gpu"])
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--lengths", type=int, nargs="+", default=[512, 1024, 2048, 4096, 8192])
+    p.add_argument(
+        "--lengths", type=int, nargs="+", help="default 512 ... 8192; with --window 8192 16384"
+    )
     p.add_argument("--batch", type=int, default=1)
     p.add_argument("--heads", type=int, default=8)
     p.add_argument("--head-dim", type=int, default=64)
     p.add_argument("--max-distance", type=int, default=16)
     p.add_argument("--dtype", default="float32")
-    p.add_argument("--modes", nargs="+", default=["fwd", "fwd+bwd"], choices=["fwd", "fwd+bwd"])
+    p.add_argument(
+        "--modes", nargs="+", choices=["fwd", "fwd+bwd"], help="default both; with --window fwd+bwd"
+    )
+    p.add_argument(
+        "--window",
+        type=int,
+        help="sliding-window mode: causal, local_window_size=(W, 0), chunked against jax.nn",
+    )
     p.add_argument("--no-causal", dest="causal", action="store_false")
     p.add_argument("--repeats", type=int, default=3)
     p.add_argument(
@@ -232,19 +294,28 @@ def main(argv=None):
     p.add_argument("--only", nargs="*", help="implementations to run (names as printed)")
     p.add_argument("--out", default="bench_attention.csv")
     args = p.parse_args(argv)
+    windowed = args.window is not None
+    if args.lengths is None:
+        args.lengths = [8192, 16384] if windowed else [512, 1024, 2048, 4096, 8192]
+    if args.modes is None:
+        args.modes = ["fwd+bwd"] if windowed else ["fwd", "fwd+bwd"]
     print(
         f"jax {jax.__version__}, backend {jax.default_backend()}, "
         f"devices {jax.devices()}, B={args.batch} N={args.heads} H={args.head_dim} "
-        f"causal={args.causal} {args.dtype}",
+        f"causal={args.causal} {args.dtype}"
+        + (f" local_window_size=({args.window}, 0)" if windowed else ""),
         flush=True,
     )
-    rows = with_ratios(run(args))
+    cands = window_candidates(args.window) if windowed else candidates(args.pallas)
+    rows = with_ratios(run(args, cands))
     with open(args.out, "w", newline="") as fh:
         w = csv.DictWriter(fh, fieldnames=list(rows[0]))
         w.writeheader()
         w.writerows(rows)
     print(f"\nwrote {args.out}\n")
     print(table(rows))
+    if windowed:
+        print("\n" + growth(rows))
     return 0
 
 

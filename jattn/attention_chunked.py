@@ -63,10 +63,10 @@ DEFAULT_BLOCK_SHAW = 256
 class ForwardTiles(NamedTuple):
     """The forward pass in tile layout.
 
-    Attributes:
-      out: `[nq, B, K, G, t, V]` float32, normalised (dropout, Shaw value term in).
-      lse: `[nq, B, K, G, t, 1]` float32 (0 for a row with nothing visible).
-      pr: `[nq, B, K, G, t, R]` float32 normalised dropped weight mass per
+    Attributes (in the compute dtype `pb.dtype`, float32 or float64):
+      out: `[nq, B, K, G, t, V]`, normalised (dropout, Shaw value term in).
+      lse: `[nq, B, K, G, t, 1]` (0 for a row with nothing visible).
+      pr: `[nq, B, K, G, t, R]` normalised dropped weight mass per
         relative id, or None without a Shaw value table.
       public_lse: as `lse`, with `EMPTY_ROW_LSE` for rows with nothing visible.
       trips: int32 `[nq]`: key tiles each query tile's loop visited.
@@ -92,7 +92,7 @@ def _online_step(pb: TiledProblem, i, j, q, qr, body: TileBody, carry):
     l = alpha * l + jnp.sum(p, axis=-1, keepdims=True)  # un-dropped normaliser
     z = dropout_factor(pb, i, j)
     pd = p if z is None else p * z
-    vv = pb.v[j].astype(jnp.float32)  # [B,K,s,V]
+    vv = pb.v[j].astype(pb.dtype)  # [B,K,s,V]
     acc = alpha * acc + jnp.einsum("BKGts,BKsV->BKGtV", pd, vv)
     if accr is not None:
         accr = alpha * accr + rel_mass(pb, i, j, pd, r)
@@ -101,10 +101,10 @@ def _online_step(pb: TiledProblem, i, j, q, qr, body: TileBody, carry):
 
 def _query_tile(pb: TiledProblem, qr_all: Array | None, i):
     """Forward of query tile i over the key tiles its plan row bounds."""
-    f32 = jnp.float32
+    dt = pb.dtype  # float32, or float64 for float64 inputs
     nf = pb.nf
     row = (pb.b, pb.kh, pb.g, pb.bq)
-    q = pb.q[i].astype(f32)  # [B,K,G,t,H]
+    q = pb.q[i].astype(dt)  # [B,K,G,t,H]
     qr = None if qr_all is None else qr_all[i]  # [B,K,G,t,R]
     bodies = BODIES if nf.shaw else BODIES[:3]
 
@@ -119,10 +119,10 @@ def _query_tile(pb: TiledProblem, qr_all: Array | None, i):
         return jax.lax.switch(pb.plan.branch[i, j], fns, carry), trips + 1
 
     init = (
-        jnp.full(row + (1,), scores.NEG, f32),
-        jnp.zeros(row + (1,), f32),
-        jnp.zeros(row + (pb.hv,), f32),
-        None if nf.rel_value is None else jnp.zeros(row + (pb.num_rel,), f32),
+        jnp.full(row + (1,), scores.NEG, dt),
+        jnp.zeros(row + (1,), dt),
+        jnp.zeros(row + (pb.hv,), dt),
+        None if nf.rel_value is None else jnp.zeros(row + (pb.num_rel,), dt),
     )
     lo, hi = pb.plan.rows[i, 0], pb.plan.rows[i, 1]
     (m, l, acc, accr), trips = jax.lax.fori_loop(lo, hi, loop_body, (init, jnp.int32(0)))
@@ -132,7 +132,7 @@ def _query_tile(pb: TiledProblem, qr_all: Array | None, i):
     pr = None
     if accr is not None:
         pr = accr * inv
-        vtab = nf.rel_value.astype(f32).reshape(pb.kh, pb.g, pb.num_rel, pb.hv)
+        vtab = nf.rel_value.astype(dt).reshape(pb.kh, pb.g, pb.num_rel, pb.hv)
         out = out + jnp.einsum("BKGtR,KGRV->BKGtV", pr, vtab)
     lse = jnp.where(empty, 0.0, m + jnp.log(jnp.where(empty, 1.0, l)))
     # The backward recomputes exp(s - lse), so rows with nothing visible keep
@@ -144,7 +144,9 @@ def _query_tile(pb: TiledProblem, qr_all: Array | None, i):
 def forward(pb: TiledProblem) -> ForwardTiles:
     """The forward pass of a tiled problem, one query tile at a time."""
     qr_all = qr_tables(pb)  # [nq,B,K,G,t,R] or None
-    return jax.lax.map(functools.partial(_query_tile, pb, qr_all), jnp.arange(pb.nq))
+    return jax.lax.map(
+        functools.partial(_query_tile, pb, qr_all), jnp.arange(pb.nq, dtype=jnp.int32)
+    )
 
 
 @functools.partial(jax.custom_vjp, nondiff_argnums=(1, 2))
@@ -156,7 +158,7 @@ def _chunked_fwd(nf: NormalForm, block_q: int, block_k: int):
     pb = TiledProblem(nf, block_q, block_k)
     ft = forward(pb)
     out = untile_q(ft.out, pb).astype(nf.query.dtype)  # [B,T,N,V]
-    lse = untile_q(ft.public_lse, pb)[..., 0]  # [B,T,N]
+    lse = untile_q(ft.public_lse, pb)[..., 0].astype(jnp.float32)  # [B,T,N]
     return (out, lse), Residuals(nf, ft.out, ft.lse, ft.pr)
 
 

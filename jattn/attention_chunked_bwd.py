@@ -84,12 +84,12 @@ def _tile_grads(pb: TiledProblem, res: Residuals, ct: _Cotangent, i, j, body: Ti
     `(dq_i, dqr_i, dbias_ij)`; the caller adds those into the big buffers
     outside the branch, so no conditional carries (and copies) a `[T, ...]`
     buffer."""
-    f32 = jnp.float32
+    dt = pb.dtype  # float32, or float64 for float64 inputs
     scale = pb.nf.scale
     dk_j, dv_j = inner
-    qi = pb.q[i].astype(f32)  # [B,K,G,t,H]
-    kk = pb.k[j].astype(f32)  # [B,K,s,H]
-    vv = pb.v[j].astype(f32)  # [B,K,s,V]
+    qi = pb.q[i].astype(dt)  # [B,K,G,t,H]
+    kk = pb.k[j].astype(dt)  # [B,K,s,H]
+    vv = pb.v[j].astype(dt)  # [B,K,s,V]
     do_i = ct.do[i]  # [B,K,G,t,V]
     sv, r = tile_logits(pb, i, j, qi, None if ct.qr is None else ct.qr[i], body)
     p = jnp.exp(sv - res.lse[i])  # [B,K,G,t,s]; exactly 0 where sv = NEG
@@ -113,14 +113,14 @@ def _tile_grads(pb: TiledProblem, res: Residuals, ct: _Cotangent, i, j, body: Ti
 def _key_tile(pb: TiledProblem, res: Residuals, ct: _Cotangent, carry, j):
     """Backward of key tile j over the query tiles its plan column bounds:
     returns the updated `(dq, dqr, dbias)` buffers and `(dk_j, dv_j, trips)`."""
-    f32 = jnp.float32
+    dt = pb.dtype  # float32, or float64 for float64 inputs
     bodies = BODIES if pb.nf.shaw else BODIES[:3]
 
     def skip(inner):
         zeros = (
-            jnp.zeros(pb.q.shape[1:], f32),
-            None if carry[1] is None else jnp.zeros(carry[1].shape[1:], f32),
-            None if pb.bias is None else jnp.zeros(pb.tile_shape(pb.bias), f32),
+            jnp.zeros(pb.q.shape[1:], dt),
+            None if carry[1] is None else jnp.zeros(carry[1].shape[1:], dt),
+            None if pb.bias is None else jnp.zeros(pb.tile_shape(pb.bias), dt),
         )
         return inner, zeros
 
@@ -142,8 +142,8 @@ def _key_tile(pb: TiledProblem, res: Residuals, ct: _Cotangent, carry, j):
         return inner, (dq, dqr, dbias), trips + 1
 
     inner = (
-        jnp.zeros((pb.b, pb.kh, pb.bk, pb.h), f32),
-        jnp.zeros((pb.b, pb.kh, pb.bk, pb.hv), f32),
+        jnp.zeros((pb.b, pb.kh, pb.bk, pb.h), dt),
+        jnp.zeros((pb.b, pb.kh, pb.bk, pb.hv), dt),
     )
     lo, hi = pb.plan.cols[j, 0], pb.plan.cols[j, 1]
     (dk_j, dv_j), carry, trips = jax.lax.fori_loop(lo, hi, loop_body, (inner, carry, jnp.int32(0)))
@@ -151,12 +151,12 @@ def _key_tile(pb: TiledProblem, res: Residuals, ct: _Cotangent, carry, j):
 
 
 def _cotangent(pb: TiledProblem, res: Residuals, dout: Array) -> _Cotangent:
-    f32 = jnp.float32
-    do = pb.tile_q(dout.astype(f32))  # [nq,B,K,G,t,V], the layout of res.out
+    dt = pb.dtype  # float32, or float64 for float64 inputs
+    do = pb.tile_q(dout.astype(dt))  # [nq,B,K,G,t,V], the layout of res.out
     big_d = jnp.sum(do * res.out, axis=-1, keepdims=True)  # [nq,B,K,G,t,1]
     dor = None
     if pb.nf.rel_value is not None:
-        vtab = pb.nf.rel_value.astype(f32).reshape(pb.kh, pb.g, pb.num_rel, pb.hv)
+        vtab = pb.nf.rel_value.astype(dt).reshape(pb.kh, pb.g, pb.num_rel, pb.hv)
         dor = jnp.einsum("nBKGtV,KGRV->nBKGtR", do, vtab)
     return _Cotangent(do, big_d, qr_tables(pb), dor)
 
@@ -170,20 +170,22 @@ def backward(res: Residuals, dout: Array, *, block_q: int, block_k: int) -> Grad
       block_q, block_k: the forward's tile sizes.
     """
     nf = res.nf
-    f32 = jnp.float32
     pb = TiledProblem(nf, block_q, block_k)
+    dt = pb.dtype  # float32, or float64 for float64 inputs
     ct = _cotangent(pb, res, dout)
-    dq0 = jnp.zeros(pb.q.shape, f32)
-    dqr0 = None if nf.rel_key is None else jnp.zeros(pb.q.shape[:-1] + (pb.num_rel,), f32)
-    dbias0 = None if pb.bias is None else jnp.zeros(pb.bias.shape, f32)
+    dq0 = jnp.zeros(pb.q.shape, dt)
+    dqr0 = None if nf.rel_key is None else jnp.zeros(pb.q.shape[:-1] + (pb.num_rel,), dt)
+    dbias0 = None if pb.bias is None else jnp.zeros(pb.bias.shape, dt)
     step = functools.partial(_key_tile, pb, res, ct)
-    (dq, dqr, dbias), (dk, dv, trips) = jax.lax.scan(step, (dq0, dqr0, dbias0), jnp.arange(pb.nk))
+    (dq, dqr, dbias), (dk, dv, trips) = jax.lax.scan(
+        step, (dq0, dqr0, dbias0), jnp.arange(pb.nk, dtype=jnp.int32)
+    )
 
     d_rel_key = d_rel_value = None
     if nf.rel_key is not None:
-        ktab = nf.rel_key.astype(f32).reshape(pb.kh, pb.g, pb.num_rel, pb.h)
+        ktab = nf.rel_key.astype(dt).reshape(pb.kh, pb.g, pb.num_rel, pb.h)
         dq = dq + jnp.einsum("nBKGtR,KGRH->nBKGtH", dqr, ktab)
-        d_rel_key = jnp.einsum("nBKGtR,nBKGtH->KGRH", dqr, pb.q.astype(f32))
+        d_rel_key = jnp.einsum("nBKGtR,nBKGtH->KGRH", dqr, pb.q.astype(dt))
         d_rel_key = d_rel_key.reshape(nf.rel_key.shape).astype(nf.rel_key.dtype)
     if nf.rel_value is not None:
         d_rel_value = jnp.einsum("nBKGtR,nBKGtV->KGRV", res.pr, ct.do)

@@ -201,6 +201,8 @@ class TiledProblem:
         self.b, self.t, self.s, self.n, self.kh, self.h, self.hv = b, t, s, n, kh, h, hv
         self.g = n // kh
         self.num_rel = 2 * nf.max_distance + 1
+        # float32 for float32 / bf16 / f16 inputs, float64 for float64 ones.
+        self.dtype = jnp.promote_types(nf.query.dtype, jnp.float32)
         self.bq, self.bk = min(block_q, t), min(block_k, s)
         self.nq, self.nk = math.ceil(t / self.bq), math.ceil(s / self.bk)
         self.tp, self.sp = self.nq * self.bq, self.nk * self.bk
@@ -248,12 +250,13 @@ class TiledProblem:
 
     def tile_start(self, x: Array, i, j) -> tuple:
         """Start indices of tile (i, j) in a grouped `[B|1, K|1, G|1, Tp|1, Sp|1]` array."""
+        zero = jnp.int32(0)
         return (
-            0,
-            0,
-            0,
-            i * self.bq if x.shape[3] > 1 else 0,
-            j * self.bk if x.shape[4] > 1 else 0,
+            zero,
+            zero,
+            zero,
+            jnp.int32(i * self.bq) if x.shape[3] > 1 else zero,
+            jnp.int32(j * self.bk) if x.shape[4] > 1 else zero,
         )
 
     def slice_ts(self, x: Array, i, j) -> Array:
@@ -280,24 +283,25 @@ class TiledProblem:
 
 
 def qr_tables(pb: TiledProblem) -> Array | None:
-    """The Shaw key term table `q · key_relᵀ`, `[nq, B, K, G, t, R]` float32,
+    """The Shaw key term table `q · key_relᵀ`, `[nq, B, K, G, t, R]` (compute dtype),
     or None without a Shaw key table."""
     rel_key = pb.nf.rel_key
     if rel_key is None:
         return None
-    tab = rel_key.astype(jnp.float32).reshape(pb.kh, pb.g, pb.num_rel, pb.h)
-    return jnp.einsum("nBKGtH,KGRH->nBKGtR", pb.q.astype(jnp.float32), tab)
+    tab = rel_key.astype(pb.dtype).reshape(pb.kh, pb.g, pb.num_rel, pb.h)
+    return jnp.einsum("nBKGtH,KGRH->nBKGtR", pb.q.astype(pb.dtype), tab)
 
 
 def tile_logits(
     pb: TiledProblem, i, j, q: Array, qr: Array | None, body: TileBody
 ) -> tuple[Array, Array | None]:
-    """Masked float32 logits `[B, K, G, t, s]` of tile (i, j).
+    """Masked logits `[B, K, G, t, s]` of tile (i, j) in the compute dtype
+    `pb.dtype` (float32, or float64 for float64 inputs).
 
     Args:
       pb: the tiled problem.
       i, j: query and key tile indices (traced).
-      q: `[B, K, G, t, H]` float32 query tile.
+      q: `[B, K, G, t, H]` query tile in `pb.dtype`.
       qr: `[B, K, G, t, R]` Shaw key term table of the query tile, or None.
       body: how to evaluate the tile (see `TileBody`).
 
@@ -307,7 +311,7 @@ def tile_logits(
       without Shaw terms or when they are constant, `pb.plan.rel_id[i, j]`).
     """
     nf = pb.nf
-    kk = pb.k[j].astype(jnp.float32)  # [B,K,s,H]
+    kk = pb.k[j].astype(pb.dtype)  # [B,K,s,H]
     bias = None if pb.bias is None else pb.slice_ts(pb.bias, i, j)
     r = None
     if nf.shaw and not body.const_rel:
@@ -315,13 +319,14 @@ def tile_logits(
         s = scores.tile_logits(q, kk, scale=nf.scale, bias=bias, qr=qr, r=r)
     else:
         s = scores.tile_logits(q, kk, scale=nf.scale, bias=bias)
-        if qr is not None:
-            c = pb.plan.rel_id[i, j]
-            s = s + nf.scale * jax.lax.dynamic_index_in_dim(qr, c, axis=-1, keepdims=True)
+    s = s.astype(pb.dtype)
+    if r is None and qr is not None:  # the constant relative id's key term: one column
+        c = pb.plan.rel_id[i, j]
+        s = s + nf.scale * jax.lax.dynamic_index_in_dim(qr, c, axis=-1, keepdims=True)
     if not body.full:
         vis = pb.visibility(i, j)
         if vis is not None:
-            s = jnp.where(vis, s, scores.NEG)
+            s = jnp.where(vis, s, jnp.asarray(scores.NEG, s.dtype))
     return s, r
 
 
@@ -344,7 +349,7 @@ def rel_pick(pb: TiledProblem, i, j, table: Array, r: Array | None) -> Array:
 
 
 def dropout_factor(pb: TiledProblem, i, j) -> Array | None:
-    """Dropout factor of tile (i, j): `keep * 1/(1-rate)` as float32
+    """Dropout factor of tile (i, j): `keep * 1/(1-rate)` in `pb.dtype`,
     `[B|1, K, G, t, s]` (`jattn.dropout.keep` on the unpadded global indices
     b, n = kv_head*G + g, t, s), or None without dropout."""
     nf = pb.nf
@@ -356,7 +361,8 @@ def dropout_factor(pb: TiledProblem, i, j) -> Array | None:
     ti = (i * pb.bq + jnp.arange(pb.bq, dtype=jnp.int32)).reshape(1, 1, 1, pb.bq, 1)
     si = (j * pb.bk + jnp.arange(pb.bk, dtype=jnp.int32)).reshape(1, 1, 1, 1, pb.bk)
     keep = dropout.keep(nf.dropout_seed, nf.dropout_rate, bi, head, ti, si)
-    return jnp.where(keep, jnp.float32(dropout.multiplier(nf.dropout_rate)), jnp.float32(0.0))
+    mult = jnp.asarray(dropout.multiplier(nf.dropout_rate), pb.dtype)
+    return jnp.where(keep, mult, jnp.zeros((), pb.dtype))
 
 
 # --- leaving the tiles ------------------------------------------------------------------
@@ -377,15 +383,16 @@ def untile_kv(x: Array, pb: TiledProblem) -> Array:
 
 
 class Residuals(NamedTuple):
-    """What the forward pass saves for the backward pass.
+    """What the forward pass saves for the backward pass (arrays in the
+    compute dtype, float32 or float64).
 
     Attributes:
       nf: the normal form (inputs; the dropout seed rides along as a leaf).
-      out: `[nq, B, K, G, t, V]` float32 normalised output (dropout and the
+      out: `[nq, B, K, G, t, V]` normalised output (dropout and the
         Shaw value term included).
-      lse: `[nq, B, K, G, t, 1]` float32 log-sum-exp (0 for a row with
+      lse: `[nq, B, K, G, t, 1]` log-sum-exp (0 for a row with
         nothing visible, so `exp(NEG - lse)` stays exactly 0).
-      pr: `[nq, B, K, G, t, R]` float32 normalised (dropped) weight mass per
+      pr: `[nq, B, K, G, t, R]` normalised (dropped) weight mass per
         relative id, or None without a Shaw value table.
     """
 

@@ -296,3 +296,28 @@ def test_eager_calls_are_clean_under_strict_numerics():
     np.testing.assert_allclose(out, ref, rtol=1e-4, atol=1e-4)
     for got, want in ((dq, rq), (dk, rk), (dv, rv)):
         np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-3)
+
+
+# --- the sliding-window benchmark mode runs and reports the growth ratio ---------------
+
+
+def test_bench_window_mode_reports_growth(tmp_path, capsys):
+    import importlib.util
+    import os
+
+    path = os.path.join(os.path.dirname(__file__), "..", "experiments", "bench_attention.py")
+    spec = importlib.util.spec_from_file_location("bench_attention", path)
+    bench = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bench)
+    out = tmp_path / "window.csv"
+    argv = ["--window", "8", "--lengths", "32", "64", "--heads", "1", "--head-dim", "8"]
+    assert bench.main(argv + ["--repeats", "1", "--out", str(out)]) == 0
+    printed = capsys.readouterr().out
+    assert "local_window_size=(8, 0)" in printed
+    rows = out.read_text().strip().splitlines()
+    assert len(rows) == 1 + 2 * 3  # header, 2 lengths x 3 implementations, fwd+bwd
+    growth = printed[printed.index("| implementation | pass | ms at L=32") :].splitlines()
+    assert len(growth) == 2 + 3
+    for line in growth[2:]:
+        ratio = float(line.strip("| ").split("|")[-1])
+        assert ratio > 0
