@@ -1,9 +1,10 @@
-"""Tests of jattn.decoding: the KV cache against full recomputation for every
-positional scheme, greedy against a naive recomputing loop, beam search
-against exhaustive enumeration, and both searches on a model trained to copy.
-The cross-attention cache: its contents are the projections of the encoder
-output, cached steps (greedy and beam, MHA/GQA/MQA) give the full forward
-pass's logits, and the projection is in no step's program.
+"""Tests of jattn.models.decoding (public as `jattn.decoding`): the KV cache
+against full recomputation for every positional scheme, greedy against a
+naive recomputing loop, beam search against exhaustive enumeration, and both
+searches on a model trained to copy. The cross-attention cache: its contents
+are the projections of the encoder output, cached steps (greedy and beam,
+MHA/GQA/MQA) give the full forward pass's logits, and the projection is in no
+step's program.
 """
 
 from __future__ import annotations
@@ -18,8 +19,14 @@ import optax
 import pytest
 from jax import lax
 
-from jattn import decoding
-from jattn.models import POSITIONS, Transformer, TransformerConfig, abstract_params, shift_right
+from jattn.models import (
+    POSITIONS,
+    Transformer,
+    TransformerConfig,
+    abstract_params,
+    decoding,
+    shift_right,
+)
 
 SCHEMES = list(POSITIONS)
 TINY = dict(
@@ -478,10 +485,14 @@ def test_bad_arguments_fail_clearly(zoo):
         decoding.beam_search(model, params, x, max_length=4, alpha=-1.0)
     with pytest.raises(TypeError, match="model must be a jattn.models.Transformer"):
         decoding.greedy(object(), params, x, max_length=4)
-    # The cross-attention cache: only in decode mode, and only for its source.
+    # Cached steps: only in decode mode, with a cache, and only for its source.
     y = np.ones((B, 1), np.int32)
-    with pytest.raises(ValueError, match="need decode=True and an initialised cache"):
-        model.apply({"params": params}, None, x, y, method="decode")
+    with pytest.raises(ValueError, match="Transformer.step needs use_cache=True"):
+        model.apply({"params": params}, x, y, method="step")
+    with pytest.raises(ValueError, match="mode='step' needs decode=True and an initialised cache"):
+        model.clone(use_cache=True).apply(
+            {"params": params}, x, y, method="step", mutable=["cache"]
+        )
     encoded = model.apply({"params": params}, x, method="encode")  # [B, S, D]
     cache = decoding.prefill(model, params, encoded, 4)
     with pytest.raises(ValueError, match="cached keys cover 5 source positions, the source has 4"):
@@ -504,3 +515,12 @@ def test_bench_decode_script_runs(capsys):
     table = capsys.readouterr().out
     assert "| numbers (d64, 4/4 heads, 2+2L) | beam 2 | cached |" in table
     assert table.count("| recompute |") == table.count("| cached |") == 2
+
+
+def test_jattn_decoding_is_the_models_module():
+    """`jattn.decoding` (DESIGN.md's public name) resolves to jattn.models.decoding."""
+    import jattn
+    from jattn import decoding as public
+
+    assert public is jattn.decoding is decoding
+    assert jattn.decoding.greedy is decoding.greedy

@@ -1,5 +1,6 @@
 """Tests of jattn.models: config checks, parameter counts, shapes, packing,
-shift-right, positional invariances, GQA/MQA, logical axis names, attention capture.
+shift-right, positional invariances, GQA/MQA, logical axis names, attention capture,
+attention dropout, the attention layer's explicit modes.
 
 Every scheme uses one tiny config; its params and jitted functions are built
 once per module (the `zoo` fixture) so each scheme compiles a forward pass and
@@ -142,6 +143,7 @@ def unpacked(tokens: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         (dict(d_model=18), "d_model=18 must be divisible by num_heads=4"),
         (dict(num_heads=0), "num_heads must be a positive int"),
         (dict(dropout_rate=1.0), "dropout_rate must be in"),
+        (dict(attention_dropout_rate=-0.1), "attention_dropout_rate must be in"),
         (dict(attention_impl="cuda"), "attention_impl='cuda'"),
         (dict(position="shaw", max_relative_distance=0), "max_relative_distance must be"),
         (dict(position="t5", t5_num_buckets=7), "t5_num_buckets must be even"),
@@ -564,3 +566,82 @@ def test_capture_attention_sows_weights_only_when_asked(zoo):
     assert np.all(np.asarray(enc_w)[:, :, :5, 5:] == 0)  # real tokens never read padding
     assert np.all(np.triu(np.asarray(dec_w)[0, :, :3, :3], k=1) == 0)  # causal
     np.testing.assert_allclose(np.asarray(cross_w)[0, :, :3, :5].sum(-1), 1.0, rtol=1e-5)
+
+
+def test_attention_dropout_only_in_training(zoo):
+    """`attention_dropout_rate` drops attention weights in training only, and
+    adds no parameter."""
+    b = zoo["shaw"]
+    base = b.model.config
+    cfg = dataclasses.replace(base, dropout_rate=0.0, attention_dropout_rate=0.3)
+    assert jax.tree.map(jnp.shape, abstract_params(cfg, length=L)) == jax.tree.map(
+        jnp.shape, b.params
+    )
+    x = np.array([[3, 4, 5, 6, 7, 0, 0, 0]] * 2, np.int32)
+    y = np.array([[8, 9, 10, 1, 0, 0, 0, 0]] * 2, np.int32)
+
+    @jax.jit
+    def run(params, r1, r2):
+        v, dropped, plain = (
+            {"params": params},
+            Transformer(cfg),
+            Transformer(cfg.replace(attention_dropout_rate=0.0)),
+        )
+        train = lambda m, r: m.apply(v, x, y, train=True, rngs={"dropout": r})  # noqa: E731
+        return (
+            train(dropped, r1),
+            train(dropped, r2),
+            train(plain, r1),
+            dropped.apply(v, x, y),
+            plain.apply(v, x, y),
+        )
+
+    key = lambda i: jax.random.key(i, impl="rbg")  # noqa: E731
+    one, two, no_attention_dropout, evaluation, reference = map(
+        np.asarray, run(b.params, key(1), key(2))
+    )
+    assert np.abs(one - two).max() > 1e-3  # the rng decides which weights drop
+    assert np.abs(one - evaluation).max() > 1e-3
+    np.testing.assert_array_equal(evaluation, reference)  # eval: the rate plays no part
+    np.testing.assert_array_equal(no_attention_dropout, reference)  # rate 0: nothing drops
+    assert np.isfinite(one).all()
+
+
+def test_attention_modes_fail_clearly():
+    """Attention's modes are explicit; a mode the layer does not have fails."""
+    from jattn.models.layers import Attention
+
+    cfg = tiny("none")
+    x = jnp.ones((1, 3, 16))
+
+    def call(layer, *args, **kwargs):
+        return jax.eval_shape(lambda: layer.init(jax.random.key(0), *args, **kwargs))
+
+    with pytest.raises(ValueError, match="mode must be one of"):
+        call(Attention(cfg), x, x, mode="cached")
+    with pytest.raises(ValueError, match="mode='step' needs decode=True"):
+        call(Attention(cfg, causal=True), x, x, mode="step", cache_index=0)
+    with pytest.raises(ValueError, match="mode='prefill' is for cross-attention"):
+        call(Attention(cfg, causal=True, decode=True), None, x, mode="prefill")
+    with pytest.raises(ValueError, match="decode=True is for causal self- or cross-attention"):
+        call(Attention(cfg, decode=True), x, x)
+    with pytest.raises(ValueError, match="kv must be None"):
+        call(Attention(cfg, cross=True, decode=True), x, x, mode="step")
+    with pytest.raises(ValueError, match="no cache to read"):
+        call(Attention(cfg, cross=True, decode=True), x, None, mode="step")
+    with pytest.raises(ValueError, match="cache_index is required"):
+        call(Attention(cfg, causal=True, decode=True), x, x, mode="step")
+
+
+def test_parameter_names_are_the_checkpoint_layout():
+    """The attention parameters keep their names (old checkpoints load), and a
+    decode-mode model has the same parameters as the training model."""
+    cfg = tiny("shaw", attention_bias=True, num_layers=1)
+    params = abstract_params(cfg, length=L)
+    names = {"q", "k", "v", "o", "q_bias", "k_bias", "v_bias", "o_bias"}
+    assert set(params["encoder"]["layer_0"]["self_attention"]) == names | {"rel_key", "rel_value"}
+    assert set(params["decoder"]["layer_0"]["self_attention"]) == names | {"rel_key", "rel_value"}
+    assert set(params["decoder"]["layer_0"]["cross_attention"]) == names
+    x = jnp.ones((1, L), jnp.int32)
+    cached = jax.eval_shape(lambda: Transformer(cfg, use_cache=True).init(jax.random.key(0), x, x))
+    assert jax.tree.map(jnp.shape, nn.unbox(cached["params"])) == jax.tree.map(jnp.shape, params)

@@ -1,12 +1,16 @@
 """Flax encoder–decoder Transformers built on jattn's core functions.
 
-    from jattn.models import Transformer, TransformerConfig
+    from jattn.models import Transformer, TransformerConfig, decoding
     model = Transformer(TransformerConfig.base(vocab_size=37_000))
     logits = model.apply({"params": params}, inputs, targets)  # [B, T, V]
+    tokens = decoding.greedy(model, params, inputs, max_length=64)  # [B, 64]
+
+`jattn.models.decoding` is also `jattn.decoding`.
 
 Needs flax (the `train` extra); `import jattn` alone does not import this.
 """
 
+from jattn.models import decoding
 from jattn.models.config import POSITIONS, TransformerConfig
 from jattn.models.summary import abstract_params, count_params, param_counts, summary
 from jattn.models.transformer import (
@@ -29,6 +33,7 @@ __all__ = [
     "TransformerConfig",
     "abstract_params",
     "count_params",
+    "decoding",
     "param_counts",
     "positions_from_segments",
     "shift_right",

@@ -50,6 +50,9 @@ class TransformerConfig:
       num_layers: layers per stack (encoder and decoder each).
       d_ff: hidden width of the position-wise MLP.
       dropout_rate: dropout on embeddings and on every sub-layer output.
+      attention_dropout_rate: dropout on the attention weights of every
+        attention layer in training (0 in the paper; Flax's WMT example uses
+        0.1), through `jattn.dot_product_attention`'s `dropout_rate`.
       max_len: longest sequence (learned position table size; decoding's
         `max_length` may not exceed it for "learned").
       position: positional scheme of the whole model, one of `POSITIONS`.
@@ -83,6 +86,7 @@ class TransformerConfig:
     num_layers: int = 6
     d_ff: int = 2048
     dropout_rate: float = 0.1
+    attention_dropout_rate: float = 0.0
     max_len: int = 256
     position: str = "sinusoidal"
     max_relative_distance: int = 16
@@ -122,10 +126,11 @@ class TransformerConfig:
                 f"TransformerConfig.num_kv_heads={self.num_kv_heads} must divide "
                 f"num_heads={self.num_heads} (MHA: equal, GQA: a divisor, MQA: 1)"
             )
-        if not 0.0 <= float(self.dropout_rate) < 1.0:
-            raise ValueError(
-                f"TransformerConfig.dropout_rate must be in [0, 1), got {self.dropout_rate!r}"
-            )
+        for name in ("dropout_rate", "attention_dropout_rate"):
+            if not 0.0 <= float(getattr(self, name)) < 1.0:
+                raise ValueError(
+                    f"TransformerConfig.{name} must be in [0, 1), got {getattr(self, name)!r}"
+                )
         if self.position not in POSITIONS:
             raise ValueError(
                 f"TransformerConfig.position={self.position!r} is not a positional scheme; "

@@ -6,8 +6,8 @@ layer's cross-attention keys/values, once per decode call: they depend on
 the source only, so recomputing them at each step would repeat the same
 `2 · B·S·D·K·H` multiply-adds a layer `max_length` times. Each step then
 feeds the previous token `[B, 1]` (0, the start symbol, at step 0) to
-`Transformer.decode` on a clone with `use_cache=True`, without the encoder
-output: cross-attention reads the cached keys/values and the step never
+`Transformer.step` on a clone with `use_cache=True`, without the encoder
+output (the decoder's "step" mode): cross-attention reads the cached keys/values and the step never
 touches the cross-attention "k"/"v" weights. The query's position is the
 cache index, so every positional scheme (absolute vectors, Shaw, RoPE,
 ALiBi, T5) sees the same positions as in a full forward pass, and causal
@@ -130,11 +130,11 @@ def decode_step(
     """
     logits, variables = model.clone(use_cache=True).apply(
         {"params": _unwrap(params), "cache": cache},
-        encoded,
         inputs,
         tokens,
+        encoded=encoded,
         mutable=["cache"],
-        method="decode",
+        method="step",
     )
     return logits[:, 0].astype(jnp.float32), variables["cache"]
 

@@ -13,8 +13,9 @@ training loop shards them with `flax.linen` logical axis rules:
     mlp     the MLP hidden width F
     vocab   the vocabulary V
 
-Shapes: B batch, T query length, S key length, D model width, N query heads,
-K key/value heads, H head dim, F MLP width, V vocabulary, R = 2k+1 Shaw distances.
+Shapes: B batch, T query length, S key length, L cache length (target
+positions), D model width, N query heads, K key/value heads, H head dim, F MLP
+width, V vocabulary, R = 2k+1 Shaw distances.
 """
 
 from __future__ import annotations
@@ -33,7 +34,16 @@ from jattn.positions import ShawRelative
 
 Array = jax.Array
 
-__all__ = ["AbsolutePositions", "Attention", "Embed", "MLP", "T5RelativeBias", "layer_norm"]
+__all__ = [
+    "MODES",
+    "MLP",
+    "AbsolutePositions",
+    "Attention",
+    "Embed",
+    "T5RelativeBias",
+    "constrain",
+    "layer_norm",
+]
 
 _xavier = jax.nn.initializers.xavier_uniform
 
@@ -78,7 +88,14 @@ class Embed(nn.Module):
         )
 
     def __call__(self, tokens: Array) -> Array:
-        """int `[B, T]` -> `[B, T, D]`, scaled by sqrt(D) when configured."""
+        """Embed token ids.
+
+        Args:
+          tokens: int `[B, T]`.
+
+        Returns:
+          `[B, T, D]` in the compute dtype, scaled by sqrt(D) when configured.
+        """
         cfg = self.config
         x = jnp.take(self.embedding, tokens, axis=0).astype(cfg.compute_dtype)  # [B, T, D]
         if cfg.scale_embeddings:
@@ -86,7 +103,14 @@ class Embed(nn.Module):
         return constrain(x, ("batch", "length", "embed"))
 
     def attend(self, x: Array) -> Array:
-        """Output logits through the embedding: `[B, T, D] -> [B, T, V]`."""
+        """Output logits through the embedding.
+
+        Args:
+          x: `[B, T, D]`.
+
+        Returns:
+          `[B, T, V]` in the compute dtype.
+        """
         emb = self.embedding.astype(self.config.compute_dtype)
         return jnp.einsum("BTD,VD->BTV", x, emb)
 
@@ -98,7 +122,15 @@ class AbsolutePositions(nn.Module):
 
     @nn.compact
     def __call__(self, x: Array, positions: Array) -> Array:
-        """`[B, T, D]` plus the vector of each int position `[B, T]`."""
+        """Add each position's vector to the embeddings.
+
+        Args:
+          x: embeddings `[B, T, D]`.
+          positions: int `[B, T]` (a learned table clips them to `max_len - 1`).
+
+        Returns:
+          `[B, T, D]`, dtype of `x`.
+        """
         cfg = self.config
         kind = cfg.absolute_position
         if kind == "sinusoidal":
@@ -125,6 +157,7 @@ class T5RelativeBias(nn.Module):
 
     @nn.compact
     def __call__(self) -> Array:
+        """The table `[num_buckets, N]` in the params dtype."""
         cfg = self.config
         return _param(
             self,
@@ -143,6 +176,14 @@ class MLP(nn.Module):
 
     @nn.compact
     def __call__(self, x: Array) -> Array:
+        """Apply the MLP at every position.
+
+        Args:
+          x: `[B, T, D]`.
+
+        Returns:
+          `[B, T, D]` in the compute dtype (hidden activations `[B, T, F]`).
+        """
         cfg = self.config
         d, f, dt = cfg.d_model, cfg.d_ff, cfg.params_dtype
         w1 = _param(self, "wi", _xavier(), (d, f), ("embed", "mlp"), dt)
@@ -156,35 +197,47 @@ class MLP(nn.Module):
         return constrain(y, ("batch", "length", "embed"))
 
 
+# Attention call modes (see `Attention`).
+MODES = ("full", "step", "prefill")
+
+_HEADS = ("batch", "length", "heads", "kv")  # logical names of `[B, L, heads, H]`
+
+
 class Attention(nn.Module):
     """Multi-head attention with GQA/MQA, relative positions and a KV cache.
 
-    Attributes:
-      config: the model config.
-      causal: decoder self-attention (causal over positions).
-      cross: encoder–decoder attention: keys/values from the encoder and no
-        positional term (as in Shaw et al.).
-      decode: keep keys/values in the "cache" collection ("cached_key",
-        "cached_value", both `[B, L, K, H]` or `[B, S, K, H]`). The first
-        call (at `init`) only sizes the cache, from the shape of its keys.
+    The kind is fixed at construction: encoder self-attention (default),
+    decoder self-attention (`causal=True`), or encoder–decoder attention
+    (`cross=True`: keys/values from the encoder and no positional term, as
+    in Shaw et al.). `decode=True` (the flag of Flax's WMT example) gives a
+    causal or cross layer a "cache" collection ("cached_key",
+    "cached_value", `[B, L, K, H]` for self-attention over L target
+    positions, `[B, S, K, H]` for the encoder's keys/values); it is created,
+    as zeros, by the "full" call at `init`, which sizes it from its keys.
 
-    Causal self-attention in decode mode writes one new key/value a step at
-    `cache_index` and attends over the whole cache `[B, L, K, H]`.
+    Each call names its mode:
 
-    Cross-attention in decode mode caches the encoder's keys/values
-    `[B, S, K, H]`: they depend only on the encoder output, not on the step,
-    so projecting them once per decode call replaces `2 · B·S·D·K·H`
-    multiply-adds a layer and a step by a read. Its calls, once the cache
-    exists:
+      "full"     attend from `x` `[B, T, D]` to `kv` `[B, S, D]` (`kv` is `x`
+                 for self-attention). A cache is neither read nor written.
+      "step"     decode=True, one token `x` `[B, 1, D]` at `cache_index`.
+                 Causal self-attention (`kv` is `x`) writes the token's key
+                 and value into slot `cache_index` and attends over the whole
+                 cache; causal masking over the slot positions `arange(L)`
+                 hides the slots not yet written. Cross-attention (`kv` None)
+                 attends over the prefilled encoder keys/values and never
+                 reads its "k"/"v" weights.
+      "prefill"  decode=True cross-attention: store the projections of `kv`
+                 (the encoder output `[B, S, D]`, `x` None); returns None.
+                 They depend only on the source, so projecting them once a
+                 decode call replaces `2 · B·S·D·K·H` multiply-adds a layer
+                 and a step by a read.
 
-      `x=None, kv=encoded`   prefill: project `kv`, store, return None;
-      `kv=None`              a decoding step: attend over the stored
-                             keys/values; the "k"/"v" weights are not read;
-      `kv=encoded`           recompute (the path before the cache, kept for
-                             comparison): project `kv`, leave the cache as is.
-
-    The cache holds the plain projections; interventions ("value_where",
-    "key_visible") act on what is read from it, as on fresh projections.
+    Probing interventions (`jattn.analysis.probe`) are read from the
+    "interventions" collection when the caller passes one: "value_where"
+    `[B, S]` with "value_replacement" `[B, S, K, H]`, "key_visible" `[B, S]`
+    and "head_gate" `[N]`. The cross-attention cache holds the plain
+    projections; interventions act on what is read from it, as on fresh
+    projections.
     """
 
     config: TransformerConfig
@@ -196,145 +249,233 @@ class Attention(nn.Module):
     def __call__(
         self,
         x: Array | None,
-        kv: Array | None,
+        kv: Array | None = None,
         *,
-        q_segment_ids: Array | None,
-        kv_segment_ids: Array | None,
-        q_positions: Array | None,
-        kv_positions: Array | None,
+        mode: str = "full",
+        q_segment_ids: Array | None = None,
+        kv_segment_ids: Array | None = None,
+        q_positions: Array | None = None,
+        kv_positions: Array | None = None,
         t5_table: Array | None = None,
         cache_index: Array | None = None,
+        train: bool = False,
     ) -> Array | None:
-        """Attend from `x` `[B, T, D]` to `kv` `[B, S, D]`; returns `[B, T, D]`.
+        """Attend from `x` to `kv` in the given mode (see the class docstring).
 
         Args:
-          x: queries' inputs; None only to prefill a cross-attention cache.
-          kv: keys' and values' inputs (`x` itself for self-attention); None
-            for a cross-attention step over the cached keys/values.
-          q_segment_ids, kv_segment_ids: int `[B, T]`, `[B, S]` or both None.
-          q_positions, kv_positions: int `[B, T]`, `[B, S]`.
-          t5_table: the stack's shared T5 table `[buckets, N]` (when T5 is
-            per stack), else None.
-          cache_index: int scalar, where the new key/value goes in the cache
-            (causal self-attention in decode mode, after init).
+          x: the queries' inputs `[B, T, D]` (T = 1 in a "step"); None to "prefill".
+          kv: the keys' and values' inputs `[B, S, D]`: `x` itself for
+            self-attention, the encoder output for cross-attention; None in a
+            cross-attention "step", which reads the cache.
+          mode: "full", "step" or "prefill".
+          q_segment_ids, kv_segment_ids: int `[B, T]`, `[B, S]`, or both None.
+          q_positions, kv_positions: int `[B, T]` (a step's: `cache_index`), `[B, S]`.
+          t5_table: the stack's T5 table `[buckets, N]` (T5 per stack), else None.
+          cache_index: int scalar, the slot a causal "step" writes.
+          train: attention dropout at `config.attention_dropout_rate` (needs
+            a "dropout" rng).
+
+        Returns:
+          `[B, T, D]` in the compute dtype; None for "prefill".
+        """
+        self._check_call(mode, x, kv, cache_index)
+        reads_cache = self.cross and mode == "step"
+        w = self._weights(queries=mode != "prefill", keys=not reads_cache)
+        if mode == "prefill":
+            return self._write_cross_cache(*self._project_kv(kv, w))  # None
+        q = constrain(self._project_q(x, w), _HEADS)  # [B, T, N, H]
+        key, value = (
+            self._read_cross_cache(kv_segment_ids) if reads_cache else self._project_kv(kv, w)
+        )
+        key, value = constrain(key, _HEADS), constrain(value, _HEADS)  # [B, S, K, H]
+        q, key = self._rotate(q, key, q_positions, kv_positions)
+        value = self._replace_values(value)
+        if self.decode and self.is_initializing():
+            self._create_cache(key, value)
+        if self.causal and mode == "step":
+            key, value, kv_positions = self._write_step(key, value, cache_index)  # [B, L, K, H]
+            q_segment_ids = kv_segment_ids = None
+        bias = self._position_bias(q_positions, kv_positions, t5_table)  # [B, N, T, S] or None
+        ids = dict(q_segment_ids=q_segment_ids, kv_segment_ids=kv_segment_ids)
+        ids.update(q_positions=q_positions, kv_positions=kv_positions)
+        out = self._attend(q, key, value, bias=bias, mask=self._key_mask(), train=train, **ids)
+        return self._project_out(out, w)  # [B, T, D]
+
+    # -- checks --------------------------------------------------------------
+
+    def _check_call(self, mode: str, x, kv, cache_index) -> None:
+        """Fail clearly on a mode this layer does not have or missing inputs."""
+        if mode not in MODES:
+            raise ValueError(f"Attention: mode must be one of {MODES}, got {mode!r}")
+        if self.decode and not (self.causal or self.cross):
+            raise ValueError("Attention: decode=True is for causal self- or cross-attention")
+        if mode != "full" and not self.decode:
+            raise ValueError(f"Attention: mode={mode!r} needs decode=True")
+        if mode == "prefill" and not self.cross:
+            raise ValueError("Attention: mode='prefill' is for cross-attention")
+        wants_x = mode != "prefill"
+        wants_kv = not (self.cross and mode == "step")
+        if (x is None) == wants_x or (kv is None) == wants_kv:
+            raise ValueError(
+                f"Attention(mode={mode!r}, cross={self.cross}): x "
+                f"{'required' if wants_x else 'must be None'}, kv "
+                f"{'required' if wants_kv else 'must be None (the cache is read)'}"
+            )
+        if mode == "step" and self.causal and cache_index is None:
+            raise ValueError("Attention(decode=True): cache_index is required when decoding")
+
+    @property
+    def _relative(self) -> str | None:
+        """The relative positional term of this layer: none in cross-attention."""
+        return None if self.cross else self.config.relative_position
+
+    # -- projections ---------------------------------------------------------
+
+    def _weights(self, *, queries: bool, keys: bool) -> dict[str, Array]:
+        """The projections `q` `[D, N, H]`, `k`, `v` `[D, K, H]`, `o` `[N, H, D]`
+        and, with `attention_bias`, `q_bias` `[N, H]`, `k_bias`, `v_bias` `[K, H]`.
+
+        Declared in this order (q, k, v, o, then the biases): init draws each
+        parameter's rng from a per-module counter, so the order fixes the
+        initial values. A cached cross-attention step declares no k/v (it
+        never reads them), a prefill no q/o.
         """
         cfg = self.config
         n, k, h, d = cfg.num_heads, cfg.num_kv_heads, cfg.head_dim, cfg.d_model
-        c, pdt = cfg.compute_dtype, cfg.params_dtype
-        if self.decode and not (self.causal or self.cross):
-            raise ValueError("Attention: decode=True is for causal self- or cross-attention")
-        if (x is None or kv is None) and not (self.cross and self.decode):
-            raise ValueError(
-                "Attention: x=None (prefill) and kv=None (cached keys/values) need "
-                "cross=True and decode=True"
-            )
-        project = kv is not None  # else keys/values come from the cross-attention cache
-        # Init draws each parameter's rng from a per-module counter, so the
-        # declaration order (q, k, v, o) fixes the initial values; a cached
-        # cross-attention step declares no k/v because it never reads them.
+        pdt, names = cfg.params_dtype, ("embed", "heads", "kv")
         qkv_init = _xavier(in_axis=0, out_axis=(1, 2))
-        wq = _param(self, "q", qkv_init, (d, n, h), ("embed", "heads", "kv"), pdt)
-        if project:
-            wk = _param(self, "k", qkv_init, (d, k, h), ("embed", "heads", "kv"), pdt)
-            wv = _param(self, "v", qkv_init, (d, k, h), ("embed", "heads", "kv"), pdt)
-        wo = _param(self, "o", _xavier(in_axis=(0, 1), out_axis=2), (n, h, d),
-                    ("heads", "kv", "embed"), pdt)  # fmt: skip
-        q = key = value = None
-        if x is not None:
-            q = jnp.einsum("BTD,DNH->BTNH", x, wq.astype(c))  # [B, T, N, H]
-        if project:
-            key = jnp.einsum("BSD,DKH->BSKH", kv, wk.astype(c))  # [B, S, K, H]
-            value = jnp.einsum("BSD,DKH->BSKH", kv, wv.astype(c))  # [B, S, K, H]
+        w = {}
+        if queries:
+            w["q"] = _param(self, "q", qkv_init, (d, n, h), names, pdt)
+        if keys:
+            w["k"] = _param(self, "k", qkv_init, (d, k, h), names, pdt)
+            w["v"] = _param(self, "v", qkv_init, (d, k, h), names, pdt)
+        if queries:
+            out_init = _xavier(in_axis=(0, 1), out_axis=2)
+            w["o"] = _param(self, "o", out_init, (n, h, d), ("heads", "kv", "embed"), pdt)
         if cfg.attention_bias:
             zeros = nn.initializers.zeros
-            q_bias = _param(self, "q_bias", zeros, (n, h), ("heads", "kv"), pdt)
-            if q is not None:
-                q = q + q_bias.astype(c)
-            if project:
-                k_bias = _param(self, "k_bias", zeros, (k, h), ("heads", "kv"), pdt)
-                v_bias = _param(self, "v_bias", zeros, (k, h), ("heads", "kv"), pdt)
-                key, value = key + k_bias.astype(c), value + v_bias.astype(c)
+            if queries:
+                w["q_bias"] = _param(self, "q_bias", zeros, (n, h), ("heads", "kv"), pdt)
+            if keys:
+                w["k_bias"] = _param(self, "k_bias", zeros, (k, h), ("heads", "kv"), pdt)
+                w["v_bias"] = _param(self, "v_bias", zeros, (k, h), ("heads", "kv"), pdt)
+        return w
 
-        if self.cross and self.decode:
-            key, value = self._cross_cache(key, value, store=x is None)
-            if x is None:
-                return None  # prefill: the cache is the result
-            if kv_segment_ids is not None and kv_segment_ids.shape[1] != key.shape[1]:
-                raise ValueError(
-                    f"Attention: the cached keys cover {key.shape[1]} source positions, "
-                    f"the source has {kv_segment_ids.shape[1]}"
-                )
-        q = constrain(q, ("batch", "length", "heads", "kv"))
-        key = constrain(key, ("batch", "length", "heads", "kv"))
-        value = constrain(value, ("batch", "length", "heads", "kv"))
+    def _project_q(self, x: Array, w: dict[str, Array]) -> Array:
+        """Queries `[B, T, N, H]` of `x` `[B, T, D]`."""
+        c = self.config.compute_dtype
+        q = jnp.einsum("BTD,DNH->BTNH", x, w["q"].astype(c))  # [B, T, N, H]
+        return q + w["q_bias"].astype(c) if "q_bias" in w else q
 
-        relative = None if self.cross else cfg.relative_position
-        if relative == "rope":
-            q = pos_lib.rope(q, q_positions, max_timescale=cfg.rope_max_timescale)
-            key = pos_lib.rope(key, kv_positions, max_timescale=cfg.rope_max_timescale)
+    def _project_kv(self, kv: Array, w: dict[str, Array]) -> tuple[Array, Array]:
+        """Keys and values `[B, S, K, H]` of `kv` `[B, S, D]`."""
+        c = self.config.compute_dtype
+        key = jnp.einsum("BSD,DKH->BSKH", kv, w["k"].astype(c))  # [B, S, K, H]
+        value = jnp.einsum("BSD,DKH->BSKH", kv, w["v"].astype(c))  # [B, S, K, H]
+        if "k_bias" in w:
+            key, value = key + w["k_bias"].astype(c), value + w["v_bias"].astype(c)
+        return key, value
 
-        # Probing interventions (jattn.probe): read from the "interventions"
-        # collection when the caller passes one; absent, nothing changes.
-        value = self._replace_values(value)
-        key_mask = self._key_mask()  # [B, 1, 1, S] or None
-
-        if self.decode and not self.cross:
-            key, value, kv_positions, q_segment_ids, kv_segment_ids = self._update_cache(
-                key, value, kv_positions, q_segment_ids, kv_segment_ids, cache_index
-            )
-
-        shaw = None
-        if relative == "shaw":
-            r, init = 2 * cfg.max_relative_distance + 1, _xavier()
-            shaw = ShawRelative(
-                key=_param(self, "rel_key", init, (r, h), (None, "kv"), pdt).astype(c),
-                value=(
-                    _param(self, "rel_value", init, (r, h), (None, "kv"), pdt).astype(c)
-                    if cfg.shaw_values
-                    else None
-                ),
-                max_distance=cfg.max_relative_distance,
-            )
-        bias = None
-        if relative == "alibi":
-            bias = pos_lib.alibi_bias(pos_lib.alibi_slopes(n), q_positions, kv_positions)
-        elif relative == "t5":
-            if cfg.t5_per_layer:
-                t5_table = T5RelativeBias(cfg, name="t5_bias")()
-            if t5_table is None:
-                raise ValueError("Attention: position 't5' needs the stack's t5_table")
-            buckets = pos_lib.t5_buckets(
-                q_positions,
-                kv_positions,
-                num_buckets=cfg.t5_num_buckets,
-                max_distance=cfg.t5_max_distance,
-                bidirectional=not self.causal,
-            )  # [B, T, S]
-            bias = pos_lib.t5_bias(t5_table.astype(jnp.float32), buckets)  # [B, N, T, S]
-
-        args = dict(
-            bias=bias,
-            mask=key_mask,
-            is_causal=self.causal,
-            q_segment_ids=q_segment_ids,
-            kv_segment_ids=kv_segment_ids,
-            q_positions=q_positions,
-            kv_positions=kv_positions,
-        )
-        out = dot_product_attention(
-            q, key, value, relative=shaw, implementation=cfg.attention_impl, **args
-        )  # [B, T, N, H]
-        if cfg.capture_attention:
-            weights = attention_weights(q, key, relative=shaw, **args)  # [B, N, T, S]
-            self.sow("intermediates", "attention_weights", weights)
+    def _project_out(self, out: Array, w: dict[str, Array]) -> Array:
+        """`[B, T, N, H]` -> `[B, T, D]`; the probe's head gate acts first."""
+        cfg = self.config
+        c = cfg.compute_dtype
         if self.has_variable("interventions", "head_gate"):
             gate = self.get_variable("interventions", "head_gate")  # [N]
             out = out * gate.astype(out.dtype)[None, None, :, None]
-        out = constrain(out, ("batch", "length", "heads", "kv"))
-        y = jnp.einsum("BTNH,NHD->BTD", out, wo.astype(c))  # [B, T, D]
+        out = constrain(out, _HEADS)
+        y = jnp.einsum("BTNH,NHD->BTD", out, w["o"].astype(c))  # [B, T, D]
         if cfg.attention_bias:
-            y = y + _param(self, "o_bias", nn.initializers.zeros, (d,), ("embed",), pdt).astype(c)
+            zeros = nn.initializers.zeros
+            o_bias = _param(self, "o_bias", zeros, (cfg.d_model,), ("embed",), cfg.params_dtype)
+            y = y + o_bias.astype(c)
         return constrain(y, ("batch", "length", "embed"))
+
+    # -- positional terms ----------------------------------------------------
+
+    def _rotate(self, q, key, q_positions, kv_positions) -> tuple[Array, Array]:
+        """RoPE on queries `[B, T, N, H]` and keys `[B, S, K, H]`; else unchanged."""
+        if self._relative != "rope":
+            return q, key
+        timescale = self.config.rope_max_timescale
+        q = pos_lib.rope(q, q_positions, max_timescale=timescale)
+        return q, pos_lib.rope(key, kv_positions, max_timescale=timescale)
+
+    def _shaw_tables(self) -> ShawRelative | None:
+        """Shaw's tables `[R, H]` (keys, and values if configured), or None."""
+        cfg = self.config
+        if self._relative != "shaw":
+            return None
+        r, h, init, c = (
+            2 * cfg.max_relative_distance + 1,
+            cfg.head_dim,
+            _xavier(),
+            cfg.compute_dtype,
+        )
+        rel_key = _param(self, "rel_key", init, (r, h), (None, "kv"), cfg.params_dtype)
+        rel_value = None
+        if cfg.shaw_values:
+            rel_value = _param(self, "rel_value", init, (r, h), (None, "kv"), cfg.params_dtype)
+        return ShawRelative(
+            key=rel_key.astype(c),
+            value=None if rel_value is None else rel_value.astype(c),
+            max_distance=cfg.max_relative_distance,
+        )
+
+    def _position_bias(self, q_positions, kv_positions, t5_table) -> Array | None:
+        """The ALiBi or T5 bias `[B, N, T, S]`, or None for the other schemes."""
+        cfg = self.config
+        if self._relative == "alibi":
+            return pos_lib.alibi_bias(
+                pos_lib.alibi_slopes(cfg.num_heads), q_positions, kv_positions
+            )
+        if self._relative != "t5":
+            return None
+        if cfg.t5_per_layer:
+            t5_table = T5RelativeBias(cfg, name="t5_bias")()
+        if t5_table is None:
+            raise ValueError("Attention: position 't5' needs the stack's t5_table")
+        buckets = pos_lib.t5_buckets(
+            q_positions,
+            kv_positions,
+            num_buckets=cfg.t5_num_buckets,
+            max_distance=cfg.t5_max_distance,
+            bidirectional=not self.causal,
+        )  # [B, T, S]
+        return pos_lib.t5_bias(t5_table.astype(jnp.float32), buckets)  # [B, N, T, S]
+
+    # -- attention -----------------------------------------------------------
+
+    def _attend(self, q, key, value, *, train: bool, **visibility) -> Array:
+        """`jattn.dot_product_attention` `[B, T, N, H]`, with Shaw's tables,
+        attention dropout in training, and the weights sown when configured.
+
+        `visibility`: bias, mask, segment ids and positions, as that function
+        takes them.
+        """
+        cfg = self.config
+        shaw = self._shaw_tables()
+        rate = cfg.attention_dropout_rate if train else 0.0
+        out = dot_product_attention(
+            q,
+            key,
+            value,
+            relative=shaw,
+            implementation=cfg.attention_impl,
+            is_causal=self.causal,
+            dropout_rate=rate,
+            dropout_rng=self.make_rng("dropout") if rate > 0 else None,
+            **visibility,
+        )  # [B, T, N, H]
+        if cfg.capture_attention:
+            weights = attention_weights(
+                q, key, relative=shaw, is_causal=self.causal, **visibility
+            )  # [B, N, T, S]
+            self.sow("intermediates", "attention_weights", weights)
+        return out
+
+    # -- probe hooks ---------------------------------------------------------
 
     def _key_mask(self) -> Array | None:
         """`interventions/key_visible` `[B, S]` as an attention mask `[B, 1, 1, S]`."""
@@ -351,57 +492,58 @@ class Attention(nn.Module):
         replacement = self.get_variable("interventions", "value_replacement")
         return jnp.where(where[:, :, None, None], replacement.astype(value.dtype), value)
 
-    def _cross_cache(self, key: Array | None, value: Array | None, *, store: bool):
-        """The cross-attention cache: encoder keys/values `[B, S, K, H]`.
+    # -- cache read and write ------------------------------------------------
 
-        At init (no cache yet) the entries are created with the shape of the
-        projected `key` and the projections are used as they are. Afterwards
-        `key=None` reads the stored pair, `store=True` (prefill) overwrites it
-        with `key`/`value`, and otherwise (recompute) the fresh projections
-        are used and the cache is left alone.
-        """
-        initialised = self.has_variable("cache", "cached_key")
-        if key is None:
-            if not initialised:
-                raise ValueError(
-                    "Attention: no cached cross-attention keys/values; prefill the cache "
-                    "(jattn.decoding.prefill) before stepping without the encoder output"
-                )
-            return self.get_variable("cache", "cached_key"), self.get_variable(
-                "cache", "cached_value"
+    def _create_cache(self, key: Array, value: Array) -> None:
+        """At init: zero "cached_key"/"cached_value" shaped like `key`/`value`
+        (`[B, L, K, H]` for causal self-attention, `[B, S, K, H]` for cross)."""
+        self.variable("cache", "cached_key", jnp.zeros, key.shape, key.dtype)
+        self.variable("cache", "cached_value", jnp.zeros, value.shape, value.dtype)
+
+    def _cache(self, what: str) -> tuple[nn.Variable, nn.Variable]:
+        """The cache's key and value variables; fails clearly if there is none."""
+        if not self.has_variable("cache", "cached_key"):
+            raise ValueError(
+                f"Attention: no cache to {what}; start from jattn.models.decoding.init_cache "
+                "(or prefill, which fills the cross-attention entries)"
             )
-        cached_key = self.variable("cache", "cached_key", jnp.zeros, key.shape, key.dtype)
-        cached_value = self.variable("cache", "cached_value", jnp.zeros, value.shape, value.dtype)
-        if initialised and store:
-            if cached_key.value.shape != key.shape:
-                raise ValueError(
-                    f"Attention: cross-attention keys {list(key.shape)} do not fit the cache "
-                    f"{list(cached_key.value.shape)}: init_cache for the source's batch and length"
-                )
-            cached_key.value, cached_value.value = key, value
+        return self.variable("cache", "cached_key"), self.variable("cache", "cached_value")
+
+    def _write_cross_cache(self, key: Array, value: Array) -> None:
+        """Prefill: store the encoder's keys/values `[B, S, K, H]`; returns None."""
+        cached_key, cached_value = self._cache("prefill")
+        if cached_key.value.shape != key.shape:
+            raise ValueError(
+                f"Attention: cross-attention keys {list(key.shape)} do not fit the cache "
+                f"{list(cached_key.value.shape)}: init_cache for the source's batch and length"
+            )
+        cached_key.value, cached_value.value = key, value
+
+    def _read_cross_cache(self, kv_segment_ids: Array | None) -> tuple[Array, Array]:
+        """A cross-attention step: the prefilled keys/values `[B, S, K, H]`."""
+        cached_key, cached_value = self._cache("read")
+        key, value = cached_key.value, cached_value.value
+        if kv_segment_ids is not None and kv_segment_ids.shape[1] != key.shape[1]:
+            raise ValueError(
+                f"Attention: the cached keys cover {key.shape[1]} source positions, "
+                f"the source has {kv_segment_ids.shape[1]}"
+            )
         return key, value
 
-    def _update_cache(self, key, value, kv_positions, q_segment_ids, kv_segment_ids, index):
-        """Write this step's key/value at `index`; attend over the whole cache.
+    def _write_step(self, key: Array, value: Array, index: Array) -> tuple[Array, Array, Array]:
+        """A causal step: write `key`/`value` `[B, 1, K, H]` at slot `index`.
 
-        At init (no cache yet) the cache is created with the shape of `key`
-        (the full target length) and the call attends normally. Afterwards the
-        query is one token at position `index`; causal masking over the cache
-        positions `arange(L)` hides the slots not yet written.
+        Returns:
+          The whole cache's keys and values `[B, L, K, H]` and their
+          positions int32 `[B, L]` (`arange(L)`).
         """
-        initialised = self.has_variable("cache", "cached_key")
-        cached_key = self.variable("cache", "cached_key", jnp.zeros, key.shape, key.dtype)
-        cached_value = self.variable("cache", "cached_value", jnp.zeros, value.shape, value.dtype)
-        if not initialised:
-            return key, value, kv_positions, q_segment_ids, kv_segment_ids
+        cached_key, cached_value = self._cache("step")
         b, t = key.shape[:2]
         if t != 1:
             raise ValueError(f"Attention(decode=True): one token a step, got length {t}")
-        if index is None:
-            raise ValueError("Attention(decode=True): cache_index is required when decoding")
         start = (0, index, 0, 0)
         cached_key.value = lax.dynamic_update_slice(cached_key.value, key, start)
         cached_value.value = lax.dynamic_update_slice(cached_value.value, value, start)
         length = cached_key.value.shape[1]
-        kv_positions = jnp.broadcast_to(jnp.arange(length, dtype=jnp.int32), (b, length))
-        return cached_key.value, cached_value.value, kv_positions, None, None
+        positions = jnp.broadcast_to(jnp.arange(length, dtype=jnp.int32), (b, length))
+        return cached_key.value, cached_value.value, positions

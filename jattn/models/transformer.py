@@ -7,7 +7,13 @@ real tokens, 0 for padding) and positions that restart at each segment; the
 shift right restarts too, so the first token of a packed sequence sees the
 start symbol, never its neighbour's last token.
 
-Shapes: B batch, S input length, T target length, D model width, V vocabulary.
+Decoding (`jattn.models.decoding`) runs the same modules with `decode=True`
+(Flax WMT's flag: `Transformer(use_cache=True)`) and names each call's mode:
+`Transformer.prefill` caches the encoder's keys/values once, `Transformer.step`
+decodes one token over the KV cache (`DECODER_MODES`, and `Attention`'s modes).
+
+Shapes: B batch, S input length, T target length, L decoded length, D model
+width, K key/value heads, H head dim, V vocabulary.
 """
 
 from __future__ import annotations
@@ -37,6 +43,7 @@ from jattn.models.layers import (
 Array = jax.Array
 
 __all__ = [
+    "DECODER_MODES",
     "Decoder",
     "DecoderLayer",
     "Encoder",
@@ -64,7 +71,27 @@ class EncoderLayer(nn.Module):
     config: TransformerConfig
 
     @nn.compact
-    def __call__(self, x, *, segment_ids, positions, t5_table, train: bool) -> Array:
+    def __call__(
+        self,
+        x: Array,
+        *,
+        segment_ids: Array,
+        positions: Array,
+        t5_table: Array | None,
+        train: bool,
+    ) -> Array:
+        """One encoder layer.
+
+        Args:
+          x: `[B, S, D]`.
+          segment_ids: int `[B, S]` (0 = padding).
+          positions: int `[B, S]`.
+          t5_table: the stack's T5 table `[buckets, N]` (T5 per stack), else None.
+          train: dropout, attention dropout included (needs a "dropout" rng).
+
+        Returns:
+          `[B, S, D]`.
+        """
         cfg = self.config
         attn = Attention(cfg, name="self_attention")
         x = _sublayer(
@@ -78,6 +105,7 @@ class EncoderLayer(nn.Module):
                 q_positions=positions,
                 kv_positions=positions,
                 t5_table=t5_table,
+                train=train,
             ),
             layer_norm(cfg, "self_attention_norm"),
             train,
@@ -85,15 +113,23 @@ class EncoderLayer(nn.Module):
         return _sublayer(cfg, x, MLP(cfg, name="mlp"), layer_norm(cfg, "mlp_norm"), train)
 
 
+# Decoder mode -> (self-attention mode, cross-attention mode) in every layer
+# (`Attention` has the modes "full", "step" and "prefill").
+DECODER_MODES: dict[str, tuple[str | None, str]] = {
+    "full": ("full", "full"),  # teacher forcing over targets [B, T]
+    "step": ("step", "step"),  # one token; cross-attention reads the prefilled cache
+    "recompute": ("step", "full"),  # one token; cross-attention projects `encoded` again
+    "prefill": (None, "prefill"),  # cross-attention caches `encoded`; nothing else runs
+}
+
+
 class DecoderLayer(nn.Module):
     """Causal self-attention, cross-attention, MLP, each in a residual block.
 
-    With `decode=True` both attentions keep a cache (see `Attention`). Two
-    calls differ from the usual one: `x=None` prefills the cross-attention
-    cache from `encoded` `[B, S, D]` and returns None (nothing else runs:
-    the encoder output enters a layer only through cross-attention's
-    keys/values, and the layer norms act on `x`); `encoded=None` is a step
-    whose cross-attention reads the prefilled keys/values.
+    Attributes:
+      config: the model config.
+      decode: both attentions keep a "cache" (see `Attention`), for the
+        modes "step", "recompute" and "prefill" of `DECODER_MODES`.
     """
 
     config: TransformerConfig
@@ -102,41 +138,58 @@ class DecoderLayer(nn.Module):
     @nn.compact
     def __call__(
         self,
-        x,
-        encoded,
+        x: Array | None,
+        encoded: Array | None,
         *,
-        segment_ids,
-        positions,
-        encoded_segment_ids,
-        encoded_positions,
-        t5_table,
-        cache_index,
-        train: bool,
+        mode: str = "full",
+        segment_ids: Array | None = None,
+        positions: Array | None = None,
+        encoded_segment_ids: Array | None = None,
+        encoded_positions: Array | None = None,
+        t5_table: Array | None = None,
+        cache_index: Array | None = None,
+        train: bool = False,
     ) -> Array | None:
+        """One decoder layer in one of `DECODER_MODES`.
+
+        Args:
+          x: `[B, T, D]` (T = 1 in "step" and "recompute"); None for "prefill",
+            where the encoder output enters only through cross-attention's
+            keys/values.
+          encoded: the encoder output `[B, S, D]`; None for "step".
+          mode: "full", "step", "recompute" or "prefill".
+          segment_ids: int `[B, T]`, or None while decoding (the query then
+            belongs to the row's only segment).
+          positions: int `[B, T]`.
+          encoded_segment_ids: int `[B, S]` (0 = padding).
+          encoded_positions: int `[B, S]`.
+          t5_table: the stack's T5 table `[buckets, N]` (T5 per stack), else None.
+          cache_index: int scalar, the slot a step writes.
+          train: dropout, attention dropout included (needs a "dropout" rng).
+
+        Returns:
+          `[B, T, D]`; None for "prefill".
+        """
         cfg = self.config
+        self_mode, cross_mode = DECODER_MODES[mode]
         self_attn = Attention(cfg, causal=True, decode=self.decode, name="self_attention")
         cross_attn = Attention(cfg, cross=True, decode=self.decode, name="cross_attention")
-        if x is None:  # prefill
-            return cross_attn(
-                None,
-                encoded,
-                q_segment_ids=None,
-                kv_segment_ids=None,
-                q_positions=None,
-                kv_positions=None,
-            )
+        if mode == "prefill":
+            return cross_attn(None, encoded, mode="prefill")
         x = _sublayer(
             cfg,
             x,
             lambda h: self_attn(
                 h,
                 h,
+                mode=self_mode,
                 q_segment_ids=segment_ids,
                 kv_segment_ids=segment_ids,
                 q_positions=positions,
                 kv_positions=positions,
                 t5_table=t5_table,
                 cache_index=cache_index,
+                train=train,
             ),
             layer_norm(cfg, "self_attention_norm"),
             train,
@@ -150,10 +203,12 @@ class DecoderLayer(nn.Module):
             lambda h: cross_attn(
                 h,
                 encoded,
+                mode=cross_mode,
                 q_segment_ids=cross_q_segments,
                 kv_segment_ids=encoded_segment_ids,
                 q_positions=positions,
                 kv_positions=encoded_positions,
+                train=train,
             ),
             layer_norm(cfg, "cross_attention_norm"),
             train,
@@ -180,8 +235,20 @@ class Encoder(nn.Module):
     embed: nn.Module
 
     @nn.compact
-    def __call__(self, inputs, *, segment_ids, positions, train: bool = False) -> Array:
-        """int `[B, S]` with segment ids and positions `[B, S]` -> `[B, S, D]`."""
+    def __call__(
+        self, inputs: Array, *, segment_ids: Array, positions: Array, train: bool = False
+    ) -> Array:
+        """Encode source tokens.
+
+        Args:
+          inputs: int `[B, S]`.
+          segment_ids: int `[B, S]` (0 = padding).
+          positions: int `[B, S]`.
+          train: dropout (needs a "dropout" rng).
+
+        Returns:
+          `[B, S, D]`.
+        """
         cfg = self.config
         x = _embed_and_position(cfg, self.embed, inputs, positions, train)
         t5_table = None
@@ -199,18 +266,28 @@ class Encoder(nn.Module):
 class Decoder(nn.Module):
     """Target embeddings, `num_layers` decoder layers, output logits.
 
-    With `decode=True` the stack keeps a "cache" collection: an `index` (the
-    next position), each self-attention layer's keys and values `[B, L, K, H]`
-    and each cross-attention layer's keys and values of the encoder output
-    `[B, S, K, H]`. After the cache exists:
+    Attributes:
+      config: the model config.
+      embed: the target embedding (also the output projection when shared).
+      decode: keep a "cache" collection (Flax WMT's flag): an `index` (the
+        next position), each self-attention layer's keys and values
+        `[B, L, K, H]` and each cross-attention layer's keys and values of
+        the encoder output `[B, S, K, H]`. The "full" call at `init` creates
+        it (zeros), sized by its targets and encoder output.
 
-    - `targets=None` prefills: every layer projects `encoded` into its
-      cross-attention cache (once per decode call); returns None.
-    - otherwise each call takes the previous token `[B, 1]` (no shift) at
-      position `index` and returns the logits `[B, 1, V]` for the next one.
-      With `encoded=None` cross-attention reads its cached keys/values; with
-      `encoded` given it projects them again (the uncached path, for
-      comparison), leaving the cross-attention cache untouched.
+    Each call names its mode (`DECODER_MODES`):
+
+    - "full": teacher forcing: logits `[B, T, V]` for targets `[B, T]`,
+      shifted right inside; a cache is neither read nor written.
+    - "prefill" (decode=True): every layer projects `encoded` into its
+      cross-attention cache, once per decode call; returns None.
+    - "step" (decode=True, initialised cache): `targets` is the previous token
+      `[B, 1]` (no shift), at position `index`, which the call advances;
+      returns the logits `[B, 1, V]` for the next one. Cross-attention reads
+      its cached keys/values (`encoded` is None).
+    - "recompute": a step whose cross-attention projects `encoded` again (the
+      path before the cross-attention cache, kept for comparison), leaving
+      the cross-attention cache untouched.
     """
 
     config: TransformerConfig
@@ -220,49 +297,48 @@ class Decoder(nn.Module):
     @nn.compact
     def __call__(
         self,
-        encoded,
-        targets,
+        encoded: Array | None,
+        targets: Array | None,
         *,
-        encoded_segment_ids,
-        encoded_positions,
-        segment_ids,
-        positions,
+        mode: str = "full",
+        encoded_segment_ids: Array | None = None,
+        encoded_positions: Array | None = None,
+        segment_ids: Array | None = None,
+        positions: Array | None = None,
         train: bool = False,
     ) -> Array | None:
+        """Decode in one of `DECODER_MODES`.
+
+        Args:
+          encoded: the encoder output `[B, S, D]`; None for "step".
+          targets: int `[B, T]` ("full"), the previous token `[B, 1]` ("step",
+            "recompute"), None ("prefill").
+          mode: "full", "prefill", "step" or "recompute".
+          encoded_segment_ids: int `[B, S]` (0 = padding).
+          encoded_positions: int `[B, S]`.
+          segment_ids: int `[B, T]` ("full").
+          positions: int `[B, T]` ("full"; a step's is the cache index).
+          train: dropout (needs a "dropout" rng).
+
+        Returns:
+          float32 logits `[B, T, V]` (`[B, 1, V]` for a step); None for "prefill".
+        """
         cfg = self.config
-        stepping = self.decode and self.has_variable("cache", "index")
-        if (targets is None or encoded is None) and not stepping:
-            raise ValueError(
-                "Decoder: targets=None (prefill) and encoded=None (a step over cached "
-                "cross-attention keys/values) need decode=True and an initialised cache"
-            )
-        if targets is None:
+        self._check_mode(mode)
+        if mode == "prefill":
             for i in range(cfg.num_layers):
-                DecoderLayer(cfg, decode=True, name=f"layer_{i}")(
-                    None,
-                    encoded,
-                    segment_ids=None,
-                    positions=None,
-                    encoded_segment_ids=None,
-                    encoded_positions=None,
-                    t5_table=None,
-                    cache_index=None,
-                    train=False,
-                )
+                DecoderLayer(cfg, decode=True, name=f"layer_{i}")(None, encoded, mode="prefill")
             return None
         cache_index = None
-        if self.decode:
-            index = self.variable("cache", "index", lambda: jnp.zeros((), jnp.int32))
-        if stepping:
-            cache_index = index.value
-            b = targets.shape[0]
-            positions = jnp.full((b, 1), cache_index, jnp.int32)  # the query's position
+        if mode == "full":
+            y = shift_right(targets, segment_ids)  # [B, T]
+            if self.decode and self.is_initializing():
+                self.variable("cache", "index", lambda: jnp.zeros((), jnp.int32))
+        else:
+            y, cache_index = targets, self._next_index()
+            positions = jnp.full((targets.shape[0], 1), cache_index, jnp.int32)  # the query's
             segment_ids = None
             encoded_segment_ids = (encoded_segment_ids != 0).astype(jnp.int32)
-            index.value = cache_index + 1
-            y = targets
-        else:
-            y = shift_right(targets, segment_ids)  # [B, T]
         x = _embed_and_position(cfg, self.embed, y, positions, train)
         t5_table = None
         if cfg.relative_position == "t5" and not cfg.t5_per_layer:
@@ -271,6 +347,7 @@ class Decoder(nn.Module):
             x = DecoderLayer(cfg, decode=self.decode, name=f"layer_{i}")(
                 x,
                 encoded,
+                mode=mode,
                 segment_ids=segment_ids,
                 positions=positions,
                 encoded_segment_ids=encoded_segment_ids,
@@ -279,6 +356,30 @@ class Decoder(nn.Module):
                 cache_index=cache_index,
                 train=train,
             )
+        return self._logits(x)
+
+    def _check_mode(self, mode: str) -> None:
+        """Fail clearly on an unknown mode, or a cached one without a cache."""
+        if mode not in DECODER_MODES:
+            raise ValueError(f"Decoder: mode must be one of {sorted(DECODER_MODES)}, got {mode!r}")
+        if mode != "full" and not self.decode:
+            raise ValueError(f"Decoder: mode={mode!r} needs decode=True and an initialised cache")
+        if mode in ("step", "recompute") and not self.has_variable("cache", "index"):
+            raise ValueError(
+                f"Decoder: mode={mode!r} needs decode=True and an initialised cache "
+                "(jattn.models.decoding.init_cache, or prefill)"
+            )
+
+    def _next_index(self) -> Array:
+        """The cache index of this step (int32 scalar); advances the stored one."""
+        index = self.variable("cache", "index")
+        current = index.value
+        index.value = current + 1
+        return current
+
+    def _logits(self, x: Array) -> Array:
+        """`[B, T, D]` -> float32 logits `[B, T, V]` (final norm if pre-norm)."""
+        cfg = self.config
         if cfg.pre_norm:
             x = layer_norm(cfg, "final_norm")(x)
         if cfg.share_embeddings:
@@ -303,8 +404,9 @@ class Transformer(nn.Module):
 
     Attributes:
       config: hyperparameters.
-      use_cache: build the decoder in decode mode (KV cache); used by
-        `jattn.decoding`, which clones the model with `use_cache=True`.
+      use_cache: build the decoder with `decode=True` (KV cache) for `step`
+        and `prefill`; `jattn.models.decoding` clones the model with
+        `use_cache=True`.
     """
 
     config: TransformerConfig
@@ -342,7 +444,7 @@ class Transformer(nn.Module):
 
     def decode(
         self,
-        encoded: Array | None,
+        encoded: Array,
         inputs: Array,
         targets: Array,
         *,
@@ -352,13 +454,19 @@ class Transformer(nn.Module):
         targets_positions: Array | None = None,
         train: bool = False,
     ) -> Array:
-        """Logits `[B, T, V]` for `targets` `[B, T]` given `encoded` `[B, S, D]`.
+        """Teacher-forced logits `[B, T, V]` for `targets` `[B, T]` given `encoded`.
 
-        `inputs` (or `inputs_segment_ids`) tells cross-attention which encoder
-        positions are real. With `use_cache=True` and an initialised cache,
-        `targets` is the previous token `[B, 1]` and nothing is shifted, and
-        `encoded` may be None: cross-attention then reads the keys/values that
-        `prefill` stored (see `Decoder`).
+        Args:
+          encoded: encoder outputs `[B, S, D]`.
+          inputs: int `[B, S]` source tokens; with `inputs_segment_ids` they
+            tell cross-attention which encoder positions are real.
+          targets: int `[B, T]`, shifted right inside.
+          inputs_segment_ids, inputs_positions: int `[B, S]`, as in `__call__`.
+          targets_segment_ids, targets_positions: int `[B, T]`, as in `__call__`.
+          train: enables dropout (needs a "dropout" rng).
+
+        Returns:
+          float32 `[B, T, V]`.
         """
         inputs = check_tokens("inputs", inputs)
         targets = check_tokens("targets", targets)
@@ -367,12 +475,7 @@ class Transformer(nn.Module):
                 "Transformer: packed rows need both inputs_segment_ids and "
                 "targets_segment_ids (or neither)"
             )
-        enc_shape = inputs.shape if encoded is None else encoded.shape[:2]
-        if inputs.shape[0] != targets.shape[0] or enc_shape != inputs.shape:
-            raise ValueError(
-                f"Transformer: batch/length mismatch: inputs {list(inputs.shape)}, "
-                f"targets {list(targets.shape)}, encoded {list(enc_shape)}"
-            )
+        self._check_encoded(encoded, inputs, targets)
         check_learned_length(self.config, targets.shape[1], "targets")
         enc_seg, enc_pos = segments_and_positions(
             inputs, inputs_segment_ids, inputs_positions, "inputs"
@@ -383,6 +486,7 @@ class Transformer(nn.Module):
         return self.decoder(
             encoded,
             targets,
+            mode="full",
             encoded_segment_ids=enc_seg,
             encoded_positions=enc_pos,
             segment_ids=seg,
@@ -390,13 +494,46 @@ class Transformer(nn.Module):
             train=train,
         )
 
+    def step(self, inputs: Array, tokens: Array, *, encoded: Array | None = None) -> Array:
+        """One cached decoder step: logits `[B, 1, V]` for the token after `tokens`.
+
+        Needs `use_cache=True` and a "cache" collection from `prefill` (or a
+        previous step), passed with `mutable=["cache"]`; the step writes its
+        self-attention keys/values and advances the index.
+
+        Args:
+          inputs: int `[B, S]` source tokens, unpacked (their zeros mask
+            cross-attention).
+          tokens: int `[B, 1]`, the previous token (0 at the first step), not
+            shifted.
+          encoded: None: cross-attention reads the prefilled keys/values
+            (Decoder mode "step"). Given (`[B, S, D]`): it projects them again
+            (mode "recompute", the uncached path, for comparisons).
+
+        Returns:
+          float32 `[B, 1, V]`.
+        """
+        if not self.use_cache:
+            raise ValueError("Transformer.step needs use_cache=True")
+        inputs = check_tokens("inputs", inputs)
+        tokens = check_tokens("tokens", tokens)
+        self._check_encoded(encoded, inputs, tokens)
+        enc_seg, enc_pos = segments_and_positions(inputs, None, None, "inputs")
+        return self.decoder(
+            encoded,
+            tokens,
+            mode="step" if encoded is None else "recompute",
+            encoded_segment_ids=enc_seg,
+            encoded_positions=enc_pos,
+        )
+
     def prefill(self, encoded: Array) -> None:
         """Store every decoder layer's cross-attention keys/values of `encoded`.
 
         Needs `use_cache=True`, a "cache" collection from
-        `jattn.decoding.init_cache` sized for `encoded` `[B, S, D]` and
+        `jattn.models.decoding.init_cache` sized for `encoded` `[B, S, D]` and
         `mutable=["cache"]`; writes `[B, S, K, H]` keys and values per layer,
-        which later steps (`decode` with `encoded=None`) read instead of
+        which later steps (`step` without `encoded`) read instead of
         projecting the encoder output again.
         """
         if not self.use_cache:
@@ -406,14 +543,17 @@ class Transformer(nn.Module):
                 f"Transformer.prefill: encoded must be [B, S, {self.config.d_model}], "
                 f"got {list(encoded.shape)}"
             )
-        self.decoder(
-            encoded,
-            None,
-            encoded_segment_ids=None,
-            encoded_positions=None,
-            segment_ids=None,
-            positions=None,
-        )
+        self.decoder(encoded, None, mode="prefill")
+
+    def _check_encoded(self, encoded: Array | None, inputs: Array, targets: Array) -> None:
+        """Batch and length agreement of `inputs` `[B, S]`, `targets` `[B, T]`
+        and `encoded` `[B, S, D]` (when given)."""
+        enc_shape = inputs.shape if encoded is None else encoded.shape[:2]
+        if inputs.shape[0] != targets.shape[0] or enc_shape != inputs.shape:
+            raise ValueError(
+                f"Transformer: batch/length mismatch: inputs {list(inputs.shape)}, "
+                f"targets {list(targets.shape)}, encoded {list(enc_shape)}"
+            )
 
     def __call__(
         self,
