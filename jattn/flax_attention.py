@@ -225,8 +225,9 @@ def flax_attention_fn(implementation: str | None = None, **options) -> Callable[
       `[batch..., T, N, Hv]` in the promoted dtype.
 
     Raises:
-      ValueError: an unknown implementation or an option that cannot be
-        forwarded.
+      ValueError: an unknown implementation, or a jattn keyword that cannot
+        be an option (the message says why).
+      TypeError: an option that is no jattn keyword.
     """
     if implementation is not None and implementation not in (*IMPLEMENTATIONS, "cudnn"):
         raise ValueError(
