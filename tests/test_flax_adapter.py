@@ -219,7 +219,7 @@ def test_autoregressive_decode_with_x64():
     with _enable_x64():
         x = jnp.ones((1, 4, 4))
         layer = _linen(jattn.flax_attention_fn(), qkv_features=4, decode=True)
-        variables = layer.init(jax.random.PRNGKey(0), x, x, x)
+        variables = layer.init(jax.random.PRNGKey(0), x)
         params, cache = variables["params"], variables["cache"]
         y1, updates = layer.apply({"params": params, "cache": cache}, x[:, :1], mutable=["cache"])
         y2, _ = layer.apply({"params": params, **updates}, x[:, 1:2], mutable=["cache"])
