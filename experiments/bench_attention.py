@@ -21,7 +21,9 @@ unless --lengths is given, for jattn "chunked" (with and without the window)
 and `jax.nn.dot_product_attention(local_window_size=...)` where it fits in
 --max-gib. The chunked path visits only the tiles inside the window, so its
 time grows as O(L·W); the table ends with time(L2) / time(L1) per
-implementation (about 2 for doubling L at O(L·W), 4 at O(L²)).
+implementation (about 2 for doubling L at O(L·W), 4 at O(L²)). Every cell
+is compiled first and the timed calls go round-robin over the cells, so a
+change in load on a shared machine hits all cells alike.
 
 `--gpu` is the GPU mode: everything after it goes to `experiments/bench_gpu.py`
 (correctness on the device first, then bf16 timings of the Pallas kernel
@@ -135,52 +137,72 @@ def time_it(compiled, args, repeats):
     return statistics.median(ts)
 
 
-def run(args, cands: dict) -> list[dict]:
+def time_round_robin(cells, repeats):
+    """Median seconds of each `(compiled, args)` cell, timed in rounds that
+    call every cell once, so a change in machine load hits all cells alike
+    (what ratios between cells need on a shared machine)."""
+    for compiled, a in cells:
+        jax.block_until_ready(compiled(*a))  # warm-up
+    ts = [[] for _ in cells]
+    for _ in range(repeats):
+        for (compiled, a), out in zip(cells, ts, strict=True):
+            t0 = time.perf_counter()
+            jax.block_until_ready(compiled(*a))
+            out.append(time.perf_counter() - t0)
+    return [statistics.median(t) for t in ts]
+
+
+def cell_fn(fn, mode, causal):
+    """The function one cell times: forward, or the gradient of a sum."""
+    if mode == "fwd":
+        return lambda q, k, v, rk, rv: fn(q, k, v, rk, rv, causal)
+
+    def f(q, k, v, rk, rv):
+        def loss(q, k, v, rk, rv):
+            return jnp.sum(fn(q, k, v, rk, rv, causal).astype(jnp.float32))
+
+        return jax.grad(loss, argnums=(0, 1, 2, 3, 4))(q, k, v, rk, rv)
+
+    return f
+
+
+def run(args, cands: dict, *, interleave: bool = False) -> list[dict]:
+    """One row per (length, implementation, pass). With `interleave`, every
+    cell is compiled first and then timed round-robin (`time_round_robin`)."""
     rng = np.random.default_rng(0)
     b, n, h, kd = args.batch, args.heads, args.head_dim, args.max_distance
     dtype = jnp.dtype(args.dtype)
-    rows = []
+    rows, pending = [], []
     names = [c for c in cands if not args.only or c in args.only]
     for length in args.lengths:
-        q = jnp.asarray(rng.normal(size=(b, length, n, h)), dtype)
-        k = jnp.asarray(rng.normal(size=(b, length, n, h)), dtype)
-        v = jnp.asarray(rng.normal(size=(b, length, n, h)), dtype)
+        q, k, v = (jnp.asarray(rng.normal(size=(b, length, n, h)), dtype) for _ in range(3))
         rk = jnp.asarray(0.1 * rng.normal(size=(2 * kd + 1, h)), dtype)
         rv = jnp.asarray(0.1 * rng.normal(size=(2 * kd + 1, h)), dtype)
         for name in names:
-            fn, _ = cands[name]
             for mode in args.modes:
-                if mode == "fwd":
-                    f = lambda q, k, v, rk, rv, fn=fn: fn(q, k, v, rk, rv, args.causal)
-                else:
-
-                    def f(q, k, v, rk, rv, fn=fn):
-                        def loss(q, k, v, rk, rv):
-                            return jnp.sum(fn(q, k, v, rk, rv, args.causal).astype(jnp.float32))
-
-                        return jax.grad(loss, argnums=(0, 1, 2, 3, 4))(q, k, v, rk, rv)
-
-                row = dict(
-                    L=length,
-                    impl=name,
-                    mode=mode,
-                    causal=args.causal,
-                    dtype=args.dtype,
-                    ms=None,
-                    temp_mib=None,
-                    note="",
-                )
+                f = cell_fn(cands[name][0], mode, args.causal)
+                row = dict(L=length, impl=name, mode=mode, causal=args.causal, dtype=args.dtype)
+                row.update(ms=None, temp_mib=None, note="")
                 try:
                     compiled, temp = measure(f, (q, k, v, rk, rv), args.repeats)
                     row["temp_mib"] = None if temp is None else temp / 2**20
                     if temp is not None and temp > args.max_gib * 2**30:
                         row["note"] = f"skipped: needs {temp / 2**30:.1f} GiB"
+                    elif interleave:
+                        pending.append((row, (compiled, (q, k, v, rk, rv))))
                     else:
                         row["ms"] = 1e3 * time_it(compiled, (q, k, v, rk, rv), args.repeats)
                 except Exception as e:  # report and carry on with the other cells
                     row["note"] = f"error: {type(e).__name__}: {str(e)[:80]}"
                 rows.append(row)
-                print(format_row(row), flush=True)
+                if not interleave:
+                    print(format_row(row), flush=True)
+    if interleave:
+        medians = time_round_robin([cell for _, cell in pending], args.repeats)
+        for (row, _), t in zip(pending, medians, strict=True):
+            row["ms"] = 1e3 * t
+        for row in rows:
+            print(format_row(row), flush=True)
     return rows
 
 
@@ -307,7 +329,7 @@ def main(argv=None):
         flush=True,
     )
     cands = window_candidates(args.window) if windowed else candidates(args.pallas)
-    rows = with_ratios(run(args, cands))
+    rows = with_ratios(run(args, cands, interleave=windowed))
     with open(args.out, "w", newline="") as fh:
         w = csv.DictWriter(fh, fieldnames=list(rows[0]))
         w.writeheader()

@@ -218,6 +218,31 @@ def test_window_matches_float64_oracle(case):
     assert not np.allclose(out, ref_full, atol=1e-3)
 
 
+def test_window_with_shaw_uses_every_tile_body():
+    """A long causal window with Shaw terms exercises every tile body (per
+    element; FULL with one constant relative id; PARTIAL at the window's edge
+    with one constant relative id) and still equals the float64 oracle, and,
+    with dropout, the xla path."""
+    t, (bq, bk), window, k = 64, (8, 8), (40, 0), 3
+    q, kk, v = make_problem(31, 1, t, t, 2, 1, 4)
+    kw = dict(is_causal=True, relative=shaw(31, 2, 4, 4, k))
+    nf = jattn.normalise(q, kk, v, local_window_size=window, **kw)
+    branches = np.asarray(TiledProblem(nf, bq, bk).plan.branch)
+    assert set(np.unique(branches)) == {0, 1, 2, 3}, np.bincount(branches.ravel())
+    ct = np.random.default_rng(31).normal(size=(1, t, 2, 4))
+    opts = dict(block_q=bq, block_k=bk)
+    out, _, grads = run("chunked", q, kk, v, ct, options=opts, local_window_size=window, **kw)
+    pos = np.arange(t)[None]
+    ref, ref_grads = attention_and_grads(
+        q, kk, v, cotangent=ct, mask=window_mask(pos, pos, *window), **kw
+    )
+    np.testing.assert_allclose(out, ref, **FP32_TOL, err_msg="out")
+    for name in ("query", "key", "value", "rel_key", "rel_value"):
+        np.testing.assert_allclose(grads[name], ref_grads[name], **FP32_TOL, err_msg=name)
+    kw.update(local_window_size=window, dropout_rate=0.2, dropout_rng=jax.random.key(3))
+    assert_same(run("chunked", q, kk, v, ct, options=opts, **kw), run("xla", q, kk, v, ct, **kw))
+
+
 # --- a windowed call costs O(L·w): trip counts of the tile loops ------------------------
 
 
