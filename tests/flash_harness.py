@@ -15,6 +15,7 @@ import oracle
 
 import jattn
 from jattn.kernels import flash_attention as fa
+from jattn.normal_form import EMPTY_ROW_LSE
 
 GRAD_NAMES = ("query", "key", "value", "bias", "rel_key", "rel_value")
 F32_TOL = 2e-5
@@ -25,7 +26,15 @@ BF16_TOL = 3e-2
 # Harness.
 
 
-def _normal_form(inputs: dict, *, is_causal: bool, max_distance: int):
+def _normal_form(
+    inputs: dict,
+    *,
+    is_causal: bool,
+    max_distance: int,
+    window=None,
+    dropout_rate: float = 0.0,
+    broadcast_batch: bool = False,
+):
     rel = None
     if inputs.get("rel_key") is not None or inputs.get("rel_value") is not None:
         rel = jattn.ShawRelative(
@@ -44,27 +53,93 @@ def _normal_form(inputs: dict, *, is_causal: bool, max_distance: int):
         kv_positions=inputs.get("kv_positions"),
         relative=rel,
         scale=None,
+        local_window_size=window,
+        dropout_rate=dropout_rate,
+        dropout_rng=inputs.get("dropout_rng"),
+        dropout_broadcast_batch=broadcast_batch,
     )
 
 
-@functools.partial(
-    jax.jit, static_argnames=("is_causal", "max_distance", "block_q", "block_k", "backend")
-)
+_STATIC = ("is_causal", "max_distance", "window", "dropout_rate", "broadcast_batch")
+
+
+@functools.partial(jax.jit, static_argnames=(*_STATIC, "block_q", "block_k", "backend"))
 def _pallas_vjp(
-    inputs, cotangent, *, is_causal, max_distance, block_q, block_k, backend="interpret"
+    inputs,
+    cotangent,
+    *,
+    is_causal,
+    max_distance,
+    block_q,
+    block_k,
+    backend="interpret",
+    window=None,
+    dropout_rate=0.0,
+    broadcast_batch=False,
 ):
     """Output and gradients of the differentiable inputs (None where absent)."""
     diff = {name: inputs.get(name) for name in GRAD_NAMES}
+    kw = dict(window=window, dropout_rate=dropout_rate, broadcast_batch=broadcast_batch)
 
     def f(diff):
-        nf = _normal_form({**inputs, **diff}, is_causal=is_causal, max_distance=max_distance)
+        nf = _normal_form({**inputs, **diff}, is_causal=is_causal, max_distance=max_distance, **kw)
         return fa._flash_attention(nf, block_q=block_q, block_k=block_k, backend=backend)[0]
 
     out, vjp = jax.vjp(f, diff)
     return out, vjp(cotangent)[0]
 
 
-def _oracle(inputs: dict, cotangent, *, is_causal: bool, max_distance: int):
+@functools.partial(jax.jit, static_argnames=_STATIC)
+def _xla_vjp(inputs, cotangent, *, is_causal, max_distance, window, dropout_rate, broadcast_batch):
+    """`_pallas_vjp` through the public entry with `implementation="xla"`."""
+    diff = {name: inputs.get(name) for name in GRAD_NAMES}
+
+    def f(diff):
+        x = {**inputs, **diff}
+        rel = None
+        if x.get("rel_key") is not None or x.get("rel_value") is not None:
+            rel = jattn.ShawRelative(
+                key=x.get("rel_key"), value=x.get("rel_value"), max_distance=max_distance
+            )
+        return jattn.dot_product_attention(
+            x["query"],
+            x["key"],
+            x["value"],
+            x.get("bias"),
+            x.get("mask"),
+            is_causal=is_causal,
+            local_window_size=window,
+            implementation="xla",
+            q_segment_ids=x.get("q_segment_ids"),
+            kv_segment_ids=x.get("kv_segment_ids"),
+            q_positions=x.get("q_positions"),
+            kv_positions=x.get("kv_positions"),
+            relative=rel,
+            dropout_rate=dropout_rate,
+            dropout_rng=x.get("dropout_rng"),
+            dropout_broadcast_batch=broadcast_batch,
+        )
+
+    out, vjp = jax.vjp(f, diff)
+    return out, vjp(cotangent)[0]
+
+
+def window_mask(inputs: dict, window) -> np.ndarray:
+    """The local-window rule as a dense bool `[B, 1, T, S]` built with numpy
+    (independently of jattn), for the oracle: key visible iff
+    `q_pos - left <= kv_pos <= q_pos + right`."""
+    b, t = np.shape(inputs["query"])[:2]
+    s = np.shape(inputs["key"])[1]
+    q_pos = inputs.get("q_positions")
+    kv_pos = inputs.get("kv_positions")
+    q_pos = np.broadcast_to(np.arange(t) if q_pos is None else np.asarray(q_pos), (b, t))
+    kv_pos = np.broadcast_to(np.arange(s) if kv_pos is None else np.asarray(kv_pos), (b, s))
+    left, right = (window, window) if np.ndim(window) == 0 else window
+    d = kv_pos[:, None, :] - q_pos[:, :, None]  # [B, T, S]
+    return ((d >= -left) & (d <= right))[:, None]
+
+
+def _oracle(inputs: dict, cotangent, *, is_causal: bool, max_distance: int, window=None):
     as64 = lambda x: None if x is None else np.asarray(jnp.asarray(x, jnp.float32), np.float64)  # noqa: E731
     rel = None
     if inputs.get("rel_key") is not None or inputs.get("rel_value") is not None:
@@ -73,12 +148,16 @@ def _oracle(inputs: dict, cotangent, *, is_causal: bool, max_distance: int):
             value=as64(inputs.get("rel_value")),
             max_distance=max_distance,
         )
+    mask = inputs.get("mask")
+    if window is not None:
+        near = window_mask(inputs, window)
+        mask = near if mask is None else np.asarray(mask) & near
     return oracle.attention_and_grads(
         as64(inputs["query"]),
         as64(inputs["key"]),
         as64(inputs["value"]),
         bias=as64(inputs.get("bias")),
-        mask=inputs.get("mask"),
+        mask=mask,
         is_causal=is_causal,
         q_segment_ids=inputs.get("q_segment_ids"),
         kv_segment_ids=inputs.get("kv_segment_ids"),
@@ -109,8 +188,13 @@ def _check(
     tol=F32_TOL,
     seed=0,
     backend="interpret",
+    window=None,
+    dropout_rate=0.0,
+    broadcast_batch=False,
 ):
-    """Run pallas and the oracle on `inputs`; compare output and every gradient.
+    """Run pallas and the float64 oracle on `inputs`; compare output and every
+    gradient. With dropout on, the reference is the xla path (the same keep
+    mask; the oracle has no dropout), in float32.
 
     A bias without a key axis shifts whole rows of logits, which softmax
     ignores: its gradient is 0 up to rounding and is compared absolutely.
@@ -119,16 +203,22 @@ def _check(
     q, v = inputs["query"], inputs["value"]
     cot = rng.standard_normal((*q.shape[:3], v.shape[-1])).astype(np.float32)
     cot = jnp.asarray(cot, q.dtype)
-    out, grads = _pallas_vjp(
-        inputs,
-        cot,
+    kw = dict(
         is_causal=is_causal,
         max_distance=max_distance,
-        block_q=block_q,
-        block_k=block_k,
-        backend=backend,
+        window=window,
+        dropout_rate=dropout_rate,
+        broadcast_batch=broadcast_batch,
     )
-    want, want_grads = _oracle(inputs, cot, is_causal=is_causal, max_distance=max_distance)
+    out, grads = _pallas_vjp(inputs, cot, block_q=block_q, block_k=block_k, backend=backend, **kw)
+    if dropout_rate:
+        want, want_grads = _xla_vjp(inputs, cot, **kw)
+        as64 = lambda x: None if x is None else np.asarray(x, np.float64)  # noqa: E731
+        want, want_grads = as64(want), {k: as64(g) for k, g in want_grads.items()}
+    else:
+        want, want_grads = _oracle(
+            inputs, cot, is_causal=is_causal, max_distance=max_distance, window=window
+        )
     assert out.dtype == q.dtype
     _close("out", out, want, tol)
     for name in GRAD_NAMES:
@@ -161,10 +251,11 @@ def _packed(b: int, lengths: list[int]) -> tuple[np.ndarray, np.ndarray]:
 
 
 def _lower_vjp(platform: str, backend: str, dtype, *, t, h, causal, packed, shaw, bias_shape,
-               mask_shape) -> str:  # fmt: skip
+               mask_shape, window=None, dropout_rate=0.0) -> str:  # fmt: skip
     """StableHLO text of the kernel's output and vjp, lowered for `platform`
     ("cuda" or "tpu") from abstract inputs: B = 1, N = 4 query heads over
-    K = 2 kv heads, Shaw k = 16 (a per-head key table, a shared value table)."""
+    K = 2 kv heads, Shaw k = 16 (a per-head key table, a shared value table),
+    optionally a local window and dropout."""
     b, n, kh = 1, 4, 2
     sds = jax.ShapeDtypeStruct
     args = {
@@ -182,6 +273,8 @@ def _lower_vjp(platform: str, backend: str, dtype, *, t, h, causal, packed, shaw
     if packed:
         for name in ("q_segment_ids", "kv_segment_ids", "q_positions", "kv_positions"):
             args[name] = sds((b, t), jnp.int32)
+    if dropout_rate:
+        args["dropout_rng"] = sds((2,), jnp.uint32)
     cot = sds((b, t, n, h), dtype)
     fn = functools.partial(
         _pallas_vjp.__wrapped__,
@@ -190,6 +283,8 @@ def _lower_vjp(platform: str, backend: str, dtype, *, t, h, causal, packed, shaw
         block_q=None,
         block_k=None,
         backend=backend,
+        window=window,
+        dropout_rate=dropout_rate,
     )
     return jax.jit(fn).trace(args, cot).lower(lowering_platforms=(platform,)).as_text()
 
@@ -229,3 +324,51 @@ def _check_fully_masked_rows(shape, dead: list[int], *, seed: int, **check_kw):
     assert np.all(np.asarray(out)[:, dead] == 0.0)
     assert np.all(np.asarray(grads["query"])[:, dead] == 0.0)
     assert np.all(np.asarray(grads["bias"])[:, :, dead] == 0.0)
+
+
+def _debug_mode(setting: str):
+    """The context manager of one strict jax setting."""
+    if setting == "rank_promotion_raise":
+        return jax.numpy_rank_promotion("raise")
+    if setting == "debug_infs":
+        return jax.debug_infs(True)
+    if setting == "debug_nans":
+        return jax.debug_nans(True)
+    raise ValueError(setting)
+
+
+def _check_debug_mode(setting: str, *, backend: str, block_q: int, block_k: int | None):
+    """Eager (un-jitted) forward and backward of a causal, masked, windowed
+    call with dropout and fully masked rows under a strict jax setting: it
+    runs, and gives the xla path's output and gradients (computed outside the
+    setting); dead rows are 0 with `EMPTY_ROW_LSE` and no gradient."""
+    b, t, n, kh, h = 2, 40, 4, 2, 16
+    inputs = _qkv(40, b, t, t, n, kh, h)
+    rng = np.random.default_rng(41)
+    mask = rng.random((b, 1, t, t)) > 0.2
+    dead = [0, 7, 33]
+    mask[:, :, dead] = False
+    inputs["mask"] = mask
+    inputs["dropout_rng"] = jax.random.PRNGKey(42)
+    kw = dict(is_causal=True, max_distance=0, window=(9, 0), dropout_rate=0.25)
+    cot = jnp.asarray(rng.standard_normal((b, t, n, h)), jnp.float32)
+    diff = {name: inputs[name] for name in ("query", "key", "value")}
+
+    def f(diff):
+        nf = _normal_form({**inputs, **diff}, **kw)
+        return fa._flash_attention(nf, block_q=block_q, block_k=block_k, backend=backend)
+
+    with _debug_mode(setting):
+        (out, lse), vjp = jax.vjp(f, diff)
+        grads = vjp((cot, jnp.zeros_like(lse)))[0]
+    want, want_grads = _xla_vjp(inputs, cot, broadcast_batch=False, **kw)
+    as64 = lambda x: np.asarray(x, np.float64)  # noqa: E731
+    _close("out", out, as64(want), F32_TOL)
+    for name in diff:
+        _close(f"d{name}", grads[name], as64(want_grads[name]), F32_TOL)
+    assert np.all(np.asarray(out)[:, dead] == 0.0)
+    assert np.all(np.asarray(grads["query"])[:, dead] == 0.0)
+    lse = np.asarray(lse)
+    assert np.all(lse[:, dead] == EMPTY_ROW_LSE)
+    live = np.setdiff1d(np.arange(t), dead)
+    assert np.all(np.abs(lse[:, live]) < 1e3)

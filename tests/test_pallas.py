@@ -25,12 +25,14 @@ from flash_harness import (
     F32_TOL,
     _assert_packed_isolation,
     _check,
+    _check_debug_mode,
     _check_fully_masked_rows,
     _lower_vjp,
     _normal_form,
     _packed,
     _pallas_vjp,
     _qkv,
+    window_mask,
 )
 
 import jattn
@@ -228,11 +230,15 @@ def test_public_entry_point_hand_example():
 # The kernel's own contract against the plain-JAX reference beside it.
 
 
-def test_kernel_parts_and_custom_vjp_match_reference():
+@pytest.mark.parametrize("window,dropout_rate", [(None, 0.0), ((20, 0), 0.3)])
+def test_kernel_parts_and_custom_vjp_match_reference(window, dropout_rate):
     inputs = _packed_inputs()
     rng = np.random.default_rng(15)
     inputs["bias"] = jnp.asarray(rng.standard_normal((2, 4, 64, 64)), jnp.float32)
-    nf = _normal_form(inputs, is_causal=True, max_distance=3)
+    inputs["dropout_rng"] = jax.random.PRNGKey(16)
+    nf = _normal_form(
+        inputs, is_causal=True, max_distance=3, window=window, dropout_rate=dropout_rate
+    )
     q, k, v = nf.query, nf.key, nf.value
     kw = {f.name: getattr(nf, f.name) for f in dataclasses.fields(nf)}
     pre = fa.prepare(nf, block_q=16, block_k=32, backend="interpret")
@@ -240,7 +246,7 @@ def test_kernel_parts_and_custom_vjp_match_reference():
     ins = fa._kernel_inputs(pre.q, pre.k, pre.v, pre.qr, pre.bias, pre.aux, "fwd")
     o, lse, pr = jax.jit(functools.partial(triton_forward.flash_forward, pre.fwd_cfg))(ins)
     names = ("mask", "is_causal", "q_segment_ids", "kv_segment_ids", "q_positions")
-    names += ("kv_positions", "max_distance", "scale")
+    names += ("kv_positions", "max_distance", "scale", "window", "dropout_seed", "dropout_rate")
     ref_kw = {name: kw[name] for name in names}
 
     def ref(q, k, v, qr, bias):
@@ -268,7 +274,7 @@ def test_kernel_parts_and_custom_vjp_match_reference():
 
 
 # --------------------------------------------------------------------------------------
-# Block map: skipping is sound, fast tiles are really fast.
+# Block map: skipping is sound, FULL tiles are really full.
 
 
 def _dense_tiles(x: np.ndarray, bq: int, bk: int, nt: int, ns: int) -> np.ndarray:
@@ -324,20 +330,20 @@ def test_block_map_is_sound(causal):
         rows = q_real[ti]
         if c == ft.SKIP:
             assert not v.any(), (bi, ti, si)
-        elif c in (ft.FAST_LEFT, ft.FAST_RIGHT):
+        elif c in (ft.FULL_LEFT, ft.FULL_RIGHT):
             assert real_t[ti, si][rows].all() and v[rows].all(), (bi, ti, si)
-            assert np.all(r[rows] == (0 if c == ft.FAST_LEFT else 2 * dist)), (bi, ti, si)
+            assert np.all(r[rows] == (0 if c == ft.FULL_LEFT else 2 * dist)), (bi, ti, si)
     found = set(np.unique(cls).tolist())
-    assert {ft.SKIP, ft.GENERAL, ft.FAST_LEFT} <= found
-    assert (ft.FAST_RIGHT in found) == (not causal)
-    # Loop bounds: nothing outside [lo, hi) is visited, [flo, fhi) is all FAST.
+    assert {ft.SKIP, ft.PARTIAL, ft.FULL_LEFT} <= found
+    assert (ft.FULL_RIGHT in found) == (not causal)
+    # Loop bounds: nothing outside [lo, hi) is visited, [flo, fhi) is all FULL.
     bounds = np.asarray(fa.run_bounds(jnp.asarray(cls)))
     for bi, ti in np.ndindex(b, nt):
         lo, flo, fhi, hi = bounds[bi, 0, ti]
         row = cls[bi, 0, ti]
         assert lo <= flo <= fhi <= hi
         assert np.all(row[:lo] == ft.SKIP) and np.all(row[hi:] == ft.SKIP)
-        assert np.all(row[flo:fhi] >= ft.FAST_LEFT)
+        assert np.all(row[flo:fhi] >= ft.FULL_LEFT)
 
 
 # --------------------------------------------------------------------------------------
@@ -350,14 +356,19 @@ def _lower_for_cuda(dtype, **kw):
 
 
 @pytest.mark.parametrize(
-    "dtype,causal,packed,shaw,bias_shape,mask_shape",
+    "dtype,causal,packed,shaw,bias_shape,mask_shape,window,dropout",
     [
-        (jnp.bfloat16, True, False, False, None, None),
-        (jnp.bfloat16, True, True, True, (1, 4, 200, 200), (1, 4, 1, 200)),
-        (jnp.float32, False, False, True, (1, 1, 1, 200), None),
+        (jnp.bfloat16, True, False, False, None, None, None, 0.0),
+        (jnp.bfloat16, True, True, True, (1, 4, 200, 200), (1, 4, 1, 200), None, 0.0),
+        (jnp.float32, False, False, True, (1, 1, 1, 200), None, None, 0.0),
+        # Local window and dropout (keep-mask hash in-kernel, seed input).
+        (jnp.bfloat16, True, True, True, (1, 4, 200, 200), None, (64, 0), 0.1),
+        (jnp.float32, False, False, False, (1, 1, 1, 200), (1, 1, 200, 200), (32, 16), 0.2),
     ],
 )
-def test_gpu_path_lowers_to_triton(dtype, causal, packed, shaw, bias_shape, mask_shape):
+def test_gpu_path_lowers_to_triton(
+    dtype, causal, packed, shaw, bias_shape, mask_shape, window, dropout
+):
     try:
         text = _lower_for_cuda(
             dtype,
@@ -366,6 +377,8 @@ def test_gpu_path_lowers_to_triton(dtype, causal, packed, shaw, bias_shape, mask
             shaw=shaw,
             bias_shape=bias_shape,
             mask_shape=mask_shape,
+            window=window,
+            dropout_rate=dropout,
         )
     except RuntimeError as e:  # jax >= 0.11 compiles Triton while lowering: needs a GPU
         if "compil" in str(e).lower() and "handler" in str(e).lower():
@@ -488,3 +501,104 @@ def test_fixed_bias_gets_no_gradient_buffer():
     g_only = jax.jit(jax.grad(loss))(q, kw["bias"])
     g_both = jax.jit(jax.grad(loss, (0, 1)))(q, kw["bias"])[0]
     np.testing.assert_array_equal(np.asarray(g_only), np.asarray(g_both))
+
+
+# --------------------------------------------------------------------------------------
+# Local windows: the rule per element in PARTIAL tiles, tiles outside it skipped.
+
+
+@pytest.mark.parametrize(
+    "case,window",
+    [
+        ("int", 5),  # symmetric window, several tiles of each row out of reach
+        ("pair+causal+bias_full", (12, 4)),  # GQA, Hv != H; causal cuts the right side
+        ("pair+mask", (3, 17)),  # asymmetric, a random mask inside the window
+        ("packed+shaw", (6, 2)),  # windows on positions restart per packed segment
+    ],
+)
+def test_local_window(case, window):
+    if case == "int":
+        inputs, kw = _qkv(50, *RAGGED), {}
+    elif case == "packed+shaw":
+        inputs, kw = _packed_inputs(), dict(is_causal=True, max_distance=3)
+    else:
+        b, t, s, n = MAIN[:4]
+        inputs, kw = _qkv(51, *MAIN), dict(is_causal=case.endswith("bias_full"))
+        rng = np.random.default_rng(52)
+        if case.endswith("bias_full"):
+            inputs["bias"] = jnp.asarray(rng.standard_normal((1, n, t, s)), jnp.float32)
+        else:
+            inputs["mask"] = rng.random((b, 1, t, s)) > 0.3
+    _check(inputs, window=window, **kw)
+
+
+def test_window_tiles_outside_are_skipped_and_not_visited():
+    # prepare's block map (T = S = 128, 16 x 16 tiles, window (20, 5)): a tile
+    # is SKIP exactly when the window leaves none of its pairs visible, and
+    # the row / column loop bounds [lo, hi) hold exactly the other tiles.
+    inputs = _qkv(53, 1, 128, 128, 2, 2, 16)
+    nf = _normal_form(inputs, is_causal=False, max_distance=0, window=(20, 5))
+    pre = fa.prepare(nf, block_q=16, block_k=16, backend="interpret")
+    assert pre.fwd_cfg.use_pos and pre.fwd_cfg.window == (20, 5)
+    cls = np.asarray(pre.aux["fwd_bmap"])[0, 0]  # [nT, nS]
+    near = _dense_tiles(window_mask(inputs, (20, 5))[0, 0], 16, 16, 8, 8)  # [nT, nS, 16, 16]
+    want_skip = ~near.any(axis=(-1, -2))
+    assert want_skip.sum() > 30  # most tiles are out of reach
+    np.testing.assert_array_equal(cls == ft.SKIP, want_skip)
+    np.testing.assert_array_equal(cls == ft.PARTIAL, near.any((-1, -2)) & ~near.all((-1, -2)))
+    for bounds, live in (
+        (pre.aux["fwd_bounds"], ~want_skip),
+        (pre.aux["fwd_cbounds"], ~want_skip.T),
+    ):
+        lo, _, _, hi = np.asarray(bounds)[0, 0]  # [nT] each
+        for row in range(8):
+            idx = np.flatnonzero(live[row])
+            assert (lo[row], hi[row]) == (idx[0], idx[-1] + 1)
+            assert hi[row] - lo[row] <= 4  # 16 + 25 keys in reach: at most 4 of 8 tiles
+
+
+# --------------------------------------------------------------------------------------
+# Attention-weight dropout: the kernels drop exactly the xla path's weights.
+
+
+@pytest.mark.parametrize(
+    "case",
+    ["ragged+broadcast_batch", "gqa+causal+bias_full", "packed+shaw+window", "shaw_far+mask"],
+)
+def test_dropout_matches_xla(case):
+    kw = dict(dropout_rate=0.3)
+    if case == "ragged+broadcast_batch":
+        inputs = _qkv(54, *RAGGED)  # MHA, ragged tiles, one keep mask for both rows
+        kw.update(broadcast_batch=True)
+    elif case == "gqa+causal+bias_full":
+        b, t, s, n = MAIN[:4]
+        inputs = _qkv(55, *MAIN)
+        rng = np.random.default_rng(56)
+        inputs["bias"] = jnp.asarray(rng.standard_normal((1, n, t, s)), jnp.float32)
+        kw.update(is_causal=True, block_q=32, block_k=16)
+    elif case == "packed+shaw+window":
+        inputs = _packed_inputs()
+        kw.update(is_causal=True, max_distance=3, window=(10, 0), dropout_rate=0.5)
+    else:  # non-causal Shaw k = 3: FULL_LEFT / FULL_RIGHT tiles with dropout
+        b, t, s, n, _, h, hv = MAIN
+        inputs = _qkv(57, *MAIN)
+        rng = np.random.default_rng(58)
+        inputs["rel_key"] = jnp.asarray(rng.standard_normal((n, 7, h)), jnp.float32)
+        inputs["rel_value"] = jnp.asarray(rng.standard_normal((7, hv)), jnp.float32)
+        inputs["mask"] = rng.random((b, 1, t, s)) > 0.1
+        kw.update(max_distance=3, dropout_rate=0.2)
+    inputs["dropout_rng"] = jax.random.PRNGKey(59)
+    out, _ = _check(inputs, **kw)
+    # Not vacuous: the same call without dropout differs.
+    no_drop = {k: v for k, v in kw.items() if k not in ("dropout_rate", "broadcast_batch")}
+    kept, _ = _check(inputs, **no_drop)
+    assert not np.allclose(out, kept, atol=1e-3)
+
+
+# --------------------------------------------------------------------------------------
+# Strict jax settings: rank promotion "raise", debug_infs, debug_nans (eager).
+
+
+@pytest.mark.parametrize("setting", ["rank_promotion_raise", "debug_infs", "debug_nans"])
+def test_strict_jax_settings(setting):
+    _check_debug_mode(setting, backend="interpret", block_q=16, block_k=16)

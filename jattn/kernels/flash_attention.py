@@ -11,9 +11,11 @@ The public entry `flash_attention` receives the normal form of
    `[T, S, H]` tensor nor a `[T, S]` mask ever exists;
 2. pads lengths to the tile sizes (and head dims to powers of two on the
    GPU); padded keys are masked in-kernel, padded queries are sliced away;
-3. builds the block map: per (query tile, key tile) a class (skip / general /
-   fast) from the tiles' min/max positions and segment ids and, if given, the
-   user mask; and per row / column the loop bounds. It is O((T/bq)·(S/bk));
+3. builds the block map: per (query tile, key tile) a class of `jattn.tiles`
+   (SKIP / PARTIAL / FULL_LEFT / FULL_RIGHT) from the tiles' min/max positions
+   and segment ids, the causal and local-window rules and, if given, the
+   user mask; and per row / column the loop bounds, so tiles outside a
+   window are never visited. It is O((T/bq)·(S/bk));
 4. runs the forward kernel, whose custom VJP runs the dq and dk/dv kernels,
    recomputing probabilities from the saved log-sum-exp: the Triton kernels
    (`triton_forward`, `triton_backward`) on GPUs and in interpret mode, the Mosaic
@@ -38,7 +40,7 @@ import jax
 import jax.numpy as jnp
 from jax.custom_derivatives import CustomVJPPrimal, SymbolicZero
 
-from jattn.kernels import triton_backward, triton_forward
+from jattn.kernels import tile_math, triton_backward, triton_forward
 from jattn.kernels.blockmap import block_map, run_bounds, tiling
 from jattn.kernels.config import KernelConfig, dbias_kind
 from jattn.normal_form import EMPTY_ROW_LSE, NormalForm
@@ -259,10 +261,6 @@ def _flash_attention(
     Triton kernels, compiled or interpreted), "tpu" / "tpu_interpret" (the
     Mosaic kernels). The compiled paths can be lowered on any machine (tests
     lower them for CUDA and TPU on the CPU)."""
-    if nf.window is not None or nf.dropout:
-        raise NotImplementedError(
-            "flash_attention: local_window_size and dropout are not implemented yet"
-        )
     t = nf.query.shape[1]
     hv = nf.value.shape[-1]
     pre = prepare(nf, block_q=block_q, block_k=block_k, backend=backend)
@@ -275,8 +273,8 @@ def _flash_attention(
         out = out + jnp.einsum(
             "BTNR,NRV->BTNV", pr, nf.rel_value.astype(jnp.float32), precision=_HIGHEST
         )
-    lse = jnp.swapaxes(lse[:, :, :t], 1, 2)  # [B, T, N]; +inf marks an empty row
-    lse = jnp.where(jnp.isinf(lse), EMPTY_ROW_LSE, lse)
+    lse = jnp.swapaxes(lse[:, :, :t], 1, 2)  # [B, T, N]
+    lse = jnp.where(lse == tile_math.EMPTY_LSE, EMPTY_ROW_LSE, lse)  # the kernels' empty rows
     return out.astype(nf.query.dtype), lse
 
 
@@ -304,7 +302,7 @@ def prepare(nf: NormalForm, *, block_q: int | None, block_k: int | None, backend
     shaw = use_qr or use_pr
     num_rel = 2 * max_distance + 1
     rp = max(16, _pow2(num_rel)) if gpu else num_rel
-    use_pos = bool(is_causal) or shaw
+    use_pos = bool(is_causal) or shaw or nf.window is not None
     use_seg = q_segment_ids is not None
     f32 = jnp.float32
 
@@ -339,6 +337,7 @@ def prepare(nf: NormalForm, *, block_q: int | None, block_k: int | None, backend
         "qseg": _pad_axis(q_segment_ids, 1, tp, "edge") if use_seg else None,
         "kvseg": _pad_axis(kv_segment_ids, 1, sp, "edge") if use_seg else None,
         "mask": mask_p,
+        "seed": nf.dropout_seed,  # int32 [2] or None
     }
     meta = dict(
         q_pos=q_positions if use_pos else None,
@@ -347,6 +346,7 @@ def prepare(nf: NormalForm, *, block_q: int | None, block_k: int | None, backend
         kv_seg=kv_segment_ids,
         mask=mask,
         causal=bool(is_causal),
+        window=nf.window,
         max_distance=max_distance if shaw else None,
         seq_k=s,
         batch=b,
@@ -371,6 +371,9 @@ def prepare(nf: NormalForm, *, block_q: int | None, block_k: int | None, backend
         map_per_head=per_head,
         num_rel=rp,
         backend=backend,
+        window=nf.window,
+        dropout_rate=float(nf.dropout_rate) if nf.dropout else 0.0,
+        dropout_broadcast_batch=bool(nf.dropout_broadcast_batch),
     )
     warps = 4 if max(hp, hvp) <= 64 else 8
     fwd_cfg = KernelConfig(block_q=fq, block_k=fk, num_warps=warps, num_stages=3, **common)

@@ -21,6 +21,7 @@ from jattn.kernels.mosaic_forward import (
     Maps,
     add_column,
     bias_spec,
+    dropout_tile,
     heads_major,
     mosaic_call,
     q_row_spec,
@@ -37,7 +38,7 @@ Array = jax.Array
 # dq: grid (B, N, nT, nS), as the forward.
 
 
-def _dq_kernel(bmap_ref, bounds_ref, r, *refs, cfg: KernelConfig, maps: Maps):
+def _dq_kernel(bmap_ref, bounds_ref, seed_ref, r, *refs, cfg: KernelConfig, maps: Maps):
     kind = dbias_kind(cfg)
     refs = list(refs)
     dq_ref = refs.pop(0)
@@ -54,21 +55,24 @@ def _dq_kernel(bmap_ref, bounds_ref, r, *refs, cfg: KernelConfig, maps: Maps):
             if sc is not None:
                 sc[...] = jnp.zeros(sc.shape, jnp.float32)
 
-    def body(general, right):
+    def body(partial, right):
         k = r["k"][...]
         v = r["v"][...]
         do = r["do"][...]
-        s, dpr_t, rel = ref_scores(cfg, r, maps, j, general, right, need_rel=cfg.use_qr)
-        p = jnp.exp(s - r["lse"][...])  # [bq, bk]; lse = +inf on empty rows: p = 0
+        s, dpr_t, rel = ref_scores(cfg, r, maps, j, partial, right, need_rel=cfg.use_qr)
+        p = jnp.exp(s - r["lse"][...])  # [bq, bk]; lse = EMPTY_LSE on empty rows: p = 0
         dp = lax.dot_general(do, v, (((1,), (1,)), ((), ())), preferred_element_type=jnp.float32)
         if dpr_t is not None:
             dp = dp + dpr_t
+        z = dropout_tile(cfg, seed_ref, b, h, i, j)
+        if z is not None:
+            dp = dp * z
         ds = p * (dp - r["delta"][...])  # [bq, bk]
         dq_sc[...] += lax.dot_general(
             ds.astype(k.dtype), k, (((1,), (0,)), ((), ())), preferred_element_type=jnp.float32
         )
         if cfg.use_qr:
-            if general:
+            if partial:
                 dqr_sc[...] = ft.near_scatter(*rel, ds, dqr_sc[...])
             else:
                 far = cfg.far_right if right else 0
@@ -78,11 +82,11 @@ def _dq_kernel(bmap_ref, bounds_ref, r, *refs, cfg: KernelConfig, maps: Maps):
         elif kind == "rows":
             db_sc[...] += jnp.sum(ds, axis=1, keepdims=True)
 
-    cls = maps.cls(bmap_ref, b, h, i, j)
-    when_visible(cls, body)
+    tile_class = maps.tile_class(bmap_ref, b, h, i, j)
+    when_visible(tile_class, body)
     if kind == "full":  # every (i, j) block of the gradient is written once
 
-        @pl.when(cls == ft.SKIP)
+        @pl.when(tile_class == ft.SKIP)
         def _zero():
             db_ref[...] = jnp.zeros(db_ref.shape, db_ref.dtype)
 
@@ -101,7 +105,7 @@ def flash_dq(cfg: KernelConfig, ins: dict) -> tuple[Array, Array | None, Array |
     b, n, tp, hdim = x["q"].shape
     hv = x["v"].shape[-1]
     bq, bk = cfg.block_q, cfg.block_k
-    maps = Maps(cfg, ins["bmap"], ins["bounds"])
+    maps = Maps(cfg, ins["bmap"], ins["bounds"], ins.get("seed"))
     specs = q_tile_specs(cfg, x, maps)
     specs["do"] = q_row_spec(bq, hv)
     specs["lse"] = specs["delta"] = q_row_spec(bq, 1)
@@ -153,7 +157,8 @@ def flash_dq(cfg: KernelConfig, ins: dict) -> tuple[Array, Array | None, Array |
 # VMEM scratch, never through an `[B, S, N, H]` intermediate.
 
 
-def _dkv_kernel(bmap_ref, bounds_ref, r, dk_ref, dv_ref, *refs, cfg: KernelConfig, maps: Maps):
+def _dkv_kernel(bmap_ref, bounds_ref, seed_ref, r, dk_ref, dv_ref, *refs, cfg: KernelConfig,
+                maps: Maps):  # fmt: skip
     kind = dbias_kind(cfg)
     refs = list(refs)
     db_ref = refs.pop(0) if kind == "cols" else None
@@ -174,18 +179,25 @@ def _dkv_kernel(bmap_ref, bounds_ref, r, dk_ref, dv_ref, *refs, cfg: KernelConfi
         def _init_db():
             db_sc[...] = jnp.zeros(db_sc.shape, jnp.float32)
 
-    def body(general, right):
+    def body(partial, right):
         q = r["q"][...]
         v = r["v"][...]
         do = r["do"][...]
-        s, dpr_t, _ = ref_scores(cfg, r, maps, j, general, right)
+        s, dpr_t, _ = ref_scores(cfg, r, maps, j, partial, right)
         p = jnp.exp(s - r["lse"][...])  # [bq, bk]
+        z = dropout_tile(cfg, seed_ref, b, h, i, j)
+        p_kept = p if z is None else p * z
         dv_sc[...] += lax.dot_general(
-            p.astype(do.dtype), do, (((0,), (0,)), ((), ())), preferred_element_type=jnp.float32
+            p_kept.astype(do.dtype),
+            do,
+            (((0,), (0,)), ((), ())),
+            preferred_element_type=jnp.float32,
         )  # [bk, Hv]
         dp = lax.dot_general(do, v, (((1,), (1,)), ((), ())), preferred_element_type=jnp.float32)
         if dpr_t is not None:
             dp = dp + dpr_t
+        if z is not None:
+            dp = dp * z
         ds = p * (dp - r["delta"][...])  # [bq, bk]
         dk_sc[...] += lax.dot_general(
             ds.astype(q.dtype), q, (((0,), (0,)), ((), ())), preferred_element_type=jnp.float32
@@ -193,7 +205,7 @@ def _dkv_kernel(bmap_ref, bounds_ref, r, dk_ref, dv_ref, *refs, cfg: KernelConfi
         if kind == "cols":
             db_sc[...] += jnp.sum(ds, axis=0, keepdims=True)
 
-    when_visible(maps.cls(bmap_ref, b, h, i, j), body)
+    when_visible(maps.tile_class(bmap_ref, b, h, i, j), body)
 
     if kind == "cols":
 
@@ -213,12 +225,12 @@ def flash_dkv(cfg: KernelConfig, ins: dict) -> tuple[Array, Array, Array | None]
     b, n, tp, hdim = x["q"].shape
     _, kh, sp, hv = x["v"].shape
     bq, bk, grp = cfg.block_q, cfg.block_k, cfg.groups
-    maps = Maps(cfg, ins["bmap"], ins["cbounds"])
+    maps = Maps(cfg, ins["bmap"], ins["cbounds"], ins.get("seed"))
 
     def head(b_, k_, j, g, i, *_):
         return k_ * grp + g
 
-    def q_tile(b_, k_, j, g, i, bmap, bounds):
+    def q_tile(b_, k_, j, g, i, bmap, bounds, seed):
         return maps.clamp(bounds, b_, k_ * grp + g, j, i)
 
     def k_tile(b_, k_, j, g, i, *_):

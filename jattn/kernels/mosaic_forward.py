@@ -78,24 +78,28 @@ def tpu_inputs(ins: dict) -> dict:
 
 class Maps:
     """Index arithmetic over the flat, scalar-prefetched block map
-    `[B, Nm, nT, nS]` and bounds `[B, Nm, 4, n]` (Nm = N or 1)."""
+    `[B, Nm, nT, nS]` and bounds `[B, Nm, 4, n]` (Nm = N or 1), and the
+    dropout seed (int32 `[2]`, zeros without dropout), the third scalar
+    prefetched."""
 
-    def __init__(self, cfg: KernelConfig, bmap: Array, bounds: Array):
+    def __init__(self, cfg: KernelConfig, bmap: Array, bounds: Array, seed: Array | None):
         _, self.nm, self.nt, self.ns = bmap.shape
         self.n_bounds = bounds.shape[-1]
         self.per_head = cfg.map_per_head
         self.bmap_flat, self.bounds_flat = bmap.reshape(-1), bounds.reshape(-1)
+        self.seed = jnp.zeros((2,), jnp.int32) if seed is None else seed
 
-    def hm(self, h):
+    def map_head(self, h):
+        """The head index into the map: h with a per-head map, else 0."""
         return h if self.per_head else 0
 
-    def cls(self, bmap_ref, b, h, i, j):
-        return bmap_ref[((b * self.nm + self.hm(h)) * self.nt + i) * self.ns + j]
+    def tile_class(self, bmap_ref, b, h, i, j):
+        return bmap_ref[((b * self.nm + self.map_head(h)) * self.nt + i) * self.ns + j]
 
     def clamp(self, bounds_ref, b, h, x, t):
         """Tile `t` of the run of row/column `x`, clamped into `[lo, hi)`:
         outside it the previous block index repeats and nothing is copied."""
-        base = ((b * self.nm + self.hm(h)) * 4) * self.n_bounds + x
+        base = ((b * self.nm + self.map_head(h)) * 4) * self.n_bounds + x
         lo = bounds_ref[base]
         hi = bounds_ref[base + 3 * self.n_bounds]
         return jnp.minimum(jnp.maximum(t, lo), jnp.maximum(hi - 1, lo))
@@ -103,11 +107,13 @@ class Maps:
 
 def mosaic_call(kernel, cfg: KernelConfig, name: str, *, maps: Maps, grid, in_specs: dict,
                 inputs: dict, out_specs, out_shape, scratch, semantics):  # fmt: skip
-    """Run `kernel(bmap_ref, bounds_ref, refs, *outs, *scratch, cfg=, maps=)`
-    over `grid`, the block map and bounds scalar-prefetched into SMEM.
+    """Run `kernel(bmap_ref, bounds_ref, seed_ref, refs, *outs, *scratch,
+    cfg=, maps=)` over `grid`, the block map, bounds and dropout seed
+    scalar-prefetched into SMEM (index maps get them as three extra
+    arguments).
     `in_specs` and `inputs` are dicts with the same keys (None = absent)."""
     grid_spec = pltpu.PrefetchScalarGridSpec(
-        num_scalar_prefetch=2,
+        num_scalar_prefetch=3,
         grid=grid,
         in_specs=[in_specs],
         out_specs=out_specs,
@@ -121,7 +127,7 @@ def mosaic_call(kernel, cfg: KernelConfig, name: str, *, maps: Maps, grid, in_sp
         compiler_params=mosaic_params(cfg, semantics),
         name=name,
     )
-    return call(maps.bmap_flat, maps.bounds_flat, {k: inputs[k] for k in in_specs})
+    return call(maps.bmap_flat, maps.bounds_flat, maps.seed, {k: inputs[k] for k in in_specs})
 
 
 def bias_spec(dims, bq: int, bk: int, head, q_tile, k_tile):
@@ -158,33 +164,48 @@ def kv_valid_row(cfg: KernelConfig, j, bk: int, padded_k: int):
     return j * bk + lax.broadcasted_iota(jnp.int32, (1, bk), 1) < cfg.seq_k
 
 
-def when_visible(cls, body):
-    """Run `body(general, right_id)` for the class of the current tile."""
-    pl.when(cls == ft.GENERAL)(lambda: body(True, False))
-    pl.when(cls == ft.FAST_LEFT)(lambda: body(False, False))
-    pl.when(cls == ft.FAST_RIGHT)(lambda: body(False, True))
+def when_visible(tile_class, body):
+    """Run `body(partial, right_id)` for the class of the current tile
+    (nothing for SKIP)."""
+    pl.when(tile_class == ft.PARTIAL)(lambda: body(True, False))
+    pl.when(tile_class == ft.FULL_LEFT)(lambda: body(False, False))
+    pl.when(tile_class == ft.FULL_RIGHT)(lambda: body(False, True))
 
 
-def ref_scores(cfg: KernelConfig, r: dict, maps: Maps, j, general: bool, right: bool,
+def dropout_tile(cfg: KernelConfig, seed_ref, batch, head, q_tile, kv_tile):
+    """Dropout multipliers `[bq, bk]` of query tile `q_tile` and key tile
+    `kv_tile` (global indices), or None without dropout."""
+    if not cfg.use_dropout:
+        return None
+    bq, bk = cfg.block_q, cfg.block_k
+    q_index = q_tile * bq + lax.broadcasted_iota(jnp.int32, (bq, 1), 0)
+    kv_index = kv_tile * bk + lax.broadcasted_iota(jnp.int32, (1, bk), 1)
+    batch = 0 if cfg.dropout_broadcast_batch else batch
+    seed = (seed_ref[0], seed_ref[1])
+    return ft.dropout_scale(seed, cfg.dropout_rate, batch, head, q_index, kv_index)
+
+
+def ref_scores(cfg: KernelConfig, r: dict, maps: Maps, j, partial: bool, right: bool,
                *, need_rel: bool = False):  # fmt: skip
     """`tile_math.tile_scores` of the current (query tile, key tile) block,
     every input read from the kernel's refs `r`, with the Mosaic conventions
     (static relative-id range, static far id)."""
     bk = cfg.block_k
     return ft.tile_scores(
-        general,
+        partial,
         q=r["q"][...],
         k=r["k"][...],
         scale=cfg.scale,
         causal=cfg.causal,
+        window=cfg.window,
         max_distance=cfg.max_distance,
-        q_pos=load(r["qpos"]) if general else None,
-        kv_pos=load(r["kvpos"]) if general else None,
-        q_seg=load(r["qseg"]) if general else None,
-        kv_seg=load(r["kvseg"]) if general else None,
-        kv_valid=kv_valid_row(cfg, j, bk, maps.ns * bk) if general else None,
+        q_pos=load(r["qpos"]) if partial else None,
+        kv_pos=load(r["kvpos"]) if partial else None,
+        q_seg=load(r["qseg"]) if partial else None,
+        kv_seg=load(r["kvseg"]) if partial else None,
+        kv_valid=kv_valid_row(cfg, j, bk, maps.ns * bk) if partial else None,
         bias=load(r["bias"]),
-        mask=load_mask(r["mask"]) if general else None,
+        mask=load_mask(r["mask"]) if partial else None,
         qr_col=column_reader(load(r["qr"])),
         dpr_col=column_reader(load(r.get("dpr"))),
         far_id=cfg.far_right if right else 0,
@@ -205,7 +226,8 @@ def load_mask(ref):
 # Forward: grid (B, N, nT, nS).
 
 
-def _fwd_kernel(bmap_ref, bounds_ref, r, o_ref, lse_ref, *rest, cfg: KernelConfig, maps: Maps):
+def _fwd_kernel(bmap_ref, bounds_ref, seed_ref, r, o_ref, lse_ref, *rest, cfg: KernelConfig,
+                maps: Maps):  # fmt: skip
     pr_ref = rest[0] if cfg.use_pr else None
     m_sc, l_sc, acc_sc, *accr_sc = rest[1:] if cfg.use_pr else rest
     b, h, i, j = (pl.program_id(a) for a in range(4))
@@ -218,9 +240,13 @@ def _fwd_kernel(bmap_ref, bounds_ref, r, o_ref, lse_ref, *rest, cfg: KernelConfi
         if cfg.use_pr:
             accr_sc[0][...] = jnp.zeros(accr_sc[0].shape, jnp.float32)
 
-    def body(general, right):
-        s, _, rel = ref_scores(cfg, r, maps, j, general, right, need_rel=cfg.use_pr)
+    def body(partial, right):
+        s, _, rel = ref_scores(cfg, r, maps, j, partial, right, need_rel=cfg.use_pr)
         p, m_new, l_new, corr, row_sum = ft.online_softmax_step(s, m_sc[...], l_sc[...])
+        z = dropout_tile(cfg, seed_ref, b, h, i, j)
+        if z is not None:  # dropout: l sums the weights before it, the values after
+            p = p * z
+            row_sum = jnp.sum(p, axis=1, keepdims=True)
         v = r["v"][...]
         pv = lax.dot_general(
             p.astype(v.dtype), v, (((1,), (0,)), ((), ())), preferred_element_type=jnp.float32
@@ -229,13 +255,13 @@ def _fwd_kernel(bmap_ref, bounds_ref, r, o_ref, lse_ref, *rest, cfg: KernelConfi
         acc_sc[...] = acc_sc[...] * corr + pv
         if cfg.use_pr:
             accr = accr_sc[0][...] * corr  # [bq, R] weight mass per relative id
-            if general:
+            if partial:
                 accr = ft.near_scatter(*rel, p, accr)
             else:
                 accr = add_column(accr, cfg.far_right if right else 0, row_sum)
             accr_sc[0][...] = accr
 
-    when_visible(maps.cls(bmap_ref, b, h, i, j), body)
+    when_visible(maps.tile_class(bmap_ref, b, h, i, j), body)
 
     @pl.when(j == maps.ns - 1)
     def _finish():
@@ -243,7 +269,7 @@ def _fwd_kernel(bmap_ref, bounds_ref, r, o_ref, lse_ref, *rest, cfg: KernelConfi
         empty = l == 0.0
         l_safe = jnp.where(empty, 1.0, l)
         o_ref[...] = (acc_sc[...] / l_safe).astype(o_ref.dtype)
-        lse_ref[...] = jnp.where(empty, jnp.inf, ft.safe_max(m) + jnp.log(l_safe))
+        lse_ref[...] = jnp.where(empty, ft.EMPTY_LSE, ft.safe_max(m) + jnp.log(l_safe))
         if cfg.use_pr:
             pr_ref[...] = accr_sc[0][...] / l_safe
 
@@ -253,7 +279,7 @@ def q_tile_specs(cfg: KernelConfig, x: dict, maps: Maps) -> dict:
     bq, bk, g = cfg.block_q, cfg.block_k, cfg.groups
     hdim, hv = x["q"].shape[-1], x["v"].shape[-1]
 
-    def kv_tile(b, h, i, j, bmap, bounds):
+    def kv_tile(b, h, i, j, bmap, bounds, seed):
         return maps.clamp(bounds, b, h, i, j)
 
     def q_row(w):
@@ -292,7 +318,7 @@ def flash_forward(cfg: KernelConfig, ins: dict) -> tuple[Array, Array, Array | N
     b, n, tp, _ = x["q"].shape
     hv = x["v"].shape[-1]
     bq = cfg.block_q
-    maps = Maps(cfg, ins["bmap"], ins["bounds"])
+    maps = Maps(cfg, ins["bmap"], ins["bounds"], ins.get("seed"))
     specs = q_tile_specs(cfg, x, maps)
     o_dtype = jnp.float32 if cfg.use_pr else x["q"].dtype
     out_shape = [

@@ -17,8 +17,15 @@ from __future__ import annotations
 
 import jax
 import jax.numpy as jnp
+import numpy as np
+
+from jattn import dropout
 
 Array = jax.Array
+
+# The lse of a row with nothing visible, as the kernels store it: finite, and
+# so large that `exp(s - lse)` is 0 for any logit.
+EMPTY_LSE = float(np.finfo(np.float32).max)
 
 
 def reference_parts(
@@ -37,6 +44,10 @@ def reference_parts(
     max_distance: int,
     scale: float,
     with_pr: bool,
+    window: tuple[int, int] | None = None,
+    dropout_seed: Array | None = None,
+    dropout_rate: float = 0.0,
+    dropout_broadcast_batch: bool = False,
 ) -> tuple[Array, Array, Array | None]:
     """Dense `(o, lse, pr)` of the kernel contract.
 
@@ -47,10 +58,15 @@ def reference_parts(
       bias, mask: `[B|1, N|1, T|1, S|1]` or None.
       q_positions, kv_positions: int `[B, T]`, `[B, S]`.
       with_pr: also return the weight mass per relative id.
+      window: `(left, right)` local window on positions, or None.
+      dropout_seed, dropout_rate, dropout_broadcast_batch: attention-weight
+        dropout (`jattn.dropout.keep` at indices `(b, n, t, s)`), or None.
 
     Returns:
-      `o [B, T, N, Hv]` (normalised `Σ_s w v_s`, float32), `lse [B, N, T]`
-      (+inf for a row with nothing visible) and `pr [B, T, N, R]` or None.
+      `o [B, T, N, Hv]` (normalised `Σ_s w v_s` with w after dropout,
+      float32), `lse [B, N, T]` (of the weights before dropout; `EMPTY_LSE`
+      for a row with nothing visible) and `pr [B, T, N, R]` (the dropped
+      weights' mass per relative id) or None.
     """
     f32 = jnp.float32
     n, kh = q.shape[2], k.shape[2]
@@ -69,6 +85,9 @@ def reference_parts(
     vis = jnp.ones(s.shape, bool)
     if is_causal:
         vis &= (kv_positions[:, None, :] <= q_positions[:, :, None])[:, None]
+    if window is not None:
+        d = kv_positions[:, None, :] - q_positions[:, :, None]  # [B, T, S]
+        vis &= ((d >= -window[0]) & (d <= window[1]))[:, None]
     if q_segment_ids is not None:
         vis &= (q_segment_ids[:, :, None] == kv_segment_ids[:, None, :])[:, None]
     if mask is not None:
@@ -80,8 +99,16 @@ def reference_parts(
     den = jnp.sum(p, axis=-1, keepdims=True)
     safe = jnp.where(den == 0, 1.0, den)
     w = p / safe
+    if dropout_seed is not None:
+        b, _, t, s_len = w.shape
+        idx = lambda size, axis: jnp.arange(size, dtype=jnp.int32).reshape(  # noqa: E731
+            [size if a == axis else 1 for a in range(4)]
+        )
+        rows = jnp.zeros((1, 1, 1, 1), jnp.int32) if dropout_broadcast_batch else idx(b, 0)
+        keep = dropout.keep(dropout_seed, dropout_rate, rows, idx(n, 1), idx(t, 2), idx(s_len, 3))
+        w = jnp.where(keep, w * dropout.multiplier(dropout_rate), 0.0)
     o = jnp.einsum("BNTS,BSNV->BTNV", w, vv, precision=hi)
-    lse = jnp.where(den[..., 0] == 0, jnp.inf, m[..., 0] + jnp.log(safe[..., 0]))
+    lse = jnp.where(den[..., 0] == 0, EMPTY_LSE, m[..., 0] + jnp.log(safe[..., 0]))
     pr = jnp.einsum("BNTS,BTSR->BTNR", w, onehot, precision=hi) if with_pr else None
     return o, lse, pr
 

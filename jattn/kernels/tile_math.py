@@ -10,14 +10,15 @@ strided loads from a ref: no gather is ever needed.
 Shapes: bq / bk the query / key tile lengths, H head dim, R = 2k + 1 Shaw
 distances (Rp >= R once padded to a power of two for the GPU).
 
-Tile classes, decided per (query tile, key tile) from block-level min/max of
-positions and segment ids (`jattn.kernels.flash_attention.block_map`):
+Tile classes are those of `jattn.tiles` (SKIP / PARTIAL / FULL_LEFT /
+FULL_RIGHT), decided per (query tile, key tile) by the block map
+(`jattn.kernels.blockmap`): PARTIAL tiles apply the visibility rule of
+`jattn.masks.visible` per element; FULL tiles need no test and, with Shaw
+terms, have one relative id (0 for FULL_LEFT, 2k for FULL_RIGHT).
 
-- ``SKIP``: provably nothing visible; not computed.
-- ``GENERAL``: some masking, or a Shaw tile within k of the diagonal.
-- ``FAST_LEFT`` / ``FAST_RIGHT``: everything visible and every relative id the
-  same, `0` (all keys at least k before every query) or `2k` (all at least k
-  after); the Shaw key term is one broadcast column, the value term one row sum.
+Dropout: `dropout_scale` rebuilds a tile's keep mask from the hash of
+`jattn.dropout` with global indices (never stored), as multipliers
+`0` / `1 / (1 - rate)`.
 """
 
 from __future__ import annotations
@@ -26,15 +27,21 @@ from collections.abc import Callable, Sequence
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 from jax import lax
 
-from jattn import tiles
+from jattn import dropout, masks
+from jattn.tiles import FULL_LEFT, FULL_RIGHT, PARTIAL, SKIP
 
 Array = jax.Array
 
-# The tile classes of `jattn.tiles` under the kernels' historical names.
-SKIP, GENERAL, FAST_LEFT, FAST_RIGHT = tiles.SKIP, tiles.PARTIAL, tiles.FULL_LEFT, tiles.FULL_RIGHT
+__all__ = ["EMPTY_LSE", "FULL_LEFT", "FULL_RIGHT", "NEG_INF", "PARTIAL", "SKIP"]
+
 NEG_INF = float("-inf")
+# The log-sum-exp a kernel stores for a row with nothing visible: finite (a
+# pallas_call output must pass `jax.debug_infs`) and so large that the
+# backward's recomputation `exp(s - lse)` is exactly 0 for any logit s.
+EMPTY_LSE = float(np.finfo(np.float32).max)
 
 
 # Per-query vectors arrive as `[bq]` (Triton kernels) or as `[bq, 1]` columns
@@ -68,6 +75,7 @@ def rel_range(q_pos: Array, kv_pos: Array, max_distance: int) -> tuple[Array, Ar
 def visibility(
     *,
     causal: bool,
+    window: tuple[int, int] | None = None,
     q_pos: Array | None,
     kv_pos: Array | None,
     q_seg: Array | None,
@@ -77,28 +85,44 @@ def visibility(
 ) -> Array | None:
     """Boolean `[bq, bk]` (or broadcastable) visibility of a tile; None = all.
 
+    The rule is `jattn.masks.visible` itself, on a query column and a key row,
+    and-ed with the keys' validity (padding to the tile) and the user mask.
+
     Args:
-      causal: key visible iff `kv_pos <= q_pos`.
-      q_pos, kv_pos: int `[bq]|[bq, 1]`, `[bk]|[1, bk]` (needed when causal).
+      causal, window: as in `jattn.masks.visible`.
+      q_pos, kv_pos: int `[bq]|[bq, 1]`, `[bk]|[1, bk]` (needed with causal
+        or a window).
       q_seg, kv_seg: int `[bq]|[bq, 1]`, `[bk]|[1, bk]` or None.
       kv_valid: bool `[bk]|[1, bk]` (False for keys padded to the tile) or None.
       mask: bool `[bq|1, bk|1]` user mask tile or None.
     """
-    vis = None
+    use_pos = causal or window is not None
+    lift = lambda x, as_2d: None if x is None else as_2d(x)  # noqa: E731
+    vis = masks.visible(
+        lift(q_pos, as_col) if use_pos else None,
+        lift(kv_pos, as_row) if use_pos else None,
+        is_causal=causal,
+        window=window,
+        q_seg=lift(q_seg, as_col),
+        kv_seg=lift(kv_seg, as_row),
+    )
+    return masks.combine(vis, lift(kv_valid, as_row), mask)
 
-    def add(m):
-        nonlocal vis
-        vis = m if vis is None else jnp.logical_and(vis, m)
 
-    if causal:
-        add(as_row(kv_pos) <= as_col(q_pos))
-    if q_seg is not None:
-        add(as_col(q_seg) == as_row(kv_seg))
-    if kv_valid is not None:
-        add(as_row(kv_valid))
-    if mask is not None:
-        add(mask)
-    return vis
+def dropout_scale(seed, rate: float, batch, head, q_index: Array, kv_index: Array) -> Array:
+    """Dropout multipliers of a tile: float32 `[bq, bk]`, `1 / (1 - rate)`
+    where `jattn.dropout.keep` keeps the weight and 0 where it drops it.
+
+    Args:
+      seed: the two int32 seed words (a pair of scalars or an int32 `[2]`).
+      rate: the static dropout rate.
+      batch, head: int32 scalars, the batch row (0 with a broadcast mask)
+        and the query head.
+      q_index, kv_index: int32 global (unpadded) query / key indices of the
+        tile, `[bq]|[bq, 1]` and `[bk]|[1, bk]`.
+    """
+    keep = dropout.keep(seed, rate, batch, head, as_col(q_index), as_row(kv_index))
+    return jnp.where(keep, dropout.multiplier(rate), 0.0).astype(jnp.float32)
 
 
 def near_gather(
@@ -190,12 +214,13 @@ def online_softmax_step(
 
 
 def tile_scores(
-    general: bool,
+    partial: bool,
     *,
     q: Array,
     k: Array,
     scale: float,
     causal: bool,
+    window: tuple[int, int] | None = None,
     max_distance: int,
     q_pos: Array | None,
     kv_pos: Array | None,
@@ -218,15 +243,15 @@ def tile_scores(
     (precomputed per query, so one column per relative id).
 
     Args:
-      general: False for a FAST tile (nothing masked, one relative id
-        `far_id` for the whole tile); True for the general path.
+      partial: False for a FULL tile (nothing masked, one relative id
+        `far_id` for the whole tile); True for a PARTIAL one.
       q: `[bq, H]`; k: `[bk, H]` (input dtype; the dot accumulates in float32).
       qr_col, dpr_col: `c -> [bq]` readers of the Shaw key-term table and of
         the cotangent of the value-term masses (backward only), or None.
-      far_id: the constant relative id of a FAST tile.
+      far_id: the constant relative id of a FULL tile.
       qr_far, dpr_far: the columns at `far_id` when the caller already has
         them (hoisted out of the loop), else they are read with the readers.
-      need_rel: return the relative ids of a general tile even without
+      need_rel: return the relative ids of a PARTIAL tile even without
         columns to gather (the forward's value-term scatter needs them).
       num_rel: visit every id in `[0, num_rel)` instead of the tile's own
         range. Mosaic kernels use it: the range would be a vector-to-scalar
@@ -238,13 +263,13 @@ def tile_scores(
     Returns:
       `(s, dpr_tile, rel)`: logits; `dpr[t, r[t, s]]` as `[bq, bk]` or
       `[bq, 1]` (None without `dpr_col`); `(rt, lo, hi)` relative ids and
-      their range for the scatter of a general tile (None otherwise).
+      their range for the scatter of a PARTIAL tile (None otherwise).
     """
     s = lax.dot_general(q, k, (((1,), (1,)), ((), ())), preferred_element_type=jnp.float32)
     s = s * scale  # [bq, bk]
     dpr_tile = rel = None
     cols = [c for c in (qr_col, dpr_col) if c is not None]
-    if general:
+    if partial:
         if cols or need_rel:
             rt = rel_ids(q_pos, kv_pos, max_distance)  # [bq, bk]
             if num_rel is None:
@@ -264,9 +289,10 @@ def tile_scores(
             dpr_tile = as_col(dpr_col(far_id) if dpr_far is None else dpr_far)
     if bias is not None:
         s = s + bias.astype(jnp.float32)
-    if general:
+    if partial:
         vis = visibility(
             causal=causal,
+            window=window,
             q_pos=q_pos,
             kv_pos=kv_pos,
             q_seg=q_seg,

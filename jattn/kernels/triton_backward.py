@@ -2,8 +2,10 @@
 
 Both recompute the probabilities of a tile from the forward's log-sum-exp,
 `P = exp(s - lse)`, and form `dS = P * (dP - delta)` with
-`dP = dO·v + dpr[t, r]` (the second term only with a Shaw value table) and
-`delta = Σ_s P dP`, computed outside from the forward's outputs. The dq kernel
+`dP = (dO·v + dpr[t, r]) * Z` (the second term only with a Shaw value table;
+Z the dropout multipliers of the tile, rebuilt from the seed, 1 without
+dropout) and `delta = Σ_s P dP = dO·o + pr·dpr`, computed outside from the
+forward's (dropped) outputs; dv sums `(P * Z)ᵀ dO`. The dq kernel
 also returns the gradient of the key-term table `qr` (dS summed per relative
 id) and of a bias with a key axis; the dk/dv kernel loops over the G query
 heads of its kv head, so GQA/MQA gradients never pass through an
@@ -24,6 +26,7 @@ from jattn.kernels.config import SQ, KernelConfig, dbias_kind
 from jattn.kernels.triton_forward import (
     bias_spec_kv,
     col_reader,
+    dropout_tile,
     kernel_call,
     kv_valid_mask,
     load_bias_kv,
@@ -50,13 +53,15 @@ def _dq_kernel(r, *refs, cfg: KernelConfig):
     lse, delta = r["lse"][...], r["delta"][...]  # [bq]
     score = q_tile_scorer(cfg, r)
 
-    def step(j, general, right, carry):
+    def step(j, partial, right, carry):
         dq_acc, *rest = carry
-        s, dpr_t, rel, k, v = score(j, general, right)
+        s, dpr_t, rel, k, v, z = score(j, partial, right)
         p = jnp.exp(s - lse[:, None])  # [bq, bk]
         dp = lax.dot_general(do, v, (((1,), (1,)), ((), ())), preferred_element_type=jnp.float32)
         if dpr_t is not None:
             dp = dp + dpr_t
+        if z is not None:
+            dp = dp * z
         ds = p * (dp - delta[:, None])  # [bq, bk]
         dq_acc = dq_acc + lax.dot_general(
             ds.astype(k.dtype), k, (((1,), (0,)), ((), ())), preferred_element_type=jnp.float32
@@ -65,7 +70,7 @@ def _dq_kernel(r, *refs, cfg: KernelConfig):
         if cfg.use_qr:
             acc_r, w_left, w_right = rest[:3]
             rest = rest[3:]
-            if general:
+            if partial:
                 acc_r = ft.near_scatter(*rel, ds, acc_r)
             else:
                 ds_sum = jnp.sum(ds, axis=1)
@@ -162,11 +167,13 @@ def _dkv_kernel(r, dk_ref, dv_ref, *db_ref, cfg: KernelConfig):
     kv_pos = r["kvpos"][...] if cfg.use_pos else None  # [bk]
     kv_seg = r["kvseg"][...] if cfg.use_seg else None
     kv_valid = kv_valid_mask(cfg, j, bk, r["bmap"].shape[-1] * bk)
+    batch, kv_head = pl.program_id(1), pl.program_id(2)
 
     def group_body(g, carry):
         gm = g if cfg.map_per_head else 0
+        head = kv_head * cfg.groups + g
 
-        def step(i, general, right, c):
+        def step(i, partial, right, c):
             dk_acc, dv_acc, db = c
             qs = pl.ds(pl.multiple_of(i * bq, bq), bq)
             q = r["q"][qs, g, :]  # [bq, H]
@@ -175,32 +182,40 @@ def _dkv_kernel(r, dk_ref, dv_ref, *db_ref, cfg: KernelConfig):
             qr_col = col_reader(r["qr"], qs, g)
             dpr_col = col_reader(r["dpr"], qs, g)
             s, dpr_t, _ = ft.tile_scores(
-                general,
+                partial,
                 q=q,
                 k=k,
                 scale=cfg.scale,
                 causal=cfg.causal,
+                window=cfg.window,
                 max_distance=cfg.max_distance,
-                q_pos=r["qpos"][qs] if cfg.use_pos and general else None,
+                q_pos=r["qpos"][qs] if cfg.use_pos and partial else None,
                 kv_pos=kv_pos,
-                q_seg=r["qseg"][qs] if cfg.use_seg and general else None,
+                q_seg=r["qseg"][qs] if cfg.use_seg and partial else None,
                 kv_seg=kv_seg,
-                kv_valid=kv_valid if general else None,
+                kv_valid=kv_valid if partial else None,
                 bias=load_bias_kv(r["bias"], cfg.bias_dims, g, i, bq),
-                mask=load_bias_kv(r["mask"], cfg.mask_dims, g, i, bq) if general else None,
+                mask=load_bias_kv(r["mask"], cfg.mask_dims, g, i, bq) if partial else None,
                 qr_col=qr_col,
                 dpr_col=dpr_col,
                 far_id=jnp.where(right, cfg.far_right, 0),
             )
             p = jnp.exp(s - lse[:, None])  # [bq, bk]
+            z = dropout_tile(cfg, r["seed"], batch, head, i * bq, j * bk)
+            p_kept = p if z is None else p * z
             dv_acc = dv_acc + lax.dot_general(
-                p.astype(do.dtype), do, (((0,), (0,)), ((), ())), preferred_element_type=jnp.float32
+                p_kept.astype(do.dtype),
+                do,
+                (((0,), (0,)), ((), ())),
+                preferred_element_type=jnp.float32,
             )  # [bk, Hv]
             dp = lax.dot_general(
                 do, v, (((1,), (1,)), ((), ())), preferred_element_type=jnp.float32
             )
             if dpr_t is not None:
                 dp = dp + dpr_t
+            if z is not None:
+                dp = dp * z
             ds = p * (dp - delta[:, None])  # [bq, bk]
             dk_acc = dk_acc + lax.dot_general(
                 ds.astype(q.dtype), q, (((0,), (0,)), ((), ())), preferred_element_type=jnp.float32
@@ -265,6 +280,7 @@ def flash_dkv(cfg: KernelConfig, ins: dict) -> tuple[Array, Array, Array | None]
         "dpr": grp(cfg.num_rel) if cfg.use_pr else None,
         "bmap": pl.BlockSpec((SQ, gm, n_q_tiles, n_kv_tiles), lambda j, b_, k_: (b_, hm(k_), 0, 0)),
         "bounds": pl.BlockSpec((SQ, gm, 4, n_kv_tiles), lambda j, b_, k_: (b_, hm(k_), 0, 0)),
+        "seed": pl.BlockSpec((2,), lambda j, b_, k_: (0,)) if cfg.use_dropout else None,
     }
     args = {name: (ins["cbounds"] if name == "bounds" else ins[name]) for name in specs}
     out_shape = [

@@ -8,10 +8,15 @@ their query tiles, so GQA/MQA gradients are summed in registers, never through
 an `[B, S, N, H]` intermediate. Keys and values are indexed by kv head
 `h // G` in the BlockSpec index maps: nothing is repeated in memory.
 
-Which tiles a loop visits comes from the block map (`flash_attention.block_map`):
-per row, `[lo, hi)` bounds the tiles that may be visible; inside it, the first
-run of FAST tiles `[flo, fhi)` runs a branch-free body (no mask, one relative
-id), and the rest dispatch per tile on its class (skip / general / fast).
+Which tiles a loop visits comes from the block map (`blockmap.tiling`): per
+row, `[lo, hi)` bounds the tiles that may be visible (causal, local window,
+segments, mask); inside it, the first run of FULL tiles `[flo, fhi)` runs a
+branch-free body (no mask, one relative id), and the rest dispatch per tile
+on its class (SKIP / PARTIAL / FULL_LEFT / FULL_RIGHT, see `jattn.tiles`).
+
+Attention-weight dropout happens in-kernel: each tile's keep mask is the
+hash of `jattn.dropout` at the tile's global indices (`dropout_tile`), from
+an int32 `[2]` seed input; it is rebuilt, never stored, by the backward.
 
 Inputs arrive padded (lengths to the tile sizes, head dims to powers of two on
 the GPU) in the layout of `jax.nn.dot_product_attention`, `[B, L, heads, H]`.
@@ -86,33 +91,34 @@ def load_bias_kv(ref, dims, g, i, bq):
     return x if x.dtype != jnp.int8 else x != 0
 
 
-def tile_loop(bounds, cls_at, step, carry):
-    """Run `step(t, general, far_id_is_right, carry)` over one row of tiles.
+def tile_loop(bounds, class_at, step, carry):
+    """Run `step(t, partial, far_id_is_right, carry)` over one row of tiles.
 
-    `bounds = (lo, flo, fhi, hi)`: the run `[flo, fhi)` of FAST tiles goes
+    `bounds = (lo, flo, fhi, hi)`: the run `[flo, fhi)` of FULL tiles goes
     through a branch-free loop; the other tiles of `[lo, hi)` go through one
     loop that dispatches on their class, SKIP returning the carry untouched.
     (One dispatch loop over both sides of the run keeps the code to one copy
-    of each step kind plus the fast loop.)
+    of each step kind plus the full-tile loop.) Tiles outside `[lo, hi)`,
+    e.g. outside a local window, are never visited.
     """
     lo, flo, fhi, hi = bounds
     run = fhi - flo
 
     def dispatch(u, c):
         t = lo + u
-        t = jnp.where(t >= flo, t + run, t)  # jump over the FAST run
-        cls = cls_at(t)
+        t = jnp.where(t >= flo, t + run, t)  # jump over the FULL run
+        tile_class = class_at(t)
         branches = [
-            lambda c: c,
-            lambda c: step(t, True, False, c),
-            lambda c: step(t, False, cls == ft.FAST_RIGHT, c),
+            lambda c: c,  # SKIP
+            lambda c: step(t, True, False, c),  # PARTIAL
+            lambda c: step(t, False, tile_class == ft.FULL_RIGHT, c),  # FULL_*
         ]
-        return lax.switch(jnp.minimum(cls, 2), branches, c)
+        return lax.switch(jnp.minimum(tile_class, ft.FULL_LEFT), branches, c)
 
-    def fast(t, c):
-        return step(t, False, cls_at(t) == ft.FAST_RIGHT, c)
+    def full(t, c):
+        return step(t, False, class_at(t) == ft.FULL_RIGHT, c)
 
-    carry = lax.fori_loop(flo, fhi, fast, carry)
+    carry = lax.fori_loop(flo, fhi, full, carry)
     return lax.fori_loop(0, hi - lo - run, dispatch, carry)
 
 
@@ -120,6 +126,18 @@ def kv_valid_mask(cfg: KernelConfig, j, bk: int, padded_k: int):
     if cfg.seq_k == padded_k:
         return None
     return j * bk + lax.broadcasted_iota(jnp.int32, (bk,), 0) < cfg.seq_k
+
+
+def dropout_tile(cfg: KernelConfig, seed_ref, batch, head, q_start, kv_start):
+    """Dropout multipliers `[bq, bk]` of the tile whose first query / key
+    have global indices `q_start` / `kv_start`, or None without dropout."""
+    if not cfg.use_dropout:
+        return None
+    q_index = q_start + lax.broadcasted_iota(jnp.int32, (cfg.block_q,), 0)
+    kv_index = kv_start + lax.broadcasted_iota(jnp.int32, (cfg.block_k,), 0)
+    batch = 0 if cfg.dropout_broadcast_batch else batch
+    seed = (seed_ref[0], seed_ref[1])
+    return ft.dropout_scale(seed, cfg.dropout_rate, batch, head, q_index, kv_index)
 
 
 def col_reader(ref, *lead):
@@ -135,10 +153,11 @@ def col_reader(ref, *lead):
 
 def q_tile_scorer(cfg: KernelConfig, r: dict):
     """Scores of a kernel that owns one query tile and loops over key tiles
-    (forward, dq): `score(j, general, right, need_rel=False) -> (s, dpr_tile,
-    rel, k, v)` for key tile j (see `tile_math.tile_scores`). The query
-    tile's inputs, and the Shaw columns that FAST tiles use (ids 0 and 2k),
-    are read once per program, not once per key tile."""
+    (forward, dq): `score(j, partial, right, need_rel=False) -> (s, dpr_tile,
+    rel, k, v, z)` for key tile j (see `tile_math.tile_scores`; z the dropout
+    multipliers or None). The query tile's inputs, and the Shaw columns that
+    FULL tiles use (ids 0 and 2k), are read once per program, not once per
+    key tile."""
     bk = cfg.block_k
     sp = r["k"].shape[0]
     q = r["q"][...]  # [bq, H]
@@ -149,37 +168,41 @@ def q_tile_scorer(cfg: KernelConfig, r: dict):
     ends = lambda col: None if col is None else (col(0), col(cfg.far_right))  # noqa: E731
     qr_ends, dpr_ends = ends(qr_col), ends(dpr_col)
 
-    def far(cols, general, right):
-        if general or cols is None:
+    def far(cols, partial, right):
+        if partial or cols is None:
             return None
         return jnp.where(right, cols[1], cols[0])
 
-    def score(j, general, right, need_rel=False):
+    i, batch, head = (pl.program_id(a) for a in range(3))
+
+    def score(j, partial, right, need_rel=False):
         kv = pl.ds(pl.multiple_of(j * bk, bk), bk)
         k = r["k"][kv, :]  # [bk, H]
         v = r["v"][kv, :]  # [bk, Hv]
         s, dpr_tile, rel = ft.tile_scores(
-            general,
+            partial,
             q=q,
             k=k,
             scale=cfg.scale,
             causal=cfg.causal,
+            window=cfg.window,
             max_distance=cfg.max_distance,
             q_pos=q_pos,
-            kv_pos=r["kvpos"][kv] if cfg.use_pos and general else None,
+            kv_pos=r["kvpos"][kv] if cfg.use_pos and partial else None,
             q_seg=q_seg,
-            kv_seg=r["kvseg"][kv] if cfg.use_seg and general else None,
-            kv_valid=kv_valid_mask(cfg, j, bk, sp) if general else None,
+            kv_seg=r["kvseg"][kv] if cfg.use_seg and partial else None,
+            kv_valid=kv_valid_mask(cfg, j, bk, sp) if partial else None,
             bias=load_bias_q(r["bias"], cfg.bias_dims, j, bk),
-            mask=load_bias_q(r["mask"], cfg.mask_dims, j, bk) if general else None,
+            mask=load_bias_q(r["mask"], cfg.mask_dims, j, bk) if partial else None,
             qr_col=qr_col,
             dpr_col=dpr_col,
             far_id=jnp.where(right, cfg.far_right, 0),
-            qr_far=far(qr_ends, general, right),
-            dpr_far=far(dpr_ends, general, right),
+            qr_far=far(qr_ends, partial, right),
+            dpr_far=far(dpr_ends, partial, right),
             need_rel=need_rel,
         )
-        return s, dpr_tile, rel, k, v
+        z = dropout_tile(cfg, r["seed"], batch, head, i * cfg.block_q, j * bk)
+        return s, dpr_tile, rel, k, v, z
 
     return score
 
@@ -190,10 +213,13 @@ def _fwd_kernel(r, o_ref, lse_ref, *pr_ref, cfg: KernelConfig):
     score = q_tile_scorer(cfg, r)
     rp = cfg.num_rel
 
-    def step(j, general, right, carry):
+    def step(j, partial, right, carry):
         m, l, acc, *prs = carry
-        s, _, rel, _, v = score(j, general, right, need_rel=cfg.use_pr)
+        s, _, rel, _, v, z = score(j, partial, right, need_rel=cfg.use_pr)
         p, m_new, l_new, corr, row_sum = ft.online_softmax_step(s, m, l)
+        if z is not None:  # dropout: l sums the weights before it, the values after
+            p = p * z
+            row_sum = jnp.sum(p, axis=1)
         pv = lax.dot_general(
             p.astype(v.dtype), v, (((1,), (0,)), ((), ())), preferred_element_type=jnp.float32
         )  # [bq, Hv]
@@ -202,8 +228,8 @@ def _fwd_kernel(r, o_ref, lse_ref, *pr_ref, cfg: KernelConfig):
             return m_new, l_new, acc
         w_left, w_right, acc_r, m_r = prs
         w_left, w_right = w_left * corr, w_right * corr
-        if general:
-            # Lazy rescale: acc_r is relative to m_r, only touched on general tiles.
+        if partial:
+            # Lazy rescale: acc_r is relative to m_r, only touched on PARTIAL tiles.
             acc_r = acc_r * jnp.exp(m_r - ft.safe_max(m_new))[:, None]
             acc_r = ft.near_scatter(*rel, p, acc_r)
             m_r = m_new
@@ -224,8 +250,8 @@ def _fwd_kernel(r, o_ref, lse_ref, *pr_ref, cfg: KernelConfig):
     empty = l == 0.0
     l_safe = jnp.where(empty, 1.0, l)
     o_ref[...] = (acc / l_safe[:, None]).astype(o_ref.dtype)
-    # +inf for a row with nothing visible: the backward's exp(s - lse) is then 0.
-    lse_ref[...] = jnp.where(empty, jnp.inf, shift + jnp.log(l_safe))
+    # A huge finite lse for a row with nothing visible: exp(s - lse) is then 0.
+    lse_ref[...] = jnp.where(empty, ft.EMPTY_LSE, shift + jnp.log(l_safe))
     if cfg.use_pr:
         w_left, w_right, acc_r, m_r = carry[3:]
         acc_r = acc_r * jnp.exp(m_r - shift)[:, None]
@@ -255,6 +281,7 @@ def q_tile_specs(cfg: KernelConfig, ins: dict, n_kv_tiles: int):
         "qr": row_spec(bq, cfg.num_rel) if cfg.use_qr else None,
         "bmap": pl.BlockSpec((SQ, SQ, n_q_tiles, n_kv_tiles), lambda i, b, h_: (b, hm(h_), 0, 0)),
         "bounds": pl.BlockSpec((SQ, SQ, 4, n_q_tiles), lambda i, b, h_: (b, hm(h_), 0, 0)),
+        "seed": pl.BlockSpec((2,), lambda i, b, h_: (0,)) if cfg.use_dropout else None,
     }
 
 
