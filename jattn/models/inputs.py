@@ -53,7 +53,7 @@ def positions_from_segments(segment_ids: Array) -> Array:
     Returns:
       int32 `[B, T]`, e.g. ids `[1,1,1,2,2,0]` -> `[0,1,2,0,1,0]`.
     """
-    t = jnp.arange(segment_ids.shape[1], dtype=jnp.int32)  # [T]
+    t = jnp.arange(segment_ids.shape[1], dtype=jnp.int32)[None, :]  # [1, T]
     start = jnp.concatenate(
         [
             jnp.ones_like(segment_ids[:, :1], dtype=bool),

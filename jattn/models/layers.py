@@ -191,9 +191,9 @@ class MLP(nn.Module):
         w2 = _param(self, "wo", _xavier(), (f, d), ("mlp", "embed"), dt)
         b2 = _param(self, "bo", nn.initializers.zeros, (d,), ("embed",), dt)
         c = cfg.compute_dtype
-        h = jnp.einsum("BTD,DF->BTF", x, w1.astype(c)) + b1.astype(c)  # [B, T, F]
+        h = jnp.einsum("BTD,DF->BTF", x, w1.astype(c)) + b1.astype(c)[None, None]  # [B, T, F]
         h = constrain(jax.nn.relu(h), ("batch", "length", "mlp"))
-        y = jnp.einsum("BTF,FD->BTD", h, w2.astype(c)) + b2.astype(c)  # [B, T, D]
+        y = jnp.einsum("BTF,FD->BTD", h, w2.astype(c)) + b2.astype(c)[None, None]  # [B, T, D]
         return constrain(y, ("batch", "length", "embed"))
 
 
@@ -366,7 +366,7 @@ class Attention(nn.Module):
         """Queries `[B, T, N, H]` of `x` `[B, T, D]`."""
         c = self.config.compute_dtype
         q = jnp.einsum("BTD,DNH->BTNH", x, w["q"].astype(c))  # [B, T, N, H]
-        return q + w["q_bias"].astype(c) if "q_bias" in w else q
+        return q + w["q_bias"].astype(c)[None, None] if "q_bias" in w else q  # [B, T, N, H]
 
     def _project_kv(self, kv: Array, w: dict[str, Array]) -> tuple[Array, Array]:
         """Keys and values `[B, S, K, H]` of `kv` `[B, S, D]`."""
@@ -374,7 +374,8 @@ class Attention(nn.Module):
         key = jnp.einsum("BSD,DKH->BSKH", kv, w["k"].astype(c))  # [B, S, K, H]
         value = jnp.einsum("BSD,DKH->BSKH", kv, w["v"].astype(c))  # [B, S, K, H]
         if "k_bias" in w:
-            key, value = key + w["k_bias"].astype(c), value + w["v_bias"].astype(c)
+            key = key + w["k_bias"].astype(c)[None, None]  # [B, S, K, H]
+            value = value + w["v_bias"].astype(c)[None, None]
         return key, value
 
     def _project_out(self, out: Array, w: dict[str, Array]) -> Array:
@@ -389,7 +390,7 @@ class Attention(nn.Module):
         if cfg.attention_bias:
             zeros = nn.initializers.zeros
             o_bias = _param(self, "o_bias", zeros, (cfg.d_model,), ("embed",), cfg.params_dtype)
-            y = y + o_bias.astype(c)
+            y = y + o_bias.astype(c)[None, None]  # [B, T, D]
         return constrain(y, ("batch", "length", "embed"))
 
     # -- positional terms ----------------------------------------------------
