@@ -22,8 +22,9 @@ and `jax.nn.dot_product_attention(local_window_size=...)` where it fits in
 --max-gib. The chunked path visits only the tiles inside the window, so its
 time grows as O(L·W); the table ends with time(L2) / time(L1) per
 implementation (about 2 for doubling L at O(L·W), 4 at O(L²)). Every cell
-is compiled first and the timed calls go round-robin over the cells, so a
-change in load on a shared machine hits all cells alike.
+is compiled first and the timed calls go round-robin over the cells (each
+after an untimed call of the same cell), so a change in load on a shared
+machine hits all cells alike.
 
 `--gpu` is the GPU mode: everything after it goes to `experiments/bench_gpu.py`
 (correctness on the device first, then bf16 timings of the Pallas kernel
@@ -32,7 +33,7 @@ peak, inside 8 minutes, table last).
 
     python experiments/bench_attention.py --lengths 512 1024 2048 4096 8192
     jattn bench attention --lengths 4096 --out docs/bench_attention_cpu.csv
-    python experiments/bench_attention.py --window 512 --heads 4 --out docs/bench_window_cpu.csv
+    jattn bench attention --window 512 --heads 4 --max-gib 6 --repeats 3
     python experiments/bench_attention.py --gpu --out docs/bench_gpu.csv
 """
 
@@ -139,13 +140,14 @@ def time_it(compiled, args, repeats):
 
 def time_round_robin(cells, repeats):
     """Median seconds of each `(compiled, args)` cell, timed in rounds that
-    call every cell once, so a change in machine load hits all cells alike
-    (what ratios between cells need on a shared machine)."""
-    for compiled, a in cells:
-        jax.block_until_ready(compiled(*a))  # warm-up
+    visit every cell once, so a change in machine load hits all cells alike
+    (what ratios between cells need on a shared machine). Each visit makes
+    an untimed call first, so no cell is timed cold after another cell's
+    working set (jax.nn's GiB of logits) went through the caches."""
     ts = [[] for _ in cells]
     for _ in range(repeats):
         for (compiled, a), out in zip(cells, ts, strict=True):
+            jax.block_until_ready(compiled(*a))  # warm
             t0 = time.perf_counter()
             jax.block_until_ready(compiled(*a))
             out.append(time.perf_counter() - t0)
