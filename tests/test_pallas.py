@@ -243,7 +243,9 @@ def test_kernel_parts_and_custom_vjp_match_reference(window, dropout_rate):
     kw = {f.name: getattr(nf, f.name) for f in dataclasses.fields(nf)}
     pre = fa.prepare(nf, block_q=16, block_k=32, backend="interpret")
     assert pre.fwd_cfg.use_qr and pre.fwd_cfg.use_pr
-    ins = fa._kernel_inputs(pre.q, pre.k, pre.v, pre.qr, pre.bias, pre.aux, "fwd")
+    ins = fa._kernel_inputs(
+        pre.q, pre.k, pre.v, pre.qr, pre.bias, pre.fixed, pre.fixed.forward_maps
+    )
     o, lse, pr = jax.jit(functools.partial(triton_forward.flash_forward, pre.fwd_cfg))(ins)
     names = ("mask", "is_causal", "q_segment_ids", "kv_segment_ids", "q_positions")
     names += ("kv_positions", "max_distance", "scale", "window", "dropout_seed", "dropout_rate")
@@ -263,7 +265,7 @@ def test_kernel_parts_and_custom_vjp_match_reference(window, dropout_rate):
     cot_o = jnp.asarray(rng.standard_normal(o.shape), jnp.float32)
     cot_pr = jnp.asarray(rng.standard_normal(pr.shape), jnp.float32)
     # The core also returns the lse, a residual whose cotangent is ignored.
-    core = lambda *a: fa._flash_core(pre.fwd_cfg, pre.bwd_cfg, *a, pre.aux)[::2]  # noqa: E731
+    core = lambda *a: fa._flash_core(pre.fwd_cfg, pre.bwd_cfg, *a, pre.fixed)[::2]  # noqa: E731
     vjp_of = lambda f, args, cots: jax.vjp(f, *args)[1](cots)  # noqa: E731
     primals = (pre.q, pre.k, pre.v, pre.qr, pre.bias)
     got = jax.jit(functools.partial(vjp_of, core))(primals, (cot_o, cot_pr))
@@ -540,15 +542,16 @@ def test_window_tiles_outside_are_skipped_and_not_visited():
     nf = _normal_form(inputs, is_causal=False, max_distance=0, window=(20, 5))
     pre = fa.prepare(nf, block_q=16, block_k=16, backend="interpret")
     assert pre.fwd_cfg.use_pos and pre.fwd_cfg.window == (20, 5)
-    cls = np.asarray(pre.aux["fwd_bmap"])[0, 0]  # [nT, nS]
+    maps = pre.fixed.forward_maps
+    cls = np.asarray(maps.classes)[0, 0]  # [nT, nS]
     near = _dense_tiles(window_mask(inputs, (20, 5))[0, 0], 16, 16, 8, 8)  # [nT, nS, 16, 16]
     want_skip = ~near.any(axis=(-1, -2))
     assert want_skip.sum() > 30  # most tiles are out of reach
     np.testing.assert_array_equal(cls == ft.SKIP, want_skip)
     np.testing.assert_array_equal(cls == ft.PARTIAL, near.any((-1, -2)) & ~near.all((-1, -2)))
     for bounds, live in (
-        (pre.aux["fwd_bounds"], ~want_skip),
-        (pre.aux["fwd_cbounds"], ~want_skip.T),
+        (maps.row_bounds, ~want_skip),
+        (maps.col_bounds, ~want_skip.T),
     ):
         lo, _, _, hi = np.asarray(bounds)[0, 0]  # [nT] each
         for row in range(8):

@@ -14,24 +14,27 @@ import jax
 import jax.numpy as jnp
 
 from jattn import tiles
+from jattn.kernels.config import TileMaps
 
 Array = jax.Array
 
 __all__ = ["block_map", "run_bounds", "tiling"]
 
 
-def _mask_tiles(mask: Array, bq: int, bk: int, tp: int, sp: int) -> tuple[Array, Array]:
+def _mask_tiles(
+    mask: Array, block_q: int, block_k: int, padded_q: int, padded_k: int
+) -> tuple[Array, Array]:
     """Per-tile any/all of a bool mask `[B|1, N|1, T|1, S|1]` (real entries only)."""
 
     def reduce(fill: bool, op):
         m = mask
         b, n, t, s = m.shape
         if t > 1:
-            m = jnp.pad(m, ((0, 0), (0, 0), (0, tp - t), (0, 0)), constant_values=fill)
+            m = jnp.pad(m, ((0, 0), (0, 0), (0, padded_q - t), (0, 0)), constant_values=fill)
         if s > 1:
-            m = jnp.pad(m, ((0, 0), (0, 0), (0, 0), (0, sp - s)), constant_values=fill)
-        nt, tq = (tp // bq, bq) if t > 1 else (1, 1)
-        ns, tk = (sp // bk, bk) if s > 1 else (1, 1)
+            m = jnp.pad(m, ((0, 0), (0, 0), (0, 0), (0, padded_k - s)), constant_values=fill)
+        nt, tq = (padded_q // block_q, block_q) if t > 1 else (1, 1)
+        ns, tk = (padded_k // block_k, block_k) if s > 1 else (1, 1)
         return op(m.reshape(b, n, nt, tq, ns, tk), axis=(3, 5))  # [B|1, N|1, nT|1, nS|1]
 
     return reduce(False, jnp.any), reduce(True, jnp.all)
@@ -57,9 +60,7 @@ def block_map(
     """Class of every (query tile, key tile) pair: int32 `[B, N|1, nT, nS]`
     (`jattn.tiles.classify` on this tiling's per-tile summaries)."""
     nt, ns = padded_q // block_q, padded_k // block_k
-    summary = lambda x, block, padded: (  # noqa: E731
-        None if x is None else tiles.tile_min_max(x, block, padded)
-    )
+    summary = lambda x, block, padded: None if x is None else tiles.tile_min_max(x, block, padded)
     need_pos = causal or window is not None or max_distance is not None
     return tiles.classify(
         (batch, nt, ns),
@@ -80,10 +81,13 @@ def block_map(
 run_bounds = tiles.run_bounds
 
 
-def tiling(meta: dict, bq: int, bk: int, tp: int, sp: int) -> dict:
+def tiling(meta: dict, block_q: int, block_k: int, padded_q: int, padded_k: int) -> TileMaps:
     """Block map `[B, N|1, nT, nS]` with its row bounds `[B, N|1, 4, nT]` and
-    column bounds `[B, N|1, 4, nS]` (see `run_bounds`) for one tiling."""
-    cls = block_map(block_q=bq, block_k=bk, padded_q=tp, padded_k=sp, **meta)
-    rows = jnp.swapaxes(run_bounds(cls), -1, -2)  # [B, N|1, 4, nT]
-    cols = jnp.swapaxes(run_bounds(jnp.swapaxes(cls, -1, -2)), -1, -2)  # [B, N|1, 4, nS]
-    return {"bmap": cls, "bounds": rows, "cbounds": cols}
+    column bounds `[B, N|1, 4, nS]` (see `run_bounds`) for one tiling;
+    `meta` holds the other arguments of `block_map`."""
+    classes = block_map(
+        block_q=block_q, block_k=block_k, padded_q=padded_q, padded_k=padded_k, **meta
+    )
+    rows = jnp.swapaxes(run_bounds(classes), -1, -2)  # [B, N|1, 4, nT]
+    cols = jnp.swapaxes(run_bounds(jnp.swapaxes(classes, -1, -2)), -1, -2)  # [B, N|1, 4, nS]
+    return TileMaps(classes=classes, row_bounds=rows, col_bounds=cols)

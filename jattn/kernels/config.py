@@ -1,19 +1,38 @@
-"""Static configuration of one flash call, shared by both kernel families.
+"""What the flash kernels are given, shared by both kernel families.
 
 `KernelConfig` is what `flash_attention.prepare` decides once per call (tile
 sizes, which optional inputs exist, the visibility and dropout rules) and
 what every kernel reads; it is hashable, so it keys compilation. The
 compiler parameters of each backend are built from it here, so the Mosaic
 (TPU) kernels do not depend on the Triton (GPU) modules, nor the other way.
+
+`KernelInputs` names every array a kernel may read (None where absent); the
+kernels' BlockSpecs come in the same NamedTuple, so a kernel reads
+`refs.query`, `refs.tile_classes`, ... `TileMaps` is one tiling's block map
+and loop bounds, `FixedInputs` what gets no gradient.
 """
 
 from __future__ import annotations
 
 import dataclasses
+from typing import NamedTuple
 
+import jax
 from jax.experimental import pallas as pl
 
-__all__ = ["SQ", "KernelConfig", "dbias_kind", "mosaic_params", "triton_params"]
+Array = jax.Array
+
+__all__ = [
+    "SQ",
+    "FixedInputs",
+    "KernelConfig",
+    "KernelInputs",
+    "TileMaps",
+    "dbias_kind",
+    "mosaic_params",
+    "only_specified",
+    "triton_params",
+]
 
 # A squeezed block dimension: `pl.squeezed` on recent jax, None before.
 SQ = getattr(pl, "squeezed", None)
@@ -62,6 +81,60 @@ class KernelConfig:
     @property
     def use_dropout(self) -> bool:
         return self.dropout_rate > 0.0
+
+
+class TileMaps(NamedTuple):
+    """One tiling's block map and loop bounds (see `blockmap.tiling`)."""
+
+    classes: Array  # int32 [B, N|1, nT, nS]: jattn.tiles' SKIP / PARTIAL / FULL_*
+    row_bounds: Array  # int32 [B, N|1, 4, nT]: (lo, flo, fhi, hi) per query tile
+    col_bounds: Array  # int32 [B, N|1, 4, nS]: the same per key tile
+
+
+class FixedInputs(NamedTuple):
+    """Padded kernel inputs that get no gradient."""
+
+    q_positions: Array | None  # int32 [B, Tp] (with causal, a window or Shaw terms)
+    kv_positions: Array | None  # int32 [B, Sp]
+    q_segments: Array | None  # int32 [B, Tp]
+    kv_segments: Array | None  # int32 [B, Sp]
+    mask: Array | None  # int8 (Triton) / int32 (Mosaic) [B|1, N|1, Tp|1, Sp|1]
+    dropout_seed: Array | None  # int32 [2]
+    forward_maps: TileMaps
+    backward_maps: TileMaps
+
+
+class KernelInputs(NamedTuple):
+    """Every array a kernel may read, in the Triton layout (see
+    `triton_forward.flash_forward`); None where absent or unused. The same
+    NamedTuple carries a kernel's BlockSpecs and, inside it, its refs."""
+
+    query: Array  # [B, Tp, N, H]
+    key: Array  # [B, Sp, K, H]
+    value: Array  # [B, Sp, K, Hv]
+    key_term: Array | None = None  # float32 [B, Tp, N, Rp]: scale * q @ Shaw key tableᵀ
+    bias: Array | None = None  # [B|1, N|1, Tp|1, Sp|1]
+    q_positions: Array | None = None
+    kv_positions: Array | None = None
+    q_segments: Array | None = None
+    kv_segments: Array | None = None
+    mask: Array | None = None
+    dropout_seed: Array | None = None
+    tile_classes: Array | None = None
+    row_bounds: Array | None = None
+    col_bounds: Array | None = None
+    d_out: Array | None = None  # backward: [B, Tp, N, Hv] cotangent of the output
+    lse: Array | None = None  # backward: float32 [B, N, Tp]
+    delta: Array | None = None  # backward: float32 [B, N, Tp], rowsum(dO * O) + pr · dpr
+    d_value_mass: Array | None = None  # backward: float32 [B, Tp, N, Rp], cotangent of pr
+
+
+def only_specified(inputs: KernelInputs, specs: KernelInputs) -> KernelInputs:
+    """`inputs` with None wherever `specs` has no BlockSpec (pallas_call wants
+    the arguments and their specs in the same structure)."""
+    return inputs._replace(
+        **{f: None for f, spec in zip(specs._fields, specs) if spec is None}  # noqa: B905
+    )
 
 
 def dbias_kind(cfg: KernelConfig) -> str | None:

@@ -18,9 +18,21 @@ The public entry `flash_attention` receives the normal form of
    window are never visited. It is O((T/bq)·(S/bk));
 4. runs the forward kernel, whose custom VJP runs the dq and dk/dv kernels,
    recomputing probabilities from the saved log-sum-exp: the Triton kernels
-   (`triton_forward`, `triton_backward`) on GPUs and in interpret mode, the Mosaic
-   ones (`mosaic_forward`, `mosaic_backward`) on TPU. Both take the same padded inputs and block
-   map and return the same layouts, so everything here is shared.
+   (`triton_forward`, `triton_backward`) on GPUs and in interpret mode, the
+   Mosaic ones (`mosaic_forward`, `mosaic_backward`) on TPU. Both take the
+   same padded inputs (`config.KernelInputs`) and block map and return the
+   same layouts, so everything here is shared.
+
+Dropout: the normal form's int32 `[2]` seed goes to the kernels as a tiny
+input; each kernel rebuilds a tile's keep mask from `jattn.dropout.keep` at
+global indices, so the xla, chunked and pallas paths drop the same weights.
+Rows are normalised by the weights before dropout (lse unchanged), the
+output and the Shaw value masses `pr` use the dropped ones.
+
+A row with nothing visible: the kernels store a finite sentinel lse
+(`tile_math.EMPTY_LSE`, so `exp(s - lse)` is 0 in the backward and no
+pallas_call output is Inf under `jax.debug_infs`), reported here as
+`EMPTY_ROW_LSE`.
 
 Gradients of the Shaw tables and of `q` through `qr`, and of the value table
 through `pr`, follow by autodiff of the XLA steps around the kernel. The bias
@@ -42,7 +54,13 @@ from jax.custom_derivatives import CustomVJPPrimal, SymbolicZero
 
 from jattn.kernels import tile_math, triton_backward, triton_forward
 from jattn.kernels.blockmap import block_map, run_bounds, tiling
-from jattn.kernels.config import KernelConfig, dbias_kind
+from jattn.kernels.config import (
+    FixedInputs,
+    KernelConfig,
+    KernelInputs,
+    TileMaps,
+    dbias_kind,
+)
 from jattn.normal_form import EMPTY_ROW_LSE, NormalForm
 
 Array = jax.Array
@@ -121,8 +139,8 @@ def _check_block(name: str, value: int, backend: str, length: int) -> int:
 
 
 # --------------------------------------------------------------------------------------
-# Kernel call with its custom VJP. `aux` holds what gets no gradient: positions,
-# segment ids, the integer mask, block maps and bounds.
+# Kernel call with its custom VJP. `fixed` holds what gets no gradient: positions,
+# segment ids, the integer mask, the dropout seed, block maps and bounds.
 
 
 def _kernels(cfg: KernelConfig):
@@ -130,36 +148,57 @@ def _kernels(cfg: KernelConfig):
     if cfg.backend in _TPU_BACKENDS:
         from jattn.kernels import mosaic_backward, mosaic_forward
 
-        return mosaic_forward.flash_forward, mosaic_backward.flash_dq, mosaic_backward.flash_dkv
-    return triton_forward.flash_forward, triton_backward.flash_dq, triton_backward.flash_dkv
+        return (
+            mosaic_forward.flash_forward,
+            mosaic_backward.flash_dq,
+            mosaic_backward.flash_dkv,
+        )
+    return (
+        triton_forward.flash_forward,
+        triton_backward.flash_dq,
+        triton_backward.flash_dkv,
+    )
 
 
-def _kernel_inputs(q, k, v, qr, bias, aux: dict, tiling: str) -> dict:
-    ins = dict(aux)
-    for name in ("bmap", "bounds", "cbounds"):
-        ins[name] = aux[f"{tiling}_{name}"]
-    ins.update(q=q, k=k, v=v, qr=qr, bias=bias)
-    return ins
+def _kernel_inputs(q, k, v, qr, bias, fixed: FixedInputs, maps: TileMaps) -> KernelInputs:
+    """The inputs of one kernel call, on the tiling of `maps`."""
+    return KernelInputs(
+        query=q,
+        key=k,
+        value=v,
+        key_term=qr,
+        bias=bias,
+        q_positions=fixed.q_positions,
+        kv_positions=fixed.kv_positions,
+        q_segments=fixed.q_segments,
+        kv_segments=fixed.kv_segments,
+        mask=fixed.mask,
+        dropout_seed=fixed.dropout_seed,
+        tile_classes=maps.classes,
+        row_bounds=maps.row_bounds,
+        col_bounds=maps.col_bounds,
+    )
 
 
 @functools.partial(jax.custom_vjp, nondiff_argnums=(0, 1))
-def _flash_core(fwd_cfg: KernelConfig, bwd_cfg: KernelConfig, q, k, v, qr, bias, aux):
-    return _kernels(fwd_cfg)[0](fwd_cfg, _kernel_inputs(q, k, v, qr, bias, aux, "fwd"))
+def _flash_core(fwd_cfg: KernelConfig, bwd_cfg: KernelConfig, q, k, v, qr, bias, fixed):
+    ins = _kernel_inputs(q, k, v, qr, bias, fixed, fixed.forward_maps)
+    return _kernels(fwd_cfg)[0](fwd_cfg, ins)
 
 
-def _flash_core_fwd(fwd_cfg, bwd_cfg, q, k, v, qr, bias, aux):
+def _flash_core_fwd(fwd_cfg, bwd_cfg, q, k, v, qr, bias, fixed):
     # symbolic_zeros=True: primals arrive as CustomVJPPrimal(value, perturbed),
     # which tells whether the bias needs a gradient at all (a fixed ALiBi bias
     # or a mask given as a bias does not, and its [B, N, T, S] buffer is skipped).
-    is_primal = lambda x: isinstance(x, CustomVJPPrimal)  # noqa: E731
+    is_primal = lambda x: isinstance(x, CustomVJPPrimal)
     want_dbias = bias is not None and bias.perturbed
-    q, k, v, qr, bias, aux = jax.tree.map(
-        lambda p: p.value, (q, k, v, qr, bias, aux), is_leaf=is_primal
+    q, k, v, qr, bias, fixed = jax.tree.map(
+        lambda p: p.value, (q, k, v, qr, bias, fixed), is_leaf=is_primal
     )
     forward = _kernels(fwd_cfg)[0]
-    o, lse, pr = forward(fwd_cfg, _kernel_inputs(q, k, v, qr, bias, aux, "fwd"))
+    o, lse, pr = forward(fwd_cfg, _kernel_inputs(q, k, v, qr, bias, fixed, fixed.forward_maps))
     flag = jnp.zeros((0,), jnp.float32) if want_dbias else None  # static via pytree structure
-    return (o, lse, pr), (q, k, v, qr, bias, aux, o, lse, pr, flag)
+    return (o, lse, pr), (q, k, v, qr, bias, fixed, o, lse, pr, flag)
 
 
 def _reduce_bias_grad(db: Array, kind: str, bias: Array) -> Array:
@@ -177,7 +216,7 @@ def _instantiate(ct):
 
 
 def _flash_core_bwd(fwd_cfg, bwd_cfg, res, cts):
-    q, k, v, qr, bias, aux, o, lse, pr, want_dbias = res
+    q, k, v, qr, bias, fixed, o, lse, pr, want_dbias = res
     # The lse is a residual (as in jax.nn): its cotangent is ignored.
     do, _, dpr = (None if c is None else _instantiate(c) for c in cts)
     if bias is not None and want_dbias is None:
@@ -188,8 +227,8 @@ def _flash_core_bwd(fwd_cfg, bwd_cfg, res, cts):
     if pr is not None:
         dpr = dpr.astype(jnp.float32)
         delta = delta + jnp.einsum("BTNR,BTNR->BNT", pr, dpr)
-    ins = _kernel_inputs(q, k, v, qr, bias, aux, "bwd")
-    ins.update(do=do.astype(q.dtype), lse=lse, delta=delta, dpr=dpr)
+    ins = _kernel_inputs(q, k, v, qr, bias, fixed, fixed.backward_maps)
+    ins = ins._replace(d_out=do.astype(q.dtype), lse=lse, delta=delta, d_value_mass=dpr)
     _, flash_dq, flash_dkv = _kernels(bwd_cfg)
     dq, dqr, db_q = flash_dq(bwd_cfg, ins)
     dk, dv, db_kv = flash_dkv(bwd_cfg, ins)
@@ -251,7 +290,7 @@ class Prepared(NamedTuple):
     v: Array  # [B, Sp, K, Hvp]
     qr: Array | None  # [B, Tp, N, Rp] float32
     bias: Array | None  # [B|1, N|1, Tp|1, Sp|1]
-    aux: dict  # positions, segment ids, int mask, block maps and bounds
+    fixed: FixedInputs  # positions, segment ids, int mask, dropout seed, block maps
 
 
 def _flash_attention(
@@ -265,7 +304,7 @@ def _flash_attention(
     hv = nf.value.shape[-1]
     pre = prepare(nf, block_q=block_q, block_k=block_k, backend=backend)
     o, lse, pr = _flash_core(
-        pre.fwd_cfg, pre.bwd_cfg, pre.q, pre.k, pre.v, pre.qr, pre.bias, pre.aux
+        pre.fwd_cfg, pre.bwd_cfg, pre.q, pre.k, pre.v, pre.qr, pre.bias, pre.fixed
     )
     out = o[:, :t, :, :hv].astype(jnp.float32)  # [B, T, N, Hv]
     if nf.rel_value is not None:
@@ -282,100 +321,118 @@ def prepare(nf: NormalForm, *, block_q: int | None, block_k: int | None, backend
     """Everything before the kernels: tile sizes, padding, the Shaw key-term
     table, block maps and bounds, static configs."""
     query, key, value, bias, mask = nf.query, nf.key, nf.value, nf.bias, nf.mask
-    q_segment_ids, kv_segment_ids = nf.q_segment_ids, nf.kv_segment_ids
-    q_positions, kv_positions = nf.q_positions, nf.kv_positions
-    rel_key, rel_value = nf.rel_key, nf.rel_value
-    is_causal, max_distance, scale = nf.is_causal, nf.max_distance, nf.scale
     b, t, n, h = query.shape
     _, s, kh, hv = value.shape
-    shaw = rel_key is not None or rel_value is not None
-    (fq, fk), (bq_b, bk_b) = default_blocks(backend, t, s, shaw)
+    use_qr, use_pr = nf.rel_key is not None, nf.rel_value is not None
+    (fwd_block_q, fwd_block_k), (bwd_block_q, bwd_block_k) = default_blocks(backend, t, s, nf.shaw)
     if block_q is not None:
-        fq = bq_b = _check_block("block_q", block_q, backend, t)
+        fwd_block_q = bwd_block_q = _check_block("block_q", block_q, backend, t)
     if block_k is not None:
-        fk = bk_b = _check_block("block_k", block_k, backend, s)
-    tp, sp = _round_up(t, math.lcm(fq, bq_b)), _round_up(s, math.lcm(fk, bk_b))
+        fwd_block_k = bwd_block_k = _check_block("block_k", block_k, backend, s)
+    # Lengths padded to both tilings; on the GPU head dims and the relative
+    # tables' width padded to powers of two (Triton blocks).
+    padded_t = _round_up(t, math.lcm(fwd_block_q, bwd_block_q))
+    padded_s = _round_up(s, math.lcm(fwd_block_k, bwd_block_k))
     gpu = backend == "gpu"
-    hp = max(16, _pow2(h)) if gpu else h
-    hvp = max(16, _pow2(hv)) if gpu else hv
-    use_qr, use_pr = rel_key is not None, rel_value is not None
-    shaw = use_qr or use_pr
-    num_rel = 2 * max_distance + 1
-    rp = max(16, _pow2(num_rel)) if gpu else num_rel
-    use_pos = bool(is_causal) or shaw or nf.window is not None
-    use_seg = q_segment_ids is not None
+    padded_h = max(16, _pow2(h)) if gpu else h
+    padded_hv = max(16, _pow2(hv)) if gpu else hv
+    num_rel = 2 * nf.max_distance + 1
+    padded_rel = max(16, _pow2(num_rel)) if gpu else num_rel
+    use_pos = nf.is_causal or nf.shaw or nf.window is not None
+    use_seg = nf.q_segment_ids is not None
     f32 = jnp.float32
 
-    # Shaw key term as a per-query table (scaled), padded to Rp columns.
+    # Shaw key term as a per-query table (scaled), padded to the table width.
     qr = None
     if use_qr:
-        qr = scale * jnp.einsum(
-            "BTNH,NRH->BTNR", query.astype(f32), rel_key.astype(f32), precision=_HIGHEST
+        qr = nf.scale * jnp.einsum(
+            "BTNH,NRH->BTNR",
+            query.astype(f32),
+            nf.rel_key.astype(f32),
+            precision=_HIGHEST,
         )  # [B, T, N, R]
-        qr = _pad_axis(_pad_axis(qr, 3, rp), 1, tp)
+        qr = _pad_axis(_pad_axis(qr, 3, padded_rel), 1, padded_t)
 
     # One dtype for the kernel's dots (the Triton dot needs equal operand types).
-    q = _pad_axis(_pad_axis(query, 3, hp), 1, tp)
-    k = _pad_axis(_pad_axis(key.astype(query.dtype), 3, hp), 1, sp)
-    v = _pad_axis(_pad_axis(value.astype(query.dtype), 3, hvp), 1, sp)
-    bias_p = bias_dims = None
-    if bias is not None:
-        bias_dims = tuple(bool(bias.shape[a] == full) for a, full in enumerate((b, n, t, s)))
-        bias_p = _pad_axis(bias, 2, tp) if bias_dims[2] else bias
-        bias_p = _pad_axis(bias_p, 3, sp) if bias_dims[3] else bias_p
-    mask_p = mask_dims = None
-    if mask is not None:
-        mask_dims = tuple(bool(mask.shape[a] == full) for a, full in enumerate((b, n, t, s)))
-        # int8 for Triton; int32 for Mosaic, whose int8 blocks need 32-row tiles.
-        mask_p = mask.astype(jnp.int32 if backend in _TPU_BACKENDS else jnp.int8)
-        mask_p = _pad_axis(mask_p, 2, tp) if mask_dims[2] else mask_p
-        mask_p = _pad_axis(mask_p, 3, sp) if mask_dims[3] else mask_p
+    q = _pad_axis(_pad_axis(query, 3, padded_h), 1, padded_t)
+    k = _pad_axis(_pad_axis(key.astype(query.dtype), 3, padded_h), 1, padded_s)
+    v = _pad_axis(_pad_axis(value.astype(query.dtype), 3, padded_hv), 1, padded_s)
 
-    aux = {
-        "qpos": _pad_axis(q_positions, 1, tp, "edge") if use_pos else None,
-        "kvpos": _pad_axis(kv_positions, 1, sp, "edge") if use_pos else None,
-        "qseg": _pad_axis(q_segment_ids, 1, tp, "edge") if use_seg else None,
-        "kvseg": _pad_axis(kv_segment_ids, 1, sp, "edge") if use_seg else None,
-        "mask": mask_p,
-        "seed": nf.dropout_seed,  # int32 [2] or None
-    }
-    meta = dict(
-        q_pos=q_positions if use_pos else None,
-        kv_pos=kv_positions if use_pos else None,
-        q_seg=q_segment_ids,
-        kv_seg=kv_segment_ids,
+    def full_axes(x):  # which of (B, N, T, S) x has in full
+        return tuple(bool(x.shape[a] == size) for a, size in enumerate((b, n, t, s)))
+
+    def pad_lengths(x, dims):
+        x = _pad_axis(x, 2, padded_t) if dims[2] else x
+        return _pad_axis(x, 3, padded_s) if dims[3] else x
+
+    bias_padded = bias_dims = None
+    if bias is not None:
+        bias_dims = full_axes(bias)
+        bias_padded = pad_lengths(bias, bias_dims)
+    mask_padded = mask_dims = None
+    if mask is not None:
+        mask_dims = full_axes(mask)
+        # int8 for Triton; int32 for Mosaic, whose int8 blocks need 32-row tiles.
+        mask_padded = pad_lengths(
+            mask.astype(jnp.int32 if backend in _TPU_BACKENDS else jnp.int8), mask_dims
+        )
+
+    map_args = dict(
+        q_pos=nf.q_positions if use_pos else None,
+        kv_pos=nf.kv_positions if use_pos else None,
+        q_seg=nf.q_segment_ids,
+        kv_seg=nf.kv_segment_ids,
         mask=mask,
-        causal=bool(is_causal),
+        causal=nf.is_causal,
         window=nf.window,
-        max_distance=max_distance if shaw else None,
+        max_distance=nf.max_distance if nf.shaw else None,
         seq_k=s,
         batch=b,
     )
-    for name, (bq_, bk_) in (("fwd", (fq, fk)), ("bwd", (bq_b, bk_b))):
-        for key_, arr in tiling(meta, bq_, bk_, tp, sp).items():
-            aux[f"{name}_{key_}"] = arr
-    per_head = aux["fwd_bmap"].shape[1] > 1
+    edge = lambda x, size: _pad_axis(x, 1, size, "edge")
+    fixed = FixedInputs(
+        q_positions=edge(nf.q_positions, padded_t) if use_pos else None,
+        kv_positions=edge(nf.kv_positions, padded_s) if use_pos else None,
+        q_segments=edge(nf.q_segment_ids, padded_t) if use_seg else None,
+        kv_segments=edge(nf.kv_segment_ids, padded_s) if use_seg else None,
+        mask=mask_padded,
+        dropout_seed=nf.dropout_seed,  # int32 [2] or None
+        forward_maps=tiling(map_args, fwd_block_q, fwd_block_k, padded_t, padded_s),
+        backward_maps=tiling(map_args, bwd_block_q, bwd_block_k, padded_t, padded_s),
+    )
     common = dict(
         seq_k=s,
         num_heads=n,
         num_kv_heads=kh,
-        scale=float(scale),
-        causal=bool(is_causal),
-        max_distance=int(max_distance),
+        scale=float(nf.scale),
+        causal=nf.is_causal,
+        max_distance=int(nf.max_distance),
         use_pos=use_pos,
         use_seg=use_seg,
         use_qr=use_qr,
         use_pr=use_pr,
         bias_dims=bias_dims,
         mask_dims=mask_dims,
-        map_per_head=per_head,
-        num_rel=rp,
+        map_per_head=fixed.forward_maps.classes.shape[1] > 1,
+        num_rel=padded_rel,
         backend=backend,
         window=nf.window,
         dropout_rate=float(nf.dropout_rate) if nf.dropout else 0.0,
-        dropout_broadcast_batch=bool(nf.dropout_broadcast_batch),
+        dropout_broadcast_batch=nf.dropout_broadcast_batch,
     )
-    warps = 4 if max(hp, hvp) <= 64 else 8
-    fwd_cfg = KernelConfig(block_q=fq, block_k=fk, num_warps=warps, num_stages=3, **common)
-    bwd_cfg = KernelConfig(block_q=bq_b, block_k=bk_b, num_warps=warps, num_stages=2, **common)
-    return Prepared(fwd_cfg, bwd_cfg, q, k, v, qr, bias_p, aux)
+    warps = 4 if max(padded_h, padded_hv) <= 64 else 8
+    fwd_cfg = KernelConfig(
+        block_q=fwd_block_q,
+        block_k=fwd_block_k,
+        num_warps=warps,
+        num_stages=3,
+        **common,
+    )
+    bwd_cfg = KernelConfig(
+        block_q=bwd_block_q,
+        block_k=bwd_block_k,
+        num_warps=warps,
+        num_stages=2,
+        **common,
+    )
+    return Prepared(fwd_cfg, bwd_cfg, q, k, v, qr, bias_padded, fixed)

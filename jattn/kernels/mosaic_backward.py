@@ -16,7 +16,7 @@ from jax.experimental import pallas as pl
 from jax.experimental.pallas import tpu as pltpu
 
 from jattn.kernels import tile_math as ft
-from jattn.kernels.config import SQ, KernelConfig, dbias_kind
+from jattn.kernels.config import SQ, KernelConfig, KernelInputs, dbias_kind
 from jattn.kernels.mosaic_forward import (
     Maps,
     add_column,
@@ -38,7 +38,7 @@ Array = jax.Array
 # dq: grid (B, N, nT, nS), as the forward.
 
 
-def _dq_kernel(bmap_ref, bounds_ref, seed_ref, r, *refs, cfg: KernelConfig, maps: Maps):
+def _dq_kernel(classes_ref, bounds_ref, seed_ref, r, *refs, cfg: KernelConfig, maps: Maps):
     kind = dbias_kind(cfg)
     refs = list(refs)
     dq_ref = refs.pop(0)
@@ -56,20 +56,23 @@ def _dq_kernel(bmap_ref, bounds_ref, seed_ref, r, *refs, cfg: KernelConfig, maps
                 sc[...] = jnp.zeros(sc.shape, jnp.float32)
 
     def body(partial, right):
-        k = r["k"][...]
-        v = r["v"][...]
-        do = r["do"][...]
+        k = r.key[...]
+        v = r.value[...]
+        do = r.d_out[...]
         s, dpr_t, rel = ref_scores(cfg, r, maps, j, partial, right, need_rel=cfg.use_qr)
-        p = jnp.exp(s - r["lse"][...])  # [bq, bk]; lse = EMPTY_LSE on empty rows: p = 0
+        p = jnp.exp(s - r.lse[...])  # [bq, bk]; lse = EMPTY_LSE on empty rows: p = 0
         dp = lax.dot_general(do, v, (((1,), (1,)), ((), ())), preferred_element_type=jnp.float32)
         if dpr_t is not None:
             dp = dp + dpr_t
         z = dropout_tile(cfg, seed_ref, b, h, i, j)
         if z is not None:
             dp = dp * z
-        ds = p * (dp - r["delta"][...])  # [bq, bk]
+        ds = p * (dp - r.delta[...])  # [bq, bk]
         dq_sc[...] += lax.dot_general(
-            ds.astype(k.dtype), k, (((1,), (0,)), ((), ())), preferred_element_type=jnp.float32
+            ds.astype(k.dtype),
+            k,
+            (((1,), (0,)), ((), ())),
+            preferred_element_type=jnp.float32,
         )
         if cfg.use_qr:
             if partial:
@@ -82,7 +85,7 @@ def _dq_kernel(bmap_ref, bounds_ref, seed_ref, r, *refs, cfg: KernelConfig, maps
         elif kind == "rows":
             db_sc[...] += jnp.sum(ds, axis=1, keepdims=True)
 
-    tile_class = maps.tile_class(bmap_ref, b, h, i, j)
+    tile_class = maps.tile_class(classes_ref, b, h, i, j)
     when_visible(tile_class, body)
     if kind == "full":  # every (i, j) block of the gradient is written once
 
@@ -90,7 +93,7 @@ def _dq_kernel(bmap_ref, bounds_ref, seed_ref, r, *refs, cfg: KernelConfig, maps
         def _zero():
             db_ref[...] = jnp.zeros(db_ref.shape, db_ref.dtype)
 
-    @pl.when(j == maps.ns - 1)
+    @pl.when(j == maps.kv_tiles - 1)
     def _finish():
         dq_ref[...] = (dq_sc[...] * cfg.scale).astype(dq_ref.dtype)
         if cfg.use_qr:
@@ -99,31 +102,34 @@ def _dq_kernel(bmap_ref, bounds_ref, seed_ref, r, *refs, cfg: KernelConfig, maps
             db_ref[...] = db_sc[...]
 
 
-def flash_dq(cfg: KernelConfig, ins: dict) -> tuple[Array, Array | None, Array | None]:
+def flash_dq(cfg: KernelConfig, ins: KernelInputs) -> tuple[Array, Array | None, Array | None]:
     """dq kernel; arguments and results as `triton_backward.flash_dq`."""
     x = tpu_inputs(ins)
-    b, n, tp, hdim = x["q"].shape
-    hv = x["v"].shape[-1]
+    b, n, padded_t, hdim = x.query.shape
+    hv = x.value.shape[-1]
     bq, bk = cfg.block_q, cfg.block_k
-    maps = Maps(cfg, ins["bmap"], ins["bounds"], ins.get("seed"))
+    maps = Maps(cfg, ins.tile_classes, ins.row_bounds, ins.dropout_seed)
     specs = q_tile_specs(cfg, x, maps)
-    specs["do"] = q_row_spec(bq, hv)
-    specs["lse"] = specs["delta"] = q_row_spec(bq, 1)
-    specs["dpr"] = q_row_spec(bq, cfg.num_rel) if cfg.use_pr else None
-    out_shape = [jax.ShapeDtypeStruct((b, n, tp, hdim), x["q"].dtype)]
+    specs = specs._replace(
+        d_out=q_row_spec(bq, hv),
+        lse=q_row_spec(bq, 1),
+        delta=q_row_spec(bq, 1),
+        d_value_mass=q_row_spec(bq, cfg.num_rel) if cfg.use_pr else None,
+    )
+    out_shape = [jax.ShapeDtypeStruct((b, n, padded_t, hdim), x.query.dtype)]
     out_specs = [q_row_spec(bq, hdim)]
     scratch = [pltpu.VMEM((bq, hdim), jnp.float32)]
     if cfg.use_qr:
-        out_shape.append(jax.ShapeDtypeStruct((b, n, tp, cfg.num_rel), jnp.float32))
+        out_shape.append(jax.ShapeDtypeStruct((b, n, padded_t, cfg.num_rel), jnp.float32))
         out_specs.append(q_row_spec(bq, cfg.num_rel))
         scratch.append(pltpu.VMEM((bq, cfg.num_rel), jnp.float32))
     kind = dbias_kind(cfg)
     if kind == "full":
-        sp = maps.ns * bk
-        out_shape.append(jax.ShapeDtypeStruct((b, n, tp, sp), jnp.float32))
+        padded_s = maps.kv_tiles * bk
+        out_shape.append(jax.ShapeDtypeStruct((b, n, padded_t, padded_s), jnp.float32))
         out_specs.append(pl.BlockSpec((SQ, SQ, bq, bk), lambda b_, h, i, j, *_: (b_, h, i, j)))
     elif kind == "rows":
-        out_shape.append(jax.ShapeDtypeStruct((b, n, tp, 1), jnp.float32))
+        out_shape.append(jax.ShapeDtypeStruct((b, n, padded_t, 1), jnp.float32))
         out_specs.append(q_row_spec(bq, 1))
         scratch.append(pltpu.VMEM((bq, 1), jnp.float32))
     outs = list(
@@ -132,7 +138,7 @@ def flash_dq(cfg: KernelConfig, ins: dict) -> tuple[Array, Array | None, Array |
             cfg,
             "jattn_flash_dq_tpu",
             maps=maps,
-            grid=(b, n, tp // bq, maps.ns),
+            grid=(b, n, padded_t // bq, maps.kv_tiles),
             in_specs=specs,
             inputs=x,
             out_specs=out_specs,
@@ -157,7 +163,7 @@ def flash_dq(cfg: KernelConfig, ins: dict) -> tuple[Array, Array | None, Array |
 # VMEM scratch, never through an `[B, S, N, H]` intermediate.
 
 
-def _dkv_kernel(bmap_ref, bounds_ref, seed_ref, r, dk_ref, dv_ref, *refs, cfg: KernelConfig,
+def _dkv_kernel(classes_ref, bounds_ref, seed_ref, r, dk_ref, dv_ref, *refs, cfg: KernelConfig,
                 maps: Maps):  # fmt: skip
     kind = dbias_kind(cfg)
     refs = list(refs)
@@ -166,7 +172,7 @@ def _dkv_kernel(bmap_ref, bounds_ref, seed_ref, r, dk_ref, dv_ref, *refs, cfg: K
     db_sc = refs.pop(0) if kind == "cols" else None
     b, kh, j, g, i = (pl.program_id(a) for a in range(5))
     h = kh * cfg.groups + g
-    nt = maps.nt
+    last_q_tile = maps.q_tiles - 1
 
     @pl.when((g == 0) & (i == 0))
     def _init():
@@ -180,11 +186,11 @@ def _dkv_kernel(bmap_ref, bounds_ref, seed_ref, r, dk_ref, dv_ref, *refs, cfg: K
             db_sc[...] = jnp.zeros(db_sc.shape, jnp.float32)
 
     def body(partial, right):
-        q = r["q"][...]
-        v = r["v"][...]
-        do = r["do"][...]
+        q = r.query[...]
+        v = r.value[...]
+        do = r.d_out[...]
         s, dpr_t, _ = ref_scores(cfg, r, maps, j, partial, right)
-        p = jnp.exp(s - r["lse"][...])  # [bq, bk]
+        p = jnp.exp(s - r.lse[...])  # [bq, bk]
         z = dropout_tile(cfg, seed_ref, b, h, i, j)
         p_kept = p if z is None else p * z
         dv_sc[...] += lax.dot_general(
@@ -198,39 +204,42 @@ def _dkv_kernel(bmap_ref, bounds_ref, seed_ref, r, dk_ref, dv_ref, *refs, cfg: K
             dp = dp + dpr_t
         if z is not None:
             dp = dp * z
-        ds = p * (dp - r["delta"][...])  # [bq, bk]
+        ds = p * (dp - r.delta[...])  # [bq, bk]
         dk_sc[...] += lax.dot_general(
-            ds.astype(q.dtype), q, (((0,), (0,)), ((), ())), preferred_element_type=jnp.float32
+            ds.astype(q.dtype),
+            q,
+            (((0,), (0,)), ((), ())),
+            preferred_element_type=jnp.float32,
         )  # [bk, H]
         if kind == "cols":
             db_sc[...] += jnp.sum(ds, axis=0, keepdims=True)
 
-    when_visible(maps.tile_class(bmap_ref, b, h, i, j), body)
+    when_visible(maps.tile_class(classes_ref, b, h, i, j), body)
 
     if kind == "cols":
 
-        @pl.when(i == nt - 1)
+        @pl.when(i == last_q_tile)
         def _finish_db():
             db_ref[...] = db_sc[...]
 
-    @pl.when((g == cfg.groups - 1) & (i == nt - 1))
+    @pl.when((g == cfg.groups - 1) & (i == last_q_tile))
     def _finish():
         dk_ref[...] = (dk_sc[...] * cfg.scale).astype(dk_ref.dtype)
         dv_ref[...] = dv_sc[...].astype(dv_ref.dtype)
 
 
-def flash_dkv(cfg: KernelConfig, ins: dict) -> tuple[Array, Array, Array | None]:
+def flash_dkv(cfg: KernelConfig, ins: KernelInputs) -> tuple[Array, Array, Array | None]:
     """dk/dv kernel; arguments and results as `triton_backward.flash_dkv`."""
     x = tpu_inputs(ins)
-    b, n, tp, hdim = x["q"].shape
-    _, kh, sp, hv = x["v"].shape
+    b, n, padded_t, hdim = x.query.shape
+    _, kh, padded_s, hv = x.value.shape
     bq, bk, grp = cfg.block_q, cfg.block_k, cfg.groups
-    maps = Maps(cfg, ins["bmap"], ins["cbounds"], ins.get("seed"))
+    maps = Maps(cfg, ins.tile_classes, ins.col_bounds, ins.dropout_seed)
 
     def head(b_, k_, j, g, i, *_):
         return k_ * grp + g
 
-    def q_tile(b_, k_, j, g, i, bmap, bounds, seed):
+    def q_tile(b_, k_, j, g, i, classes, bounds, seed):
         return maps.clamp(bounds, b_, k_ * grp + g, j, i)
 
     def k_tile(b_, k_, j, g, i, *_):
@@ -244,31 +253,31 @@ def flash_dkv(cfg: KernelConfig, ins: dict) -> tuple[Array, Array, Array | None]
 
     q_col = pl.BlockSpec((SQ, bq, 1), lambda *a: (a[0], q_tile(*a), 0))
     kv_row = pl.BlockSpec((SQ, 1, bk), lambda b_, k_, j, *_: (b_, 0, j))
-    specs = {
-        "q": q_row(hdim),
-        "k": kv_rows(hdim),
-        "v": kv_rows(hv),
-        "do": q_row(hv),
-        "lse": q_row(1),
-        "delta": q_row(1),
-        "qpos": q_col if cfg.use_pos else None,
-        "kvpos": kv_row if cfg.use_pos else None,
-        "qseg": q_col if cfg.use_seg else None,
-        "kvseg": kv_row if cfg.use_seg else None,
-        "bias": bias_spec(cfg.bias_dims, bq, bk, head, q_tile, k_tile) if cfg.bias_dims else None,
-        "mask": bias_spec(cfg.mask_dims, bq, bk, head, q_tile, k_tile) if cfg.mask_dims else None,
-        "qr": q_row(cfg.num_rel) if cfg.use_qr else None,
-        "dpr": q_row(cfg.num_rel) if cfg.use_pr else None,
-    }
+    specs = KernelInputs(
+        query=q_row(hdim),
+        key=kv_rows(hdim),
+        value=kv_rows(hv),
+        d_out=q_row(hv),
+        lse=q_row(1),
+        delta=q_row(1),
+        q_positions=q_col if cfg.use_pos else None,
+        kv_positions=kv_row if cfg.use_pos else None,
+        q_segments=q_col if cfg.use_seg else None,
+        kv_segments=kv_row if cfg.use_seg else None,
+        bias=bias_spec(cfg.bias_dims, bq, bk, head, q_tile, k_tile) if cfg.bias_dims else None,
+        mask=bias_spec(cfg.mask_dims, bq, bk, head, q_tile, k_tile) if cfg.mask_dims else None,
+        key_term=q_row(cfg.num_rel) if cfg.use_qr else None,
+        d_value_mass=q_row(cfg.num_rel) if cfg.use_pr else None,
+    )
     out_shape = [
-        jax.ShapeDtypeStruct((b, kh, sp, hdim), x["k"].dtype),
-        jax.ShapeDtypeStruct((b, kh, sp, hv), x["v"].dtype),
+        jax.ShapeDtypeStruct((b, kh, padded_s, hdim), x.key.dtype),
+        jax.ShapeDtypeStruct((b, kh, padded_s, hv), x.value.dtype),
     ]
     out_specs = [kv_rows(hdim), kv_rows(hv)]
     scratch = [pltpu.VMEM((bk, hdim), jnp.float32), pltpu.VMEM((bk, hv), jnp.float32)]
     cols = dbias_kind(cfg) == "cols"
     if cols:
-        out_shape.append(jax.ShapeDtypeStruct((b, n, 1, sp), jnp.float32))
+        out_shape.append(jax.ShapeDtypeStruct((b, n, 1, padded_s), jnp.float32))
         out_specs.append(pl.BlockSpec((SQ, SQ, 1, bk), lambda *a: (a[0], head(*a), 0, a[2])))
         scratch.append(pltpu.VMEM((1, bk), jnp.float32))
     outs = mosaic_call(
@@ -276,7 +285,7 @@ def flash_dkv(cfg: KernelConfig, ins: dict) -> tuple[Array, Array, Array | None]
         cfg,
         "jattn_flash_dkv_tpu",
         maps=maps,
-        grid=(b, kh, maps.ns, grp, tp // bq),
+        grid=(b, kh, maps.kv_tiles, grp, padded_t // bq),
         in_specs=specs,
         inputs=x,
         out_specs=out_specs,

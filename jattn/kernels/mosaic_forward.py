@@ -44,7 +44,13 @@ from jax.experimental import pallas as pl
 from jax.experimental.pallas import tpu as pltpu
 
 from jattn.kernels import tile_math as ft
-from jattn.kernels.config import SQ, KernelConfig, mosaic_params
+from jattn.kernels.config import (
+    SQ,
+    KernelConfig,
+    KernelInputs,
+    mosaic_params,
+    only_specified,
+)
 
 Array = jax.Array
 
@@ -58,60 +64,68 @@ def heads_major(x: Array | None) -> Array | None:
     return None if x is None else jnp.swapaxes(x, 1, 2)
 
 
-def tpu_inputs(ins: dict) -> dict:
+def tpu_inputs(ins: KernelInputs) -> KernelInputs:
     """The Triton layout of `ins` turned into the Mosaic one."""
-    out = dict(ins)
-    for name in ("q", "k", "v", "qr", "do", "dpr"):
-        if name in ins:
-            out[name] = heads_major(ins[name])
-    for name in ("qpos", "qseg"):
-        if ins.get(name) is not None:
-            out[name] = ins[name][:, :, None]  # [B, Tp, 1]
-    for name in ("kvpos", "kvseg"):
-        if ins.get(name) is not None:
-            out[name] = ins[name][:, None, :]  # [B, 1, Sp]
-    for name in ("lse", "delta"):
-        if name in ins:
-            out[name] = ins[name][..., None]  # [B, N, Tp, 1]
-    return out
+    col = lambda x: None if x is None else x[:, :, None]
+    row = lambda x: None if x is None else x[:, None, :]
+    last = lambda x: None if x is None else x[..., None]
+    return ins._replace(
+        query=heads_major(ins.query),
+        key=heads_major(ins.key),
+        value=heads_major(ins.value),
+        key_term=heads_major(ins.key_term),
+        d_out=heads_major(ins.d_out),
+        d_value_mass=heads_major(ins.d_value_mass),
+        q_positions=col(ins.q_positions),
+        q_segments=col(ins.q_segments),
+        kv_positions=row(ins.kv_positions),
+        kv_segments=row(ins.kv_segments),
+        lse=last(ins.lse),
+        delta=last(ins.delta),
+    )
 
 
 class Maps:
     """Index arithmetic over the flat, scalar-prefetched block map
-    `[B, Nm, nT, nS]` and bounds `[B, Nm, 4, n]` (Nm = N or 1), and the
+    `[B, Nm, nT, nS]` (Nm = `map_heads`, N or 1; nT = `q_tiles`, nS =
+    `kv_tiles`) and bounds `[B, Nm, 4, n]`, and the
     dropout seed (int32 `[2]`, zeros without dropout), the third scalar
     prefetched."""
 
-    def __init__(self, cfg: KernelConfig, bmap: Array, bounds: Array, seed: Array | None):
-        _, self.nm, self.nt, self.ns = bmap.shape
+    def __init__(self, cfg: KernelConfig, classes: Array, bounds: Array, seed: Array | None):
+        _, self.map_heads, self.q_tiles, self.kv_tiles = classes.shape
         self.n_bounds = bounds.shape[-1]
         self.per_head = cfg.map_per_head
-        self.bmap_flat, self.bounds_flat = bmap.reshape(-1), bounds.reshape(-1)
+        self.classes_flat, self.bounds_flat = classes.reshape(-1), bounds.reshape(-1)
         self.seed = jnp.zeros((2,), jnp.int32) if seed is None else seed
 
     def map_head(self, h):
         """The head index into the map: h with a per-head map, else 0."""
         return h if self.per_head else 0
 
-    def tile_class(self, bmap_ref, b, h, i, j):
-        return bmap_ref[((b * self.nm + self.map_head(h)) * self.nt + i) * self.ns + j]
+    def tile_class(self, classes_ref, b, h, i, j):
+        """The class of tile (i, j) of batch row b, head h."""
+        row = (b * self.map_heads + self.map_head(h)) * self.q_tiles + i
+        return classes_ref[row * self.kv_tiles + j]
 
     def clamp(self, bounds_ref, b, h, x, t):
         """Tile `t` of the run of row/column `x`, clamped into `[lo, hi)`:
         outside it the previous block index repeats and nothing is copied."""
-        base = ((b * self.nm + self.map_head(h)) * 4) * self.n_bounds + x
+        base = ((b * self.map_heads + self.map_head(h)) * 4) * self.n_bounds + x
         lo = bounds_ref[base]
         hi = bounds_ref[base + 3 * self.n_bounds]
         return jnp.minimum(jnp.maximum(t, lo), jnp.maximum(hi - 1, lo))
 
 
-def mosaic_call(kernel, cfg: KernelConfig, name: str, *, maps: Maps, grid, in_specs: dict,
-                inputs: dict, out_specs, out_shape, scratch, semantics):  # fmt: skip
-    """Run `kernel(bmap_ref, bounds_ref, seed_ref, refs, *outs, *scratch,
+def mosaic_call(kernel, cfg: KernelConfig, name: str, *, maps: Maps, grid,
+                in_specs: KernelInputs, inputs: KernelInputs, out_specs, out_shape, scratch,
+                semantics):  # fmt: skip
+    """Run `kernel(classes_ref, bounds_ref, seed_ref, refs, *outs, *scratch,
     cfg=, maps=)` over `grid`, the block map, bounds and dropout seed
     scalar-prefetched into SMEM (index maps get them as three extra
     arguments).
-    `in_specs` and `inputs` are dicts with the same keys (None = absent)."""
+    `in_specs` and `inputs` are `KernelInputs` (None = absent; inputs
+    without a spec, such as the prefetched maps, are not passed again)."""
     grid_spec = pltpu.PrefetchScalarGridSpec(
         num_scalar_prefetch=3,
         grid=grid,
@@ -127,7 +141,7 @@ def mosaic_call(kernel, cfg: KernelConfig, name: str, *, maps: Maps, grid, in_sp
         compiler_params=mosaic_params(cfg, semantics),
         name=name,
     )
-    return call(maps.bmap_flat, maps.bounds_flat, maps.seed, {k: inputs[k] for k in in_specs})
+    return call(maps.classes_flat, maps.bounds_flat, maps.seed, only_specified(inputs, in_specs))
 
 
 def bias_spec(dims, bq: int, bk: int, head, q_tile, k_tile):
@@ -185,7 +199,7 @@ def dropout_tile(cfg: KernelConfig, seed_ref, batch, head, q_tile, kv_tile):
     return ft.dropout_scale(seed, cfg.dropout_rate, batch, head, q_index, kv_index)
 
 
-def ref_scores(cfg: KernelConfig, r: dict, maps: Maps, j, partial: bool, right: bool,
+def ref_scores(cfg: KernelConfig, r: KernelInputs, maps: Maps, j, partial: bool, right: bool,
                *, need_rel: bool = False):  # fmt: skip
     """`tile_math.tile_scores` of the current (query tile, key tile) block,
     every input read from the kernel's refs `r`, with the Mosaic conventions
@@ -193,21 +207,21 @@ def ref_scores(cfg: KernelConfig, r: dict, maps: Maps, j, partial: bool, right: 
     bk = cfg.block_k
     return ft.tile_scores(
         partial,
-        q=r["q"][...],
-        k=r["k"][...],
+        q=r.query[...],
+        k=r.key[...],
         scale=cfg.scale,
         causal=cfg.causal,
         window=cfg.window,
         max_distance=cfg.max_distance,
-        q_pos=load(r["qpos"]) if partial else None,
-        kv_pos=load(r["kvpos"]) if partial else None,
-        q_seg=load(r["qseg"]) if partial else None,
-        kv_seg=load(r["kvseg"]) if partial else None,
-        kv_valid=kv_valid_row(cfg, j, bk, maps.ns * bk) if partial else None,
-        bias=load(r["bias"]),
-        mask=load_mask(r["mask"]) if partial else None,
-        qr_col=column_reader(load(r["qr"])),
-        dpr_col=column_reader(load(r.get("dpr"))),
+        q_pos=load(r.q_positions) if partial else None,
+        kv_pos=load(r.kv_positions) if partial else None,
+        q_seg=load(r.q_segments) if partial else None,
+        kv_seg=load(r.kv_segments) if partial else None,
+        kv_valid=kv_valid_row(cfg, j, bk, maps.kv_tiles * bk) if partial else None,
+        bias=load(r.bias),
+        mask=load_mask(r.mask) if partial else None,
+        qr_col=column_reader(load(r.key_term)),
+        dpr_col=column_reader(load(r.d_value_mass)),
         far_id=cfg.far_right if right else 0,
         need_rel=need_rel,
         num_rel=2 * cfg.max_distance + 1,
@@ -226,7 +240,7 @@ def load_mask(ref):
 # Forward: grid (B, N, nT, nS).
 
 
-def _fwd_kernel(bmap_ref, bounds_ref, seed_ref, r, o_ref, lse_ref, *rest, cfg: KernelConfig,
+def _fwd_kernel(classes_ref, bounds_ref, seed_ref, r, o_ref, lse_ref, *rest, cfg: KernelConfig,
                 maps: Maps):  # fmt: skip
     pr_ref = rest[0] if cfg.use_pr else None
     m_sc, l_sc, acc_sc, *accr_sc = rest[1:] if cfg.use_pr else rest
@@ -247,9 +261,12 @@ def _fwd_kernel(bmap_ref, bounds_ref, seed_ref, r, o_ref, lse_ref, *rest, cfg: K
         if z is not None:  # dropout: l sums the weights before it, the values after
             p = p * z
             row_sum = jnp.sum(p, axis=1, keepdims=True)
-        v = r["v"][...]
+        v = r.value[...]
         pv = lax.dot_general(
-            p.astype(v.dtype), v, (((1,), (0,)), ((), ())), preferred_element_type=jnp.float32
+            p.astype(v.dtype),
+            v,
+            (((1,), (0,)), ((), ())),
+            preferred_element_type=jnp.float32,
         )  # [bq, Hv]
         m_sc[...], l_sc[...] = m_new, l_new
         acc_sc[...] = acc_sc[...] * corr + pv
@@ -261,9 +278,9 @@ def _fwd_kernel(bmap_ref, bounds_ref, seed_ref, r, o_ref, lse_ref, *rest, cfg: K
                 accr = add_column(accr, cfg.far_right if right else 0, row_sum)
             accr_sc[0][...] = accr
 
-    when_visible(maps.tile_class(bmap_ref, b, h, i, j), body)
+    when_visible(maps.tile_class(classes_ref, b, h, i, j), body)
 
-    @pl.when(j == maps.ns - 1)
+    @pl.when(j == maps.kv_tiles - 1)
     def _finish():
         m, l = m_sc[...], l_sc[...]  # [bq, 1]
         empty = l == 0.0
@@ -274,12 +291,12 @@ def _fwd_kernel(bmap_ref, bounds_ref, seed_ref, r, o_ref, lse_ref, *rest, cfg: K
             pr_ref[...] = accr_sc[0][...] / l_safe
 
 
-def q_tile_specs(cfg: KernelConfig, x: dict, maps: Maps) -> dict:
+def q_tile_specs(cfg: KernelConfig, x: KernelInputs, maps: Maps) -> KernelInputs:
     """Specs of the inputs of the forward and dq kernels, grid (b, h, i, j)."""
     bq, bk, g = cfg.block_q, cfg.block_k, cfg.groups
-    hdim, hv = x["q"].shape[-1], x["v"].shape[-1]
+    hdim, hv = x.query.shape[-1], x.value.shape[-1]
 
-    def kv_tile(b, h, i, j, bmap, bounds, seed):
+    def kv_tile(b, h, i, j, classes, bounds, seed):
         return maps.clamp(bounds, b, h, i, j)
 
     def q_row(w):
@@ -287,43 +304,44 @@ def q_tile_specs(cfg: KernelConfig, x: dict, maps: Maps) -> dict:
 
     def kv_rows(w):
         return pl.BlockSpec(
-            (SQ, SQ, bk, w), lambda b, h, i, j, *p: (b, lax.div(h, g), kv_tile(b, h, i, j, *p), 0)
+            (SQ, SQ, bk, w),
+            lambda b, h, i, j, *p: (b, lax.div(h, g), kv_tile(b, h, i, j, *p), 0),
         )
 
     q_col = pl.BlockSpec((SQ, bq, 1), lambda b, h, i, j, *_: (b, i, 0))
     kv_row = pl.BlockSpec((SQ, 1, bk), lambda b, h, i, j, *p: (b, 0, kv_tile(b, h, i, j, *p)))
-    head = lambda b, h, i, j, *_: h  # noqa: E731
-    q_tile = lambda b, h, i, j, *_: i  # noqa: E731
-    return {
-        "q": q_row(hdim),
-        "k": kv_rows(hdim),
-        "v": kv_rows(hv),
-        "qpos": q_col if cfg.use_pos else None,
-        "kvpos": kv_row if cfg.use_pos else None,
-        "qseg": q_col if cfg.use_seg else None,
-        "kvseg": kv_row if cfg.use_seg else None,
-        "bias": bias_spec(cfg.bias_dims, bq, bk, head, q_tile, kv_tile) if cfg.bias_dims else None,
-        "mask": bias_spec(cfg.mask_dims, bq, bk, head, q_tile, kv_tile) if cfg.mask_dims else None,
-        "qr": q_row(cfg.num_rel) if cfg.use_qr else None,
-    }
+    head = lambda b, h, i, j, *_: h
+    q_tile = lambda b, h, i, j, *_: i
+    return KernelInputs(
+        query=q_row(hdim),
+        key=kv_rows(hdim),
+        value=kv_rows(hv),
+        q_positions=q_col if cfg.use_pos else None,
+        kv_positions=kv_row if cfg.use_pos else None,
+        q_segments=q_col if cfg.use_seg else None,
+        kv_segments=kv_row if cfg.use_seg else None,
+        bias=bias_spec(cfg.bias_dims, bq, bk, head, q_tile, kv_tile) if cfg.bias_dims else None,
+        mask=bias_spec(cfg.mask_dims, bq, bk, head, q_tile, kv_tile) if cfg.mask_dims else None,
+        key_term=q_row(cfg.num_rel) if cfg.use_qr else None,
+    )
 
 
 def q_row_spec(bq: int, w: int):
     return pl.BlockSpec((SQ, SQ, bq, w), lambda b, h, i, j, *_: (b, h, i, 0))
 
 
-def flash_forward(cfg: KernelConfig, ins: dict) -> tuple[Array, Array, Array | None]:
+def flash_forward(cfg: KernelConfig, ins: KernelInputs) -> tuple[Array, Array, Array | None]:
     """Forward kernel; arguments and results as `triton_forward.flash_forward`."""
     x = tpu_inputs(ins)
-    b, n, tp, _ = x["q"].shape
-    hv = x["v"].shape[-1]
+    b, n, padded_t, _ = x.query.shape
+    hv = x.value.shape[-1]
     bq = cfg.block_q
-    maps = Maps(cfg, ins["bmap"], ins["bounds"], ins.get("seed"))
+    maps = Maps(cfg, ins.tile_classes, ins.row_bounds, ins.dropout_seed)
     specs = q_tile_specs(cfg, x, maps)
-    o_dtype = jnp.float32 if cfg.use_pr else x["q"].dtype
+    o_dtype = jnp.float32 if cfg.use_pr else x.query.dtype
     out_shape = [
-        jax.ShapeDtypeStruct((b, n, tp, hv), o_dtype),
-        jax.ShapeDtypeStruct((b, n, tp, 1), jnp.float32),
+        jax.ShapeDtypeStruct((b, n, padded_t, hv), o_dtype),
+        jax.ShapeDtypeStruct((b, n, padded_t, 1), jnp.float32),
     ]
     out_specs = [q_row_spec(bq, hv), q_row_spec(bq, 1)]
     scratch = [
@@ -332,7 +350,7 @@ def flash_forward(cfg: KernelConfig, ins: dict) -> tuple[Array, Array, Array | N
         pltpu.VMEM((bq, hv), jnp.float32),  # output accumulator
     ]
     if cfg.use_pr:
-        out_shape.append(jax.ShapeDtypeStruct((b, n, tp, cfg.num_rel), jnp.float32))
+        out_shape.append(jax.ShapeDtypeStruct((b, n, padded_t, cfg.num_rel), jnp.float32))
         out_specs.append(q_row_spec(bq, cfg.num_rel))
         scratch.append(pltpu.VMEM((bq, cfg.num_rel), jnp.float32))
     outs = mosaic_call(
@@ -340,7 +358,7 @@ def flash_forward(cfg: KernelConfig, ins: dict) -> tuple[Array, Array, Array | N
         cfg,
         "jattn_flash_fwd_tpu",
         maps=maps,
-        grid=(b, n, tp // bq, maps.ns),
+        grid=(b, n, padded_t // bq, maps.kv_tiles),
         in_specs=specs,
         inputs=x,
         out_specs=out_specs,

@@ -22,7 +22,13 @@ from jax import lax
 from jax.experimental import pallas as pl
 
 from jattn.kernels import tile_math as ft
-from jattn.kernels.config import SQ, KernelConfig, dbias_kind
+from jattn.kernels.config import (
+    SQ,
+    KernelConfig,
+    KernelInputs,
+    dbias_kind,
+    only_specified,
+)
 from jattn.kernels.triton_forward import (
     bias_spec_kv,
     col_reader,
@@ -49,8 +55,8 @@ def _dq_kernel(r, *refs, cfg: KernelConfig):
     db_ref = refs.pop(0) if kind in ("full", "rows") else None
     bq = cfg.block_q
     i = pl.program_id(0)
-    do = r["do"][...]  # [bq, Hv]
-    lse, delta = r["lse"][...], r["delta"][...]  # [bq]
+    do = r.d_out[...]  # [bq, Hv]
+    lse, delta = r.lse[...], r.delta[...]  # [bq]
     score = q_tile_scorer(cfg, r)
 
     def step(j, partial, right, carry):
@@ -64,7 +70,10 @@ def _dq_kernel(r, *refs, cfg: KernelConfig):
             dp = dp * z
         ds = p * (dp - delta[:, None])  # [bq, bk]
         dq_acc = dq_acc + lax.dot_general(
-            ds.astype(k.dtype), k, (((1,), (0,)), ((), ())), preferred_element_type=jnp.float32
+            ds.astype(k.dtype),
+            k,
+            (((1,), (0,)), ((), ())),
+            preferred_element_type=jnp.float32,
         )
         out = [dq_acc]
         if cfg.use_qr:
@@ -89,8 +98,8 @@ def _dq_kernel(r, *refs, cfg: KernelConfig):
         carry += (jnp.zeros((bq, cfg.num_rel), jnp.float32), zeros, zeros)
     if kind == "rows":
         carry += (zeros,)
-    bounds = tuple(r["bounds"][c, i] for c in range(4))
-    carry = tile_loop(bounds, lambda j: r["bmap"][i, j], step, carry)
+    bounds = tuple(r.row_bounds[c, i] for c in range(4))
+    carry = tile_loop(bounds, lambda j: r.tile_classes[i, j], step, carry)
     dq_ref[...] = (carry[0] * cfg.scale).astype(dq_ref.dtype)
     if cfg.use_qr:
         acc_r, w_left, w_right = carry[1:4]
@@ -99,7 +108,7 @@ def _dq_kernel(r, *refs, cfg: KernelConfig):
         db_ref[...] = carry[-1]
 
 
-def flash_dq(cfg: KernelConfig, ins: dict) -> tuple[Array, Array | None, Array | None]:
+def flash_dq(cfg: KernelConfig, ins: KernelInputs) -> tuple[Array, Array | None, Array | None]:
     """dq kernel (grid over query tiles).
 
     Args:
@@ -112,40 +121,43 @@ def flash_dq(cfg: KernelConfig, ins: dict) -> tuple[Array, Array | None, Array |
       and the bias gradient before reduction: `[B, N, Tp, Sp]` ("full") or
       `[B, N, Tp]` ("rows") float32, or None.
     """
-    b, tp, n, h = ins["q"].shape
-    hv, sp = ins["v"].shape[-1], ins["k"].shape[1]
+    b, padded_t, n, h = ins.query.shape
+    hv, padded_s = ins.value.shape[-1], ins.key.shape[1]
     bq = cfg.block_q
-    specs = q_tile_specs(cfg, ins, ins["bmap"].shape[-1])
-    specs["do"] = row_spec(bq, hv)
-    specs["lse"] = pl.BlockSpec((SQ, SQ, bq), lambda i, b_, h_: (b_, h_, i))
-    specs["delta"] = specs["lse"]
-    specs["dpr"] = row_spec(bq, cfg.num_rel) if cfg.use_pr else None
-    args = [{name: ins[name] for name in specs}]
+    specs = q_tile_specs(cfg, ins, ins.tile_classes.shape[-1])
+    per_query = pl.BlockSpec((SQ, SQ, bq), lambda i, b_, h_: (b_, h_, i))
+    specs = specs._replace(
+        d_out=row_spec(bq, hv),
+        lse=per_query,
+        delta=per_query,
+        d_value_mass=row_spec(bq, cfg.num_rel) if cfg.use_pr else None,
+    )
+    args = [only_specified(ins, specs)]
     in_specs = [specs]
-    out_shape = [jax.ShapeDtypeStruct((b, tp, n, h), ins["q"].dtype)]
+    out_shape = [jax.ShapeDtypeStruct((b, padded_t, n, h), ins.query.dtype)]
     out_specs = [row_spec(bq, h)]
     if cfg.use_qr:
-        out_shape.append(jax.ShapeDtypeStruct((b, tp, n, cfg.num_rel), jnp.float32))
+        out_shape.append(jax.ShapeDtypeStruct((b, padded_t, n, cfg.num_rel), jnp.float32))
         out_specs.append(row_spec(bq, cfg.num_rel))
     kind = dbias_kind(cfg)
     aliases = {}
     if kind == "full":
-        full_spec = pl.BlockSpec((SQ, SQ, bq, sp), lambda i, b_, h_: (b_, h_, i, 0))
-        zeros = jnp.zeros((b, n, tp, sp), jnp.float32)  # tiles never visited stay 0
+        full_spec = pl.BlockSpec((SQ, SQ, bq, padded_s), lambda i, b_, h_: (b_, h_, i, 0))
+        zeros = jnp.zeros((b, n, padded_t, padded_s), jnp.float32)  # tiles never visited stay 0
         aliases = {len(jax.tree_util.tree_leaves(args[0])): len(out_shape)}
         args.append(zeros)
         in_specs.append(full_spec)
         out_shape.append(jax.ShapeDtypeStruct(zeros.shape, jnp.float32))
         out_specs.append(full_spec)
     elif kind == "rows":
-        out_shape.append(jax.ShapeDtypeStruct((b, n, tp), jnp.float32))
+        out_shape.append(jax.ShapeDtypeStruct((b, n, padded_t), jnp.float32))
         out_specs.append(pl.BlockSpec((SQ, SQ, bq), lambda i, b_, h_: (b_, h_, i)))
     outs = list(
         kernel_call(
             functools.partial(_dq_kernel, cfg=cfg),
             cfg,
             "jattn_flash_dq",
-            grid=(tp // bq, b, n),
+            grid=(padded_t // bq, b, n),
             in_specs=in_specs,
             out_specs=out_specs,
             out_shape=out_shape,
@@ -162,25 +174,25 @@ def _dkv_kernel(r, dk_ref, dv_ref, *db_ref, cfg: KernelConfig):
     kind = dbias_kind(cfg)
     bq, bk = cfg.block_q, cfg.block_k
     j = pl.program_id(0)
-    k = r["k"][...]  # [bk, H]
-    v = r["v"][...]  # [bk, Hv]
-    kv_pos = r["kvpos"][...] if cfg.use_pos else None  # [bk]
-    kv_seg = r["kvseg"][...] if cfg.use_seg else None
-    kv_valid = kv_valid_mask(cfg, j, bk, r["bmap"].shape[-1] * bk)
+    k = r.key[...]  # [bk, H]
+    v = r.value[...]  # [bk, Hv]
+    kv_pos = r.kv_positions[...] if cfg.use_pos else None  # [bk]
+    kv_seg = r.kv_segments[...] if cfg.use_seg else None
+    kv_valid = kv_valid_mask(cfg, j, bk, r.tile_classes.shape[-1] * bk)
     batch, kv_head = pl.program_id(1), pl.program_id(2)
 
     def group_body(g, carry):
-        gm = g if cfg.map_per_head else 0
+        map_index = g if cfg.map_per_head else 0  # g's head in the block map
         head = kv_head * cfg.groups + g
 
         def step(i, partial, right, c):
             dk_acc, dv_acc, db = c
             qs = pl.ds(pl.multiple_of(i * bq, bq), bq)
-            q = r["q"][qs, g, :]  # [bq, H]
-            do = r["do"][qs, g, :]  # [bq, Hv]
-            lse, delta = r["lse"][g, qs], r["delta"][g, qs]  # [bq]
-            qr_col = col_reader(r["qr"], qs, g)
-            dpr_col = col_reader(r["dpr"], qs, g)
+            q = r.query[qs, g, :]  # [bq, H]
+            do = r.d_out[qs, g, :]  # [bq, Hv]
+            lse, delta = r.lse[g, qs], r.delta[g, qs]  # [bq]
+            qr_col = col_reader(r.key_term, qs, g)
+            dpr_col = col_reader(r.d_value_mass, qs, g)
             s, dpr_t, _ = ft.tile_scores(
                 partial,
                 q=q,
@@ -189,19 +201,19 @@ def _dkv_kernel(r, dk_ref, dv_ref, *db_ref, cfg: KernelConfig):
                 causal=cfg.causal,
                 window=cfg.window,
                 max_distance=cfg.max_distance,
-                q_pos=r["qpos"][qs] if cfg.use_pos and partial else None,
+                q_pos=r.q_positions[qs] if cfg.use_pos and partial else None,
                 kv_pos=kv_pos,
-                q_seg=r["qseg"][qs] if cfg.use_seg and partial else None,
+                q_seg=r.q_segments[qs] if cfg.use_seg and partial else None,
                 kv_seg=kv_seg,
                 kv_valid=kv_valid if partial else None,
-                bias=load_bias_kv(r["bias"], cfg.bias_dims, g, i, bq),
-                mask=load_bias_kv(r["mask"], cfg.mask_dims, g, i, bq) if partial else None,
+                bias=load_bias_kv(r.bias, cfg.bias_dims, g, i, bq),
+                mask=load_bias_kv(r.mask, cfg.mask_dims, g, i, bq) if partial else None,
                 qr_col=qr_col,
                 dpr_col=dpr_col,
                 far_id=jnp.where(right, cfg.far_right, 0),
             )
             p = jnp.exp(s - lse[:, None])  # [bq, bk]
-            z = dropout_tile(cfg, r["seed"], batch, head, i * bq, j * bk)
+            z = dropout_tile(cfg, r.dropout_seed, batch, head, i * bq, j * bk)
             p_kept = p if z is None else p * z
             dv_acc = dv_acc + lax.dot_general(
                 p_kept.astype(do.dtype),
@@ -218,17 +230,20 @@ def _dkv_kernel(r, dk_ref, dv_ref, *db_ref, cfg: KernelConfig):
                 dp = dp * z
             ds = p * (dp - delta[:, None])  # [bq, bk]
             dk_acc = dk_acc + lax.dot_general(
-                ds.astype(q.dtype), q, (((0,), (0,)), ((), ())), preferred_element_type=jnp.float32
+                ds.astype(q.dtype),
+                q,
+                (((0,), (0,)), ((), ())),
+                preferred_element_type=jnp.float32,
             )  # [bk, H]
             if kind == "cols":
                 db = db + jnp.sum(ds, axis=0)
             return dk_acc, dv_acc, db
 
-        bounds = tuple(r["bounds"][gm, c, j] for c in range(4))
+        bounds = tuple(r.col_bounds[map_index, c, j] for c in range(4))
         dk_acc, dv_acc = carry
         dk_acc, dv_acc, db = tile_loop(
             bounds,
-            lambda i: r["bmap"][gm, i, j],
+            lambda i: r.tile_classes[map_index, i, j],
             step,
             (dk_acc, dv_acc, jnp.zeros((bk,), jnp.float32)),
         )
@@ -245,7 +260,7 @@ def _dkv_kernel(r, dk_ref, dv_ref, *db_ref, cfg: KernelConfig):
     dv_ref[...] = dv_acc.astype(dv_ref.dtype)
 
 
-def flash_dkv(cfg: KernelConfig, ins: dict) -> tuple[Array, Array, Array | None]:
+def flash_dkv(cfg: KernelConfig, ins: KernelInputs) -> tuple[Array, Array, Array | None]:
     """dk/dv kernel (grid over key tiles and kv heads; loops over the G query
     heads of the kv head and over query tiles, using the column bounds).
 
@@ -254,48 +269,53 @@ def flash_dkv(cfg: KernelConfig, ins: dict) -> tuple[Array, Array, Array | None]
       bias without a query axis, its gradient summed over queries
       `[B, N, Sp]` float32 (else None).
     """
-    b, tp, n, h = ins["q"].shape
-    _, sp, kh, hv = ins["v"].shape
+    b, padded_t, n, h = ins.query.shape
+    _, padded_s, kh, hv = ins.value.shape
     bk, g = cfg.block_k, cfg.groups
-    n_q_tiles, n_kv_tiles = ins["bmap"].shape[-2:]
-    gm = g if cfg.map_per_head else 1
-    grp = lambda w: pl.BlockSpec((SQ, tp, g, w), lambda j, b_, k_: (b_, 0, k_, 0))  # noqa: E731
-    kv = lambda w: pl.BlockSpec((SQ, bk, SQ, w), lambda j, b_, k_: (b_, j, k_, 0))  # noqa: E731
-    hm = (lambda k_: k_) if cfg.map_per_head else (lambda k_: 0)
-    vec_g = pl.BlockSpec((SQ, g, tp), lambda j, b_, k_: (b_, k_, 0))
-    specs = {
-        "q": grp(h),
-        "k": kv(h),
-        "v": kv(hv),
-        "do": grp(hv),
-        "lse": vec_g,
-        "delta": vec_g,
-        "qpos": pl.BlockSpec((SQ, tp), lambda j, b_, k_: (b_, 0)) if cfg.use_pos else None,
-        "kvpos": pl.BlockSpec((SQ, bk), lambda j, b_, k_: (b_, j)) if cfg.use_pos else None,
-        "qseg": pl.BlockSpec((SQ, tp), lambda j, b_, k_: (b_, 0)) if cfg.use_seg else None,
-        "kvseg": pl.BlockSpec((SQ, bk), lambda j, b_, k_: (b_, j)) if cfg.use_seg else None,
-        "bias": bias_spec_kv(cfg.bias_dims, g, tp, bk) if cfg.bias_dims else None,
-        "mask": bias_spec_kv(cfg.mask_dims, g, tp, bk) if cfg.mask_dims else None,
-        "qr": grp(cfg.num_rel) if cfg.use_qr else None,
-        "dpr": grp(cfg.num_rel) if cfg.use_pr else None,
-        "bmap": pl.BlockSpec((SQ, gm, n_q_tiles, n_kv_tiles), lambda j, b_, k_: (b_, hm(k_), 0, 0)),
-        "bounds": pl.BlockSpec((SQ, gm, 4, n_kv_tiles), lambda j, b_, k_: (b_, hm(k_), 0, 0)),
-        "seed": pl.BlockSpec((2,), lambda j, b_, k_: (0,)) if cfg.use_dropout else None,
-    }
-    args = {name: (ins["cbounds"] if name == "bounds" else ins[name]) for name in specs}
+    n_q_tiles, n_kv_tiles = ins.tile_classes.shape[-2:]
+    map_heads = g if cfg.map_per_head else 1
+    grp = lambda w: pl.BlockSpec((SQ, padded_t, g, w), lambda j, b_, k_: (b_, 0, k_, 0))
+    kv = lambda w: pl.BlockSpec((SQ, bk, SQ, w), lambda j, b_, k_: (b_, j, k_, 0))
+    map_head = (lambda k_: k_) if cfg.map_per_head else (lambda k_: 0)
+    all_queries = pl.BlockSpec((SQ, padded_t), lambda j, b_, k_: (b_, 0))
+    vec_g = pl.BlockSpec((SQ, g, padded_t), lambda j, b_, k_: (b_, k_, 0))
+    specs = KernelInputs(
+        query=grp(h),
+        key=kv(h),
+        value=kv(hv),
+        d_out=grp(hv),
+        lse=vec_g,
+        delta=vec_g,
+        q_positions=all_queries if cfg.use_pos else None,
+        kv_positions=pl.BlockSpec((SQ, bk), lambda j, b_, k_: (b_, j)) if cfg.use_pos else None,
+        q_segments=all_queries if cfg.use_seg else None,
+        kv_segments=pl.BlockSpec((SQ, bk), lambda j, b_, k_: (b_, j)) if cfg.use_seg else None,
+        bias=bias_spec_kv(cfg.bias_dims, g, padded_t, bk) if cfg.bias_dims else None,
+        mask=bias_spec_kv(cfg.mask_dims, g, padded_t, bk) if cfg.mask_dims else None,
+        key_term=grp(cfg.num_rel) if cfg.use_qr else None,
+        d_value_mass=grp(cfg.num_rel) if cfg.use_pr else None,
+        tile_classes=pl.BlockSpec(
+            (SQ, map_heads, n_q_tiles, n_kv_tiles), lambda j, b_, k_: (b_, map_head(k_), 0, 0)
+        ),
+        col_bounds=pl.BlockSpec(
+            (SQ, map_heads, 4, n_kv_tiles), lambda j, b_, k_: (b_, map_head(k_), 0, 0)
+        ),
+        dropout_seed=pl.BlockSpec((2,), lambda j, b_, k_: (0,)) if cfg.use_dropout else None,
+    )
+    args = only_specified(ins, specs)
     out_shape = [
-        jax.ShapeDtypeStruct((b, sp, kh, h), ins["k"].dtype),
-        jax.ShapeDtypeStruct((b, sp, kh, hv), ins["v"].dtype),
+        jax.ShapeDtypeStruct((b, padded_s, kh, h), ins.key.dtype),
+        jax.ShapeDtypeStruct((b, padded_s, kh, hv), ins.value.dtype),
     ]
     out_specs = [kv(h), kv(hv)]
     if dbias_kind(cfg) == "cols":
-        out_shape.append(jax.ShapeDtypeStruct((b, n, sp), jnp.float32))
+        out_shape.append(jax.ShapeDtypeStruct((b, n, padded_s), jnp.float32))
         out_specs.append(pl.BlockSpec((SQ, g, bk), lambda j, b_, k_: (b_, k_, j)))
     outs = kernel_call(
         functools.partial(_dkv_kernel, cfg=cfg),
         cfg,
         "jattn_flash_dkv",
-        grid=(sp // bk, b, kh),
+        grid=(padded_s // bk, b, kh),
         in_specs=[specs],
         out_specs=out_specs,
         out_shape=out_shape,

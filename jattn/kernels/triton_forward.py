@@ -32,7 +32,13 @@ from jax import lax
 from jax.experimental import pallas as pl
 
 from jattn.kernels import tile_math as ft
-from jattn.kernels.config import SQ, KernelConfig, triton_params
+from jattn.kernels.config import (
+    SQ,
+    KernelConfig,
+    KernelInputs,
+    only_specified,
+    triton_params,
+)
 
 Array = jax.Array
 
@@ -56,20 +62,20 @@ def row_spec(block: int, width: int):
     return pl.BlockSpec((SQ, block, SQ, width), lambda i, b, h: (b, i, h, 0))
 
 
-def bias_spec_q(dims, bq: int, sp: int):
+def bias_spec_q(dims, bq: int, padded_s: int):
     """bias/mask `[B|1, N|1, Tp|1, Sp|1]` for a query tile: all keys, grid (i, b, h)."""
     fb, fn, ft_, fs = dims
     return pl.BlockSpec(
-        (SQ, SQ, bq if ft_ else 1, sp if fs else 1),
+        (SQ, SQ, bq if ft_ else 1, padded_s if fs else 1),
         lambda i, b, h: (b if fb else 0, h if fn else 0, i if ft_ else 0, 0),
     )
 
 
-def bias_spec_kv(dims, g: int, tp: int, bk: int):
+def bias_spec_kv(dims, g: int, padded_t: int, bk: int):
     """bias/mask for a key tile: the G heads of one kv head, grid (j, b, kh)."""
     fb, fn, ft_, fs = dims
     return pl.BlockSpec(
-        (SQ, g if fn else 1, tp if ft_ else 1, bk if fs else 1),
+        (SQ, g if fn else 1, padded_t if ft_ else 1, bk if fs else 1),
         lambda j, b, kh: (b if fb else 0, kh if fn else 0, 0, j if fs else 0),
     )
 
@@ -151,7 +157,7 @@ def col_reader(ref, *lead):
 # Forward.
 
 
-def q_tile_scorer(cfg: KernelConfig, r: dict):
+def q_tile_scorer(cfg: KernelConfig, r: KernelInputs):
     """Scores of a kernel that owns one query tile and loops over key tiles
     (forward, dq): `score(j, partial, right, need_rel=False) -> (s, dpr_tile,
     rel, k, v, z)` for key tile j (see `tile_math.tile_scores`; z the dropout
@@ -159,13 +165,13 @@ def q_tile_scorer(cfg: KernelConfig, r: dict):
     FULL tiles use (ids 0 and 2k), are read once per program, not once per
     key tile."""
     bk = cfg.block_k
-    sp = r["k"].shape[0]
-    q = r["q"][...]  # [bq, H]
-    q_pos = r["qpos"][...] if cfg.use_pos else None  # [bq]
-    q_seg = r["qseg"][...] if cfg.use_seg else None
-    qr_col = col_reader(r["qr"], slice(None))
-    dpr_col = col_reader(r.get("dpr"), slice(None))
-    ends = lambda col: None if col is None else (col(0), col(cfg.far_right))  # noqa: E731
+    padded_s = r.key.shape[0]
+    q = r.query[...]  # [bq, H]
+    q_pos = r.q_positions[...] if cfg.use_pos else None  # [bq]
+    q_seg = r.q_segments[...] if cfg.use_seg else None
+    qr_col = col_reader(r.key_term, slice(None))
+    dpr_col = col_reader(r.d_value_mass, slice(None))
+    ends = lambda col: None if col is None else (col(0), col(cfg.far_right))
     qr_ends, dpr_ends = ends(qr_col), ends(dpr_col)
 
     def far(cols, partial, right):
@@ -177,8 +183,8 @@ def q_tile_scorer(cfg: KernelConfig, r: dict):
 
     def score(j, partial, right, need_rel=False):
         kv = pl.ds(pl.multiple_of(j * bk, bk), bk)
-        k = r["k"][kv, :]  # [bk, H]
-        v = r["v"][kv, :]  # [bk, Hv]
+        k = r.key[kv, :]  # [bk, H]
+        v = r.value[kv, :]  # [bk, Hv]
         s, dpr_tile, rel = ft.tile_scores(
             partial,
             q=q,
@@ -188,12 +194,12 @@ def q_tile_scorer(cfg: KernelConfig, r: dict):
             window=cfg.window,
             max_distance=cfg.max_distance,
             q_pos=q_pos,
-            kv_pos=r["kvpos"][kv] if cfg.use_pos and partial else None,
+            kv_pos=r.kv_positions[kv] if cfg.use_pos and partial else None,
             q_seg=q_seg,
-            kv_seg=r["kvseg"][kv] if cfg.use_seg and partial else None,
-            kv_valid=kv_valid_mask(cfg, j, bk, sp) if partial else None,
-            bias=load_bias_q(r["bias"], cfg.bias_dims, j, bk),
-            mask=load_bias_q(r["mask"], cfg.mask_dims, j, bk) if partial else None,
+            kv_seg=r.kv_segments[kv] if cfg.use_seg and partial else None,
+            kv_valid=kv_valid_mask(cfg, j, bk, padded_s) if partial else None,
+            bias=load_bias_q(r.bias, cfg.bias_dims, j, bk),
+            mask=load_bias_q(r.mask, cfg.mask_dims, j, bk) if partial else None,
             qr_col=qr_col,
             dpr_col=dpr_col,
             far_id=jnp.where(right, cfg.far_right, 0),
@@ -201,7 +207,7 @@ def q_tile_scorer(cfg: KernelConfig, r: dict):
             dpr_far=far(dpr_ends, partial, right),
             need_rel=need_rel,
         )
-        z = dropout_tile(cfg, r["seed"], batch, head, i * cfg.block_q, j * bk)
+        z = dropout_tile(cfg, r.dropout_seed, batch, head, i * cfg.block_q, j * bk)
         return s, dpr_tile, rel, k, v, z
 
     return score
@@ -211,7 +217,7 @@ def _fwd_kernel(r, o_ref, lse_ref, *pr_ref, cfg: KernelConfig):
     bq = cfg.block_q
     i = pl.program_id(0)
     score = q_tile_scorer(cfg, r)
-    rp = cfg.num_rel
+    num_rel = cfg.num_rel
 
     def step(j, partial, right, carry):
         m, l, acc, *prs = carry
@@ -221,7 +227,10 @@ def _fwd_kernel(r, o_ref, lse_ref, *pr_ref, cfg: KernelConfig):
             p = p * z
             row_sum = jnp.sum(p, axis=1)
         pv = lax.dot_general(
-            p.astype(v.dtype), v, (((1,), (0,)), ((), ())), preferred_element_type=jnp.float32
+            p.astype(v.dtype),
+            v,
+            (((1,), (0,)), ((), ())),
+            preferred_element_type=jnp.float32,
         )  # [bq, Hv]
         acc = acc * corr[:, None] + pv
         if not cfg.use_pr:
@@ -239,11 +248,20 @@ def _fwd_kernel(r, o_ref, lse_ref, *pr_ref, cfg: KernelConfig):
         return m_new, l_new, acc, w_left, w_right, acc_r, m_r
 
     zeros = jnp.zeros((bq,), jnp.float32)
-    carry = (jnp.full((bq,), ft.NEG_INF), zeros, jnp.zeros((bq, o_ref.shape[-1]), jnp.float32))
+    carry = (
+        jnp.full((bq,), ft.NEG_INF),
+        zeros,
+        jnp.zeros((bq, o_ref.shape[-1]), jnp.float32),
+    )
     if cfg.use_pr:
-        carry += (zeros, zeros, jnp.zeros((bq, rp), jnp.float32), jnp.full((bq,), ft.NEG_INF))
-    bounds = tuple(r["bounds"][c, i] for c in range(4))
-    carry = tile_loop(bounds, lambda j: r["bmap"][i, j], step, carry)
+        carry += (
+            zeros,
+            zeros,
+            jnp.zeros((bq, num_rel), jnp.float32),
+            jnp.full((bq,), ft.NEG_INF),
+        )
+    bounds = tuple(r.row_bounds[c, i] for c in range(4))
+    carry = tile_loop(bounds, lambda j: r.tile_classes[i, j], step, carry)
 
     m, l, acc = carry[:3]
     shift = ft.safe_max(m)
@@ -259,33 +277,35 @@ def _fwd_kernel(r, o_ref, lse_ref, *pr_ref, cfg: KernelConfig):
         pr_ref[0][...] = acc_r / l_safe[:, None]
 
 
-def q_tile_specs(cfg: KernelConfig, ins: dict, n_kv_tiles: int):
+def q_tile_specs(cfg: KernelConfig, ins: KernelInputs, n_kv_tiles: int):
     """Specs of the inputs shared by the forward and dq kernels (grid (i, b, h))."""
     bq = cfg.block_q
-    _, tp, n, h = ins["q"].shape
-    sp, hv = ins["k"].shape[1], ins["v"].shape[-1]
+    _, padded_t, n, h = ins.query.shape
+    padded_s, hv = ins.key.shape[1], ins.value.shape[-1]
     g = cfg.groups
-    hm = (lambda h_: h_) if cfg.map_per_head else (lambda h_: 0)
-    kv_spec = lambda w: pl.BlockSpec((SQ, sp, SQ, w), lambda i, b, h_: (b, 0, h_ // g, 0))  # noqa: E731
-    n_q_tiles = tp // bq
-    return {
-        "q": row_spec(bq, h),
-        "k": kv_spec(h),
-        "v": kv_spec(hv),
-        "qpos": pl.BlockSpec((SQ, bq), lambda i, b, h_: (b, i)) if cfg.use_pos else None,
-        "kvpos": pl.BlockSpec((SQ, sp), lambda i, b, h_: (b, 0)) if cfg.use_pos else None,
-        "qseg": pl.BlockSpec((SQ, bq), lambda i, b, h_: (b, i)) if cfg.use_seg else None,
-        "kvseg": pl.BlockSpec((SQ, sp), lambda i, b, h_: (b, 0)) if cfg.use_seg else None,
-        "bias": bias_spec_q(cfg.bias_dims, bq, sp) if cfg.bias_dims else None,
-        "mask": bias_spec_q(cfg.mask_dims, bq, sp) if cfg.mask_dims else None,
-        "qr": row_spec(bq, cfg.num_rel) if cfg.use_qr else None,
-        "bmap": pl.BlockSpec((SQ, SQ, n_q_tiles, n_kv_tiles), lambda i, b, h_: (b, hm(h_), 0, 0)),
-        "bounds": pl.BlockSpec((SQ, SQ, 4, n_q_tiles), lambda i, b, h_: (b, hm(h_), 0, 0)),
-        "seed": pl.BlockSpec((2,), lambda i, b, h_: (0,)) if cfg.use_dropout else None,
-    }
+    map_head = (lambda h_: h_) if cfg.map_per_head else (lambda h_: 0)
+    kv_spec = lambda w: pl.BlockSpec((SQ, padded_s, SQ, w), lambda i, b, h_: (b, 0, h_ // g, 0))
+    n_q_tiles = padded_t // bq
+    return KernelInputs(
+        query=row_spec(bq, h),
+        key=kv_spec(h),
+        value=kv_spec(hv),
+        q_positions=pl.BlockSpec((SQ, bq), lambda i, b, h_: (b, i)) if cfg.use_pos else None,
+        kv_positions=pl.BlockSpec((SQ, padded_s), lambda i, b, h_: (b, 0)) if cfg.use_pos else None,
+        q_segments=pl.BlockSpec((SQ, bq), lambda i, b, h_: (b, i)) if cfg.use_seg else None,
+        kv_segments=pl.BlockSpec((SQ, padded_s), lambda i, b, h_: (b, 0)) if cfg.use_seg else None,
+        bias=bias_spec_q(cfg.bias_dims, bq, padded_s) if cfg.bias_dims else None,
+        mask=bias_spec_q(cfg.mask_dims, bq, padded_s) if cfg.mask_dims else None,
+        key_term=row_spec(bq, cfg.num_rel) if cfg.use_qr else None,
+        tile_classes=pl.BlockSpec(
+            (SQ, SQ, n_q_tiles, n_kv_tiles), lambda i, b, h_: (b, map_head(h_), 0, 0)
+        ),
+        row_bounds=pl.BlockSpec((SQ, SQ, 4, n_q_tiles), lambda i, b, h_: (b, map_head(h_), 0, 0)),
+        dropout_seed=pl.BlockSpec((2,), lambda i, b, h_: (0,)) if cfg.use_dropout else None,
+    )
 
 
-def flash_forward(cfg: KernelConfig, ins: dict) -> tuple[Array, Array, Array | None]:
+def flash_forward(cfg: KernelConfig, ins: KernelInputs) -> tuple[Array, Array, Array | None]:
     """Forward kernel.
 
     Args:
@@ -299,28 +319,28 @@ def flash_forward(cfg: KernelConfig, ins: dict) -> tuple[Array, Array, Array | N
       `o [B, Tp, N, Hv]` (float32 when `use_pr`, else the query dtype),
       `lse [B, N, Tp]` float32, `pr [B, Tp, N, Rp]` float32 or None.
     """
-    b, tp, n, _ = ins["q"].shape
-    hv = ins["v"].shape[-1]
-    n_kv_tiles = ins["bmap"].shape[-1]
+    b, padded_t, n, _ = ins.query.shape
+    hv = ins.value.shape[-1]
+    n_kv_tiles = ins.tile_classes.shape[-1]
     specs = q_tile_specs(cfg, ins, n_kv_tiles)
-    ins = {name: ins[name] for name in specs}
-    o_dtype = jnp.float32 if cfg.use_pr else ins["q"].dtype
+    ins = only_specified(ins, specs)
+    o_dtype = jnp.float32 if cfg.use_pr else ins.query.dtype
     out_shape = [
-        jax.ShapeDtypeStruct((b, tp, n, hv), o_dtype),
-        jax.ShapeDtypeStruct((b, n, tp), jnp.float32),
+        jax.ShapeDtypeStruct((b, padded_t, n, hv), o_dtype),
+        jax.ShapeDtypeStruct((b, n, padded_t), jnp.float32),
     ]
     out_specs = [
         row_spec(cfg.block_q, hv),
         pl.BlockSpec((SQ, SQ, cfg.block_q), lambda i, b_, h: (b_, h, i)),
     ]
     if cfg.use_pr:
-        out_shape.append(jax.ShapeDtypeStruct((b, tp, n, cfg.num_rel), jnp.float32))
+        out_shape.append(jax.ShapeDtypeStruct((b, padded_t, n, cfg.num_rel), jnp.float32))
         out_specs.append(row_spec(cfg.block_q, cfg.num_rel))
     outs = kernel_call(
         functools.partial(_fwd_kernel, cfg=cfg),
         cfg,
         "jattn_flash_fwd",
-        grid=(tp // cfg.block_q, b, n),
+        grid=(padded_t // cfg.block_q, b, n),
         in_specs=[specs],
         out_specs=out_specs,
         out_shape=out_shape,
