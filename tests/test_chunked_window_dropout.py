@@ -282,11 +282,13 @@ def test_windowed_call_visits_only_tiles_inside_the_window():
 # --- eager, under rank-promotion "raise", debug_nans and debug_infs ----------------------
 
 
-def test_eager_calls_are_clean_under_strict_numerics():
+@pytest.mark.parametrize("blocks", [None, (4, 3)], ids=["public_entry", "tiles_4x3"])
+def test_eager_calls_are_clean_under_strict_numerics(blocks):
     """No implicit rank promotion, no NaN and no Inf anywhere (every primitive
     is checked eagerly), with a user mask that hides a whole query row,
-    causal, a window, segments, Shaw terms and dropout, forward and backward;
-    the results equal the jitted xla path's."""
+    causal, a window, segments, Shaw terms and dropout, forward and backward,
+    through the public entry point and with small tiles (skipped, FULL and
+    PARTIAL tiles); the results equal the jitted xla path's."""
     t, n, kh = 12, 4, 2
     q, k, v = make_problem(50, B, t, t, n, kh, 4)
     q = 30.0 * q  # large logits: exp(s - lse) must never see a hidden entry
@@ -308,8 +310,12 @@ def test_eager_calls_are_clean_under_strict_numerics():
     )
     ct = np.random.default_rng(50).normal(size=(B, t, n, 4)).astype(np.float32)
 
-    def loss(impl, q, k, v, **options):
-        out = jattn.dot_product_attention(q, k, v, implementation=impl, **kw)
+    def loss(impl, q, k, v):
+        if impl == "chunked" and blocks is not None:
+            nf = jattn.normalise(q, k, v, **kw)
+            out, _ = attention_chunked(nf, block_q=blocks[0], block_k=blocks[1])
+        else:
+            out = jattn.dot_product_attention(q, k, v, implementation=impl, **kw)
         return jnp.sum(out * ct), out
 
     grad = jax.grad(loss, argnums=(1, 2, 3), has_aux=True)
