@@ -4,8 +4,9 @@ One prepared script for one accelerator (written for an H200, jax 0.10/0.11):
 
 1. measures the bf16 matmul peak with a large `jnp.dot`;
 2. checks the Pallas kernel against jattn's "xla" reference on the device,
-   forward and gradients, on a few small shapes (prints PASS/FAIL per case and
-   exits with status 1 on any FAIL, before timing anything);
+   forward and gradients, on a few small shapes, two of them with a local
+   window and attention-weight dropout (prints PASS/FAIL per case and exits
+   with status 1 on any FAIL, before timing anything);
 3. times forward and forward+backward for L in 1k..32k, head dim 64 and 128,
    bf16, causal and not, for jattn "pallas", jattn "chunked" (when
    registered and importable), `jax.nn.dot_product_attention` with
@@ -181,8 +182,9 @@ def fwd_and_grad(fn, causal: bool):
 # 1. Correctness on the device.
 
 
-def check_case(b, t, s, n, kh, h, dtype, causal, packed, shaw) -> bool:
-    """One correctness case: outputs and all gradients, pallas vs xla."""
+def check_case(b, t, s, n, kh, h, dtype, causal, packed, shaw, window=None, dropout=0.0) -> bool:
+    """One correctness case: outputs and all gradients, pallas vs xla (with a
+    local window and dropout: the same keep mask in both)."""
     ks = jax.random.split(jax.random.key(1), 6)
     q = jax.random.normal(ks[0], (b, t, n, h), dtype)
     k = jax.random.normal(ks[1], (b, s, kh, h), dtype)
@@ -196,11 +198,15 @@ def check_case(b, t, s, n, kh, h, dtype, causal, packed, shaw) -> bool:
             jax.random.normal(ks[5], (r, h), jnp.float32),
         )
     extra = {}
+    if window is not None:
+        extra["local_window_size"] = window
+    if dropout:
+        extra.update(dropout_rate=dropout, dropout_rng=jax.random.key(7))
     if packed:  # four packed sequences, positions restarting in each (T == S)
         seg = np.repeat(np.arange(1, 5), -(-t // 4))[:t]
         pos = np.concatenate([np.arange(c) for c in np.bincount(seg)[1:]])
         seg, pos = (jnp.asarray(np.tile(x, (b, 1)), jnp.int32) for x in (seg, pos))
-        extra = dict(q_segment_ids=seg, kv_segment_ids=seg, q_positions=pos, kv_positions=pos)
+        extra.update(q_segment_ids=seg, kv_segment_ids=seg, q_positions=pos, kv_positions=pos)
 
     def vjp(impl):
         def run(q, k, v, tables):
@@ -220,6 +226,8 @@ def check_case(b, t, s, n, kh, h, dtype, causal, packed, shaw) -> bool:
     name = (
         f"B={b} T={t} S={s} N={n} K={kh} H={h} {jnp.dtype(dtype).name}"
         f"{' causal' if causal else ''}{' packed' if packed else ''}{' shaw' if shaw else ''}"
+        f"{f' window={window}' if window is not None else ''}"
+        f"{f' dropout={dropout}' if dropout else ''}"
     )
     try:
         got = vjp("pallas")(q, k, v, tables, ct)
@@ -244,14 +252,19 @@ def check_case(b, t, s, n, kh, h, dtype, causal, packed, shaw) -> bool:
 
 def correctness(smoke: bool) -> bool:
     """Pallas against jattn's "xla" reference (float32 math, HIGHEST matmuls)."""
-    cases = [  # (B, T, S, N, K, H, dtype, causal, packed, shaw)
+    cases = [  # (B, T, S, N, K, H, dtype, causal, packed, shaw[, window, dropout])
         (2, 256, 256, 4, 2, 64, jnp.float32, True, False, False),
         (2, 200, 200, 4, 4, 128, jnp.bfloat16, False, False, False),
         (2, 256, 256, 4, 2, 64, jnp.bfloat16, True, True, True),
         (1, 136, 300, 4, 1, 64, jnp.float32, False, False, True),
+        (2, 256, 256, 4, 2, 64, jnp.bfloat16, True, True, True, (48, 0), 0.1),
+        (1, 200, 200, 4, 1, 64, jnp.float32, False, False, False, (32, 16), 0.2),
     ]
     if smoke:
-        cases = [(1, 40, 40, 2, 1, 16, jnp.float32, True, True, True)]
+        cases = [
+            (1, 40, 40, 2, 1, 16, jnp.float32, True, True, True),
+            (1, 40, 40, 2, 1, 16, jnp.float32, False, False, True, (6, 3), 0.2),
+        ]
     ok = True
     for case in cases:
         ok &= check_case(*case)
