@@ -288,8 +288,8 @@ def _dense_tiles(x: np.ndarray, bq: int, bk: int, nt: int, ns: int) -> np.ndarra
     return np.moveaxis(x, -3, -2)
 
 
-@pytest.mark.parametrize("causal", [True, False])
-def test_block_map_is_sound(causal):
+@pytest.mark.parametrize("causal,window", [(True, None), (False, None), (False, (3, 2))])
+def test_block_map_is_sound(causal, window):
     rng = np.random.default_rng(16)
     b, t, s, bq, bk, dist = 2, 96, 88, 16, 32, 5
     seg, pos = _packed(b, [64, 20, 12])
@@ -306,6 +306,7 @@ def test_block_map_is_sound(causal):
             kv_seg=jnp.asarray(kv_seg),
             mask=jnp.asarray(mask),
             causal=causal,
+            window=window,
             max_distance=dist,
             seq_k=s,
             block_q=bq,
@@ -320,6 +321,10 @@ def test_block_map_is_sound(causal):
     vis = (seg[:, :, None] == kv_seg[:, None, :])[:, None] & mask
     if causal:
         vis &= (kv_pos[:, None, :] <= pos[:, :, None])[:, None]
+    without_window = vis
+    if window is not None:
+        d = kv_pos[:, None, :] - pos[:, :, None]  # [B, T, S]
+        vis = vis & ((d >= -window[0]) & (d <= window[1]))[:, None]
     rel = np.clip(kv_pos[:, None, :] - pos[:, :, None], -dist, dist) + dist
     real = np.ones((t, s), bool)
     vis_t = _dense_tiles(vis, bq, bk, nt, ns)  # [B, 1, nT, nS, bq, bk]
@@ -336,8 +341,14 @@ def test_block_map_is_sound(causal):
             assert real_t[ti, si][rows].all() and v[rows].all(), (bi, ti, si)
             assert np.all(r[rows] == (0 if c == ft.FULL_LEFT else 2 * dist)), (bi, ti, si)
     found = set(np.unique(cls).tolist())
-    assert {ft.SKIP, ft.PARTIAL, ft.FULL_LEFT} <= found
-    assert (ft.FULL_RIGHT in found) == (not causal)
+    if window is None:
+        assert {ft.SKIP, ft.PARTIAL, ft.FULL_LEFT} <= found
+        assert (ft.FULL_RIGHT in found) == (not causal)
+    else:  # the window alone makes tiles SKIP that the other rules leave visible
+        outside = (cls[:, 0] == ft.SKIP) & _dense_tiles(without_window, bq, bk, nt, ns)[:, 0].any(
+            axis=(-1, -2)
+        )
+        assert outside.sum() >= 3 and ft.PARTIAL in found
     # Loop bounds: nothing outside [lo, hi) is visited, [flo, fhi) is all FULL.
     bounds = np.asarray(fa.run_bounds(jnp.asarray(cls)))
     for bi, ti in np.ndindex(b, nt):
