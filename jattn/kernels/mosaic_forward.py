@@ -6,10 +6,12 @@ Triton kernels of `triton_forward` / `triton_backward`, in the TPU's style:
 - the loop over the other sequence's tiles is the innermost grid axis
   (`"arbitrary"`), with the running statistics and accumulators in VMEM
   scratch, instead of a `fori_loop` inside one program;
-- the block map and its loop bounds are scalar-prefetched into SMEM: a tile's
-  class picks its body (`pl.when`), and the BlockSpec index maps clamp the
-  other sequence's tile index into the row's `[lo, hi)`, so skipped tiles
-  repeat the previous block index and cost no DMA;
+- the block map, its loop bounds and the dropout seed are scalar-prefetched
+  into SMEM: a tile's class picks its body (`pl.when`), and the BlockSpec
+  index maps clamp the other sequence's tile index into the row's `[lo, hi)`,
+  so skipped tiles (outside a local window, another segment, ...) repeat the
+  previous block index and cost no DMA; a tile's dropout keep mask is the
+  `jattn.dropout` hash at its global indices (`dropout_tile`);
 - every value stays 2-D (per-query vectors as `[bq, 1]` columns, per-key ones
   as `[1, bk]` rows) and every block's last two dims are whole or tile
   aligned, which is what Mosaic lowers. Inputs therefore go head-major,
