@@ -475,13 +475,16 @@ def _intermediate_shapes(closed_jaxpr) -> list[tuple[tuple[int, ...], str]]:
     return found
 
 
-def test_no_quadratic_tensor_with_segments_and_shaw():
+@pytest.mark.parametrize("extra", [{}, {"window": (10, 0), "dropout_rate": 0.3}])
+def test_no_quadratic_tensor_with_segments_and_shaw(extra):
     # Forward and backward with causal, segments, positions and both Shaw
-    # tables: no value anywhere has two axes as long as the sequences
-    # (no [T, S] mask, no [T, S, H] table), only O(T) and O(tiles^2) ones.
+    # tables (and a local window and dropout): no value anywhere has two axes
+    # as long as the sequences (no [T, S] mask or keep mask, no [T, S, H]
+    # table), only O(T) and O(tiles^2) ones.
     inputs = _packed_inputs()
+    inputs["dropout_rng"] = jax.random.PRNGKey(0)
     cot = jnp.ones((2, 64, 4, 8), jnp.float32)
-    jaxpr = jax.make_jaxpr(functools.partial(_pallas_vjp, **PACKED_KW))(inputs, cot)
+    jaxpr = jax.make_jaxpr(functools.partial(_pallas_vjp, **PACKED_KW, **extra))(inputs, cot)
     shapes = _intermediate_shapes(jaxpr)
     assert len(shapes) > 50
     quadratic = [s for s in shapes if sum(d >= 64 for d in s[0]) >= 2]
