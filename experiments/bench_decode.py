@@ -62,8 +62,8 @@ SIZES = {
 def model_config(name: str, max_len: int) -> TransformerConfig:
     """The named size with sinusoidal positions and no dropout."""
     if SIZES[name] is None:
-        from jattn.train.config import load_config  # noqa: PLC0415
         from jattn.train import build_model_config  # noqa: PLC0415
+        from jattn.train.config import load_config  # noqa: PLC0415
 
         cfg = build_model_config(load_config("configs/smoke.py"), VOCAB)
         return dataclasses.replace(cfg, vocab_size=VOCAB, max_len=max_len, dropout_rate=0.0)

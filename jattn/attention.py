@@ -84,21 +84,7 @@ def _resolve(name: str) -> Callable[..., Array]:
     return IMPLEMENTATIONS[name]
 
 
-def _cudnn(
-    query,
-    key,
-    value,
-    bias,
-    mask,
-    *,
-    scale,
-    is_causal,
-    query_seq_lengths,
-    key_value_seq_lengths,
-    local_window_size,
-    return_residual,
-    unsupported,
-):
+def _cudnn(query, key, value, bias, mask, *, unsupported: dict[str, bool], **jax_nn_options):
     """Hand the call to jax.nn's cuDNN path, naming the first argument it cannot take."""
     for name, given in unsupported.items():
         if given:
@@ -107,18 +93,7 @@ def _cudnn(
                 f"cannot take {name}; use implementation=None, 'xla', 'chunked' or 'pallas'"
             )
     return jax.nn.dot_product_attention(
-        query,
-        key,
-        value,
-        bias,
-        mask,
-        scale=scale,
-        is_causal=is_causal,
-        query_seq_lengths=query_seq_lengths,
-        key_value_seq_lengths=key_value_seq_lengths,
-        local_window_size=local_window_size,
-        implementation="cudnn",
-        return_residual=return_residual,
+        query, key, value, bias, mask, implementation="cudnn", **jax_nn_options
     )
 
 

@@ -26,6 +26,7 @@ import jax.numpy as jnp
 from jattn import dropout, scores, tiles
 from jattn.normal_form import NormalForm
 from jattn.positions import relative_ids
+from jattn.tiles import pad_axis
 
 Array = jax.Array
 
@@ -36,7 +37,6 @@ __all__ = [
     "TilePlan",
     "TiledProblem",
     "dropout_factor",
-    "pad_axis",
     "plan_tiles",
     "qr_tables",
     "rel_mass",
@@ -46,16 +46,6 @@ __all__ = [
     "untile_kv",
     "untile_q",
 ]
-
-
-def pad_axis(x: Array, axis: int, size: int, mode: str = "constant") -> Array:
-    """`x` padded at the end of `axis` to length `size` (`jnp.pad` mode)."""
-    extra = size - x.shape[axis]
-    if extra == 0:
-        return x
-    pad = [(0, 0)] * x.ndim
-    pad[axis] = (0, extra)
-    return jnp.pad(x, pad, mode=mode)
 
 
 def split_tiles(x: Array, axis: int, n: int, size: int) -> Array:

@@ -38,6 +38,7 @@ __all__ = [
     "PARTIAL",
     "SKIP",
     "classify",
+    "pad_axis",
     "run_bounds",
     "tile_min_max",
 ]
@@ -46,6 +47,17 @@ SKIP, PARTIAL, FULL_LEFT, FULL_RIGHT = 0, 1, 2, 3
 
 _INT_MAX = np.iinfo(np.int32).max
 _INT_MIN = np.iinfo(np.int32).min
+
+
+def pad_axis(x: Array | None, axis: int, size: int, mode: str = "constant") -> Array | None:
+    """`x` padded at the end of `axis` to length `size` (a `jnp.pad` mode:
+    "constant" zeros, or "edge", which keeps tile min/max of positions and
+    segment ids tight); None stays None."""
+    if x is None or x.shape[axis] == size:
+        return x
+    widths = [(0, 0)] * x.ndim
+    widths[axis] = (0, size - x.shape[axis])
+    return jnp.pad(x, widths, mode=mode)
 
 
 def tile_min_max(x: Array, block: int, padded: int) -> tuple[Array, Array]:

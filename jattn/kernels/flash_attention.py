@@ -62,6 +62,7 @@ from jattn.kernels.config import (
     dbias_kind,
 )
 from jattn.normal_form import EMPTY_ROW_LSE, NormalForm
+from jattn.tiles import pad_axis
 
 Array = jax.Array
 
@@ -246,14 +247,6 @@ _flash_core.defvjp(_flash_core_fwd, _flash_core_bwd, symbolic_zeros=True)
 # Public entry.
 
 
-def _pad_axis(x: Array | None, axis: int, size: int, mode: str = "constant") -> Array | None:
-    if x is None or x.shape[axis] == size:
-        return x
-    widths = [(0, 0)] * x.ndim
-    widths[axis] = (0, size - x.shape[axis])
-    return jnp.pad(x, widths, mode=mode)
-
-
 def flash_attention(
     nf: NormalForm,
     *,
@@ -351,19 +344,19 @@ def prepare(nf: NormalForm, *, block_q: int | None, block_k: int | None, backend
             nf.rel_key.astype(f32),
             precision=_HIGHEST,
         )  # [B, T, N, R]
-        qr = _pad_axis(_pad_axis(qr, 3, padded_rel), 1, padded_t)
+        qr = pad_axis(pad_axis(qr, 3, padded_rel), 1, padded_t)
 
     # One dtype for the kernel's dots (the Triton dot needs equal operand types).
-    q = _pad_axis(_pad_axis(query, 3, padded_h), 1, padded_t)
-    k = _pad_axis(_pad_axis(key.astype(query.dtype), 3, padded_h), 1, padded_s)
-    v = _pad_axis(_pad_axis(value.astype(query.dtype), 3, padded_hv), 1, padded_s)
+    q = pad_axis(pad_axis(query, 3, padded_h), 1, padded_t)
+    k = pad_axis(pad_axis(key.astype(query.dtype), 3, padded_h), 1, padded_s)
+    v = pad_axis(pad_axis(value.astype(query.dtype), 3, padded_hv), 1, padded_s)
 
     def full_axes(x):  # which of (B, N, T, S) x has in full
         return tuple(bool(x.shape[a] == size) for a, size in enumerate((b, n, t, s)))
 
     def pad_lengths(x, dims):
-        x = _pad_axis(x, 2, padded_t) if dims[2] else x
-        return _pad_axis(x, 3, padded_s) if dims[3] else x
+        x = pad_axis(x, 2, padded_t) if dims[2] else x
+        return pad_axis(x, 3, padded_s) if dims[3] else x
 
     bias_padded = bias_dims = None
     if bias is not None:
@@ -389,7 +382,7 @@ def prepare(nf: NormalForm, *, block_q: int | None, block_k: int | None, backend
         seq_k=s,
         batch=b,
     )
-    edge = lambda x, size: _pad_axis(x, 1, size, "edge")
+    edge = lambda x, size: pad_axis(x, 1, size, "edge")
     fixed = FixedInputs(
         q_positions=edge(nf.q_positions, padded_t) if use_pos else None,
         kv_positions=edge(nf.kv_positions, padded_s) if use_pos else None,
