@@ -19,7 +19,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from jattn import dropout
+from jattn import dropout, masks
 
 Array = jax.Array
 
@@ -82,14 +82,17 @@ def reference_parts(
         s = s + jnp.einsum("BTNR,BTSR->BNTS", qr, onehot, precision=hi)
     if bias is not None:
         s = s + bias.astype(f32)
-    vis = jnp.ones(s.shape, bool)
-    if is_causal:
-        vis &= (kv_positions[:, None, :] <= q_positions[:, :, None])[:, None]
-    if window is not None:
-        d = kv_positions[:, None, :] - q_positions[:, :, None]  # [B, T, S]
-        vis &= ((d >= -window[0]) & (d <= window[1]))[:, None]
-    if q_segment_ids is not None:
-        vis &= (q_segment_ids[:, :, None] == kv_segment_ids[:, None, :])[:, None]
+    col = lambda x: None if x is None else x[:, None, :, None]  # noqa: E731  [B, 1, T, 1]
+    row = lambda x: None if x is None else x[:, None, None, :]  # noqa: E731  [B, 1, 1, S]
+    rule = masks.visible(
+        col(q_positions),
+        row(kv_positions),
+        is_causal=is_causal,
+        window=window,
+        q_seg=col(q_segment_ids),
+        kv_seg=row(kv_segment_ids),
+    )
+    vis = jnp.broadcast_to(True if rule is None else rule, s.shape)
     if mask is not None:
         vis &= mask
     s = jnp.where(vis, s, -jnp.inf)
