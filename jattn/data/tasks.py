@@ -25,6 +25,23 @@ _SPLIT_ORDER = ("train", "validation", "test", "test_longer")
 _TFDS_COLLECTIONS = ("translate", "text", "summarization")  # imported to find a builder
 _TOKENIZER_SAMPLE = 1_000_000  # at most this many training examples teach the vocabulary
 
+# Decoded metrics each task reports (`jattn.train.evaluation`). jattn's own tasks are
+# character-level with one-word (or short) outputs, where BLEU's 4-grams make it 0:
+# exact match and chrF. Word-level translation (any tfds data set, e.g. wmt14) adds
+# sacrebleu BLEU.
+CHAR_METRICS = ("exact_match", "chrf")
+WORD_METRICS = ("exact_match", "bleu", "chrf")
+TASK_METRICS: dict[str, tuple[str, ...]] = {
+    "numbers": CHAR_METRICS,
+    "copy": CHAR_METRICS,
+    "reverse": CHAR_METRICS,
+}
+
+
+def task_metrics(name: str) -> tuple[str, ...]:
+    """The decoded metrics of the task `name` ("numbers/en", "wmt14_translate/de-en")."""
+    return TASK_METRICS.get(name.partition("/")[0], WORD_METRICS)
+
 
 class TextSource:
     """Random-access view of a tfds data source as `{"inputs": str, "targets": str}`.
@@ -126,6 +143,8 @@ class Task:
       splits: the split names, e.g. ("train", "validation", "test_longer").
       full_name: the tfds builder's "name/config/version".
       source_key, target_key: the features used as inputs and targets.
+      metrics: the decoded metrics evaluation reports for it (`task_metrics`):
+        "exact_match", "chrf", and "bleu" for word-level translation.
     """
 
     name: str
@@ -134,6 +153,7 @@ class Task:
     full_name: str = ""
     source_key: str = "inputs"
     target_key: str = "targets"
+    metrics: tuple[str, ...] = WORD_METRICS
     _data_sources: Mapping[str, Any] = dataclasses.field(
         default_factory=dict, repr=False, compare=False
     )
@@ -322,5 +342,6 @@ def load(
         full_name=info.full_name,
         source_key=source_key,
         target_key=target_key,
+        metrics=task_metrics(name),
         _data_sources=dict(data_sources),
     )

@@ -13,7 +13,12 @@ Metrics, per split ``S``:
 - ``eval/S/accuracy``: teacher-forced next-token accuracy;
 - ``eval/S/exact_match``: fraction of the first `eval_decode_examples`
   examples whose decoded output equals the reference string (in [0, 1]);
-- ``eval/S/bleu``, ``eval/S/chrf``: sacrebleu corpus BLEU and chrF (0-100).
+- ``eval/S/chrf``: sacrebleu corpus chrF (0-100);
+- ``eval/S/bleu``: sacrebleu corpus BLEU (0-100), word-level tasks only.
+
+The decoded metrics are those the task declares (``task.metrics``, see
+`jattn.data.tasks.task_metrics`): character-level tasks (numbers, copy,
+reverse) have no BLEU, which needs 4-grams and reads 0 on one-word outputs.
 """
 
 from __future__ import annotations
@@ -32,6 +37,7 @@ from jattn.train.config import ConfigError, input_lengths
 __all__ = ["EvalSet", "evaluate", "ids_to_text", "load_eval_sets", "write_decodes"]
 
 EOS_ID, PAD_ID = 1, 0
+DECODED_METRICS = ("exact_match", "bleu", "chrf")  # every one `evaluate` knows
 
 
 @dataclasses.dataclass
@@ -43,11 +49,13 @@ class EvalSet:
       batches: numpy batches, each ``{name: int32 [rows, L]}`` with L =
         `eval_max_input_len` for the "inputs*" names, `eval_max_len` for "targets*".
       num_examples: real (non-padding) rows across `batches`.
+      metrics: the decoded metrics to report (the task's `metrics`).
     """
 
     split: str
     batches: list[dict[str, np.ndarray]]
     num_examples: int
+    metrics: tuple[str, ...] = DECODED_METRICS
 
 
 def _pad_rows(batch: dict[str, np.ndarray], rows: int) -> dict[str, np.ndarray]:
@@ -68,6 +76,10 @@ def load_eval_sets(
         (its metrics would silently read 0).
     """
     _, input_len = input_lengths(config)
+    metrics = tuple(getattr(task, "metrics", DECODED_METRICS))
+    unknown = sorted(set(metrics) - set(DECODED_METRICS))
+    if unknown:
+        raise ConfigError(f"task metrics {unknown} unknown; evaluation knows {DECODED_METRICS}")
     sets = {}
     for split in splits:
         loader = make_loader(
@@ -95,7 +107,7 @@ def load_eval_sets(
                 f"{input_len} and eval_max_len={config.eval_max_len}: raise them, or drop "
                 f"{split!r} from eval_splits"
             )
-        sets[split] = EvalSet(split, batches, count)
+        sets[split] = EvalSet(split, batches, count, metrics)
     return sets
 
 
@@ -135,7 +147,8 @@ def evaluate(
       num_decode: decode at most this many examples a split.
 
     Returns:
-      (metrics named ``eval/<split>/<metric>``, per split the decoded examples
+      (metrics named ``eval/<split>/<metric>``, the decoded ones those of the
+      split's `EvalSet.metrics`, per split the decoded examples
       as dicts with input, target, prediction, correct, input_tokens).
     """
     import sacrebleu  # noqa: PLC0415 -- heavy, only needed here
@@ -173,9 +186,12 @@ def evaluate(
         if examples:
             hyps = [e["prediction"] for e in examples]
             refs = [e["target"] for e in examples]
-            metrics[prefix + "exact_match"] = float(np.mean([e["correct"] for e in examples]))
-            metrics[prefix + "bleu"] = float(sacrebleu.corpus_bleu(hyps, [refs]).score)
-            metrics[prefix + "chrf"] = float(sacrebleu.corpus_chrf(hyps, [refs]).score)
+            if "exact_match" in es.metrics:
+                metrics[prefix + "exact_match"] = float(np.mean([e["correct"] for e in examples]))
+            if "bleu" in es.metrics:
+                metrics[prefix + "bleu"] = float(sacrebleu.corpus_bleu(hyps, [refs]).score)
+            if "chrf" in es.metrics:
+                metrics[prefix + "chrf"] = float(sacrebleu.corpus_chrf(hyps, [refs]).score)
         decodes[split] = examples
     return metrics, decodes
 
