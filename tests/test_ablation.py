@@ -127,3 +127,40 @@ def test_any_training_key_can_be_overridden_from_the_command_line(tmp_path, caps
     )
     assert main([*argv, "--config.train.model.d_model=wide"]) == 2
     assert "--config.train.model.d_model='wide': not a valid int" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("emit_fmt", [None, "slurm", "commands"])
+def test_every_run_of_a_grid_is_checked_before_anything_runs(tmp_path, capsys, emit_fmt):
+    """A bad value of an axis is found by the same `check_config` as `jattn train`, for
+    every run at once: one line names each bad run; nothing trains, nothing is printed."""
+    from jattn.cli import main
+
+    workdir = tmp_path / "abl"
+    argv = ["ablate", "--config", TINY, "--workdir", str(workdir),
+            "--config.grid.position.values=rope,rotary,t5,nope"]  # fmt: skip
+    if emit_fmt:
+        argv += ["--emit", emit_fmt]
+    assert main(argv) == 2
+    captured = capsys.readouterr()
+    assert captured.out == ""
+    err = captured.err.strip()
+    assert "\n" not in err
+    assert err.startswith("jattn ablate: error: 2 of 4 runs of the grid are invalid")
+    assert "run 2 (position=rotary,seed=0): " in err and "run 4 (position=nope,seed=0): " in err
+    assert "rotary" in err and "is not a positional scheme" in err
+    assert "run 1 " not in err and "run 3 " not in err
+    assert not workdir.exists()  # nothing trained, not even the ablation directory made
+
+
+def test_grid_checks_run_values_of_training_keys(tmp_path):
+    from jattn.analysis.grid import checked_configs
+
+    exp = load_config(TINY)
+    apply_overrides(exp, [("grid.seed.key", "batch_size"), ("grid.seed.values", "8,0")])
+    runs = expand(exp, str(tmp_path))
+    with pytest.raises(ConfigError) as e:
+        checked_configs(exp, runs, str(ROOT))
+    message = str(e.value)
+    assert "run 2 (position=sinusoidal,seed=0): config.batch_size must be a positive int" in message
+    assert "run 4 (position=shaw,seed=0): config.batch_size" in message
+    assert "run 1 " not in message and "run 3 " not in message

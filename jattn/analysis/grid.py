@@ -32,11 +32,12 @@ from typing import Any
 
 import ml_collections
 
-from jattn.train.config import ConfigError, apply_overrides, load_config
+from jattn.train.config import ConfigError, apply_overrides, check_config, load_config
 
 __all__ = [
     "Run",
     "apply_experiment_overrides",
+    "checked_configs",
     "expand",
     "resolve_base",
     "training_config",
@@ -168,6 +169,37 @@ def training_config(exp: ml_collections.ConfigDict, run: Run, repo_root: str):
     """The full training config of one run (base config plus overrides)."""
     config = load_config(resolve_base(exp.base, repo_root))
     return apply_overrides(config, list(run.overrides))
+
+
+def checked_configs(
+    exp: ml_collections.ConfigDict, runs: Sequence[Run], repo_root: str
+) -> list[ml_collections.ConfigDict]:
+    """The training config of every run, each checked by `check_config` as `jattn train` does.
+
+    Every run is checked before any is returned, so one bad value of an axis
+    (``--config.grid.position.values=rope,rotary``) stops the whole grid before
+    anything trains or is emitted, and the error names every bad run.
+
+    Raises:
+      ConfigError: the base config does not load, or one line listing each bad
+        run as ``run N (axis=value,...): problem`` (N counts from 1).
+    """
+    load_config(resolve_base(exp.base, repo_root))  # a bad base is one error, not one per run
+    configs, bad = [], []
+    for number, run in enumerate(runs, start=1):
+        try:
+            config = training_config(exp, run, repo_root)
+            check_config(config)
+        except ConfigError as e:
+            bad.append(f"run {number} ({run.name}): {e}")
+            continue
+        configs.append(config)
+    if bad:
+        raise ConfigError(
+            f"{len(bad)} of {len(runs)} runs of the grid are invalid (nothing was run): "
+            + "; ".join(bad)
+        )
+    return configs
 
 
 def typed_axes(run: Run, config: ml_collections.ConfigDict, exp) -> dict[str, Any]:

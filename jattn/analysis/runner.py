@@ -59,9 +59,9 @@ def run_grid(
     """
     from jattn.train.loop import TrainingDivergedError, train_and_evaluate  # noqa: PLC0415
 
-    os.makedirs(workdir, exist_ok=True)
     runs = grid_lib.expand(exp, workdir)
-    configs = [grid_lib.training_config(exp, r, repo_root) for r in runs]  # all checked first
+    configs = grid_lib.checked_configs(exp, runs, repo_root)  # all checked first
+    os.makedirs(workdir, exist_ok=True)
     with open(os.path.join(workdir, "experiment.json"), "w") as f:
         f.write(exp.to_json_best_effort(indent=2, sort_keys=True))
     status: dict[str, str] = {}
@@ -102,8 +102,7 @@ def emit(
     """The grid as shell commands (``fmt="commands"``) or a SLURM array script
     (``fmt="slurm"``); each command is the ``jattn train`` of one run."""
     runs = grid_lib.expand(exp, workdir)
-    for r in runs:  # fail here, not on the cluster
-        grid_lib.training_config(exp, r, repo_root)
+    grid_lib.checked_configs(exp, runs, repo_root)  # fail here, not on the cluster
     base = grid_lib.resolve_base(exp.base, repo_root)
     lines = []
     for r in runs:
@@ -167,7 +166,7 @@ def main_ablate(
         return 0
     if report_only:
         runs = grid_lib.expand(exp, workdir)
-        configs = [grid_lib.training_config(exp, r, repo_root) for r in runs]
+        configs = grid_lib.checked_configs(exp, runs, repo_root)
         summary = report.write_report(exp, runs, configs, workdir, status=None)
     else:
         summary = run_grid(exp, workdir, repo_root=repo_root)
