@@ -257,3 +257,41 @@ def get_tokenizer(
 
 def _flat(differ: dict) -> list[tuple]:
     return [(k, a, b) for k, (a, b) in differ.items()]
+
+
+# -- a run's own copy (the workdir keeps the vocabulary it trained with) ---------------
+
+RUN_TOKENIZER = "tokenizer.json"  # {"kind": "char" | "spm", "file": <name>}; beside it the file
+
+
+def save_to_dir(tokenizer: Tokenizer, directory: str) -> str:
+    """Saves `tokenizer` into `directory` (a run's workdir) so the run is self-contained.
+
+    Writes the vocabulary file (``tokenizer.chars.json`` or ``tokenizer.model``)
+    and then `RUN_TOKENIZER` naming it; returns the path of `RUN_TOKENIZER`.
+
+    Raises:
+      ValueError: a tokenizer that is neither a `CharTokenizer` nor a
+        `SentencePieceTokenizer`.
+    """
+    if isinstance(tokenizer, CharTokenizer):
+        kind, name = "char", "tokenizer.chars.json"
+    elif isinstance(tokenizer, SentencePieceTokenizer):
+        kind, name = "spm", "tokenizer.model"
+    else:
+        raise ValueError(f"cannot save a {type(tokenizer).__name__} tokenizer")
+    tokenizer.save(os.path.join(directory, name))
+    path = os.path.join(directory, RUN_TOKENIZER)
+    _write_atomic(path, json.dumps({"kind": kind, "file": name}).encode())
+    return path
+
+
+def load_from_dir(directory: str) -> Tokenizer | None:
+    """The tokenizer `save_to_dir` saved in `directory`, or None if there is none."""
+    path = os.path.join(directory, RUN_TOKENIZER)
+    if not os.path.exists(path):
+        return None
+    with open(path) as f:
+        entry = json.load(f)
+    cls = {"char": CharTokenizer, "spm": SentencePieceTokenizer}[entry["kind"]]
+    return cls.load(os.path.join(directory, entry["file"]))

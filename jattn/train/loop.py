@@ -29,6 +29,7 @@ from flax import linen as nn
 from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
+from jattn.data.tokenizers import save_to_dir
 from jattn.train import checkpoints as ckpt
 from jattn.train import evaluation, steps
 from jattn.train import mesh as mesh_lib
@@ -212,7 +213,8 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict[
     Args:
       config: a full config (see `jattn.train.config.default_config`).
       workdir: the run directory; holds `checkpoints/`, `metrics.jsonl`,
-        `tb/`, `config.json`, `model_config.json`, `decodes/` and, once done,
+        `tb/`, `config.json`, `model_config.json`, the tokenizer
+        (`tokenizer.json` and its vocabulary file), `decodes/` and, once done,
         `final_metrics.json`. An existing checkpoint is resumed.
 
     Returns:
@@ -249,6 +251,7 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict[
         return done
     if is_main:
         _write_run_config(workdir, config, model_config)
+        save_to_dir(task.tokenizer, workdir)  # the run is self-contained (`load_run`)
 
     # 3. Abstract state and shardings from the logical axis names. ---------------------
     init_boxed = _make_init(model, tx, config, rows=mesh.shape["data"] * mesh.shape["fsdp"])

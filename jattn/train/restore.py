@@ -3,7 +3,7 @@
     run = jattn.train.load_run("runs/numbers")            # the latest checkpoint
     logits = run.model.apply({"params": run.params}, inputs, targets)
     ids = jattn.models.decoding.greedy(run.model, run.params, inputs, max_length=64)
-    run.task.tokenizer.decode(ids[0])                     # the run's data set
+    run.tokenizer.decode(ids[0])                          # the run's own vocabulary
 
 The training loop and `load_run` open a config's data set the same way
 (`load_task`), so an analysis sees the tokenizer and splits the run trained on.
@@ -60,6 +60,10 @@ class TrainedRun:
       model: `jattn.models.Transformer` with the run's `TransformerConfig`.
       params: the parameters at `step` (jax arrays on one device).
       step: the checkpoint's step.
+      tokenizer: the tokenizer the run trained with, read from the workdir
+        (``tokenizer.json``, saved when the run started), so decoding needs
+        neither the data set nor its vocabulary cache. Runs saved before the
+        workdir kept it fall back to `task.tokenizer`.
       task: the run's data set and tokenizer (`load_task`), loaded on first use.
     """
 
@@ -67,6 +71,7 @@ class TrainedRun:
     model: Any
     params: Any
     step: int
+    tokenizer: Any = None
 
     @functools.cached_property
     def task(self):
@@ -82,7 +87,8 @@ def checkpoint_steps(workdir: str) -> list[int]:
 
 
 def load_run(workdir: str, step: int | None = None) -> TrainedRun:
-    """Reads the config, the model config and the parameters of checkpoint `step`.
+    """Reads the config, the model config, the parameters of checkpoint `step` and
+    the tokenizer.
 
     Args:
       workdir: a `jattn train` workdir.
@@ -116,4 +122,8 @@ def load_run(workdir: str, step: int | None = None) -> TrainedRun:
     state = checkpointer.restore(path, target)
     checkpointer.close()
     model = Transformer(model_config)
-    return TrainedRun(config=config, model=model, params=state["params"], step=step)
+    run = TrainedRun(config=config, model=model, params=state["params"], step=step)
+    from jattn.data.tokenizers import load_from_dir  # noqa: PLC0415
+
+    run.tokenizer = load_from_dir(workdir) or run.task.tokenizer
+    return run

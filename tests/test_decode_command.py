@@ -1,0 +1,83 @@
+"""`jattn decode` and self-contained runs: the workdir keeps its tokenizer, and
+`load_run` + `jattn decode` decode with the run's own settings.
+
+One real tiny run (configs/smoke.py, a few steps, no evaluation) for the module.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from jattn import cli
+from jattn.train import apply_overrides, load_config, load_run, train_and_evaluate
+
+REPO = Path(__file__).resolve().parents[1]
+SMOKE = str(REPO / "configs" / "smoke.py")
+TEXTS = ("abc", "hello")
+
+
+@pytest.fixture(scope="module")
+def run_dir(tmp_path_factory):
+    workdir = tmp_path_factory.mktemp("decode_run")
+    config = apply_overrides(load_config(SMOKE), [("num_train_steps", "6"), ("eval_splits", "()")])
+    train_and_evaluate(config, str(workdir))
+    return workdir
+
+
+def test_the_workdir_keeps_the_tokenizer_and_load_run_returns_it(run_dir, tmp_path):
+    from jattn import data
+    from jattn.data.tokenizers import CharTokenizer
+
+    entry = json.loads((run_dir / "tokenizer.json").read_text())
+    assert entry == {"kind": "char", "file": "tokenizer.chars.json"}
+    run = load_run(str(run_dir))
+    assert isinstance(run.tokenizer, CharTokenizer)
+    assert run.tokenizer.chars == data.load("copy/tiny").tokenizer.chars
+    # The saved copy is what load_run reads (not the data set's cache).
+    moved = tmp_path / "run"
+    shutil.copytree(run_dir, moved)
+    (moved / "tokenizer.chars.json").write_text(json.dumps({"chars": ["x", "y"]}))
+    assert load_run(str(moved)).tokenizer.chars == ("x", "y")
+
+
+def expected(run, method: str) -> list[str]:
+    from jattn.models import decoding
+    from jattn.train.evaluation import ids_to_text
+
+    encoded = [run.tokenizer.encode(t) for t in TEXTS]
+    inputs = np.zeros((len(TEXTS), max(map(len, encoded))), np.int32)
+    for i, ids in enumerate(encoded):
+        inputs[i, : len(ids)] = ids
+    length = run.config.eval_max_len
+    if method == "beam":
+        out = decoding.beam_search(
+            run.model,
+            run.params,
+            inputs,
+            max_length=length,
+            beam_size=run.config.beam_size,
+            alpha=run.config.beam_alpha,
+        )
+    else:
+        out = decoding.greedy(run.model, run.params, inputs, max_length=length)
+    return [ids_to_text(run.tokenizer, row) for row in np.asarray(out)]
+
+
+def test_decode_command_prints_the_runs_greedy_and_beam_outputs(run_dir, capsys):
+    run = load_run(str(run_dir))
+    assert run.config.decode == "greedy"
+    assert cli.main(["decode", "--workdir", str(run_dir), *TEXTS]) == 0
+    assert capsys.readouterr().out.split("\n")[:-1] == expected(run, "greedy")
+    assert cli.main(["decode", "--workdir", str(run_dir), "--decode", "beam", *TEXTS]) == 0
+    assert capsys.readouterr().out.split("\n")[:-1] == expected(run, "beam")
+
+
+def test_decode_command_fails_in_one_line(tmp_path, capsys):
+    assert cli.main(["decode", "--workdir", str(tmp_path), "abc"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert "\n" not in err and err.startswith("jattn decode: error:") and "no config.json" in err
