@@ -21,6 +21,7 @@ from collections.abc import Callable, Sequence
 from jattn.cli.ablate import ablate_command
 from jattn.cli.bench import bench_command
 from jattn.cli.common import config_arguments, fail, load_config_from_args
+from jattn.cli.decode import decode_command
 from jattn.cli.probe import probe_command
 from jattn.cli.train import train_command
 
@@ -32,6 +33,7 @@ COMMANDS: dict[str, tuple[Callable[[Sequence[str]], int], str]] = {
     "bench": (bench_command, "run experiments/bench_NAME.py with the given args"),
     "ablate": (ablate_command, "run, emit or report an ablation grid"),
     "probe": (probe_command, "interventions on a trained run"),
+    "decode": (decode_command, "decode text with a trained run (its tokenizer and settings)"),
 }
 
 
