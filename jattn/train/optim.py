@@ -9,7 +9,12 @@ The paper's schedule ("rsqrt", Vaswani et al. 2017, eq. 3) is
     lr(step) = learning_rate * d_model^-0.5 * min(step^-0.5, step * warmup^-1.5)
 
 with `step` counted from 1 and `learning_rate` a multiplier (1.0 in the
-paper). For the other schedules `learning_rate` is the peak rate.
+paper). For the other schedules `learning_rate` is the peak rate, reached
+after a linear warmup `learning_rate * (count + 1) / warmup_steps`; "cosine"
+and "linear" then decay to 0 at `num_train_steps` (optax's
+`cosine_decay_schedule` / `linear_schedule` joined to the warmup with
+`join_schedules`). "rsqrt" stays hand-written: optax has no schedule with
+this warmup-then-inverse-square-root shape.
 """
 
 from __future__ import annotations
@@ -42,31 +47,32 @@ def _rsqrt(c: ml_collections.ConfigDict) -> Schedule:
     return rsqrt_schedule(c.learning_rate, c.model.d_model, c.warmup_steps)
 
 
-def _warmup(c: ml_collections.ConfigDict, count):
-    """Linear warmup factor: (count + 1) / warmup_steps, capped at 1 (1 without warmup)."""
-    return jnp.minimum(1.0, (jnp.asarray(count, jnp.float32) + 1.0) / max(c.warmup_steps, 1))
+def _warmup(c: ml_collections.ConfigDict) -> optax.Schedule:
+    """Linear warmup: `learning_rate * (count + 1) / warmup_steps`, reaching the peak at
+    count `warmup_steps - 1` (constant at the peak without warmup)."""
+    w = max(c.warmup_steps, 1)
+    return optax.linear_schedule(c.learning_rate / w, c.learning_rate, w - 1)
 
 
-def _decay_fraction(c: ml_collections.ConfigDict, count):
-    """Fraction of the post-warmup steps done, in [0, 1]."""
-    span = max(c.num_train_steps - c.warmup_steps, 1)
-    return jnp.clip((jnp.asarray(count, jnp.float32) - c.warmup_steps) / span, 0.0, 1.0)
+def _then(c: ml_collections.ConfigDict, decay: optax.Schedule) -> optax.Schedule:
+    """Warmup for `warmup_steps` counts, then `decay` (counted from the end of warmup)."""
+    return optax.join_schedules([_warmup(c), decay], boundaries=[c.warmup_steps])
+
+
+def _decay_steps(c: ml_collections.ConfigDict) -> int:
+    return max(c.num_train_steps - c.warmup_steps, 1)
 
 
 def _constant(c: ml_collections.ConfigDict) -> Schedule:
-    return lambda count: c.learning_rate * _warmup(c, count)
+    return _warmup(c)
 
 
 def _cosine(c: ml_collections.ConfigDict) -> Schedule:
-    def schedule(count):
-        cosine = 0.5 * (1.0 + jnp.cos(jnp.pi * _decay_fraction(c, count)))
-        return c.learning_rate * _warmup(c, count) * cosine
-
-    return schedule
+    return _then(c, optax.cosine_decay_schedule(c.learning_rate, _decay_steps(c)))
 
 
 def _linear(c: ml_collections.ConfigDict) -> Schedule:
-    return lambda count: c.learning_rate * _warmup(c, count) * (1.0 - _decay_fraction(c, count))
+    return _then(c, optax.linear_schedule(c.learning_rate, 0.0, _decay_steps(c)))
 
 
 SCHEDULES: dict[str, Callable[[ml_collections.ConfigDict], Schedule]] = {
