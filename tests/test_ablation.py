@@ -164,3 +164,95 @@ def test_grid_checks_run_values_of_training_keys(tmp_path):
     assert "run 2 (position=sinusoidal,seed=0): config.batch_size must be a positive int" in message
     assert "run 4 (position=shaw,seed=0): config.batch_size" in message
     assert "run 1 " not in message and "run 3 " not in message
+
+
+def _slurm(argv, capsys):
+    from jattn.cli import main
+
+    status = main(argv)
+    captured = capsys.readouterr()
+    return status, captured.out, captured.err.strip()
+
+
+def test_emit_slurm_follows_the_launch_script_conventions(tmp_path, capsys):
+    """srun, requeue with SIGTERM before the limit, the venv's own jattn, no progress bar;
+    a CPU task by default (no GPU line)."""
+    import sys
+
+    workdir = tmp_path / "abl"
+    argv = ["ablate", "--config", TINY, "--workdir", str(workdir), "--emit", "slurm"]
+    status, script, _ = _slurm(argv, capsys)
+    assert status == 0
+    lines = script.splitlines()
+    assert lines[0] == "#!/bin/bash"
+    for want in ("#SBATCH --array=0-1", "#SBATCH --nodes=1", "#SBATCH --ntasks-per-node=1",
+                 "#SBATCH --cpus-per-task=4", "#SBATCH --time=04:00:00",
+                 "#SBATCH --signal=TERM@120", "#SBATCH --requeue",
+                 f"#SBATCH --output={workdir}/slurm-%A_%a.out"):  # fmt: skip
+        assert want in lines, want
+    assert not any("gpus" in line or "--partition" in line for line in lines)
+    jattn = str(pathlib.Path(sys.executable).parent / "jattn")
+    tasks = [line for line in lines if line.startswith(("  0) ", "  1) "))]
+    assert len(tasks) == 2
+    for task in tasks:
+        assert f"srun --kill-on-bad-exit=1 {jattn} train --config " in task
+        assert task.endswith("--config.progress_bar=false ;;")
+        assert "--config.progress_bar=true" not in task.lower()
+    assert "--config.model.position=shaw" in tasks[1]
+    assert f"--workdir {workdir}/runs/position-shaw_seed-0" in tasks[1]
+    assert not workdir.exists()
+
+
+def test_emit_slurm_resources_from_flags_and_experiment(tmp_path, capsys):
+    exp_file = tmp_path / "exp.py"
+    exp_file.write_text(
+        "import runpy\n"
+        "import ml_collections\n"
+        f"pos = runpy.run_path({str(ROOT / 'experiments' / 'positional.py')!r})\n"
+        "def get_config(arg=None):\n"
+        "    c = pos['get_config']('tiny')\n"
+        "    c.slurm = ml_collections.ConfigDict({'partition': 'long', 'gpus_per_node': 2,\n"
+        "                                         'time': '1-00:00:00'})\n"
+        "    return c\n"
+    )
+    base = ["ablate", "--config", str(exp_file), "--workdir", str(tmp_path / "w"),
+            "--emit", "slurm"]  # fmt: skip
+    status, script, err = _slurm(base, capsys)
+    assert status == 0, err
+    lines = script.splitlines()
+    assert {"#SBATCH --partition=long", "#SBATCH --gpus-per-node=2",
+            "#SBATCH --time=1-00:00:00", "#SBATCH --cpus-per-task=4"} <= set(lines)  # fmt: skip
+    flags = ["--slurm-partition", "gpu", "--slurm-nodes", "2", "--slurm-gpus-per-node", "8",
+             "--slurm-cpus-per-task", "32", "--slurm-time", "24:00:00",
+             "--slurm-signal-seconds", "300"]  # fmt: skip
+    status, script, err = _slurm([*base, *flags], capsys)
+    assert status == 0, err
+    lines = script.splitlines()
+    assert {"#SBATCH --partition=gpu", "#SBATCH --nodes=2", "#SBATCH --gpus-per-node=8",
+            "#SBATCH --cpus-per-task=32", "#SBATCH --time=24:00:00",
+            "#SBATCH --signal=TERM@300"} <= set(lines)  # fmt: skip
+    # The experiment's section is a config like any other: overridable, checked.
+    status, script, err = _slurm([*base, "--config.slurm.partition=short"], capsys)
+    assert status == 0 and "#SBATCH --partition=short" in script.splitlines()
+
+
+@pytest.mark.parametrize(
+    "extra, message",
+    [
+        (["--slurm-time", "2"], "signal_seconds=120 must be shorter than the time limit"),
+        (["--slurm-time", "4h"], "--slurm-time='4h': use MM, HH:MM:SS"),
+        (["--slurm-nodes", "0"], "nodes must be >= 1"),
+        (["--slurm-gpus-per-node", "-1"], "gpus_per_node must be >= 0"),
+    ],
+)
+def test_emit_slurm_rejects_bad_resources(tmp_path, capsys, extra, message):
+    argv = ["ablate", "--config", TINY, "--workdir", str(tmp_path), "--emit", "slurm", *extra]
+    status, out, err = _slurm(argv, capsys)
+    assert status == 2 and out == ""
+    assert err.startswith("jattn ablate: error: ") and message in err
+
+
+def test_slurm_flags_need_emit_slurm(tmp_path, capsys):
+    argv = ["ablate", "--config", TINY, "--workdir", str(tmp_path), "--slurm-nodes", "2"]
+    status, out, err = _slurm([*argv, "--emit", "commands"], capsys)
+    assert status == 2 and "--slurm-nodes: only with --emit slurm" in err and out == ""

@@ -2,13 +2,15 @@
 
     jattn ablate --config experiments/positional.py[:arg] --workdir DIR [--config.key=value ...]
     jattn ablate ... --emit slurm      # a SLURM array script, one task per run
+    jattn ablate ... --emit slurm --slurm-gpus-per-node 1 --slurm-partition gpu
     jattn ablate ... --emit commands   # one `jattn train` line per run
     jattn ablate ... --report-only     # rebuild results from finished runs
 
 Overrides address the experiment config, e.g. ``--config.grid.seed.values=0,1,2``;
 ``--config.train.KEY=VALUE`` sets any key of the training config for every
 run, e.g. ``--config.train.num_train_steps=200`` or
-``--config.train.model.d_model=32``.
+``--config.train.model.d_model=32``. Every run of the grid is checked (as
+`jattn train` checks one) before anything trains or is printed.
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from jattn.cli.common import (
+    UsageError,
     cache_argument,
     checkout_root,
     config_arguments,
@@ -26,6 +29,8 @@ from jattn.cli.common import (
     fail,
     parse_with_overrides,
 )
+from jattn.cli.slurm import DEFAULTS as SLURM_DEFAULTS
+from jattn.cli.slurm import resources, slurm_arguments, slurm_script
 
 __all__ = ["ablate_command"]
 
@@ -53,8 +58,23 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument(
         "--report-only", action="store_true", help="only aggregate the runs already in --workdir"
     )
+    slurm_arguments(parser)
     cache_argument(parser)
     return parser
+
+
+def _emit_slurm(args, overrides, repo_root: str) -> int:
+    """`--emit slurm`: checks the grid and the resources, then prints the script."""
+    from jattn.analysis.grid import apply_experiment_overrides  # noqa: PLC0415
+    from jattn.train.config import load_config  # noqa: PLC0415
+
+    exp = apply_experiment_overrides(load_config(args.config), overrides, repo_root)
+    workdir = os.path.abspath(args.workdir)
+    script = slurm_script(
+        exp, workdir, repo_root=repo_root, config_spec=args.config, slurm=resources(exp, args)
+    )
+    print(script, end="")
+    return 0
 
 
 def ablate_command(argv: Sequence[str]) -> int:
@@ -64,6 +84,12 @@ def ablate_command(argv: Sequence[str]) -> int:
 
     try:
         args, overrides = parse_with_overrides(_parser(), argv)
+        given = [k for k in SLURM_DEFAULTS if getattr(args, "slurm_" + k) is not None]
+        if given and args.emit != "slurm":
+            flags = ", ".join("--slurm-" + k.replace("_", "-") for k in given)
+            raise UsageError(f"{flags}: only with --emit slurm")
+        if args.emit == "slurm":
+            return _emit_slurm(args, overrides, _repo_root())
         if not args.emit:
             enable_compilation_cache(args.compilation_cache_dir)
         return main_ablate(
@@ -74,5 +100,5 @@ def ablate_command(argv: Sequence[str]) -> int:
             report_only=args.report_only,
             repo_root=_repo_root(),
         )
-    except ConfigError as e:
+    except (ConfigError, UsageError) as e:
         return fail(PROG, str(e))
