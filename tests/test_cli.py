@@ -211,3 +211,39 @@ def test_model_keys_are_the_fields_of_the_model_config():
     assert config.model.num_kv_heads == 2 and config.model.attention_impl == "xla"
     with pytest.raises(ConfigError, match="num_kv_heads='two': not a valid int"):
         apply_overrides(load_config(SMOKE), [("model.num_kv_heads", "two")])
+
+
+def test_tuples_and_none_parse_from_plain_text():
+    """`--config.eval_splits=validation,test_longer` is a tuple of strings; `None` sets an
+    Optional key (a placeholder) to None; other keys keep their type and reject None."""
+    config = load_config(SMOKE)
+    overrides, _ = split_overrides(
+        ["--config.eval_splits=validation,test_longer", "--config.model.num_kv_heads=2",
+         "--config.model.num_kv_heads=None", "--config.data_dir=None", "--config.mesh_shape=1,-1,1",
+         "--config.logical_axis_rules=((\"batch\", \"data\"),)"]
+    )  # fmt: skip
+    apply_overrides(config, overrides)
+    assert config.eval_splits == ("validation", "test_longer")
+    assert config.model.num_kv_heads is None and config.data_dir is None
+    assert config.mesh_shape == (1, -1, 1)
+    assert config.logical_axis_rules == (("batch", "data"),)
+    apply_overrides(config, [("eval_splits", "validation"), ("model.num_kv_heads", "none")])
+    assert config.eval_splits == ("validation",) and config.model.num_kv_heads is None
+    apply_overrides(config, [("eval_splits", "('test', 'validation')")])  # the literal still works
+    assert config.eval_splits == ("test", "validation")
+    with pytest.raises(ConfigError, match="batch_size='None': not a valid int"):
+        apply_overrides(config, [("batch_size", "None")])
+    apply_overrides(config, [("model.position", "none")])  # a string key: the scheme "none"
+    assert config.model.position == "none"
+    with pytest.raises(ConfigError, match="eval_splits=.*: not a valid tuple"):
+        apply_overrides(config, [("eval_splits", "('test")])
+
+
+def test_train_takes_a_plain_tuple_on_the_command_line(tmp_path, capsys, compiles):
+    """The whole path of `jattn train`: a tuple key from plain text reaches the checks
+    (here the mesh check, which needs two devices), not a parse error."""
+    argv = ["train", "--config", SMOKE, "--workdir", str(tmp_path / "w"), *NO_CACHE]
+    status = cli.main([*argv, "--config.mesh_shape=2,1,1", "--config.model.num_kv_heads=None"])
+    assert status == 2
+    assert "mesh_shape=(2, 1, 1) needs 2 devices" in capsys.readouterr().err
+    assert not compiles

@@ -282,22 +282,50 @@ def _suggest(name: str, options: Sequence[str]) -> str:
     return f" (did you mean {close[0]!r}?)" if close else ""
 
 
-def _field_type(parent: ml_collections.ConfigDict, leaf: str) -> type | None:
-    """The declared type of a field: its value's type, or a placeholder's type."""
-    try:
-        ref = parent.get_ref(leaf)
-        return ref.get_type()
-    except (AttributeError, KeyError, ValueError, TypeError):
-        value = parent[leaf]
-        return None if value is None else type(value)
+def _field_type(parent: ml_collections.ConfigDict, leaf: str) -> tuple[type | None, bool]:
+    """The declared type of a field and whether None is a valid value for it.
+
+    A placeholder (`config_dict.placeholder(int)`, as `model_defaults` makes for
+    ``Optional`` fields) is typed by its declaration and may be None; any other
+    field is typed by its value and may be None only while it is None.
+    """
+    field = dict(parent.items(preserve_field_references=True))[leaf]
+    if isinstance(field, config_dict.FieldReference):
+        return field.get_type(), True
+    return (None, True) if field is None else (type(field), False)
 
 
 _TRUE = {"true", "1", "yes", "on"}
 _FALSE = {"false", "0", "no", "off"}
 
 
-def _parse(key: str, raw: str, kind: type | None) -> Any:
-    """Converts the override string `raw` to `kind` (the type of the field it replaces)."""
+def _tuple_items(raw: str) -> tuple:
+    """Plain comma-separated text as a tuple: ``validation,test_longer`` -> two strings.
+
+    Items that are python literals (``-1``, ``0.5``) keep their type, the
+    rest are strings. Text with brackets or quotes must be a python literal.
+    """
+    if any(c in raw for c in "()[]'\""):
+        raise ValueError("expected a tuple such as (-1,1,1) or a,b,c")
+    items = []
+    for item in (part.strip() for part in raw.split(",")):
+        if not item:
+            continue
+        try:
+            items.append(ast.literal_eval(item))
+        except (ValueError, SyntaxError):
+            items.append(item)
+    return tuple(items)
+
+
+def _parse(key: str, raw: str, kind: type | None, nullable: bool = False) -> Any:
+    """Converts the override string `raw` to `kind` (the type of the field it replaces).
+
+    ``None`` (also ``none`` for a non-string field) is None where the field may
+    be None (`_field_type`), e.g. ``--config.model.num_kv_heads=None``.
+    """
+    if nullable and (raw.strip() == "None" or (kind is not str and raw.strip() == "none")):
+        return None
     try:
         if kind is bool:
             low = raw.strip().lower()
@@ -311,7 +339,10 @@ def _parse(key: str, raw: str, kind: type | None) -> Any:
         if kind is str:
             return raw
         if kind in (tuple, list):
-            value = ast.literal_eval(raw)
+            try:
+                value = ast.literal_eval(raw)
+            except (ValueError, SyntaxError):
+                value = _tuple_items(raw)  # validation,test_longer
             if isinstance(value, int | float | str):
                 value = (value,)
             if not isinstance(value, tuple | list):
@@ -364,7 +395,7 @@ def apply_overrides(
                 f"--config.{name}: is a group of keys ({', '.join(node[leaf].keys())}); "
                 "set one of them"
             )
-        value = _parse(name, raw, _field_type(node, leaf))
+        value = _parse(name, raw, *_field_type(node, leaf))
         try:
             node[leaf] = value
         except (TypeError, ValueError) as e:
