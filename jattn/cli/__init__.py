@@ -4,10 +4,12 @@
     jattn ablate --config experiments/positional.py --workdir runs/positional
     jattn probe --workdir runs/positional/runs/position-shaw_seed-0 --out probe/
     jattn bench NAME [args ...]          # runs experiments/bench_NAME.py from the checkout
+    jattn configs                        # configs, variants, data sets, experiments
 
 Each subcommand is a function ``argv -> exit status`` in its own module
-(`jattn.cli.train`, `.ablate`, `.probe`, `.bench`); what they share (errors,
-``--config`` handling, the compilation cache) is in `jattn.cli.common`.
+(`jattn.cli.train`, `.ablate`, `.probe`, `.bench`, `.configs`); what they share (errors,
+``--config`` handling, the compilation cache, the one flag style: dashes,
+with the old underscore spellings accepted) is in `jattn.cli.common`.
 
 Exit status: 0 done (or preempted and checkpointed), 1 the loss diverged,
 2 bad input (config, flags, mesh, data set, workdir), reported in one line.
@@ -21,6 +23,7 @@ from collections.abc import Callable, Sequence
 from jattn.cli.ablate import ablate_command
 from jattn.cli.bench import bench_command
 from jattn.cli.common import config_arguments, fail, load_config_from_args
+from jattn.cli.configs import configs_command
 from jattn.cli.decode import decode_command
 from jattn.cli.probe import probe_command
 from jattn.cli.train import train_command
@@ -33,6 +36,7 @@ COMMANDS: dict[str, tuple[Callable[[Sequence[str]], int], str]] = {
     "bench": (bench_command, "run experiments/bench_NAME.py with the given args"),
     "ablate": (ablate_command, "run, emit or report an ablation grid"),
     "probe": (probe_command, "interventions on a trained run"),
+    "configs": (configs_command, "list configs, variants, data sets and experiment files"),
     "decode": (decode_command, "decode text with a trained run (its tokenizer and settings)"),
 }
 

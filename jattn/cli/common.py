@@ -24,6 +24,7 @@ __all__ = [
     "enable_compilation_cache",
     "fail",
     "load_config_from_args",
+    "normalize_flags",
     "parse_with_overrides",
 ]
 
@@ -55,10 +56,29 @@ def config_arguments(parser: argparse.ArgumentParser) -> None:
     )
 
 
+def normalize_flags(argv: Sequence[str]) -> list[str]:
+    """The one flag style of `jattn`: ``--head_dim`` is read as ``--head-dim``.
+
+    Flags are spelled with dashes; the underscore spellings of earlier
+    versions (``--compilation_cache_dir``, ``--num_processes``) keep working
+    as hidden aliases. ``--config.key=value`` overrides, values and everything
+    after ``--`` are left alone.
+    """
+    out, argv = [], list(argv)
+    for i, arg in enumerate(argv):
+        if arg == "--":
+            return out + argv[i:]
+        if arg.startswith("--") and not arg.startswith("--config."):
+            name, sep, value = arg.partition("=")
+            arg = name.replace("_", "-") + sep + value
+        out.append(arg)
+    return out
+
+
 def cache_argument(parser: argparse.ArgumentParser) -> None:
-    """Adds ``--compilation_cache_dir`` (default: $JATTN_COMPILATION_CACHE or `DEFAULT_CACHE`)."""
+    """Adds ``--compilation-cache-dir`` (default: $JATTN_COMPILATION_CACHE or `DEFAULT_CACHE`)."""
     parser.add_argument(
-        "--compilation_cache_dir",
+        "--compilation-cache-dir",
         default=os.environ.get("JATTN_COMPILATION_CACHE", DEFAULT_CACHE),
         help="persistent XLA compilation cache ('' disables; default %(default)s)",
     )
@@ -69,13 +89,15 @@ def parse_with_overrides(
 ) -> tuple[argparse.Namespace, list[tuple[str, str]]]:
     """Parses `argv`, returning the namespace and the ``--config.key`` overrides.
 
+    Flags may use the old underscore spellings (`normalize_flags`).
+
     Raises:
       ConfigError: an override without a value or with an empty key.
     """
     from jattn.train.config import split_overrides  # noqa: PLC0415
 
     overrides, rest = split_overrides(argv)
-    return parser.parse_args(rest), overrides
+    return parser.parse_args(normalize_flags(rest)), overrides
 
 
 def load_config_from_args(config_spec: str, overrides: Sequence[tuple[str, str]]):

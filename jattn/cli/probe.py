@@ -23,7 +23,7 @@ import json
 import os
 from collections.abc import Sequence
 
-from jattn.cli.common import fail
+from jattn.cli.common import fail, normalize_flags
 
 __all__ = ["probe_command"]
 
@@ -34,8 +34,12 @@ def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog=PROG, description=__doc__.split("\n\n")[0])
     parser.add_argument("--workdir", required=True, help="a run directory (jattn train)")
     parser.add_argument("--out", required=True, help="where the plot and tables go")
-    parser.add_argument("--split", default="validation")
-    parser.add_argument("--examples", type=int, default=4)
+    parser.add_argument(
+        "--split", default="validation", help="the task's split to probe (default %(default)s)"
+    )
+    parser.add_argument(
+        "--examples", type=int, default=4, help="examples of the split probed (default 4)"
+    )
     parser.add_argument("--step", type=int, default=None, help="checkpoint step (latest)")
     parser.add_argument("--top", type=int, default=10, help="heads listed in the table")
     return parser
@@ -63,7 +67,7 @@ def probe_command(argv: Sequence[str]) -> int:
     from jattn.analysis import probe  # noqa: PLC0415
     from jattn.train.restore import load_run  # noqa: PLC0415
 
-    args = _parser().parse_args(argv)
+    args = _parser().parse_args(normalize_flags(argv))
     try:
         run = load_run(args.workdir, args.step)
         task = run.task

@@ -36,9 +36,13 @@ def _parser() -> argparse.ArgumentParser:
     group = parser.add_argument_group(
         "several processes (not needed under SLURM or on Cloud TPU, where JAX detects them)"
     )
-    group.add_argument("--coordinator_address", default=None, help="host:port of process 0")
-    group.add_argument("--num_processes", type=int, default=None)
-    group.add_argument("--process_id", type=int, default=None)
+    group.add_argument("--coordinator-address", default=None, help="host:port of process 0")
+    group.add_argument(
+        "--num-processes", type=int, default=None, help="how many processes take part"
+    )
+    group.add_argument(
+        "--process-id", type=int, default=None, help="this process's index, 0 ... N-1"
+    )
     cache_argument(parser)
     return parser
 

@@ -1,0 +1,129 @@
+"""`jattn configs`: what there is to run.
+
+    jattn configs
+
+Lists the training configs (``configs/*.py``, with the data set, steps and
+positional scheme each sets), the ``:VARIANT`` items every config built with
+`jattn.train.apply_variant` takes, the data sets ``config.dataset`` may name,
+the experiment files of `jattn ablate` (``experiments/*.py``) and the
+benchmarks of `jattn bench`. Files are looked up in the current directory,
+then in the checkout jattn was installed from.
+"""
+
+from __future__ import annotations
+
+import argparse
+import ast
+from collections.abc import Sequence
+from pathlib import Path
+
+from jattn.cli.common import checkout_root, normalize_flags
+
+__all__ = ["configs_command", "describe"]
+
+PROG = "jattn configs"
+
+
+def _root(folder: str) -> Path:
+    """The current directory when it has `folder`, else the jattn checkout."""
+    here = Path.cwd()
+    return here if (here / folder).is_dir() else checkout_root()
+
+
+def _first_line(path: Path) -> str:
+    """The first line of a python file's module docstring ("" if none or unreadable)."""
+    try:
+        doc = ast.get_docstring(ast.parse(path.read_text()))
+    except (OSError, SyntaxError, ValueError):
+        return ""
+    return (doc or "").strip().splitlines()[0] if doc else ""
+
+
+def _rel(path: Path) -> str:
+    """`path` relative to the current directory when it is below it, else absolute."""
+    try:
+        return str(path.relative_to(Path.cwd()))
+    except ValueError:
+        return str(path)
+
+
+def _config_lines(root: Path) -> list[str]:
+    from jattn.train.config import ConfigError, load_config  # noqa: PLC0415
+
+    lines = ["configs  (jattn train --config FILE[:VARIANT,...]):"]
+    files = sorted((root / "configs").glob("*.py"))
+    for path in files:
+        try:
+            c = load_config(str(path))
+            facts = f"dataset {c.dataset}, {c.num_train_steps} steps, position {c.model.position}"
+        except (ConfigError, AttributeError, KeyError) as e:
+            facts = f"does not load: {e}"
+        takes = "apply_variant" in path.read_text()
+        lines.append(f"  {_rel(path)}")
+        lines.append(f"      {_first_line(path)}")
+        lines.append(f"      {facts}" + ("; takes :VARIANT" if takes else ""))
+    if not files:
+        lines.append(f"  none found in {root / 'configs'}")
+    return lines
+
+
+def _variant_lines() -> list[str]:
+    from jattn.attention import IMPLEMENTATIONS  # noqa: PLC0415
+    from jattn.models import POSITIONS  # noqa: PLC0415
+
+    return [
+        "variants  (comma-separated after ':', e.g. configs/numbers.py:rope,chunked):",
+        f"  position:  {', '.join(sorted(POSITIONS))}",
+        f"  attention: {', '.join(sorted(IMPLEMENTATIONS))}",
+        "  other:     bf16 (bfloat16 compute), greedy, beam (decoding)",
+    ]
+
+
+def _dataset_lines() -> list[str]:
+    lines = ["datasets  (--config.dataset=NAME[/CONFIG]):"]
+    try:
+        from jattn.data.builders import BUILDERS  # noqa: PLC0415
+    except ImportError as e:  # the data stack is optional for this listing
+        return [*lines, f"  (jattn.data does not import here: {e})"]
+    for name, (cls, default) in BUILDERS.items():
+        configs = [c.name for c in cls.BUILDER_CONFIGS]
+        doc = (cls.__doc__ or "").strip().splitlines()
+        lines.append(f"  {name}/{{{','.join(configs)}}}  (default {default})")
+        if doc:
+            lines.append(f"      {doc[0]}")
+    lines.append("  or a tfds translation data set, e.g. wmt14_translate/de-en (configs/base.py)")
+    return lines
+
+
+def _experiment_lines(root: Path) -> list[str]:
+    lines = ["experiments  (jattn ablate --config FILE[:PRESET]):"]
+    folder = root / "experiments"
+    files = sorted(p for p in folder.glob("*.py") if not p.name.startswith("bench_"))
+    for path in files:
+        lines.append(f"  {_rel(path)}")
+        lines.append(f"      {_first_line(path)}")
+    if not files:
+        lines.append(f"  none found in {folder}")
+    benches = sorted(p.stem.removeprefix("bench_") for p in folder.glob("bench_*.py"))
+    lines.append(f"benchmarks  (jattn bench NAME): {', '.join(benches) or 'none found'}")
+    return lines
+
+
+def describe() -> str:
+    """The text `jattn configs` prints."""
+    root_configs, root_experiments = _root("configs"), _root("experiments")
+    parts = [
+        _config_lines(root_configs),
+        _variant_lines(),
+        _dataset_lines(),
+        _experiment_lines(root_experiments),
+    ]
+    return "\n\n".join("\n".join(p) for p in parts)
+
+
+def configs_command(argv: Sequence[str]) -> int:
+    """`jattn configs`: prints the listing, returns 0."""
+    parser = argparse.ArgumentParser(prog=PROG, description=__doc__.split("\n\n")[0])
+    parser.parse_args(normalize_flags(argv))
+    print(describe())
+    return 0
