@@ -29,12 +29,17 @@ machine hits all cells alike.
 `--gpu` is the GPU mode: everything after it goes to `experiments/bench_gpu.py`
 (correctness on the device first, then bf16 timings of the Pallas kernel
 against cuDNN and XLA with TFLOP/s and the fraction of the measured matmul
-peak, inside 8 minutes, table last).
+peak, inside 8 minutes, table last). Without a GPU it refuses at once
+(`jax.default_backend()` is checked before anything compiles), except with
+`--cpu-smoke`, the tiny interpret-mode check of the script itself.
+
+The table goes to `runs/bench/` unless --out says otherwise.
 
     python experiments/bench_attention.py --lengths 512 1024 2048 4096 8192
     jattn bench attention --lengths 4096 --out docs/bench_attention_cpu.csv
     jattn bench attention --window 512 --heads 4 --max-gib 6 --repeats 3
     python experiments/bench_attention.py --gpu --out docs/bench_gpu.csv
+    jattn bench attention --gpu --cpu-smoke       # the GPU script's own check, on the CPU
 """
 
 from __future__ import annotations
@@ -52,6 +57,7 @@ import jax.numpy as jnp
 import numpy as np
 
 import jattn
+from jattn.cli.common import normalize_flags
 
 
 def t2t_shaw(q, k, v, rel_k, rel_v, *, causal):
@@ -277,7 +283,19 @@ def growth(rows) -> str:
 
 
 def gpu_mode(argv) -> int:
-    """`--gpu [args ...]`: the prepared GPU benchmark, experiments/bench_gpu.py."""
+    """`--gpu [args ...]`: the prepared GPU benchmark, experiments/bench_gpu.py.
+
+    Refuses (status 2, one line, nothing compiled) when JAX has no GPU, unless
+    `--cpu-smoke` or `--help` is among the arguments.
+    """
+    if not {"--cpu-smoke", "-h", "--help"} & set(argv) and jax.default_backend() != "gpu":
+        print(
+            f"bench attention: error: --gpu needs a GPU, but jax.default_backend() is "
+            f"{jax.default_backend()!r} (devices {jax.devices()}); use --gpu --cpu-smoke for "
+            "the tiny CPU check of the GPU script",
+            file=sys.stderr,
+        )
+        return 2
     path = os.path.join(os.path.dirname(os.path.abspath(__file__)), "bench_gpu.py")
     spec = importlib.util.spec_from_file_location("bench_gpu", path)
     module = importlib.util.module_from_spec(spec)
@@ -286,18 +304,20 @@ def gpu_mode(argv) -> int:
 
 
 def main(argv=None):
-    argv = sys.argv[1:] if argv is None else list(argv)
+    argv = normalize_flags(sys.argv[1:] if argv is None else argv)  # --head_dim: --head-dim
     if "--gpu" in argv:
         return gpu_mode([a for a in argv if a != "--gpu"])
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument(
         "--lengths", type=int, nargs="+", help="default 512 ... 8192; with --window 8192 16384"
     )
-    p.add_argument("--batch", type=int, default=1)
-    p.add_argument("--heads", type=int, default=8)
-    p.add_argument("--head-dim", type=int, default=64)
-    p.add_argument("--max-distance", type=int, default=16)
-    p.add_argument("--dtype", default="float32")
+    p.add_argument("--batch", type=int, default=1, help="batch size B (default 1)")
+    p.add_argument("--heads", type=int, default=8, help="heads N (default 8)")
+    p.add_argument("--head-dim", type=int, default=64, help="head dimension H (default 64)")
+    p.add_argument(
+        "--max-distance", type=int, default=16, help="Shaw clipping distance k (default 16)"
+    )
+    p.add_argument("--dtype", default="float32", help="input dtype (default float32)")
     p.add_argument(
         "--modes", nargs="+", choices=["fwd", "fwd+bwd"], help="default both; with --window fwd+bwd"
     )
@@ -306,8 +326,10 @@ def main(argv=None):
         type=int,
         help="sliding-window mode: causal, local_window_size=(W, 0), chunked against jax.nn",
     )
-    p.add_argument("--no-causal", dest="causal", action="store_false")
-    p.add_argument("--repeats", type=int, default=3)
+    p.add_argument(
+        "--no-causal", dest="causal", action="store_false", help="full instead of causal attention"
+    )
+    p.add_argument("--repeats", type=int, default=3, help="timed calls per cell (default 3)")
     p.add_argument(
         "--max-gib",
         type=float,
@@ -316,7 +338,17 @@ def main(argv=None):
     )
     p.add_argument("--pallas", action="store_true", help="also time the Pallas kernel")
     p.add_argument("--only", nargs="*", help="implementations to run (names as printed)")
-    p.add_argument("--out", default="bench_attention.csv")
+    p.add_argument(
+        "--out",
+        default=os.path.join("runs", "bench", "bench_attention.csv"),
+        help="CSV path for the table (default %(default)s)",
+    )
+    p.add_argument(
+        "--gpu",
+        action="store_true",
+        help="GPU mode: the arguments go to experiments/bench_gpu.py (its --help lists them; "
+        "--cpu-smoke runs its tiny check on the CPU); refuses at once without a GPU",
+    )
     args = p.parse_args(argv)
     windowed = args.window is not None
     if args.lengths is None:
@@ -332,6 +364,7 @@ def main(argv=None):
     )
     cands = window_candidates(args.window) if windowed else candidates(args.pallas)
     rows = with_ratios(run(args, cands, interleave=windowed))
+    os.makedirs(os.path.dirname(args.out) or ".", exist_ok=True)
     with open(args.out, "w", newline="") as fh:
         w = csv.DictWriter(fh, fieldnames=list(rows[0]))
         w.writeheader()

@@ -1,13 +1,14 @@
 """Input pipeline benchmark: packing efficiency and throughput of jattn.data.
 
-    JAX_PLATFORMS=cpu python experiments/bench_data.py [--data_dir DIR] [--num_batches 50]
+    JAX_PLATFORMS=cpu python experiments/bench_data.py [--data-dir DIR] [--num-batches 50]
 
 Prints a markdown table, one row per (task, max_len, max_input_len, pack):
 examples and batches per second of the pipeline alone (one thread, no
 prefetch), examples per row, real tokens / all tokens of inputs and targets,
 and the fraction of examples dropped for being longer than the rows.
-`--max_input_lens` lists encoder row lengths to try (0 = max_len, one shared
-length). Defaults: the CPU experiment's batch of 64 rows.
+`--max-input-lens` lists encoder row lengths to try (0 = max_len, one shared
+length). Defaults: the CPU experiment's batch of 64 rows. Flags are spelled
+with dashes, as everywhere in `jattn`; the old underscore spellings still work.
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ import tempfile
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
 
 import jattn.data as data  # noqa: E402
+from jattn.cli.common import normalize_flags  # noqa: E402
 
 COLUMNS = (
     ("examples_per_s", "examples/s", "{:,.0f}"),
@@ -33,13 +35,23 @@ COLUMNS = (
 
 def main(argv: list[str] | None = None) -> str:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--data_dir", default=None, help="tfds data dir (default: a temp dir)")
-    parser.add_argument("--tasks", default="numbers,numbers/en,reverse")
-    parser.add_argument("--max_lens", default="32,64")
-    parser.add_argument("--max_input_lens", default="0,16", help="0: max_len")
-    parser.add_argument("--batch_size", type=int, default=64)
-    parser.add_argument("--num_batches", type=int, default=50)
-    args = parser.parse_args(argv)
+    parser.add_argument("--data-dir", default=None, help="tfds data dir (default: a temp dir)")
+    parser.add_argument(
+        "--tasks", default="numbers,numbers/en,reverse", help="comma-separated jattn tasks"
+    )
+    parser.add_argument(
+        "--max-lens", default="32,64", help="comma-separated target row lengths (default 32,64)"
+    )
+    parser.add_argument(
+        "--max-input-lens",
+        default="0,16",
+        help="comma-separated input row lengths, 0: max_len (default 0,16)",
+    )
+    parser.add_argument("--batch-size", type=int, default=64, help="rows a batch (default 64)")
+    parser.add_argument(
+        "--num-batches", type=int, default=50, help="batches measured per row (default 50)"
+    )
+    args = parser.parse_args(normalize_flags(argv))
     data_dir = args.data_dir or tempfile.mkdtemp(prefix="jattn_bench_data_")
 
     header = ["task", "max_len", "max_input_len", "pack"] + [title for _, title, _ in COLUMNS]

@@ -38,6 +38,7 @@ import dataclasses
 import os
 import re
 import statistics
+import sys
 import time
 
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
@@ -47,6 +48,7 @@ import jax  # noqa: E402
 import jax.numpy as jnp  # noqa: E402
 import numpy as np  # noqa: E402
 
+from jattn.cli.common import normalize_flags  # noqa: E402
 from jattn.models import Transformer, TransformerConfig, decoding  # noqa: E402
 
 VOCAB = 1000
@@ -203,13 +205,19 @@ def render(rows: list[dict]) -> str:
 
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--sizes", nargs="+", default=["smoke", "numbers", "small"], choices=SIZES)
+    p.add_argument(
+        "--sizes",
+        nargs="+",
+        default=["smoke", "numbers", "small"],
+        choices=SIZES,
+        help="model sizes (default smoke numbers small)",
+    )
     p.add_argument("--batch", type=int, default=32, help="source rows B")
     p.add_argument("--source", type=int, default=64, help="source length S")
     p.add_argument("--steps", type=int, default=64, help="target steps (max_length)")
     p.add_argument("--beam", type=int, default=4, help="beam size W")
     p.add_argument("--repeats", type=int, default=7, help="timed calls of each path")
-    args = p.parse_args(argv)
+    args = p.parse_args(normalize_flags(sys.argv[1:] if argv is None else argv))
     rows = [r for name in args.sizes for r in bench(name, args)]
     print()
     print(

@@ -27,7 +27,7 @@ use the same count as plain attention, so their TFLOP/s compare directly.
 
 Shapes: B·L = 16k tokens (B >= 1), N = 2048 / H query heads = kv heads.
 
-    python experiments/bench_gpu.py --out bench_gpu.csv
+    python experiments/bench_gpu.py                     # table in runs/bench/bench_gpu.csv
     python experiments/bench_gpu.py --cpu-smoke --out /tmp/smoke.csv   # seconds, CPU
 """
 
@@ -47,6 +47,7 @@ import numpy as np
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 import jattn  # noqa: E402
+from jattn.cli.common import normalize_flags  # noqa: E402
 
 START = time.perf_counter()
 COLUMNS = [
@@ -347,7 +348,11 @@ def print_table(rows) -> None:
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--out", required=True, help="CSV path for the table")
+    ap.add_argument(
+        "--out",
+        default=os.path.join("runs", "bench", "bench_gpu.csv"),
+        help="CSV path for the table (default %(default)s)",
+    )
     ap.add_argument(
         "--cpu-smoke",
         action="store_true",
@@ -359,9 +364,13 @@ def main(argv=None) -> int:
         default=380.0,
         help="stop starting new cells after this many seconds",
     )
-    ap.add_argument("--lengths", type=int, nargs="*", default=None)
-    ap.add_argument("--continue-on-fail", action="store_true")
-    args = ap.parse_args(argv)
+    ap.add_argument(
+        "--lengths", type=int, nargs="*", default=None, help="sequence lengths L to time"
+    )
+    ap.add_argument(
+        "--continue-on-fail", action="store_true", help="time even after a correctness FAIL"
+    )
+    args = ap.parse_args(normalize_flags(sys.argv[1:] if argv is None else argv))
     smoke = args.cpu_smoke
     log(f"jax {jax.__version__} devices {jax.devices()}")
 
@@ -434,6 +443,7 @@ def main(argv=None) -> int:
     rows.sort(
         key=lambda r: (-int(r["head_dim"]), not r["causal"], int(r["L"]), r["mode"], r["impl"])
     )
+    os.makedirs(os.path.dirname(args.out) or ".", exist_ok=True)
     with open(args.out, "w", newline="") as f:
         writer = csv.DictWriter(f, fieldnames=COLUMNS)
         writer.writeheader()

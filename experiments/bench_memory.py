@@ -19,12 +19,14 @@ Two tables:
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 
 import jax
 import jax.numpy as jnp
 
 from jattn import memory
+from jattn.cli.common import normalize_flags
 
 MIB = 2**20
 
@@ -141,17 +143,24 @@ def render(cfg_name, cfg, batch, lrows, crows) -> str:
 def main(argv=None):
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--config", default="base", help="base | big | numbers")
-    p.add_argument("--vocab", type=int, default=37000)
-    p.add_argument("--lengths", type=int, nargs="+", default=[256, 1024, 4096])
-    p.add_argument("--batch", type=int, default=1)
+    p.add_argument("--vocab", type=int, default=37000, help="vocabulary size (default 37000)")
+    p.add_argument(
+        "--lengths",
+        type=int,
+        nargs="+",
+        default=[256, 1024, 4096],
+        help="sequence lengths L (default 256 1024 4096)",
+    )
+    p.add_argument("--batch", type=int, default=1, help="batch size B (default 1)")
     p.add_argument("--no-check", action="store_true", help="formulas only, compile nothing")
     p.add_argument("--out", default=None, help="also write the tables (markdown) here")
-    args = p.parse_args(argv)
+    args = p.parse_args(normalize_flags(sys.argv[1:] if argv is None else argv))
     cfg = _model_config(args.config, args.vocab)
     lrows = logits_rows(cfg, args.lengths, args.batch, not args.no_check)
     crows = cache_rows(cfg, args.lengths, args.batch, not args.no_check)
     text = render(args.config, cfg, args.batch, lrows, crows)
     if args.out:
+        os.makedirs(os.path.dirname(args.out) or ".", exist_ok=True)
         with open(args.out, "w") as f:
             f.write(text)
     print(text)

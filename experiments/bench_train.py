@@ -21,6 +21,7 @@ import argparse
 import math
 import os
 import statistics
+import sys
 import time
 
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
@@ -32,6 +33,7 @@ import numpy as np  # noqa: E402
 import optax  # noqa: E402
 
 from jattn import data as data_lib  # noqa: E402
+from jattn.cli.common import normalize_flags  # noqa: E402
 from jattn.models import Transformer, TransformerConfig  # noqa: E402
 from jattn.positions import sinusoidal  # noqa: E402
 from jattn.train import steps  # noqa: E402
@@ -191,7 +193,7 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=10, help="timed steps per model per round")
     parser.add_argument("--rounds", type=int, default=4, help="rounds, models interleaved")
     parser.add_argument("--impl", default="xla", help="jattn attention_impl (xla, chunked)")
-    args = parser.parse_args()
+    args = parser.parse_args(normalize_flags(sys.argv[1:]))
     rows_out = []
     for name in args.sizes.split(","):
         d, h, layers, ff, rows, max_len = SIZES[name]

@@ -305,3 +305,100 @@ def test_configs_lists_configs_variants_datasets_and_experiments(capsys, monkeyp
     assert "bench_attention" not in out.split("experiments  (")[1].split("benchmarks")[0]
     assert cli.main(["--help"]) == 0
     assert "configs" in capsys.readouterr().out
+
+
+# -- the benchmark scripts: flags, --gpu, where outputs go -------------------------------
+
+
+def _bench_module(name):
+    import runpy
+
+    return runpy.run_path(str(REPO / "experiments" / f"bench_{name}.py"))
+
+
+class _Parsed(Exception):
+    pass
+
+
+def _bench_parser(name, monkeypatch):
+    """The argparse parser a bench script's main builds (caught before it parses)."""
+    import argparse
+
+    seen = []
+
+    def capture(self, *args, **kwargs):
+        seen.append(self)
+        raise _Parsed
+
+    monkeypatch.setattr(argparse.ArgumentParser, "parse_args", capture)
+    main = _bench_module(name)["main"]
+    with pytest.raises(_Parsed):
+        main() if name == "train" else main([])
+    return seen[0]
+
+
+@pytest.mark.parametrize("name", ["attention", "data", "decode", "gpu", "memory", "train"])
+def test_bench_flags_are_dashed_with_help(name, monkeypatch):
+    parser = _bench_parser(name, monkeypatch)
+    for action in parser._actions:
+        for flag in action.option_strings:
+            assert "_" not in flag, f"bench {name} {flag}: flags are spelled with dashes"
+        assert action.help, f"bench {name} {action.dest} has no help"
+        if action.dest == "out" and action.default is not None:
+            assert action.default.startswith(os.path.join("runs", "bench", "")), action.default
+
+
+def test_bench_data_takes_old_underscore_flags(monkeypatch):
+    import argparse
+
+    seen = []
+    real = argparse.ArgumentParser.parse_args
+
+    def capture(self, args=None, namespace=None):
+        seen.append(real(self, args, namespace))
+        raise _Parsed
+
+    monkeypatch.setattr(argparse.ArgumentParser, "parse_args", capture)
+    with pytest.raises(_Parsed):
+        _bench_module("data")["main"](["--max_input_lens", "0", "--num_batches=2", "--data-dir=d"])
+    assert (seen[0].max_input_lens, seen[0].num_batches, seen[0].data_dir) == ("0", 2, "d")
+
+
+def test_bench_attention_lists_gpu_in_help(capsys):
+    with pytest.raises(SystemExit) as e:
+        _bench_module("attention")["main"](["--help"])
+    assert e.value.code == 0
+    out = capsys.readouterr().out
+    assert "--gpu" in out and "--cpu-smoke" in out
+
+
+def test_bench_gpu_without_a_gpu_refuses_at_once(tmp_path, capsys, compiles, monkeypatch):
+    """No interpret-mode run, nothing compiled, one clear line, well under a second."""
+    import time
+
+    assert jax.default_backend() != "gpu"
+    monkeypatch.chdir(tmp_path)
+    main = _bench_module("attention")["main"]
+    t0 = time.perf_counter()
+    status = main(["--gpu", "--out", str(tmp_path / "gpu.csv")])
+    elapsed = time.perf_counter() - t0
+    err = capsys.readouterr().err.strip()
+    assert status == 2 and elapsed < 1.0, elapsed
+    assert "--gpu needs a GPU, but jax.default_backend() is 'cpu'" in err and "--cpu-smoke" in err
+    assert not compiles and not list(tmp_path.iterdir())
+    t0 = time.perf_counter()
+    assert cli.main(["bench", "attention", "--gpu"]) == 2
+    assert time.perf_counter() - t0 < 1.0
+    assert "needs a GPU" in capsys.readouterr().err
+
+
+def test_bench_attention_writes_under_runs_bench_by_default(tmp_path, capsys, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    main = _bench_module("attention")["main"]
+    argv = ["--lengths", "16", "--heads", "1", "--head_dim", "8", "--repeats", "1",
+            "--modes", "fwd", "--only", "jattn xla"]  # fmt: skip
+    assert main(argv) == 0
+    assert [p.name for p in tmp_path.iterdir()] == ["runs"]
+    table = (tmp_path / "runs" / "bench" / "bench_attention.csv").read_text()
+    assert "jattn xla" in table
+    assert "wrote runs/bench/bench_attention.csv" in capsys.readouterr().out
