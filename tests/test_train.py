@@ -119,7 +119,7 @@ def test_smoke_run_learns_and_writes_its_outputs(reference):
     assert all(isinstance(r["step"], int) for r in rows)
     eval_rows = {r["step"]: r for r in rows if "eval/validation/loss" in r}
     assert sorted(eval_rows) == [20, 40]
-    for name in ("loss", "accuracy", "exact_match", "bleu", "chrf"):
+    for name in ("loss", "accuracy", "exact_match", "chrf"):  # char-level: no BLEU
         for split in ("validation", "test_longer"):
             assert f"eval/{split}/{name}" in eval_rows[40]
             assert final[f"eval/{split}/{name}"] == pytest.approx(
@@ -175,6 +175,71 @@ def test_incompatible_workdir_is_refused_and_left_untouched(reference, tmp_path,
         and f"input_len: checkpoint {max_len} != config 8" in err
     )
     assert {p: p.read_bytes() for p in workdir.rglob("*") if p.is_file()} == before
+
+
+def test_a_changed_schedule_is_refused_unless_allowed(reference, tmp_path, capsys):
+    """num_train_steps, schedule, warmup_steps, learning_rate of a finished (or
+    interrupted) run: changing them is refused in one line, the workdir untouched."""
+    from jattn import cli
+
+    workdir = tmp_path / "run"
+    shutil.copytree(reference[0], workdir)
+    before = {p: p.read_bytes() for p in workdir.rglob("*") if p.is_file()}
+    status = cli.main(
+        ["train", "--config", SMOKE, "--workdir", str(workdir), "--compilation_cache_dir=",
+         "--config.num_train_steps=50", "--config.warmup_steps=7",
+         "--config.learning_rate=0.01", "--config.schedule=cosine"]
+    )  # fmt: skip
+    err = capsys.readouterr().err.strip()
+    assert status == 2 and "\n" not in err
+    assert f"workdir '{workdir}' holds a checkpoint (step 40) trained under another schedule" in err
+    for change in ("num_train_steps: checkpoint 40 != config 50", "warmup_steps: checkpoint 5 != "
+                   "config 7", "learning_rate: checkpoint 0.003 != config 0.01",
+                   "schedule: checkpoint 'constant' != config 'cosine'"):  # fmt: skip
+        assert change in err
+    assert "--config.allow_schedule_change=True" in err
+    assert {p: p.read_bytes() for p in workdir.rglob("*") if p.is_file()} == before
+
+
+def test_final_metrics_are_strict_json_with_the_logged_window_mean(tmp_path):
+    """final_metrics.json's train/loss is the last metrics.jsonl row's (the mean over the
+    logging interval, train/loss_window_steps steps); no NaN in the file; a rerun that
+    cannot time its steps keeps the step rate measured before."""
+
+    def strict(path):
+        def no_nan(name):
+            raise AssertionError(f"{path} holds {name}")
+
+        return json.loads(path.read_text(), parse_constant=no_nan)
+
+    overrides = dict(num_train_steps=7, log_every_steps=3, checkpoint_every_steps=7,
+                     eval_every_steps=7, eval_splits="()")  # fmt: skip
+    final = train_and_evaluate(smoke_config(**overrides), str(tmp_path))
+    rows = [r for r in read_metrics(str(tmp_path)) if "train/loss" in r]
+    assert [(r["step"], r["train/loss_window_steps"]) for r in rows] == [(3, 3), (6, 3), (7, 1)]
+    saved = strict(tmp_path / "final_metrics.json")
+    assert saved == final and saved["train/loss"] == rows[-1]["train/loss"]
+    measured = saved["train/steps_per_sec"]
+    assert measured > 0
+    # A stale final_metrics.json makes the run resume at its last step: no step is
+    # timed (NaN), yet the file keeps the earlier measurement, as strict JSON.
+    stale = dict(saved, step=6)
+    (tmp_path / "final_metrics.json").write_text(json.dumps(stale))
+    again = train_and_evaluate(smoke_config(**overrides), str(tmp_path))
+    saved = strict(tmp_path / "final_metrics.json")
+    assert saved == again and saved["step"] == 7
+    assert saved["train/steps_per_sec"] == measured
+    assert saved["train/loss"] == rows[-1]["train/loss"]
+
+
+def test_write_final_metrics_keeps_measured_values(tmp_path):
+    from jattn.train.metrics import write_final_metrics
+
+    path = str(tmp_path / "final_metrics.json")
+    write_final_metrics(path, {"step": 5, "a": 1.5, "b": float("inf")})
+    out = write_final_metrics(path, {"step": 5, "a": float("nan"), "b": float("nan"), "c": 2})
+    assert out == {"step": 5, "a": 1.5, "b": None, "c": 2}
+    assert json.loads((tmp_path / "final_metrics.json").read_text()) == out
 
 
 def test_signature_input_length_and_legacy_checkpoints():
@@ -288,7 +353,8 @@ def test_training_with_shorter_input_rows(tmp_path):
     decoded = [json.loads(x) for x in (tmp_path / "decodes" / "validation.jsonl").open()]
     assert decoded and all(e["input_tokens"] <= 12 for e in decoded)  # eval's inputs limit
     # Resuming with the same lengths continues the run (history kept).
-    final = train_and_evaluate(smoke_config(**{**overrides, "num_train_steps": 8}), str(tmp_path))
+    extended = {**overrides, "num_train_steps": 8, "allow_schedule_change": True}
+    final = train_and_evaluate(smoke_config(**extended), str(tmp_path))
     assert final["step"] == 8
     compare(losses(tmp_path), loss, range(1, 7), rtol=0)
 
@@ -348,7 +414,8 @@ def test_resume_skips_a_torn_save_and_extends_a_finished_run(reference, tmp_path
     for f in (torn / "state").rglob("*"):
         if f.is_file() and "manifest" in f.name:
             f.write_bytes(b"torn")
-    final = train_and_evaluate(smoke_config(num_train_steps=45, eval_splits="()"), str(workdir))
+    config = smoke_config(num_train_steps=45, eval_splits="()", allow_schedule_change=True)
+    final = train_and_evaluate(config, str(workdir))
     assert final["step"] == 45
     assert not torn.exists()
     loss = losses(workdir)
@@ -502,7 +569,8 @@ def test_two_processes_train_checkpoint_preempt_and_resume_exactly(cache_env, tm
 
     resumed = tmp_path / "resumed"
     shutil.copytree(step10, resumed / "checkpoints" / "10")
-    procs = start_two_processes(resumed, cache_env, "--config.num_train_steps=100000", *args)
+    longer = ("--config.num_train_steps=100000", "--config.allow_schedule_change=True")
+    procs = start_two_processes(resumed, cache_env, *longer, *args)
     wait_for_step(resumed, procs[0], 15)
     for p in procs:
         p.send_signal(signal.SIGTERM)

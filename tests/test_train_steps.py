@@ -309,7 +309,8 @@ def test_train_metrics_average_an_interval_and_stop_on_a_non_finite_loss(tmp_pat
     assert rows[0]["train/loss"] == 2.0 and rows[0]["train/grad_norm"] == 4.0
     assert rows[0]["train/learning_rate"] == 0.2 and rows[1]["train/loss"] == 5.0
     assert set(rows[0]) == {
-        "step", "train/loss", "train/accuracy", "train/grad_norm", "train/learning_rate",
+        "step", "train/loss", "train/loss_window_steps", "train/accuracy", "train/grad_norm",
+        "train/learning_rate",
         "train/tokens_per_sec", "train/steps_per_sec",
     }  # fmt: skip
     assert metrics.steady_steps_per_sec > 0  # the second interval (the first compiles)

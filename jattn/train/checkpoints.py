@@ -31,8 +31,10 @@ from jattn.train.config import ConfigError, config_to_dict, model_defaults
 
 __all__ = [
     "COMPAT_KEYS",
+    "SCHEDULE_KEYS",
     "check_compatible",
     "incompatibilities",
+    "schedule_changes",
     "make_manager",
     "restore",
     "save",
@@ -57,6 +59,12 @@ COMPAT_KEYS = (
     "optimizer",
 )
 
+# Keys of the learning-rate schedule. A checkpoint saved under other values can
+# continue (the state has the same shapes), but the run then follows another
+# schedule than the one it started with: refused unless the config says
+# `allow_schedule_change=True`.
+SCHEDULE_KEYS = ("num_train_steps", "schedule", "warmup_steps", "learning_rate")
+
 
 def signature(config: ml_collections.ConfigDict | dict[str, Any]) -> dict[str, Any]:
     """The part of a config a checkpoint must agree with to be resumed.
@@ -70,6 +78,17 @@ def signature(config: ml_collections.ConfigDict | dict[str, Any]) -> dict[str, A
     sig["gradient_clipping"] = bool((flat.get("grad_clip_norm") or 0) > 0)
     sig["input_len"] = flat.get("max_input_len") or flat.get("max_len")
     return sig
+
+
+def schedule_changes(meta: dict[str, Any], config: ml_collections.ConfigDict) -> list[str]:
+    """What differs in `SCHEDULE_KEYS` between a checkpoint's ``meta`` item (its
+    ``config``) and `config`, one line each (none for a meta without a config)."""
+    saved = meta.get("config") or {}
+    return [
+        f"{k}: checkpoint {saved[k]!r} != config {config[k]!r}"
+        for k in SCHEDULE_KEYS
+        if k in saved and saved[k] != config[k]
+    ]
 
 
 def incompatibilities(saved: dict[str, Any], config: ml_collections.ConfigDict) -> list[str]:
@@ -142,7 +161,9 @@ def check_compatible(
       The latest step, or None for a fresh workdir.
 
     Raises:
-      ConfigError: one line listing what differs (the workdir is left alone).
+      ConfigError: one line listing what differs (the workdir is left alone); a
+        changed `SCHEDULE_KEYS` value is refused unless
+        `config.allow_schedule_change` is True.
     """
     step = mngr.latest_step()
     if step is None:
@@ -153,13 +174,21 @@ def check_compatible(
         if not os.path.exists(path):
             return step
         with open(path) as f:
-            meta = {"signature": signature(json.load(f))}
+            saved_config = json.load(f)
+        meta = {"signature": signature(saved_config), "config": saved_config}
     diffs = incompatibilities(meta["signature"], config)
     if diffs:
         raise ConfigError(
             f"workdir {workdir!r} holds a checkpoint (step {step}) of an incompatible config: "
             + "; ".join(diffs)
             + ". Use a new --workdir (nothing was overwritten)."
+        )
+    changes = schedule_changes(meta, config)
+    if changes and not config.get("allow_schedule_change", False):
+        raise ConfigError(
+            f"workdir {workdir!r} holds a checkpoint (step {step}) trained under another "
+            "schedule: " + "; ".join(changes) + ". Pass --config.allow_schedule_change=True "
+            "to continue it under the new one, or use a new --workdir (nothing was overwritten)."
         )
     return step
 

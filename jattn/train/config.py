@@ -135,6 +135,9 @@ def default_config() -> ml_collections.ConfigDict:
     c.grad_clip_norm = 0.0  # > 0: clip the global gradient norm
     c.grad_accum_steps = 1  # micro-batches a step (one update)
     c.label_smoothing = 0.1
+    # Resuming a workdir whose checkpoint was saved under another num_train_steps,
+    # schedule, warmup_steps or learning_rate is refused unless this is True.
+    c.allow_schedule_change = False
 
     # Sharding: sizes of the mesh axes ("data", "fsdp", "tensor"); one may be -1.
     c.mesh_shape = (-1, 1, 1)

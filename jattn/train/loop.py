@@ -47,6 +47,8 @@ from jattn.train.metrics import (
     Progress,
     TrainMetrics,
     read_metrics,
+    strict_json_value,
+    write_final_metrics,
 )
 from jattn.train.optim import make_optimizer
 from jattn.train.restore import load_task
@@ -202,7 +204,8 @@ def _compile(model, tx, schedule, config: ml_collections.ConfigDict, mesh, shard
 
 
 def _last_logged_loss(workdir: str) -> float:
-    """The last `train/loss` of metrics.jsonl (a run resumed at its end trains no step)."""
+    """The last `train/loss` (an interval's mean) of metrics.jsonl (a run resumed at
+    its end trains no step)."""
     logged = [r["train/loss"] for r in read_metrics(workdir) if "train/loss" in r]
     return float(logged[-1]) if logged else float("nan")
 
@@ -219,7 +222,10 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict[
 
     Returns:
       ``{"step", "preempted", "train/loss", "eval/<split>/<metric>", ...,
-      "num_params", "train/steps_per_sec"}``. A finished workdir returns its
+      "num_params", "train/steps_per_sec"}``, as written to
+      `final_metrics.json` (strict JSON: None where unknown). ``train/loss``
+      is the mean over the last logging interval, the number metrics.jsonl,
+      TensorBoard and the progress bar show. A finished workdir returns its
       saved final metrics without training again.
 
     Raises:
@@ -345,7 +351,9 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict[
         mngr.close()
         writer.close()
 
-    last_loss = train_metrics.last_loss  # NaN when no step ran in this process
+    # train/loss: the mean over the last logging interval, as metrics.jsonl, TensorBoard
+    # and the progress bar show it (NaN when no step ran in this process).
+    last_loss = train_metrics.logged_loss
     result = {
         "step": step,
         "preempted": preempted,
@@ -355,9 +363,8 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict[
         **eval_metrics,
     }
     if is_main and not preempted:
-        with open(os.path.join(workdir, FINAL_METRICS), "w") as f:
-            json.dump(result, f, indent=2, sort_keys=True)
-    return result
+        return write_final_metrics(os.path.join(workdir, FINAL_METRICS), result)
+    return {k: strict_json_value(v) for k, v in result.items()}
 
 
 def _format_eval(step: int, metrics: dict[str, float]) -> str:

@@ -8,6 +8,17 @@ averages them over a log interval, times the steps, and writes a row through
 Only process 0 writes; on the others every method is a no-op. Each line of
 `metrics.jsonl` is one JSON object with ``"step"`` and metric names such as
 ``"train/loss"`` or ``"eval/validation/exact_match"``.
+
+One training loss everywhere: ``train/loss`` is the mean of the per-step
+losses over the logging interval that ends at the row's step (the
+``train/loss_window_steps`` steps since the previous row; `log_every_steps`,
+shorter before an evaluation or a checkpoint). The progress bar, metrics.jsonl,
+TensorBoard and ``final_metrics.json`` (the run's last interval) all show
+this same number under this name, so the ablation report reads it too.
+
+`write_final_metrics` writes ``final_metrics.json`` as strict JSON (null for
+an unknown value, never NaN) and keeps a value measured by an earlier
+invocation of the run where this one could not measure it.
 """
 
 from __future__ import annotations
@@ -20,7 +31,15 @@ import time
 from collections.abc import Mapping
 from typing import Any
 
-__all__ = ["MetricsWriter", "NonFiniteLossError", "Progress", "TrainMetrics", "read_metrics"]
+__all__ = [
+    "MetricsWriter",
+    "NonFiniteLossError",
+    "Progress",
+    "TrainMetrics",
+    "read_metrics",
+    "strict_json_value",
+    "write_final_metrics",
+]
 
 METRICS_FILE = "metrics.jsonl"
 
@@ -102,8 +121,43 @@ def read_metrics(workdir: str) -> list[dict[str, Any]]:
     return rows
 
 
+def strict_json_value(value: Any) -> Any:
+    """`value` for strict JSON: a non-finite float (NaN: not measured) becomes None."""
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    return value
+
+
+def write_final_metrics(path: str, result: Mapping[str, Any]) -> dict[str, Any]:
+    """Writes `result` to `path` (``final_metrics.json``) as strict JSON and returns
+    what was written.
+
+    NaN/Inf become null. A key that is null now but holds a value in the file
+    already there (an earlier invocation of the same run measured it, e.g.
+    ``train/steps_per_sec`` before a restart that trained too few steps to
+    time them) keeps that value: a rerun never replaces a measurement with
+    "unknown".
+    """
+    out = {k: strict_json_value(v) for k, v in result.items()}
+    if os.path.exists(path):
+        try:
+            with open(path) as f:
+                old = json.load(f)
+        except (OSError, json.JSONDecodeError):
+            old = {}
+        for k, v in old.items():
+            if out.get(k) is None and isinstance(v, int | float) and math.isfinite(v):
+                out[k] = v
+    tmp = path + ".tmp"
+    with open(tmp, "w") as f:
+        json.dump(out, f, indent=2, sort_keys=True, allow_nan=False)
+    os.replace(tmp, path)
+    return out
+
+
 class Progress:
-    """A tqdm bar over training steps (step, loss, tokens/s; tqdm adds the ETA).
+    """A tqdm bar over training steps (step, `train/loss` as logged, tokens/s; tqdm
+    adds the ETA).
 
     The bar is shown when `enabled`; messages (`write`) are printed on the
     main process only.
@@ -131,7 +185,10 @@ class Progress:
         if self._bar is None:
             return
         self._bar.update(steps)
-        self._bar.set_postfix(loss=f"{loss:.4f}", tok_s=f"{tokens_per_sec:,.0f}", refresh=False)
+        # The interval's mean: the number metrics.jsonl logs as train/loss.
+        self._bar.set_postfix(
+            {"train/loss": f"{loss:.4f}", "tok_s": f"{tokens_per_sec:,.0f}"}, refresh=False
+        )
 
     def write(self, text: str) -> None:
         if self._bar is not None:
@@ -164,9 +221,10 @@ class TrainMetrics:
     ``tokens``, ``grad_norm``, ``learning_rate``). `push` keeps one step's
     in flight and fetches the previous one, so the host never waits for the
     device; `log` fetches what is left and writes the interval's means:
-    ``train/loss``, ``train/accuracy``, ``train/grad_norm``,
+    ``train/loss``, ``train/accuracy``, ``train/grad_norm``, with
+    ``train/loss_window_steps`` (how many steps they average),
     ``train/learning_rate`` (the last step's), ``train/tokens_per_sec`` and
-    ``train/steps_per_sec``.
+    ``train/steps_per_sec``. `logged_loss` is the last row's ``train/loss``.
 
     The first interval of a process includes compilation, so it is left out
     of `steady_steps_per_sec`; `restart_clock` leaves evaluation and
@@ -184,6 +242,7 @@ class TrainMetrics:
         self._count = 0
         self._learning_rate = 0.0
         self.last_loss = float("nan")  # of the last fetched step
+        self.logged_loss = float("nan")  # train/loss of the last row written (a window's mean)
         self._clock = time.perf_counter()
         self._first = True
         self._steady_time = 0.0
@@ -224,6 +283,7 @@ class TrainMetrics:
             self._steady_steps += self._count
         row = {
             "train/loss": self._sums["loss"] / n,
+            "train/loss_window_steps": self._count,
             "train/accuracy": self._sums["accuracy"] / n,
             "train/grad_norm": self._sums["grad_norm"] / n,
             "train/learning_rate": self._learning_rate,
@@ -231,6 +291,8 @@ class TrainMetrics:
             "train/steps_per_sec": self._count / elapsed,
         }
         self._writer.write(step, row)
+        if self._count:
+            self.logged_loss = row["train/loss"]
         self._progress.update(self._count, row["train/loss"], row["train/tokens_per_sec"])
         self._sums = dict.fromkeys(_SUMMED, 0.0)
         self._count = 0
