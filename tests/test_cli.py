@@ -253,9 +253,14 @@ def test_train_takes_a_plain_tuple_on_the_command_line(tmp_path, capsys, compile
 
 
 def _parsers():
-    from jattn.cli import ablate, probe, train
+    from jattn.cli import ablate, decode, probe, train
 
-    return {"train": train._parser(), "ablate": ablate._parser(), "probe": probe._parser()}
+    return {
+        "train": train._parser(),
+        "ablate": ablate._parser(),
+        "probe": probe._parser(),
+        "decode": decode._parser(),
+    }
 
 
 def test_flags_are_dashed_and_every_flag_has_help():

@@ -6,7 +6,7 @@ run's decoding settings apply (`decode`, `beam_size`, `beam_alpha`,
 `decode_max_len` or `eval_max_len`); flags override them:
 
     jattn decode --workdir runs/numbers "342"
-    jattn decode --workdir runs/numbers --decode beam --beam_size 8 "342" "17"
+    jattn decode --workdir runs/numbers --decode beam --beam-size 8 "342" "17"
 
 Exit status: 0 done, 2 bad input (no run, no checkpoint, bad flag), in one line.
 """
@@ -16,7 +16,7 @@ from __future__ import annotations
 import argparse
 from collections.abc import Sequence
 
-from jattn.cli.common import fail
+from jattn.cli.common import fail, normalize_flags
 
 __all__ = ["decode_command"]
 
@@ -32,10 +32,10 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument(
         "--decode", choices=("greedy", "beam"), default=None, help="default: the run's `decode`"
     )
-    parser.add_argument("--beam_size", type=int, default=None, help="default: the run's")
-    parser.add_argument("--beam_alpha", type=float, default=None, help="default: the run's")
+    parser.add_argument("--beam-size", type=int, default=None, help="default: the run's")
+    parser.add_argument("--beam-alpha", type=float, default=None, help="default: the run's")
     parser.add_argument(
-        "--max_len", type=int, default=None, help="output tokens (default: the run's decode length)"
+        "--max-len", type=int, default=None, help="output tokens (default: the run's decode length)"
     )
     parser.add_argument("texts", nargs="+", metavar="TEXT", help="inputs to decode")
     return parser
@@ -69,11 +69,11 @@ def decode_texts(run, texts: Sequence[str], *, method=None, beam_size=None, beam
 
 def decode_command(argv: Sequence[str]) -> int:
     """`jattn decode`: prints one decoded text a line; returns the exit status."""
-    args = _parser().parse_args(list(argv))
+    args = _parser().parse_args(normalize_flags(argv))  # --beam_size: --beam-size
     for name in ("beam_size", "max_len"):
         value = getattr(args, name)
         if value is not None and value < 1:
-            return fail(PROG, f"--{name} must be >= 1, got {value}")
+            return fail(PROG, f"--{name.replace('_', '-')} must be >= 1, got {value}")
 
     from jattn.train.restore import load_run  # noqa: PLC0415
 
