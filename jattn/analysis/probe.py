@@ -134,8 +134,10 @@ def capture(
 
 
 def attention_paths(model: Transformer, params: Any, inputs: Array, targets: Array) -> list[Path]:
-    """Module paths of every attention layer, in call order."""
-    return list(capture(model, params, inputs[:1], targets[:1])[1])
+    """Module paths of every attention layer, in call order (traced abstractly,
+    nothing is computed)."""
+    shapes = jax.eval_shape(lambda p, i, t: capture(model, p, i, t)[1], params, inputs, targets)
+    return list(shapes)
 
 
 def reference_scores(
@@ -172,6 +174,9 @@ def source_position_effects(
     """Cross-attention weight on each source position against the effect of
     hiding that position from every cross-attention layer.
 
+    The S hidings share one compiled function (the same intervention tree,
+    only the visibility changes).
+
     Returns:
       ``weight [B, S]``: mean over layers, heads and real target tokens of the
       cross-attention weight; ``effect [B, S]``: drop in the reference
@@ -203,15 +208,21 @@ def head_ablation_table(
     model: Transformer, params: Any, inputs: Array, targets: Array
 ) -> list[dict[str, Any]]:
     """Ablate each head of each attention layer alone; rows sorted by cost
-    (largest drop in mean reference log-probability first)."""
+    (largest drop in mean reference log-probability first).
+
+    Every layer carries a head gate in every call (all ones but the ablated
+    head's zero), so all ablations share one compiled function."""
     paths = attention_paths(model, params, inputs, targets)
     score = _scores_fn(model)
     base = jax.device_get(score(params, inputs, targets, None))
     n = model.config.num_heads
+    ones = jnp.ones(n, jnp.float32)
     rows = []
     for path in paths:
         for head in range(n):
-            s = jax.device_get(score(params, inputs, targets, ablate_heads(path, n, [head])))
+            gates = [_nest(p, {"head_gate": ones}) for p in paths if p != path]
+            iv = merge(*gates, ablate_heads(path, n, [head]))
+            s = jax.device_get(score(params, inputs, targets, iv))
             rows.append(
                 {
                     "layer": "/".join(path),
