@@ -155,3 +155,51 @@ def test_source_effects_and_head_table(small):
     drops = [r["logprob_drop"] for r in rows]
     assert drops == sorted(drops, reverse=True)
     assert dataclasses.replace(model.config).capture_attention is False  # model untouched
+
+
+def test_effects_mark_the_eos_position(small):
+    model, params, inputs, targets = small
+    eff = probe.source_position_effects(model, params, inputs, targets)
+    np.testing.assert_array_equal(eff["eos"], np.asarray(inputs) == 1)
+
+
+def test_labels_are_not_cut_and_the_title_carries_the_correlation():
+    long = {"inputs": "996056", "targets": "neunhundertsechsundneunzigtausendsechsundfünfzig"}
+    label = probe.example_label(long)
+    assert label.replace("\n", "") == "996056 -> " + long["targets"]  # all of it
+    wrapped = probe.example_label({"inputs": "x " * 60, "targets": "y " * 60}, width=40)
+    assert all(len(line) <= 40 for line in wrapped.split("\n")) and "\n" in wrapped
+    title = probe.weight_vs_effect_title(0.2034, 26)
+    assert "r = 0.203" in title and "26 real source positions" in title
+    assert "r = n/a" in probe.weight_vs_effect_title(float("nan"), 2)
+    assert "mean over heads" in probe.WEIGHT_AGGREGATION
+    assert "cross-attention" in probe.WEIGHT_AGGREGATION
+
+
+def test_weight_vs_effect_plot_is_a_png(small, tmp_path):
+    model, params, inputs, targets = small
+    eff = probe.source_position_effects(model, params, inputs, targets)
+    texts = [{"inputs": "567", "targets": "a" * 60}, {"inputs": "89", "targets": "b"}]
+    path = tmp_path / "wve.png"
+    probe.plot_weight_vs_effect(eff, str(path), texts)  # text dicts become full labels
+    assert path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and path.stat().st_size > 10_000
+
+
+def test_quiet_checkpoint_metadata_drops_only_that_warning(caplog):
+    import logging
+
+    absl = logging.getLogger("absl")
+    msg = "Metadata file does not exist: /r/checkpoints/3/state/_CHECKPOINT_METADATA"
+    with caplog.at_level(logging.INFO, logger="absl"):
+        with probe.quiet_checkpoint_metadata():
+            absl.warning(msg)
+            absl.warning("some other warning")
+            absl.error("Metadata file does not exist but this is an error: _CHECKPOINT_METADATA")
+        absl.warning(msg)  # outside: back to normal
+    got = [(r.levelname, r.getMessage()) for r in caplog.records]
+    assert got == [
+        ("WARNING", "some other warning"),
+        ("ERROR", "Metadata file does not exist but this is an error: _CHECKPOINT_METADATA"),
+        ("WARNING", msg),
+    ]
+    assert not absl.filters

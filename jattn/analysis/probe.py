@@ -21,7 +21,9 @@ H head dim.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
+import logging
 from collections.abc import Sequence
 from typing import Any
 
@@ -36,19 +38,24 @@ Array = jax.Array
 Path = tuple[str, ...]
 
 COLLECTION = "interventions"
+EOS_ID = 1
 
 __all__ = [
     "ablate_heads",
     "attention_paths",
     "capture",
     "encode_examples",
+    "example_label",
     "head_ablation_table",
     "hide_keys",
     "merge",
+    "plot_weight_vs_effect",
+    "quiet_checkpoint_metadata",
     "reference_scores",
     "replace_values",
     "source_position_effects",
     "weight_effect_correlation",
+    "weight_vs_effect_title",
 ]
 
 
@@ -182,6 +189,7 @@ def source_position_effects(
       cross-attention weight; ``effect [B, S]``: drop in the reference
       log-probability when the position is hidden; ``base [B]``: the
       unperturbed log-probability. Padding source positions get NaN.
+      ``eos [B, S]``: True at the end-of-sequence token of each source.
     """
     _, weights = capture(model, params, inputs, targets)
     cross = [p for p in weights if p[-1] == "cross_attention"]
@@ -201,7 +209,8 @@ def source_position_effects(
     real_s = np.asarray(inputs > 0)
     weight = np.where(real_s, weight, np.nan)
     effect = np.where(real_s, effect, np.nan)
-    return {"weight": weight, "effect": effect, "base": base}
+    eos = np.asarray(inputs) == EOS_ID
+    return {"weight": weight, "effect": effect, "base": base, "eos": eos}
 
 
 def head_ablation_table(
@@ -235,34 +244,82 @@ def head_ablation_table(
     return rows
 
 
-def plot_weight_vs_effect(effects: dict[str, np.ndarray], path: str, labels=None) -> None:
+WEIGHT_AGGREGATION = (
+    "x: cross-attention weight on the source position, mean over heads, over the "
+    "cross-attention layers of every decoder layer, and over the real target tokens"
+)
+EFFECT_DESCRIPTION = (
+    "y: drop in log p(reference) when the position is hidden from every "
+    "cross-attention layer (teacher-forced)"
+)
+
+
+def example_label(text: dict, width: int = 70) -> str:
+    """A legend label for one example, ``inputs -> targets`` in full (wrapped
+    at `width` characters, never cut)."""
+    import textwrap  # noqa: PLC0415
+
+    line = f"{text['inputs']} -> {text['targets']}"
+    return "\n".join(textwrap.wrap(line, width, break_long_words=True)) or line
+
+
+def weight_vs_effect_title(correlation: float, count: int) -> str:
+    """The plot's title: what it shows and the Pearson correlation over the
+    real source positions."""
+    r = "n/a" if not np.isfinite(correlation) else f"{correlation:.3f}"
+    return (
+        f"Attention weight vs. intervention effect per source position\n"
+        f"Pearson r = {r} over {count} real source positions"
+    )
+
+
+def plot_weight_vs_effect(effects: dict[str, np.ndarray], path: str, labels=None, eos=None) -> None:
     """Scatter of attention weight (x) against intervention effect (y) per
-    source position, one colour per example."""
+    source position, one colour per example; the end-of-sequence positions
+    (`eos`, bool `[B, S]`, or ``effects["eos"]``) drawn as stars. The title
+    carries the correlation, the axes say how the weights are aggregated.
+    Labels are shown in full (long ones wrapped); an example's text dict
+    ``{"inputs", "targets"}`` as a label becomes `example_label` of it."""
     import matplotlib  # noqa: PLC0415
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt  # noqa: PLC0415
 
-    fig, ax = plt.subplots(figsize=(7, 5))
+    eos = effects.get("eos") if eos is None else eos
+    weight, effect = effects["weight"], effects["effect"]
+    count = int(np.sum(np.isfinite(weight) & np.isfinite(effect)))
+    fig, ax = plt.subplots(figsize=(9, 6.5))
     cmap = plt.get_cmap("tab10")
-    for i in range(effects["weight"].shape[0]):
-        ok = np.isfinite(effects["weight"][i])
+    for i in range(weight.shape[0]):
+        ok = np.isfinite(weight[i])
+        is_eos = np.zeros_like(ok) if eos is None else np.asarray(eos[i], bool)
         label = labels[i] if labels else f"example {i}"
-        ax.scatter(
-            effects["weight"][i][ok],
-            effects["effect"][i][ok],
-            color=cmap(i % 10),
-            label=label,
-            s=30,
-        )
+        label = example_label(label) if isinstance(label, dict) else label
+        plain = ok & ~is_eos
+        ax.scatter(weight[i][plain], effect[i][plain], color=cmap(i % 10), label=label, s=30)
+        if np.any(ok & is_eos):
+            ax.scatter(
+                weight[i][ok & is_eos],
+                effect[i][ok & is_eos],
+                color=cmap(i % 10),
+                marker="*",
+                s=160,
+                edgecolors="black",
+                linewidths=0.8,
+            )
+    if eos is not None and np.any(np.asarray(eos, bool)):
+        ax.scatter([], [], marker="*", s=160, color="white", edgecolors="black", label="EOS token")
     ax.axhline(0.0, color="0.6", linewidth=0.8)
-    ax.set_xlabel("mean cross-attention weight on the source position")
-    ax.set_ylabel("drop in log p(reference) when the position is hidden")
-    ax.set_title("Attention weight vs. intervention effect, per source position")
-    ax.legend(fontsize=7)
+    import textwrap  # noqa: PLC0415
+
+    ax.set_xlabel(textwrap.fill(WEIGHT_AGGREGATION, 80), fontsize=9)
+    ax.set_ylabel("drop in log p(reference) when the position is hidden", fontsize=9)
+    ax.set_title(weight_vs_effect_title(weight_effect_correlation(effects), count), fontsize=10)
+    ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0), borderaxespad=0.0)
     ax.grid(alpha=0.3)
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
+    fig.text(0.01, 0.01, EFFECT_DESCRIPTION, fontsize=7, color="0.35")
+    fig.tight_layout(rect=(0, 0.03, 1, 1))
+    fig.savefig(path, dpi=110, bbox_inches="tight")
     plt.close(fig)
 
 
@@ -290,6 +347,31 @@ def encode_examples(task, split: str, count: int) -> tuple[np.ndarray, np.ndarra
         return np.array([r + [0] * (width - len(r)) for r in rows], np.int32)
 
     return pad(ins), pad(outs), texts
+
+
+class _DropCheckpointMetadataWarning(logging.Filter):
+    """Drops orbax's "Metadata file does not exist: .../_CHECKPOINT_METADATA"
+    warning (checkpoints written without that file restore fine); nothing else."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if record.levelno != logging.WARNING:
+            return True
+        msg = record.getMessage()
+        return not ("Metadata file does not exist" in msg and "_CHECKPOINT_METADATA" in msg)
+
+
+@contextlib.contextmanager
+def quiet_checkpoint_metadata():
+    """Around a checkpoint restore (``with quiet_checkpoint_metadata(): load_run(...)``):
+    silences only orbax's missing-_CHECKPOINT_METADATA warning on the absl
+    logger; every other record, errors included, still gets through."""
+    flt = _DropCheckpointMetadataWarning()
+    logger = logging.getLogger("absl")  # absl.logging's records go to this one
+    logger.addFilter(flt)
+    try:
+        yield
+    finally:
+        logger.removeFilter(flt)
 
 
 def unbox(params: Any) -> Any:
