@@ -256,3 +256,89 @@ def test_slurm_flags_need_emit_slurm(tmp_path, capsys):
     argv = ["ablate", "--config", TINY, "--workdir", str(tmp_path), "--slurm-nodes", "2"]
     status, out, err = _slurm([*argv, "--emit", "commands"], capsys)
     assert status == 2 and "--slurm-nodes: only with --emit slurm" in err and out == ""
+
+
+# -- the report's plots and tables (jattn.analysis.report) -------------------------------
+
+
+def _fake_runs(tmp_path, grid, with_val=True):
+    """Runs of a grid {axis: values} with a short metrics.jsonl each."""
+    import itertools
+    import json
+
+    from jattn.analysis.grid import Run
+
+    rows = []
+    keys = list(grid)
+    for values in itertools.product(*grid.values()):
+        axes = dict(zip(keys, values, strict=True))
+        name = ",".join(f"{k}={v}" for k, v in axes.items())
+        workdir = tmp_path / name.replace("=", "-").replace(",", "_")
+        workdir.mkdir()
+        with open(workdir / "metrics.jsonl", "w") as f:
+            for step in (1, 2, 3, 4):
+                row = {"step": step, "train/loss": 3.0 / step + 0.01 * axes.get("seed", 0)}
+                if with_val and step % 2 == 0:
+                    row["eval/validation/loss"] = 3.5 / step
+                f.write(json.dumps(row) + "\n")
+        run = Run(name=name, axes=axes, overrides=(), workdir=str(workdir))
+        rows.append({"run": run, "config": None, "axes": axes, "final": None})
+    return rows
+
+
+def test_loss_curve_title_comes_from_the_grid_keys(tmp_path):
+    from jattn.analysis import report
+
+    rows = _fake_runs(tmp_path, {"attention": ["flash", "chunked"], "seed": [0, 1]})
+    assert report.group_keys(rows) == ["attention"]
+    title = report.loss_curves_title(report.group_keys(rows), validation=True)
+    assert title.startswith("Training and validation loss per attention\n")
+    assert "positional" not in title and "dashed: validation" in title
+    two = report.loss_curves_title(["position", "d_model"], validation=False)
+    assert two.startswith("Training loss per position, d_model\n") and "dashed" not in two
+    assert "(one group)" in report.loss_curves_title([], validation=False)
+
+
+def test_loss_curves_png_with_seeds_and_validation(tmp_path, monkeypatch):
+    import matplotlib
+
+    matplotlib.use("Agg")
+    from matplotlib import pyplot as plt
+
+    from jattn.analysis import report
+
+    rows = _fake_runs(tmp_path, {"position": ["rope", "shaw"], "seed": [0, 1]})
+    shown = {}
+    real_savefig = plt.Figure.savefig
+
+    def spy(fig, *args, **kwargs):
+        ax = fig.axes[0]
+        shown["title"] = ax.get_title()
+        shown["lines"] = [
+            (ln.get_alpha(), ln.get_linewidth(), ln.get_linestyle()) for ln in ax.lines
+        ]
+        return real_savefig(fig, *args, **kwargs)
+
+    path = tmp_path / "loss_curves.png"
+    monkeypatch.setattr(plt.Figure, "savefig", spy)
+    assert report.plot_loss_curves(rows, str(path))
+    monkeypatch.undo()
+    assert path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and path.stat().st_size > 10_000
+    assert shown["title"].startswith("Training and validation loss per position")
+    seeds = [ln for ln in shown["lines"] if ln[0] is not None]
+    assert len(seeds) == 2 * 2 * 2  # groups x seeds x (train, validation)
+    assert all(alpha >= 0.4 and width >= 1.0 for alpha, width, _ in seeds)
+    assert sum(style == "--" for *_, style in shown["lines"]) == 2 * 2 + 2  # seeds + means
+    assert not report.plot_loss_curves([], str(tmp_path / "none.png"))  # nothing to plot
+
+
+def test_report_shows_only_metrics_the_runs_have():
+    from jattn.analysis import report
+
+    wanted = ["eval/validation/exact_match", "eval/validation/bleu", "eval/validation/chrf"]
+    finished = [{"final": {"eval/validation/exact_match": 1.0, "eval/validation/chrf": 90.0}}]
+    assert report.reported_metrics(finished + [{"final": None}], wanted) == [
+        "eval/validation/exact_match",
+        "eval/validation/chrf",
+    ]
+    assert report.reported_metrics([{"final": None}], wanted) == wanted  # nothing to tell yet

@@ -6,9 +6,11 @@ any time, also for a grid that a cluster ran (``jattn ablate --report-only``).
 
 - ``results.csv``: one row per run: axes, status, every final metric.
 - ``results.md``: one row per group (the runs that differ only by seed):
-  mean ± std over seeds of the experiment's metrics, and the seed count.
+  mean ± std over seeds of the experiment's metrics that the runs have (a
+  character-level task reports no BLEU), and the seed count.
 - ``loss_curves.png``: training loss against step, one colour per group
-  (thin lines: seeds; thick: their mean).
+  (thin lines: seeds; thick: their mean), validation loss dashed where the
+  runs logged it; titled with the grid's keys.
 - ``accuracy_by_length.png``: exact match against input length per group,
   pooled over seeds and eval splits, with the training lengths shaded.
 """
@@ -124,46 +126,92 @@ def group_table(rows, metrics: list[str]) -> tuple[str, dict[str, dict[str, list
     return "\n".join(lines), groups
 
 
-def plot_loss_curves(rows, path: str, metric: str = "train/loss") -> bool:
+def group_keys(rows) -> list[str]:
+    """The grid axes that tell groups apart (every axis but the seed)."""
+    keys: list[str] = []
+    for r in rows:
+        keys += [k for k in r["run"].axes if k != "seed" and k not in keys]
+    return keys
+
+
+def loss_curves_title(keys: list[str], *, validation: bool) -> str:
+    """The title of loss_curves.png, from the grid's keys (bar the seed)."""
+    what = "Training and validation loss" if validation else "Training loss"
+    per = f" per {', '.join(keys)}" if keys else " (one group)"
+    legend = "thin: seeds, thick: mean over seeds"
+    if validation:
+        legend += "; solid: training, dashed: validation"
+    return f"{what}{per}\n({legend})"
+
+
+def _curve(workdir: str, metric: str) -> tuple[np.ndarray, np.ndarray] | None:
+    pts = [
+        (m["step"], m[metric])
+        for m in _read_jsonl(os.path.join(workdir, "metrics.jsonl"))
+        if metric in m and isinstance(m[metric], int | float)
+    ]
+    if not pts:
+        return None
+    steps, vals = zip(*sorted(dict(pts).items()), strict=True)
+    return np.array(steps), np.array(vals, np.float64)
+
+
+def plot_loss_curves(
+    rows, path: str, metric: str = "train/loss", val_metric: str = "eval/validation/loss"
+) -> bool:
+    """Loss against step, one colour per group: seeds as thin lines, their
+    mean thick; `val_metric` dashed where the runs' metrics.jsonl has it."""
     import matplotlib  # noqa: PLC0415
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt  # noqa: PLC0415
 
-    by_group: dict[str, list[tuple[np.ndarray, np.ndarray]]] = collections.OrderedDict()
+    by_group: dict[str, dict[str, list]] = collections.OrderedDict()
     for r in rows:
-        pts = [
-            (m["step"], m[metric])
-            for m in _read_jsonl(os.path.join(r["run"].workdir, "metrics.jsonl"))
-            if metric in m
-        ]
-        if pts:
-            steps, vals = zip(*sorted(dict(pts).items()), strict=True)
-            by_group.setdefault(r["run"].group, []).append((np.array(steps), np.array(vals)))
-    if not by_group:
+        for name in (metric, val_metric):
+            curve = _curve(r["run"].workdir, name) if name else None
+            if curve is not None:
+                g = by_group.setdefault(r["run"].group, {metric: [], val_metric: []})
+                g[name].append(curve)
+    if not any(g[metric] for g in by_group.values()):
         return False
-    fig, ax = plt.subplots(figsize=(8, 5))
+    has_val = any(g[val_metric] for g in by_group.values())
+    fig, ax = plt.subplots(figsize=(9, 5.5))
     colours = plt.get_cmap("tab10")
-    for gi, (group, curves) in enumerate(by_group.items()):
+    for gi, (group, curves_by) in enumerate(by_group.items()):
         c = colours(gi % 10)
-        for steps, vals in curves:
-            ax.plot(steps, vals, color=c, alpha=0.25, linewidth=0.8)
-        common = curves[0][0]
-        for steps, _ in curves[1:]:
-            common = np.intersect1d(common, steps)
-        if len(common):
-            mean = np.mean([np.interp(common, s, v) for s, v in curves], axis=0)
-            ax.plot(common, mean, color=c, linewidth=2, label=group)
+        for name, style in ((metric, "-"), (val_metric, "--")):
+            curves = curves_by[name]
+            if not curves:
+                continue
+            for steps, vals in curves:
+                ax.plot(steps, vals, color=c, alpha=0.45, linewidth=1.0, linestyle=style)
+            common = curves[0][0]
+            for steps, _ in curves[1:]:
+                common = np.intersect1d(common, steps)
+            if len(common):
+                mean = np.mean([np.interp(common, s, v) for s, v in curves], axis=0)
+                label = group if name == metric else f"{group} (validation)"
+                ax.plot(common, mean, color=c, linewidth=2.5, linestyle=style, label=label)
     ax.set_xlabel("step")
-    ax.set_ylabel(metric)
+    ax.set_ylabel(f"{metric}, {val_metric} (dashed)" if has_val else metric)
     ax.set_yscale("log")
-    ax.set_title("Training loss per positional scheme (thin: seeds, thick: mean)")
+    ax.set_title(loss_curves_title(group_keys(rows), validation=has_val), fontsize=10)
     ax.legend(fontsize=8)
     ax.grid(alpha=0.3)
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)
     return True
+
+
+def reported_metrics(rows, metrics: list[str]) -> list[str]:
+    """The experiment's `metrics` that some finished run has (a character-level
+    task has no BLEU, for instance); all of them while no run has finished."""
+    finals = [r["final"] for r in rows if r["final"]]
+    if not finals:
+        return list(metrics)
+    return [m for m in metrics if any(m in f for f in finals)]
 
 
 def accuracy_by_length(rows, splits=("validation", "test_longer")):
@@ -221,7 +269,8 @@ def write_report(exp, runs, configs, workdir: str, *, status) -> dict[str, Any]:
     """Writes results.csv, results.md and the plots; returns a summary dict
     with the markdown table and the paths written."""
     rows = collect(runs, configs, exp)
-    metrics = list(exp.metrics)
+    metrics = reported_metrics(rows, list(exp.metrics))
+    absent = [m for m in exp.metrics if m not in metrics]
     write_csv(rows, os.path.join(workdir, "results.csv"), status)
     table, groups = group_table(rows, metrics)
     finished = sum(1 for r in rows if r["final"])
@@ -233,6 +282,8 @@ def write_report(exp, runs, configs, workdir: str, *, status) -> dict[str, Any]:
         table,
         "",
     ]
+    if absent:
+        md += [f"Not reported by these runs (not a metric of their task): {', '.join(absent)}.", ""]
     plots = []
     if plot_loss_curves(rows, os.path.join(workdir, "loss_curves.png")):
         plots.append("loss_curves.png")
