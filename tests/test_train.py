@@ -232,6 +232,39 @@ def test_final_metrics_are_strict_json_with_the_logged_window_mean(tmp_path):
     assert saved["train/loss"] == rows[-1]["train/loss"]
 
 
+def test_startup_summary_hparams_and_wandb_off(tmp_path, capsys, monkeypatch):
+    """Before the first step: workdir, parameters, devices and mesh, data sizes, the
+    tensorboard command. TensorBoard gets the run's hparams. wandb stays off unless
+    asked; asked for without the package, it is a clear error before anything runs."""
+    import jax
+
+    from jattn.train import ConfigError
+
+    monkeypatch.setitem(sys.modules, "wandb", None)  # as if not installed
+    with pytest.raises(ConfigError, match="config.wandb=True needs the `wandb` package"):
+        train_and_evaluate(smoke_config(wandb=True), str(tmp_path / "wandb"))
+    assert not (tmp_path / "wandb").exists()
+
+    workdir = tmp_path / "run"
+    config = smoke_config(num_train_steps=2, eval_splits="('validation',)")
+    final = train_and_evaluate(config, str(workdir))
+    err = capsys.readouterr().err
+    summary, _, rest = err.partition(f"tensorboard --logdir {workdir}\n")
+    assert rest.startswith("step 2:")  # printed before the loop's first output
+    from jattn import data
+
+    task = data.load("copy/tiny")
+    assert f"workdir: {workdir}\n" in summary
+    assert f"parameters: {final['num_params']:,}\n" in summary
+    assert f"devices: {jax.device_count()} x cpu" in summary
+    assert "mesh {'data': 1, 'fsdp': 1, 'tensor': 1}" in summary
+    assert f"train {len(task.source('train')):,} examples" in summary
+    assert f"validation {len(task.source('validation')):,} examples" in summary
+    assert "training rows: 8 a step (16 input + 16 target tokens), 2 steps" in summary
+    events = b"".join(p.read_bytes() for p in (workdir / "tb").glob("events.out.tfevents.*"))
+    assert b"hparams" in events and b"model.d_model" in events and b"train/loss" in events
+
+
 def test_write_final_metrics_keeps_measured_values(tmp_path):
     from jattn.train.metrics import write_final_metrics
 

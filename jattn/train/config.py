@@ -164,6 +164,9 @@ def default_config() -> ml_collections.ConfigDict:
     c.async_checkpointing = True
     c.log_every_steps = 50
     c.progress_bar = True
+    # Also log to Weights & Biases (needs the `wandb` package; never required).
+    c.wandb = False
+    c.wandb_project = "jattn"
 
     # Testing aid: > 0 makes the loss of that step NaN (see steps.make_train_step).
     c.debug_nan_at_step = 0

@@ -37,6 +37,7 @@ from jattn.train.config import (
     ConfigError,
     build_model_config,
     check_config,
+    config_to_dict,
     config_to_json,
     input_lengths,
 )
@@ -203,6 +204,67 @@ def _compile(model, tx, schedule, config: ml_collections.ConfigDict, mesh, shard
     return train_step, eval_step, decode
 
 
+def _import_wandb(config: ml_collections.ConfigDict):
+    """The `wandb` module when `config.wandb` asks for it, else None.
+
+    Raises:
+      ConfigError: `config.wandb=True` without the package installed.
+    """
+    if not config.wandb:
+        return None
+    try:
+        import wandb  # noqa: PLC0415 -- optional, never required
+    except ImportError:
+        raise ConfigError(
+            "config.wandb=True needs the `wandb` package, which is not installed "
+            "(pip install wandb, or leave config.wandb=False)"
+        ) from None
+    return wandb
+
+
+def _flat_hparams(config: ml_collections.ConfigDict) -> dict[str, Any]:
+    """The config as flat ``{"key": value, "model.key": value}`` for TensorBoard."""
+    flat = {}
+    for key, value in config_to_dict(config).items():
+        items = value.items() if isinstance(value, dict) else [(None, value)]
+        for sub, v in items:
+            name = key if sub is None else f"{key}.{sub}"
+            flat[name] = "" if v is None else (str(tuple(v)) if isinstance(v, list) else v)
+    return flat
+
+
+def _startup_summary(workdir, config, mesh, num_params: int, task, eval_sets, start: int) -> str:
+    """What the run is about to do, printed before the first step."""
+    devices = jax.devices()
+    kinds = sorted({d.device_kind for d in devices})
+    sizes = []
+    for split in task.splits:
+        try:
+            sizes.append(f"{split} {len(task.source(split)):,} examples")
+        except (TypeError, ValueError):  # a source without a length
+            sizes.append(f"{split} (size unknown)")
+    input_len, _ = input_lengths(config)
+    lines = [
+        f"workdir: {workdir}" + (f" (resuming at step {start})" if start else ""),
+        f"parameters: {num_params:,}",
+        f"devices: {len(devices)} x {', '.join(kinds)} ({jax.process_count()} process(es)); "
+        f"mesh {dict(mesh.shape)}",
+        f"data {config.dataset}: " + ", ".join(sizes),
+        f"training rows: {config.batch_size} a step ({input_len} input + {config.max_len} "
+        f"target tokens), {config.num_train_steps:,} steps",
+    ]
+    if eval_sets:
+        lines.append(
+            "evaluated: "
+            + ", ".join(
+                f"{es.split} {es.num_examples:,} examples in {len(es.batches)} batch(es)"
+                for es in eval_sets.values()
+            )
+        )
+    lines.append(f"tensorboard --logdir {workdir}")
+    return "\n".join(lines)
+
+
 def _last_logged_loss(workdir: str) -> float:
     """The last `train/loss` (an interval's mean) of metrics.jsonl (a run resumed at
     its end trains no step)."""
@@ -237,6 +299,7 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict[
 
     # 1. Config, mesh, data, model. ----------------------------------------------------
     check_config(config)
+    wandb = _import_wandb(config)
     workdir = os.path.abspath(workdir)
     is_main = jax.process_index() == 0
     mesh = mesh_lib.make_mesh(config.mesh_shape)
@@ -289,6 +352,21 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict[
         config.num_train_steps, start, enabled=is_main and config.progress_bar, is_main=is_main
     )
     train_metrics = TrainMetrics(writer, progress)
+    metric_names = ["train/loss", "train/accuracy"] + [
+        f"eval/{es.split}/{m}"
+        for es in eval_sets.values()
+        for m in ("loss", "accuracy", *es.metrics)
+    ]
+    writer.hparams(_flat_hparams(config), metric_names)
+    if wandb is not None and is_main:
+        run = wandb.init(
+            project=config.wandb_project,
+            name=os.path.basename(workdir),
+            dir=workdir,
+            config=config_to_dict(config),
+        )
+        writer.log_to_wandb(run)
+    progress.write(_startup_summary(workdir, config, mesh, num_params, task, eval_sets, start))
 
     def run_eval(params, step: int) -> dict[str, float]:
         metrics, decodes = evaluation.evaluate(

@@ -28,7 +28,7 @@ import math
 import os
 import sys
 import time
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 __all__ = [
@@ -67,6 +67,7 @@ class MetricsWriter:
         self.enabled = enabled
         self.path = os.path.join(workdir, METRICS_FILE)
         self._tb = None
+        self._wandb = None
         if not enabled:
             return
         os.makedirs(workdir, exist_ok=True)
@@ -83,15 +84,46 @@ class MetricsWriter:
         self._tb = SummaryWriter(os.path.join(workdir, "tb"), purge_step=purge)
 
     def write(self, step: int, metrics: Mapping[str, Any]) -> None:
-        """Writes one line `{"step": step, **metrics}` and the TensorBoard scalars."""
+        """Writes one line `{"step": step, **metrics}`, the TensorBoard scalars and,
+        when `log_to_wandb` was called, the same numbers to Weights & Biases."""
         if not self.enabled or not metrics:
             return
         row = {"step": int(step), **{k: _clean(v) for k, v in metrics.items()}}
         with open(self.path, "a") as f:
             f.write(json.dumps(row) + "\n")
-        for name, value in metrics.items():
-            if isinstance(value, int | float) or hasattr(value, "dtype"):
-                self._tb.add_scalar(name, float(value), int(step))
+        scalars = {
+            name: float(value)
+            for name, value in metrics.items()
+            if isinstance(value, int | float) or hasattr(value, "dtype")
+        }
+        for name, value in scalars.items():
+            self._tb.add_scalar(name, value, int(step))
+        if self._wandb is not None:
+            self._wandb.log(scalars, step=int(step))
+
+    def hparams(self, hparams: Mapping[str, Any], metric_names: Sequence[str]) -> None:
+        """Records the run's hyperparameters for TensorBoard's HPARAMS tab (its own
+        `tb/` folder, so the runs of an ablation compare side by side under
+        ``tensorboard --logdir <ablation workdir>``).
+
+        Args:
+          hparams: flat ``{name: int | float | str | bool}`` (others are shown as text).
+          metric_names: scalar tags (e.g. ``"train/loss"``) the table shows per run.
+        """
+        if not self.enabled:
+            return
+        from tensorboardX.summary import hparams as hparams_summary  # noqa: PLC0415
+
+        clean = {
+            k: v if isinstance(v, int | float | str | bool) else str(v)
+            for k, v in hparams.items()
+        }
+        for summary in hparams_summary(clean, dict.fromkeys(metric_names, 0.0)):
+            self._tb.file_writer.add_summary(summary)
+
+    def log_to_wandb(self, run: Any) -> None:
+        """Sends every later `write` to a Weights & Biases run (``wandb.init``'s result)."""
+        self._wandb = run if self.enabled else None
 
     def flush(self) -> None:
         if self._tb is not None:
@@ -101,6 +133,9 @@ class MetricsWriter:
         if self._tb is not None:
             self._tb.close()
             self._tb = None
+        if self._wandb is not None:
+            self._wandb.finish()
+            self._wandb = None
 
 
 def read_metrics(workdir: str) -> list[dict[str, Any]]:
