@@ -11,6 +11,7 @@ import pathlib
 import pytest
 
 from jattn.analysis import emit, expand, main_ablate, run_grid
+from jattn.cli.slurm import resources, slurm_script
 from jattn.train.config import ConfigError, apply_overrides, load_config
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
@@ -42,7 +43,11 @@ def test_emit_commands_and_slurm(tmp_path):
     lines = cmds.strip().splitlines()
     assert len(lines) == 2 and all(line.startswith("jattn train --config ") for line in lines)
     assert "--config.model.position=shaw" in lines[1]
-    script = emit(exp, str(tmp_path), fmt="slurm", repo_root=str(ROOT), config_spec=TINY)
+    with pytest.raises(ValueError, match="jattn.cli.slurm"):
+        emit(exp, str(tmp_path), fmt="slurm", repo_root=str(ROOT), config_spec=TINY)
+    script = slurm_script(
+        exp, str(tmp_path), repo_root=str(ROOT), config_spec=TINY, slurm=resources(exp)
+    )
     assert "#SBATCH --array=0-1" in script and "--config.model.position=shaw" in script
 
 

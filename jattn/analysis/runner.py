@@ -5,8 +5,8 @@ finished ones (their ``final_metrics.json`` says they reached
 ``num_train_steps``) and resuming interrupted ones (each run's workdir holds
 its own orbax checkpoints), then writes the report. A run that diverges is
 recorded as such and the grid goes on. `emit` prints the same grid as one
-``jattn train`` line per run or as a SLURM array script, so a cluster runs
-exactly what this machine would.
+``jattn train`` line per run (`jattn.cli.slurm` makes it a SLURM array
+script), so a cluster runs exactly what this machine would.
 """
 
 from __future__ import annotations
@@ -99,8 +99,14 @@ def run_grid(
 def emit(
     exp: ml_collections.ConfigDict, workdir: str, *, fmt: str, repo_root: str, config_spec: str
 ) -> str:
-    """The grid as shell commands (``fmt="commands"``) or a SLURM array script
-    (``fmt="slurm"``); each command is the ``jattn train`` of one run."""
+    """The grid as shell commands, one ``jattn train`` line per run (``fmt="commands"``).
+
+    A SLURM array script is `jattn.cli.slurm.slurm_script` (`jattn ablate
+    --emit slurm`), which also takes the cluster resources."""
+    if fmt != "commands":
+        raise ValueError(
+            f"emit: fmt must be 'commands', got {fmt!r} (SLURM scripts: jattn.cli.slurm)"
+        )
     runs = grid_lib.expand(exp, workdir)
     grid_lib.checked_configs(exp, runs, repo_root)  # fail here, not on the cluster
     base = grid_lib.resolve_base(exp.base, repo_root)
@@ -109,27 +115,7 @@ def emit(
         args = ["jattn", "train", "--config", base, "--workdir", r.workdir]
         args += [f"--config.{k}={v}" for k, v in r.overrides]
         lines.append(shlex.join(args))
-    if fmt == "commands":
-        return "\n".join(lines) + "\n"
-    if fmt != "slurm":
-        raise ValueError(f"--emit must be 'commands' or 'slurm', got {fmt!r}")
-    cases = "\n".join(f"  {i}) {line} ;;" for i, line in enumerate(lines))
-    return f"""#!/bin/bash
-# Ablation grid from {config_spec}: {len(runs)} runs, one array task each.
-# Submit with: sbatch this_script.sbatch ; afterwards build the report with
-#   jattn ablate --config {config_spec} --workdir {workdir} --report-only
-#SBATCH --job-name=jattn-ablate
-#SBATCH --array=0-{len(runs) - 1}
-#SBATCH --nodes=1
-#SBATCH --ntasks-per-node=1
-#SBATCH --gpus-per-node=1
-#SBATCH --time=04:00:00
-#SBATCH --output={workdir}/slurm-%A_%a.out
-set -euo pipefail
-case "$SLURM_ARRAY_TASK_ID" in
-{cases}
-esac
-"""
+    return "\n".join(lines) + "\n"
 
 
 def main_ablate(
@@ -148,7 +134,8 @@ def main_ablate(
       workdir: the ablation directory.
       overrides: ``(dotted key, raw value)`` pairs for the experiment config
         (see `jattn.analysis.grid.apply_experiment_overrides`).
-      emit_fmt: None (run the grid), "commands" or "slurm" (print it).
+      emit_fmt: None (run the grid) or "commands" (print it; `--emit slurm`
+        is `jattn.cli.slurm`).
       report_only: only rebuild the report from the runs in `workdir`.
       repo_root: where relative base-config paths resolve.
 
