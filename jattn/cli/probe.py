@@ -69,7 +69,8 @@ def probe_command(argv: Sequence[str]) -> int:
 
     args = _parser().parse_args(normalize_flags(argv))
     try:
-        run = load_run(args.workdir, args.step)
+        with probe.quiet_checkpoint_metadata():
+            run = load_run(args.workdir, args.step)
         task = run.task
     except (FileNotFoundError, ValueError) as e:
         return fail(PROG, str(e))
@@ -80,7 +81,7 @@ def probe_command(argv: Sequence[str]) -> int:
     os.makedirs(args.out, exist_ok=True)
 
     effects = probe.source_position_effects(model, params, inputs, targets)
-    labels = [f"{t['inputs']} -> {t['targets'][:24]}" for t in texts]
+    labels = [probe.example_label(t) for t in texts]
     probe.plot_weight_vs_effect(effects, os.path.join(args.out, "weight_vs_effect.png"), labels)
     heads = probe.head_ablation_table(model, params, inputs, targets)
     lines = _head_table(
