@@ -115,8 +115,7 @@ class MetricsWriter:
         from tensorboardX.summary import hparams as hparams_summary  # noqa: PLC0415
 
         clean = {
-            k: v if isinstance(v, int | float | str | bool) else str(v)
-            for k, v in hparams.items()
+            k: v if isinstance(v, int | float | str | bool) else str(v) for k, v in hparams.items()
         }
         for summary in hparams_summary(clean, dict.fromkeys(metric_names, 0.0)):
             self._tb.file_writer.add_summary(summary)
