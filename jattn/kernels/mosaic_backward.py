@@ -61,13 +61,8 @@ def _dq_kernel(classes_ref, bounds_ref, seed_ref, r, *refs, cfg: KernelConfig, m
         do = r.d_out[...]
         s, dpr_t, rel = ref_scores(cfg, r, maps, j, partial, right, need_rel=cfg.use_qr)
         p = jnp.exp(s - r.lse[...])  # [bq, bk]; lse = EMPTY_LSE on empty rows: p = 0
-        dp = lax.dot_general(do, v, (((1,), (1,)), ((), ())), preferred_element_type=jnp.float32)
-        if dpr_t is not None:
-            dp = dp + dpr_t
         z = dropout_tile(cfg, seed_ref, b, h, i, j)
-        if z is not None:
-            dp = dp * z
-        ds = p * (dp - r.delta[...])  # [bq, bk]
+        ds = ft.score_grads(p, do, v, dpr_t, z, r.delta[...])  # [bq, bk]
         dq_sc[...] += lax.dot_general(
             ds.astype(k.dtype),
             k,
@@ -199,12 +194,7 @@ def _dkv_kernel(classes_ref, bounds_ref, seed_ref, r, dk_ref, dv_ref, *refs, cfg
             (((0,), (0,)), ((), ())),
             preferred_element_type=jnp.float32,
         )  # [bk, Hv]
-        dp = lax.dot_general(do, v, (((1,), (1,)), ((), ())), preferred_element_type=jnp.float32)
-        if dpr_t is not None:
-            dp = dp + dpr_t
-        if z is not None:
-            dp = dp * z
-        ds = p * (dp - r.delta[...])  # [bq, bk]
+        ds = ft.score_grads(p, do, v, dpr_t, z, r.delta[...])  # [bq, bk]
         dk_sc[...] += lax.dot_general(
             ds.astype(q.dtype),
             q,

@@ -191,6 +191,27 @@ def safe_max(m: Array) -> Array:
     return jnp.where(m == NEG_INF, 0.0, m)
 
 
+def score_grads(
+    p: Array, d_out: Array, value: Array, d_mass: Array | None, keep: Array | None, delta: Array
+) -> Array:
+    """Gradient of a tile's scaled scores, shared by the dq and dk/dv kernels:
+    `ds = p ∘ ((dO Vᵀ + dpr) ∘ z − D)`.
+
+    Args:
+      p: `[bq, bk]` probabilities recomputed from the lse (before dropout).
+      d_out: `[bq, Hv]` output cotangent; value: `[bk, Hv]`.
+      d_mass: `[bq, bk]` the Shaw value term's cotangent per entry, or None.
+      keep: `[bq, bk]` dropout factor (0 or 1/(1 - rate)), or None.
+      delta: `[bq, 1]` (or broadcastable) `rowsum(dO ∘ O)`.
+    """
+    dp = lax.dot_general(d_out, value, (((1,), (1,)), ((), ())), preferred_element_type=jnp.float32)
+    if d_mass is not None:
+        dp = dp + d_mass
+    if keep is not None:
+        dp = dp * keep
+    return p * (dp - delta)  # [bq, bk]
+
+
 def online_softmax_step(
     s: Array, m_prev: Array, l_prev: Array
 ) -> tuple[Array, Array, Array, Array, Array]:

@@ -63,12 +63,7 @@ def _dq_kernel(r, *refs, cfg: KernelConfig):
         dq_acc, *rest = carry
         s, dpr_t, rel, k, v, z = score(j, partial, right)
         p = jnp.exp(s - lse[:, None])  # [bq, bk]
-        dp = lax.dot_general(do, v, (((1,), (1,)), ((), ())), preferred_element_type=jnp.float32)
-        if dpr_t is not None:
-            dp = dp + dpr_t
-        if z is not None:
-            dp = dp * z
-        ds = p * (dp - delta[:, None])  # [bq, bk]
+        ds = ft.score_grads(p, do, v, dpr_t, z, delta[:, None])  # [bq, bk]
         dq_acc = dq_acc + lax.dot_general(
             ds.astype(k.dtype),
             k,
@@ -221,14 +216,7 @@ def _dkv_kernel(r, dk_ref, dv_ref, *db_ref, cfg: KernelConfig):
                 (((0,), (0,)), ((), ())),
                 preferred_element_type=jnp.float32,
             )  # [bk, Hv]
-            dp = lax.dot_general(
-                do, v, (((1,), (1,)), ((), ())), preferred_element_type=jnp.float32
-            )
-            if dpr_t is not None:
-                dp = dp + dpr_t
-            if z is not None:
-                dp = dp * z
-            ds = p * (dp - delta[:, None])  # [bq, bk]
+            ds = ft.score_grads(p, do, v, dpr_t, z, delta[:, None])  # [bq, bk]
             dk_acc = dk_acc + lax.dot_general(
                 ds.astype(q.dtype),
                 q,
