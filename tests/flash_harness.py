@@ -26,6 +26,15 @@ BF16_TOL = 3e-2
 # Harness.
 
 
+def _relative(inputs: dict, max_distance: int):
+    """The Shaw tables of `inputs` as a `jattn.ShawRelative`, or None."""
+    if inputs.get("rel_key") is None and inputs.get("rel_value") is None:
+        return None
+    return jattn.ShawRelative(
+        key=inputs.get("rel_key"), value=inputs.get("rel_value"), max_distance=max_distance
+    )
+
+
 def _normal_form(
     inputs: dict,
     *,
@@ -35,11 +44,7 @@ def _normal_form(
     dropout_rate: float = 0.0,
     broadcast_batch: bool = False,
 ):
-    rel = None
-    if inputs.get("rel_key") is not None or inputs.get("rel_value") is not None:
-        rel = jattn.ShawRelative(
-            key=inputs.get("rel_key"), value=inputs.get("rel_value"), max_distance=max_distance
-        )
+    rel = _relative(inputs, max_distance)
     return jattn.normalise(
         inputs["query"],
         inputs["key"],
@@ -96,11 +101,7 @@ def _xla_vjp(inputs, cotangent, *, is_causal, max_distance, window, dropout_rate
 
     def f(diff):
         x = {**inputs, **diff}
-        rel = None
-        if x.get("rel_key") is not None or x.get("rel_value") is not None:
-            rel = jattn.ShawRelative(
-                key=x.get("rel_key"), value=x.get("rel_value"), max_distance=max_distance
-            )
+        rel = _relative(x, max_distance)
         return jattn.dot_product_attention(
             x["query"],
             x["key"],
@@ -141,13 +142,7 @@ def window_mask(inputs: dict, window) -> np.ndarray:
 
 def _oracle(inputs: dict, cotangent, *, is_causal: bool, max_distance: int, window=None):
     as64 = lambda x: None if x is None else np.asarray(jnp.asarray(x, jnp.float32), np.float64)  # noqa: E731
-    rel = None
-    if inputs.get("rel_key") is not None or inputs.get("rel_value") is not None:
-        rel = jattn.ShawRelative(
-            key=as64(inputs.get("rel_key")),
-            value=as64(inputs.get("rel_value")),
-            max_distance=max_distance,
-        )
+    rel = _relative({k: as64(inputs.get(k)) for k in ("rel_key", "rel_value")}, max_distance)
     mask = inputs.get("mask")
     if window is not None:
         near = window_mask(inputs, window)
