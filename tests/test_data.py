@@ -151,17 +151,18 @@ def test_numbers_german_default(numbers):
     assert pairs["342"] == "dreihundertzweiundvierzig"
     assert pairs["21"] == "einundzwanzig"  # units before tens
     assert pairs["7"] == "sieben"
-    assert all(1 <= len(i) <= 6 and i.isdigit() for i, _ in train + val)
-    assert {len(i) for i, _ in test} == {7, 8}
-    assert any("Million" in t for _, t in test)
+    assert all(1 <= len(i) <= 5 and i.isdigit() for i, _ in train + val)
+    assert {len(i) for i, _ in test} == {6}
+    assert all("tausend" in t for _, t in test)
     train_in, val_in = {i for i, _ in train}, {i for i, _ in val}
     assert len(train_in) == len(train)  # distinct numbers
     assert not train_in & val_in
     assert not train_in & {i for i, _ in test}
-    # Even spread over digit counts: all 90 two-digit numbers, ~3.3k six-digit ones.
+    # Even spread over digit counts (water filling): all 1-3 digit numbers, all
+    # 9,000 four-digit ones, and the rest of the 21,000 five-digit.
     counts = collections.Counter(len(i) for i, _ in train + val)
     assert counts[1] == 10 and counts[2] == 90 and counts[3] == 900
-    assert 4000 < counts[6] < 8000
+    assert counts[4] == 9_000 and counts[5] == 11_000
 
 
 @pytest.mark.parametrize(
@@ -187,7 +188,7 @@ def test_numbers_other_languages(tmp_path, language, expected):
     }
     assert len(pairs) == 900  # all 3-digit numbers, each once
     assert pairs["342"] == expected
-    assert {len(ex["inputs"]) for ex in src["test_longer"]} == {7, 8}
+    assert {len(ex["inputs"]) for ex in src["test_longer"]} == {6}
 
 
 def test_numbers_with_round_millions_in_train(tmp_path):
@@ -197,6 +198,8 @@ def test_numbers_with_round_millions_in_train(tmp_path):
         num_train=300,
         num_validation=20,
         num_test_longer=300,
+        train_digits=(1, 2, 3, 4, 5, 6),
+        test_digits=(7, 8),
     )
     splits = {
         split: [(ex["inputs"], ex["targets"]) for _, ex in examples]
@@ -211,9 +214,9 @@ def test_numbers_with_round_millions_in_train(tmp_path):
     # Every character (and "Million(en)") of test_longer is seen in training.
     train_chars = {c for t in train.values() for c in t}
     assert {c for _, t in splits["test_longer"] for c in t} <= train_chars
-    # The default config keeps 7-8 digit numbers entirely out of training.
+    # The default config keeps 6-digit numbers entirely out of training.
     default = builders.numbers_splits(builders.NumbersConfig(name="x", num_train=300))
-    assert all(len(ex["inputs"]) <= 6 for _, ex in default["train"])
+    assert all(len(ex["inputs"]) <= 5 for _, ex in default["train"])
 
 
 @pytest.mark.parametrize("name", ["copy", "reverse"])

@@ -1,4 +1,10 @@
-"""Local tfds builders for the small algorithmic tasks: numbers, copy, reverse.
+"""Local tfds builders for the small algorithmic tasks.
+
+- ``numbers``: digits to number words ("342" -> "dreihundertzweiundvierzig");
+- ``copy`` and ``reverse``: random strings of letters;
+- ``reverse_digits`` and ``duplicate_digits``: the reversing and duplication
+  tasks of Ontañón et al., "Making Transformers Solve Compositional Tasks"
+  (ACL 2022): digit strings of 1-16 digits in training, 17-24 in ``test_longer``.
 
 Every builder is a real `tfds.core.GeneratorBasedBuilder`: versioned, with
 `BuilderConfig`s that fix language, sizes and seed, generated locally (nothing is
@@ -8,9 +14,15 @@ downloaded) and written as array_record so it is read back with
 Each example is `{"inputs": str, "targets": str}`. Every task has three splits:
 
 - ``train`` and ``validation``: disjoint, drawn from the short regime (numbers of
-  1 to 6 digits; strings of ``train_lengths``);
-- ``test_longer``: only longer examples (numbers of 7 and 8 digits; strings of
+  1 to 5 digits; strings of ``train_lengths``);
+- ``test_longer``: only longer examples (numbers of 6 digits; strings of
   ``test_lengths``), none of which appears in training, for length generalisation.
+
+Every ``test_longer`` split of the default configs can be produced from what
+training shows: each of its target characters occurs in some training target
+(`jattn.data.producibility` checks this whenever a run prepares data). The
+old ``numbers`` split (1-6 digits, test 7-8) is ``numbers/de_7to8``: its test
+targets need "Million", which training never shows.
 
 Generation is a pure function of the config (its ``seed`` included): the same
 config gives byte-identical splits.
@@ -165,8 +177,8 @@ class NumbersConfig(tfds.core.BuilderConfig):
     num_train: int = 20_000
     num_validation: int = 1_000
     num_test_longer: int = 1_000
-    train_digits: tuple[int, ...] = (1, 2, 3, 4, 5, 6)
-    test_digits: tuple[int, ...] = (7, 8)
+    train_digits: tuple[int, ...] = (1, 2, 3, 4, 5)
+    test_digits: tuple[int, ...] = (6,)
     train_extra: tuple[int, ...] = ()
     seed: int = 0
 
@@ -203,20 +215,36 @@ def numbers_splits(config: NumbersConfig) -> dict[str, list[tuple[int, dict[str,
     }
 
 
+# The split of version 1.0.0: 1-6 digits in training, 7-8 in test_longer.
+_DIGITS_7TO8 = dict(train_digits=(1, 2, 3, 4, 5, 6), test_digits=(7, 8))
+
+
 class JattnNumbers(LocalBuilder):
     """Digits to words (num2words): "342" -> "dreihundertzweiundvierzig" (German)."""
 
-    VERSION = tfds.core.Version("1.0.0")
-    RELEASE_NOTES = {"1.0.0": "Initial release."}
+    VERSION = tfds.core.Version("2.0.0")
+    RELEASE_NOTES = {
+        "1.0.0": "Initial release.",
+        "2.0.0": "Default split 1-5 digits / test_longer 6 digits, producible from training; "
+        "the 1.0.0 split is the config de_7to8.",
+    }
     BUILDER_CONFIGS = [
         NumbersConfig(name="de", language="de", description="German (default)."),
         NumbersConfig(name="en", language="en", description="English."),
         NumbersConfig(name="fr", language="fr", description="French."),
         NumbersConfig(
+            name="de_7to8",
+            language="de",
+            **_DIGITS_7TO8,
+            description="German, 1-6 digits, test 7-8: test targets need unseen words "
+            "('Million'), so no model can produce them.",
+        ),
+        NumbersConfig(
             name="de_millions",
             language="de",
             train_extra=ROUND_MILLIONS,
-            description="German, with 1..99 million in train: test_longer needs no unseen word.",
+            **_DIGITS_7TO8,
+            description="German, 1-6 digits plus 1..99 million in train, test 7-8.",
         ),
         NumbersConfig(
             name="de_tiny",
@@ -347,9 +375,125 @@ class JattnReverse(_StringsBuilder):
     _REVERSE = True
 
 
+# ---------------------------------------------------------------------------
+# reversing and duplication of digit strings (Ontañón et al. 2022)
+# ---------------------------------------------------------------------------
+
+
+@dataclasses.dataclass(eq=False)
+class DigitsConfig(tfds.core.BuilderConfig):
+    """Config of the digit-string tasks of Ontañón et al. (2022).
+
+    Their recipe: digits 0-9, training lengths 1-16, `test_longer` lengths
+    17-24, 200k training examples, an explicit end token (jattn's EOS), and
+    sequence exact match on 1,024 test examples. Validation (1,024 here) is
+    drawn with training from lengths 1-16 and is disjoint from it.
+
+    Attributes:
+      train_lengths: (min, max) digits of train and validation, inclusive.
+      test_lengths: (min, max) digits of `test_longer`, inclusive.
+      num_train, num_validation, num_test_longer: split sizes (distinct strings;
+        short lengths hold fewer distinct strings, and the others make up for them).
+      seed: seed of the generator; the data is a pure function of the config.
+    """
+
+    train_lengths: tuple[int, int] = (1, 16)
+    test_lengths: tuple[int, int] = (17, 24)
+    num_train: int = 200_000
+    num_validation: int = 1_024
+    num_test_longer: int = 1_024
+    seed: int = 0
+
+
+_DIGITS_CONFIGS = [
+    DigitsConfig(name="default", description="Ontañón et al.: 1-16 digits, test 17-24."),
+    DigitsConfig(
+        name="small",
+        num_train=50_000,
+        description="1-16 digits, test 17-24, 50k training examples (quick experiments).",
+    ),
+    DigitsConfig(
+        name="tiny",
+        num_train=600,
+        num_validation=50,
+        num_test_longer=50,
+        description="Tiny: for tests and smoke runs.",
+    ),
+]
+
+# task -> the target of a digit string
+DIGIT_TASKS = {
+    "reverse_digits": lambda s: s[::-1],
+    "duplicate_digits": lambda s: s + s,
+}
+
+
+def digits_splits(config: DigitsConfig, task: str) -> dict[str, list]:
+    """The examples of every split of a digit task, as (key, example) pairs."""
+    lo, hi = config.train_lengths
+    tlo, thi = config.test_lengths
+    if not 1 <= lo <= hi < tlo <= thi:
+        raise ValueError(
+            f"need 1 <= train_lengths < test_lengths, disjoint, got {config.train_lengths} "
+            f"and {config.test_lengths}"
+        )
+    rng = np.random.default_rng(config.seed)
+    short = sample_strings(
+        rng, config.num_train + config.num_validation, config.train_lengths, string.digits
+    )
+    longer = sample_strings(rng, config.num_test_longer, config.test_lengths, string.digits)
+    parts = {
+        "train": short[config.num_validation :],
+        "validation": short[: config.num_validation],
+        "test_longer": longer,
+    }
+    target = DIGIT_TASKS[task]
+    return {
+        split: [(i, {"inputs": s, "targets": target(s)}) for i, s in enumerate(strings)]
+        for split, strings in parts.items()
+    }
+
+
+class _DigitsBuilder(LocalBuilder, skip_registration=True):
+    VERSION = tfds.core.Version("1.0.0")
+    RELEASE_NOTES = {"1.0.0": "Initial release."}
+    BUILDER_CONFIGS = _DIGITS_CONFIGS
+    _TASK = ""
+
+    def _info(self) -> tfds.core.DatasetInfo:
+        return tfds.core.DatasetInfo(
+            builder=self,
+            description=self.__doc__,
+            features=_FEATURES(),
+            supervised_keys=("inputs", "targets"),
+        )
+
+    def _split_generators(self, dl_manager):
+        del dl_manager
+        splits = digits_splits(self.builder_config, self._TASK)
+        return {name: self._generate_examples(examples) for name, examples in splits.items()}
+
+    def _generate_examples(self, examples):
+        yield from examples
+
+
+class JattnReverseDigits(_DigitsBuilder):
+    """Reverse a string of digits: "0123" -> "3210" (Ontañón et al.'s reversing)."""
+
+    _TASK = "reverse_digits"
+
+
+class JattnDuplicateDigits(_DigitsBuilder):
+    """Repeat a string of digits: "012" -> "012012" (Ontañón et al.'s duplication)."""
+
+    _TASK = "duplicate_digits"
+
+
 # The task names `jattn.data.load` knows, with their builder and default config.
 BUILDERS: dict[str, tuple[type[tfds.core.GeneratorBasedBuilder], str]] = {
     "numbers": (JattnNumbers, "de"),
     "copy": (JattnCopy, "default"),
     "reverse": (JattnReverse, "default"),
+    "reverse_digits": (JattnReverseDigits, "default"),
+    "duplicate_digits": (JattnDuplicateDigits, "default"),
 }

@@ -1,7 +1,8 @@
 """`load`: a task by name -> prepared tfds data (array_record), its sources and tokenizer.
 
 Names: "numbers" (German), "numbers/en", "numbers/fr", "numbers/de_tiny", "copy",
-"reverse", "copy/tiny", ... (jattn's local builders, see `builders.py`), or any
+"reverse", "copy/tiny", "reverse_digits", "duplicate_digits/small", ... (jattn's
+local builders, see `builders.py`), or any
 tfds translation data set such as "wmt14_translate/de-en", whose source and
 target keys default to its `supervised_keys`.
 """
@@ -35,6 +36,8 @@ TASK_METRICS: dict[str, tuple[str, ...]] = {
     "numbers": CHAR_METRICS,
     "copy": CHAR_METRICS,
     "reverse": CHAR_METRICS,
+    "reverse_digits": CHAR_METRICS,
+    "duplicate_digits": CHAR_METRICS,
 }
 
 
@@ -145,6 +148,8 @@ class Task:
       source_key, target_key: the features used as inputs and targets.
       metrics: the decoded metrics evaluation reports for it (`task_metrics`):
         "exact_match", "chrf", and "bleu" for word-level translation.
+      vocab_dir: where the vocabulary (and `jattn.data.producibility`'s
+        check) is cached; "" for a task built by hand.
     """
 
     name: str
@@ -154,6 +159,7 @@ class Task:
     source_key: str = "inputs"
     target_key: str = "targets"
     metrics: tuple[str, ...] = WORD_METRICS
+    vocab_dir: str = ""
     _data_sources: Mapping[str, Any] = dataclasses.field(
         default_factory=dict, repr=False, compare=False
     )
@@ -268,7 +274,8 @@ def load(
 
     Args:
       name: "numbers" (German), "numbers/en", "numbers/fr", "numbers/de_tiny", "copy",
-        "reverse", "copy/tiny", "reverse/tiny", or any tfds translation data set
+        "reverse", "copy/tiny", "reverse/tiny", "reverse_digits", "duplicate_digits"
+        (with configs "small" and "tiny"), or any tfds translation data set
         ("wmt14_translate/de-en"); an optional ":version" may follow the config.
       data_dir: tfds data directory (default: $TFDS_DATA_DIR or ~/tensorflow_datasets).
         Prepared data goes to `data_dir/<builder>/<config>/<version>` as array_record;
@@ -343,5 +350,6 @@ def load(
         source_key=source_key,
         target_key=target_key,
         metrics=task_metrics(name),
+        vocab_dir=cache_dir,
         _data_sources=dict(data_sources),
     )

@@ -29,6 +29,7 @@ from flax import linen as nn
 from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
+from jattn.data import producibility
 from jattn.data.tokenizers import save_to_dir
 from jattn.train import checkpoints as ckpt
 from jattn.train import evaluation, steps
@@ -57,6 +58,7 @@ from jattn.train.restore import load_task
 __all__ = ["FINAL_METRICS", "TrainingDivergedError", "build_model_config", "train_and_evaluate"]
 
 FINAL_METRICS = "final_metrics.json"
+DATA_CHECK = "data_check.json"  # `jattn.data.producibility.check` of the run's eval splits
 
 
 class TrainingDivergedError(RuntimeError):
@@ -233,7 +235,9 @@ def _flat_hparams(config: ml_collections.ConfigDict) -> dict[str, Any]:
     return flat
 
 
-def _startup_summary(workdir, config, mesh, num_params: int, task, eval_sets, start: int) -> str:
+def _startup_summary(
+    workdir, config, mesh, num_params: int, task, eval_sets, start: int, data_check
+) -> str:
     """What the run is about to do, printed before the first step."""
     devices = jax.devices()
     kinds = sorted({d.device_kind for d in devices})
@@ -261,6 +265,7 @@ def _startup_summary(workdir, config, mesh, num_params: int, task, eval_sets, st
                 for es in eval_sets.values()
             )
         )
+    lines += producibility.summary_lines(data_check) + producibility.warnings(data_check)
     lines.append(f"tensorboard --logdir {workdir}")
     return "\n".join(lines)
 
@@ -307,6 +312,7 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict[
     _check_sizes(config, mesh)
     task = load_task(config)
     eval_splits = [s for s in config.eval_splits if s in task.splits]
+    data_check = producibility.check(task, eval_splits)
     model_config = build_model_config(config, task.tokenizer.vocab_size)
     model = Transformer(model_config)
     tx, schedule = make_optimizer(config)
@@ -321,6 +327,8 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict[
     if is_main:
         _write_run_config(workdir, config, model_config)
         save_to_dir(task.tokenizer, workdir)  # the run is self-contained (`load_run`)
+        with open(os.path.join(workdir, DATA_CHECK), "w") as f:
+            json.dump(data_check, f, indent=2)
 
     # 3. Abstract state and shardings from the logical axis names. ---------------------
     init_boxed = _make_init(model, tx, config, rows=mesh.shape["data"] * mesh.shape["fsdp"])
@@ -366,7 +374,9 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict[
             config=config_to_dict(config),
         )
         writer.log_to_wandb(run)
-    progress.write(_startup_summary(workdir, config, mesh, num_params, task, eval_sets, start))
+    progress.write(
+        _startup_summary(workdir, config, mesh, num_params, task, eval_sets, start, data_check)
+    )
 
     def run_eval(params, step: int) -> dict[str, float]:
         metrics, decodes = evaluation.evaluate(
@@ -439,6 +449,7 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict[
         "train/steps_per_sec": train_metrics.steady_steps_per_sec,
         "num_params": int(num_params),
         **eval_metrics,
+        **producibility.metrics(data_check),
     }
     if is_main and not preempted:
         return write_final_metrics(os.path.join(workdir, FINAL_METRICS), result)
