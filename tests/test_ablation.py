@@ -292,16 +292,16 @@ def _fake_runs(tmp_path, grid, with_val=True):
 
 
 def test_loss_curve_title_comes_from_the_grid_keys(tmp_path):
-    from jattn.analysis import report
+    from jattn.analysis import plots, report
 
     rows = _fake_runs(tmp_path, {"attention": ["flash", "chunked"], "seed": [0, 1]})
     assert report.group_keys(rows) == ["attention"]
-    title = report.loss_curves_title(report.group_keys(rows), validation=True)
+    title = plots.loss_curves_title(report.group_keys(rows), validation=True)
     assert title.startswith("Training and validation loss per attention\n")
     assert "positional" not in title and "dashed: validation" in title
-    two = report.loss_curves_title(["position", "d_model"], validation=False)
+    two = plots.loss_curves_title(["position", "d_model"], validation=False)
     assert two.startswith("Training loss per position, d_model\n") and "dashed" not in two
-    assert "(one group)" in report.loss_curves_title([], validation=False)
+    assert "(one group)" in plots.loss_curves_title([], validation=False)
 
 
 def test_loss_curves_png_with_seeds_and_validation(tmp_path, monkeypatch):
@@ -310,7 +310,7 @@ def test_loss_curves_png_with_seeds_and_validation(tmp_path, monkeypatch):
     matplotlib.use("Agg")
     from matplotlib import pyplot as plt
 
-    from jattn.analysis import report
+    from jattn.analysis import plots, report
 
     rows = _fake_runs(tmp_path, {"position": ["rope", "shaw"], "seed": [0, 1]})
     shown = {}
@@ -326,7 +326,7 @@ def test_loss_curves_png_with_seeds_and_validation(tmp_path, monkeypatch):
 
     path = tmp_path / "loss_curves.png"
     monkeypatch.setattr(plt.Figure, "savefig", spy)
-    assert report.plot_loss_curves(rows, str(path))
+    assert plots.plot_loss_curves(report.loss_curves(rows), report.group_keys(rows), str(path))
     monkeypatch.undo()
     assert path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and path.stat().st_size > 10_000
     assert shown["title"].startswith("Training and validation loss per position")
@@ -334,7 +334,7 @@ def test_loss_curves_png_with_seeds_and_validation(tmp_path, monkeypatch):
     assert len(seeds) == 2 * 2 * 2  # groups x seeds x (train, validation)
     assert all(alpha >= 0.4 and width >= 1.0 for alpha, width, _ in seeds)
     assert sum(style == "--" for *_, style in shown["lines"]) == 2 * 2 + 2  # seeds + means
-    assert not report.plot_loss_curves([], str(tmp_path / "none.png"))  # nothing to plot
+    assert not plots.plot_loss_curves({}, [], str(tmp_path / "none.png"))  # nothing to plot
 
 
 def test_report_shows_only_metrics_the_runs_have():
@@ -347,3 +347,252 @@ def test_report_shows_only_metrics_the_runs_have():
         "eval/validation/chrf",
     ]
     assert report.reported_metrics([{"final": None}], wanted) == wanted  # nothing to tell yet
+
+
+def _fake_grid(tmp_path, em, *, num_decoded=20, check=None, reference=""):
+    """A finished grid without training: `em` maps run name -> {split: exact match};
+    each run gets final_metrics.json (with eval/<split>/num_decoded unless it is None),
+    decodes/<split>.jsonl (k correct of N, inputs 3 tokens long in validation, 12 in
+    test_longer), metrics.jsonl, and `check` as data_check.json (unless None)."""
+    import json
+
+    import ml_collections
+
+    from jattn.analysis.grid import expand
+
+    positions = list(dict.fromkeys(n.split(",")[0].split("=")[1] for n in em))
+    seeds = list(dict.fromkeys(n.split(",")[1].split("=")[1] for n in em))
+    exp = ml_collections.ConfigDict(
+        {
+            "base": "configs/numbers.py",
+            "train": {},
+            "grid": {
+                "position": {"key": "model.position", "values": ",".join(positions)},
+                "seed": {"key": "seed", "values": ",".join(seeds)},
+            },
+            "metrics": (
+                "eval/test_longer/exact_match",
+                "eval/validation/exact_match",
+                "eval/validation/chrf",
+                "eval/validation/bleu",
+                "num_params",
+            ),
+            "reference": reference,
+        }
+    )
+    runs = expand(exp, str(tmp_path))
+    configs = []
+    for run in runs:
+        position, seed = run.axes["position"], int(run.axes["seed"])
+        configs.append(
+            ml_collections.ConfigDict(
+                {"num_train_steps": 800, "seed": seed, "model": {"position": position}}
+            )
+        )
+        os.makedirs(os.path.join(run.workdir, "decodes"))
+        final = {"step": 800, "preempted": False, "num_params": 234_496, "train/loss": 0.01}
+        for split, value in em[run.name].items():
+            n = num_decoded or 20
+            k = round(value * n)
+            final[f"eval/{split}/exact_match"] = k / n
+            if num_decoded is not None:
+                final[f"eval/{split}/num_decoded"] = n
+            if split == "validation":
+                final["eval/validation/chrf"] = 90.0 + 10 * k / n
+            with open(os.path.join(run.workdir, "decodes", f"{split}.jsonl"), "w") as f:
+                for i in range(n):
+                    length = 3 if split == "validation" else 12
+                    row = {"step": 800, "correct": i < k, "input_tokens": length + i % 2}
+                    f.write(json.dumps(row) + "\n")
+        with open(os.path.join(run.workdir, "final_metrics.json"), "w") as f:
+            json.dump(final, f)
+        with open(os.path.join(run.workdir, "metrics.jsonl"), "w") as f:
+            for step in (400, 800):
+                f.write(json.dumps({"step": step, "train/loss": 1.0 / step}) + "\n")
+        if check is not None:
+            with open(os.path.join(run.workdir, "data_check.json"), "w") as f:
+                json.dump(check(run.name) if callable(check) else check, f)
+    return exp, runs, configs
+
+
+def _names(positions, seeds):
+    return [f"position={p},seed={s}" for p in positions for s in seeds]
+
+
+CHECK = {
+    "validation": {"examples": 1000, "producible": 1.0, "longer_than_train": 0.0},
+    "test_longer": {"examples": 500, "producible": 1.0, "longer_than_train": 1.0},
+    "train": {"max_target_tokens": 64, "max_input_tokens": 7},
+}
+
+
+def test_results_md_intervals_noise_column_and_wilson_per_run(tmp_path):
+    """Groups: mean [95% t interval] over seeds; the comparison column against the
+    best group on the first metric (Welch, or the counts where no seed varies);
+    per run k/N with its Wilson interval, 0/N as an upper bound; the data check."""
+    from jattn.analysis import report
+
+    longer = {"shaw": [0.9, 0.95, 1.0], "rope": [0.5, 0.55, 0.45], "none": [0.85, 0.95, 1.0]}
+    valid = {"shaw": 1.0, "rope": 1.0, "none": 0.0}
+    em = {
+        f"position={p},seed={s}": {"validation": valid[p], "test_longer": longer[p][s]}
+        for p in longer
+        for s in range(3)
+    }
+    exp, runs, configs = _fake_grid(tmp_path, em, check=CHECK)
+    summary = report.write_report(exp, runs, configs, str(tmp_path), status=None)
+    md = (tmp_path / "results.md").read_text()
+    assert summary["markdown"] == md and summary["reference"] == "position=shaw"
+    assert (
+        "evaluation at its final step (num_train_steps = 800), with no checkpoint selection" in md
+    )
+    head = (
+        "| group | seeds | eval/test_longer/exact_match | eval/validation/exact_match | "
+        "eval/validation/chrf | num_params | vs position=shaw (eval/test_longer/exact_match) |"
+    )
+    assert head in md and "bleu" not in head
+    # 0.95 ± 4.303 * 0.05 / sqrt(3) = [0.826, 1.074], clipped to 1.
+    assert (
+        "| position=shaw | 3 | 0.950 [0.826, 1.000] | 1.000 [1.000, 1.000] | "
+        "100.0 [100.0, 100.0] | 234,496 | reference |"
+    ) in md
+    assert "| position=rope | 3 | 0.500 [0.376, 0.624] | " in md
+    rope = next(line for line in md.splitlines() if line.startswith("| position=rope |"))
+    assert rope.endswith("| differs (p<0.001) |")
+    none = next(line for line in md.splitlines() if line.startswith("| position=none |"))
+    assert "| within noise (p=" in none and "counts" not in none
+    assert "Welch's t-test over seeds (alpha 0.05)" in md and "two-proportion" in md
+    assert "Reference: position=shaw (the best mean eval/test_longer/exact_match)." in md
+    # Per run: k/N and Wilson; 0/20 reads as its upper bound z²/(20 + z²) = 16.11%.
+    assert "| position=none,seed=0 | validation | 0/20 (0.00%) | ≤ 16.11% |" in md
+    assert "| position=shaw,seed=2 | test_longer | 20/20 (100.00%) | ≥ 83.89% |" in md
+    low, high = report.stats.wilson_interval(18, 20)
+    assert f"| position=shaw,seed=0 | test_longer | 18/20 (90.00%) | [{100 * low:.2f}%, " in md
+    assert f"{100 * high:.2f}%] |" in md
+    # The data check, from the first run; all agree.
+    assert "| test_longer | 500 | 100.0% | 100.0% |" in md
+    assert "| validation | 1,000 | 100.0% | 0.0% |" in md
+    assert "From run position=shaw,seed=0; training: targets up to 64 tokens" in md
+    assert "every run agrees" in md
+    for name in ("results.csv", "loss_curves.png", "accuracy_by_length.png", "exact_match.png"):
+        assert (tmp_path / name).exists(), name
+    assert summary["plots"] == ["loss_curves.png", "accuracy_by_length.png", "exact_match.png"]
+
+
+def test_zero_variance_groups_fall_back_to_the_counts(tmp_path):
+    """Every seed 1.000 against every seed 0.000: Welch is undefined, the pooled
+    counts (40/40 against 0/40) decide; an explicit reference is used."""
+    from jattn.analysis import report
+
+    em = {n: {"test_longer": 1.0 if "shaw" in n else 0.0} for n in _names(["rope", "shaw"], [0, 1])}
+    exp, runs, configs = _fake_grid(tmp_path, em, reference="position=rope")
+    md = report.write_report(exp, runs, configs, str(tmp_path), status=None)["markdown"]
+    assert "vs position=rope (eval/test_longer/exact_match)" in md
+    assert "| position=rope | 2 | 0.000 [0.000, 0.000] | 234,496 | reference |" in md
+    assert (
+        "| position=shaw | 2 | 1.000 [1.000, 1.000] | 234,496 | differs (p<0.001, counts) |" in md
+    )
+    assert "Reference: position=rope (set by the experiment's `reference`)." in md
+    assert "Data check: not checked (test_longer; no run has data_check.json)." in md
+    groups = report.groups_of(report.collect(runs, configs, exp), ["eval/test_longer/exact_match"])
+    assert groups["position=shaw"].pooled("test_longer") == (40, 40)
+    bad = exp.copy_and_resolve_references()
+    bad.reference = "position=shwa"
+    with pytest.raises(ConfigError, match="shwa"):
+        report.check_reference(bad, runs)
+    md = report.write_report(bad, runs, configs, str(tmp_path), status=None)["markdown"]
+    assert "`reference` 'position=shwa' is not a group of this grid" in md
+
+
+def test_unproducible_split_is_never_a_zero(tmp_path):
+    """A split whose targets are not all producible reads "unproducible (x% of targets)"
+    in both tables, with a line saying why, and stays out of the length plot."""
+    from jattn.analysis import report
+
+    check = {
+        **CHECK,
+        "test_longer": {"examples": 500, "producible": 0.875, "longer_than_train": 1.0},
+    }
+    em = {n: {"validation": 0.5, "test_longer": 0.0} for n in _names(["rope", "shaw"], [0, 1])}
+    exp, runs, configs = _fake_grid(tmp_path, em, check=check)
+    md = report.write_report(exp, runs, configs, str(tmp_path), status=None)["markdown"]
+    assert "| test_longer | 500 | 87.5% | 100.0% |" in md
+    assert "| position=rope | 2 | unproducible (12.5% of targets) | 0.500 [0.500, 0.500] |" in md
+    assert "| position=shaw,seed=1 | test_longer | unproducible (12.5% of targets) | - |" in md
+    assert "| position=shaw,seed=1 | validation | 10/20 (50.00%) | [" in md
+    assert "test_longer: 12.5% of its targets cannot be produced from what training shows" in md
+    assert "| 0.000 [" not in md and "| 0/20" not in md  # no silent zero anywhere
+    # Nothing to compare on (the first metric is unproducible everywhere): said so.
+    assert "| vs " not in md and "No comparison column: no group has" in md
+    rows = report.collect(runs, configs, exp)
+    series = report.exact_match_series(report.groups_of(rows, list(exp.metrics)), exp.metrics)
+    assert series["test_longer"] == {"position=rope": None, "position=shaw": None}
+    table, train, left_out = report.accuracy_by_length(rows)
+    assert left_out == ["test_longer"] and train == (1, 7)
+    assert dict(table["position=shaw"]) == {3: [10, 20], 4: [10, 20]}  # pooled over 2 seeds
+
+
+def test_runs_that_disagree_and_runs_without_num_decoded(tmp_path):
+    """Old runs (no eval/<split>/num_decoded) take k/N from their final decodes;
+    a data check that differs between runs is said."""
+    from jattn.analysis import report
+
+    def check(name):
+        producible = 0.5 if "shaw" in name else 1.0
+        return {**CHECK, "validation": {**CHECK["validation"], "producible": producible}}
+
+    em = {n: {"validation": 0.25} for n in _names(["rope", "shaw"], [0])}
+    exp, runs, configs = _fake_grid(tmp_path, em, num_decoded=None, check=check)
+    md = report.write_report(exp, runs, configs, str(tmp_path), status=None)["markdown"]
+    assert "| position=rope,seed=0 | validation | 5/20 (25.00%) | [" in md
+    assert "runs disagree: position=shaw,seed=0 differ" in md
+    assert "| position=rope | 1 | 0.250 (1 seed) |" in md
+    assert "| position=shaw | 1 | unproducible (50.0% of targets) |" in md
+
+
+def test_report_plots_are_pngs_with_intervals(tmp_path, monkeypatch):
+    """accuracy_by_length.png: one Wilson band per group and the training lengths
+    shaded; exact_match.png: error bars per split."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    from matplotlib import pyplot as plt
+
+    from jattn.analysis import plots, report
+
+    em = {n: {"validation": 0.75, "test_longer": 0.25} for n in _names(["rope", "shaw"], [0, 1])}
+    exp, runs, configs = _fake_grid(tmp_path, em, check=CHECK)
+    rows = report.collect(runs, configs, exp)
+    seen = []
+    real_savefig = plt.Figure.savefig
+
+    def spy(fig, *args, **kwargs):
+        ax = fig.axes[0]
+        seen.append((len(ax.collections), ax.get_xlabel(), ax.get_title()))
+        return real_savefig(fig, *args, **kwargs)
+
+    monkeypatch.setattr(plt.Figure, "savefig", spy)
+    assert plots.plot_accuracy_by_length(*report.accuracy_by_length(rows), str(tmp_path / "a.png"))
+    groups = report.groups_of(rows, list(exp.metrics))
+    series = report.exact_match_series(groups, list(exp.metrics))
+    assert series == {
+        "test_longer": {"position=rope": [0.25, 0.25], "position=shaw": [0.25, 0.25]},
+        "validation": {"position=rope": [0.75, 0.75], "position=shaw": [0.75, 0.75]},
+    }
+    assert plots.plot_exact_match(series, str(tmp_path / "e.png"))
+    monkeypatch.undo()
+    for name in ("a.png", "e.png"):
+        png = (tmp_path / name).read_bytes()
+        assert png[:8] == b"\x89PNG\r\n\x1a\n" and len(png) > 10_000, name
+    (bands, xlabel, _), (_, _, title) = seen
+    assert bands == 2  # one Wilson band per group
+    assert xlabel.startswith("input length (tokens")
+    assert "95% t interval" in title
+    table, train, _ = report.accuracy_by_length(rows)
+    # Per seed, decodes alternate lengths (3, 4 in validation; 12, 13 in test_longer) and
+    # the first k are correct: validation 15/20 -> 8/10 at 3, 7/10 at 4; test_longer 5/20
+    # -> 3/10 at 12, 2/10 at 13. Two seeds pooled:
+    assert train == (1, 7)
+    assert dict(table["position=rope"]) == {3: [16, 20], 4: [14, 20], 12: [6, 20], 13: [4, 20]}
+    assert report.exact_match_series(groups, ["num_params"]) == {}
+    assert not plots.plot_exact_match({}, str(tmp_path / "none.png"))

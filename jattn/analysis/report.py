@@ -1,24 +1,39 @@
 """Aggregate an ablation into results.csv, results.md and PNG plots.
 
 Everything is read back from the runs' workdirs (``final_metrics.json``,
-``metrics.jsonl``, ``decodes/<split>.jsonl``), so the report can be rebuilt at
-any time, also for a grid that a cluster ran (``jattn ablate --report-only``).
+``metrics.jsonl``, ``decodes/<split>.jsonl``, ``data_check.json``), so the
+report can be rebuilt at any time, also for a grid that a cluster ran
+(``jattn ablate --report-only``). Every number is a run's evaluation at its
+final step (``num_train_steps``; `collect` drops any other): no checkpoint is
+selected on any split, so the test splits never choose what is reported.
 
 - ``results.csv``: one row per run: axes, status, every final metric.
-- ``results.md``: one row per group (the runs that differ only by seed):
-  mean ± std over seeds of the experiment's metrics that the runs have (a
-  character-level task reports no BLEU), and the seed count.
+- ``results.md``:
+  - the data check, per eval split: the share of targets that can be
+    produced from what training shows, and the share longer than training;
+  - one row per group (the runs that differ only by seed): the mean and 95%
+    Student t interval over seeds of the experiment's metrics that the runs
+    have (a character-level task reports no BLEU), the seed count, and
+    whether the group differs from a reference group beyond noise
+    (`jattn.analysis.stats.compare`). The exact match of a split whose
+    targets cannot all be produced reads "unproducible", never a 0;
+  - one row per run and eval split: exact match as k of N decoded with its
+    95% Wilson interval (0/N shows its upper bound).
 - ``loss_curves.png``: training loss against step, one colour per group
   (thin lines: seeds; thick: their mean), validation loss dashed where the
   runs logged it; titled with the grid's keys.
 - ``accuracy_by_length.png``: exact match against input length per group,
-  pooled over seeds and eval splits, with the training lengths shaded.
+  pooled over seeds and eval splits, with its Wilson interval as a band and
+  the training lengths shaded.
+- ``exact_match.png``: each group's exact match per eval split, the mean
+  over seeds with its 95% t interval.
 """
 
 from __future__ import annotations
 
 import collections
 import csv
+import dataclasses
 import json
 import math
 import os
@@ -27,6 +42,9 @@ from typing import Any
 import numpy as np
 
 from jattn.analysis import grid as grid_lib
+from jattn.analysis import plots, stats
+
+DATA_CHECK = "data_check.json"
 
 
 def _load_json(path: str) -> dict[str, Any] | None:
@@ -48,23 +66,66 @@ def _read_jsonl(path: str) -> list[dict[str, Any]]:
     return rows
 
 
-def mean_std(values: list[float]) -> tuple[float, float]:
-    """Mean and sample standard deviation (0 for a single value)."""
-    a = np.asarray(values, np.float64)
-    return float(a.mean()), float(a.std(ddof=1)) if len(a) > 1 else 0.0
+def _number(v: Any) -> bool:
+    return isinstance(v, int | float) and not isinstance(v, bool) and math.isfinite(v)
 
 
-def _fmt_ms(values: list[float]) -> str:
-    if not values:
-        return "-"
-    m, s = mean_std(values)
-    if all(float(v).is_integer() for v in values) and abs(m) >= 1000:
-        return f"{m:,.0f}" if s == 0 else f"{m:,.0f} ± {s:,.0f}"
-    return f"{m:.3f} ± {s:.3f}" if abs(m) < 10 else f"{m:.1f} ± {s:.1f}"
+def exact_match_split(metric: str) -> str | None:
+    """``"eval/test_longer/exact_match"`` -> ``"test_longer"``; None for other metrics."""
+    parts = metric.split("/")
+    if len(parts) == 3 and parts[0] == "eval" and parts[2] == "exact_match":
+        return parts[1]
+    return None
+
+
+def exact_match_counts(workdir: str, final: dict[str, Any]) -> dict[str, tuple[int, int]]:
+    """Per eval split, the final exact match as (k correct, N decoded).
+
+    N is ``eval/<split>/num_decoded``; a run from before that metric falls
+    back to its ``decodes/<split>.jsonl`` when that is the final step's.
+    """
+    counts = {}
+    for key, em in final.items():
+        split = exact_match_split(key)
+        if split is None or not _number(em):
+            continue
+        n = final.get(f"eval/{split}/num_decoded")
+        if _number(n) and n > 0:
+            counts[split] = (round(em * n), int(n))
+            continue
+        decoded = _read_jsonl(os.path.join(workdir, "decodes", f"{split}.jsonl"))
+        if decoded and all(e.get("step") == final.get("step") for e in decoded):
+            counts[split] = (sum(bool(e["correct"]) for e in decoded), len(decoded))
+    return counts
+
+
+def data_check(workdir: str, final: dict[str, Any] | None) -> dict[str, Any] | None:
+    """The run's data check: its ``data_check.json`` (``{split: {"examples",
+    "producible", "longer_than_train"}, "train": {...}}``), else its final
+    metrics ``data/<split>/<name>``; None for a run that has neither."""
+    check = _load_json(os.path.join(workdir, DATA_CHECK))
+    if check is not None:
+        return check
+    out: dict[str, Any] = {}
+    for key, v in (final or {}).items():
+        parts = key.split("/")
+        if len(parts) == 3 and parts[0] == "data" and _number(v):
+            out.setdefault(parts[1], {})[parts[2]] = float(v)
+    return out or None
+
+
+def unproducible_share(check: dict[str, Any] | None, split: str) -> float | None:
+    """The share of `split`'s targets that cannot be produced from what training
+    shows, when it is above 0; None when all can be (or the run was not checked)."""
+    producible = ((check or {}).get(split) or {}).get("producible")
+    if _number(producible) and producible < 1.0:
+        return 1.0 - float(producible)
+    return None
 
 
 def collect(runs: list[grid_lib.Run], configs, exp) -> list[dict[str, Any]]:
-    """Per run: name, group, typed axes, final metrics (or None)."""
+    """Per run: run, config, typed axes, final metrics (None unless the run
+    reached ``num_train_steps``), exact-match counts and data check."""
     from jattn.train.loop import FINAL_METRICS  # noqa: PLC0415
 
     out = []
@@ -73,7 +134,14 @@ def collect(runs: list[grid_lib.Run], configs, exp) -> list[dict[str, Any]]:
         if final is not None and final.get("step") != config.num_train_steps:
             final = None
         out.append(
-            dict(run=run, config=config, axes=grid_lib.typed_axes(run, config, exp), final=final)
+            dict(
+                run=run,
+                config=config,
+                axes=grid_lib.typed_axes(run, config, exp),
+                final=final,
+                counts=exact_match_counts(run.workdir, final) if final else {},
+                check=data_check(run.workdir, final),
+            )
         )
     return out
 
@@ -105,25 +173,283 @@ def write_csv(rows, path: str, status: dict[str, str] | None) -> None:
             )
 
 
-def group_table(rows, metrics: list[str]) -> tuple[str, dict[str, dict[str, list[float]]]]:
-    groups: dict[str, dict[str, list[float]]] = collections.OrderedDict()
-    counts: dict[str, int] = collections.Counter()
+# -- numbers as text -----------------------------------------------------------------------
+
+
+def _range(metric: str) -> tuple[float, float]:
+    """Where a metric can lie: intervals are clipped to it."""
+    name = metric.rsplit("/", 1)[-1]
+    if name in ("exact_match", "accuracy"):
+        return 0.0, 1.0
+    if name in ("chrf", "bleu"):
+        return 0.0, 100.0
+    return -math.inf, math.inf
+
+
+def _num(x: float, scale: float) -> str:
+    if abs(scale) >= 1000:
+        return f"{x:,.0f}"
+    return f"{x:.1f}" if abs(scale) >= 10 else f"{x:.3f}"
+
+
+def _pct(x: float) -> str:
+    return f"{100 * x:.2f}%"
+
+
+def _share(x: float) -> str:
+    """A share as a percentage that reads 100% or 0% only when it is exactly that."""
+    if 0.999 < x < 1.0:
+        return "> 99.9%"
+    return "< 0.1%" if 0.0 < x < 0.001 else f"{100 * x:.1f}%"
+
+
+def fmt_mean_ci(values: list[float], metric: str) -> str:
+    """``0.953 [0.910, 0.990]``: the mean over seeds and its 95% Student t
+    interval, clipped to the metric's range; ``(1 seed)`` instead of an
+    interval for one seed; a count that is the same on every seed
+    (``num_params``) alone."""
+    if not values:
+        return "-"
+    mean, low, high = stats.t_interval(values)
+    if len(set(values)) == 1 and float(values[0]).is_integer() and abs(mean) >= 1000:
+        return _num(mean, mean)
+    if len(values) < 2:
+        return f"{_num(mean, mean)} (1 seed)"
+    lo, hi = _range(metric)
+    return f"{_num(mean, mean)} [{_num(max(low, lo), mean)}, {_num(min(high, hi), mean)}]"
+
+
+def fmt_wilson(k: int, n: int) -> str:
+    """The 95% Wilson interval of k/n: ``≤ 0.37%`` at 0/n, ``≥ 99.63%`` at n/n."""
+    low, high = stats.wilson_interval(k, n)
+    if k == 0:
+        return f"≤ {_pct(high)}"
+    if k == n:
+        return f"≥ {_pct(low)}"
+    return f"[{_pct(low)}, {_pct(high)}]"
+
+
+def _unproducible(share: float) -> str:
+    return f"unproducible ({_share(share)} of targets)"
+
+
+# -- groups and their tables -------------------------------------------------------------
+
+
+@dataclasses.dataclass
+class Group:
+    """The finished runs of one group (they differ only by seed).
+
+    Attributes:
+      name: the group name (``position=shaw``).
+      seeds: how many of its runs finished.
+      values: metric -> one value per finished seed that has it.
+      counts: eval split -> exact match (k, N) per finished seed that has it.
+      check: the data check of its first run that has one (None: not checked).
+    """
+
+    name: str
+    seeds: int = 0
+    values: dict[str, list[float]] = dataclasses.field(default_factory=dict)
+    counts: dict[str, list[tuple[int, int]]] = dataclasses.field(default_factory=dict)
+    check: dict[str, Any] | None = None
+
+    def pooled(self, split: str) -> tuple[int, int] | None:
+        """Exact match of `split` as (k, N) summed over all its seeds; None when
+        a seed lacks the counts."""
+        per_seed = self.counts.get(split, [])
+        if not per_seed or len(per_seed) != self.seeds:
+            return None
+        return sum(k for k, _ in per_seed), sum(n for _, n in per_seed)
+
+    def unproducible(self, metric: str) -> float | None:
+        """For an exact-match metric of a split with unproducible targets, their share."""
+        split = exact_match_split(metric)
+        return unproducible_share(self.check, split) if split else None
+
+
+def groups_of(rows, metrics: list[str]) -> dict[str, Group]:
+    """The rows folded into groups, in grid order."""
+    groups: dict[str, Group] = collections.OrderedDict()
     for r in rows:
-        g = groups.setdefault(r["run"].group, collections.defaultdict(list))
+        g = groups.setdefault(r["run"].group, Group(r["run"].group))
+        if g.check is None:
+            g.check = r.get("check")
         if not r["final"]:
             continue
-        counts[r["run"].group] += 1
+        g.seeds += 1
         for m in metrics:
-            v = r["final"].get(m)
-            if isinstance(v, int | float) and math.isfinite(v):
-                g[m].append(float(v))
-    head = "| group | seeds | " + " | ".join(metrics) + " |"
+            if _number(r["final"].get(m)):
+                g.values.setdefault(m, []).append(float(r["final"][m]))
+        for split, kn in r.get("counts", {}).items():
+            g.counts.setdefault(split, []).append(kn)
+    return groups
+
+
+def choose_reference(
+    groups: dict[str, Group], metric: str, requested: str | None
+) -> tuple[str | None, str]:
+    """The reference group of the comparison column, and why it is the one.
+
+    `requested` (the experiment's ``reference``) when it names a group; else
+    the group with the best mean of `metric` (lowest for a loss, highest
+    otherwise) among those whose `metric` is a number (not unproducible).
+    """
+    why = ""
+    if requested:
+        if requested in groups:
+            return requested, "set by the experiment's `reference`"
+        why = f"`reference` {requested!r} is not a group of this grid, so: "
+    means = {
+        name: float(np.mean(g.values[metric]))
+        for name, g in groups.items()
+        if g.values.get(metric) and g.unproducible(metric) is None
+    }
+    if not means:
+        return None, why + f"no group has {metric} as a number (missing or unproducible)"
+    pick = min if "loss" in metric.rsplit("/", 1)[-1] else max
+    best = pick(means, key=means.__getitem__)
+    return best, why + f"the best mean {metric}"
+
+
+def check_reference(exp, runs: list[grid_lib.Run]) -> None:
+    """Raises ConfigError when the experiment's ``reference`` names no group
+    of `runs` (call it before training, so a typo costs nothing)."""
+    from jattn.train.config import ConfigError  # noqa: PLC0415
+
+    requested = exp.get("reference") or None
+    names = list(dict.fromkeys(r.group for r in runs))
+    if requested and requested not in names:
+        raise ConfigError(f"reference {requested!r} is not a group of the grid: {names}")
+
+
+def comparison_cell(ref: Group, g: Group, metric: str) -> str:
+    """`g` against the reference group on `metric` (see `stats.compare`)."""
+    if g.name == ref.name:
+        return "reference"
+    share = g.unproducible(metric)
+    if share is not None:
+        return _unproducible(share)
+    if not g.values.get(metric) or not ref.values.get(metric):
+        return "-"
+    split = exact_match_split(metric)
+    counts = (ref.pooled(split), g.pooled(split)) if split else (None, None)
+    return stats.compare(ref.values[metric], g.values[metric], *counts).verdict()
+
+
+def group_table(
+    groups: dict[str, Group], metrics: list[str], reference: str | None
+) -> tuple[str, list[str]]:
+    """The markdown table of groups and the lines that explain it.
+
+    Returns:
+      (table, notes): the notes say what the cells are, the comparison rule
+      and which cells are unproducible.
+    """
+    compare_on = metrics[0] if metrics and reference else None
+    head = "| group | seeds | " + " | ".join(metrics)
     sep = "|---|---:|" + "---:|" * len(metrics)
-    lines = [head, sep]
-    for name, g in groups.items():
-        cells = [_fmt_ms(g.get(m, [])) for m in metrics]
-        lines.append(f"| {name} | {counts[name]} | " + " | ".join(cells) + " |")
-    return "\n".join(lines), groups
+    if compare_on:
+        head += f" | vs {reference} ({compare_on})"
+        sep += "---|"
+    lines, unproducible = [head + " |", sep], {}
+    for g in groups.values():
+        cells = []
+        for m in metrics:
+            share = g.unproducible(m)
+            if share is not None and g.values.get(m):
+                unproducible[exact_match_split(m)] = share
+                cells.append(_unproducible(share))
+            else:
+                cells.append(fmt_mean_ci(g.values.get(m, []), m))
+        if compare_on:
+            cells.append(comparison_cell(groups[reference], g, compare_on))
+        lines.append(f"| {g.name} | {g.seeds} | " + " | ".join(cells) + " |")
+    notes = [
+        "Cells: mean over seeds [95% Student t interval, n − 1 degrees of freedom, clipped "
+        "to the metric's range]; one seed has no interval."
+    ]
+    if compare_on:
+        notes.append(
+            f"Last column: {compare_on} against {reference}, Welch's t-test over seeds "
+            f"(alpha {stats.ALPHA}); where both groups have zero variance over seeds, a pooled "
+            "two-proportion z-test on the exact-match counts k/N summed over seeds "
+            "(marked 'counts')."
+        )
+    for split, share in unproducible.items():
+        notes.append(
+            f"{split}: {_share(share)} of its targets cannot be produced from what training "
+            "shows (see the data check), so its exact match is not a length-generalisation "
+            "score and is not shown as a number."
+        )
+    return "\n".join(lines), notes
+
+
+def run_table(rows) -> str:
+    """Per finished run and eval split: exact match as k/N and its Wilson interval."""
+    lines = [
+        "| run | split | exact match k/N | 95% Wilson interval |",
+        "|---|---|---:|---:|",
+    ]
+    for r in rows:
+        if not r["final"]:
+            continue
+        splits = [s for k in r["final"] if (s := exact_match_split(k)) and _number(r["final"][k])]
+        for split in splits:
+            share = unproducible_share(r.get("check"), split)
+            kn = r.get("counts", {}).get(split)
+            if share is not None:
+                cells = [_unproducible(share), "-"]
+            elif kn is None:
+                cells = [f"{r['final'][f'eval/{split}/exact_match']:.3f} (N unknown)", "-"]
+            else:
+                k, n = kn
+                cells = [f"{k}/{n} ({_pct(k / n)})", fmt_wilson(k, n)]
+            lines.append(f"| {r['run'].name} | {split} | " + " | ".join(cells) + " |")
+    return "\n".join(lines) if len(lines) > 2 else ""
+
+
+def data_check_section(rows, splits: list[str]) -> list[str]:
+    """The data check in markdown: per eval split the number of examples, the
+    share of producible targets and the share longer than training, from the
+    first run that has a check, and whether the runs agree."""
+    checked = [r for r in rows if r.get("check")]
+    if not checked:
+        listed = ", ".join(splits) if splits else "the eval splits"
+        return [f"Data check: not checked ({listed}; no run has {DATA_CHECK})."]
+    first = checked[0]
+    check = first["check"]
+    lines = [
+        "| split | examples | producible targets | longer than training |",
+        "|---|---:|---:|---:|",
+    ]
+    for split, c in check.items():
+        if split == "train" or not isinstance(c, dict):
+            continue
+        cells = [
+            f"{c['examples']:,}" if _number(c.get("examples")) else "-",
+            _share(c["producible"]) if _number(c.get("producible")) else "not checked",
+            _share(c["longer_than_train"]) if _number(c.get("longer_than_train")) else "-",
+        ]
+        lines.append(f"| {split} | " + " | ".join(cells) + " |")
+    train = check.get("train") or {}
+    notes = [f"From run {first['run'].name}"]
+    if train:
+        notes.append(
+            f"training: targets up to {train.get('max_target_tokens', '?')} tokens, "
+            f"inputs up to {train.get('max_input_tokens', '?')}"
+        )
+    differ = [r["run"].name for r in checked[1:] if r["check"] != check]
+    if differ:
+        notes.append(
+            f"runs disagree: {', '.join(differ)} differ (each group's cells use its own check)"
+        )
+    elif len(checked) == len(rows):
+        notes.append("every run agrees")
+    unchecked = [r["run"].name for r in rows if not r.get("check")]
+    if unchecked:
+        notes.append(f"not checked: {', '.join(unchecked)}")
+    return [*lines, "", "; ".join(notes) + "."]
 
 
 def group_keys(rows) -> list[str]:
@@ -132,16 +458,6 @@ def group_keys(rows) -> list[str]:
     for r in rows:
         keys += [k for k in r["run"].axes if k != "seed" and k not in keys]
     return keys
-
-
-def loss_curves_title(keys: list[str], *, validation: bool) -> str:
-    """The title of loss_curves.png, from the grid's keys (bar the seed)."""
-    what = "Training and validation loss" if validation else "Training loss"
-    per = f" per {', '.join(keys)}" if keys else " (one group)"
-    legend = "thin: seeds, thick: mean over seeds"
-    if validation:
-        legend += "; solid: training, dashed: validation"
-    return f"{what}{per}\n({legend})"
 
 
 def _curve(workdir: str, metric: str) -> tuple[np.ndarray, np.ndarray] | None:
@@ -156,16 +472,11 @@ def _curve(workdir: str, metric: str) -> tuple[np.ndarray, np.ndarray] | None:
     return np.array(steps), np.array(vals, np.float64)
 
 
-def plot_loss_curves(
-    rows, path: str, metric: str = "train/loss", val_metric: str = "eval/validation/loss"
-) -> bool:
-    """Loss against step, one colour per group: seeds as thin lines, their
-    mean thick; `val_metric` dashed where the runs' metrics.jsonl has it."""
-    import matplotlib  # noqa: PLC0415
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt  # noqa: PLC0415
-
+def loss_curves(
+    rows, metric: str = "train/loss", val_metric: str = "eval/validation/loss"
+) -> dict[str, dict[str, list[tuple[np.ndarray, np.ndarray]]]]:
+    """group -> {metric, val_metric: one (steps, values) per run that logged it},
+    from the runs' metrics.jsonl (`plots.plot_loss_curves` draws it)."""
     by_group: dict[str, dict[str, list]] = collections.OrderedDict()
     for r in rows:
         for name in (metric, val_metric):
@@ -173,36 +484,7 @@ def plot_loss_curves(
             if curve is not None:
                 g = by_group.setdefault(r["run"].group, {metric: [], val_metric: []})
                 g[name].append(curve)
-    if not any(g[metric] for g in by_group.values()):
-        return False
-    has_val = any(g[val_metric] for g in by_group.values())
-    fig, ax = plt.subplots(figsize=(9, 5.5))
-    colours = plt.get_cmap("tab10")
-    for gi, (group, curves_by) in enumerate(by_group.items()):
-        c = colours(gi % 10)
-        for name, style in ((metric, "-"), (val_metric, "--")):
-            curves = curves_by[name]
-            if not curves:
-                continue
-            for steps, vals in curves:
-                ax.plot(steps, vals, color=c, alpha=0.45, linewidth=1.0, linestyle=style)
-            common = curves[0][0]
-            for steps, _ in curves[1:]:
-                common = np.intersect1d(common, steps)
-            if len(common):
-                mean = np.mean([np.interp(common, s, v) for s, v in curves], axis=0)
-                label = group if name == metric else f"{group} (validation)"
-                ax.plot(common, mean, color=c, linewidth=2.5, linestyle=style, label=label)
-    ax.set_xlabel("step")
-    ax.set_ylabel(f"{metric}, {val_metric} (dashed)" if has_val else metric)
-    ax.set_yscale("log")
-    ax.set_title(loss_curves_title(group_keys(rows), validation=has_val), fontsize=10)
-    ax.legend(fontsize=8)
-    ax.grid(alpha=0.3)
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    return True
+    return by_group
 
 
 def reported_metrics(rows, metrics: list[str]) -> list[str]:
@@ -214,84 +496,123 @@ def reported_metrics(rows, metrics: list[str]) -> list[str]:
     return [m for m in metrics if any(m in f for f in finals)]
 
 
-def accuracy_by_length(rows, splits=("validation", "test_longer")):
-    """group -> {input_tokens: [correct, ...]} pooled over seeds and splits,
-    plus the input lengths seen in the validation split (= training lengths)."""
-    table: dict[str, dict[int, list[bool]]] = collections.OrderedDict()
-    train_lengths: set[int] = set()
+def accuracy_by_length(rows):
+    """Exact match by input length, pooled over seeds and eval splits.
+
+    Only finished runs, only their final step's decodes, and no split with
+    unproducible targets (its zeros would read as a length effect).
+
+    Returns:
+      (group -> {input_tokens: [k correct, N decoded]}, the training input
+      lengths as (shortest, longest) or None, the splits left out).
+    """
+    table: dict[str, dict[int, list[int]]] = collections.OrderedDict()
+    validation_lengths: set[int] = set()
+    train_longest, left_out = None, set()
     for r in rows:
-        g = table.setdefault(r["run"].group, collections.defaultdict(list))
-        for split in splits:
-            for e in _read_jsonl(os.path.join(r["run"].workdir, "decodes", f"{split}.jsonl")):
-                g[int(e["input_tokens"])].append(bool(e["correct"]))
-                if split == "validation":
-                    train_lengths.add(int(e["input_tokens"]))
-    return table, train_lengths
-
-
-def plot_accuracy_by_length(rows, path: str) -> bool:
-    import matplotlib  # noqa: PLC0415
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt  # noqa: PLC0415
-
-    table, train_lengths = accuracy_by_length(rows)
-    if not any(table.values()):
-        return False
-    fig, ax = plt.subplots(figsize=(8, 5))
-    if train_lengths:
-        ax.axvspan(
-            min(train_lengths) - 0.5,
-            max(train_lengths) + 0.5,
-            color="0.9",
-            label="lengths seen in training",
-        )
-    colours = plt.get_cmap("tab10")
-    for gi, (group, by_len) in enumerate(table.items()):
-        if not by_len:
+        g = table.setdefault(r["run"].group, collections.defaultdict(lambda: [0, 0]))
+        check = r.get("check") or {}
+        if _number((check.get("train") or {}).get("max_input_tokens")):
+            train_longest = int(check["train"]["max_input_tokens"])
+        if not r["final"]:
             continue
-        lengths = sorted(by_len)
-        acc = [float(np.mean(by_len[n])) for n in lengths]
-        ax.plot(lengths, acc, marker="o", color=colours(gi % 10), label=group)
-    ax.set_xlabel("input length (tokens, incl. EOS)")
-    ax.set_ylabel("exact match")
-    ax.set_ylim(-0.02, 1.02)
-    ax.set_title("Exact match against input length (validation + test_longer, seeds pooled)")
-    ax.legend(fontsize=8)
-    ax.grid(alpha=0.3)
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    return True
+        folder = os.path.join(r["run"].workdir, "decodes")
+        names = os.listdir(folder) if os.path.isdir(folder) else []
+        for split in sorted(f.removesuffix(".jsonl") for f in names if f.endswith(".jsonl")):
+            if unproducible_share(check, split) is not None:
+                left_out.add(split)
+                continue
+            for e in _read_jsonl(os.path.join(folder, f"{split}.jsonl")):
+                if e.get("step") != r["final"].get("step"):
+                    continue
+                n = int(e["input_tokens"])
+                g[n][0] += bool(e["correct"])
+                g[n][1] += 1
+                if split == "validation":
+                    validation_lengths.add(n)
+    if train_longest is not None:
+        train = (1, train_longest)
+    else:
+        train = (min(validation_lengths), max(validation_lengths)) if validation_lengths else None
+    return table, train, sorted(left_out)
+
+
+def exact_match_series(
+    groups: dict[str, Group], metrics: list[str]
+) -> dict[str, dict[str, list[float] | None]]:
+    """eval split -> {group: exact match per seed, None where unproducible} for the
+    exact-match metrics among `metrics` (`plots.plot_exact_match` draws it)."""
+    return {
+        split: {n: None if g.unproducible(m) else g.values.get(m, []) for n, g in groups.items()}
+        for m in metrics
+        if (split := exact_match_split(m))
+    }
 
 
 def write_report(exp, runs, configs, workdir: str, *, status) -> dict[str, Any]:
     """Writes results.csv, results.md and the plots; returns a summary dict
-    with the markdown table and the paths written."""
+    with the markdown, the paths written and the groups."""
     rows = collect(runs, configs, exp)
     metrics = reported_metrics(rows, list(exp.metrics))
     absent = [m for m in exp.metrics if m not in metrics]
     write_csv(rows, os.path.join(workdir, "results.csv"), status)
-    table, groups = group_table(rows, metrics)
-    finished = sum(1 for r in rows if r["final"])
+    groups = groups_of(rows, metrics)
+    first = metrics[0] if metrics else ""
+    reference, why = choose_reference(groups, first, exp.get("reference") or None)
+    table, notes = group_table(groups, metrics, reference)
+    finished = [r for r in rows if r["final"]]
+    steps = sorted({r["final"]["step"] for r in finished})
+    eval_splits = list(dict.fromkeys(m.split("/")[1] for m in metrics if m.startswith("eval/")))
     md = [
-        f"# Ablation results ({finished}/{len(rows)} runs finished)",
+        f"# Ablation results ({len(finished)}/{len(rows)} runs finished)",
         "",
-        f"Mean ± std over seeds; grid {', '.join(exp.grid.keys())}; base `{exp.base}`.",
+        f"Grid {', '.join(exp.grid.keys())}; base `{exp.base}`. Every metric is each run's "
+        f"evaluation at its final step (num_train_steps = {', '.join(map(str, steps)) or '-'}), "
+        "with no checkpoint selection.",
+        "",
+        "## Data check",
+        "",
+        *data_check_section(rows, eval_splits),
+        "",
+        "## Groups",
         "",
         table,
         "",
+        *[f"{n}  " for n in notes],
     ]
+    if reference:
+        md.append(f"Reference: {reference} ({why}).")
+    elif metrics:
+        md.append(f"No comparison column: {why}.")
+    md.append("")
     if absent:
         md += [f"Not reported by these runs (not a metric of their task): {', '.join(absent)}.", ""]
-    plots = []
-    if plot_loss_curves(rows, os.path.join(workdir, "loss_curves.png")):
-        plots.append("loss_curves.png")
-        md.append("![loss curves](loss_curves.png)")
-    if plot_accuracy_by_length(rows, os.path.join(workdir, "accuracy_by_length.png")):
-        plots.append("accuracy_by_length.png")
-        md.append("![accuracy by length](accuracy_by_length.png)")
+    runs_md = run_table(rows)
+    if runs_md:
+        md += ["## Exact match per run", "", runs_md, "",
+               "k of N decoded examples correct; 95% Wilson score interval (an upper bound "
+               "at 0/N, a lower bound at N/N).", ""]  # fmt: skip
+    figures = {
+        "loss_curves.png": plots.plot_loss_curves(
+            loss_curves(rows), group_keys(rows), os.path.join(workdir, "loss_curves.png")
+        ),
+        "accuracy_by_length.png": plots.plot_accuracy_by_length(
+            *accuracy_by_length(rows), os.path.join(workdir, "accuracy_by_length.png")
+        ),
+        "exact_match.png": plots.plot_exact_match(
+            exact_match_series(groups, metrics), os.path.join(workdir, "exact_match.png")
+        ),
+    }
+    written = [name for name, drawn in figures.items() if drawn]
+    md += [f"![{name.removesuffix('.png').replace('_', ' ')}]({name})" for name in written]
     markdown = "\n".join(md) + "\n"
     with open(os.path.join(workdir, "results.md"), "w") as f:
         f.write(markdown)
-    return dict(markdown=markdown, plots=plots, groups=groups, finished=finished, total=len(rows))
+    return dict(
+        markdown=markdown,
+        plots=written,
+        groups=groups,
+        reference=reference,
+        finished=len(finished),
+        total=len(rows),
+    )
