@@ -470,8 +470,8 @@ def test_results_md_intervals_noise_column_and_wilson_per_run(tmp_path):
     assert f"| position=shaw,seed=0 | test_longer | 18/20 (90.00%) | [{100 * low:.2f}%, " in md
     assert f"{100 * high:.2f}%] |" in md
     # The data check, from the first run; all agree.
-    assert "| test_longer | 500 | 100.0% | 100.0% |" in md
-    assert "| validation | 1,000 | 100.0% | 0.0% |" in md
+    assert "| test_longer | 500 | 100.0% | 100.0% | - |" in md
+    assert "| validation | 1,000 | 100.0% | 0.0% | - |" in md
     assert "From run position=shaw,seed=0; training: targets up to 64 tokens" in md
     assert "every run agrees" in md
     for name in ("results.csv", "loss_curves.png", "accuracy_by_length.png", "exact_match.png"):
@@ -511,12 +511,17 @@ def test_unproducible_split_is_never_a_zero(tmp_path):
 
     check = {
         **CHECK,
-        "test_longer": {"examples": 500, "producible": 0.875, "longer_than_train": 1.0},
+        "test_longer": {
+            "examples": 500,
+            "producible": 0.875,
+            "longer_than_train": 1.0,
+            "unseen_tokens": ["m", "l"],
+        },
     }
     em = {n: {"validation": 0.5, "test_longer": 0.0} for n in _names(["rope", "shaw"], [0, 1])}
     exp, runs, configs = _fake_grid(tmp_path, em, check=check)
     md = report.write_report(exp, runs, configs, str(tmp_path), status=None)["markdown"]
-    assert "| test_longer | 500 | 87.5% | 100.0% |" in md
+    assert "| test_longer | 500 | 87.5% | 100.0% | `m` `l` |" in md
     assert "| position=rope | 2 | unproducible (12.5% of targets) | 0.500 [0.500, 0.500] |" in md
     assert "| position=shaw,seed=1 | test_longer | unproducible (12.5% of targets) | - |" in md
     assert "| position=shaw,seed=1 | validation | 10/20 (50.00%) | [" in md

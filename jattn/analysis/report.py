@@ -420,8 +420,9 @@ def data_check_section(rows, splits: list[str]) -> list[str]:
     first = checked[0]
     check = first["check"]
     lines = [
-        "| split | examples | producible targets | longer than training |",
-        "|---|---:|---:|---:|",
+        "| split | examples | producible targets | longer than training | target tokens "
+        "training never shows |",
+        "|---|---:|---:|---:|---|",
     ]
     for split, c in check.items():
         if split == "train" or not isinstance(c, dict):
@@ -430,6 +431,7 @@ def data_check_section(rows, splits: list[str]) -> list[str]:
             f"{c['examples']:,}" if _number(c.get("examples")) else "-",
             _share(c["producible"]) if _number(c.get("producible")) else "not checked",
             _share(c["longer_than_train"]) if _number(c.get("longer_than_train")) else "-",
+            " ".join(f"`{t}`" for t in c.get("unseen_tokens") or []) or "-",
         ]
         lines.append(f"| {split} | " + " | ".join(cells) + " |")
     train = check.get("train") or {}
