@@ -13,6 +13,8 @@ Metrics, per split ``S``:
 - ``eval/S/accuracy``: teacher-forced next-token accuracy;
 - ``eval/S/exact_match``: fraction of the first `eval_decode_examples`
   examples whose decoded output equals the reference string (in [0, 1]);
+- ``eval/S/num_decoded``: how many examples were decoded (N), so that the
+  report knows exact match as k of N and can give it a binomial interval;
 - ``eval/S/chrf``: sacrebleu corpus chrF (0-100);
 - ``eval/S/bleu``: sacrebleu corpus BLEU (0-100), word-level tasks only.
 
@@ -188,6 +190,7 @@ def evaluate(
             refs = [e["target"] for e in examples]
             if "exact_match" in es.metrics:
                 metrics[prefix + "exact_match"] = float(np.mean([e["correct"] for e in examples]))
+                metrics[prefix + "num_decoded"] = len(examples)  # N of exact match's k/N
             if "bleu" in es.metrics:
                 metrics[prefix + "bleu"] = float(sacrebleu.corpus_bleu(hyps, [refs]).score)
             if "chrf" in es.metrics:
