@@ -85,7 +85,10 @@ class Zoo(dict):
         "alibi": dict(pre_norm=True),
         "sinusoidal": dict(share_embeddings=False),
         "rope": dict(num_kv_heads=1),  # MQA
-        "shaw": dict(shaw_values=False, attention_bias=True),
+        "shaw": dict(shaw_terms="key", attention_bias=True),
+        "shaw[key+bias] rel2": dict(position="shaw", shaw_terms="key+bias", relative_cross=True),
+        "rope rel2": dict(position="rope", relative_cross=True),
+        "t5 rel2": dict(position="t5", relative_cross=True),
     }
 
     def __missing__(self, position):
@@ -123,7 +126,7 @@ def _inputs(seed: int) -> np.ndarray:
     return x
 
 
-@pytest.mark.parametrize("position", SCHEMES)
+@pytest.mark.parametrize("position", SCHEMES + ["shaw[key+bias] rel2", "rope rel2", "t5 rel2"])
 def test_cached_decoding_equals_full_recomputation(zoo, position):
     model, params, check = zoo[position]
     inputs = _inputs(0)

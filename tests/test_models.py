@@ -33,6 +33,17 @@ from jattn.models import (
 SCHEMES = list(POSITIONS)
 RELATIVE = ["shaw", "rope", "alibi", "t5"]
 ABSOLUTE = ["sinusoidal", "learned", "sinusoidal+shaw"]
+# Ontañón et al.'s variants: Shaw's terms (rel-e, rel-b, rel-eb) and relative
+# positions in decoder-to-encoder attention too ("rel2").
+VARIANTS = {
+    "shaw[key]": dict(position="shaw", shaw_terms="key"),
+    "shaw[bias]": dict(position="shaw", shaw_terms="bias"),
+    "shaw[key+bias]": dict(position="shaw", shaw_terms="key+bias"),
+    "rel2 shaw[key+bias]": dict(position="shaw", shaw_terms="key+bias", relative_cross=True),
+    "rel2 rope": dict(position="rope", relative_cross=True),
+    "rel2 alibi": dict(position="alibi", relative_cross=True),
+    "rel2 t5": dict(position="t5", relative_cross=True),
+}
 TINY = dict(
     vocab_size=13,
     d_model=16,
@@ -116,7 +127,12 @@ class Zoo(dict):
     """One Built per scheme, made on first use."""
 
     def __missing__(self, position):
-        self[position] = build(tiny(position))
+        config = (
+            TransformerConfig(**{**TINY, **VARIANTS[position]})
+            if " " in position or ("[" in position)
+            else tiny(position)
+        )
+        self[position] = build(config)
         return self[position]
 
 
@@ -363,7 +379,7 @@ def _packed_batch():
     return inputs, targets, iseg, tseg, ipos, tpos
 
 
-@pytest.mark.parametrize("position", SCHEMES)
+@pytest.mark.parametrize("position", SCHEMES + list(VARIANTS))
 def test_packed_equals_unpacked(zoo, position):
     b = zoo[position]
     logits = np.asarray(b.fwd(b.params, *_packed_batch()))
@@ -402,7 +418,7 @@ def test_encoder_permutation_equivariance_only_without_positions(zoo, position):
         assert np.abs(out_perm - out[:, perm]).max() > 1e-3
 
 
-@pytest.mark.parametrize("position", RELATIVE + ABSOLUTE)
+@pytest.mark.parametrize("position", RELATIVE + ABSOLUTE + list(VARIANTS))
 def test_relative_schemes_invariant_to_position_shift(zoo, position):
     b = zoo[position]
     inputs, targets, iseg, tseg, ipos, tpos = _packed_batch()
@@ -411,7 +427,7 @@ def test_relative_schemes_invariant_to_position_shift(zoo, position):
     enc_shift = np.asarray(b.enc(b.params, inputs, iseg, ipos + c))
     full = np.asarray(b.fwd(b.params, inputs, targets, iseg, tseg, ipos, tpos))
     full_shift = np.asarray(b.fwd(b.params, inputs, targets, iseg, tseg, ipos + c, tpos + c))
-    if position in RELATIVE:
+    if position in RELATIVE or position in VARIANTS:
         np.testing.assert_allclose(enc_shift, enc, rtol=1e-5, atol=1e-5)
         np.testing.assert_allclose(full_shift, full, rtol=1e-5, atol=1e-5)
     else:
@@ -419,9 +435,10 @@ def test_relative_schemes_invariant_to_position_shift(zoo, position):
         assert np.abs(full_shift - full).max() > 1e-3
 
 
-def test_relative_scheme_sees_order(zoo):
+@pytest.mark.parametrize("position", ["shaw", "shaw[bias]"])
+def test_relative_scheme_sees_order(zoo, position):
     """Shift invariance is not blindness: swapping two tokens changes a relative model."""
-    b = zoo["shaw"]
+    b = zoo[position]
     inputs = np.array([[3, 4, 5, 6, 7, 8, 9, 10]] * 3, np.int32)
     seg, pos = unpacked(inputs)
     out = np.asarray(b.enc(b.params, inputs, seg, pos))
@@ -645,3 +662,69 @@ def test_parameter_names_are_the_checkpoint_layout():
     x = jnp.ones((1, L), jnp.int32)
     cached = jax.eval_shape(lambda: Transformer(cfg, use_cache=True).init(jax.random.key(0), x, x))
     assert jax.tree.map(jnp.shape, nn.unbox(cached["params"])) == jax.tree.map(jnp.shape, params)
+
+
+# -- Shaw's terms and relative cross-attention (Ontañón et al.) -------------------------
+
+
+@pytest.mark.parametrize(
+    "terms, cross", [("key", False), ("bias", False), ("key+bias", True), ("key+value", True)]
+)
+def test_shaw_terms_and_relative_cross_own_their_tables(terms, cross):
+    cfg = tiny("shaw", shaw_terms=terms, relative_cross=cross)
+    flat = {"/".join(map(str, k)): v for k, v in _flatten(abstract_params(cfg))}
+    layers = ["encoder/layer_0/self_attention", "decoder/layer_0/self_attention"]
+    cross_layer = "decoder/layer_0/cross_attention"
+    for layer in layers + [cross_layer]:
+        has = layer != cross_layer or cross
+        for term, shape in (("key", (7, 4)), ("value", (7, 4)), ("bias", (4, 7))):
+            name = f"{layer}/rel_{term}"
+            assert (name in flat) == (has and term in terms.split("+")), name
+            if name in flat:
+                assert flat[name].shape == shape  # [2k+1, H] shared by heads; bias [N, 2k+1]
+
+
+def test_relative_cross_t5_has_a_bidirectional_table_per_cross_layer():
+    flat = {"/".join(map(str, k)): v for k, v in _flatten(abstract_params(tiny("t5")))}
+    assert not any("cross_attention/t5_bias" in k for k in flat)
+    flat = {
+        "/".join(map(str, k)): v
+        for k, v in _flatten(abstract_params(tiny("t5", relative_cross=True)))
+    }
+    assert flat["decoder/layer_0/cross_attention/t5_bias/table"].shape == (8, 4)
+
+
+def test_relative_cross_makes_decoder_see_source_positions(zoo):
+    """With rel2, moving the decoder's positions against the encoder's changes
+    the output (cross-attention sees t - s); without it, the decoder's
+    relative self-attention is blind to that move."""
+    inputs, targets, iseg, tseg, ipos, tpos = _packed_batch()
+    for name, sees in (("shaw[key+bias]", False), ("rel2 shaw[key+bias]", True)):
+        b = zoo[name]
+        full = np.asarray(b.fwd(b.params, inputs, targets, iseg, tseg, ipos, tpos))
+        moved = np.asarray(b.fwd(b.params, inputs, targets, iseg, tseg, ipos, tpos + 3))
+        if sees:
+            assert np.abs(moved - full).max() > 1e-3, name
+        else:
+            np.testing.assert_allclose(moved, full, rtol=1e-5, atol=1e-5, err_msg=name)
+
+
+@pytest.mark.parametrize(
+    "bad, match",
+    [
+        (dict(shaw_terms="key+key"), "shaw_terms"),
+        (dict(shaw_terms="keys"), "shaw_terms"),
+        (dict(shaw_terms=""), "shaw_terms"),
+        (dict(position="sinusoidal", relative_cross=True), "relative_cross"),
+    ],
+)
+def test_shaw_terms_and_relative_cross_checked(bad, match):
+    with pytest.raises(ValueError, match=match):
+        tiny(bad.pop("position", "shaw"), **bad)
+
+
+def test_legacy_shaw_values_key_is_read():
+    base = tiny("shaw").to_dict()
+    del base["shaw_terms"]
+    assert TransformerConfig.from_dict({**base, "shaw_values": False}).shaw_terms == "key"
+    assert TransformerConfig.from_dict({**base, "shaw_values": True}).shaw_terms == "key+value"

@@ -16,7 +16,7 @@ import jax.numpy as jnp
 
 from jattn.attention import IMPLEMENTATIONS
 
-__all__ = ["POSITIONS", "TransformerConfig"]
+__all__ = ["POSITIONS", "SHAW_TERMS", "TransformerConfig"]
 
 # position scheme -> (absolute vector added to the embeddings, relative term in self-attention)
 POSITIONS: dict[str, tuple[str | None, str | None]] = {
@@ -29,6 +29,14 @@ POSITIONS: dict[str, tuple[str | None, str | None]] = {
     "alibi": (None, "alibi"),
     "t5": (None, "t5"),
 }
+
+
+# The terms of Shaw's relative attention a model can have (`shaw_terms`, "+"-joined):
+# "key": a^K, a learned vector per clipped distance added to the keys (Shaw et al.);
+# "value": a^V, the same for the values (Shaw et al.);
+# "bias": a learned scalar per clipped distance and head added to the logits
+#   (Ontañón et al. 2022's "rel-b"; with "key" their "rel-eb").
+SHAW_TERMS = ("key", "value", "bias")
 
 
 def _positive_int(name: str, value: Any) -> None:
@@ -56,8 +64,15 @@ class TransformerConfig:
       max_len: longest sequence (learned position table size; decoding's
         `max_length` may not exceed it for "learned").
       position: positional scheme of the whole model, one of `POSITIONS`.
-        Relative schemes act in encoder and decoder self-attention only.
+        Relative schemes act in encoder and decoder self-attention, and also in
+        encoder-decoder attention with `relative_cross`.
       max_relative_distance: Shaw's clip distance k.
+      shaw_terms: which of Shaw's terms the "shaw" schemes have, "+"-joined
+        from `SHAW_TERMS`: "key+value" (Shaw et al.), "key" (Ontañón et
+        al.'s rel-e), "bias" (rel-b), "key+bias" (rel-eb), ...
+      relative_cross: the relative scheme also in decoder-to-encoder attention,
+        on decoder position t and encoder position s (Ontañón et al.'s "rel2";
+        for "t5" each cross-attention layer has its own bidirectional table).
       attention_impl: `implementation` passed to `jattn.dot_product_attention`
         (None picks the best for the backend and shapes).
       pre_norm: pre-layer-norm residual blocks (plus a final norm per stack)
@@ -66,7 +81,6 @@ class TransformerConfig:
         (the paper); otherwise separate tables and an output dense layer.
       scale_embeddings: multiply embeddings by sqrt(d_model) (the paper).
       attention_bias: biases in the q/k/v/output projections.
-      shaw_values: Shaw's value term `a^V` next to the key term `a^K`.
       t5_num_buckets: T5 relative buckets.
       t5_max_distance: distance at which T5 buckets saturate.
       t5_per_layer: a T5 bias table per layer instead of one per stack.
@@ -95,7 +109,8 @@ class TransformerConfig:
     share_embeddings: bool = True
     scale_embeddings: bool = True
     attention_bias: bool = False
-    shaw_values: bool = True
+    shaw_terms: str = "key+value"
+    relative_cross: bool = False
     t5_num_buckets: int = 32
     t5_max_distance: int = 128
     t5_per_layer: bool = False
@@ -148,6 +163,17 @@ class TransformerConfig:
             )
         if relative == "shaw":
             _positive_int("max_relative_distance", self.max_relative_distance)
+        terms = str(self.shaw_terms).split("+")
+        if not terms or len(set(terms)) != len(terms) or not set(terms) <= set(SHAW_TERMS):
+            raise ValueError(
+                f"TransformerConfig.shaw_terms={self.shaw_terms!r} must join distinct terms "
+                f"of {SHAW_TERMS} with '+', e.g. 'key+value', 'key', 'bias', 'key+bias'"
+            )
+        if self.relative_cross and relative is None:
+            raise ValueError(
+                f"TransformerConfig.relative_cross=True needs a relative scheme; position="
+                f"{self.position!r} has none"
+            )
         if relative == "rope" and self.head_dim < 2:
             raise ValueError(
                 f"TransformerConfig: rope needs head_dim >= 2, got d_model/num_heads="
@@ -192,6 +218,11 @@ class TransformerConfig:
         return POSITIONS[self.position][1]
 
     @property
+    def shaw(self) -> frozenset[str]:
+        """The Shaw terms of `shaw_terms`, e.g. {"key", "value"}."""
+        return frozenset(self.shaw_terms.split("+"))
+
+    @property
     def compute_dtype(self) -> jnp.dtype:
         return jnp.dtype(self.dtype)
 
@@ -232,11 +263,15 @@ class TransformerConfig:
     def from_dict(cls, d: Mapping[str, Any]) -> TransformerConfig:
         """Build from a mapping (a dict, or an `ml_collections.ConfigDict`).
 
-        Unknown keys are an error naming them and the valid fields.
+        Unknown keys are an error naming them and the valid fields. The key
+        ``shaw_values`` of runs saved before `shaw_terms` existed is read as
+        ``shaw_terms`` "key+value" (True) or "key" (False).
         """
         if hasattr(d, "to_dict"):
             d = d.to_dict()
         d = dict(d)
+        if "shaw_values" in d and "shaw_terms" not in d:
+            d["shaw_terms"] = "key+value" if d.pop("shaw_values") else "key"
         fields = {f.name for f in dataclasses.fields(cls)}
         unknown = sorted(set(d) - fields)
         if unknown:

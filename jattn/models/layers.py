@@ -209,7 +209,7 @@ class Attention(nn.Module):
     The kind is fixed at construction: encoder self-attention (default),
     decoder self-attention (`causal=True`), or encoder–decoder attention
     (`cross=True`: keys/values from the encoder and no positional term, as
-    in Shaw et al.). `decode=True` (the flag of Flax's WMT example) gives a
+    in Shaw et al., unless `relative_cross`). `decode=True` (the flag of Flax's WMT example) gives a
     causal or cross layer a "cache" collection ("cached_key",
     "cached_value", `[B, L, K, H]` for self-attention over L target
     positions, `[B, S, K, H]` for the encoder's keys/values); it is created,
@@ -326,8 +326,11 @@ class Attention(nn.Module):
 
     @property
     def _relative(self) -> str | None:
-        """The relative positional term of this layer: none in cross-attention."""
-        return None if self.cross else self.config.relative_position
+        """The relative positional term of this layer: in cross-attention only
+        with `relative_cross` (Ontañón et al.'s "rel2")."""
+        if self.cross and not self.config.relative_cross:
+            return None
+        return self.config.relative_position
 
     # -- projections ---------------------------------------------------------
 
@@ -404,36 +407,46 @@ class Attention(nn.Module):
         return q, pos_lib.rope(key, kv_positions, max_timescale=timescale)
 
     def _shaw_tables(self) -> ShawRelative | None:
-        """Shaw's tables `[R, H]` (keys, and values if configured), or None."""
+        """Shaw's key and value tables `[R, H]` (those of `shaw_terms`), or None."""
         cfg = self.config
-        if self._relative != "shaw":
+        terms = cfg.shaw & {"key", "value"}
+        if self._relative != "shaw" or not terms:
             return None
-        r, h, init, c = (
-            2 * cfg.max_relative_distance + 1,
-            cfg.head_dim,
-            _xavier(),
-            cfg.compute_dtype,
-        )
-        rel_key = _param(self, "rel_key", init, (r, h), (None, "kv"), cfg.params_dtype)
-        rel_value = None
-        if cfg.shaw_values:
-            rel_value = _param(self, "rel_value", init, (r, h), (None, "kv"), cfg.params_dtype)
+        r, h, c = 2 * cfg.max_relative_distance + 1, cfg.head_dim, cfg.compute_dtype
+        tables = {
+            term: _param(self, f"rel_{term}", _xavier(), (r, h), (None, "kv"), cfg.params_dtype)
+            for term in ("key", "value")  # this order fixes the initial values
+            if term in terms
+        }
         return ShawRelative(
-            key=rel_key.astype(c),
-            value=None if rel_value is None else rel_value.astype(c),
+            key=tables["key"].astype(c) if "key" in tables else None,
+            value=tables["value"].astype(c) if "value" in tables else None,
             max_distance=cfg.max_relative_distance,
         )
 
     def _position_bias(self, q_positions, kv_positions, t5_table) -> Array | None:
-        """The ALiBi or T5 bias `[B, N, T, S]`, or None for the other schemes."""
+        """The ALiBi, T5 or Shaw-bias term `[B, N, T, S]`, or None for the other schemes."""
         cfg = self.config
         if self._relative == "alibi":
             return pos_lib.alibi_bias(
                 pos_lib.alibi_slopes(cfg.num_heads), q_positions, kv_positions
             )
+        if self._relative == "shaw" and "bias" in cfg.shaw:
+            # Ontañón et al.'s rel-b: a learned scalar per head and clipped distance.
+            table = _param(
+                self,
+                "rel_bias",
+                nn.initializers.zeros,
+                (cfg.num_heads, 2 * cfg.max_relative_distance + 1),
+                ("heads", None),
+                cfg.params_dtype,
+            )  # [N, R]
+            ids = pos_lib.relative_ids(q_positions, kv_positions, cfg.max_relative_distance)
+            bias = jnp.take(table.astype(jnp.float32), ids, axis=1)  # [N, B, T, S]
+            return jnp.transpose(bias, (1, 0, 2, 3))  # [B, N, T, S]
         if self._relative != "t5":
             return None
-        if cfg.t5_per_layer:
+        if cfg.t5_per_layer or self.cross:  # the stacks' tables are for self-attention
             t5_table = T5RelativeBias(cfg, name="t5_bias")()
         if t5_table is None:
             raise ValueError("Attention: position 't5' needs the stack's t5_table")
