@@ -139,6 +139,11 @@ def plot_accuracy_by_length(
         c = colours(gi % 10)
         ax.fill_between(lengths, low, high, color=c, alpha=0.18, linewidth=0)
         ax.plot(lengths, acc, marker="o", markersize=3, color=c, label=group)
+        # A length without neighbours has no band to show: an error bar instead.
+        alone = [p for p in points if p[0] in by_len and {p[0] - 1, p[0] + 1}.isdisjoint(by_len)]
+        if alone:
+            xs, ys, lo, hi = (np.array(col) for col in zip(*alone, strict=True))
+            ax.errorbar(xs, ys, yerr=[ys - lo, hi - ys], fmt="none", color=c, alpha=0.5)
     ax.set_xlabel("input length (tokens, incl. EOS)")
     ax.set_ylabel("exact match (band: 95% Wilson interval)")
     ax.set_ylim(-0.02, 1.02)
