@@ -553,6 +553,12 @@ def test_runs_that_disagree_and_runs_without_num_decoded(tmp_path):
     assert "runs disagree: position=shaw,seed=0 differ" in md
     assert "| position=rope | 1 | 0.250 (1 seed) |" in md
     assert "| position=shaw | 1 | unproducible (50.0% of targets) |" in md
+    exp.reference = "position=shaw"  # an unproducible reference compares with nothing
+    md = report.write_report(exp, runs, configs, str(tmp_path), status=None)["markdown"]
+    assert "| position=shaw | 1 | unproducible (50.0% of targets) |" in md
+    exp.metrics = ("eval/validation/exact_match",)
+    md = report.write_report(exp, runs, configs, str(tmp_path), status=None)["markdown"]
+    assert "| position=rope | 1 | 0.250 (1 seed) | - (the reference is unproducible) |" in md
 
 
 def test_report_plots_are_pngs_with_intervals(tmp_path, monkeypatch):

@@ -330,6 +330,8 @@ def comparison_cell(ref: Group, g: Group, metric: str) -> str:
     share = g.unproducible(metric)
     if share is not None:
         return _unproducible(share)
+    if ref.unproducible(metric) is not None:
+        return "- (the reference is unproducible)"
     if not g.values.get(metric) or not ref.values.get(metric):
         return "-"
     split = exact_match_split(metric)
