@@ -1,8 +1,10 @@
 #!/usr/bin/env bash
 # The main job on a fresh machine: set up (or reuse) .venv in the repo root,
-# install jattn, and run the positional ablation on the local `numbers` task
-# on the CPU (8 schemes x 2 seeds). Results land in runs/positional/:
-# results.csv, results.md, loss_curves.png, accuracy_by_length.png.
+# install jattn, and run the length-generalisation grid on the CPU: every
+# positional scheme x 3 seeds on reversing digit strings (1-16 digits in
+# training, 17-24 in test_longer; experiments/positional.py). Results land in
+# runs/positional/: results.csv, results.md (intervals, what is within noise),
+# loss_curves.png, accuracy_by_length.png, exact_match.png.
 # Extra arguments go to `jattn ablate` (e.g. --config.grid.seed.values=0).
 set -euo pipefail
 cd "$(dirname "$0")/.."

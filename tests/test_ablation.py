@@ -21,9 +21,9 @@ TINY = str(ROOT / "experiments" / "positional.py") + ":tiny"
 def test_grid_expansion_names_and_overrides(tmp_path):
     exp = load_config(str(ROOT / "experiments" / "positional.py"))
     runs = expand(exp, str(tmp_path))
-    assert len(runs) == 8 * 2
+    assert len(runs) == 8 * 3
     names = [r.name for r in runs]
-    assert names[0] == "position=none,seed=0" and "position=sinusoidal+shaw,seed=1" in names
+    assert names[0] == "position=none,seed=0" and "position=sinusoidal+shaw,seed=2" in names
     assert len(set(r.workdir for r in runs)) == len(runs)
     shaw = next(r for r in runs if r.name == "position=shaw,seed=1")
     assert ("model.position", "shaw") in shaw.overrides and ("seed", "1") in shaw.overrides
@@ -123,7 +123,7 @@ def test_any_training_key_can_be_overridden_from_the_command_line(tmp_path, caps
     argv = ["ablate", "--config", full, "--workdir", str(tmp_path), "--emit", "commands"]
     assert main([*argv, "--config.train.num_train_steps=4"]) == 0
     lines = capsys.readouterr().out.strip().splitlines()
-    assert len(lines) == 16 and all("--config.num_train_steps=4" in line for line in lines)
+    assert len(lines) == 24 and all("--config.num_train_steps=4" in line for line in lines)
     assert main([*argv, "--config.train.num_train_step=4"]) == 2
     err = capsys.readouterr().err.strip()
     assert err == (

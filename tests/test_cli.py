@@ -304,7 +304,8 @@ def test_configs_lists_configs_variants_datasets_and_experiments(capsys, monkeyp
     out = capsys.readouterr().out
     for want in ("configs/base.py", "configs/numbers.py", "configs/smoke.py",
                  "dataset numbers, ", "takes :VARIANT", "sinusoidal+shaw", "chunked", "bf16",
-                 "numbers/{de,en,fr,de_millions,de_tiny}", "copy/{default,tiny}",
+                 "numbers/{de,en,fr,de_7to8,de_millions,de_tiny}", "copy/{default,tiny}",
+                 "reverse_digits/{default,small,tiny}", "experiments/shaw_variants.py",
                  "experiments/positional.py", "jattn bench NAME", "attention"):  # fmt: skip
         assert want in out, want
     assert "bench_attention" not in out.split("experiments  (")[1].split("benchmarks")[0]

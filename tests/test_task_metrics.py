@@ -66,7 +66,7 @@ def test_char_task_has_no_bleu(data_dir):
     assert task.metrics == ("exact_match", "chrf")
     metrics = _evaluate(task, _eval_set(task, "validation"))
     assert set(metrics) == {
-        f"eval/validation/{m}" for m in ("loss", "accuracy", "exact_match", "chrf")
+        f"eval/validation/{m}" for m in ("loss", "accuracy", "exact_match", "num_decoded", "chrf")
     }
     assert metrics["eval/validation/exact_match"] == 1.0
     assert metrics["eval/validation/chrf"] == pytest.approx(100.0)

@@ -61,6 +61,7 @@ def run_grid(
 
     runs = grid_lib.expand(exp, workdir)
     configs = grid_lib.checked_configs(exp, runs, repo_root)  # all checked first
+    report.check_reference(exp, runs)
     os.makedirs(workdir, exist_ok=True)
     with open(os.path.join(workdir, "experiment.json"), "w") as f:
         f.write(exp.to_json_best_effort(indent=2, sort_keys=True))
@@ -109,6 +110,7 @@ def emit(
         )
     runs = grid_lib.expand(exp, workdir)
     grid_lib.checked_configs(exp, runs, repo_root)  # fail here, not on the cluster
+    report.check_reference(exp, runs)
     base = grid_lib.resolve_base(exp.base, repo_root)
     lines = []
     for r in runs:

@@ -78,8 +78,9 @@ def check(task, splits: Sequence[str], *, limit: int = TRAIN_SAMPLE) -> dict[str
     Returns:
       ``{"train": {"examples", "scanned", "max_input_tokens", "max_target_tokens"},
       <split>: {"examples", "producible", "longer_than_train", "max_target_tokens",
-      "unseen_tokens", "unseen_characters"}}``: token counts include EOS; ``producible`` is the share
-      of targets made only of tokens that occur in training targets,
+      "unseen_tokens", "unseen_characters"}}``: token counts include EOS;
+      ``producible`` is the share of targets made only of tokens that occur
+      in training targets,
       ``longer_than_train`` the share with more tokens than any training target,
       ``unseen_tokens`` up to 8 target tokens training never shows (an
       out-of-vocabulary piece shows as the tokenizer's unknown token), and
