@@ -120,3 +120,37 @@ def test_check_counts_tokens_by_hand(digit_tasks):
     assert result["test_longer"]["producible"] == pytest.approx(want_producible)
     assert result["test_longer"]["longer_than_train"] == pytest.approx(want_longer)
     assert result["train"]["max_target_tokens"] == longest
+
+
+def _shipped_datasets() -> set[str]:
+    """The dataset of every run of every preset of every shipped experiment."""
+    import pathlib  # noqa: PLC0415
+
+    from jattn.analysis import grid  # noqa: PLC0415
+    from jattn.train.config import load_config  # noqa: PLC0415
+
+    root = pathlib.Path(__file__).resolve().parent.parent
+    found = set()
+    for path in sorted((root / "experiments").glob("*.py")):
+        if "def get_config" not in path.read_text():
+            continue  # a benchmark script
+        for preset in ("", "duplicate", "quick"):
+            try:
+                exp = load_config(f"{path}:{preset}" if preset else str(path))
+            except Exception:  # noqa: BLE001, S112 - a preset this experiment lacks
+                continue
+            for run in grid.expand(exp, "/nonexistent"):
+                found.add(grid.training_config(exp, run, str(root)).dataset)
+    return found
+
+
+@pytest.mark.slow
+def test_every_shipped_experiments_test_longer_is_producible(data_dir):
+    """DESIGN: every longer evaluation split a shipped experiment uses can be
+    produced from what training shows."""
+    datasets = _shipped_datasets()
+    assert {"reverse_digits", "duplicate_digits", "numbers"} <= datasets
+    for name in sorted(datasets):
+        result = producibility.check(data.load(name, data_dir=data_dir), ["test_longer"])
+        assert result["test_longer"]["producible"] == 1.0, (name, result)
+        assert result["test_longer"]["examples"] >= 1_000, name
