@@ -63,6 +63,10 @@ class View:
         return kept + list(range(len(self.prefix), len(self.ref.shape)))
 
     @property
+    def dtype(self):
+        return self.ref.dtype
+
+    @property
     def shape(self) -> tuple[int, ...]:
         full = list(self.prefix) + [slice(None)] * (len(self.ref.shape) - len(self.prefix))
         return tuple(
