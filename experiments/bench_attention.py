@@ -285,21 +285,25 @@ def growth(rows) -> str:
 def gpu_mode(argv) -> int:
     """`--gpu [args ...]`: the prepared GPU benchmark, experiments/bench_gpu.py.
 
-    Refuses (status 2, one line, nothing compiled) when JAX has no GPU, unless
-    `--cpu-smoke` or `--help` is among the arguments.
+    Refuses (status 2, one line, nothing compiled) when there is no GPU,
+    unless `--cpu-smoke` or `--help` is among the arguments. On a GPU this
+    process never initialises jax's GPU backend (it would hold GPU memory
+    while the script's child processes run the cells): the script's own
+    environment check decides, and jax is asked only to word the refusal.
     """
-    if not {"--cpu-smoke", "-h", "--help"} & set(argv) and jax.default_backend() != "gpu":
-        print(
-            f"bench attention: error: --gpu needs a GPU, but jax.default_backend() is "
-            f"{jax.default_backend()!r} (devices {jax.devices()}); use --gpu --cpu-smoke for "
-            "the tiny CPU check of the GPU script",
-            file=sys.stderr,
-        )
-        return 2
     path = os.path.join(os.path.dirname(os.path.abspath(__file__)), "bench_gpu.py")
     spec = importlib.util.spec_from_file_location("bench_gpu", path)
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
+    reason = module.gpu_unavailable(cpu_smoke=False)
+    if not {"--cpu-smoke", "-h", "--help"} & set(argv) and reason:
+        print(
+            f"bench attention: error: --gpu needs a GPU, but jax.default_backend() is "
+            f"{jax.default_backend()!r} ({reason}); use --gpu --cpu-smoke for "
+            "the tiny CPU check of the GPU script",
+            file=sys.stderr,
+        )
+        return 2
     return module.main(argv)
 
 
