@@ -270,6 +270,12 @@ def main(argv=None) -> int:
     )
     ap.add_argument("--budget-s", type=float, default=150.0, help="time for the sweep stage")
     ap.add_argument(
+        "--total-s",
+        type=float,
+        default=None,
+        help="hard limit for the whole run: each stage's budget is cut to what is left",
+    )
+    ap.add_argument(
         "--cpu-smoke", action="store_true", help="tiny shapes on the CPU, interpret mode"
     )
     ap.add_argument(
@@ -326,7 +332,10 @@ def main(argv=None) -> int:
             )
             for c in cells
         ]
-        stage_ok = runner.run_stage(stage, cells, BUDGET_S.get(stage, args.budget_s))
+        budget = BUDGET_S.get(stage, args.budget_s)
+        if args.total_s is not None:
+            budget = min(budget, args.total_s - (time.perf_counter() - START))
+        stage_ok = runner.run_stage(stage, cells, budget)
         ok &= stage_ok
         if stage == "headline":
             for line in ratios(runner.rows):

@@ -97,9 +97,11 @@ class StageRunner:
             writer.writerow({c: row.get(c, "") for c in self.columns})
         self.rows.append(row)
 
-    def run(self, stage: str, cell: Cell) -> list[dict]:
-        """Run one cell; returns its rows (at least one: a failure row if the
-        child produced none or died)."""
+    def run(self, stage: str, cell: Cell, timeout_s: float | None = None) -> list[dict]:
+        """Run one cell (for at most `timeout_s`, default the cell's own);
+        returns its rows (at least one: a failure row if the child produced
+        none or died)."""
+        timeout_s = cell.timeout_s if timeout_s is None else timeout_s
         safe = "".join(c if c.isalnum() or c in "-_.=" else "_" for c in cell.name)
         cell_dir = os.path.join(self.dump_dir, f"{stage}-{safe}")
         shutil.rmtree(cell_dir, ignore_errors=True)
@@ -118,12 +120,12 @@ class StageRunner:
                 cmd, stdout=out, stderr=subprocess.STDOUT, env=env, start_new_session=True
             )
             try:
-                rc = proc.wait(timeout=cell.timeout_s)
+                rc = proc.wait(timeout=timeout_s)
             except subprocess.TimeoutExpired:
                 os.killpg(proc.pid, signal.SIGKILL)  # the child and anything it started
                 proc.wait()
                 rc = None
-                failure = f"timeout after {cell.timeout_s:.0f} s"
+                failure = f"timeout after {timeout_s:.0f} s"
         seconds = time.perf_counter() - t0
         if failure is None and rc != 0:
             failure = f"crash: {_signal_name(rc)}" if rc < 0 else f"exit status {rc}"
@@ -155,8 +157,9 @@ class StageRunner:
 
     def run_stage(self, stage: str, cells: list[Cell], budget_s: float) -> bool:
         """Run `cells` in order while each still fits `budget_s` (by its
-        `expect_s`); the rest get a "skip: stage budget" row. Returns whether
-        every row that ran passed."""
+        `expect_s`); the rest get a "skip: stage budget" row. A cell's timeout
+        is also cut to what is left of the budget, so a stage never overruns
+        it. Returns whether every row that ran passed."""
         t0 = time.perf_counter()
         ok = True
         for cell in cells:
@@ -165,7 +168,7 @@ class StageRunner:
                 self._write(dict(stage=stage, cell=cell.name, status="skip: stage budget"))
                 self.log(f"{stage}/{cell.name}: skipped (stage budget {budget_s:.0f} s)")
                 continue
-            rows = self.run(stage, cell)
+            rows = self.run(stage, cell, min(cell.timeout_s, budget_s - used))
             for r in rows:
                 shown = {k: v for k, v in r.items() if v not in ("", None)}
                 shown = {k: v for k, v in shown.items() if k not in ("stage", "cell", "share")}

@@ -129,3 +129,15 @@ def test_headline_ratios():
     lines = bench_gpu.ratios(rows)
     assert "headline fwd+bwd: pallas/cudnn time = 1.20 (goal <= 1.25)" in lines
     assert "headline fwd+bwd: pallas_shaw/pallas time = 1.50 (goal <= 1.3)" in lines
+
+
+def test_a_stage_never_overruns_its_budget(tmp_path):
+    # A hanging cell is cut at what is left of the stage budget, not at its
+    # own (longer) timeout.
+    runner = _runner(tmp_path)
+    hang = Cell("hang", dict(kind="noop", inject="hang"), timeout_s=600, expect_s=1)
+    t0 = time.perf_counter()
+    assert not runner.run_stage("headline", [hang], budget_s=4)
+    assert time.perf_counter() - t0 < 15
+    (row,) = _csv(tmp_path)
+    assert row["status"].startswith("FAIL timeout after")
