@@ -28,6 +28,17 @@ SHAW_K = 16
 TOLERANCE = {"float32": 1e-4, "bfloat16": 3e-2}  # of the largest reference value
 
 
+def _x64():
+    """float64 on (`jax.enable_x64` as a context manager, or its older home)."""
+    import jax
+
+    if hasattr(jax, "enable_x64"):
+        return jax.enable_x64(True)
+    from jax.experimental import enable_x64  # pragma: no cover - older jax
+
+    return enable_x64()
+
+
 def _emit(path: str, **row) -> None:
     with open(path, "a") as f:
         f.write(json.dumps(row) + "\n")
@@ -196,7 +207,7 @@ def _check(spec, rows):
         pos = np.concatenate([np.arange(c) for c in np.bincount(seg)[1:]])
         seg, pos = (jnp.asarray(np.tile(x, (b, 1)), jnp.int32) for x in (seg, pos))
         extra.update(q_segment_ids=seg, kv_segment_ids=seg, q_positions=pos, kv_positions=pos)
-    with jax.enable_x64(True):
+    with _x64():
         as64 = lambda x: None if x is None else jnp.asarray(x, jnp.float64)  # noqa: E731
         ref, _ = _vjp(_attention("xla", spec), causal, **extra)
         want = ref(*jax.tree.map(as64, (q, k, v, tables, ct)))
@@ -232,6 +243,7 @@ def _check(spec, rows):
 
 
 def _time(spec, rows):
+    import jax
     import jax.numpy as jnp
 
     impl, t, h, causal, dtype = (
@@ -244,17 +256,16 @@ def _time(spec, rows):
     b, n = max(1, spec["tokens"] // t), max(1, spec["d_model"] // h)
     shaw = spec.get("shaw", False)
     q, k, v, tables, ct = _inputs(b, t, t, n, n, h, jnp.dtype(dtype), shaw)
-    fwd, grad = _vjp(_attention(impl, spec), causal)
-    fwd_only = lambda q, k, v, tables: fwd(q, k, v, tables, ct)[0]  # noqa: E731
+    fn = _attention(impl, spec)
+    _, grad = _vjp(fn, causal)
+    fwd = jax.jit(lambda q, k, v, tables: fn(q, k, v, tables, causal))  # forward alone
     name = impl + ("_shaw" if shaw else "")
     for mode in spec["modes"]:
         flops = (
             4.0 * b * n * t * t * h * (0.5 if causal else 1.0) * (3.5 if mode == "fwd+bwd" else 1.0)
         )
         if mode == "fwd":
-            import jax
-
-            sec = _timeit(jax.jit(fwd_only), (q, k, v, tables), spec["min_time"])
+            sec = _timeit(fwd, (q, k, v, tables), spec["min_time"])
         else:
             sec = _timeit(grad, (q, k, v, tables, ct), spec["min_time"])
         tf = flops / sec / 1e12

@@ -42,6 +42,10 @@ from jattn.kernels.config import (
 
 Array = jax.Array
 
+# The type of `pl.ds(...)` (`pl.Slice`; looked up from an instance in case a
+# jax version stops exporting the name).
+_SLICE = getattr(pl, "Slice", None) or type(pl.ds(0, 1))
+
 
 class View:
     """A ref seen through a fixed leading index, so that code written for
@@ -59,7 +63,7 @@ class View:
 
     def _kept(self) -> list[int]:
         """The ref axes this view still has, in order."""
-        kept = [a for a, x in enumerate(self.prefix) if isinstance(x, (slice, pl.Slice))]
+        kept = [a for a, x in enumerate(self.prefix) if isinstance(x, (slice, _SLICE))]
         return kept + list(range(len(self.prefix), len(self.ref.shape)))
 
     @property
@@ -70,8 +74,7 @@ class View:
     def shape(self) -> tuple[int, ...]:
         full = list(self.prefix) + [slice(None)] * (len(self.ref.shape) - len(self.prefix))
         return tuple(
-            full[a].size if isinstance(full[a], pl.Slice) else self.ref.shape[a]
-            for a in self._kept()
+            full[a].size if isinstance(full[a], _SLICE) else self.ref.shape[a] for a in self._kept()
         )
 
     def _index(self, idx) -> tuple:
@@ -85,8 +88,8 @@ class View:
         full = list(self.prefix) + [slice(None)] * (len(self.ref.shape) - len(self.prefix))
         for axis, u in zip(kept, idx, strict=True):
             base = full[axis]
-            if isinstance(base, pl.Slice):
-                if isinstance(u, pl.Slice):
+            if isinstance(base, _SLICE):
+                if isinstance(u, _SLICE):
                     u = pl.ds(base.start + u.start, u.size)
                 elif isinstance(u, slice):
                     u = base
