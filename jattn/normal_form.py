@@ -81,7 +81,7 @@ class NormalForm:
       default_positions: the positions are `arange(T)` / `arange(S)`
         (neither was given): what is visible then depends on the shapes
         alone, which lets kernels build their block maps once per shape.
-        `replace` with new positions clears it.
+        `replace` with new (not None) positions clears it.
     """
 
     query: Array
@@ -115,7 +115,9 @@ class NormalForm:
         return self.dropout_seed is not None
 
     def replace(self, **changes) -> NormalForm:
-        if "q_positions" in changes or "kv_positions" in changes:
+        # New positions may break the arange assumption; None (a cotangent's
+        # integer leaves) keeps the pytree structure of the primal.
+        if any(changes.get(k) is not None for k in ("q_positions", "kv_positions")):
             changes.setdefault("default_positions", False)
         return dataclasses.replace(self, **changes)
 

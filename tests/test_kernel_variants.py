@@ -321,6 +321,9 @@ def test_default_positions_flag_and_replace():
     assert nf.default_positions
     moved = nf.replace(q_positions=nf.q_positions + 3)
     assert not moved.default_positions
+    # None (a cotangent's integer leaves, as the chunked path's VJP builds)
+    # keeps the flag, so the cotangent has the primal's pytree structure.
+    assert nf.replace(q_positions=None, kv_positions=None).default_positions
     given = _normal_form({**inputs, "q_positions": np.zeros((2, 40), np.int32)},
                          is_causal=True, max_distance=0)  # fmt: skip
     assert not given.default_positions
