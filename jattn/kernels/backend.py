@@ -1,4 +1,5 @@
-"""Which Pallas backend runs the flash kernels, chosen loudly.
+"""Which Pallas backend runs the flash kernels, chosen loudly, and with
+which configuration.
 
 The kernels come in two families: Triton-style (`triton_forward`,
 `triton_backward`, `fused_backward`; GPUs, and interpret mode on the CPU) and
@@ -13,6 +14,10 @@ parameters and, when the Triton backend cannot be imported, raises
 There is no fallback: a silent switch to another kernel would make every
 benchmark lie.
 
+The configuration a call picks is decided here too: tile sizes per backend
+(`default_blocks`, checked by `check_block`), Triton warps by tile rows
+(`default_warps`), the backward variant (`BACKWARD_VARIANTS`) and the name
+of the dots' precision (`matmul_precision_name`, see `tile_math.dot`).
 `kernel_report` says what a call of a given shape would run (backend, tile
 sizes, warps, stages, matmul precision, backward variant), for users and for
 the first line of `experiments/bench_gpu.py`.
@@ -23,14 +28,23 @@ from __future__ import annotations
 import importlib
 
 import jax
+import jax.numpy as jnp
+
+from jattn.kernels.tile_math import dot_precision
 
 __all__ = [
     "BACKWARD_VARIANTS",
     "PallasBackendError",
     "check_triton",
     "default_warps",
+    "check_backward",
+    "check_block",
+    "default_blocks",
     "describe_backend",
     "kernel_report",
+    "matmul_precision_name",
+    "pad_size",
+    "pow2_size",
     "resolve_backend",
     "triton_compiler_params",
 ]
@@ -124,6 +138,76 @@ def default_warps(block_q: int) -> int:
     return 8 if block_q >= 128 else 4
 
 
+# --------------------------------------------------------------------------------------
+# The kernel configuration: tile sizes, their checks, precision.
+
+
+def pad_size(x: int, m: int) -> int:
+    return -(-x // m) * m
+
+
+def pow2_size(x: int) -> int:
+    return 1 << max(0, int(x) - 1).bit_length()
+
+
+def default_blocks(
+    backend: str, t: int, s: int, shaw: bool = False
+) -> tuple[tuple[int, int], tuple[int, int]]:
+    """Default `((block_q, block_k) forward, (block_q, block_k) backward)`.
+
+    GPU: 128x64 forward (64x64 with Shaw terms, whose `[bq, 2k+1]`
+    accumulators add register pressure), 64x64 backward; powers of two >= 16
+    capped by the sequence lengths. TPU: 128x128 for both (the MXU's tile;
+    `block_k` a multiple of the 128 lanes unless one tile holds every key).
+    Interpret mode: 128x128 capped by the lengths (fewer, larger tiles run
+    faster on the CPU).
+    """
+    if backend == "interpret":
+        fwd = (min(128, t), min(128, s))
+        return fwd, fwd
+    if backend in TPU_BACKENDS:
+        # Queries: sublane tiles of 8; keys: lane tiles of 128 (or one tile).
+        fwd = (min(128, pad_size(t, 8)), 128 if s > 128 else pad_size(s, 8))
+        return fwd, fwd
+    cap_t, cap_s = max(16, pow2_size(t)), max(16, pow2_size(s))
+    fwd_q = 64 if shaw else 128
+    return (min(fwd_q, cap_t), min(64, cap_s)), (min(64, cap_t), min(64, cap_s))
+
+
+def matmul_precision_name(dtype) -> str:
+    """How the kernels multiply operands of `dtype` (see `tile_math.dot`)."""
+    if dot_precision(dtype) is not None:
+        return "float32 IEEE (Precision.HIGHEST, no TF32)"
+    return f"{jnp.dtype(dtype).name} inputs, float32 accumulation"
+
+
+def check_backward(backward: str) -> str:
+    if backward not in BACKWARD_VARIANTS:
+        raise ValueError(
+            f"flash_attention: backward must be one of {BACKWARD_VARIANTS}, got {backward!r}"
+        )
+    return backward
+
+
+def check_block(name: str, value: int, backend: str, length: int) -> int:
+    value = int(value)
+    if value < 1:
+        raise ValueError(f"flash_attention: {name} must be positive, got {value}")
+    if backend == "gpu" and (value < 16 or value & (value - 1)):
+        raise ValueError(
+            f"flash_attention: on the GPU {name} must be a power of two >= 16, got {value}"
+        )
+    if backend in TPU_BACKENDS:
+        if value % 8:
+            raise ValueError(f"flash_attention: on TPU {name} must be a multiple of 8, got {value}")
+        if name == "block_k" and value % 128 and value < length:
+            raise ValueError(
+                "flash_attention: on TPU block_k must be a multiple of 128 unless one "
+                f"tile holds every key (key length {length}), got {value}"
+            )
+    return value
+
+
 def describe_backend() -> str:
     """One line: platform, jax / jaxlib versions and the kernel family
     `implementation="pallas"` runs here (or why it cannot run)."""
@@ -158,14 +242,12 @@ def kernel_report(
     versions, tile sizes, warps and stages (forward and backward), the
     matmul precision and the backward variant. Raises `PallasBackendError`
     where the call itself would."""
-    from jattn.kernels import flash_attention as fa
-
     backend = resolve_backend(interpret)
-    (fq, fk), (bq, bk) = fa.default_blocks(backend, t, s, shaw)
+    (fq, fk), (bq, bk) = default_blocks(backend, t, s, shaw)
     if block_q is not None:
-        fq = bq = fa.check_block("block_q", block_q, backend, t)
+        fq = bq = check_block("block_q", block_q, backend, t)
     if block_k is not None:
-        fk = bk = fa.check_block("block_k", block_k, backend, s)
+        fk = bk = check_block("block_k", block_k, backend, s)
     gpu = backend == "gpu"
     names = {"gpu": "triton", "interpret": "interpret (triton-style)", "tpu": "mosaic_tpu"}
     return dict(
@@ -178,7 +260,7 @@ def kernel_report(
         backward_warps=default_warps(bq) if gpu else None,
         forward_stages=3 if gpu else None,
         backward_stages=2 if gpu else None,
-        precision=fa.matmul_precision_name(dtype),
-        backward=fa.check_backward(backward),
+        precision=matmul_precision_name(dtype),
+        backward=check_backward(backward),
         exp="exp2 (log2(e) folded into the scale)",
     )

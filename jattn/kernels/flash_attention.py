@@ -62,9 +62,14 @@ from jax.custom_derivatives import CustomVJPPrimal, SymbolicZero
 
 from jattn.kernels import tile_math, triton_backward, triton_forward
 from jattn.kernels.backend import (
-    BACKWARD_VARIANTS,
     TPU_BACKENDS,
+    check_backward,
+    check_block,
+    default_blocks,
     default_warps,
+    matmul_precision_name,
+    pad_size,
+    pow2_size,
     resolve_backend,
 )
 from jattn.kernels.blockmap import block_map, run_bounds, static_tiling, tiling
@@ -94,72 +99,6 @@ __all__ = [
 
 _TPU_BACKENDS = TPU_BACKENDS
 _HIGHEST = jax.lax.Precision.HIGHEST
-
-
-def _round_up(x: int, m: int) -> int:
-    return -(-x // m) * m
-
-
-def _pow2(x: int) -> int:
-    return 1 << max(0, int(x) - 1).bit_length()
-
-
-def default_blocks(
-    backend: str, t: int, s: int, shaw: bool = False
-) -> tuple[tuple[int, int], tuple[int, int]]:
-    """Default `((block_q, block_k) forward, (block_q, block_k) backward)`.
-
-    GPU: 128x64 forward (64x64 with Shaw terms, whose `[bq, 2k+1]`
-    accumulators add register pressure), 64x64 backward; powers of two >= 16
-    capped by the sequence lengths. TPU: 128x128 for both (the MXU's tile;
-    `block_k` a multiple of the 128 lanes unless one tile holds every key).
-    Interpret mode: 128x128 capped by the lengths (fewer, larger tiles run
-    faster on the CPU).
-    """
-    if backend == "interpret":
-        fwd = (min(128, t), min(128, s))
-        return fwd, fwd
-    if backend in _TPU_BACKENDS:
-        # Queries: sublane tiles of 8; keys: lane tiles of 128 (or one tile).
-        fwd = (min(128, _round_up(t, 8)), 128 if s > 128 else _round_up(s, 8))
-        return fwd, fwd
-    cap_t, cap_s = max(16, _pow2(t)), max(16, _pow2(s))
-    fwd_q = 64 if shaw else 128
-    return (min(fwd_q, cap_t), min(64, cap_s)), (min(64, cap_t), min(64, cap_s))
-
-
-def matmul_precision_name(dtype) -> str:
-    """How the kernels multiply operands of `dtype` (see `tile_math.dot`)."""
-    if tile_math.dot_precision(dtype) is not None:
-        return "float32 IEEE (Precision.HIGHEST, no TF32)"
-    return f"{jnp.dtype(dtype).name} inputs, float32 accumulation"
-
-
-def check_backward(backward: str) -> str:
-    if backward not in BACKWARD_VARIANTS:
-        raise ValueError(
-            f"flash_attention: backward must be one of {BACKWARD_VARIANTS}, got {backward!r}"
-        )
-    return backward
-
-
-def check_block(name: str, value: int, backend: str, length: int) -> int:
-    value = int(value)
-    if value < 1:
-        raise ValueError(f"flash_attention: {name} must be positive, got {value}")
-    if backend == "gpu" and (value < 16 or value & (value - 1)):
-        raise ValueError(
-            f"flash_attention: on the GPU {name} must be a power of two >= 16, got {value}"
-        )
-    if backend in _TPU_BACKENDS:
-        if value % 8:
-            raise ValueError(f"flash_attention: on TPU {name} must be a multiple of 8, got {value}")
-        if name == "block_k" and value % 128 and value < length:
-            raise ValueError(
-                "flash_attention: on TPU block_k must be a multiple of 128 unless one "
-                f"tile holds every key (key length {length}), got {value}"
-            )
-    return value
 
 
 # --------------------------------------------------------------------------------------
@@ -395,13 +334,13 @@ def prepare(
         fwd_block_k = bwd_block_k = check_block("block_k", block_k, backend, s)
     # Lengths padded to both tilings; on the GPU head dims and the relative
     # tables' width padded to powers of two (Triton blocks).
-    padded_t = _round_up(t, math.lcm(fwd_block_q, bwd_block_q))
-    padded_s = _round_up(s, math.lcm(fwd_block_k, bwd_block_k))
+    padded_t = pad_size(t, math.lcm(fwd_block_q, bwd_block_q))
+    padded_s = pad_size(s, math.lcm(fwd_block_k, bwd_block_k))
     gpu = backend == "gpu"
-    padded_h = max(16, _pow2(h)) if gpu else h
-    padded_hv = max(16, _pow2(hv)) if gpu else hv
+    padded_h = max(16, pow2_size(h)) if gpu else h
+    padded_hv = max(16, pow2_size(hv)) if gpu else hv
     num_rel = 2 * nf.max_distance + 1
-    padded_rel = max(16, _pow2(num_rel)) if gpu else num_rel
+    padded_rel = max(16, pow2_size(num_rel)) if gpu else num_rel
     use_pos = nf.is_causal or nf.shaw or nf.window is not None
     use_seg = nf.q_segment_ids is not None
     f32 = jnp.float32
