@@ -332,3 +332,27 @@ def test_default_positions_flag_and_replace():
     a, _ = out(nf)
     b, _ = out(moved)
     assert not np.allclose(np.asarray(a), np.asarray(b))
+
+
+def test_view_composes_one_indexer():
+    # The fused backward reads the split kernels' blocks through Views of its
+    # larger blocks; each access must stay one indexer (Triton's limit).
+    from jax.experimental import pallas as pl
+
+    from jattn.kernels.triton_forward import View
+
+    class Ref:
+        shape, dtype = (64, 4, 32), jnp.float32
+
+        def __getitem__(self, idx):
+            return idx
+
+    rows = pl.ds(16, 16)
+    view = View(Ref(), (rows, 2))  # [16, 32]: rows 16-31 of head 2
+    assert view.shape == (16, 32) and view.dtype == jnp.float32
+    assert view[...] == (rows, 2, slice(None))
+    assert view[(slice(None), 5)] == (rows, 2, 5)  # a Shaw column
+    assert view[pl.ds(4, 8), 3] == (pl.ds(20, 8), 2, 3)  # offsets compose
+    assert View(Ref(), (1,))[..., pl.ds(0, 8)] == (1, slice(None), pl.ds(0, 8))
+    with pytest.raises(ValueError, match="only pl.ds"):
+        view[slice(0, 4)]

@@ -80,8 +80,8 @@ class View:
     def _index(self, idx) -> tuple:
         idx = idx if isinstance(idx, tuple) else (idx,)
         kept = self._kept()
-        if any(x is Ellipsis for x in idx):
-            at = idx.index(Ellipsis)
+        at = next((n for n, x in enumerate(idx) if x is Ellipsis), None)  # never `==` on tracers
+        if at is not None:
             fill = (slice(None),) * (len(kept) - len(idx) + 1)
             idx = idx[:at] + fill + idx[at + 1 :]
         idx = idx + (slice(None),) * (len(kept) - len(idx))
@@ -92,6 +92,8 @@ class View:
                 if isinstance(u, _SLICE):
                     u = pl.ds(base.start + u.start, u.size)
                 elif isinstance(u, slice):
+                    if u != slice(None):
+                        raise ValueError(f"View: only pl.ds or ':' on a pl.ds axis, got {u}")
                     u = base
                 else:
                     u = base.start + u
