@@ -67,6 +67,16 @@ def test_missing_triton_fails_loudly(no_triton, monkeypatch):
     assert "UNAVAILABLE" in kb.describe_backend()
 
 
+def test_private_lowering_module_moved_is_not_a_failure(monkeypatch):
+    # jax may move its private Triton registration module between versions:
+    # only the public module (or a failing dependency) decides.
+    monkeypatch.setitem(sys.modules, kb._TRITON_PRIVATE, None)
+    kb.check_triton()
+    monkeypatch.setitem(sys.modules, kb._TRITON_PUBLIC, None)
+    with pytest.raises(kb.PallasBackendError, match="pallas.triton"):
+        kb.check_triton()
+
+
 def test_triton_present_selects_triton(monkeypatch):
     # The check passes, the parameters are Triton's (what selects the Triton
     # lowering; jax's default GPU backend is Mosaic GPU), and the report says
