@@ -279,6 +279,8 @@ def test_warps_by_tile_rows():
     assert (pre.bwd_cfg.block_q, pre.bwd_cfg.num_warps) == (64, 4)
     pre = fa.prepare(nf, block_q=None, block_k=None, backend="gpu", num_warps=2)
     assert pre.fwd_cfg.num_warps == pre.bwd_cfg.num_warps == 2
+    with pytest.raises(ValueError, match="num_warps must be a power of two"):
+        fa.prepare(nf, block_q=None, block_k=None, backend="gpu", num_warps=6)
 
 
 @pytest.mark.parametrize(

@@ -323,6 +323,8 @@ def prepare(
     """Everything before the kernels: tile sizes, padding, the Shaw key-term
     table, block maps and bounds, static configs."""
     check_backward(backward)
+    if num_warps is not None and (num_warps < 1 or num_warps & (num_warps - 1)):
+        raise ValueError(f"flash_attention: num_warps must be a power of two, got {num_warps}")
     query, key, value, bias, mask = nf.query, nf.key, nf.value, nf.bias, nf.mask
     b, t, n, h = query.shape
     _, s, kh, hv = value.shape
