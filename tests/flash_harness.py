@@ -340,7 +340,9 @@ def _debug_mode(setting: str):
     raise ValueError(setting)
 
 
-def _check_debug_mode(setting: str, *, backend: str, block_q: int, block_k: int | None):
+def _check_debug_mode(
+    setting: str, *, backend: str, block_q: int, block_k: int | None, backward: str = "split"
+):
     """Eager (un-jitted) forward and backward of a causal, masked, windowed
     call with dropout and fully masked rows under a strict jax setting: it
     runs, and gives the xla path's output and gradients (computed outside the
@@ -359,7 +361,9 @@ def _check_debug_mode(setting: str, *, backend: str, block_q: int, block_k: int 
 
     def f(diff):
         nf = _normal_form({**inputs, **diff}, **kw)
-        return fa._flash_attention(nf, block_q=block_q, block_k=block_k, backend=backend)
+        return fa._flash_attention(
+            nf, block_q=block_q, block_k=block_k, backend=backend, backward=backward
+        )
 
     with _debug_mode(setting):
         (out, lse), vjp = jax.vjp(f, diff)

@@ -24,6 +24,7 @@ import pytest
 from flash_harness import (
     BF16_TOL,
     _check,
+    _check_debug_mode,
     _lower_vjp,
     _normal_form,
     _packed,
@@ -178,6 +179,13 @@ def test_fused_backward_window_dropout_bf16():
     kept, _ = _check(inputs, **kw)
     assert not np.allclose(dropped, kept, atol=1e-3)
     _check(_packed_shaw(jnp.bfloat16), tol=BF16_TOL, **kw)
+
+
+@pytest.mark.parametrize("setting", ["debug_nans", "debug_infs"])
+def test_fused_backward_strict_jax_settings(setting):
+    # Eager, with dead rows, a window and dropout: no NaN or Inf anywhere
+    # (the halves' untouched output blocks included), the xla path's values.
+    _check_debug_mode(setting, backend="interpret", block_q=16, block_k=16, backward="fused")
 
 
 def test_fused_backward_lowers_for_cuda():
