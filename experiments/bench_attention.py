@@ -27,11 +27,11 @@ after an untimed call of the same cell), so a change in load on a shared
 machine hits all cells alike.
 
 `--gpu` is the GPU mode: everything after it goes to `experiments/bench_gpu.py`
-(correctness on the device first, then bf16 timings of the Pallas kernel
-against cuDNN and XLA with TFLOP/s and the fraction of the measured matmul
-peak, inside 8 minutes, table last). Without a GPU it refuses at once
-(`jax.default_backend()` is checked before anything compiles), except with
-`--cpu-smoke`, the tiny interpret-mode check of the script itself.
+(stages smoke, check, headline, sweep, each cell in its own process; see
+docs/gpu.md). Without a GPU it refuses at once (from the environment,
+before anything compiles, and without initialising jax's GPU backend on a
+GPU machine), except with `--cpu-smoke`, the tiny interpret-mode run of the
+script itself.
 
 The table goes to `runs/bench/` unless --out says otherwise.
 
@@ -39,7 +39,7 @@ The table goes to `runs/bench/` unless --out says otherwise.
     jattn bench attention --lengths 4096 --out docs/bench_attention_cpu.csv
     jattn bench attention --window 512 --heads 4 --max-gib 6 --repeats 3
     python experiments/bench_attention.py --gpu --out docs/bench_gpu.csv
-    jattn bench attention --gpu --cpu-smoke       # the GPU script's own check, on the CPU
+    jattn bench attention --gpu --stage smoke --cpu-smoke   # the GPU script's own check, on the CPU
 """
 
 from __future__ import annotations
@@ -285,21 +285,25 @@ def growth(rows) -> str:
 def gpu_mode(argv) -> int:
     """`--gpu [args ...]`: the prepared GPU benchmark, experiments/bench_gpu.py.
 
-    Refuses (status 2, one line, nothing compiled) when JAX has no GPU, unless
-    `--cpu-smoke` or `--help` is among the arguments.
+    Refuses (status 2, one line, nothing compiled) when there is no GPU,
+    unless `--cpu-smoke` or `--help` is among the arguments. On a GPU this
+    process never initialises jax's GPU backend (it would hold GPU memory
+    while the script's child processes run the cells): the script's own
+    environment check decides, and jax is asked only to word the refusal.
     """
-    if not {"--cpu-smoke", "-h", "--help"} & set(argv) and jax.default_backend() != "gpu":
-        print(
-            f"bench attention: error: --gpu needs a GPU, but jax.default_backend() is "
-            f"{jax.default_backend()!r} (devices {jax.devices()}); use --gpu --cpu-smoke for "
-            "the tiny CPU check of the GPU script",
-            file=sys.stderr,
-        )
-        return 2
     path = os.path.join(os.path.dirname(os.path.abspath(__file__)), "bench_gpu.py")
     spec = importlib.util.spec_from_file_location("bench_gpu", path)
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
+    reason = module.gpu_unavailable(cpu_smoke=False)
+    if not {"--cpu-smoke", "-h", "--help"} & set(argv) and reason:
+        print(
+            f"bench attention: error: --gpu needs a GPU, but jax.default_backend() is "
+            f"{jax.default_backend()!r} ({reason}); use --gpu --cpu-smoke for "
+            "the tiny CPU check of the GPU script",
+            file=sys.stderr,
+        )
+        return 2
     return module.main(argv)
 
 

@@ -78,6 +78,10 @@ class NormalForm:
       dropout_rate: attention-weight dropout rate in [0, 1).
       dropout_broadcast_batch: one keep mask for every batch row (flax's
         `broadcast_dropout`).
+      default_positions: the positions are `arange(T)` / `arange(S)`
+        (neither was given): what is visible then depends on the shapes
+        alone, which lets kernels build their block maps once per shape.
+        `replace` with new (not None) positions clears it.
     """
 
     query: Array
@@ -98,6 +102,7 @@ class NormalForm:
     scale: float = 1.0
     dropout_rate: float = 0.0
     dropout_broadcast_batch: bool = False
+    default_positions: bool = False
 
     @property
     def shaw(self) -> bool:
@@ -110,10 +115,22 @@ class NormalForm:
         return self.dropout_seed is not None
 
     def replace(self, **changes) -> NormalForm:
+        # New positions may break the arange assumption; None (a cotangent's
+        # integer leaves) keeps the pytree structure of the primal.
+        if any(changes.get(k) is not None for k in ("q_positions", "kv_positions")):
+            changes.setdefault("default_positions", False)
         return dataclasses.replace(self, **changes)
 
 
-_META = ("is_causal", "window", "max_distance", "scale", "dropout_rate", "dropout_broadcast_batch")
+_META = (
+    "is_causal",
+    "window",
+    "max_distance",
+    "scale",
+    "dropout_rate",
+    "dropout_broadcast_batch",
+    "default_positions",
+)
 jax.tree_util.register_dataclass(
     NormalForm,
     data_fields=[f.name for f in dataclasses.fields(NormalForm) if f.name not in _META],
@@ -328,6 +345,7 @@ def normalise(
         is_causal=bool(is_causal),
         window=window_pair(local_window_size),
         max_distance=max_distance,
+        default_positions=q_positions is None and kv_positions is None,
         scale=float(1.0 / np.sqrt(h) if scale is None else scale),
         dropout_rate=dropout_rate if seed is not None else 0.0,
         dropout_broadcast_batch=bool(dropout_broadcast_batch),

@@ -68,7 +68,7 @@ def _normal_form(
 _STATIC = ("is_causal", "max_distance", "window", "dropout_rate", "broadcast_batch")
 
 
-@functools.partial(jax.jit, static_argnames=(*_STATIC, "block_q", "block_k", "backend"))
+@functools.partial(jax.jit, static_argnames=(*_STATIC, "block_q", "block_k", "backend", "backward"))
 def _pallas_vjp(
     inputs,
     cotangent,
@@ -81,14 +81,18 @@ def _pallas_vjp(
     window=None,
     dropout_rate=0.0,
     broadcast_batch=False,
+    backward="split",
 ):
-    """Output and gradients of the differentiable inputs (None where absent)."""
+    """Output and gradients of the differentiable inputs (None where absent);
+    `backward` the kernel's backward variant ("split" or "fused")."""
     diff = {name: inputs.get(name) for name in GRAD_NAMES}
     kw = dict(window=window, dropout_rate=dropout_rate, broadcast_batch=broadcast_batch)
 
     def f(diff):
         nf = _normal_form({**inputs, **diff}, is_causal=is_causal, max_distance=max_distance, **kw)
-        return fa._flash_attention(nf, block_q=block_q, block_k=block_k, backend=backend)[0]
+        return fa._flash_attention(
+            nf, block_q=block_q, block_k=block_k, backend=backend, backward=backward
+        )[0]
 
     out, vjp = jax.vjp(f, diff)
     return out, vjp(cotangent)[0]
@@ -186,6 +190,7 @@ def _check(
     window=None,
     dropout_rate=0.0,
     broadcast_batch=False,
+    backward="split",
 ):
     """Run pallas and the float64 oracle on `inputs`; compare output and every
     gradient. With dropout on, the reference is the xla path (the same keep
@@ -205,7 +210,9 @@ def _check(
         dropout_rate=dropout_rate,
         broadcast_batch=broadcast_batch,
     )
-    out, grads = _pallas_vjp(inputs, cot, block_q=block_q, block_k=block_k, backend=backend, **kw)
+    out, grads = _pallas_vjp(
+        inputs, cot, block_q=block_q, block_k=block_k, backend=backend, backward=backward, **kw
+    )
     if dropout_rate:
         want, want_grads = _xla_vjp(inputs, cot, **kw)
         as64 = lambda x: None if x is None else np.asarray(x, np.float64)  # noqa: E731
@@ -246,7 +253,7 @@ def _packed(b: int, lengths: list[int]) -> tuple[np.ndarray, np.ndarray]:
 
 
 def _lower_vjp(platform: str, backend: str, dtype, *, t, h, causal, packed, shaw, bias_shape,
-               mask_shape, window=None, dropout_rate=0.0) -> str:  # fmt: skip
+               mask_shape, window=None, dropout_rate=0.0, backward="split") -> str:  # fmt: skip
     """StableHLO text of the kernel's output and vjp, lowered for `platform`
     ("cuda" or "tpu") from abstract inputs: B = 1, N = 4 query heads over
     K = 2 kv heads, Shaw k = 16 (a per-head key table, a shared value table),
@@ -280,6 +287,7 @@ def _lower_vjp(platform: str, backend: str, dtype, *, t, h, causal, packed, shaw
         backend=backend,
         window=window,
         dropout_rate=dropout_rate,
+        backward=backward,
     )
     return jax.jit(fn).trace(args, cot).lower(lowering_platforms=(platform,)).as_text()
 
@@ -332,7 +340,9 @@ def _debug_mode(setting: str):
     raise ValueError(setting)
 
 
-def _check_debug_mode(setting: str, *, backend: str, block_q: int, block_k: int | None):
+def _check_debug_mode(
+    setting: str, *, backend: str, block_q: int, block_k: int | None, backward: str = "split"
+):
     """Eager (un-jitted) forward and backward of a causal, masked, windowed
     call with dropout and fully masked rows under a strict jax setting: it
     runs, and gives the xla path's output and gradients (computed outside the
@@ -351,7 +361,9 @@ def _check_debug_mode(setting: str, *, backend: str, block_q: int, block_k: int 
 
     def f(diff):
         nf = _normal_form({**inputs, **diff}, **kw)
-        return fa._flash_attention(nf, block_q=block_q, block_k=block_k, backend=backend)
+        return fa._flash_attention(
+            nf, block_q=block_q, block_k=block_k, backend=backend, backward=backward
+        )
 
     with _debug_mode(setting):
         (out, lse), vjp = jax.vjp(f, diff)

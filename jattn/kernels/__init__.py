@@ -17,6 +17,15 @@
   tiled implementation).
 - `reference`: dense plain-JAX reference of the kernel's contract.
 
+- `backend`: which backend runs them, chosen loudly (Triton on a GPU or a
+  `PallasBackendError`, never Mosaic GPU by default), and `kernel_report` /
+  `describe_backend`, what a call would run (re-exported here).
+- `fused_backward`: dq, dk and dv in one kernel (`backward="fused"`).
+
 Modules are imported on demand (`jattn.attention` resolves "pallas" lazily),
-so `import jattn` does not import Pallas.
+so `import jattn` does not import Pallas (nor does `backend`).
 """
+
+from jattn.kernels.backend import PallasBackendError, describe_backend, kernel_report
+
+__all__ = ["PallasBackendError", "describe_backend", "kernel_report"]

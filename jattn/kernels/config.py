@@ -69,6 +69,7 @@ class KernelConfig:
     window: tuple[int, int] | None = None  # (left, right), see `jattn.masks.visible`
     dropout_rate: float = 0.0  # attention-weight dropout (0 = off)
     dropout_broadcast_batch: bool = False  # one keep mask for every batch row
+    backward: str = "split"  # "split" (dq and dk/dv kernels) | "fused" (one kernel)
 
     @property
     def groups(self) -> int:
@@ -149,17 +150,15 @@ def dbias_kind(cfg: KernelConfig) -> str | None:
 
 
 def triton_params(cfg: KernelConfig):
-    """Triton compiler parameters (warps, pipeline stages) on the GPU, else None."""
+    """Triton compiler parameters (warps, pipeline stages) on the GPU, else
+    None (interpret mode). On the GPU they are never None: they are what
+    selects the Triton lowering, and a missing Triton backend raises
+    `backend.PallasBackendError` instead of falling through to Mosaic GPU."""
     if cfg.backend != "gpu":
         return None
-    try:
-        from jax.experimental.pallas import triton as pltriton
-    except ImportError:  # pragma: no cover - depends on the jax build
-        return None
-    params = getattr(pltriton, "CompilerParams", None)
-    if params is None:  # pragma: no cover
-        return None
-    return params(num_warps=cfg.num_warps, num_stages=cfg.num_stages)
+    from jattn.kernels.backend import triton_compiler_params
+
+    return triton_compiler_params(cfg.num_warps, cfg.num_stages)
 
 
 def mosaic_params(cfg: KernelConfig, semantics: tuple[str, ...]):

@@ -16,12 +16,20 @@ The public entry `flash_attention` receives the normal form of
    and segment ids, the causal and local-window rules and, if given, the
    user mask; and per row / column the loop bounds, so tiles outside a
    window are never visited. It is O((T/bq)·(S/bk));
-4. runs the forward kernel, whose custom VJP runs the dq and dk/dv kernels,
-   recomputing probabilities from the saved log-sum-exp: the Triton kernels
-   (`triton_forward`, `triton_backward`) on GPUs and in interpret mode, the
-   Mosaic ones (`mosaic_forward`, `mosaic_backward`) on TPU. Both take the
-   same padded inputs (`config.KernelInputs`) and block map and return the
-   same layouts, so everything here is shared.
+4. runs the forward kernel, whose custom VJP runs the backward, recomputing
+   probabilities from the saved log-sum-exp: the Triton kernels
+   (`triton_forward`, `triton_backward`, `fused_backward`) on GPUs and in
+   interpret mode, the Mosaic ones (`mosaic_forward`, `mosaic_backward`) on
+   TPU. Both take the same padded inputs (`config.KernelInputs`) and block
+   map and return the same layouts, so everything here is shared. The
+   backward is `backward="split"` (a dq kernel and a dk/dv kernel) or, for
+   the Triton kernels, `"fused"` (one kernel, see `fused_backward`).
+
+Backend choice is `jattn.kernels.backend`'s: on a GPU the Triton lowering or
+a `PallasBackendError`, never a silent switch to Mosaic GPU.
+
+The kernels' logits and log-sum-exp are in base 2 (`tile_math`); the lse
+returned here is converted back to natural units.
 
 Dropout: the normal form's int32 `[2]` seed goes to the kernels as a tiny
 input; each kernel rebuilds a tile's keep mask from `jattn.dropout.keep` at
@@ -53,7 +61,18 @@ import jax.numpy as jnp
 from jax.custom_derivatives import CustomVJPPrimal, SymbolicZero
 
 from jattn.kernels import tile_math, triton_backward, triton_forward
-from jattn.kernels.blockmap import block_map, run_bounds, tiling
+from jattn.kernels.backend import (
+    TPU_BACKENDS,
+    check_backward,
+    check_block,
+    default_blocks,
+    default_warps,
+    matmul_precision_name,
+    pad_size,
+    pow2_size,
+    resolve_backend,
+)
+from jattn.kernels.blockmap import block_map, run_bounds, static_tiling, tiling
 from jattn.kernels.config import (
     FixedInputs,
     KernelConfig,
@@ -69,74 +88,17 @@ Array = jax.Array
 __all__ = [
     "Prepared",
     "block_map",
+    "check_backward",
+    "check_block",
     "default_blocks",
     "flash_attention",
+    "matmul_precision_name",
     "prepare",
     "run_bounds",
 ]
 
-_GPU_BACKENDS = ("gpu", "cuda", "rocm")
-_TPU_BACKENDS = ("tpu", "tpu_interpret")
+_TPU_BACKENDS = TPU_BACKENDS
 _HIGHEST = jax.lax.Precision.HIGHEST
-
-
-def _round_up(x: int, m: int) -> int:
-    return -(-x // m) * m
-
-
-def _pow2(x: int) -> int:
-    return 1 << max(0, int(x) - 1).bit_length()
-
-
-def default_blocks(
-    backend: str, t: int, s: int, shaw: bool = False
-) -> tuple[tuple[int, int], tuple[int, int]]:
-    """Default `((block_q, block_k) forward, (block_q, block_k) backward)`.
-
-    GPU: 128x64 forward (64x64 with Shaw terms, whose `[bq, 2k+1]`
-    accumulators add register pressure), 64x64 backward; powers of two >= 16
-    capped by the sequence lengths. TPU: 128x128 for both (the MXU's tile;
-    `block_k` a multiple of the 128 lanes unless one tile holds every key).
-    Interpret mode: 128x128 capped by the lengths (fewer, larger tiles run
-    faster on the CPU).
-    """
-    if backend == "interpret":
-        fwd = (min(128, t), min(128, s))
-        return fwd, fwd
-    if backend in _TPU_BACKENDS:
-        # Queries: sublane tiles of 8; keys: lane tiles of 128 (or one tile).
-        fwd = (min(128, _round_up(t, 8)), 128 if s > 128 else _round_up(s, 8))
-        return fwd, fwd
-    cap_t, cap_s = max(16, _pow2(t)), max(16, _pow2(s))
-    fwd_q = 64 if shaw else 128
-    return (min(fwd_q, cap_t), min(64, cap_s)), (min(64, cap_t), min(64, cap_s))
-
-
-def _resolve_backend(interpret: bool | None) -> str:
-    if interpret is None:
-        interpret = jax.default_backend() not in (*_GPU_BACKENDS, "tpu")
-    if interpret:
-        return "interpret"
-    return "tpu" if jax.default_backend() == "tpu" else "gpu"
-
-
-def _check_block(name: str, value: int, backend: str, length: int) -> int:
-    value = int(value)
-    if value < 1:
-        raise ValueError(f"flash_attention: {name} must be positive, got {value}")
-    if backend == "gpu" and (value < 16 or value & (value - 1)):
-        raise ValueError(
-            f"flash_attention: on the GPU {name} must be a power of two >= 16, got {value}"
-        )
-    if backend in _TPU_BACKENDS:
-        if value % 8:
-            raise ValueError(f"flash_attention: on TPU {name} must be a multiple of 8, got {value}")
-        if name == "block_k" and value % 128 and value < length:
-            raise ValueError(
-                "flash_attention: on TPU block_k must be a multiple of 128 unless one "
-                f"tile holds every key (key length {length}), got {value}"
-            )
-    return value
 
 
 # --------------------------------------------------------------------------------------
@@ -147,6 +109,11 @@ def _check_block(name: str, value: int, backend: str, length: int) -> int:
 def _kernels(cfg: KernelConfig):
     """`(forward, dq, dkv)` kernel wrappers of the config's backend."""
     if cfg.backend in _TPU_BACKENDS:
+        if cfg.backward != "split":
+            raise ValueError(
+                'flash_attention: backward="fused" exists for the Triton kernels only '
+                "(GPU and interpret mode); the Mosaic (TPU) backward is split"
+            )
         from jattn.kernels import mosaic_backward, mosaic_forward
 
         return (
@@ -231,8 +198,13 @@ def _flash_core_bwd(fwd_cfg, bwd_cfg, res, cts):
     ins = _kernel_inputs(q, k, v, qr, bias, fixed, fixed.backward_maps)
     ins = ins._replace(d_out=do.astype(q.dtype), lse=lse, delta=delta, d_value_mass=dpr)
     _, flash_dq, flash_dkv = _kernels(bwd_cfg)
-    dq, dqr, db_q = flash_dq(bwd_cfg, ins)
-    dk, dv, db_kv = flash_dkv(bwd_cfg, ins)
+    if bwd_cfg.backward == "fused":
+        from jattn.kernels import fused_backward
+
+        dq, dqr, db_q, dk, dv, db_kv = fused_backward.flash_dq_dkv(bwd_cfg, ins)
+    else:
+        dq, dqr, db_q = flash_dq(bwd_cfg, ins)
+        dk, dv, db_kv = flash_dkv(bwd_cfg, ins)
     dbias = None
     kind = dbias_kind(bwd_cfg)
     if kind is not None:
@@ -253,6 +225,8 @@ def flash_attention(
     block_q: int | None = None,
     block_k: int | None = None,
     interpret: bool | None = None,
+    backward: str = "split",
+    num_warps: int | None = None,
 ) -> tuple[Array, Array]:
     """Tiled flash attention of a normal form (see `jattn.normal_form`).
 
@@ -264,12 +238,25 @@ def flash_attention(
         holds every key).
       interpret: run the (Triton-style) kernels in Pallas interpret mode;
         None = on unless the default backend is a GPU or a TPU.
+      backward: "split" (dq and dk/dv kernels) or "fused" (one kernel;
+        Triton kernels only).
+      num_warps: Triton warps of every kernel (default by tile rows,
+        `backend.default_warps`); ignored elsewhere.
 
     Returns:
       `out [B, T, N, Hv]` in the dtype of `query` and `lse [B, T, N]` float32.
+
+    Raises:
+      backend.PallasBackendError: on a GPU whose jax lacks the Pallas Triton
+        backend (named with the jax version; there is no fallback).
     """
     return _flash_attention(
-        nf, block_q=block_q, block_k=block_k, backend=_resolve_backend(interpret)
+        nf,
+        block_q=block_q,
+        block_k=block_k,
+        backend=resolve_backend(interpret),
+        backward=backward,
+        num_warps=num_warps,
     )
 
 
@@ -287,7 +274,13 @@ class Prepared(NamedTuple):
 
 
 def _flash_attention(
-    nf: NormalForm, *, block_q: int | None, block_k: int | None, backend: str
+    nf: NormalForm,
+    *,
+    block_q: int | None,
+    block_k: int | None,
+    backend: str,
+    backward: str = "split",
+    num_warps: int | None = None,
 ) -> tuple[Array, Array]:
     """`flash_attention` for an explicit backend: "gpu" / "interpret" (the
     Triton kernels, compiled or interpreted), "tpu" / "tpu_interpret" (the
@@ -295,7 +288,14 @@ def _flash_attention(
     lower them for CUDA and TPU on the CPU)."""
     t = nf.query.shape[1]
     hv = nf.value.shape[-1]
-    pre = prepare(nf, block_q=block_q, block_k=block_k, backend=backend)
+    pre = prepare(
+        nf,
+        block_q=block_q,
+        block_k=block_k,
+        backend=backend,
+        backward=backward,
+        num_warps=num_warps,
+    )
     o, lse, pr = _flash_core(
         pre.fwd_cfg, pre.bwd_cfg, pre.q, pre.k, pre.v, pre.qr, pre.bias, pre.fixed
     )
@@ -306,31 +306,43 @@ def _flash_attention(
             "BTNR,NRV->BTNV", pr, nf.rel_value.astype(jnp.float32), precision=_HIGHEST
         )
     lse = jnp.swapaxes(lse[:, :, :t], 1, 2)  # [B, T, N]
-    lse = jnp.where(lse == tile_math.EMPTY_LSE, EMPTY_ROW_LSE, lse)  # the kernels' empty rows
+    # Base 2 -> natural; the kernels' empty rows -> the normal form's sentinel.
+    lse = jnp.where(lse == tile_math.EMPTY_LSE, EMPTY_ROW_LSE, lse * tile_math.LN2)
     return out.astype(nf.query.dtype), lse
 
 
-def prepare(nf: NormalForm, *, block_q: int | None, block_k: int | None, backend: str) -> Prepared:
+def prepare(
+    nf: NormalForm,
+    *,
+    block_q: int | None,
+    block_k: int | None,
+    backend: str,
+    backward: str = "split",
+    num_warps: int | None = None,
+) -> Prepared:
     """Everything before the kernels: tile sizes, padding, the Shaw key-term
     table, block maps and bounds, static configs."""
+    check_backward(backward)
+    if num_warps is not None and (num_warps < 1 or num_warps & (num_warps - 1)):
+        raise ValueError(f"flash_attention: num_warps must be a power of two, got {num_warps}")
     query, key, value, bias, mask = nf.query, nf.key, nf.value, nf.bias, nf.mask
     b, t, n, h = query.shape
     _, s, kh, hv = value.shape
     use_qr, use_pr = nf.rel_key is not None, nf.rel_value is not None
     (fwd_block_q, fwd_block_k), (bwd_block_q, bwd_block_k) = default_blocks(backend, t, s, nf.shaw)
     if block_q is not None:
-        fwd_block_q = bwd_block_q = _check_block("block_q", block_q, backend, t)
+        fwd_block_q = bwd_block_q = check_block("block_q", block_q, backend, t)
     if block_k is not None:
-        fwd_block_k = bwd_block_k = _check_block("block_k", block_k, backend, s)
+        fwd_block_k = bwd_block_k = check_block("block_k", block_k, backend, s)
     # Lengths padded to both tilings; on the GPU head dims and the relative
     # tables' width padded to powers of two (Triton blocks).
-    padded_t = _round_up(t, math.lcm(fwd_block_q, bwd_block_q))
-    padded_s = _round_up(s, math.lcm(fwd_block_k, bwd_block_k))
+    padded_t = pad_size(t, math.lcm(fwd_block_q, bwd_block_q))
+    padded_s = pad_size(s, math.lcm(fwd_block_k, bwd_block_k))
     gpu = backend == "gpu"
-    padded_h = max(16, _pow2(h)) if gpu else h
-    padded_hv = max(16, _pow2(hv)) if gpu else hv
+    padded_h = max(16, pow2_size(h)) if gpu else h
+    padded_hv = max(16, pow2_size(hv)) if gpu else hv
     num_rel = 2 * nf.max_distance + 1
-    padded_rel = max(16, _pow2(num_rel)) if gpu else num_rel
+    padded_rel = max(16, pow2_size(num_rel)) if gpu else num_rel
     use_pos = nf.is_causal or nf.shaw or nf.window is not None
     use_seg = nf.q_segment_ids is not None
     f32 = jnp.float32
@@ -383,6 +395,26 @@ def prepare(nf: NormalForm, *, block_q: int | None, block_k: int | None, backend
         batch=b,
     )
     edge = lambda x, size: pad_axis(x, 1, size, "edge")
+
+    def maps(bq: int, bk: int) -> TileMaps:
+        # Nothing data-dependent (default positions, no segments or mask):
+        # the map is a function of the shapes alone, built once in numpy and
+        # cached (`blockmap.static_tiling`); else built in XLA per call.
+        if nf.default_positions and not use_seg and mask is None:
+            return static_tiling(
+                batch=b,
+                causal=nf.is_causal,
+                window=nf.window,
+                max_distance=nf.max_distance if nf.shaw else None,
+                seq_q=t,
+                seq_k=s,
+                block_q=bq,
+                block_k=bk,
+                padded_q=padded_t,
+                padded_k=padded_s,
+            )
+        return tiling(map_args, bq, bk, padded_t, padded_s)
+
     fixed = FixedInputs(
         q_positions=edge(nf.q_positions, padded_t) if use_pos else None,
         kv_positions=edge(nf.kv_positions, padded_s) if use_pos else None,
@@ -390,8 +422,8 @@ def prepare(nf: NormalForm, *, block_q: int | None, block_k: int | None, backend
         kv_segments=edge(nf.kv_segment_ids, padded_s) if use_seg else None,
         mask=mask_padded,
         dropout_seed=nf.dropout_seed,  # int32 [2] or None
-        forward_maps=tiling(map_args, fwd_block_q, fwd_block_k, padded_t, padded_s),
-        backward_maps=tiling(map_args, bwd_block_q, bwd_block_k, padded_t, padded_s),
+        forward_maps=maps(fwd_block_q, fwd_block_k),
+        backward_maps=maps(bwd_block_q, bwd_block_k),
     )
     common = dict(
         seq_k=s,
@@ -412,19 +444,19 @@ def prepare(nf: NormalForm, *, block_q: int | None, block_k: int | None, backend
         window=nf.window,
         dropout_rate=float(nf.dropout_rate) if nf.dropout else 0.0,
         dropout_broadcast_batch=nf.dropout_broadcast_batch,
+        backward=backward,
     )
-    warps = 4 if max(padded_h, padded_hv) <= 64 else 8
     fwd_cfg = KernelConfig(
         block_q=fwd_block_q,
         block_k=fwd_block_k,
-        num_warps=warps,
+        num_warps=num_warps or default_warps(fwd_block_q),
         num_stages=3,
         **common,
     )
     bwd_cfg = KernelConfig(
         block_q=bwd_block_q,
         block_k=bwd_block_k,
-        num_warps=warps,
+        num_warps=num_warps or default_warps(bwd_block_q),
         num_stages=2,
         **common,
     )

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import jax
 import jax.numpy as jnp
-from jax import lax
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import tpu as pltpu
 
@@ -60,15 +59,10 @@ def _dq_kernel(classes_ref, bounds_ref, seed_ref, r, *refs, cfg: KernelConfig, m
         v = r.value[...]
         do = r.d_out[...]
         s, dpr_t, rel = ref_scores(cfg, r, maps, j, partial, right, need_rel=cfg.use_qr)
-        p = jnp.exp(s - r.lse[...])  # [bq, bk]; lse = EMPTY_LSE on empty rows: p = 0
+        p = jnp.exp2(s - r.lse[...])  # [bq, bk]; lse = EMPTY_LSE on empty rows: p = 0
         z = dropout_tile(cfg, seed_ref, b, h, i, j)
         ds = ft.score_grads(p, do, v, dpr_t, z, r.delta[...])  # [bq, bk]
-        dq_sc[...] += lax.dot_general(
-            ds.astype(k.dtype),
-            k,
-            (((1,), (0,)), ((), ())),
-            preferred_element_type=jnp.float32,
-        )
+        dq_sc[...] += ft.dot(ds.astype(k.dtype), k, (1, 0))
         if cfg.use_qr:
             if partial:
                 dqr_sc[...] = ft.near_scatter(*rel, ds, dqr_sc[...])
@@ -185,22 +179,12 @@ def _dkv_kernel(classes_ref, bounds_ref, seed_ref, r, dk_ref, dv_ref, *refs, cfg
         v = r.value[...]
         do = r.d_out[...]
         s, dpr_t, _ = ref_scores(cfg, r, maps, j, partial, right)
-        p = jnp.exp(s - r.lse[...])  # [bq, bk]
+        p = jnp.exp2(s - r.lse[...])  # [bq, bk]
         z = dropout_tile(cfg, seed_ref, b, h, i, j)
         p_kept = p if z is None else p * z
-        dv_sc[...] += lax.dot_general(
-            p_kept.astype(do.dtype),
-            do,
-            (((0,), (0,)), ((), ())),
-            preferred_element_type=jnp.float32,
-        )  # [bk, Hv]
+        dv_sc[...] += ft.dot(p_kept.astype(do.dtype), do, (0, 0))  # [bk, Hv]
         ds = ft.score_grads(p, do, v, dpr_t, z, r.delta[...])  # [bq, bk]
-        dk_sc[...] += lax.dot_general(
-            ds.astype(q.dtype),
-            q,
-            (((0,), (0,)), ((), ())),
-            preferred_element_type=jnp.float32,
-        )  # [bk, H]
+        dk_sc[...] += ft.dot(ds.astype(q.dtype), q, (0, 0))  # [bk, H]
         if kind == "cols":
             db_sc[...] += jnp.sum(ds, axis=0, keepdims=True)
 

@@ -264,12 +264,7 @@ def _fwd_kernel(classes_ref, bounds_ref, seed_ref, r, o_ref, lse_ref, *rest, cfg
             p = p * z
             row_sum = jnp.sum(p, axis=1, keepdims=True)
         v = r.value[...]
-        pv = lax.dot_general(
-            p.astype(v.dtype),
-            v,
-            (((1,), (0,)), ((), ())),
-            preferred_element_type=jnp.float32,
-        )  # [bq, Hv]
+        pv = ft.dot(p.astype(v.dtype), v, (1, 0))  # [bq, Hv]
         m_sc[...], l_sc[...] = m_new, l_new
         acc_sc[...] = acc_sc[...] * corr + pv
         if cfg.use_pr:
@@ -288,7 +283,7 @@ def _fwd_kernel(classes_ref, bounds_ref, seed_ref, r, o_ref, lse_ref, *rest, cfg
         empty = l == 0.0
         l_safe = jnp.where(empty, 1.0, l)
         o_ref[...] = (acc_sc[...] / l_safe).astype(o_ref.dtype)
-        lse_ref[...] = jnp.where(empty, ft.EMPTY_LSE, ft.safe_max(m) + jnp.log(l_safe))
+        lse_ref[...] = jnp.where(empty, ft.EMPTY_LSE, ft.safe_max(m) + jnp.log2(l_safe))
         if cfg.use_pr:
             pr_ref[...] = accr_sc[0][...] / l_safe
 

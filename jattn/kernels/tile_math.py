@@ -16,6 +16,21 @@ FULL_RIGHT), decided per (query tile, key tile) by the block map
 `jattn.masks.visible` per element; FULL tiles need no test and, with Shaw
 terms, have one relative id (0 for FULL_LEFT, 2k for FULL_RIGHT).
 
+Base-2 logits: every kernel works with `s2 = log2(e) * s` (the constant
+folded into the scale, and into the Shaw key term and the bias where they
+are added), so the online softmax and the backward's recomputation use
+`exp2`, one multiply cheaper per element than `exp` (which the GPU computes
+as `exp2(x * log2 e)` anyway), as jax's reference kernels do. The stored
+log-sum-exp is in base 2 too (`m2 + log2(l)`); `flash_attention` converts
+it to natural units for the caller. Weights, and so every gradient, are
+unchanged: `exp2(s2 - lse2) = exp(s - lse)`.
+
+Matmul precision (`dot`): float32 operands multiply in IEEE float32
+(`Precision.HIGHEST`). Without it the Triton lowering runs float32 dots as
+TF32 (10-bit mantissas), while interpret mode is exact, so the GPU would fail
+the thresholds the CPU tests set. bf16 / fp16 operands multiply natively;
+every dot accumulates in float32.
+
 Dropout: `dropout_scale` rebuilds a tile's keep mask from the hash of
 `jattn.dropout` with global indices (never stored), as multipliers
 `0` / `1 / (1 - rate)`.
@@ -23,6 +38,7 @@ Dropout: `dropout_scale` rebuilds a tile's keep mask from the hash of
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Sequence
 
 import jax
@@ -35,13 +51,41 @@ from jattn.tiles import FULL_LEFT, FULL_RIGHT, PARTIAL, SKIP
 
 Array = jax.Array
 
-__all__ = ["EMPTY_LSE", "FULL_LEFT", "FULL_RIGHT", "NEG_INF", "PARTIAL", "SKIP"]
+__all__ = [
+    "EMPTY_LSE",
+    "FULL_LEFT",
+    "FULL_RIGHT",
+    "LN2",
+    "LOG2E",
+    "NEG_INF",
+    "PARTIAL",
+    "SKIP",
+    "dot",
+    "dot_precision",
+]
 
 NEG_INF = float("-inf")
+LOG2E = math.log2(math.e)  # natural logits -> base-2 logits
+LN2 = math.log(2.0)  # base-2 log-sum-exp -> natural
 # The log-sum-exp a kernel stores for a row with nothing visible: finite (a
 # pallas_call output must pass `jax.debug_infs`) and so large that the
 # backward's recomputation `exp(s - lse)` is exactly 0 for any logit s.
 EMPTY_LSE = float(np.finfo(np.float32).max)
+
+
+def dot_precision(dtype) -> lax.Precision | None:
+    """The precision of a kernel dot with operands of `dtype`: HIGHEST (IEEE)
+    for float32, the native product (None) for 16-bit floats."""
+    return lax.Precision.HIGHEST if jnp.dtype(dtype) == jnp.float32 else None
+
+
+def dot(a: Array, b: Array, contract: tuple[int, int]) -> Array:
+    """2-D `a · b` contracting axis `contract[0]` of `a` with `contract[1]`
+    of `b`, accumulated in float32 at `dot_precision(a.dtype)`."""
+    dims = (((contract[0],), (contract[1],)), ((), ()))
+    return lax.dot_general(
+        a, b, dims, precision=dot_precision(a.dtype), preferred_element_type=jnp.float32
+    )
 
 
 # Per-query vectors arrive as `[bq]` (Triton kernels) or as `[bq, 1]` columns
@@ -204,7 +248,7 @@ def score_grads(
       keep: `[bq, bk]` dropout factor (0 or 1/(1 - rate)), or None.
       delta: `[bq, 1]` (or broadcastable) `rowsum(dO ∘ O)`.
     """
-    dp = lax.dot_general(d_out, value, (((1,), (1,)), ((), ())), preferred_element_type=jnp.float32)
+    dp = dot(d_out, value, (1, 1))  # [bq, bk]
     if d_mass is not None:
         dp = dp + d_mass
     if keep is not None:
@@ -215,7 +259,8 @@ def score_grads(
 def online_softmax_step(
     s: Array, m_prev: Array, l_prev: Array
 ) -> tuple[Array, Array, Array, Array, Array]:
-    """One step of the online softmax over a `[bq, bk]` logits tile.
+    """One step of the online softmax over a `[bq, bk]` tile of base-2
+    logits (`exp2` throughout).
 
     Invisible entries of `s` are -inf. The row statistics `m_prev`, `l_prev`
     are `[bq]` or `[bq, 1]`; every returned statistic has the same form.
@@ -228,8 +273,8 @@ def online_softmax_step(
     keep = m_prev.ndim == 2
     m_new = jnp.maximum(m_prev, jnp.max(s, axis=1, keepdims=keep))  # [bq] | [bq, 1]
     shift = safe_max(m_new)
-    corr = jnp.exp(m_prev - shift)
-    p = jnp.exp(s - as_col(shift))  # [bq, bk]
+    corr = jnp.exp2(m_prev - shift)
+    p = jnp.exp2(s - as_col(shift))  # [bq, bk]
     row_sum = jnp.sum(p, axis=1, keepdims=keep)
     return p, m_new, l_prev * corr + row_sum, corr, row_sum
 
@@ -258,10 +303,11 @@ def tile_scores(
     need_rel: bool = False,
     num_rel: int | None = None,
 ) -> tuple[Array, Array | None, tuple[Array, Array, Array] | None]:
-    """Logits of one tile, float32 `[bq, bk]`, -inf where invisible.
+    """Base-2 logits of one tile, float32 `[bq, bk]`, -inf where invisible.
 
-    `logit = scale * q·k + qr[t, r] + bias` where `qr = scale * q @ key_tableᵀ`
-    (precomputed per query, so one column per relative id).
+    `logit = log2(e) * (scale * q·k + qr[t, r] + bias)` where
+    `qr = scale * q @ key_tableᵀ` (precomputed per query, so one column per
+    relative id); `log2(e) * scale` is one constant.
 
     Args:
       partial: False for a FULL tile (nothing masked, one relative id
@@ -286,8 +332,7 @@ def tile_scores(
       `[bq, 1]` (None without `dpr_col`); `(rt, lo, hi)` relative ids and
       their range for the scatter of a PARTIAL tile (None otherwise).
     """
-    s = lax.dot_general(q, k, (((1,), (1,)), ((), ())), preferred_element_type=jnp.float32)
-    s = s * scale  # [bq, bk]
+    s = dot(q, k, (1, 1)) * (scale * LOG2E)  # [bq, bk]
     dpr_tile = rel = None
     cols = [c for c in (qr_col, dpr_col) if c is not None]
     if partial:
@@ -300,16 +345,16 @@ def tile_scores(
             rel = (rt, lo, hi)
             gathered = list(near_gather(rt, lo, hi, cols)) if cols else []
             if qr_col is not None:
-                s = s + gathered.pop(0)
+                s = s + LOG2E * gathered.pop(0)
             if dpr_col is not None:
                 dpr_tile = gathered.pop(0)
     else:
         if qr_col is not None:
-            s = s + as_col(qr_col(far_id) if qr_far is None else qr_far)
+            s = s + LOG2E * as_col(qr_col(far_id) if qr_far is None else qr_far)
         if dpr_col is not None:
             dpr_tile = as_col(dpr_col(far_id) if dpr_far is None else dpr_far)
     if bias is not None:
-        s = s + bias.astype(jnp.float32)
+        s = s + LOG2E * bias.astype(jnp.float32)
     if partial:
         vis = visibility(
             causal=causal,

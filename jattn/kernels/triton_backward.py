@@ -53,23 +53,28 @@ def _dq_kernel(r, *refs, cfg: KernelConfig):
     dq_ref = refs.pop(0)
     dqr_ref = refs.pop(0) if cfg.use_qr else None
     db_ref = refs.pop(0) if kind in ("full", "rows") else None
+    ids = tuple(pl.program_id(a) for a in range(3))
+    dq_tile(cfg, r, ids, dq_ref, dqr_ref, db_ref)
+
+
+def dq_tile(cfg: KernelConfig, r: KernelInputs, ids, dq_ref, dqr_ref, db_ref) -> None:
+    """dq (and dqr, and the bias gradient of kinds "full" / "rows") of one
+    query tile of one head, `ids = (query tile, batch row, head)`. `r` and
+    the output refs are shaped like the dq kernel's blocks (refs, or `View`s
+    of larger blocks in the fused kernel)."""
+    kind = dbias_kind(cfg)
     bq = cfg.block_q
-    i = pl.program_id(0)
+    i = ids[0]
     do = r.d_out[...]  # [bq, Hv]
     lse, delta = r.lse[...], r.delta[...]  # [bq]
-    score = q_tile_scorer(cfg, r)
+    score = q_tile_scorer(cfg, r, ids)
 
     def step(j, partial, right, carry):
         dq_acc, *rest = carry
         s, dpr_t, rel, k, v, z = score(j, partial, right)
-        p = jnp.exp(s - lse[:, None])  # [bq, bk]
+        p = jnp.exp2(s - lse[:, None])  # [bq, bk]; base-2 logits and lse
         ds = ft.score_grads(p, do, v, dpr_t, z, delta[:, None])  # [bq, bk]
-        dq_acc = dq_acc + lax.dot_general(
-            ds.astype(k.dtype),
-            k,
-            (((1,), (0,)), ((), ())),
-            preferred_element_type=jnp.float32,
-        )
+        dq_acc = dq_acc + ft.dot(ds.astype(k.dtype), k, (1, 0))
         out = [dq_acc]
         if cfg.use_qr:
             acc_r, w_left, w_right = rest[:3]
@@ -166,15 +171,22 @@ def flash_dq(cfg: KernelConfig, ins: KernelInputs) -> tuple[Array, Array | None,
 
 
 def _dkv_kernel(r, dk_ref, dv_ref, *db_ref, cfg: KernelConfig):
+    ids = tuple(pl.program_id(a) for a in range(3))
+    dkv_tile(cfg, r, ids, dk_ref, dv_ref, db_ref[0] if db_ref else None)
+
+
+def dkv_tile(cfg: KernelConfig, r: KernelInputs, ids, dk_ref, dv_ref, db_ref) -> None:
+    """dk and dv (and the bias gradient of kind "cols") of one key tile of
+    one kv head, summed over its G query heads; `ids = (key tile, batch row,
+    kv head)`; `r` and the output refs shaped like the dk/dv kernel's blocks."""
     kind = dbias_kind(cfg)
     bq, bk = cfg.block_q, cfg.block_k
-    j = pl.program_id(0)
+    j, batch, kv_head = ids
     k = r.key[...]  # [bk, H]
     v = r.value[...]  # [bk, Hv]
     kv_pos = r.kv_positions[...] if cfg.use_pos else None  # [bk]
     kv_seg = r.kv_segments[...] if cfg.use_seg else None
     kv_valid = kv_valid_mask(cfg, j, bk, r.tile_classes.shape[-1] * bk)
-    batch, kv_head = pl.program_id(1), pl.program_id(2)
 
     def group_body(g, carry):
         map_index = g if cfg.map_per_head else 0  # g's head in the block map
@@ -207,22 +219,12 @@ def _dkv_kernel(r, dk_ref, dv_ref, *db_ref, cfg: KernelConfig):
                 dpr_col=dpr_col,
                 far_id=jnp.where(right, cfg.far_right, 0),
             )
-            p = jnp.exp(s - lse[:, None])  # [bq, bk]
+            p = jnp.exp2(s - lse[:, None])  # [bq, bk]; base-2 logits and lse
             z = dropout_tile(cfg, r.dropout_seed, batch, head, i * bq, j * bk)
             p_kept = p if z is None else p * z
-            dv_acc = dv_acc + lax.dot_general(
-                p_kept.astype(do.dtype),
-                do,
-                (((0,), (0,)), ((), ())),
-                preferred_element_type=jnp.float32,
-            )  # [bk, Hv]
+            dv_acc = dv_acc + ft.dot(p_kept.astype(do.dtype), do, (0, 0))  # [bk, Hv]
             ds = ft.score_grads(p, do, v, dpr_t, z, delta[:, None])  # [bq, bk]
-            dk_acc = dk_acc + lax.dot_general(
-                ds.astype(q.dtype),
-                q,
-                (((0,), (0,)), ((), ())),
-                preferred_element_type=jnp.float32,
-            )  # [bk, H]
+            dk_acc = dk_acc + ft.dot(ds.astype(q.dtype), q, (0, 0))  # [bk, H]
             if kind == "cols":
                 db = db + jnp.sum(ds, axis=0)
             return dk_acc, dv_acc, db
@@ -236,7 +238,7 @@ def _dkv_kernel(r, dk_ref, dv_ref, *db_ref, cfg: KernelConfig):
             (dk_acc, dv_acc, jnp.zeros((bk,), jnp.float32)),
         )
         if kind == "cols":
-            db_ref[0][g, :] = db
+            db_ref[g, :] = db
         return dk_acc, dv_acc
 
     init = (

@@ -42,6 +42,70 @@ from jattn.kernels.config import (
 
 Array = jax.Array
 
+# The type of `pl.ds(...)` (`pl.Slice`; looked up from an instance in case a
+# jax version stops exporting the name).
+_SLICE = getattr(pl, "Slice", None) or type(pl.ds(0, 1))
+
+
+class View:
+    """A ref seen through a fixed leading index, so that code written for
+    one block shape reads (and writes) the same data inside a larger block:
+    `View(ref, (pl.ds(i * bq, bq), g))[...]` is `ref[pl.ds(i * bq, bq), g, :]`.
+
+    Composes into a single indexer (the Triton lowering takes one indexer
+    per load or store, not `ref.at[...]` chains): scalars drop an axis,
+    `pl.ds` / `slice(None)` keep one, and a later index on a kept `pl.ds`
+    axis is offset by its start.
+    """
+
+    def __init__(self, ref, prefix: tuple):
+        self.ref, self.prefix = ref, tuple(prefix)
+
+    def _kept(self) -> list[int]:
+        """The ref axes this view still has, in order."""
+        kept = [a for a, x in enumerate(self.prefix) if isinstance(x, (slice, _SLICE))]
+        return kept + list(range(len(self.prefix), len(self.ref.shape)))
+
+    @property
+    def dtype(self):
+        return self.ref.dtype
+
+    @property
+    def shape(self) -> tuple[int, ...]:
+        full = list(self.prefix) + [slice(None)] * (len(self.ref.shape) - len(self.prefix))
+        return tuple(
+            full[a].size if isinstance(full[a], _SLICE) else self.ref.shape[a] for a in self._kept()
+        )
+
+    def _index(self, idx) -> tuple:
+        idx = idx if isinstance(idx, tuple) else (idx,)
+        kept = self._kept()
+        at = next((n for n, x in enumerate(idx) if x is Ellipsis), None)  # never `==` on tracers
+        if at is not None:
+            fill = (slice(None),) * (len(kept) - len(idx) + 1)
+            idx = idx[:at] + fill + idx[at + 1 :]
+        idx = idx + (slice(None),) * (len(kept) - len(idx))
+        full = list(self.prefix) + [slice(None)] * (len(self.ref.shape) - len(self.prefix))
+        for axis, u in zip(kept, idx, strict=True):
+            base = full[axis]
+            if isinstance(base, _SLICE):
+                if isinstance(u, _SLICE):
+                    u = pl.ds(base.start + u.start, u.size)
+                elif isinstance(u, slice):
+                    if u != slice(None):
+                        raise ValueError(f"View: only pl.ds or ':' on a pl.ds axis, got {u}")
+                    u = base
+                else:
+                    u = base.start + u
+            full[axis] = u
+        return tuple(full)
+
+    def __getitem__(self, idx):
+        return self.ref[self._index(idx)]
+
+    def __setitem__(self, idx, value):
+        self.ref[self._index(idx)] = value
+
 
 def kernel_call(kernel, cfg: KernelConfig, name: str, **kwargs):
     return pl.pallas_call(
@@ -157,13 +221,15 @@ def col_reader(ref, *lead):
 # Forward.
 
 
-def q_tile_scorer(cfg: KernelConfig, r: KernelInputs):
+def q_tile_scorer(cfg: KernelConfig, r: KernelInputs, ids=None):
     """Scores of a kernel that owns one query tile and loops over key tiles
     (forward, dq): `score(j, partial, right, need_rel=False) -> (s, dpr_tile,
     rel, k, v, z)` for key tile j (see `tile_math.tile_scores`; z the dropout
     multipliers or None). The query tile's inputs, and the Shaw columns that
     FULL tiles use (ids 0 and 2k), are read once per program, not once per
-    key tile."""
+    key tile. `ids = (query tile, batch row, head)`, by default the program
+    ids of the grid `(i, b, h)`; `r` holds refs (or `View`s) shaped like
+    this grid's blocks."""
     bk = cfg.block_k
     padded_s = r.key.shape[0]
     q = r.query[...]  # [bq, H]
@@ -179,7 +245,7 @@ def q_tile_scorer(cfg: KernelConfig, r: KernelInputs):
             return None
         return jnp.where(right, cols[1], cols[0])
 
-    i, batch, head = (pl.program_id(a) for a in range(3))
+    i, batch, head = (pl.program_id(a) for a in range(3)) if ids is None else ids
 
     def score(j, partial, right, need_rel=False):
         kv = pl.ds(pl.multiple_of(j * bk, bk), bk)
@@ -226,12 +292,7 @@ def _fwd_kernel(r, o_ref, lse_ref, *pr_ref, cfg: KernelConfig):
         if z is not None:  # dropout: l sums the weights before it, the values after
             p = p * z
             row_sum = jnp.sum(p, axis=1)
-        pv = lax.dot_general(
-            p.astype(v.dtype),
-            v,
-            (((1,), (0,)), ((), ())),
-            preferred_element_type=jnp.float32,
-        )  # [bq, Hv]
+        pv = ft.dot(p.astype(v.dtype), v, (1, 0))  # [bq, Hv]
         acc = acc * corr[:, None] + pv
         if not cfg.use_pr:
             return m_new, l_new, acc
@@ -239,7 +300,7 @@ def _fwd_kernel(r, o_ref, lse_ref, *pr_ref, cfg: KernelConfig):
         w_left, w_right = w_left * corr, w_right * corr
         if partial:
             # Lazy rescale: acc_r is relative to m_r, only touched on PARTIAL tiles.
-            acc_r = acc_r * jnp.exp(m_r - ft.safe_max(m_new))[:, None]
+            acc_r = acc_r * jnp.exp2(m_r - ft.safe_max(m_new))[:, None]
             acc_r = ft.near_scatter(*rel, p, acc_r)
             m_r = m_new
         else:
@@ -269,10 +330,10 @@ def _fwd_kernel(r, o_ref, lse_ref, *pr_ref, cfg: KernelConfig):
     l_safe = jnp.where(empty, 1.0, l)
     o_ref[...] = (acc / l_safe[:, None]).astype(o_ref.dtype)
     # A huge finite lse for a row with nothing visible: exp(s - lse) is then 0.
-    lse_ref[...] = jnp.where(empty, ft.EMPTY_LSE, shift + jnp.log(l_safe))
+    lse_ref[...] = jnp.where(empty, ft.EMPTY_LSE, shift + jnp.log2(l_safe))
     if cfg.use_pr:
         w_left, w_right, acc_r, m_r = carry[3:]
-        acc_r = acc_r * jnp.exp(m_r - shift)[:, None]
+        acc_r = acc_r * jnp.exp2(m_r - shift)[:, None]
         acc_r = ft.add_far_columns(acc_r, w_left, w_right, cfg.far_right)
         pr_ref[0][...] = acc_r / l_safe[:, None]
 

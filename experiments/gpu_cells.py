@@ -1,0 +1,309 @@
+"""One cell of experiments/bench_gpu.py, run in its own child process.
+
+`python experiments/bench_gpu.py --cell '<json>' --rows <file>` lands in
+`cell_main`: the spec's `kind` picks the work (probe, peak, smoke, check,
+time; `noop` for tests), and each finished measurement is appended to
+`<file>` as one JSON object, so rows finished before a crash survive. jax is
+imported here only, in the child, never by the stage runner.
+
+Cell kinds:
+- probe: versions, platform, `kernel_report` of the headline shapes.
+- peak: bf16 matmul TFLOP/s (shared with later cells for `frac_peak`).
+- smoke: forward + gradient once per shape; the outputs must be finite.
+- check: outputs and every gradient against the "xla" path in float64, per
+  backward variant; the tolerance (`TOLERANCE`, of the largest reference
+  value) is set by the precision the kernels use: float32 dots are IEEE
+  (`tile_math.dot`), so 1e-4 (5x the CPU tests' 2e-5); bf16 3e-2 (the CPU
+  tests' bound, from the bf16 casts of the weights before `P·V` and `dS·K`).
+- time: one implementation at one shape, forward and forward+backward.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+
+SHAW_K = 16
+TOLERANCE = {"float32": 1e-4, "bfloat16": 3e-2}  # of the largest reference value
+
+
+def _x64():
+    """float64 on (`jax.enable_x64` as a context manager, or its older home)."""
+    import jax
+
+    if hasattr(jax, "enable_x64"):
+        return jax.enable_x64(True)
+    from jax.experimental import enable_x64  # pragma: no cover - older jax
+
+    return enable_x64()
+
+
+def _emit(path: str, **row) -> None:
+    with open(path, "a") as f:
+        f.write(json.dumps(row) + "\n")
+
+
+def _inputs(b, t, s, n, kh, h, dtype, shaw, seed=0):
+    import jax
+    import jax.numpy as jnp
+
+    ks = jax.random.split(jax.random.key(seed), 6)
+    q = jax.random.normal(ks[0], (b, t, n, h), dtype)
+    k = jax.random.normal(ks[1], (b, s, kh, h), dtype)
+    v = jax.random.normal(ks[2], (b, s, kh, h), dtype)
+    ct = jax.random.normal(ks[3], (b, t, n, h), dtype)
+    tables = None
+    if shaw:
+        r = 2 * SHAW_K + 1
+        tables = tuple(0.3 * jax.random.normal(x, (r, h), jnp.float32) for x in ks[4:])
+    return q, k, v, tables, ct
+
+
+def _attention(impl: str, spec: dict):
+    """`fn(q, k, v, tables, causal, **extra) -> out` for one implementation."""
+    import jax
+
+    import jattn
+    from jattn.kernels import flash_attention as fa
+
+    def rel(tables):
+        if tables is None:
+            return None
+        return jattn.ShawRelative(key=tables[0], value=tables[1], max_distance=SHAW_K)
+
+    def fn(q, k, v, tables, causal, **extra):
+        if impl in ("cudnn", "xla_jax"):
+            name = "cudnn" if impl == "cudnn" else "xla"
+            return jax.nn.dot_product_attention(q, k, v, is_causal=causal, implementation=name)
+        if impl == "pallas":
+            nf = jattn.normalise(q, k, v, is_causal=causal, relative=rel(tables), **extra)
+            return fa.flash_attention(
+                nf,
+                block_q=spec.get("block_q"),
+                block_k=spec.get("block_k"),
+                backward=spec.get("backward", "split"),
+                num_warps=spec.get("warps"),
+            )[0]
+        return jattn.dot_product_attention(
+            q, k, v, is_causal=causal, relative=rel(tables), implementation=impl, **extra
+        )
+
+    return fn
+
+
+def _vjp(fn, causal, **extra):
+    import jax
+    import jax.numpy as jnp
+
+    def f(q, k, v, tables, ct):
+        out, pull = jax.vjp(lambda *a: fn(*a, causal, **extra), q, k, v, tables)
+        return out, pull(ct.astype(out.dtype))
+
+    def loss_grad(q, k, v, tables, ct):
+        loss = lambda *a: jnp.sum(fn(*a, causal, **extra).astype(jnp.float32) * ct)  # noqa: E731
+        return jax.grad(loss, argnums=(0, 1, 2, 3))(q, k, v, tables)
+
+    return jax.jit(f), jax.jit(loss_grad)
+
+
+def _timeit(fn, args, min_time: float) -> float:
+    """Seconds per call: compile and warm up, then the best of 3 batches."""
+    import jax
+
+    jax.block_until_ready(fn(*args))
+    t0 = time.perf_counter()
+    jax.block_until_ready(fn(*args))
+    once = time.perf_counter() - t0
+    n = int(max(1, min(50, min_time / max(once, 1e-6))))
+    best = once
+    for _ in range(3):
+        t0 = time.perf_counter()
+        for _ in range(n):
+            out = fn(*args)
+        jax.block_until_ready(out)
+        best = min(best, (time.perf_counter() - t0) / n)
+    return best
+
+
+def _probe(spec, rows):
+    import jax
+
+    from jattn.kernels import backend as kb
+
+    note = kb.describe_backend()
+    row = dict(impl="probe", status="ok", note=note, share={"platform": jax.default_backend()})
+    try:
+        for shaw in (False, True):
+            rep = kb.kernel_report(8192, 8192, 128, shaw=shaw, dtype="bfloat16")
+            keys = ("backend", "forward_blocks", "forward_warps", "backward_blocks")
+            keys += ("backward_warps", "precision")
+            row["note"] += f" | 8k H128{' shaw' if shaw else ''}: " + ", ".join(
+                f"{k}={rep[k]}" for k in keys
+            )
+    except kb.PallasBackendError as e:
+        row.update(status=f"FAIL {e}")
+    _emit(rows, **row)
+
+
+def _peak(spec, rows):
+    import jax
+    import jax.numpy as jnp
+
+    n = spec["n"]
+    a = jax.random.normal(jax.random.key(0), (n, n), jnp.bfloat16)
+    f = jax.jit(lambda a, b: jnp.dot(a, b, preferred_element_type=jnp.float32).astype(a.dtype))
+    tf = 2.0 * n**3 / _timeit(f, (a, a), 0.3) / 1e12
+    _emit(rows, impl="matmul_peak", dtype="bfloat16", tflops=f"{tf:.1f}", share={"peak": tf})
+
+
+def _smoke(spec, rows):
+    import jax
+    import jax.numpy as jnp
+    import numpy as np
+
+    fn = _attention("pallas", spec)
+    for b, t, n, kh, h, causal, shaw in spec["shapes"]:
+        t0 = time.perf_counter()
+        q, k, v, tables, ct = _inputs(b, t, t, n, kh, h, jnp.dtype(spec["dtype"]), shaw)
+        fwd, grad = _vjp(fn, causal)
+        out, grads = fwd(q, k, v, tables, ct)
+        finite = all(
+            bool(np.all(np.isfinite(np.asarray(x, np.float32))))
+            for x in jax.tree.leaves((out, grads))
+        )
+        _emit(
+            rows,
+            impl="pallas_shaw" if shaw else "pallas",
+            mode="fwd+bwd",
+            L=t,
+            batch=b,
+            heads=n,
+            head_dim=h,
+            causal=causal,
+            dtype=spec["dtype"],
+            backward=spec.get("backward", "split"),
+            status="ok" if finite else "FAIL non-finite",
+            seconds=f"{time.perf_counter() - t0:.1f}",
+        )
+
+
+def _check(spec, rows):
+    import jax
+    import jax.numpy as jnp
+    import numpy as np
+
+    from jattn.kernels.flash_attention import matmul_precision_name
+
+    b, t, s, n, kh, h, dtype, causal, packed, shaw, window, dropout = spec["case"]
+    q, k, v, tables, ct = _inputs(b, t, s, n, kh, h, jnp.dtype(dtype), shaw, seed=1)
+    extra = {}
+    if window is not None:
+        extra["local_window_size"] = tuple(window)
+    if dropout:
+        extra.update(dropout_rate=dropout, dropout_rng=jax.random.key(7))
+    if packed:  # four packed sequences, positions restarting in each (T == S)
+        seg = np.repeat(np.arange(1, 5), -(-t // 4))[:t]
+        pos = np.concatenate([np.arange(c) for c in np.bincount(seg)[1:]])
+        seg, pos = (jnp.asarray(np.tile(x, (b, 1)), jnp.int32) for x in (seg, pos))
+        extra.update(q_segment_ids=seg, kv_segment_ids=seg, q_positions=pos, kv_positions=pos)
+    with _x64():
+        as64 = lambda x: None if x is None else jnp.asarray(x, jnp.float64)  # noqa: E731
+        ref, _ = _vjp(_attention("xla", spec), causal, **extra)
+        want = ref(*jax.tree.map(as64, (q, k, v, tables, ct)))
+        want = [np.asarray(x, np.float64) for x in jax.tree.leaves(want)]
+    tol = TOLERANCE[dtype]
+    for backward in spec["backwards"]:
+        got, _ = _vjp(_attention("pallas", dict(spec, backward=backward)), causal, **extra)
+        got = [
+            np.asarray(jnp.asarray(x, jnp.float32), np.float64)
+            for x in jax.tree.leaves(got(q, k, v, tables, ct))
+        ]
+        err = max(
+            float(np.max(np.abs(g - w)) / max(np.max(np.abs(w)), 1e-6))
+            for g, w in zip(got, want, strict=True)
+        )
+        ok = all(np.all(np.isfinite(g)) for g in got) and err <= tol
+        _emit(
+            rows,
+            impl="pallas_shaw" if shaw else "pallas",
+            mode="fwd+bwd",
+            L=t,
+            batch=b,
+            heads=n,
+            head_dim=h,
+            causal=causal,
+            dtype=dtype,
+            backward=backward,
+            max_rel_err=f"{err:.2e}",
+            tol=tol,
+            status="PASS" if ok else "FAIL",
+            note=f"{spec['name']}; {matmul_precision_name(dtype)}",
+        )
+
+
+def _time(spec, rows):
+    import jax
+    import jax.numpy as jnp
+
+    impl, t, h, causal, dtype = (
+        spec["impl"],
+        spec["L"],
+        spec["head_dim"],
+        spec["causal"],
+        spec["dtype"],
+    )
+    b, n = max(1, spec["tokens"] // t), max(1, spec["d_model"] // h)
+    shaw = spec.get("shaw", False)
+    q, k, v, tables, ct = _inputs(b, t, t, n, n, h, jnp.dtype(dtype), shaw)
+    fn = _attention(impl, spec)
+    _, grad = _vjp(fn, causal)
+    fwd = jax.jit(lambda q, k, v, tables: fn(q, k, v, tables, causal))  # forward alone
+    name = impl + ("_shaw" if shaw else "")
+    for mode in spec["modes"]:
+        flops = (
+            4.0 * b * n * t * t * h * (0.5 if causal else 1.0) * (3.5 if mode == "fwd+bwd" else 1.0)
+        )
+        if mode == "fwd":
+            sec = _timeit(fwd, (q, k, v, tables), spec["min_time"])
+        else:
+            sec = _timeit(grad, (q, k, v, tables, ct), spec["min_time"])
+        tf = flops / sec / 1e12
+        peak = spec.get("shared", {}).get("peak")
+        blocks = f"{spec['block_q']}x{spec['block_k']}" if spec.get("block_q") else ""
+        _emit(
+            rows,
+            impl=name,
+            mode=mode,
+            L=t,
+            batch=b,
+            heads=n,
+            head_dim=h,
+            causal=causal,
+            dtype=dtype,
+            backward=spec.get("backward", "") if impl == "pallas" else "",
+            blocks=blocks,
+            warps=spec.get("warps") or "",
+            ms=f"{sec * 1e3:.3f}",
+            tflops=f"{tf:.4g}",
+            frac_peak=f"{tf / peak:.3f}" if peak else "",
+        )
+
+
+CELL_KINDS = {"probe": _probe, "peak": _peak, "smoke": _smoke, "check": _check, "time": _time}
+
+
+def cell_main(spec: dict, rows: str) -> int:
+    """`--cell`: run one cell; `inject` ("abort" / "hang") simulates a
+    compiler abort or hang (tests, and a dry run of the isolation)."""
+    inject = spec.get("inject")
+    if inject == "abort":
+        os.abort()
+    if inject == "hang":
+        time.sleep(3600)
+    if spec["kind"] == "noop":
+        seen = dict(xla_flags=os.environ.get("XLA_FLAGS"), shared=spec.get("shared"))
+        _emit(rows, status="ok", note="noop " + json.dumps(seen))
+        return 0
+    CELL_KINDS[spec["kind"]](spec, rows)
+    return 0

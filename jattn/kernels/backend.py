@@ -1,0 +1,271 @@
+"""Which Pallas backend runs the flash kernels, chosen loudly, and with
+which configuration.
+
+The kernels come in two families: Triton-style (`triton_forward`,
+`triton_backward`, `fused_backward`; GPUs, and interpret mode on the CPU) and
+Mosaic TPU (`mosaic_forward`, `mosaic_backward`). Pallas picks its GPU
+lowering from the type of `compiler_params`: Triton's `CompilerParams`
+select Triton; `None` selects whatever `jax_pallas_use_mosaic_gpu` says,
+and that flag defaults to Mosaic GPU (jax 0.10 and 0.11). A Triton-style
+kernel sent to Mosaic GPU fails deep in the compiler with errors that say
+nothing about the cause, so on a GPU this module always passes Triton's
+parameters and, when the Triton backend cannot be imported, raises
+`PallasBackendError` naming the jax / jaxlib versions and what is missing.
+There is no fallback: a silent switch to another kernel would make every
+benchmark lie.
+
+The configuration a call picks is decided here too: tile sizes per backend
+(`default_blocks`, checked by `check_block`), Triton warps by tile rows
+(`default_warps`), the backward variant (`BACKWARD_VARIANTS`) and the name
+of the dots' precision (`matmul_precision_name`, see `tile_math.dot`).
+`kernel_report` says what a call of a given shape would run (backend, tile
+sizes, warps, stages, matmul precision, backward variant), for users and for
+the first line of `experiments/bench_gpu.py`.
+"""
+
+from __future__ import annotations
+
+import importlib
+
+import jax
+import jax.numpy as jnp
+
+from jattn.kernels.tile_math import dot_precision
+
+__all__ = [
+    "BACKWARD_VARIANTS",
+    "PallasBackendError",
+    "check_triton",
+    "default_warps",
+    "check_backward",
+    "check_block",
+    "default_blocks",
+    "describe_backend",
+    "kernel_report",
+    "matmul_precision_name",
+    "pad_size",
+    "pow2_size",
+    "resolve_backend",
+    "triton_compiler_params",
+]
+
+GPU_PLATFORMS = ("gpu", "cuda", "rocm")
+TPU_BACKENDS = ("tpu", "tpu_interpret")
+# "split": a dq kernel and a dk/dv kernel (each recomputes the probabilities);
+# "fused": one kernel whose programs do either (one launch, one set of
+# inputs), as jax's reference kernel does.
+BACKWARD_VARIANTS = ("split", "fused")
+
+# The modules the Triton lowering needs: the public parameter class, and the
+# lowering registration (private; it imports jaxlib's Triton bindings, which a
+# jaxlib without GPU Triton support lacks).
+_TRITON_PUBLIC = "jax.experimental.pallas.triton"
+_TRITON_PRIVATE = "jax._src.pallas.triton.pallas_call_registration"
+_TRITON_MODULES = (_TRITON_PUBLIC, _TRITON_PRIVATE)
+
+
+class PallasBackendError(RuntimeError):
+    """The backend `implementation="pallas"` needs is not available."""
+
+
+def _versions() -> str:
+    try:
+        import jaxlib
+
+        jaxlib_version = getattr(jaxlib, "__version__", "?")
+    except ImportError:  # pragma: no cover - jax always ships with a jaxlib
+        jaxlib_version = "missing"
+    return f"jax {jax.__version__}, jaxlib {jaxlib_version}"
+
+
+def check_triton() -> None:
+    """Raise `PallasBackendError` unless Pallas's Triton backend imports.
+
+    Cheap after the first call (imports are cached by Python).
+    """
+    for name in _TRITON_MODULES:
+        try:
+            importlib.import_module(name)
+        except ImportError as e:
+            # A private module that merely moved in another jax version is no
+            # evidence of a missing backend (its dependencies failing is).
+            path_missing = isinstance(e, ModuleNotFoundError) and name.startswith(str(e.name))
+            if name == _TRITON_PRIVATE and path_missing:
+                continue
+            raise PallasBackendError(
+                'implementation="pallas" on a GPU runs jattn\'s Triton kernels, but '
+                f"{_versions()} cannot import {name} ({e}). Install a jax with the "
+                'Pallas Triton backend (pip install "jax[cuda12]"; the jaxlib must '
+                "ship gpu_triton), or use implementation='xla', 'chunked' or 'cudnn'. "
+                "jattn does not fall back to Mosaic GPU, jax's default Pallas GPU "
+                "backend: the kernels are written for Triton."
+            ) from e
+
+
+def triton_compiler_params(num_warps: int | None, num_stages: int | None):
+    """Triton `CompilerParams`: passing them is what selects the Triton
+    lowering (without them Pallas uses Mosaic GPU)."""
+    check_triton()
+    from jax.experimental.pallas import triton as pltriton
+
+    params = getattr(pltriton, "CompilerParams", None)
+    if params is None:  # pragma: no cover - depends on the jax build
+        raise PallasBackendError(
+            f"{_versions()}: jax.experimental.pallas.triton has no CompilerParams; "
+            "jattn's Triton kernels need it to select the Triton lowering"
+        )
+    return params(num_warps=num_warps, num_stages=num_stages)
+
+
+def resolve_backend(interpret: bool | None) -> str:
+    """The kernel backend of a call: "interpret" (Triton-style kernels in
+    Pallas interpret mode), "gpu" (Triton) or "tpu" (Mosaic).
+
+    `interpret=None` interprets unless the default device is a GPU or a TPU.
+    On a GPU the Triton backend is checked here, before anything is traced.
+    """
+    platform = jax.default_backend()
+    if interpret is None:
+        interpret = platform not in (*GPU_PLATFORMS, "tpu")
+    if interpret:
+        return "interpret"
+    if platform == "tpu":
+        return "tpu"
+    check_triton()
+    return "gpu"
+
+
+def default_warps(block_q: int) -> int:
+    """Triton warps of a kernel by its tile rows: 4 warps (128 threads)
+    cover 64 rows, 8 from 128 rows. jax's reference kernels use 4 below
+    128x128 tiles: more warps on a 64-row tile split the rows of the dots
+    too thinly and add register pressure without more parallel work."""
+    return 8 if block_q >= 128 else 4
+
+
+# --------------------------------------------------------------------------------------
+# The kernel configuration: tile sizes, their checks, precision.
+
+
+def pad_size(x: int, m: int) -> int:
+    return -(-x // m) * m
+
+
+def pow2_size(x: int) -> int:
+    return 1 << max(0, int(x) - 1).bit_length()
+
+
+def default_blocks(
+    backend: str, t: int, s: int, shaw: bool = False
+) -> tuple[tuple[int, int], tuple[int, int]]:
+    """Default `((block_q, block_k) forward, (block_q, block_k) backward)`.
+
+    GPU: 128x64 forward (64x64 with Shaw terms, whose `[bq, 2k+1]`
+    accumulators add register pressure), 64x64 backward; powers of two >= 16
+    capped by the sequence lengths. TPU: 128x128 for both (the MXU's tile;
+    `block_k` a multiple of the 128 lanes unless one tile holds every key).
+    Interpret mode: 128x128 capped by the lengths (fewer, larger tiles run
+    faster on the CPU).
+    """
+    if backend == "interpret":
+        fwd = (min(128, t), min(128, s))
+        return fwd, fwd
+    if backend in TPU_BACKENDS:
+        # Queries: sublane tiles of 8; keys: lane tiles of 128 (or one tile).
+        fwd = (min(128, pad_size(t, 8)), 128 if s > 128 else pad_size(s, 8))
+        return fwd, fwd
+    cap_t, cap_s = max(16, pow2_size(t)), max(16, pow2_size(s))
+    fwd_q = 64 if shaw else 128
+    return (min(fwd_q, cap_t), min(64, cap_s)), (min(64, cap_t), min(64, cap_s))
+
+
+def matmul_precision_name(dtype) -> str:
+    """How the kernels multiply operands of `dtype` (see `tile_math.dot`)."""
+    if dot_precision(dtype) is not None:
+        return "float32 IEEE (Precision.HIGHEST, no TF32)"
+    return f"{jnp.dtype(dtype).name} inputs, float32 accumulation"
+
+
+def check_backward(backward: str) -> str:
+    if backward not in BACKWARD_VARIANTS:
+        raise ValueError(
+            f"flash_attention: backward must be one of {BACKWARD_VARIANTS}, got {backward!r}"
+        )
+    return backward
+
+
+def check_block(name: str, value: int, backend: str, length: int) -> int:
+    value = int(value)
+    if value < 1:
+        raise ValueError(f"flash_attention: {name} must be positive, got {value}")
+    if backend == "gpu" and (value < 16 or value & (value - 1)):
+        raise ValueError(
+            f"flash_attention: on the GPU {name} must be a power of two >= 16, got {value}"
+        )
+    if backend in TPU_BACKENDS:
+        if value % 8:
+            raise ValueError(f"flash_attention: on TPU {name} must be a multiple of 8, got {value}")
+        if name == "block_k" and value % 128 and value < length:
+            raise ValueError(
+                "flash_attention: on TPU block_k must be a multiple of 128 unless one "
+                f"tile holds every key (key length {length}), got {value}"
+            )
+    return value
+
+
+def describe_backend() -> str:
+    """One line: platform, jax / jaxlib versions and the kernel family
+    `implementation="pallas"` runs here (or why it cannot run)."""
+    platform = jax.default_backend()
+    if platform in GPU_PLATFORMS:
+        try:
+            check_triton()
+            family = "Triton kernels (compiled)"
+        except PallasBackendError as e:
+            family = f"UNAVAILABLE: {e}"
+    elif platform == "tpu":
+        family = "Mosaic TPU kernels (compiled)"
+    else:
+        family = "Triton-style kernels in Pallas interpret mode"
+    return f"{_versions()}, platform {platform}: {family}"
+
+
+def kernel_report(
+    t: int,
+    s: int,
+    head_dim: int,
+    *,
+    dtype="bfloat16",
+    shaw: bool = False,
+    block_q: int | None = None,
+    block_k: int | None = None,
+    backward: str = "split",
+    interpret: bool | None = None,
+) -> dict:
+    """What `implementation="pallas"` would run for query length `t`, key
+    length `s` and head dim `head_dim` here: a dict with the backend,
+    versions, tile sizes, warps and stages (forward and backward), the
+    matmul precision and the backward variant. Raises `PallasBackendError`
+    where the call itself would."""
+    backend = resolve_backend(interpret)
+    (fq, fk), (bq, bk) = default_blocks(backend, t, s, shaw)
+    if block_q is not None:
+        fq = bq = check_block("block_q", block_q, backend, t)
+    if block_k is not None:
+        fk = bk = check_block("block_k", block_k, backend, s)
+    gpu = backend == "gpu"
+    names = {"gpu": "triton", "interpret": "interpret (triton-style)", "tpu": "mosaic_tpu"}
+    return dict(
+        backend=names[backend],
+        platform=jax.default_backend(),
+        versions=_versions(),
+        forward_blocks=(fq, fk),
+        backward_blocks=(bq, bk),
+        forward_warps=default_warps(fq) if gpu else None,
+        backward_warps=default_warps(bq) if gpu else None,
+        forward_stages=3 if gpu else None,
+        backward_stages=2 if gpu else None,
+        precision=matmul_precision_name(dtype),
+        backward=check_backward(backward),
+        exp="exp2 (log2(e) folded into the scale)",
+    )
