@@ -37,6 +37,7 @@ def get_config(arg=None):
     c.metrics = (
         "eval/test_longer/exact_match",
         "eval/validation/exact_match",
+        "eval/test_longer/length_match",
         "eval/test_longer/accuracy",
         "train/loss",
         "num_params",

@@ -40,9 +40,10 @@ def _eval_set(task, split: str, rows: int = 4) -> evaluation.EvalSet:
     return evaluation.EvalSet(split, [batch], rows, tuple(task.metrics))
 
 
-def _evaluate(task, es):
-    """`evaluate` with a perfect decoder (it returns the targets) and a stub step."""
-    targets = es.batches[0]["targets"]
+def _evaluate(task, es, outputs=None):
+    """`evaluate` with a stub step and a decoder that returns `outputs` (default:
+    the targets, a perfect decoder)."""
+    targets = es.batches[0]["targets"] if outputs is None else outputs
 
     def eval_step(params, batch):
         return {"loss_sum": 1.0, "weight_sum": 2.0, "correct": 2.0}
@@ -66,10 +67,32 @@ def test_char_task_has_no_bleu(data_dir):
     assert task.metrics == ("exact_match", "chrf")
     metrics = _evaluate(task, _eval_set(task, "validation"))
     assert set(metrics) == {
-        f"eval/validation/{m}" for m in ("loss", "accuracy", "exact_match", "num_decoded", "chrf")
+        f"eval/validation/{m}"
+        for m in ("loss", "accuracy", "exact_match", "num_decoded", "length_match", "chrf")
     }
     assert metrics["eval/validation/exact_match"] == 1.0
     assert metrics["eval/validation/chrf"] == pytest.approx(100.0)
+
+
+def test_length_match_counts_where_outputs_stop(data_dir):
+    """Four outputs by hand: right; one token changed (right length); stopped one
+    token early; one token too long. Exact match 1/4, length match 2/4."""
+    task = data.load("copy/tiny", data_dir=data_dir)
+    es = _eval_set(task, "validation")
+    targets = es.batches[0]["targets"]
+    out = np.zeros((4, targets.shape[1] + 1), np.int32)
+    for row in range(4):
+        ids = [int(i) for i in targets[row] if i > 1]  # the reference's tokens, no EOS
+        if row == 1:
+            ids[0] = ids[1] if ids[1] != ids[0] else 3 + (ids[0] - 2) % 5
+        elif row == 2:
+            ids = ids[:-1]
+        elif row == 3:
+            ids = ids + [ids[-1]]
+        out[row, : len(ids) + 1] = ids + [1]  # EOS
+    metrics = _evaluate(task, es, outputs=out)
+    assert metrics["eval/validation/exact_match"] == 0.25
+    assert metrics["eval/validation/length_match"] == 0.5
 
 
 def test_word_level_translation_has_bleu(data_dir):

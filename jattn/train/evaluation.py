@@ -15,6 +15,10 @@ Metrics, per split ``S``:
   examples whose decoded output equals the reference string (in [0, 1]);
 - ``eval/S/num_decoded``: how many examples were decoded (N), so that the
   report knows exact match as k of N and can give it a binomial interval;
+- ``eval/S/length_match``: fraction of those decoded outputs that stop
+  after exactly as many tokens as the reference (a model that stops too
+  early or too late fails here whatever its tokens: on longer inputs it
+  tells a length limit from wrong content);
 - ``eval/S/chrf``: sacrebleu corpus chrF (0-100);
 - ``eval/S/bleu``: sacrebleu corpus BLEU (0-100), word-level tasks only.
 
@@ -113,16 +117,26 @@ def load_eval_sets(
     return sets
 
 
+def _until_stop(ids: np.ndarray) -> list[int]:
+    """The ids of a row before its first EOS or PAD."""
+    ids = [int(i) for i in ids]
+    for stop in (EOS_ID, PAD_ID):
+        if stop in ids:
+            ids = ids[: ids.index(stop)]
+    return ids
+
+
+def _length(ids: np.ndarray) -> int:
+    """Tokens of a row before its EOS: a decoded output's length (where it stopped)."""
+    return len(_until_stop(ids))
+
+
 def ids_to_text(tokenizer: Any, ids: np.ndarray) -> str:
     """Decodes one row of ids, stopping at EOS or PAD and skipping ids past the vocab.
 
     (The model's vocabulary may be padded beyond the tokenizer's for sharding.)
     """
-    ids = [int(i) for i in ids]
-    for stop in (EOS_ID, PAD_ID):
-        if stop in ids:
-            ids = ids[: ids.index(stop)]
-    return tokenizer.decode([i for i in ids if i < tokenizer.vocab_size])
+    return tokenizer.decode([i for i in _until_stop(ids) if i < tokenizer.vocab_size])
 
 
 def evaluate(
@@ -180,6 +194,8 @@ def evaluate(
                         "prediction": pred,
                         "correct": pred == ref,
                         "input_tokens": int(np.sum(batch["inputs"][row] > 0)),
+                        "target_tokens": _length(batch["targets"][row]),
+                        "output_tokens": _length(out[row]),
                     }
                 )
         prefix = f"eval/{split}/"
@@ -191,6 +207,9 @@ def evaluate(
             if "exact_match" in es.metrics:
                 metrics[prefix + "exact_match"] = float(np.mean([e["correct"] for e in examples]))
                 metrics[prefix + "num_decoded"] = len(examples)  # N of exact match's k/N
+                metrics[prefix + "length_match"] = float(
+                    np.mean([e["output_tokens"] == e["target_tokens"] for e in examples])
+                )
             if "bleu" in es.metrics:
                 metrics[prefix + "bleu"] = float(sacrebleu.corpus_bleu(hyps, [refs]).score)
             if "chrf" in es.metrics:
