@@ -23,7 +23,7 @@ import threading
 
 import jax
 
-__all__ = ["PreemptionWatch", "cluster_detected", "initialize"]
+__all__ = ["PreemptionWatch", "Terminated", "cluster_detected", "initialize"]
 
 
 def cluster_detected(env: dict[str, str] | None = None) -> bool:
@@ -75,23 +75,44 @@ def initialize(
     return False
 
 
+class Terminated(BaseException):
+    """SIGTERM at a moment the loop cannot save at (start-up, final evaluation), or a
+    second SIGTERM. A BaseException, so that no ``except Exception`` swallows it.
+
+    Attributes:
+      stage: "start-up", "training" (a second SIGTERM) or "finishing".
+    """
+
+    def __init__(self, stage: str):
+        super().__init__(f"SIGTERM during {stage}")
+        self.stage = stage
+
+
 class PreemptionWatch:
     """Tells the loop, at a step every process agrees on, that SIGTERM arrived.
 
-    One process: a SIGTERM handler sets a flag (installed only from the main
-    thread; the previous handler is restored by `close`). Several processes:
-    JAX's preemption sync point, so that all of them stop at the same step
-    and write one consistent checkpoint.
+    One process: a SIGTERM handler (installed only from the main thread; the
+    previous handler is restored by `close`). While `stage` is "training"
+    the first SIGTERM sets a flag that the loop reads after each step, so it
+    saves that step and exits; any other stage ("start-up", "finishing"),
+    and a second SIGTERM while the first waits for its save, raises
+    `Terminated` at once, so that a run blocked before its first step, in a
+    save or in data loading still ends when told. Several processes: JAX's
+    preemption sync point, so that all of them stop at the same step and
+    write one consistent checkpoint.
     """
 
-    def __init__(self) -> None:
+    def __init__(self, stage: str = "training") -> None:
         self._flag = threading.Event()
         self._previous = None
+        self.stage = stage
         self._multi = jax.process_count() > 1
         if not self._multi and threading.current_thread() is threading.main_thread():
             self._previous = signal.signal(signal.SIGTERM, self._handler)
 
     def _handler(self, signum, frame) -> None:  # noqa: ARG002
+        if self.stage != "training" or self._flag.is_set():
+            raise Terminated(self.stage)
         self._flag.set()
 
     def reached(self, step: int) -> bool:
