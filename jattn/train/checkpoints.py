@@ -121,6 +121,10 @@ def _diff(old: dict[str, Any], new: dict[str, Any], prefix: str = "") -> list[st
     return out
 
 
+def _sane_step(metrics: dict[str, Any]) -> float:
+    return float(metrics.get(SANE_STEP_METRIC, -1))
+
+
 def make_manager(workdir: str, config: ml_collections.ConfigDict) -> ocp.CheckpointManager:
     """The run's CheckpointManager (creates `workdir/checkpoints`)."""
     mode = config.best_mode
@@ -130,7 +134,7 @@ def make_manager(workdir: str, config: ml_collections.ConfigDict) -> ocp.Checkpo
         cm.LatestN(n=max(int(config.keep_checkpoints), 1)),
         # The last sane checkpoint survives a divergence (see `jattn.train.sanity`).
         cm.BestN(
-            get_metric_fn=lambda m: float(m.get(SANE_STEP_METRIC, -1)),
+            get_metric_fn=_sane_step,
             reverse=False,
             n=1,
             keep_checkpoints_without_metrics=False,
@@ -149,6 +153,10 @@ def make_manager(workdir: str, config: ml_collections.ConfigDict) -> ocp.Checkpo
         )
     options = ocp.CheckpointManagerOptions(
         preservation_policy=cm.AnyPreservationPolicy(policies),
+        # With a best_fn orbax writes each step's metrics into the step (a `metrics`
+        # item), so retention still knows them after a restart; `best_step()` is
+        # then the last sane step.
+        best_fn=_sane_step,
         enable_async_checkpointing=bool(config.async_checkpointing),
         cleanup_tmp_directories=True,
         create=True,

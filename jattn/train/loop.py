@@ -478,9 +478,9 @@ def _train_and_evaluate(config, workdir: str, watch: PreemptionWatch, stack) -> 
                         last_sane = step
                     else:
                         progress.write(
-                            f"warning: step {step}'s loss {train_metrics.logged_loss:.4g} is far "
-                            f"above the recent {sanity.limit:.4g}; its checkpoint is kept, but "
-                            f"step {last_sane} stays the last sane one"
+                            f"warning: step {step}'s loss {train_metrics.logged_loss:.4g} is "
+                            f"above the sane limit {sanity.limit:.4g} (twice the recent median "
+                            f"+ 1); kept, but step {last_sane} stays the last sane one"
                         )
                 if do_eval or do_save:
                     writer.flush()
