@@ -19,6 +19,7 @@ Every error is one line on stderr: ``jattn train: error: ...``.
 from __future__ import annotations
 
 import argparse
+import os
 import signal
 import sys
 from collections.abc import Sequence
@@ -132,7 +133,12 @@ def train_command(argv: Sequence[str]) -> int:
     except WorkdirLockedError as e:
         return fail(PROG, str(e), status=EXIT_LOCKED)
     except WorkdirIOError as e:
-        return fail(PROG, str(e), status=EXIT_IO)
+        status = fail(PROG, str(e), status=EXIT_IO)
+        if e.save_failed:  # orbax's threads of the failed save would print at exit
+            sys.stdout.flush()
+            sys.stderr.flush()
+            os._exit(status)
+        return status
     except DataIntegrityError as e:  # found while reading, after the start-up checks
         return fail(PROG, str(e))
     except Terminated as e:

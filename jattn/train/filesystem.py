@@ -29,6 +29,7 @@ __all__ = [
     "check_room",
     "check_saves",
     "check_writable",
+    "wait_for_saves",
     "describe",
     "folder_bytes",
 ]
@@ -43,7 +44,17 @@ _REASONS = {
 
 
 class WorkdirIOError(RuntimeError):
-    """The workdir or its checkpoints cannot be written; the message is one line."""
+    """The workdir or its checkpoints cannot be written; the message is one line.
+
+    Attributes:
+      save_failed: a save was started and failed (its background thread may
+        still hold orbax resources: do not wait for it); False when the
+        problem was found before saving (`check_room`, `check_writable`).
+    """
+
+    def __init__(self, message: str, *, save_failed: bool = True):
+        super().__init__(message)
+        self.save_failed = save_failed
 
 
 def _os_error(e: BaseException | None) -> OSError | None:
@@ -70,7 +81,34 @@ def describe(e: BaseException) -> str:
         where = f": {os_error.filename}" if os_error.filename else ""
         return f"{reason} ([Errno {os_error.errno}] {os_error.strerror}{where})"
     text = str(e).strip()
+    for pattern, reason in _TEXTS.items():  # tensorstore reports errno in text only
+        if pattern in text:
+            return f"{reason} ({pattern})"
     return f"{type(e).__name__}: {text.splitlines()[0] if text else ''}"[:400]
+
+
+_TEXTS = {
+    "No space left on device": "disk full",
+    "Disk quota exceeded": "disk quota exceeded",
+    "Read-only file system": "read-only filesystem",
+    "Permission denied": "permission denied",
+}
+
+
+def wait_for_saves(mngr: Any) -> None:
+    """Waits for the saves in flight and raises the error of one that failed.
+
+    Raises:
+      WorkdirIOError: one line saying why a save failed.
+    """
+    try:
+        mngr.wait_until_finished()
+    except Exception as e:  # noqa: BLE001 -- orbax re-raises the background error here
+        raise WorkdirIOError(
+            f"saving a checkpoint in {mngr.directory} failed: {describe(e)} (the earlier "
+            "checkpoints are intact: rerun the same command to resume)"
+        ) from None
+    check_saves(mngr)
 
 
 def check_writable(*folders: str) -> None:
@@ -89,7 +127,9 @@ def check_writable(*folders: str) -> None:
                 os.fsync(f.fileno())
             os.remove(probe)
         except OSError as e:
-            raise WorkdirIOError(f"{folder} is not writable: {describe(e)}") from None
+            raise WorkdirIOError(
+                f"{folder} is not writable: {describe(e)}", save_failed=False
+            ) from None
 
 
 def folder_bytes(path: str) -> int:
@@ -113,12 +153,15 @@ def check_room(folder: str, needed: int) -> None:
     try:
         free = shutil.disk_usage(folder).free
     except OSError as e:
-        raise WorkdirIOError(f"{folder} cannot be checked for space: {describe(e)}") from None
+        raise WorkdirIOError(
+            f"{folder} cannot be checked for space: {describe(e)}", save_failed=False
+        ) from None
     if free < needed:
         raise WorkdirIOError(
             f"disk full: {folder} has {free / 2**20:.1f} MiB free, a checkpoint needs about "
             f"{needed / 2**20:.1f} MiB; free space and rerun the same command to resume from "
-            "the last checkpoint"
+            "the last checkpoint",
+            save_failed=False,
         )
 
 

@@ -346,11 +346,11 @@ def _train_and_evaluate(config, workdir: str, watch: PreemptionWatch, stack) -> 
     vocab = vocab_hash(task.tokenizer)
     checkpoint_dir = os.path.join(workdir, ckpt.CHECKPOINT_DIR)
     if is_main:  # one writer; writable; damaged steps set aside before orbax opens them
+        filesystem.check_writable(workdir, checkpoint_dir)
         lock = stack.enter_context(WorkdirLock(workdir))
         if lock.previous:
             pid = lock.previous.get("pid")
             _warn(f"warning: took over the lock of {workdir} left by pid {pid}, which died")
-        filesystem.check_writable(workdir, checkpoint_dir)
         recovery.set_aside_incomplete(checkpoint_dir, _warn)
     mngr = ckpt.make_manager(workdir, config)
     latest = ckpt.check_compatible(mngr, workdir, config, vocab)
@@ -469,7 +469,7 @@ def _train_and_evaluate(config, workdir: str, watch: PreemptionWatch, stack) -> 
                     filesystem.check_room(checkpoint_dir, save_bytes)
                     try:
                         ckpt.save(mngr, step, state, train_iter, config, saved_metrics, vocab)
-                    except OSError as e:
+                    except Exception as e:  # noqa: BLE001 -- orbax wraps the OSError
                         raise filesystem.WorkdirIOError(
                             f"saving step {step} in {checkpoint_dir} failed: "
                             f"{filesystem.describe(e)}"
@@ -486,11 +486,12 @@ def _train_and_evaluate(config, workdir: str, watch: PreemptionWatch, stack) -> 
                     writer.flush()
                     train_metrics.restart_clock()
                 if preempted:
-                    mngr.wait_until_finished()
+                    filesystem.wait_for_saves(mngr)
                     progress.write(f"preempted: saved step {step} in {mngr.directory}; exiting")
                     break
             watch.stage = "finishing"
             train_metrics.fetch()
+            filesystem.wait_for_saves(mngr)  # the last save's failure is an error too
             # 7. Final evaluation (if the last step's is missing, e.g. a restart at the end).
             if not preempted and eval_step_done != step:
                 eval_metrics = run_eval(state.params, step)
@@ -502,8 +503,8 @@ def _train_and_evaluate(config, workdir: str, watch: PreemptionWatch, stack) -> 
             f"{e}; stopped without saving it. Last good (sane-loss) checkpoint: step "
             f"{last_sane}{newer} in {mngr.directory}"
         ) from None
-    except filesystem.WorkdirIOError:
-        save_failed = True  # orbax would wait 300 s for the failed save: do not wait
+    except filesystem.WorkdirIOError as e:
+        save_failed = e.save_failed  # orbax would wait 300 s for a failed save: do not
         raise
     finally:
         watch.stage = "finishing"
