@@ -19,6 +19,7 @@ Every error is one line on stderr: ``jattn train: error: ...``.
 from __future__ import annotations
 
 import argparse
+import logging
 import os
 import signal
 import sys
@@ -115,6 +116,10 @@ def train_command(argv: Sequence[str]) -> int:
     except ValueError as e:
         return fail(PROG, str(e))
     enable_compilation_cache(args.compilation_cache_dir)
+    if not os.environ.get("JATTN_ORBAX_LOGS"):
+        # Orbax logs a failed background save as pages of tracebacks from each of its
+        # threads; the loop reports it in one line (JATTN_ORBAX_LOGS=1 shows them).
+        logging.getLogger("absl").setLevel(logging.CRITICAL)
 
     import jax  # noqa: PLC0415
 

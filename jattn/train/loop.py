@@ -506,13 +506,21 @@ def _train_and_evaluate(config, workdir: str, watch: PreemptionWatch, stack) -> 
     except filesystem.WorkdirIOError as e:
         save_failed = e.save_failed  # orbax would wait 300 s for a failed save: do not
         raise
+    except OSError as e:  # metrics, TensorBoard or decodes could not be written
+        save_failed = True
+        raise filesystem.WorkdirIOError(
+            f"writing in {workdir} failed at step {step}: {filesystem.describe(e)}"
+        ) from None
     finally:
         watch.stage = "finishing"
         progress.close()
         if not save_failed:
-            mngr.wait_until_finished()
-            mngr.close()
-        writer.close()
+            # Another error is on its way out: a save failing too must not mask it.
+            with contextlib.suppress(Exception) if sys.exc_info()[0] else contextlib.nullcontext():
+                mngr.wait_until_finished()
+                mngr.close()
+        with contextlib.suppress(OSError):
+            writer.close()
 
     # train/loss: the mean over the last logging interval, as metrics.jsonl, TensorBoard
     # and the progress bar show it (NaN when no step ran in this process).
