@@ -11,7 +11,9 @@ status (docs/reliability.md):
 - 3: the workdir is in use by another trainer (its lock is held);
 - 4: the workdir or a checkpoint cannot be written (disk full, read-only),
   at start or at the first failed save;
-- 143: a second SIGTERM while the first one's save was under way.
+- 143: a second SIGTERM while the first one's save was under way, or a
+  SIGTERM that no training step saw within a minute (blocked in data
+  loading); nothing is saved, a rerun resumes from the last checkpoint.
 
 Every error is one line on stderr: ``jattn train: error: ...``.
 """
@@ -82,6 +84,14 @@ def _sigterm_outside_training(signum, frame) -> None:  # noqa: ARG001
 
 def _terminated(e, workdir: str) -> int:
     """Exit status and one line for a SIGTERM the loop could not turn into a save."""
+    if e.stage == "blocked":
+        print(
+            f"{PROG}: stopped by SIGTERM: no training step finished within a minute of it "
+            f"(blocked in data loading or a step), so nothing was saved; rerun to resume from "
+            f"the last checkpoint in {workdir}",
+            file=sys.stderr,
+        )
+        return EXIT_TERMINATED
     if e.stage == "training":
         print(
             f"{PROG}: stopped by a second SIGTERM before the first one's checkpoint was "
