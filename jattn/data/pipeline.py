@@ -282,7 +282,11 @@ def make_loader(
     blocks = indices.batch(_BLOCK, drop_remainder=False).map(_read_block_fn(source, task.tokenizer))
     read = grain.ReadOptions(num_threads=read_threads, prefetch_buffer_size=2 * read_threads)
     examples = _ExamplesIterDataset(
-        blocks.to_iter_dataset(read), lengths, overlong, num_examples=len(indices_per_pass)
+        blocks.to_iter_dataset(read),
+        lengths,
+        overlong,
+        # A repeating stream that drops a whole pass would spin forever; a finite one ends.
+        num_examples=len(indices_per_pass) if num_epochs is None else None,
     )
     if pack:
         rows = packing.PackIterDataset(

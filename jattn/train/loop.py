@@ -337,7 +337,6 @@ def _train_and_evaluate(config, workdir: str, watch: PreemptionWatch, stack) -> 
     task = load_task(config)
     eval_splits = data_checks.eval_splits(config, task)
     data_checks.check_best_metric(config, task, eval_splits)
-    data_checks.check_row_lengths(config, task, _warn)
     model_config = build_model_config(config, task.tokenizer.vocab_size)
     model = Transformer(model_config)
     tx, schedule = make_optimizer(config)
@@ -354,6 +353,7 @@ def _train_and_evaluate(config, workdir: str, watch: PreemptionWatch, stack) -> 
         recovery.set_aside_incomplete(checkpoint_dir, _warn)
     mngr = ckpt.make_manager(workdir, config)
     latest = ckpt.check_compatible(mngr, workdir, config, vocab)
+    data_checks.check_row_lengths(config, task, _warn)  # after: a resume's diffs say more
     if latest is not None:
         try:
             check_saved(workdir, task.tokenizer)

@@ -153,7 +153,8 @@ def test_nonsense_config_values_are_refused_before_anything_is_written(
     with pytest.raises(ConfigError, match=None) as e:
         train_and_evaluate(smoke_config(pristine_data, **overrides), str(tmp_path / "run"))
     assert message in str(e.value) and "\n" not in str(e.value)
-    assert not (tmp_path / "run").exists()
+    written = [p.name for p in (tmp_path / "run").glob("*") if p.is_file()]
+    assert not written, written  # refused before config, metrics or checkpoints were written
 
 
 def test_max_len_1_is_refused_at_once_not_spun_on(pristine_data, tmp_path, cli_env):
