@@ -499,9 +499,9 @@ def _train_and_evaluate(config, workdir: str, watch: PreemptionWatch, stack) -> 
         mngr.wait_until_finished()
         latest_saved = mngr.latest_step()
         newer = f" (latest: step {latest_saved})" if latest_saved != last_sane else ""
+        good = "none" if last_sane is None else f"step {last_sane}{newer} in {mngr.directory}"
         raise TrainingDivergedError(
-            f"{e}; stopped without saving it. Last good (sane-loss) checkpoint: step "
-            f"{last_sane}{newer} in {mngr.directory}"
+            f"{e}; stopped without saving it. Last good (sane-loss) checkpoint: {good}"
         ) from None
     except filesystem.WorkdirIOError as e:
         save_failed = e.save_failed  # orbax would wait 300 s for a failed save: do not

@@ -96,3 +96,10 @@ def test_divergence_never_rotates_out_the_last_sane_checkpoint(run_copy, pristin
     assert max(losses(run_copy).values()) > 100  # it did diverge
     assert 40 in steps_on_disk(run_copy)
     assert "step 40 stays the last sane one" in capsys.readouterr().err
+
+
+def test_load_run_skips_an_incomplete_newest_step(run_copy):
+    from jattn.train import load_run
+
+    _empty(run_copy / "checkpoints" / "40")
+    assert load_run(str(run_copy)).step == 30
