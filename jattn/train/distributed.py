@@ -75,9 +75,12 @@ def initialize(
     return False
 
 
-class Terminated(BaseException):
+class Terminated(SystemExit):
     """SIGTERM at a moment the loop cannot save at (start-up, final evaluation), or a
-    second SIGTERM. A BaseException, so that no ``except Exception`` swallows it.
+    second SIGTERM. A SystemExit (status 143, as the signal's default would give when
+    nobody catches it), so that neither ``except Exception`` nor asyncio's tasks,
+    which keep other BaseExceptions (orbax runs its file operations in them),
+    swallow it.
 
     Attributes:
       stage: "start-up", "training" (a second SIGTERM), "blocked" (no step
@@ -85,8 +88,11 @@ class Terminated(BaseException):
     """
 
     def __init__(self, stage: str):
-        super().__init__(f"SIGTERM during {stage}")
+        super().__init__(128 + 15)
         self.stage = stage
+
+    def __str__(self) -> str:
+        return f"SIGTERM during {self.stage}"
 
 
 class PreemptionWatch:
