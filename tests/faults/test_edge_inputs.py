@@ -88,3 +88,22 @@ def test_a_sigterm_the_loop_sees_is_left_to_the_loop():
         time.sleep(0.6)  # no second delivery
     finally:
         watch.close()
+
+
+@pytest.mark.parametrize(("stage", "status"), [("start-up", 0), ("finishing", 0)])
+def test_sigterm_outside_the_steps_ends_at_once_with_the_documented_status(stage, status, capsys):
+    """Before the first step and after the last save there is nothing to save: the
+    signal ends the run at once (exit 0, one line); a second SIGTERM mid-save is 143."""
+    from jattn.cli.train import _terminated
+
+    watch = PreemptionWatch(stage=stage)
+    try:
+        with pytest.raises(Terminated) as e:
+            os.kill(os.getpid(), signal.SIGTERM)
+            time.sleep(10)
+    finally:
+        watch.close()
+    assert e.value.stage == stage
+    assert _terminated(e.value, "w") == status
+    assert "stopped by SIGTERM" in capsys.readouterr().err
+    assert _terminated(Terminated("training"), "w") == 143
