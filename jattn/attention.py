@@ -25,7 +25,7 @@ import numpy as np
 
 from jattn.attention_chunked import attention_chunked
 from jattn.attention_xla import attention_xla
-from jattn.normal_form import NormalForm, normalise
+from jattn.normal_form import EMPTY_ROW_LSE, NormalForm, normalise
 from jattn.positions import ShawRelative
 
 Array = jax.Array
@@ -228,12 +228,28 @@ def dot_product_attention(
         dropout_broadcast_batch=dropout_broadcast_batch,
     )
     name = implementation or default_implementation(nf.query.shape[1], nf.key.shape[1])
-    out, lse = _resolve(name)(nf)
+    if nf.query.shape[1] == 0 or nf.key.shape[1] == 0:
+        out, lse = _empty(nf)  # as jax.nn: no query, or nothing to attend to
+    else:
+        out, lse = _resolve(name)(nf)
     if ndim == 3:
         out, lse = out[0], lse[0]
     if return_residual:
         return out, jax.lax.stop_gradient(lse).astype(out.dtype)
     return out
+
+
+def _empty(nf) -> tuple[Array, Array]:
+    """`(out, lse)` of a call with T = 0 or S = 0, in every implementation.
+
+    jax.nn returns an empty output for T = 0 and zeros for S = 0 (a query
+    with no key sees nothing: the fully-masked-row rule); the log-sum-exp of
+    such a row is `EMPTY_ROW_LSE`, as for any row with no visible key.
+    """
+    b, t, n, _ = nf.query.shape
+    out = jnp.zeros((b, t, n, nf.value.shape[3]), nf.query.dtype)  # [B, T, N, Hv]
+    lse = jnp.full((b, t, n), EMPTY_ROW_LSE, jnp.float32)  # [B, T, N]
+    return out, lse
 
 
 def attention_weights(

@@ -156,7 +156,25 @@ def _as_rank4(x, name: str, full: tuple[int, int, int, int]) -> Array:
     return x
 
 
+def _fits_int32(x, name: str) -> None:
+    """Refuses concrete 64-bit ids outside int32: converting them would wrap silently
+    (2**31 becomes -2**31). Traced values cannot be checked here."""
+    if isinstance(x, jax.core.Tracer):
+        return
+    dtype = getattr(x, "dtype", None)
+    if dtype is None or not np.issubdtype(dtype, np.integer) or np.dtype(dtype).itemsize <= 4:
+        return
+    arr = np.asarray(x)
+    info = np.iinfo(np.int32)
+    if arr.size and (arr.min() < info.min or arr.max() > info.max):
+        raise ValueError(
+            f"dot_product_attention: {name} holds values in [{arr.min()}, {arr.max()}], "
+            f"outside int32 [{info.min}, {info.max}] that attention computes in"
+        )
+
+
 def _int_ids(x, name: str, batch: int, length: int, what: str) -> Array:
+    _fits_int32(x, name)
     x = jnp.asarray(x)
     if not jnp.issubdtype(x.dtype, jnp.integer):
         raise TypeError(
@@ -244,6 +262,11 @@ def normalise(
         raise ValueError(
             "dot_product_attention: batch sizes differ: query "
             f"{list(query.shape)}, key {list(key.shape)}, value {list(value.shape)}"
+        )
+    if h == 0 or value.shape[3] == 0:
+        raise ValueError(
+            "dot_product_attention: head_dim must be at least 1, got query "
+            f"{list(query.shape)}, value {list(value.shape)} (the last axis is the head dim)"
         )
     if hk != h:
         raise ValueError(

@@ -1,14 +1,30 @@
 """`jattn train --config FILE[:arg] --workdir DIR [--config.key=value ...]`.
 
 Trains (or resumes) one run; see `jattn.train.train_and_evaluate`. Exit
-status: 0 done (or preempted and checkpointed), 1 the loss diverged, 2 bad
-input (config, flags, mesh, data set, workdir), reported in one line before
-anything compiles.
+status (docs/reliability.md):
+
+- 0: done, or preempted by SIGTERM and checkpointed, or SIGTERM before the
+  first step or after the last save (nothing to save; a rerun resumes);
+- 1: the loss diverged (NaN/Inf); the last sane checkpoint is named;
+- 2: bad input (config, flags, mesh, data set, damaged prepared data,
+  workdir of another run), reported in one line before anything compiles;
+- 3: the workdir is in use by another trainer (its lock is held);
+- 4: the workdir or a checkpoint cannot be written (disk full, read-only),
+  at start or at the first failed save;
+- 143: a second SIGTERM while the first one's save was under way, or a
+  SIGTERM that no training step saw within a minute (blocked in data
+  loading); nothing is saved, a rerun resumes from the last checkpoint.
+
+Every error is one line on stderr: ``jattn train: error: ...``.
 """
 
 from __future__ import annotations
 
 import argparse
+import logging
+import os
+import signal
+import sys
 from collections.abc import Sequence
 
 from jattn.cli.common import (
@@ -55,8 +71,46 @@ def _summary(final: dict) -> str:
     )
 
 
+EXIT_LOCKED = 3
+EXIT_IO = 4
+EXIT_TERMINATED = 128 + 15  # a second SIGTERM: what the signal itself would give
+
+
+def _sigterm_outside_training(signum, frame) -> None:  # noqa: ARG001
+    """SIGTERM before the loop starts (imports, config) or after it returned."""
+    print(f"{PROG}: stopped by SIGTERM outside training; nothing was lost", file=sys.stderr)
+    raise SystemExit(0)
+
+
+def _terminated(e, workdir: str) -> int:
+    """Exit status and one line for a SIGTERM the loop could not turn into a save."""
+    if e.stage == "blocked":
+        print(
+            f"{PROG}: stopped by SIGTERM: no training step finished within a minute of it "
+            f"(blocked in data loading or a step), so nothing was saved; rerun to resume from "
+            f"the last checkpoint in {workdir}",
+            file=sys.stderr,
+        )
+        return EXIT_TERMINATED
+    if e.stage == "training":
+        print(
+            f"{PROG}: stopped by a second SIGTERM before the first one's checkpoint was "
+            f"complete; rerun to resume from the last checkpoint in {workdir}",
+            file=sys.stderr,
+        )
+        return EXIT_TERMINATED
+    what = "before the first step" if e.stage == "start-up" else "after the last checkpoint"
+    print(
+        f"{PROG}: stopped by SIGTERM {what}; nothing was lost (rerun the same command to "
+        f"resume {workdir})",
+        file=sys.stderr,
+    )
+    return 0
+
+
 def train_command(argv: Sequence[str]) -> int:
     """`jattn train`: returns the exit status."""
+    signal.signal(signal.SIGTERM, _sigterm_outside_training)  # the loop installs its own
     from jattn.train.config import ConfigError  # noqa: PLC0415
 
     try:
@@ -72,10 +126,18 @@ def train_command(argv: Sequence[str]) -> int:
     except ValueError as e:
         return fail(PROG, str(e))
     enable_compilation_cache(args.compilation_cache_dir)
+    if not os.environ.get("JATTN_ORBAX_LOGS"):
+        # Orbax logs a failed background save as pages of tracebacks from each of its
+        # threads; the loop reports it in one line (JATTN_ORBAX_LOGS=1 shows them).
+        logging.getLogger("absl").setLevel(logging.CRITICAL)
 
     import jax  # noqa: PLC0415
 
+    from jattn.data.integrity import DataIntegrityError  # noqa: PLC0415
+    from jattn.train.distributed import Terminated  # noqa: PLC0415
+    from jattn.train.filesystem import WorkdirIOError  # noqa: PLC0415
     from jattn.train.loop import TrainingDivergedError, train_and_evaluate  # noqa: PLC0415
+    from jattn.train.workdir_lock import WorkdirLockedError  # noqa: PLC0415
 
     try:
         final = train_and_evaluate(config, args.workdir)
@@ -83,6 +145,19 @@ def train_command(argv: Sequence[str]) -> int:
         return fail(PROG, str(e))
     except TrainingDivergedError as e:
         return fail(PROG, str(e), status=1)
+    except WorkdirLockedError as e:
+        return fail(PROG, str(e), status=EXIT_LOCKED)
+    except WorkdirIOError as e:
+        status = fail(PROG, str(e), status=EXIT_IO)
+        if e.save_failed:  # orbax's threads of the failed save would print at exit
+            sys.stdout.flush()
+            sys.stderr.flush()
+            os._exit(status)
+        return status
+    except DataIntegrityError as e:  # found while reading, after the start-up checks
+        return fail(PROG, str(e))
+    except Terminated as e:
+        return _terminated(e, args.workdir)
     if jax.process_index() == 0:
         print(_summary(final))
     return 0

@@ -44,25 +44,45 @@ class _ExamplesIterDataset(grain.IterDataset):
     its own limit (a side within its limit is kept whole).
     """
 
-    def __init__(self, blocks: grain.IterDataset, lengths: dict[str, int], overlong: str):
+    def __init__(
+        self,
+        blocks: grain.IterDataset,
+        lengths: dict[str, int],
+        overlong: str,
+        num_examples: int | None = None,
+    ):
         super().__init__(blocks)
         self._lengths = lengths
         self._overlong = overlong
+        self._num_examples = num_examples
 
     def __iter__(self) -> _ExamplesIterator:
-        return _ExamplesIterator(self._parent.__iter__(), self._lengths, self._overlong)
+        return _ExamplesIterator(
+            self._parent.__iter__(), self._lengths, self._overlong, self._num_examples
+        )
 
 
 class _ExamplesIterator(grain.DatasetIterator):
     """State: the blocks' state before the current block, the offset in it, the counts.
 
     The counts are per example: one that is over-long on both sides counts once.
+    Dropping `num_examples` examples in a row (a whole pass over the shard)
+    is an error: no example fits, and a repeating stream would otherwise
+    spin forever without yielding.
     """
 
-    def __init__(self, blocks: grain.DatasetIterator, lengths: dict[str, int], overlong: str):
+    def __init__(
+        self,
+        blocks: grain.DatasetIterator,
+        lengths: dict[str, int],
+        overlong: str,
+        num_examples: int | None = None,
+    ):
         super().__init__(blocks)
         self._lengths = lengths
         self._overlong = overlong
+        self._num_examples = num_examples
+        self._dropped_in_a_row = 0
         self.counts = {"examples": 0, "dropped": 0, "truncated": 0}
         self._block_state = blocks.get_state()
         self._block: list | None = None  # None: not read yet (fresh or restored)
@@ -81,9 +101,17 @@ class _ExamplesIterator(grain.DatasetIterator):
             self._offset += 1
             self.counts["examples"] += 1
             if all(len(example[k]) <= n for k, n in self._lengths.items()):
+                self._dropped_in_a_row = 0
                 return example
             if self._overlong == "drop":
                 self.counts["dropped"] += 1
+                self._dropped_in_a_row += 1
+                if self._num_examples and self._dropped_in_a_row >= self._num_examples:
+                    raise ValueError(
+                        f"no example fits the row lengths {self._lengths} (tokens, EOS "
+                        f"included): all {self._num_examples} were dropped; raise them or "
+                        "use overlong='truncate'"
+                    )
                 continue
             self.counts["truncated"] += 1
             return {k: example[k][:n] for k, n in self._lengths.items()}
@@ -246,13 +274,20 @@ def make_loader(
             f"shard {shard_index} of {shard_count} of split {split!r} ({len(source)} examples) "
             "is empty"
         )
+    indices_per_pass = indices
     if shuffle:
         indices = indices.shuffle(seed=seed)
     indices = indices.repeat(num_epochs)  # with shuffle: a new permutation every epoch
     # Read and tokenize blocks of examples: one batched array_record read per block.
     blocks = indices.batch(_BLOCK, drop_remainder=False).map(_read_block_fn(source, task.tokenizer))
     read = grain.ReadOptions(num_threads=read_threads, prefetch_buffer_size=2 * read_threads)
-    examples = _ExamplesIterDataset(blocks.to_iter_dataset(read), lengths, overlong)
+    examples = _ExamplesIterDataset(
+        blocks.to_iter_dataset(read),
+        lengths,
+        overlong,
+        # A repeating stream that drops a whole pass would spin forever; a finite one ends.
+        num_examples=len(indices_per_pass) if num_epochs is None else None,
+    )
     if pack:
         rows = packing.PackIterDataset(
             examples,

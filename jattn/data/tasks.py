@@ -17,9 +17,11 @@ from typing import Any
 
 import numpy as np
 import tensorflow_datasets as tfds
+from google.protobuf import json_format
 from tensorflow_datasets.proto import tf_example_pb2
 
 from jattn.data import builders as builders_lib
+from jattn.data import integrity
 from jattn.data import tokenizers as tokenizers_lib
 
 _SPLIT_ORDER = ("train", "validation", "test", "test_longer")
@@ -67,18 +69,28 @@ class TextSource:
         self._fast = False
         if len(data_source):
             try:
-                self._fast = self._parse_raw(self._raw_records([0])) == [self[0]]
+                self._fast = self._parse_raw(self._raw_records([0]), [0]) == [self[0]]
             except Exception:  # noqa: BLE001 - any failure: keep tfds' decoding
                 self._fast = False
 
     def __len__(self) -> int:
         return len(self._data)
 
-    def _convert(self, record: Mapping) -> dict[str, str]:
-        return {
-            "inputs": _text(_get(record, self._source)),
-            "targets": _text(_get(record, self._target)),
-        }
+    def _convert(self, record: Mapping, index: int) -> dict[str, str]:
+        out = {}
+        for name, path in (("inputs", self._source), ("targets", self._target)):
+            try:
+                value = _get(record, path)
+            except (KeyError, TypeError):
+                value = None
+            if value is None:  # str(None) would train on the text "None"
+                raise integrity.DataIntegrityError(
+                    f"feature {'/'.join(path)!r} is missing in "
+                    f"{integrity.record_location(self._data, index)}; the data is damaged: "
+                    "delete its folder to prepare it again"
+                )
+            out[name] = _text(value)
+        return out
 
     def _raw_records(self, indices: list[int]) -> list[bytes]:
         records = self._data.data_source.__getitems__(indices)
@@ -86,11 +98,18 @@ class TextSource:
             raise IndexError(f"asked for {len(indices)} records, got {len(records)}")
         return records
 
-    def _parse_raw(self, records: list[bytes]) -> list[dict[str, str]]:
+    def _parse_raw(self, records: list[bytes], indices: list[int]) -> list[dict[str, str]]:
         src, tgt = self._flat_keys
         out = []
-        for record in records:
+        for record, index in zip(records, indices, strict=True):
             feature = tf_example_pb2.Example.FromString(record).features.feature
+            missing = [k for k in (src, tgt) if not feature[k].bytes_list.value]
+            if missing:
+                raise integrity.DataIntegrityError(
+                    f"feature {missing[0]!r} is missing in "
+                    f"{integrity.record_location(self._data, index)}; the data is damaged: "
+                    "delete its folder to prepare it again"
+                )
             out.append(
                 {
                     "inputs": feature[src].bytes_list.value[0].decode("utf-8"),
@@ -103,17 +122,17 @@ class TextSource:
         n = len(self._data)
         if not -n <= index < n:
             raise IndexError(f"index {index} out of range for a split of {n} examples")
-        return self._convert(self._data[index % n])
+        return self._convert(self._data[index % n], index % n)
 
     def __getitems__(self, indices: Sequence[int]) -> list[dict[str, str]]:
         indices = [int(i) for i in indices]
         if self._fast:
-            return self._parse_raw(self._raw_records(indices))
+            return self._parse_raw(self._raw_records(indices), indices)
         if hasattr(self._data, "__getitems__"):
             records = self._data.__getitems__(indices)
         else:
             records = [self._data[i] for i in indices]
-        return [self._convert(r) for r in records]
+        return [self._convert(r, i) for r, i in zip(records, indices, strict=True)]
 
     def __iter__(self) -> Iterator[dict[str, str]]:
         for start in range(0, len(self), 1024):
@@ -248,6 +267,30 @@ def _ordered_splits(names) -> tuple[str, ...]:
     return tuple([s for s in _SPLIT_ORDER if s in names] + sorted(set(names) - set(_SPLIT_ORDER)))
 
 
+def _check_files(builder: tfds.core.DatasetBuilder) -> None:
+    """Verifies the prepared files against their manifest, recording it the first time.
+
+    The manifest is written when the data set is prepared (or first read, for
+    data prepared before jattn recorded one); see `jattn.data.integrity`.
+
+    Raises:
+      DataIntegrityError: a missing, truncated, swapped or replaced shard.
+    """
+    directory = os.fspath(builder.data_dir)
+    files = integrity.split_files(builder.info)
+    expected = {name: split.num_examples for name, split in builder.info.splits.items()}
+    if not os.path.exists(os.path.join(directory, integrity.MANIFEST)):
+        missing = [p for paths in files.values() for p in paths if not os.path.exists(p)]
+        if missing:
+            raise integrity.DataIntegrityError(
+                f"data file {missing[0]} is missing; delete {directory} to prepare the data "
+                "set again"
+            )
+        integrity.record(directory, files, expected)
+        return
+    integrity.verify(directory, files, expected)
+
+
 def training_texts(source: TextSource, limit: int = _TOKENIZER_SAMPLE) -> Iterator[str]:
     """Inputs and targets of (at most `limit`, a fixed random sample of) the examples."""
     n = len(source)
@@ -292,9 +335,18 @@ def load(
     Raises:
       ValueError: unknown name or config, missing or non-text features, data prepared in
         another file format, an empty train split, a mismatched cached vocabulary.
+      DataIntegrityError (a ValueError): damaged prepared data (a missing, truncated,
+        swapped or replaced shard, an unreadable dataset_info.json), naming the file.
     """
-    builder = _make_builder(name, data_dir)
-    info = builder.info
+    try:
+        builder = _make_builder(name, data_dir)
+        info = builder.info
+    except json_format.Error as e:  # a damaged dataset_info.json (tfds: 58 lines of protobuf)
+        raise integrity.DataIntegrityError(
+            f"dataset {name!r}: its dataset_info.json under {data_dir or '~/tensorflow_datasets'} "
+            f"cannot be read ({str(e).splitlines()[0]}); delete the data set's folder to prepare "
+            "it again"
+        ) from None
     source_key = _resolve_key(info, source_key, "source_key", name)
     target_key = _resolve_key(info, target_key, "target_key", name)
     try:
@@ -314,6 +366,7 @@ def load(
         raise ValueError(
             f"dataset {name!r} has an empty split, which tfds cannot write: {e}"
         ) from e
+    _check_files(builder)
     try:
         data_sources = builder.as_data_source()
     except (NotImplementedError, ValueError) as e:

@@ -13,6 +13,7 @@ the file and the differing settings.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import tempfile
@@ -244,6 +245,7 @@ def get_tokenizer(
                 f"cached vocabulary {path} has {tok.vocab_size} pieces but vocab_size="
                 f"{vocab_size} was requested; delete it to rebuild it"
             )
+        _check_recorded_hash(path, tok)
         return tok
     if cls is SentencePieceTokenizer:
         tok = cls.train(texts(), vocab_size=vocab_size, **train_kwargs)
@@ -252,7 +254,55 @@ def get_tokenizer(
     # Settings first: a crash in between leaves no vocabulary, so it is rebuilt.
     _write_atomic(settings_path, json.dumps(settings, indent=1, sort_keys=True).encode())
     tok.save(path)
+    _write_atomic(path + HASH_SUFFIX, vocab_hash(tok).encode())
     return tok
+
+
+HASH_SUFFIX = ".sha256"
+
+
+def vocab_hash(tokenizer: Tokenizer) -> str:
+    """``sha256:<hex>`` of a tokenizer's vocabulary (its characters in order, or its
+    SentencePiece model): two tokenizers with equal hashes encode every text alike.
+
+    Raises:
+      ValueError: a tokenizer that is neither a `CharTokenizer` nor a
+        `SentencePieceTokenizer`.
+    """
+    if isinstance(tokenizer, CharTokenizer):
+        data = json.dumps(list(tokenizer.chars), ensure_ascii=False).encode()
+    elif isinstance(tokenizer, SentencePieceTokenizer):
+        data = tokenizer.model_proto
+    else:
+        raise ValueError(f"cannot hash a {type(tokenizer).__name__} tokenizer")
+    return "sha256:" + hashlib.sha256(data).hexdigest()
+
+
+def _check_recorded_hash(path: str, tokenizer: Tokenizer) -> None:
+    """Compares a cached vocabulary with the hash written when it was learned.
+
+    A vocabulary cached before hashes were recorded gets its hash now. An
+    edited file (a character removed, the same characters reordered) would
+    otherwise map text to other ids without a word.
+
+    Raises:
+      ValueError: the file no longer matches its recorded hash.
+    """
+    hash_path = path + HASH_SUFFIX
+    got = vocab_hash(tokenizer)
+    if not os.path.exists(hash_path):
+        try:
+            _write_atomic(hash_path, got.encode())
+        except OSError:  # read-only data directory: nothing to record into
+            pass
+        return
+    with open(hash_path) as f:
+        want = f.read().strip()
+    if got != want:
+        raise ValueError(
+            f"cached vocabulary {path} was changed after it was learned ({got} != {want} "
+            f"recorded in {hash_path}); delete both to learn it again"
+        )
 
 
 def _flat(differ: dict) -> list[tuple]:
@@ -295,3 +345,26 @@ def load_from_dir(directory: str) -> Tokenizer | None:
         entry = json.load(f)
     cls = {"char": CharTokenizer, "spm": SentencePieceTokenizer}[entry["kind"]]
     return cls.load(os.path.join(directory, entry["file"]))
+
+
+def check_saved(directory: str, tokenizer: Tokenizer) -> None:
+    """Refuses to resume a run in `directory` with another vocabulary than it saved.
+
+    A run's workdir keeps the tokenizer it started with (`save_to_dir`); a
+    data set's vocabulary cache that was rebuilt or edited since (other
+    characters, or the same in another order) maps text to other ids, so
+    training on would silently be a different experiment.
+
+    Raises:
+      ValueError: the saved vocabulary differs from `tokenizer`'s (both hashes named).
+    """
+    saved = load_from_dir(directory)
+    if saved is None or type(saved) is not type(tokenizer):
+        return
+    if vocab_hash(saved) != vocab_hash(tokenizer):
+        raise ValueError(
+            f"the run in {directory} was trained with the vocabulary in its {RUN_TOKENIZER} "
+            f"({vocab_hash(saved)}), but the data set's tokenizer now has another "
+            f"({vocab_hash(tokenizer)}): its vocabulary cache changed; restore it, or use a "
+            "new workdir"
+        )

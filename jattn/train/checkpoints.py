@@ -12,8 +12,12 @@ Saves are atomic: orbax writes into ``<step>.orbax-checkpoint-tmp-*`` and
 renames the folder only once every item is complete, so a crash mid-save
 leaves the previous steps untouched and a temporary folder that the next
 start deletes (`cleanup_tmp_directories`). Retention keeps the last
-`keep_checkpoints` steps plus the best one by `best_metric` (an eval metric
-name such as ``"eval/validation/exact_match"``, `best_mode` "max" or "min").
+`keep_checkpoints` steps, the best one by `best_metric` (an eval metric
+name such as ``"eval/validation/exact_match"``, `best_mode` "max" or "min")
+and the last one whose training loss was sane (`jattn.train.sanity`), so a
+divergence never rotates every sane checkpoint out. A finished step is not
+checked again by orbax; `jattn.train.recovery` skips one that fails to
+restore.
 """
 
 from __future__ import annotations
@@ -28,6 +32,7 @@ from orbax.checkpoint import checkpoint_managers as cm
 
 from jattn.data import checkpoint as data_ckpt
 from jattn.train.config import ConfigError, config_to_dict, model_defaults
+from jattn.train.sanity import SANE_STEP_METRIC
 
 __all__ = [
     "COMPAT_KEYS",
@@ -116,12 +121,25 @@ def _diff(old: dict[str, Any], new: dict[str, Any], prefix: str = "") -> list[st
     return out
 
 
+def _sane_step(metrics: dict[str, Any]) -> float:
+    return float(metrics.get(SANE_STEP_METRIC, -1))
+
+
 def make_manager(workdir: str, config: ml_collections.ConfigDict) -> ocp.CheckpointManager:
     """The run's CheckpointManager (creates `workdir/checkpoints`)."""
     mode = config.best_mode
     if mode not in ("max", "min"):
         raise ConfigError(f"best_mode={mode!r}: choose 'max' or 'min'")
-    policies = [cm.LatestN(n=max(int(config.keep_checkpoints), 1))]
+    policies = [
+        cm.LatestN(n=max(int(config.keep_checkpoints), 1)),
+        # The last sane checkpoint survives a divergence (see `jattn.train.sanity`).
+        cm.BestN(
+            get_metric_fn=_sane_step,
+            reverse=False,
+            n=1,
+            keep_checkpoints_without_metrics=False,
+        ),
+    ]
     if config.best_metric:
         name = config.best_metric
         sign = 1.0 if mode == "max" else -1.0
@@ -135,12 +153,23 @@ def make_manager(workdir: str, config: ml_collections.ConfigDict) -> ocp.Checkpo
         )
     options = ocp.CheckpointManagerOptions(
         preservation_policy=cm.AnyPreservationPolicy(policies),
+        # With a best_fn orbax writes each step's metrics into the step (a `metrics`
+        # item), so retention still knows them after a restart; `best_step()` is
+        # then the last sane step.
+        best_fn=_sane_step,
         enable_async_checkpointing=bool(config.async_checkpointing),
         cleanup_tmp_directories=True,
         create=True,
     )
     directory = os.path.join(os.path.abspath(workdir), CHECKPOINT_DIR)
     return ocp.CheckpointManager(directory, options=options)
+
+
+def _vocabulary_changed(meta: dict[str, Any], vocab: str | None) -> str | None:
+    saved = meta.get("vocab_sha256")
+    if saved is None or vocab is None or saved == vocab:
+        return None
+    return f"tokenizer vocabulary: checkpoint {saved} != data set's {vocab}"
 
 
 def saved_meta(mngr: ocp.CheckpointManager, step: int) -> dict[str, Any] | None:
@@ -153,9 +182,17 @@ def saved_meta(mngr: ocp.CheckpointManager, step: int) -> dict[str, Any] | None:
 
 
 def check_compatible(
-    mngr: ocp.CheckpointManager, workdir: str, config: ml_collections.ConfigDict
+    mngr: ocp.CheckpointManager,
+    workdir: str,
+    config: ml_collections.ConfigDict,
+    vocab: str | None = None,
 ) -> int | None:
     """Checks that the latest checkpoint in `workdir` can continue under `config`.
+
+    `vocab` is the hash of the tokenizer's vocabulary
+    (`jattn.data.tokenizers.vocab_hash`): the tokenizer's name is in the
+    signature, its contents here (the same characters in another order are
+    another experiment).
 
     Returns:
       The latest step, or None for a fresh workdir.
@@ -177,6 +214,7 @@ def check_compatible(
             saved_config = json.load(f)
         meta = {"signature": signature(saved_config), "config": saved_config}
     diffs = incompatibilities(meta["signature"], config)
+    diffs += [d for d in [_vocabulary_changed(meta, vocab)] if d]
     if diffs:
         raise ConfigError(
             f"workdir {workdir!r} holds a checkpoint (step {step}) of an incompatible config: "
@@ -200,9 +238,16 @@ def save(
     data_iter: Any,
     config: ml_collections.ConfigDict,
     metrics: dict[str, float] | None = None,
+    vocab: str | None = None,
 ) -> None:
-    """Starts an (async) save of `state` and the data iterator at `step`."""
+    """Starts an (async) save of `state` and the data iterator at `step`.
+
+    `metrics` are what retention ranks by (`best_metric`, `SANE_STEP_METRIC`);
+    `vocab` (the tokenizer's vocabulary hash) is recorded in ``meta``.
+    """
     meta = {"config": config_to_dict(config), "signature": signature(config), "step": int(step)}
+    if vocab is not None:
+        meta["vocab_sha256"] = vocab
     mngr.save(
         step,
         args=ocp.args.Composite(

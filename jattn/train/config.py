@@ -461,6 +461,12 @@ def check_config(config: ml_collections.ConfigDict) -> None:
     for key, options in _CHOICES.items():
         if config[key] not in options:
             raise ConfigError(f"config.{key}={config[key]!r}: choose one of {options}")
+    for key in ("learning_rate", "warmup_steps", "weight_decay", "grad_clip_norm"):
+        value = config[key]
+        if isinstance(value, bool) or not isinstance(value, int | float) or not value >= 0:
+            raise ConfigError(f"config.{key} must be a number >= 0, got {value!r}")
+        if not math.isfinite(value):
+            raise ConfigError(f"config.{key} must be finite, got {value!r}")
     if not 0.0 <= config.label_smoothing < 1.0:
         raise ConfigError(f"config.label_smoothing must be in [0, 1), got {config.label_smoothing}")
     if config.batch_size % config.grad_accum_steps:

@@ -23,7 +23,7 @@ import threading
 
 import jax
 
-__all__ = ["PreemptionWatch", "cluster_detected", "initialize"]
+__all__ = ["PreemptionWatch", "Terminated", "cluster_detected", "initialize"]
 
 
 def cluster_detected(env: dict[str, str] | None = None) -> bool:
@@ -75,24 +75,65 @@ def initialize(
     return False
 
 
+class Terminated(SystemExit):
+    """SIGTERM at a moment the loop cannot save at (start-up, final evaluation), or a
+    second SIGTERM. A SystemExit (status 143, as the signal's default would give when
+    nobody catches it), so that neither ``except Exception`` nor asyncio's tasks,
+    which keep other BaseExceptions (orbax runs its file operations in them),
+    swallow it.
+
+    Attributes:
+      stage: "start-up", "training" (a second SIGTERM), "blocked" (no step
+        finished within `PreemptionWatch.grace_s` of the first) or "finishing".
+    """
+
+    def __init__(self, stage: str):
+        super().__init__(128 + 15)
+        self.stage = stage
+
+    def __str__(self) -> str:
+        return f"SIGTERM during {self.stage}"
+
+
 class PreemptionWatch:
     """Tells the loop, at a step every process agrees on, that SIGTERM arrived.
 
-    One process: a SIGTERM handler sets a flag (installed only from the main
-    thread; the previous handler is restored by `close`). Several processes:
-    JAX's preemption sync point, so that all of them stop at the same step
-    and write one consistent checkpoint.
+    One process: a SIGTERM handler (installed only from the main thread; the
+    previous handler is restored by `close`). While `stage` is "training"
+    the first SIGTERM sets a flag that the loop reads after each step, so it
+    saves that step and exits; any other stage ("start-up", "finishing"),
+    and a second SIGTERM while the first waits for its save, raises
+    `Terminated` at once, so that a run blocked before its first step, in a
+    save or in data loading still ends when told. A first SIGTERM that the
+    loop does not see within `grace_s` (a step or a batch that never comes)
+    is delivered again to the main thread, which then raises `Terminated`
+    with stage "blocked". Several processes: JAX's
+    preemption sync point, so that all of them stop at the same step and
+    write one consistent checkpoint.
     """
 
-    def __init__(self) -> None:
+    def __init__(self, stage: str = "training", grace_s: float = 60.0) -> None:
         self._flag = threading.Event()
+        self.grace_s = grace_s
+        self._timer: threading.Timer | None = None
         self._previous = None
+        self.stage = stage
         self._multi = jax.process_count() > 1
         if not self._multi and threading.current_thread() is threading.main_thread():
             self._previous = signal.signal(signal.SIGTERM, self._handler)
 
     def _handler(self, signum, frame) -> None:  # noqa: ARG002
+        if self.stage != "training" or self._flag.is_set():
+            raise Terminated(self.stage)
         self._flag.set()
+        self._timer = threading.Timer(self.grace_s, self._unblock)
+        self._timer.daemon = True
+        self._timer.start()
+
+    def _unblock(self) -> None:
+        """The loop did not see the flag in time: interrupt whatever blocks it."""
+        self.stage = "blocked"
+        signal.pthread_kill(threading.main_thread().ident, signal.SIGTERM)
 
     def reached(self, step: int) -> bool:
         """True once a preemption notice has arrived (the same step on every process)."""
@@ -103,9 +144,15 @@ class PreemptionWatch:
                 return bool(multihost_utils.reached_preemption_sync_point(step))
             except RuntimeError:  # no preemption manager: not started by jax.distributed
                 return False
+        if self._flag.is_set() and self._timer is not None:
+            self._timer.cancel()  # seen: the loop saves and stops by itself
+            self._timer = None
         return self._flag.is_set()
 
     def close(self) -> None:
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
         if self._previous is not None:
             signal.signal(signal.SIGTERM, self._previous)
             self._previous = None

@@ -16,10 +16,12 @@ checks), `mesh` (shardings), `optim`, `steps` (loss and step functions),
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import json
 import math
 import os
+import sys
 from typing import Any
 
 import jax
@@ -30,9 +32,9 @@ from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
 from jattn.data import producibility
-from jattn.data.tokenizers import save_to_dir
+from jattn.data.tokenizers import check_saved, save_to_dir, vocab_hash
 from jattn.train import checkpoints as ckpt
-from jattn.train import evaluation, steps
+from jattn.train import data_checks, evaluation, filesystem, recovery, steps
 from jattn.train import mesh as mesh_lib
 from jattn.train.config import (
     ConfigError,
@@ -54,6 +56,8 @@ from jattn.train.metrics import (
 )
 from jattn.train.optim import make_optimizer
 from jattn.train.restore import load_task
+from jattn.train.sanity import SANE_STEP_METRIC, LossSanity
+from jattn.train.workdir_lock import WorkdirLock
 
 __all__ = ["FINAL_METRICS", "TrainingDivergedError", "build_model_config", "train_and_evaluate"]
 
@@ -277,6 +281,17 @@ def _last_logged_loss(workdir: str) -> float:
     return float(logged[-1]) if logged else float("nan")
 
 
+def _warn(line: str) -> None:
+    """One line on stderr (process 0 only): a skipped checkpoint, archived metrics, ..."""
+    if jax.process_index() == 0:
+        print(line, file=sys.stderr, flush=True)
+
+
+def _state_bytes(abstract_state) -> int:
+    """Bytes of a checkpoint's state (parameters, optimiser state), a save's size."""
+    return sum(math.prod(x.shape) * x.dtype.itemsize for x in jax.tree.leaves(abstract_state))
+
+
 def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict[str, Any]:
     """Trains (or resumes) the run in `workdir` and returns its final metrics.
 
@@ -296,9 +311,23 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict[
       saved final metrics without training again.
 
     Raises:
-      ConfigError: bad config, mesh, batch size, data set or workdir (before compiling).
+      ConfigError: bad config, mesh, batch size, data set (damaged data included) or
+        workdir (before compiling).
       TrainingDivergedError: a non-finite loss (nothing is saved for that step).
+      WorkdirLockedError: another trainer holds the workdir.
+      WorkdirIOError: the workdir or a checkpoint cannot be written (disk full,
+        read-only); raised at start or at the first failed save.
+      Terminated: SIGTERM before the first step or after the last save, or a
+        second SIGTERM (the first one saves and returns normally).
     """
+    watch = PreemptionWatch(stage="start-up")  # SIGTERM from here on ends the run
+    with contextlib.ExitStack() as stack:
+        stack.callback(watch.close)
+        return _train_and_evaluate(config, workdir, watch, stack)
+
+
+def _train_and_evaluate(config, workdir: str, watch: PreemptionWatch, stack) -> dict[str, Any]:
+    """`train_and_evaluate` under `watch`; `stack` holds the workdir's lock."""
     from jattn import data as data_lib  # noqa: PLC0415
     from jattn.models import Transformer  # noqa: PLC0415
 
@@ -311,15 +340,31 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict[
     rules = tuple(tuple(r) for r in config.logical_axis_rules) or mesh_lib.DEFAULT_RULES
     _check_sizes(config, mesh)
     task = load_task(config)
-    eval_splits = [s for s in config.eval_splits if s in task.splits]
+    eval_splits = data_checks.eval_splits(config, task)
+    data_checks.check_best_metric(config, task, eval_splits)
     data_check = producibility.check(task, eval_splits)
     model_config = build_model_config(config, task.tokenizer.vocab_size)
     model = Transformer(model_config)
     tx, schedule = make_optimizer(config)
 
     # 2. Checkpoints: an incompatible workdir is an error, and is left untouched. ------
+    vocab = vocab_hash(task.tokenizer)
+    checkpoint_dir = os.path.join(workdir, ckpt.CHECKPOINT_DIR)
+    if is_main:  # one writer; writable; damaged steps set aside before orbax opens them
+        filesystem.check_writable(workdir, checkpoint_dir)
+        lock = stack.enter_context(WorkdirLock(workdir))
+        if lock.previous:
+            pid = lock.previous.get("pid")
+            _warn(f"warning: took over the lock of {workdir} left by pid {pid}, which died")
+        recovery.set_aside_incomplete(checkpoint_dir, _warn)
     mngr = ckpt.make_manager(workdir, config)
-    latest = ckpt.check_compatible(mngr, workdir, config)
+    latest = ckpt.check_compatible(mngr, workdir, config, vocab)
+    data_checks.check_row_lengths(config, task, _warn)  # after: a resume's diffs say more
+    if latest is not None:
+        try:
+            check_saved(workdir, task.tokenizer)
+        except ValueError as e:
+            raise ConfigError(str(e)) from None
     done = _finished(workdir, latest, config)
     if done is not None:
         mngr.close()
@@ -340,9 +385,17 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict[
     train_iter = iter(_train_loader(task, config))
     eval_sets = evaluation.load_eval_sets(task, data_lib.make_loader, config, eval_splits)
     with jax.set_mesh(mesh), nn.logical_axis_rules(rules):
-        if latest is not None:
-            state = ckpt.restore(mngr, latest, abstract_state, train_iter)
-        else:
+        state = None
+        if latest is not None:  # the newest step that restores and verifies
+            state, train_iter, latest = recovery.restore_newest(
+                mngr,
+                lambda step, it: ckpt.restore(mngr, step, abstract_state, it),
+                lambda: iter(_train_loader(task, config)),
+                _warn,
+            )
+        if state is None:
+            if is_main:
+                recovery.archive_metrics(workdir, _warn)
             init = jax.jit(lambda r: nn.meta.unbox(init_boxed(r)), out_shardings=shardings)
             state = init(root)
 
@@ -393,9 +446,13 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict[
         writer.write(step, metrics)
         return metrics
 
-    watch = PreemptionWatch()
     eval_metrics: dict[str, float] = {}
     eval_step_done, preempted = -1, False
+    history = [r["train/loss"] for r in read_metrics(workdir) if "train/loss" in r]
+    sanity = LossSanity(h for h in history if isinstance(h, int | float))
+    last_sane, loss_sane, save_failed = (start or None), True, False
+    save_bytes = int(1.2 * _state_bytes(abstract_state)) + (1 << 20)
+    watch.stage = "training"
     try:
         with jax.set_mesh(mesh), nn.logical_axis_rules(rules):
             while step < config.num_train_steps:
@@ -403,41 +460,77 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict[
                 state, device_metrics = train_step(state, batch)
                 step += 1
                 train_metrics.push(step, device_metrics)  # fetches the previous step's
+                filesystem.check_saves(mngr)  # a background save that failed stops the run
                 do_eval = step % config.eval_every_steps == 0 or step == config.num_train_steps
                 do_save = step % config.checkpoint_every_steps == 0 or do_eval
                 do_log = step % config.log_every_steps == 0 or do_save
                 preempted = watch.reached(step)
                 if do_log or preempted:
                     train_metrics.log(step)
+                    loss_sane = sanity.observe(train_metrics.logged_loss)
                 if do_eval:
                     eval_metrics, eval_step_done = run_eval(state.params, step), step
                     progress.write(_format_eval(step, eval_metrics))
                 if do_save or preempted:
-                    saved_metrics = eval_metrics if do_eval else None
-                    ckpt.save(mngr, step, state, train_iter, config, saved_metrics)
+                    saved_metrics = {
+                        **(eval_metrics if do_eval else {}),
+                        SANE_STEP_METRIC: step if loss_sane else -1,
+                    }
+                    filesystem.check_room(checkpoint_dir, save_bytes)
+                    try:
+                        ckpt.save(mngr, step, state, train_iter, config, saved_metrics, vocab)
+                    except Exception as e:  # noqa: BLE001 -- orbax wraps the OSError
+                        raise filesystem.WorkdirIOError(
+                            f"saving step {step} in {checkpoint_dir} failed: "
+                            f"{filesystem.describe(e)}"
+                        ) from None
+                    if loss_sane:
+                        last_sane = step
+                    else:
+                        progress.write(
+                            f"warning: step {step}'s loss {train_metrics.logged_loss:.4g} is "
+                            f"above the sane limit {sanity.limit:.4g} (twice the recent median "
+                            f"+ 1); kept, but step {last_sane} stays the last sane one"
+                        )
                 if do_eval or do_save:
                     writer.flush()
                     train_metrics.restart_clock()
                 if preempted:
-                    mngr.wait_until_finished()
+                    filesystem.wait_for_saves(mngr)
                     progress.write(f"preempted: saved step {step} in {mngr.directory}; exiting")
                     break
+            watch.stage = "finishing"
             train_metrics.fetch()
+            filesystem.wait_for_saves(mngr)  # the last save's failure is an error too
             # 7. Final evaluation (if the last step's is missing, e.g. a restart at the end).
             if not preempted and eval_step_done != step:
                 eval_metrics = run_eval(state.params, step)
     except NonFiniteLossError as e:
         mngr.wait_until_finished()
+        latest_saved = mngr.latest_step()
+        newer = f" (latest: step {latest_saved})" if latest_saved != last_sane else ""
+        good = "none" if last_sane is None else f"step {last_sane}{newer} in {mngr.directory}"
         raise TrainingDivergedError(
-            f"{e}; stopped without saving it. Last good checkpoint: step "
-            f"{mngr.latest_step()} in {mngr.directory}"
+            f"{e}; stopped without saving it. Last good (sane-loss) checkpoint: {good}"
+        ) from None
+    except filesystem.WorkdirIOError as e:
+        save_failed = e.save_failed  # orbax would wait 300 s for a failed save: do not
+        raise
+    except OSError as e:  # metrics, TensorBoard or decodes could not be written
+        save_failed = True
+        raise filesystem.WorkdirIOError(
+            f"writing in {workdir} failed at step {step}: {filesystem.describe(e)}"
         ) from None
     finally:
-        watch.close()
+        watch.stage = "finishing"
         progress.close()
-        mngr.wait_until_finished()
-        mngr.close()
-        writer.close()
+        if not save_failed:
+            # Another error is on its way out: a save failing too must not mask it.
+            with contextlib.suppress(Exception) if sys.exc_info()[0] else contextlib.nullcontext():
+                mngr.wait_until_finished()
+                mngr.close()
+        with contextlib.suppress(OSError):
+            writer.close()
 
     # train/loss: the mean over the last logging interval, as metrics.jsonl, TensorBoard
     # and the progress bar show it (NaN when no step ran in this process).

@@ -79,11 +79,18 @@ class TrainedRun:
 
 
 def checkpoint_steps(workdir: str) -> list[int]:
-    """The steps of the complete checkpoints in `workdir` (torn saves excluded), ascending."""
+    """The steps of the complete checkpoints in `workdir`, ascending (torn saves and
+    step folders with a missing part, see `recovery.step_problem`, excluded)."""
+    from jattn.train.recovery import step_problem  # noqa: PLC0415
+
     folder = os.path.join(workdir, CHECKPOINT_DIR)
     if not os.path.isdir(folder):
         return []
-    return sorted(int(name) for name in os.listdir(folder) if name.isdigit())
+    return sorted(
+        int(name)
+        for name in os.listdir(folder)
+        if name.isdigit() and step_problem(os.path.join(folder, name)) is None
+    )
 
 
 def load_run(workdir: str, step: int | None = None) -> TrainedRun:

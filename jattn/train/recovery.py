@@ -1,0 +1,200 @@
+"""Resuming from damaged checkpoints: set aside what cannot be restored, keep the rest.
+
+Orbax makes a save atomic (a step folder appears only once complete), but it
+does not check a finished step again: a truncated chunk, a deleted
+``state/_METADATA``, a truncated ``meta/metadata``, a missing ``state/`` or an
+empty ``checkpoints/155/`` (a stray ``mkdir``, a copy that stopped) all end
+in a long traceback when the newest step is restored, although the previous
+step is intact.
+
+So a run resumes from the newest step that restores and verifies:
+
+1. `set_aside_incomplete` looks at every step folder before the manager
+   opens them and moves those missing a part (empty, no ``state/``, no
+   ``state/_METADATA``, an unreadable ``meta/metadata``) to
+   ``workdir/checkpoints.skipped/<step>-<time>``;
+2. `restore_newest` restores the newest step; if that fails, or the
+   restored state is not that step's (its step counter differs, or a
+   parameter is NaN/Inf), the step is set aside the same way and the next
+   older one is tried.
+
+Every skipped step is one warning line that names it and why. Nothing is
+deleted: a step set aside can be inspected or moved back. Moving it out of
+``checkpoints/`` matters: orbax's retention would otherwise count it as one
+of the steps to keep and delete a good one in its place.
+
+`archive_metrics` keeps the metrics of a workdir that starts again from
+step 0 (every checkpoint gone or skipped): they are renamed, not wiped.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import time
+from collections.abc import Callable
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+
+__all__ = [
+    "SKIPPED_DIR",
+    "archive_metrics",
+    "restore_newest",
+    "set_aside",
+    "set_aside_incomplete",
+    "step_problem",
+]
+
+SKIPPED_DIR = "checkpoints.skipped"
+
+
+def step_problem(step_dir: str) -> str | None:
+    """Why the step folder `step_dir` cannot be a complete checkpoint, or None.
+
+    Checks only what is cheap to check without restoring: the folder has
+    content, ``state/`` and its ``_METADATA`` exist, and ``meta/metadata``
+    (when the step has a ``meta`` item) is JSON naming this step.
+    """
+    try:
+        entries = os.listdir(step_dir)
+    except OSError as e:
+        return f"cannot be listed ({e.strerror})"
+    if not entries:
+        return "is empty"
+    if "state" not in entries:
+        return "has no state/"
+    if not os.path.exists(os.path.join(step_dir, "state", "_METADATA")):
+        return "has no state/_METADATA"
+    if "meta" in entries:
+        path = os.path.join(step_dir, "meta", "metadata")
+        try:
+            with open(path) as f:
+                meta = json.load(f)
+        except (OSError, ValueError) as e:
+            return f"has an unreadable meta/metadata ({type(e).__name__})"
+        step = os.path.basename(os.path.normpath(step_dir))
+        if str(meta.get("step")) != step:
+            return f"has meta/metadata of step {meta.get('step')!r}"
+    return None
+
+
+def set_aside(checkpoint_dir: str, step: int, reason: str, warn: Callable[[str], None]) -> str:
+    """Moves ``<checkpoint_dir>/<step>`` to ``<workdir>/checkpoints.skipped/`` and warns.
+
+    Returns:
+      Where the step now lies.
+
+    Raises:
+      OSError: the folder cannot be moved (a read-only workdir).
+    """
+    src = os.path.join(checkpoint_dir, str(step))
+    parent = os.path.join(os.path.dirname(os.path.normpath(checkpoint_dir)), SKIPPED_DIR)
+    os.makedirs(parent, exist_ok=True)
+    dst = os.path.join(parent, f"{step}-{time.strftime('%Y%m%dT%H%M%S')}-{os.getpid()}")
+    shutil.move(src, dst)
+    warn(f"warning: checkpoint step {step} {reason}; skipped it (moved to {dst})")
+    return dst
+
+
+def _step_dirs(checkpoint_dir: str) -> list[int]:
+    if not os.path.isdir(checkpoint_dir):
+        return []
+    return sorted(
+        int(name)
+        for name in os.listdir(checkpoint_dir)
+        if name.isdigit() and os.path.isdir(os.path.join(checkpoint_dir, name))
+    )
+
+
+def set_aside_incomplete(checkpoint_dir: str, warn: Callable[[str], None]) -> list[int]:
+    """Sets aside every step folder with a missing or unreadable part (`step_problem`).
+
+    Call it before the checkpoint manager opens the folder. Returns the steps
+    set aside.
+    """
+    skipped = []
+    for step in _step_dirs(checkpoint_dir):
+        problem = step_problem(os.path.join(checkpoint_dir, str(step)))
+        if problem is not None:
+            set_aside(checkpoint_dir, step, problem, warn)
+            skipped.append(step)
+    return skipped
+
+
+def _verify(state: Any, step: int) -> str | None:
+    """Why a restored state is not checkpoint `step`'s, or None."""
+    saved_step = int(jax.device_get(state.step))
+    if saved_step != step:
+        return f"restored a state of step {saved_step}"
+    finite = [jnp.all(jnp.isfinite(x)) for x in jax.tree.leaves(state.params)]
+    if finite and not bool(jax.device_get(jnp.all(jnp.stack(finite)))):
+        return "restored parameters that are NaN or Inf"
+    return None
+
+
+def restore_newest(
+    mngr: Any,
+    restore: Callable[[int, Any], Any],
+    new_iterator: Callable[[], Any],
+    warn: Callable[[str], None],
+) -> tuple[Any, Any, int | None]:
+    """Restores the newest checkpoint that restores and verifies.
+
+    Args:
+      mngr: the run's orbax `CheckpointManager`.
+      restore: ``(step, data iterator) -> state`` (`checkpoints.restore`
+        bound to the abstract state).
+      new_iterator: returns a fresh training data iterator (one per attempt:
+        a failed restore may leave an iterator half set).
+      warn: prints one warning line.
+
+    Returns:
+      ``(state, data iterator, step)``, or ``(None, a fresh iterator, None)``
+      when no step restores (the run starts from step 0).
+    """
+    directory = os.fspath(mngr.directory)
+    while (step := mngr.latest_step()) is not None:
+        iterator = new_iterator()
+        try:
+            state = restore(step, iterator)
+            problem = _verify(state, step)
+        except (KeyboardInterrupt, SystemExit):
+            raise
+        except Exception as e:  # noqa: BLE001 -- any failure of this step: try the previous one
+            if type(e).__name__ == "ConfigError":  # another process count: not damage
+                raise
+            first = str(e).strip().splitlines()[0] if str(e).strip() else ""
+            problem = f"cannot be restored ({type(e).__name__}: {first[:200]})"
+        if problem is None:
+            return state, iterator, step
+        set_aside(directory, step, problem, warn)
+        mngr.reload()
+    return None, new_iterator(), None
+
+
+def archive_metrics(workdir: str, warn: Callable[[str], None]) -> str | None:
+    """Keeps the metrics of an earlier start when a workdir starts again at step 0.
+
+    ``metrics.jsonl`` and ``final_metrics.json`` are renamed with the time
+    (``metrics.20260101T120000.jsonl``); TensorBoard files stay where they are.
+
+    Returns:
+      The archived ``metrics.jsonl`` path, or None if there was nothing to keep.
+    """
+    path = os.path.join(workdir, "metrics.jsonl")
+    if not os.path.exists(path) or os.path.getsize(path) == 0:
+        return None
+    stamp = time.strftime("%Y%m%dT%H%M%S")
+    kept = os.path.join(workdir, f"metrics.{stamp}.jsonl")
+    os.replace(path, kept)
+    final = os.path.join(workdir, "final_metrics.json")
+    if os.path.exists(final):
+        os.replace(final, os.path.join(workdir, f"final_metrics.{stamp}.json"))
+    warn(
+        f"warning: {workdir} has metrics but no checkpoint to resume; starting at step 0 "
+        f"(the earlier metrics are kept in {kept})"
+    )
+    return kept

@@ -1,0 +1,65 @@
+"""Helpers of the fault suite: the smoke config on a private data directory, metrics
+and checkpoints read back, `jattn train` as a subprocess and its one error line.
+
+Every case damages its own copy (of the data directory or of the reference
+workdir), never the shared ~/tensorflow_datasets, and runs configs/smoke.py.
+"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+from jattn.train import apply_overrides, load_config, read_metrics
+
+REPO = Path(__file__).resolve().parents[2]
+SMOKE = str(REPO / "configs" / "smoke.py")
+DATA_DIR_NAME = "data"
+
+
+def smoke_config(data_dir, **overrides):
+    """configs/smoke.py on `data_dir`, evaluation off unless asked (faster)."""
+    overrides = {"eval_splits": "()", "best_metric": "", "data_dir": str(data_dir), **overrides}
+    return apply_overrides(load_config(SMOKE), [(k, str(v)) for k, v in overrides.items()])
+
+
+def losses(workdir) -> dict[int, float]:
+    rows = [r for r in read_metrics(str(workdir)) if "train/loss" in r]
+    steps = [r["step"] for r in rows]
+    assert len(steps) == len(set(steps)), f"repeated steps in metrics.jsonl: {steps}"
+    return {r["step"]: r["train/loss"] for r in rows}
+
+
+def steps_on_disk(workdir) -> list[int]:
+    folder = Path(workdir) / "checkpoints"
+    return sorted(int(p.name) for p in folder.iterdir() if p.name.isdigit())
+
+
+def split_file(data_dir, split: str) -> Path:
+    (path,) = (Path(data_dir) / "jattn_copy" / "tiny").glob(f"*/jattn_copy-{split}.array_record-*")
+    return path
+
+
+def train_cmd(workdir, data_dir, *extra) -> list[str]:
+    return [
+        sys.executable, "-m", "jattn.cli", "train", "--config", SMOKE, "--workdir", str(workdir),
+        f"--config.data_dir={data_dir}", "--config.eval_splits=()", "--config.best_metric=",
+        "--config.progress_bar=false", *extra,
+    ]  # fmt: skip
+
+
+def run_cli(workdir, data_dir, env, *extra, timeout=120) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        train_cmd(workdir, data_dir, *extra),
+        env=env, cwd=REPO, capture_output=True, text=True, timeout=timeout,
+    )  # fmt: skip
+
+
+def error_line(stderr: str) -> str:
+    """The one `jattn train: ...` line of stderr (asserting there is exactly one and no
+    traceback)."""
+    assert "Traceback" not in stderr, stderr[-3000:]
+    lines = [line for line in stderr.splitlines() if line.startswith("jattn train:")]
+    assert len(lines) == 1, stderr[-3000:]
+    return lines[0]
