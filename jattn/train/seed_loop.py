@@ -400,7 +400,7 @@ def train_seeds(
                         progress.write(f"seed {seeds[i]}: " + single._format_eval(step, m))
                 if do_save or preempted:
                     seeds_lib.save_stacked(
-                        mngr, step, state, alive, streams, config, seeds, _named(diverged, seeds)
+                        mngr, step, state, alive, streams, config, seeds, _named(diverged)
                     )
                 if do_eval or do_save:
                     for w in writers:
@@ -457,12 +457,13 @@ def train_seeds(
     if named and raise_on_divergence and not preempted:
         raise single.TrainingDivergedError(
             "; ".join(named[s] for s in sorted(named))
-            + f". The other seeds finished in {', '.join(dirs[i] for i in range(num) if host_alive[i])}"
+            + ". The other seeds finished in "
+            + ", ".join(d for d, a in zip(dirs, host_alive, strict=True) if a)
         )
     return {"step": step, "preempted": preempted, "seeds": finals, "diverged": named}
 
 
-def _named(diverged: dict[int, str], seeds) -> dict[str, str]:
+def _named(diverged: dict[int, str]) -> dict[str, str]:
     """`diverged` keyed by position, for the checkpoint's meta (JSON keys are strings)."""
     return {str(i): msg for i, msg in diverged.items()}
 

@@ -109,8 +109,7 @@ def stacked_abstract(abstract_state: Any, shardings: Any, num_seeds: int, axis: 
         size = next(iter(jax.tree.leaves(shardings))).mesh.shape[axis]
         if num_seeds % size:
             raise ConfigError(
-                f"seed_mesh_axis={axis!r} has {size} devices, which do not divide "
-                f"{num_seeds} seeds"
+                f"seed_mesh_axis={axis!r} has {size} devices, which do not divide {num_seeds} seeds"
             )
         for s in jax.tree.leaves(shardings):
             used = {a for e in s.spec for a in ((e,) if isinstance(e, str) else (e or ()))}
