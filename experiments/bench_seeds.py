@@ -59,7 +59,7 @@ def _decodes(workdir: Path) -> list[str]:
     return out
 
 
-def bench(spec: str, num_seeds: int, steps: int, evaluate: bool, root: Path) -> dict:
+def bench(spec: str, num_seeds: int, steps: int, evaluate: bool, root: Path, program: str):
     seq_dir, prog_dir = root / f"seq{num_seeds}", root / f"prog{num_seeds}"
     t0 = time.perf_counter()
     seq = [
@@ -69,7 +69,8 @@ def bench(spec: str, num_seeds: int, steps: int, evaluate: bool, root: Path) -> 
     t_seq = time.perf_counter() - t0
     seeds = ",".join(str(s) for s in range(num_seeds))
     t0 = time.perf_counter()
-    prog = train_and_evaluate(_config(spec, steps, evaluate, seeds=seeds), str(prog_dir))
+    config = _config(spec, steps, evaluate, seeds=seeds, seed_program=program)
+    prog = train_and_evaluate(config, str(prog_dir))
     t_prog = time.perf_counter() - t0
     rel = max(
         abs(prog["seeds"][s]["train/loss"] - seq[s]["train/loss"]) / abs(seq[s]["train/loss"])
@@ -101,16 +102,23 @@ def main(argv=None) -> int:
     parser.add_argument("--seeds", default="3,5", help="seed counts, e.g. 3,5")
     parser.add_argument("--steps", type=int, default=300)
     parser.add_argument("--eval", action="store_true", help="evaluate and compare decodes")
+    parser.add_argument(
+        "--program", default="auto", choices=["auto", "map", "vmap"], help="config.seed_program"
+    )
     parser.add_argument("--keep", default="", help="keep the runs in this folder")
     args = parser.parse_args(normalize_flags(argv if argv is not None else sys.argv[1:]))
     root = Path(args.keep or tempfile.mkdtemp(prefix="bench_seeds_"))
     enable_compilation_cache(str(root / "xla_cache"))
     print(
         f"{jax.device_count()} x {jax.devices()[0].device_kind}, {os.cpu_count()} CPU(s); "
-        f"{args.config}, {args.steps} steps, eval {'on' if args.eval else 'off'}",
+        f"{args.config}, {args.steps} steps, eval {'on' if args.eval else 'off'}, "
+        f"seed_program={args.program}",
         flush=True,
     )
-    rows = [bench(args.config, int(n), args.steps, args.eval, root) for n in args.seeds.split(",")]
+    rows = [
+        bench(args.config, int(n), args.steps, args.eval, root, args.program)
+        for n in args.seeds.split(",")
+    ]
     if not args.keep:
         shutil.rmtree(root, ignore_errors=True)
     print()
@@ -123,7 +131,8 @@ def main(argv=None) -> int:
         same = "-" if r["decodes_equal"] is None else ("yes" if r["decodes_equal"] else "NO")
         print(
             f"| {r['seeds']} | {r['sequential_s']:.1f} | {r['program_s']:.1f} | "
-            f"{r['ratio']:.2f}x | {_num(r['run_steps_per_s'])} | {_num(r['program_steps_per_s'])} | "
+            f"{r['ratio']:.2f}x | {_num(r['run_steps_per_s'])} | "
+            f"{_num(r['program_steps_per_s'])} | "
             f"{r['max_rel_loss_diff']:.1e} | {same} |"
         )
     return 0

@@ -176,3 +176,51 @@ def test_sigkill_then_resume_equals_the_uninterrupted_program(group, tmp_path):
 def _logged(seed_dir: Path) -> int:
     rows = [r["step"] for r in read_metrics(str(seed_dir)) if "train/loss" in r]
     return max(rows, default=0)
+
+
+SHARDED_SCRIPT = """
+import json, sys
+import jax
+from jattn.train import load_config, apply_overrides, train_and_evaluate, read_metrics, ConfigError
+assert jax.device_count() == 2, jax.devices()
+out = {}
+common = [("num_train_steps", "6"), ("eval_splits", "()"), ("mesh_shape", "(2,1,1)")]
+for axis in ("", "data"):
+    c = apply_overrides(load_config(sys.argv[1]), common + [("seeds", "0,1"),
+                        ("seed_mesh_axis", axis)])
+    train_and_evaluate(c, f"{sys.argv[2]}/{axis or 'replicated'}")
+    out[axis or "replicated"] = {
+        s: [r["train/loss"] for r in read_metrics(f"{sys.argv[2]}/{axis or 'replicated'}/seed-{s}")
+            if "train/loss" in r] for s in (0, 1)}
+try:
+    c = apply_overrides(load_config(sys.argv[1]), common + [("seeds", "0,1,2"),
+                        ("seed_mesh_axis", "data")])
+    train_and_evaluate(c, sys.argv[2] + "/bad")
+except ConfigError as e:
+    out["error"] = str(e)
+print("RESULT" + json.dumps(out))
+"""
+
+
+@pytest.mark.slow
+def test_seed_axis_replicated_or_sharded_over_a_mesh_axis(group, tmp_path):
+    """Two CPU devices: the seed axis replicated over data parallelism, or sharded over
+    the data axis (one seed a device), gives each seed its losses."""
+    workdir, _ = group
+    env = dict(
+        os.environ, JAX_PLATFORMS="cpu", XLA_FLAGS="--xla_force_host_platform_device_count=2"
+    )
+    env["PYTHONPATH"] = str(REPO) + os.pathsep + env.get("PYTHONPATH", "")
+    proc = subprocess.run(
+        [sys.executable, "-c", SHARDED_SCRIPT, SMOKE, str(tmp_path)],
+        env=env, cwd=REPO, capture_output=True, text=True, timeout=600,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    out = json.loads(proc.stdout.split("RESULT", 1)[1])
+    for mode in ("replicated", "data"):
+        for seed in (0, 1):
+            want = losses(workdir / f"seed-{seed}")
+            np.testing.assert_allclose(
+                out[mode][str(seed)], [want[s] for s in range(1, 7)], rtol=2e-5, err_msg=mode
+            )
+    assert "do not divide 3 seeds" in out["error"]

@@ -108,6 +108,11 @@ def default_config() -> ml_collections.ConfigDict:
     # The mesh axis the seed axis is sharded over ("" replicates it; "data": one
     # seed group per data-parallel slice, rows then split over "fsdp" only).
     c.seed_mesh_axis = ""
+    # How the program runs its seeds: "map" (lax.map: one seed after another inside
+    # the program, bit for bit a single run's numbers), "vmap" (batched: fills a
+    # GPU/TPU, equal up to rounding), "auto" (vmap on accelerators or with a
+    # seed_mesh_axis, map on the CPU).
+    c.seed_program = "auto"
 
     # Data (jattn.data.load / make_loader).
     c.dataset = "numbers"  # jattn task name or a tfds translation data set
@@ -439,6 +444,7 @@ _CHOICES = {
     "decode": ("greedy", "beam"),
     "best_mode": ("max", "min"),
     "overlong": ("drop", "truncate"),
+    "seed_program": ("auto", "map", "vmap"),
 }
 
 

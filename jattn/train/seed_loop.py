@@ -1,4 +1,4 @@
-"""`train_seeds(config, workdir)`: every seed of `config.seeds` in one jitted, vmapped program.
+"""`train_seeds(config, workdir)`: every seed of `config.seeds` in one jitted program.
 
 The loop reads like `jattn.train.loop.train_and_evaluate`, whose helpers it
 uses, with a seed axis `S` in front of every array:
@@ -11,15 +11,19 @@ uses, with a seed axis `S` in front of every array:
 3. the stacked state `[S, ...]` is initialised by vmapping a single run's
    init over the seeds' root keys, or restored with every seed's data iterator
    from ``WORKDIR/checkpoints/`` (`jattn.train.seeds.save_stacked`);
-4. the train step is the single run's step vmapped over the seed axis; a seed
-   whose loss turns NaN or Inf keeps its last good state (a select on device)
-   and stops being logged, and the others go on;
-5. evaluation and decoding are vmapped too, and each seed's metrics and
-   decodes are written to its own workdir.
+4. the train step is the single run's step over the seed axis: `jax.vmap`
+   (batched; fills an accelerator) or `lax.map` (each seed's own computation
+   inside the one program; bit for bit a single run's numbers), chosen by
+   `config.seed_program` (`jattn.train.seeds.program_kind`: "auto" is map on
+   the CPU); a seed whose loss turns NaN or Inf keeps its last good state (a
+   select on device) and stops being logged, and the others go on;
+5. evaluation and decoding go over the seed axis the same way, and each
+   seed's metrics and decodes are written to its own workdir.
 
 A seed of this program sees exactly the batches and random numbers of the
-single run with that seed; the losses agree up to the last bits of the
-batched matmuls (see `tests/test_train_seeds.py`).
+single run with that seed: under map its losses are the single run's; under
+vmap they agree up to the rounding of batched matmuls, which training
+amplifies over hundreds of steps (see `tests/test_train_seeds.py`).
 """
 
 from __future__ import annotations
@@ -61,12 +65,13 @@ from jattn.train.restore import load_task
 __all__ = ["train_seeds"]
 
 
-def _seed_train_step(model, tx, schedule, config, mesh, seeds, batch_spec):
+def _seed_train_step(model, tx, schedule, config, mesh, seeds, batch_spec, kind):
     """`(state [S], batch [S, B, L], alive bool [S]) -> (state, metrics [S], alive)`.
 
-    The single run's step, vmapped. With `debug_nan_at_step`, only the seeds
-    `debug_nan_seed` names (-1: all) get the poisoned step (both steps are
-    computed and one is selected, a testing aid only).
+    The single run's step over the seed axis (`kind`: "vmap" or "map"). With
+    `debug_nan_at_step`, only the seeds `debug_nan_seed` names (-1: all) get
+    the poisoned step (a testing aid only; under vmap both steps are computed
+    and one is selected).
     """
     common = dict(
         label_smoothing=config.label_smoothing,
@@ -96,8 +101,8 @@ def _seed_train_step(model, tx, schedule, config, mesh, seeds, batch_spec):
         new = jax.tree.map(lambda n, o: jnp.where(ok, n, o), new, state)
         return new, metrics, ok
 
-    vmapped = jax.vmap(guarded)
-    return lambda state, batch, alive: vmapped(state, batch, alive, poison)
+    over = seeds_lib.over_seeds(guarded, kind)
+    return lambda state, batch, alive: over(state, batch, alive, poison)
 
 
 def _finished_seeds(dirs, seed_configs) -> dict[int, dict[str, Any]]:
@@ -253,7 +258,8 @@ def train_seeds(
     # 4. Compiled functions. -----------------------------------------------------------
     batch_sharding = seeds_lib.seed_batch_sharding(mesh, axis)
     rows_spec = P(None, tuple(a for a in ("data", "fsdp") if a != axis), None)
-    step_fn = _seed_train_step(model, tx, schedule, config, mesh, seeds, rows_spec)
+    kind = seeds_lib.program_kind(config)
+    step_fn = _seed_train_step(model, tx, schedule, config, mesh, seeds, rows_spec, kind)
     rows = config.batch_size
     abstract_batch = {
         k: jax.ShapeDtypeStruct((num, rows, n), jnp.int32, sharding=batch_sharding)
@@ -272,13 +278,13 @@ def train_seeds(
         )
     eval_batch_sharding = mesh_lib.batch_sharding(mesh)
     eval_step = jax.jit(
-        jax.vmap(steps.make_eval_step(model), in_axes=(0, None)),
+        seeds_lib.over_seeds(steps.make_eval_step(model), kind, num_shared=1),
         in_shardings=(shardings.params, eval_batch_sharding),
         out_shardings=replicated,
     )
     decode_one = single._decode_fn(model, config)
     decode = decode_one and jax.jit(
-        jax.vmap(decode_one, in_axes=(0, None)),
+        seeds_lib.over_seeds(decode_one, kind, num_shared=1),
         in_shardings=(shardings.params, eval_batch_sharding),
         out_shardings=replicated,
     )
@@ -305,7 +311,7 @@ def train_seeds(
         single._startup_summary(
             workdir, config, mesh, num_params, task, eval_sets, start, data_check
         )
-        + f"\nseeds {seeds} in one program -> "
+        + f"\nseeds {seeds} in one program ({kind}) -> "
         + ", ".join(os.path.relpath(d, workdir) for d in dirs)
         + "\n"
         + seeds_lib.memory_line(train_step, abstract_one, num)

@@ -35,6 +35,8 @@ from jattn.train.config import ConfigError, config_to_dict
 __all__ = [
     "SeedStreams",
     "memory_line",
+    "over_seeds",
+    "program_kind",
     "restore_stacked",
     "save_stacked",
     "seed_batch_sharding",
@@ -66,6 +68,7 @@ def seed_config(config: ml_collections.ConfigDict, seed: int) -> ml_collections.
         out.seed = int(seed)
         out.seeds = ()
         out.seed_mesh_axis = ""
+        out.seed_program = "auto"
         out.debug_nan_at_step = (
             config.debug_nan_at_step if config.debug_nan_seed in (-1, seed) else 0
         )
@@ -141,6 +144,41 @@ class SeedStreams:
 
     def __next__(self) -> dict[str, np.ndarray]:
         return stack([next(it) for it in self.iterators])
+
+
+def program_kind(config: ml_collections.ConfigDict) -> str:
+    """ "map" or "vmap": `config.seed_program`, with "auto" resolved.
+
+    On the CPU, a batched matmul rounds differently from S unbatched ones and
+    is no faster (the cores are already busy), and training amplifies last-bit
+    differences to percent-level ones within a few hundred steps; `lax.map`
+    runs each seed's own computation, bit for bit. An accelerator is filled by
+    the batched form, and a seed axis sharded over devices needs it.
+    """
+    if config.seed_program != "auto":
+        return config.seed_program
+    if config.seed_mesh_axis or jax.default_backend() != "cpu":
+        return "vmap"
+    return "map"
+
+
+def over_seeds(fn, kind: str, num_shared: int = 0):
+    """`fn` mapped over the leading seed axis of its arguments, the last
+    `num_shared` arguments shared by every seed (``jax.vmap`` or ``lax.map``)."""
+    if kind == "vmap":
+
+        def batched(*args):
+            axes = (0,) * (len(args) - num_shared) + (None,) * num_shared
+            return jax.vmap(fn, in_axes=axes)(*args)
+
+        return batched
+
+    def mapped(*args):
+        split = len(args) - num_shared
+        per_seed, shared = args[:split], args[split:]
+        return jax.lax.map(lambda xs: fn(*xs, *shared), per_seed)
+
+    return mapped
 
 
 # -- the stacked checkpoint -------------------------------------------------------------
