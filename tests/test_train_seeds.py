@@ -96,6 +96,19 @@ def test_seeds_in_one_program_equal_separate_runs(group, tmp_path):
     assert len({round(v, 6) for v in finals.values()}) == 3
 
 
+def test_vmap_program_equals_separate_runs_within_rounding(group, tmp_path, capsys):
+    """The batched form: the same per-seed losses up to rounding, the same decodes, and
+    a memory line in the run log."""
+    workdir, _ = group
+    train_and_evaluate(smoke_config(seeds="0,1", seed_program="vmap"), str(tmp_path))
+    err = capsys.readouterr().err
+    assert "in one program (vmap)" in err and "seeds fit 90% of the" in err
+    for seed in (0, 1):
+        got, want = losses(tmp_path / f"seed-{seed}"), losses(workdir / f"seed-{seed}")
+        np.testing.assert_allclose([got[s] for s in want], list(want.values()), rtol=1e-5)
+        assert decodes(tmp_path / f"seed-{seed}") == decodes(workdir / f"seed-{seed}")
+
+
 def test_finished_program_returns_without_training(group):
     workdir, result = group
     again = train_and_evaluate(smoke_config(seeds="0,1,2"), str(workdir))

@@ -314,7 +314,7 @@ def train_seeds(
         + f"\nseeds {seeds} in one program ({kind}) -> "
         + ", ".join(os.path.relpath(d, workdir) for d in dirs)
         + "\n"
-        + seeds_lib.memory_line(train_step, abstract_one, num)
+        + seeds_lib.memory_line(train_step, abstract_one, num, kind)
     )
     for i, msg in diverged.items():
         progress.write(f"seed {seeds[i]} diverged before this restart: {msg}")

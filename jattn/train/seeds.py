@@ -280,32 +280,39 @@ def device_memory_bytes() -> tuple[int | None, str]:
         return None, "unknown"
 
 
-def memory_line(compiled: Any, abstract_one: Any, num_seeds: int) -> str:
+def memory_line(compiled: Any, abstract_one: Any, num_seeds: int, kind: str = "vmap") -> str:
     """How much one seed needs and how many fit a device (the run log's memory line).
 
-    A seed's state is its parameters and optimiser state; the step's
-    temporaries (activations, gradients) grow with the seed count too, so the
-    compiled program's total divided by `num_seeds` is what one more seed
-    costs, roughly.
+    A seed's state is its parameters and optimiser state (held twice while a
+    step runs: in and out, less what is donated). Under vmap the step's
+    temporaries (activations, gradients) grow with the seed count too, so a
+    seed costs the compiled program's total over `num_seeds`; under map the
+    seeds run one after another and share one seed's temporaries.
     """
     state_bytes = sum(math.prod(x.shape) * x.dtype.itemsize for x in jax.tree.leaves(abstract_one))
     try:
         analysis = compiled.memory_analysis()
-        total = (
+        held = (
             analysis.argument_size_in_bytes
             + analysis.output_size_in_bytes
             - analysis.alias_size_in_bytes
-            + analysis.temp_size_in_bytes
         )
+        temp = analysis.temp_size_in_bytes
     except (AttributeError, NotImplementedError, RuntimeError):
-        total = 3 * state_bytes * num_seeds
-    per_seed = max(total / num_seeds, 1)
+        held, temp = 2 * state_bytes * num_seeds, state_bytes * num_seeds
+    total = held + temp
+    if kind == "map":
+        per_seed, fixed = held / num_seeds, temp
+    else:
+        per_seed, fixed = total / num_seeds, 0
+    per_seed = max(per_seed, 1)
     limit, source = device_memory_bytes()
-    fits = "unknown" if limit is None else f"{int(limit * 0.9 // per_seed):,}"
+    fits = "unknown" if limit is None else f"{max(int((limit * 0.9 - fixed) // per_seed), 0):,}"
     mib = 2**20
     return (
-        f"memory: {num_seeds} seed(s) in one program; state {state_bytes / mib:.1f} MiB a "
-        f"seed, train step {total / mib:.1f} MiB ({per_seed / mib:.1f} MiB a seed); "
-        f"{fits} seeds fit 90% of the {source}"
+        f"memory: {num_seeds} seed(s) in one program ({kind}); state {state_bytes / mib:.1f} MiB "
+        f"a seed, train step {total / mib:.1f} MiB ({per_seed / mib:.1f} MiB a seed"
+        + (f" + {fixed / mib:.1f} MiB shared" if fixed else "")
+        + f"); {fits} seeds fit 90% of the {source}"
         + ("" if limit is None else f" ({limit / 2**30:.1f} GiB)")
     )
