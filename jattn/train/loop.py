@@ -302,7 +302,7 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict[
     from jattn import data as data_lib  # noqa: PLC0415
     from jattn.models import Transformer  # noqa: PLC0415
 
-    if config.seeds:  # every seed in one vmapped program, each in WORKDIR/seed-<s>/
+    if config.get("seeds"):  # every seed in one program, each in WORKDIR/seed-<s>/
         from jattn.train.seed_loop import train_seeds  # noqa: PLC0415
 
         return train_seeds(config, workdir)

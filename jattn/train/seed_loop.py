@@ -158,6 +158,7 @@ def train_seeds(
 
     # 1. Config, mesh, data, model. ----------------------------------------------------
     check_config(config)
+    config = config.copy_and_resolve_references()  # `seeds` may shrink below; not the caller's
     blockers = seeds_lib.vmap_blockers(config)
     if blockers:
         raise ConfigError(
@@ -185,7 +186,11 @@ def train_seeds(
     meta = ckpt.saved_meta(mngr, latest) if latest is not None else None
     if meta is not None and meta.get("step") == config.num_train_steps:
         mngr.close()  # the program finished: what each seed wrote is its result
-        diverged = {int(k): v for k, v in meta.get("diverged", {}).items()}
+        seeds_lib.check_stacked_compatible(
+            meta, config, meta["signature"]["seeds"], f"workdir {workdir!r}"
+        )
+        saved_seeds = meta["signature"]["seeds"]
+        diverged = {saved_seeds[int(k)]: v for k, v in meta.get("diverged", {}).items()}
         return {
             "step": config.num_train_steps,
             "preempted": False,
