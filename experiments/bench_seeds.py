@@ -92,6 +92,63 @@ def bench(spec: str, num_seeds: int, steps: int, evaluate: bool, root: Path, pro
     }
 
 
+def steady(spec: str, num_seeds: int, steps: int, rounds: int) -> dict:
+    """Milliseconds a step of all seeds, compiled programs only (no data loading, no
+    logging): the single run's jitted step called once a seed, against one `lax.map`
+    program and one `jax.vmap` program; the three alternate in `rounds` rounds (this
+    machine's load drifts by 2x within minutes) and the medians are reported."""
+    import statistics  # noqa: PLC0415
+
+    import jax.numpy as jnp  # noqa: PLC0415
+    from flax import linen as nn  # noqa: PLC0415
+
+    from jattn.models import Transformer  # noqa: PLC0415
+    from jattn.train import loop, seeds  # noqa: PLC0415
+    from jattn.train import steps as steps_lib  # noqa: PLC0415
+    from jattn.train.config import build_model_config  # noqa: PLC0415
+    from jattn.train.optim import make_optimizer  # noqa: PLC0415
+    from jattn.train.restore import load_task  # noqa: PLC0415
+
+    config = load_config(spec)
+    task = load_task(config)
+    model = Transformer(build_model_config(config, task.tokenizer.vocab_size))
+    tx, schedule = make_optimizer(config)
+    init_boxed = loop._make_init(model, tx, config, rows=1)
+    init = jax.jit(lambda r: nn.meta.unbox(init_boxed(r)))
+    states = [init(jax.random.key_data(jax.random.key(s))) for s in range(num_seeds)]
+    iters = [iter(loop._train_loader(task, seeds.seed_config(config, s))) for s in range(num_seeds)]
+    batches = [[next(it) for it in iters] for _ in range(steps)]
+    step = steps_lib.make_train_step(model, tx, schedule, label_smoothing=config.label_smoothing)
+    one = jax.jit(step)
+    programs = {k: jax.jit(seeds.over_seeds(step, k)) for k in ("map", "vmap")}
+    stacked = [jax.tree.map(jnp.asarray, seeds.stack(b)) for b in batches]
+
+    def time_single() -> float:
+        sts = list(states)
+        t0 = time.perf_counter()
+        for bs in batches:
+            for i in range(num_seeds):
+                sts[i], m = one(sts[i], bs[i])
+        jax.block_until_ready(sts)
+        return (time.perf_counter() - t0) / steps
+
+    def time_program(kind) -> float:
+        st = jax.tree.map(jnp.asarray, seeds.stack(states))
+        t0 = time.perf_counter()
+        for b in stacked:
+            st, m = programs[kind](st, b)
+        jax.block_until_ready(st)
+        return (time.perf_counter() - t0) / steps
+
+    time_single(), time_program("map"), time_program("vmap")  # compile
+    times = {"single": [], "map": [], "vmap": []}
+    for r in range(rounds):
+        order = ["single", "map", "vmap"] if r % 2 == 0 else ["vmap", "map", "single"]
+        for name in order:
+            times[name].append(time_single() if name == "single" else time_program(name))
+    return {k: 1000 * statistics.median(v) for k, v in times.items()}
+
+
 def _num(value) -> str:
     return "-" if not value else f"{value:.1f}"
 
@@ -105,8 +162,24 @@ def main(argv=None) -> int:
     parser.add_argument(
         "--program", default="auto", choices=["auto", "map", "vmap"], help="config.seed_program"
     )
+    parser.add_argument(
+        "--steady-rounds", type=int, default=0, help="> 0: only the interleaved step timing"
+    )
     parser.add_argument("--keep", default="", help="keep the runs in this folder")
     args = parser.parse_args(normalize_flags(argv if argv is not None else sys.argv[1:]))
+    if args.steady_rounds > 0:
+        print(
+            "| seeds | S single steps (ms) | map (ms) | vmap (ms) | map / single | vmap / single |"
+        )
+        print("|---|---|---|---|---|---|")
+        for n in args.seeds.split(","):
+            t = steady(args.config, int(n), min(args.steps, 30), args.steady_rounds)
+            print(
+                f"| {n} | {t['single']:.1f} | {t['map']:.1f} | {t['vmap']:.1f} | "
+                f"{t['map'] / t['single']:.2f}x | {t['vmap'] / t['single']:.2f}x |",
+                flush=True,
+            )
+        return 0
     root = Path(args.keep or tempfile.mkdtemp(prefix="bench_seeds_"))
     enable_compilation_cache(str(root / "xla_cache"))
     print(
