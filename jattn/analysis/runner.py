@@ -1,6 +1,7 @@
 """Run an ablation grid on this machine, or print it for a cluster.
 
-`run_grid` trains the runs one after another in this process, skipping
+`run_grid` trains the runs in this process, the seeds of a group in one
+vmapped program (`jattn.analysis.seed_groups`) and the rest one after another, skipping
 finished ones (their ``final_metrics.json`` says they reached
 ``num_train_steps``) and resuming interrupted ones (each run's workdir holds
 its own orbax checkpoints), then writes the report. A run that diverges is
@@ -21,7 +22,7 @@ from typing import Any
 import ml_collections
 
 from jattn.analysis import grid as grid_lib
-from jattn.analysis import report
+from jattn.analysis import report, seed_groups
 
 STATUS_FILE = "ablation_status.json"
 
@@ -43,7 +44,12 @@ def _fmt(seconds: float) -> str:
 
 
 def run_grid(
-    exp: ml_collections.ConfigDict, workdir: str, *, repo_root: str, log=print
+    exp: ml_collections.ConfigDict,
+    workdir: str,
+    *,
+    repo_root: str,
+    log=print,
+    one_program: bool = True,
 ) -> dict[str, Any]:
     """Trains every run of the grid that is not finished, then reports.
 
@@ -53,12 +59,12 @@ def run_grid(
         the report to ``results.csv``, ``results.md`` and ``*.png``.
       repo_root: where relative config paths are resolved.
       log: where progress lines go.
+      one_program: train the unfinished seeds of each group in one vmapped
+        program (`jattn.analysis.seed_groups`); False: one run per seed.
 
     Returns:
       The report summary (see `jattn.analysis.report.write_report`).
     """
-    from jattn.train.loop import TrainingDivergedError, train_and_evaluate  # noqa: PLC0415
-
     runs = grid_lib.expand(exp, workdir)
     configs = grid_lib.checked_configs(exp, runs, repo_root)  # all checked first
     report.check_reference(exp, runs)
@@ -74,23 +80,28 @@ def run_grid(
         f"ablation: {len(runs)} runs, {len(runs) - len(todo)} already finished, "
         f"{len(todo)} to train -> {workdir}"
     )
-    start = time.time()
-    for done, i in enumerate(todo):
-        run, config = runs[i], configs[i]
+    jobs = seed_groups.plan(exp, runs, configs, todo, one_program=one_program)
+    start, trained = time.time(), 0
+    for number, job in enumerate(jobs, start=1):
+        names = [runs[i].name for i in job.runs]
         elapsed = time.time() - start
-        eta = "" if done == 0 else f", ETA {_fmt(elapsed / done * (len(todo) - done))}"
-        log(f"[{done + 1}/{len(todo)}] {run.name} (elapsed {_fmt(elapsed)}{eta})")
+        eta = "" if trained == 0 else f", ETA {_fmt(elapsed / trained * (len(todo) - trained))}"
+        what = names[0] if len(names) == 1 else f"{runs[job.runs[0]].group}: {len(names)} seeds"
+        what += " in one program" if job.program else ""
+        log(f"[{number}/{len(jobs)}] {what} (elapsed {_fmt(elapsed)}{eta})")
+        if job.note:
+            log(f"  one run per seed: {job.note}")
         t0 = time.time()
-        try:
-            final = train_and_evaluate(config, run.workdir)
-            status[run.name] = "preempted" if final.get("preempted") else "finished"
-        except TrainingDivergedError as e:
-            status[run.name] = f"diverged: {e}"
-            log(f"  {run.name} diverged: {e}")
+        job_status = seed_groups.train_job(job, runs, configs, workdir)
+        status.update(job_status)
+        trained += len(job.runs)
+        for name, state in job_status.items():
+            if state.startswith("diverged"):
+                log(f"  {name} {state}")
         log(f"  done in {_fmt(time.time() - t0)}")
         with open(os.path.join(workdir, STATUS_FILE), "w") as f:
             json.dump(status, f, indent=2)
-        if status[run.name] == "preempted":
+        if any(state == "preempted" for state in job_status.values()):
             log("ablation: preempted; rerun the same command to resume")
             break
     log(f"ablation: trained {len(todo)} runs in {_fmt(time.time() - start)}")
@@ -128,6 +139,7 @@ def main_ablate(
     emit_fmt: str | None,
     report_only: bool,
     repo_root: str,
+    one_program: bool = True,
 ) -> int:
     """`jattn ablate` (see `jattn.cli.ablate`): runs, emits or reports the grid.
 
@@ -140,6 +152,7 @@ def main_ablate(
         is `jattn.cli.slurm`).
       report_only: only rebuild the report from the runs in `workdir`.
       repo_root: where relative base-config paths resolve.
+      one_program: see `run_grid`.
 
     Returns:
       The exit status, 0 (errors are raised as ConfigError).
@@ -158,6 +171,6 @@ def main_ablate(
         configs = grid_lib.checked_configs(exp, runs, repo_root)
         summary = report.write_report(exp, runs, configs, workdir, status=None)
     else:
-        summary = run_grid(exp, workdir, repo_root=repo_root)
+        summary = run_grid(exp, workdir, repo_root=repo_root, one_program=one_program)
     print(summary["markdown"])
     return 0

@@ -58,6 +58,11 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument(
         "--report-only", action="store_true", help="only aggregate the runs already in --workdir"
     )
+    parser.add_argument(
+        "--one-run-per-seed",
+        action="store_true",
+        help="train every seed as its own run (default: the seeds of a group in one program)",
+    )
     slurm_arguments(parser)
     cache_argument(parser)
     return parser
@@ -99,6 +104,7 @@ def ablate_command(argv: Sequence[str]) -> int:
             emit_fmt=args.emit,
             report_only=args.report_only,
             repo_root=_repo_root(),
+            one_program=not args.one_run_per_seed,
         )
     except (ConfigError, UsageError) as e:
         return fail(PROG, str(e))

@@ -64,6 +64,10 @@ def _parser() -> argparse.ArgumentParser:
 
 
 def _summary(final: dict) -> str:
+    if "seeds" in final:  # several seeds in one program (config.seeds)
+        return "\n".join(
+            f"seed {seed}: " + _summary(result) for seed, result in sorted(final["seeds"].items())
+        )
     state = "preempted" if final.get("preempted") else "done"
     shown = {k: v for k, v in final.items() if k.startswith("eval/") or k == "train/loss"}
     return f"{state} at step {final['step']}: " + ", ".join(

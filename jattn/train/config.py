@@ -102,6 +102,17 @@ def default_config() -> ml_collections.ConfigDict:
     """All keys, unlocked, with defaults suited to nothing in particular."""
     c = ml_collections.ConfigDict()
     c.seed = 0
+    # Several seeds in one jitted program (jattn.train.seed_loop): e.g. (0, 1, 2); each
+    # seed's run goes to WORKDIR/seed-<s>/. Empty: one run with `seed`.
+    c.seeds = ()
+    # The mesh axis the seed axis is sharded over ("" replicates it; "data": one
+    # seed group per data-parallel slice, rows then split over "fsdp" only).
+    c.seed_mesh_axis = ""
+    # How the program runs its seeds: "map" (lax.map: one seed after another inside
+    # the program, bit for bit a single run's numbers), "vmap" (batched: fills a
+    # GPU/TPU, equal up to rounding), "auto" (vmap on accelerators or with a
+    # seed_mesh_axis, map on the CPU).
+    c.seed_program = "auto"
 
     # Data (jattn.data.load / make_loader).
     c.dataset = "numbers"  # jattn task name or a tfds translation data set
@@ -170,6 +181,7 @@ def default_config() -> ml_collections.ConfigDict:
 
     # Testing aid: > 0 makes the loss of that step NaN (see steps.make_train_step).
     c.debug_nan_at_step = 0
+    c.debug_nan_seed = -1  # with `seeds`: only this seed's loss is made NaN (-1: every seed)
 
     c.model = model_defaults()
     return c
@@ -432,6 +444,7 @@ _CHOICES = {
     "decode": ("greedy", "beam"),
     "best_mode": ("max", "min"),
     "overlong": ("drop", "truncate"),
+    "seed_program": ("auto", "map", "vmap"),
 }
 
 
@@ -474,6 +487,7 @@ def check_config(config: ml_collections.ConfigDict) -> None:
             f"config.batch_size={config.batch_size} is not divisible by "
             f"grad_accum_steps={config.grad_accum_steps}"
         )
+    _check_seeds(config)
     build_model_config(config)  # unknown model keys and the model's own checks
     if config.model.position == "learned":
         # A learned table has model.max_len rows: every row length must fit it.
@@ -490,6 +504,20 @@ def check_config(config: ml_collections.ConfigDict) -> None:
                 f"model.position='learned' has model.max_len={config.model.max_len} "
                 f"positions, but {name} resolves to {longest}: raise model.max_len"
             )
+
+
+def _check_seeds(config: ml_collections.ConfigDict) -> None:
+    """`seeds`: distinct ints; `seed_mesh_axis`: "" or a mesh axis."""
+    seeds = tuple(config.seeds)
+    if any(isinstance(s, bool) or not isinstance(s, int) for s in seeds):
+        raise ConfigError(f"config.seeds must be ints such as 0,1,2, got {seeds!r}")
+    if len(set(seeds)) != len(seeds):
+        raise ConfigError(f"config.seeds={seeds!r} repeats a seed")
+    if config.seed_mesh_axis not in ("", "data", "fsdp", "tensor"):
+        raise ConfigError(
+            f"config.seed_mesh_axis={config.seed_mesh_axis!r}: choose '' (replicated), "
+            "'data', 'fsdp' or 'tensor'"
+        )
 
 
 def input_lengths(config: ml_collections.ConfigDict) -> tuple[int, int]:

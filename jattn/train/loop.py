@@ -331,6 +331,11 @@ def _train_and_evaluate(config, workdir: str, watch: PreemptionWatch, stack) -> 
     from jattn import data as data_lib  # noqa: PLC0415
     from jattn.models import Transformer  # noqa: PLC0415
 
+    if config.get("seeds"):  # every seed in one program, each in WORKDIR/seed-<s>/
+        from jattn.train.seed_loop import train_seeds  # noqa: PLC0415
+
+        return train_seeds(config, workdir)
+
     # 1. Config, mesh, data, model. ----------------------------------------------------
     check_config(config)
     wandb = _import_wandb(config)

@@ -1,0 +1,495 @@
+"""`train_seeds(config, workdir)`: every seed of `config.seeds` in one jitted program.
+
+The loop reads like `jattn.train.loop.train_and_evaluate`, whose helpers it
+uses, with a seed axis `S` in front of every array:
+
+1. check the config, build the mesh, load the data, build the model once;
+2. every seed's workdir (``WORKDIR/seed-<s>/`` by default) gets what a single
+   run's gets: `config.json` (with ``seed=s``), `model_config.json`, the
+   tokenizer, `data_check.json`, then `metrics.jsonl`, `tb/`, `decodes/`,
+   `final_metrics.json` and, at the end, its own checkpoint;
+3. the stacked state `[S, ...]` is initialised by vmapping a single run's
+   init over the seeds' root keys, or restored with every seed's data iterator
+   from ``WORKDIR/checkpoints/`` (`jattn.train.seeds.save_stacked`);
+4. the train step is the single run's step over the seed axis: `jax.vmap`
+   (batched; fills an accelerator) or `lax.map` (each seed's own computation
+   inside the one program; bit for bit a single run's numbers), chosen by
+   `config.seed_program` (`jattn.train.seeds.program_kind`: "auto" is map on
+   the CPU); a seed whose loss turns NaN or Inf keeps its last good state (a
+   select on device) and stops being logged, and the others go on;
+5. evaluation and decoding go over the seed axis the same way, and each
+   seed's metrics and decodes are written to its own workdir.
+
+A seed of this program sees exactly the batches and random numbers of the
+single run with that seed: under map its losses are the single run's; under
+vmap they agree up to the rounding of batched matmuls, which training
+amplifies over hundreds of steps (see `tests/test_train_seeds.py`).
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import math
+import os
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import ml_collections
+import numpy as np
+from flax import linen as nn
+from jax.sharding import NamedSharding
+from jax.sharding import PartitionSpec as P
+
+from jattn.data import producibility
+from jattn.data.tokenizers import save_to_dir
+from jattn.train import checkpoints as ckpt
+from jattn.train import evaluation, steps
+from jattn.train import loop as single
+from jattn.train import mesh as mesh_lib
+from jattn.train import seeds as seeds_lib
+from jattn.train.config import ConfigError, build_model_config, check_config, input_lengths
+from jattn.train.distributed import PreemptionWatch
+from jattn.train.metrics import (
+    MetricsWriter,
+    Progress,
+    TrainMetrics,
+    read_metrics,
+    strict_json_value,
+    write_final_metrics,
+)
+from jattn.train.optim import make_optimizer
+from jattn.train.restore import load_task
+
+__all__ = ["train_seeds"]
+
+
+def _seed_train_step(model, tx, schedule, config, mesh, seeds, batch_spec, kind):
+    """`(state [S], batch [S, B, L], alive bool [S]) -> (state, metrics [S], alive)`.
+
+    The single run's step over the seed axis (`kind`: "vmap" or "map"). With
+    `debug_nan_at_step`, only the seeds `debug_nan_seed` names (-1: all) get
+    the poisoned step (a testing aid only; under vmap both steps are computed
+    and one is selected).
+    """
+    common = dict(
+        label_smoothing=config.label_smoothing,
+        grad_accum_steps=config.grad_accum_steps,
+        micro_spec=None if config.grad_accum_steps == 1 else NamedSharding(mesh, batch_spec),
+    )
+    clean = steps.make_train_step(model, tx, schedule, **common)
+    poisoned_seeds = [config.debug_nan_seed in (-1, s) for s in seeds]
+    if config.debug_nan_at_step > 0 and any(poisoned_seeds):
+        nan_step = steps.make_train_step(
+            model, tx, schedule, **common, debug_nan_at_step=config.debug_nan_at_step
+        )
+
+        def one(state, batch, poison):
+            return jax.lax.cond(poison, nan_step, clean, state, batch)
+    else:
+
+        def one(state, batch, poison):  # noqa: ARG001
+            return clean(state, batch)
+
+    poison = jnp.asarray(poisoned_seeds)  # [S]
+
+    def guarded(state, batch, alive, poison):
+        new, metrics = one(state, batch, poison)
+        ok = alive & jnp.isfinite(metrics["loss"])
+        # A diverged seed keeps its last good state; the others are untouched bit for bit.
+        new = jax.tree.map(lambda n, o: jnp.where(ok, n, o), new, state)
+        return new, metrics, ok
+
+    over = seeds_lib.over_seeds(guarded, kind)
+    return lambda state, batch, alive: over(state, batch, alive, poison)
+
+
+def _finished_seeds(dirs, seed_configs) -> dict[int, dict[str, Any]]:
+    """Seed index -> its saved final metrics, for seeds whose workdir is finished."""
+    out = {}
+    for i, (d, c) in enumerate(zip(dirs, seed_configs, strict=True)):
+        path = os.path.join(d, single.FINAL_METRICS)
+        if os.path.exists(path):
+            with open(path) as f:
+                final = json.load(f)
+            if final.get("step") == c.num_train_steps:
+                out[i] = final
+    return out
+
+
+def _last_loss(tm: TrainMetrics, workdir: str) -> float:
+    loss = tm.logged_loss
+    if math.isfinite(loss):
+        return loss
+    logged = [r["train/loss"] for r in read_metrics(workdir) if "train/loss" in r]
+    return float(logged[-1]) if logged else float("nan")
+
+
+def train_seeds(
+    config: ml_collections.ConfigDict,
+    workdir: str,
+    seed_dirs: list[str] | None = None,
+    *,
+    raise_on_divergence: bool = True,
+) -> dict[str, Any]:
+    """Trains (or resumes) every seed of `config.seeds` in one program.
+
+    Args:
+      config: a full config with `seeds` set.
+      workdir: the group's directory: holds the stacked ``checkpoints/``.
+      seed_dirs: each seed's run directory (default ``workdir/seed-<s>``),
+        laid out as a single run's.
+      raise_on_divergence: raise `TrainingDivergedError` at the end (after the
+        other seeds finished) when a seed diverged; False returns it in
+        ``"diverged"``.
+
+    Returns:
+      ``{"step", "preempted", "seeds": {seed: final metrics}, "diverged":
+      {seed: message}}``; each seed's final metrics as its
+      ``final_metrics.json`` holds them.
+
+    Raises:
+      ConfigError: as `train_and_evaluate`, or a config that cannot vmap.
+      TrainingDivergedError: a seed diverged (`raise_on_divergence`).
+    """
+    from jattn import data as data_lib  # noqa: PLC0415
+    from jattn.models import Transformer  # noqa: PLC0415
+
+    # 1. Config, mesh, data, model. ----------------------------------------------------
+    check_config(config)
+    config = config.copy_and_resolve_references()  # `seeds` may shrink below; not the caller's
+    blockers = seeds_lib.vmap_blockers(config)
+    if blockers:
+        raise ConfigError(
+            "config.seeds: these seeds cannot train in one program: " + "; ".join(blockers)
+        )
+    seeds = seeds_lib.seed_list(config)
+    workdir = os.path.abspath(workdir)
+    dirs = [os.path.abspath(d) for d in (seed_dirs or seeds_lib.seed_workdirs(workdir, seeds))]
+    if len(dirs) != len(seeds):
+        raise ConfigError(f"{len(seeds)} seeds but {len(dirs)} seed workdirs")
+    seed_configs = [seeds_lib.seed_config(config, s) for s in seeds]
+    is_main = jax.process_index() == 0
+    mesh = mesh_lib.make_mesh(config.mesh_shape)
+    rules = tuple(tuple(r) for r in config.logical_axis_rules) or mesh_lib.DEFAULT_RULES
+    single._check_sizes(config, mesh)
+    axis = config.seed_mesh_axis or None
+
+    # Seeds already finished (e.g. by single runs) are left out of the program.
+    done = _finished_seeds(dirs, seed_configs)
+    group_config = config.copy_and_resolve_references()
+    with group_config.unlocked():
+        group_config.best_metric = ""  # the best step of one seed is not the group's
+    mngr = ckpt.make_manager(workdir, group_config)
+    latest = mngr.latest_step()
+    meta = ckpt.saved_meta(mngr, latest) if latest is not None else None
+    if meta is not None and meta.get("step") == config.num_train_steps:
+        mngr.close()  # the program finished: what each seed wrote is its result
+        seeds_lib.check_stacked_compatible(
+            meta, config, meta["signature"]["seeds"], f"workdir {workdir!r}"
+        )
+        saved_seeds = meta["signature"]["seeds"]
+        diverged = {saved_seeds[int(k)]: v for k, v in meta.get("diverged", {}).items()}
+        return {
+            "step": config.num_train_steps,
+            "preempted": False,
+            "seeds": {seeds[i]: f for i, f in done.items()},
+            "diverged": diverged,
+        }
+    todo = [i for i in range(len(seeds)) if i not in done]
+    if not todo:
+        mngr.close()
+        return {
+            "step": config.num_train_steps,
+            "preempted": False,
+            "seeds": {seeds[i]: f for i, f in done.items()},
+            "diverged": {},
+        }
+    if len(todo) < len(seeds) and latest is None:
+        seeds = [seeds[i] for i in todo]
+        dirs = [dirs[i] for i in todo]
+        seed_configs = [seed_configs[i] for i in todo]
+        with config.unlocked():
+            config.seeds = tuple(seeds)
+    num = len(seeds)
+    if meta is not None:
+        seeds_lib.check_stacked_compatible(meta, config, seeds, f"workdir {workdir!r}")
+
+    task = load_task(config)
+    eval_splits = [s for s in config.eval_splits if s in task.splits]
+    data_check = producibility.check(task, eval_splits)
+    model_config = build_model_config(config, task.tokenizer.vocab_size)
+    model = Transformer(model_config)
+    tx, schedule = make_optimizer(config)
+    if is_main:
+        for d, c in zip(dirs, seed_configs, strict=True):
+            os.makedirs(d, exist_ok=True)
+            single._write_run_config(d, c, model_config)
+            save_to_dir(task.tokenizer, d)
+            with open(os.path.join(d, single.DATA_CHECK), "w") as f:
+                json.dump(data_check, f, indent=2)
+
+    # 2. The stacked state's shapes and shardings: one run's, with a seed axis in front.
+    init_boxed = single._make_init(model, tx, config, rows=mesh.shape["data"] * mesh.shape["fsdp"])
+    roots = np.stack([jax.random.key_data(jax.random.key(s)) for s in seeds])  # uint32 [S, 2]
+    abstract_one, shardings_one = single._abstract_state(init_boxed, roots[0], mesh, rules)
+    abstract, shardings = seeds_lib.stacked_abstract(abstract_one, shardings_one, num, axis)
+    num_params = sum(math.prod(x.shape) for x in jax.tree.leaves(abstract_one.params))
+    seed_sharding = NamedSharding(mesh, P(axis))
+    replicated = NamedSharding(mesh, P())
+
+    # 3. Data streams; initialise or restore. -------------------------------------------
+    streams = seeds_lib.SeedStreams([iter(single._train_loader(task, c)) for c in seed_configs])
+    eval_sets = evaluation.load_eval_sets(task, data_lib.make_loader, config, eval_splits)
+    diverged: dict[int, str] = {}
+    with jax.set_mesh(mesh), nn.logical_axis_rules(rules):
+        if latest is not None:
+            target = {
+                "state": abstract,
+                "alive": jax.ShapeDtypeStruct((num,), jnp.bool_, sharding=seed_sharding),
+            }
+            state, alive, meta = seeds_lib.restore_stacked(mngr, latest, target, streams)
+            diverged = {int(k): v for k, v in meta.get("diverged", {}).items()}
+            start = int(meta["step"])
+        else:
+            init = jax.jit(
+                jax.vmap(lambda r: nn.meta.unbox(init_boxed(r))), out_shardings=shardings
+            )
+            state = init(jax.device_put(roots, seed_sharding))
+            alive = jax.device_put(np.ones(num, bool), seed_sharding)
+            start = 0
+
+    # 4. Compiled functions. -----------------------------------------------------------
+    batch_sharding = seeds_lib.seed_batch_sharding(mesh, axis)
+    rows_spec = P(None, tuple(a for a in ("data", "fsdp") if a != axis), None)
+    kind = seeds_lib.program_kind(config)
+    step_fn = _seed_train_step(model, tx, schedule, config, mesh, seeds, rows_spec, kind)
+    rows = config.batch_size
+    abstract_batch = {
+        k: jax.ShapeDtypeStruct((num, rows, n), jnp.int32, sharding=batch_sharding)
+        for k, n in _batch_lengths(config).items()
+    }
+    with jax.set_mesh(mesh), nn.logical_axis_rules(rules):
+        train_step = (
+            jax.jit(
+                step_fn,
+                in_shardings=(shardings, batch_sharding, seed_sharding),
+                out_shardings=(shardings, replicated, seed_sharding),
+                donate_argnums=(0,),
+            )
+            .lower(abstract, abstract_batch, jax.ShapeDtypeStruct((num,), jnp.bool_))
+            .compile()
+        )
+    eval_batch_sharding = mesh_lib.batch_sharding(mesh)
+    eval_step = jax.jit(
+        seeds_lib.over_seeds(steps.make_eval_step(model), kind, num_shared=1),
+        in_shardings=(shardings.params, eval_batch_sharding),
+        out_shardings=replicated,
+    )
+    decode_one = single._decode_fn(model, config)
+    decode = decode_one and jax.jit(
+        seeds_lib.over_seeds(decode_one, kind, num_shared=1),
+        in_shardings=(shardings.params, eval_batch_sharding),
+        out_shardings=replicated,
+    )
+    to_global = functools.partial(
+        mesh_lib.make_global_batch, sharding=eval_batch_sharding, replicated_input=True
+    )
+
+    # 5. Per-seed writers; one progress bar for the program. ---------------------------
+    progress = Progress(
+        config.num_train_steps, start, enabled=is_main and config.progress_bar, is_main=is_main
+    )
+    writers, trackers = [], []
+    metric_names = ["train/loss", "train/accuracy"] + [
+        f"eval/{es.split}/{m}"
+        for es in eval_sets.values()
+        for m in ("loss", "accuracy", *es.metrics)
+    ]
+    for d, c in zip(dirs, seed_configs, strict=True):
+        writer = MetricsWriter(d, enabled=is_main, resume_step=start)
+        writer.hparams(single._flat_hparams(c), metric_names)
+        writers.append(writer)
+        trackers.append(TrainMetrics(writer, Progress(1, 0, enabled=False, is_main=False)))
+    progress.write(
+        single._startup_summary(
+            workdir, config, mesh, num_params, task, eval_sets, start, data_check
+        )
+        + f"\nseeds {seeds} in one program ({kind}) -> "
+        + ", ".join(os.path.relpath(d, workdir) for d in dirs)
+        + "\n"
+        + seeds_lib.memory_line(train_step, abstract_one, num, kind)
+    )
+    for i, msg in diverged.items():
+        progress.write(f"seed {seeds[i]} diverged before this restart: {msg}")
+
+    host_alive = [i not in diverged for i in range(num)]
+    pending: list[Any] = []
+
+    def drain() -> None:
+        """Fetches the step in flight and hands each seed its metrics."""
+        if not pending:
+            return
+        step_k, device_metrics, device_ok = pending.pop()
+        m, ok = jax.device_get((device_metrics, device_ok))
+        for i in range(num):
+            if not host_alive[i]:
+                continue
+            if not ok[i]:
+                host_alive[i] = False
+                diverged[i] = (
+                    f"seed {seeds[i]}: non-finite loss ({float(m['loss'][i])}) at step {step_k}; "
+                    f"its state is kept from step {step_k - 1}, the other seeds went on"
+                )
+                progress.write(diverged[i])
+                continue
+            trackers[i].push(step_k, seeds_lib.take(m, i))
+            trackers[i].fetch()
+
+    def run_eval(params, step: int) -> dict[int, dict[str, float]]:
+        cache: dict[Any, Any] = {}
+
+        def stacked(kind, array_or_batch):
+            key = (kind, id(array_or_batch))
+            if key not in cache:
+                if kind == "eval":
+                    out = eval_step(params, to_global(array_or_batch))
+                else:
+                    out = decode(params, to_global({"inputs": array_or_batch})["inputs"])
+                cache[key] = jax.device_get(out)
+            return cache[key]
+
+        results = {}
+        for i in range(num):
+            if not host_alive[i]:
+                continue
+            metrics, decodes = evaluation.evaluate(
+                None,
+                eval_sets,
+                eval_step=lambda _, b, i=i: seeds_lib.take(stacked("eval", b), i),
+                decode=decode and (lambda _, x, i=i: np.asarray(stacked("decode", x)[i])),
+                to_global=lambda b: b,
+                tokenizer=task.tokenizer,
+                num_decode=config.eval_decode_examples,
+            )
+            if is_main:
+                evaluation.write_decodes(dirs[i], step, decodes)
+            writers[i].write(step, metrics)
+            results[i] = metrics
+        return results
+
+    watch = PreemptionWatch()
+    eval_metrics: dict[int, dict[str, float]] = {}
+    step, eval_step_done, preempted = start, -1, False
+    shown = start  # the step the progress bar shows
+    try:
+        with jax.set_mesh(mesh), nn.logical_axis_rules(rules):
+            while step < config.num_train_steps:
+                batch = {
+                    k: jax.make_array_from_process_local_data(batch_sharding, v)
+                    for k, v in next(streams).items()
+                }
+                state, device_metrics, alive = train_step(state, batch, alive)
+                step += 1
+                drain()
+                pending.append((step, device_metrics, alive))
+                do_eval = step % config.eval_every_steps == 0 or step == config.num_train_steps
+                do_save = step % config.checkpoint_every_steps == 0 or do_eval
+                do_log = step % config.log_every_steps == 0 or do_save
+                preempted = watch.reached(step)
+                if do_log or preempted:
+                    drain()
+                    for i in range(num):
+                        if host_alive[i]:
+                            trackers[i].log(step)
+                    _update_progress(progress, trackers, host_alive, step - shown)
+                    shown = step
+                if do_eval:
+                    eval_metrics, eval_step_done = run_eval(state.params, step), step
+                    for i, m in eval_metrics.items():
+                        progress.write(f"seed {seeds[i]}: " + single._format_eval(step, m))
+                if do_save or preempted:
+                    seeds_lib.save_stacked(
+                        mngr, step, state, alive, streams, config, seeds, _named(diverged)
+                    )
+                if do_eval or do_save:
+                    for w in writers:
+                        w.flush()
+                    for t in trackers:
+                        t.restart_clock()
+                if preempted:
+                    mngr.wait_until_finished()
+                    progress.write(f"preempted: saved step {step} in {mngr.directory}; exiting")
+                    break
+            drain()
+            if not preempted and eval_step_done != step:
+                eval_metrics = run_eval(state.params, step)
+    finally:
+        watch.close()
+        progress.close()
+        mngr.wait_until_finished()
+        mngr.close()
+        for w in writers:
+            w.close()
+
+    # 6. Each finished seed: its own checkpoint and final_metrics.json, as a single run.
+    finals: dict[int, dict[str, Any]] = {seeds[i]: f for i, f in done.items()}
+    for i in range(num):
+        if not host_alive[i]:
+            continue
+        result = {
+            "step": step,
+            "preempted": preempted,
+            "train/loss": _last_loss(trackers[i], dirs[i]),
+            "train/steps_per_sec": trackers[i].steady_steps_per_sec,
+            "train/seeds_in_program": num,
+            "num_params": int(num_params),
+            **eval_metrics.get(i, {}),
+            **producibility.metrics(data_check),
+        }
+        if is_main and not preempted:
+            seed_mngr = ckpt.make_manager(dirs[i], seed_configs[i])
+            ckpt.save(
+                seed_mngr,
+                step,
+                seeds_lib.take(state, i),
+                streams.iterators[i],
+                seed_configs[i],
+                eval_metrics.get(i),
+            )
+            seed_mngr.wait_until_finished()
+            seed_mngr.close()
+            path = os.path.join(dirs[i], single.FINAL_METRICS)
+            finals[seeds[i]] = write_final_metrics(path, result)
+        else:
+            finals[seeds[i]] = {k: strict_json_value(v) for k, v in result.items()}
+    named = {seeds[i]: msg for i, msg in diverged.items()}
+    if named and raise_on_divergence and not preempted:
+        raise single.TrainingDivergedError(
+            "; ".join(named[s] for s in sorted(named))
+            + ". The other seeds finished in "
+            + ", ".join(d for d, a in zip(dirs, host_alive, strict=True) if a)
+        )
+    return {"step": step, "preempted": preempted, "seeds": finals, "diverged": named}
+
+
+def _named(diverged: dict[int, str]) -> dict[str, str]:
+    """`diverged` keyed by position, for the checkpoint's meta (JSON keys are strings)."""
+    return {str(i): msg for i, msg in diverged.items()}
+
+
+def _batch_lengths(config) -> dict[str, int]:
+    """Row length of every batch array the training loader yields."""
+    input_len, _ = input_lengths(config)
+    out = {}
+    for name in ("", "_segment_ids", "_positions"):
+        out["inputs" + name] = input_len
+        out["targets" + name] = config.max_len
+    return out
+
+
+def _update_progress(progress: Progress, trackers, alive, num_steps: int) -> None:
+    """Advances the program's bar by `num_steps`, showing the mean logged loss of the seeds."""
+    losses = [t.logged_loss for t, a in zip(trackers, alive, strict=True) if a]
+    progress.update(num_steps, float(np.mean(losses)) if losses else float("nan"), 0.0)

@@ -1,0 +1,91 @@
+"""`jattn ablate` trains the seeds of a group in one program, and falls back to one
+run per seed where it must, saying why; the grid's run workdirs are the seeds'."""
+
+from __future__ import annotations
+
+import csv
+import json
+import pathlib
+
+import pytest
+
+from jattn.analysis import expand, main_ablate
+from jattn.analysis.grid import apply_experiment_overrides, checked_configs
+from jattn.analysis.seed_groups import plan
+from jattn.train.config import load_config
+
+ROOT = pathlib.Path(__file__).resolve().parent.parent
+TINY = str(ROOT / "experiments" / "positional.py") + ":tiny"
+
+
+def _experiment(overrides):
+    return apply_experiment_overrides(load_config(TINY), overrides, str(ROOT))
+
+
+def test_plan_groups_seeds_and_names_each_fallback(tmp_path):
+    exp = _experiment([("grid.position.values", "sinusoidal,shaw"), ("grid.seed.values", "0,1,2")])
+    runs = expand(exp, str(tmp_path))
+    configs = checked_configs(exp, runs, str(ROOT))
+    jobs = plan(exp, runs, configs, range(len(runs)))
+    assert [(j.runs, j.program) for j in jobs] == [((0, 1, 2), True), ((3, 4, 5), True)]
+    # A finished seed leaves the others of its group; a lone seed trains alone.
+    jobs = plan(exp, runs, configs, [1, 2, 5])
+    assert [(j.runs, j.program) for j in jobs] == [((1, 2), True), ((5,), False)]
+    off = plan(exp, runs, configs, range(3), one_program=False)
+    assert [j.runs for j in off] == [(0,), (1,), (2,)] and "--one-run-per-seed" in off[0].note
+
+    pallas = _experiment([("grid.seed.values", "0,1"), ("train.model.attention_impl", "pallas")])
+    runs = expand(pallas, str(tmp_path))
+    jobs = plan(pallas, runs, checked_configs(pallas, runs, str(ROOT)), range(len(runs)))
+    assert not any(j.program for j in jobs) and len(jobs) == len(runs)
+    assert "attention_impl='pallas' is a custom kernel" in jobs[0].note
+
+    lr = _experiment([("grid.seed.key", "learning_rate"), ("grid.seed.values", "0.001,0.002")])
+    runs = expand(lr, str(tmp_path))
+    jobs = plan(lr, runs, checked_configs(lr, runs, str(ROOT)), range(len(runs)))
+    assert not any(j.program for j in jobs)
+    assert "no `seed` axis" in jobs[0].note and "differ in more than the seed" in jobs[0].note
+
+
+@pytest.mark.slow
+def test_one_program_per_group_equals_one_run_per_seed(tmp_path, capsys):
+    overrides = [("grid.position.values", "sinusoidal"), ("grid.seed.values", "0,1")]
+    results = {}
+    for mode, one_program in (("program", True), ("runs", False)):
+        workdir = tmp_path / mode
+        status = main_ablate(
+            TINY,
+            str(workdir),
+            overrides,
+            emit_fmt=None,
+            report_only=False,
+            repo_root=str(ROOT),
+            one_program=one_program,
+        )
+        assert status == 0
+        out = capsys.readouterr().out
+        assert ("position=sinusoidal: 2 seeds in one program" in out) == one_program, out
+        with open(workdir / "results.csv") as f:
+            rows = list(csv.DictReader(f))
+        assert [r["run"] for r in rows] == [
+            "position=sinusoidal,seed=0",
+            "position=sinusoidal,seed=1",
+        ]
+        assert all(r["status"] == "finished" for r in rows)
+        results[mode] = {}
+        for r in rows:
+            run_dir = workdir / "runs" / r["run"].replace("=", "-").replace(",", "_")
+            final = json.loads((run_dir / "final_metrics.json").read_text())
+            decoded = (run_dir / "decodes" / "test_longer.jsonl").read_text().splitlines()
+            preds = [json.loads(line)["prediction"] for line in decoded]
+            results[mode][r["run"]] = (final["train/loss"], preds)
+    for name, (loss, preds) in results["runs"].items():
+        got_loss, got_preds = results["program"][name]
+        assert got_loss == pytest.approx(loss, rel=1e-5), name
+        assert got_preds == preds, name
+    # A second invocation trains nothing.
+    main_ablate(
+        TINY, str(tmp_path / "program"), overrides, emit_fmt=None, report_only=False,
+        repo_root=str(ROOT),
+    )  # fmt: skip
+    assert "2 already finished, 0 to train" in capsys.readouterr().out

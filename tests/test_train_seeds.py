@@ -1,0 +1,239 @@
+"""Several seeds in one vmapped program (`config.seeds`) against separate single runs.
+
+Real pieces throughout: `configs/smoke.py`, real data, real orbax checkpoints,
+a real subprocess killed with SIGKILL. The program's seeds must give each
+seed's single-run losses (within 1e-5 relative: a batched matmul may round
+differently from an unbatched one), exactly its decodes, and its workdir
+layout; a killed program resumes to the uninterrupted losses; a diverged seed
+is named and the others finish.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from jattn.train import (
+    ConfigError,
+    TrainingDivergedError,
+    apply_overrides,
+    check_config,
+    load_config,
+    read_metrics,
+    train_and_evaluate,
+)
+
+REPO = Path(__file__).resolve().parents[1]
+SMOKE = str(REPO / "configs" / "smoke.py")
+STEPS = {"num_train_steps": 20, "eval_every_steps": 20, "checkpoint_every_steps": 10}
+
+
+def smoke_config(**overrides):
+    config = load_config(SMOKE)
+    return apply_overrides(config, [(k, str(v)) for k, v in {**STEPS, **overrides}.items()])
+
+
+def losses(workdir) -> dict[int, float]:
+    rows = [r for r in read_metrics(str(workdir)) if "train/loss" in r]
+    steps = [r["step"] for r in rows]
+    assert len(steps) == len(set(steps)), f"repeated steps in metrics.jsonl: {steps}"
+    return {r["step"]: r["train/loss"] for r in rows}
+
+
+def decodes(workdir) -> dict[str, list[str]]:
+    out = {}
+    for path in sorted((Path(workdir) / "decodes").glob("*.jsonl")):
+        out[path.stem] = [json.loads(line)["prediction"] for line in path.read_text().splitlines()]
+    return out
+
+
+def layout(workdir) -> set[str]:
+    """The top-level names of a run's workdir (checkpoint steps and event files aside)."""
+    return {p.name for p in Path(workdir).iterdir()} | {
+        f"decodes/{p.name}" for p in (Path(workdir) / "decodes").iterdir()
+    }
+
+
+@pytest.fixture(scope="module")
+def group(tmp_path_factory):
+    """Seeds 0, 1, 2 of the smoke config in one program: (workdir, result)."""
+    workdir = tmp_path_factory.mktemp("group")
+    result = train_and_evaluate(smoke_config(seeds="0,1,2"), str(workdir))
+    return workdir, result
+
+
+def test_seeds_in_one_program_equal_separate_runs(group, tmp_path):
+    workdir, result = group
+    assert sorted(result["seeds"]) == [0, 1, 2] and not result["diverged"]
+    finals = {}
+    for seed in (0, 1, 2):
+        single = tmp_path / f"single{seed}"
+        final = train_and_evaluate(smoke_config(seed=seed), str(single))
+        seed_dir = workdir / f"seed-{seed}"
+        got, want = losses(seed_dir), losses(single)
+        assert sorted(got) == sorted(want) == list(range(1, 21))
+        np.testing.assert_allclose(
+            [got[s] for s in want], list(want.values()), rtol=1e-5, err_msg=f"seed {seed}"
+        )
+        mine = json.loads((seed_dir / "final_metrics.json").read_text())
+        np.testing.assert_allclose(mine["train/loss"], final["train/loss"], rtol=1e-5)
+        assert mine["step"] == 20
+        assert decodes(seed_dir) == decodes(single) and decodes(single)
+        assert layout(seed_dir) == layout(single)
+        assert (seed_dir / "config.json").read_text() == (single / "config.json").read_text()
+        assert list((seed_dir / "tb").iterdir()), "no TensorBoard events"
+        finals[seed] = final["train/loss"]
+    # The seeds really differ (a program that trained seed 0 thrice would fail above,
+    # but say it plainly).
+    assert len({round(v, 6) for v in finals.values()}) == 3
+
+
+def test_vmap_program_equals_separate_runs_within_rounding(group, tmp_path, capsys):
+    """The batched form: the same per-seed losses up to rounding, the same decodes, and
+    a memory line in the run log."""
+    workdir, _ = group
+    train_and_evaluate(smoke_config(seeds="0,1", seed_program="vmap"), str(tmp_path))
+    err = capsys.readouterr().err
+    assert "in one program (vmap)" in err and "seeds fit 90% of the" in err
+    for seed in (0, 1):
+        got, want = losses(tmp_path / f"seed-{seed}"), losses(workdir / f"seed-{seed}")
+        np.testing.assert_allclose([got[s] for s in want], list(want.values()), rtol=1e-5)
+        assert decodes(tmp_path / f"seed-{seed}") == decodes(workdir / f"seed-{seed}")
+
+
+def test_finished_program_returns_without_training(group):
+    workdir, result = group
+    again = train_and_evaluate(smoke_config(seeds="0,1,2"), str(workdir))
+    assert again["step"] == 20
+    assert {s: f["train/loss"] for s, f in again["seeds"].items()} == {
+        s: f["train/loss"] for s, f in result["seeds"].items()
+    }
+
+
+def test_seed_keys_are_checked():
+    with pytest.raises(ConfigError, match="repeats a seed"):
+        check_config(smoke_config(seeds="0,1,1"))
+    with pytest.raises(ConfigError, match="seed_mesh_axis"):
+        check_config(smoke_config(seed_mesh_axis="seeds"))
+    with pytest.raises(ConfigError, match="custom kernel"):
+        train_and_evaluate(smoke_config(seeds="0,1", **{"model.attention_impl": "pallas"}), "/x")
+
+
+def test_a_diverged_seed_is_named_and_the_others_finish(group, tmp_path):
+    workdir, _ = group
+    config = smoke_config(seeds="0,1", debug_nan_at_step=7, debug_nan_seed=1, eval_splits="()")
+    with pytest.raises(TrainingDivergedError, match=r"seed 1: non-finite loss \(nan\) at step 7"):
+        train_and_evaluate(config, str(tmp_path))
+    # Seed 0 went on, as if nothing happened (evaluation does not touch training).
+    got, want = losses(tmp_path / "seed-0"), losses(workdir / "seed-0")
+    assert sorted(got) == list(range(1, 21))
+    np.testing.assert_allclose([got[s] for s in want], list(want.values()), rtol=1e-5)
+    assert json.loads((tmp_path / "seed-0" / "final_metrics.json").read_text())["step"] == 20
+    # Seed 1 stopped logging before the NaN step and has no final metrics.
+    assert max(losses(tmp_path / "seed-1")) == 6
+    assert not (tmp_path / "seed-1" / "final_metrics.json").exists()
+    # The stacked checkpoint keeps seed 1's last good (finite) state.
+    import orbax.checkpoint as ocp
+
+    saved = ocp.StandardCheckpointer().restore(tmp_path / "checkpoints" / "20" / "state")
+    assert list(np.asarray(saved["alive"])) == [True, False]
+    assert list(np.asarray(saved["state"]["step"])) == [20, 6]
+    for leaf in __import__("jax").tree.leaves(saved["state"]["params"]):
+        assert np.all(np.isfinite(np.asarray(leaf)))
+
+
+@pytest.mark.slow
+def test_sigkill_then_resume_equals_the_uninterrupted_program(group, tmp_path):
+    """Killed after its step-10 checkpoint, the program resumes to the losses of the
+    uninterrupted one (the smoke schedule is constant, so a 40-step run's first 20
+    steps are the 20-step reference's)."""
+    workdir, _ = group
+    env = dict(os.environ, JAX_PLATFORMS="cpu")
+    env["PYTHONPATH"] = str(REPO) + os.pathsep + env.get("PYTHONPATH", "")
+    cmd = [
+        sys.executable, "-m", "jattn.cli", "train", "--config", SMOKE, "--workdir", str(tmp_path),
+        "--config.seeds=0,1,2", "--config.eval_splits=()", "--config.progress_bar=false",
+        "--config.num_train_steps=40", "--config.checkpoint_every_steps=10",
+        "--config.eval_every_steps=40",
+    ]  # fmt: skip
+    proc = subprocess.Popen(cmd, env=env, cwd=REPO, stdout=subprocess.PIPE, text=True)
+    complete = tmp_path / "checkpoints" / "10" / "meta"
+    deadline = time.monotonic() + 300
+    while not complete.exists() or _logged(tmp_path / "seed-2") <= 10:
+        assert proc.poll() is None, f"run exited early: {proc.communicate()}"
+        assert time.monotonic() < deadline, "no checkpoint at step 10 in 300 s"
+        time.sleep(0.005)
+    proc.send_signal(signal.SIGKILL)
+    proc.communicate(timeout=60)
+    seen = _logged(tmp_path / "seed-2")
+    assert 10 < seen < 40, seen
+    saved = [int(p.name) for p in (tmp_path / "checkpoints").iterdir() if p.name.isdigit()]
+    assert max(saved) < seen, (saved, seen)  # steps after the last checkpoint were lost
+    subprocess.run(cmd, env=env, cwd=REPO, check=True, capture_output=True, timeout=600)
+    for seed in (0, 1, 2):
+        got, want = losses(tmp_path / f"seed-{seed}"), losses(workdir / f"seed-{seed}")
+        assert sorted(got) == list(range(1, 41))
+        np.testing.assert_allclose(
+            [got[s] for s in want], list(want.values()), rtol=1e-6, err_msg=f"seed {seed}"
+        )
+
+
+def _logged(seed_dir: Path) -> int:
+    rows = [r["step"] for r in read_metrics(str(seed_dir)) if "train/loss" in r]
+    return max(rows, default=0)
+
+
+SHARDED_SCRIPT = """
+import json, sys
+import jax
+from jattn.train import load_config, apply_overrides, train_and_evaluate, read_metrics, ConfigError
+assert jax.device_count() == 2, jax.devices()
+out = {}
+common = [("num_train_steps", "6"), ("eval_splits", "()"), ("mesh_shape", "(2,1,1)")]
+for axis in ("", "data"):
+    c = apply_overrides(load_config(sys.argv[1]), common + [("seeds", "0,1"),
+                        ("seed_mesh_axis", axis)])
+    train_and_evaluate(c, f"{sys.argv[2]}/{axis or 'replicated'}")
+    out[axis or "replicated"] = {
+        s: [r["train/loss"] for r in read_metrics(f"{sys.argv[2]}/{axis or 'replicated'}/seed-{s}")
+            if "train/loss" in r] for s in (0, 1)}
+try:
+    c = apply_overrides(load_config(sys.argv[1]), common + [("seeds", "0,1,2"),
+                        ("seed_mesh_axis", "data")])
+    train_and_evaluate(c, sys.argv[2] + "/bad")
+except ConfigError as e:
+    out["error"] = str(e)
+print("RESULT" + json.dumps(out))
+"""
+
+
+@pytest.mark.slow
+def test_seed_axis_replicated_or_sharded_over_a_mesh_axis(group, tmp_path):
+    """Two CPU devices: the seed axis replicated over data parallelism, or sharded over
+    the data axis (one seed a device), gives each seed its losses."""
+    workdir, _ = group
+    env = dict(
+        os.environ, JAX_PLATFORMS="cpu", XLA_FLAGS="--xla_force_host_platform_device_count=2"
+    )
+    env["PYTHONPATH"] = str(REPO) + os.pathsep + env.get("PYTHONPATH", "")
+    proc = subprocess.run(
+        [sys.executable, "-c", SHARDED_SCRIPT, SMOKE, str(tmp_path)],
+        env=env, cwd=REPO, capture_output=True, text=True, timeout=600,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    out = json.loads(proc.stdout.split("RESULT", 1)[1])
+    for mode in ("replicated", "data"):
+        for seed in (0, 1):
+            want = losses(workdir / f"seed-{seed}")
+            np.testing.assert_allclose(
+                out[mode][str(seed)], [want[s] for s in range(1, 7)], rtol=2e-5, err_msg=mode
+            )
+    assert "do not divide 3 seeds" in out["error"]
