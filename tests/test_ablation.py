@@ -607,3 +607,13 @@ def test_report_plots_are_pngs_with_intervals(tmp_path, monkeypatch):
     assert dict(table["position=rope"]) == {3: [16, 20], 4: [14, 20], 12: [6, 20], 13: [4, 20]}
     assert report.exact_match_series(groups, ["num_params"]) == {}
     assert not plots.plot_exact_match({}, str(tmp_path / "none.png"))
+
+
+def test_intervals_are_clipped_to_where_a_metric_can_lie():
+    """A t interval over three seeds can leave [0, 1] (or go below 0 for a loss);
+    the table clips it, as it does for exact match."""
+    from jattn.analysis.report import fmt_mean_ci
+
+    assert fmt_mean_ci([0.0, 0.0, 0.3], "eval/test_longer/length_match") == "0.100 [0.000, 0.530]"
+    assert fmt_mean_ci([0.001, 0.002, 0.03], "train/loss").split("[")[1].startswith("0.000,")
+    assert fmt_mean_ci([0.0, 0.0, 0.3], "eval/test_longer/other").split("[")[1].startswith("-")

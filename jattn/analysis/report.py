@@ -87,10 +87,12 @@ def write_csv(rows, path: str, status: dict[str, str] | None) -> None:
 def _range(metric: str) -> tuple[float, float]:
     """Where a metric can lie: intervals are clipped to it."""
     name = metric.rsplit("/", 1)[-1]
-    if name in ("exact_match", "accuracy"):
+    if name in ("exact_match", "accuracy", "length_match"):
         return 0.0, 1.0
     if name in ("chrf", "bleu"):
         return 0.0, 100.0
+    if name in ("loss", "steps_per_sec", "num_params"):  # non-negative
+        return 0.0, math.inf
     return -math.inf, math.inf
 
 
