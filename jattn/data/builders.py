@@ -152,6 +152,29 @@ class LocalBuilder(tfds.core.GeneratorBasedBuilder, skip_registration=True):
         return None
 
 
+class GeneratedBuilder(LocalBuilder, skip_registration=True):
+    """A local builder of `{"inputs": str, "targets": str}` examples whose splits
+    are a pure function of its config (`_splits`)."""
+
+    def _splits(self) -> dict[str, list]:
+        raise NotImplementedError
+
+    def _info(self) -> tfds.core.DatasetInfo:
+        return tfds.core.DatasetInfo(
+            builder=self,
+            description=self.__doc__,
+            features=_FEATURES(),
+            supervised_keys=("inputs", "targets"),
+        )
+
+    def _split_generators(self, dl_manager):
+        del dl_manager  # nothing to download
+        return {name: self._generate_examples(ex) for name, ex in self._splits().items()}
+
+    def _generate_examples(self, examples):
+        yield from examples
+
+
 # ---------------------------------------------------------------------------
 # numbers: digits -> words
 # ---------------------------------------------------------------------------
@@ -219,7 +242,7 @@ def numbers_splits(config: NumbersConfig) -> dict[str, list[tuple[int, dict[str,
 _DIGITS_7TO8 = dict(train_digits=(1, 2, 3, 4, 5, 6), test_digits=(7, 8))
 
 
-class JattnNumbers(LocalBuilder):
+class JattnNumbers(GeneratedBuilder):
     """Digits to words (num2words): "342" -> "dreihundertzweiundvierzig" (German)."""
 
     VERSION = tfds.core.Version("2.0.0")
@@ -256,21 +279,8 @@ class JattnNumbers(LocalBuilder):
         ),
     ]
 
-    def _info(self) -> tfds.core.DatasetInfo:
-        return tfds.core.DatasetInfo(
-            builder=self,
-            description=self.__doc__,
-            features=_FEATURES(),
-            supervised_keys=("inputs", "targets"),
-        )
-
-    def _split_generators(self, dl_manager):
-        del dl_manager  # nothing to download
-        splits = numbers_splits(self.builder_config)
-        return {name: self._generate_examples(examples) for name, examples in splits.items()}
-
-    def _generate_examples(self, examples):
-        yield from examples
+    def _splits(self):
+        return numbers_splits(self.builder_config)
 
 
 # ---------------------------------------------------------------------------
@@ -311,10 +321,19 @@ _STRINGS_CONFIGS = [
 ]
 
 
-def strings_splits(config: StringsConfig, reverse: bool) -> dict[str, list]:
-    """The examples of every split of copy (or reverse), as (key, example) pairs."""
-    if not 1 <= config.alphabet_size <= 26:
-        raise ValueError(f"alphabet_size must be in [1, 26], got {config.alphabet_size}")
+def length_splits(config, alphabet: str, target) -> dict[str, list]:
+    """Splits of a string task whose `test_longer` lengths lie above training's.
+
+    Args:
+      config: has `train_lengths`, `test_lengths` ((min, max), inclusive),
+        `num_train`, `num_validation`, `num_test_longer` and `seed`.
+      alphabet: the characters of the input strings.
+      target: input string -> target string.
+
+    Returns:
+      ``{"train", "validation", "test_longer"}`` -> (key, example) pairs; train
+      and validation are disjoint draws from the training lengths.
+    """
     lo, hi = config.train_lengths
     tlo, thi = config.test_lengths
     if not 1 <= lo <= hi < tlo <= thi:
@@ -322,7 +341,6 @@ def strings_splits(config: StringsConfig, reverse: bool) -> dict[str, list]:
             f"need 1 <= train_lengths <= test_lengths disjoint, got {config.train_lengths} "
             f"and {config.test_lengths}"
         )
-    alphabet = string.ascii_lowercase[: config.alphabet_size]
     rng = np.random.default_rng(config.seed)
     short = sample_strings(
         rng, config.num_train + config.num_validation, config.train_lengths, alphabet
@@ -333,34 +351,28 @@ def strings_splits(config: StringsConfig, reverse: bool) -> dict[str, list]:
         "validation": short[: config.num_validation],
         "test_longer": longer,
     }
-    fn = (lambda s: s[::-1]) if reverse else (lambda s: s)
     return {
-        split: [(i, {"inputs": s, "targets": fn(s)}) for i, s in enumerate(strings)]
+        split: [(i, {"inputs": s, "targets": target(s)}) for i, s in enumerate(strings)]
         for split, strings in parts.items()
     }
 
 
-class _StringsBuilder(LocalBuilder, skip_registration=True):
+def strings_splits(config: StringsConfig, reverse: bool) -> dict[str, list]:
+    """The examples of every split of copy (or reverse), as (key, example) pairs."""
+    if not 1 <= config.alphabet_size <= 26:
+        raise ValueError(f"alphabet_size must be in [1, 26], got {config.alphabet_size}")
+    alphabet = string.ascii_lowercase[: config.alphabet_size]
+    return length_splits(config, alphabet, (lambda s: s[::-1]) if reverse else (lambda s: s))
+
+
+class _StringsBuilder(GeneratedBuilder, skip_registration=True):
     VERSION = tfds.core.Version("1.0.0")
     RELEASE_NOTES = {"1.0.0": "Initial release."}
     BUILDER_CONFIGS = _STRINGS_CONFIGS
     _REVERSE = False
 
-    def _info(self) -> tfds.core.DatasetInfo:
-        return tfds.core.DatasetInfo(
-            builder=self,
-            description=self.__doc__,
-            features=_FEATURES(),
-            supervised_keys=("inputs", "targets"),
-        )
-
-    def _split_generators(self, dl_manager):
-        del dl_manager
-        splits = strings_splits(self.builder_config, reverse=self._REVERSE)
-        return {name: self._generate_examples(examples) for name, examples in splits.items()}
-
-    def _generate_examples(self, examples):
-        yield from examples
+    def _splits(self):
+        return strings_splits(self.builder_config, reverse=self._REVERSE)
 
 
 class JattnCopy(_StringsBuilder):
@@ -430,51 +442,17 @@ DIGIT_TASKS = {
 
 def digits_splits(config: DigitsConfig, task: str) -> dict[str, list]:
     """The examples of every split of a digit task, as (key, example) pairs."""
-    lo, hi = config.train_lengths
-    tlo, thi = config.test_lengths
-    if not 1 <= lo <= hi < tlo <= thi:
-        raise ValueError(
-            f"need 1 <= train_lengths < test_lengths, disjoint, got {config.train_lengths} "
-            f"and {config.test_lengths}"
-        )
-    rng = np.random.default_rng(config.seed)
-    short = sample_strings(
-        rng, config.num_train + config.num_validation, config.train_lengths, string.digits
-    )
-    longer = sample_strings(rng, config.num_test_longer, config.test_lengths, string.digits)
-    parts = {
-        "train": short[config.num_validation :],
-        "validation": short[: config.num_validation],
-        "test_longer": longer,
-    }
-    target = DIGIT_TASKS[task]
-    return {
-        split: [(i, {"inputs": s, "targets": target(s)}) for i, s in enumerate(strings)]
-        for split, strings in parts.items()
-    }
+    return length_splits(config, string.digits, DIGIT_TASKS[task])
 
 
-class _DigitsBuilder(LocalBuilder, skip_registration=True):
+class _DigitsBuilder(GeneratedBuilder, skip_registration=True):
     VERSION = tfds.core.Version("1.0.0")
     RELEASE_NOTES = {"1.0.0": "Initial release."}
     BUILDER_CONFIGS = _DIGITS_CONFIGS
     _TASK = ""
 
-    def _info(self) -> tfds.core.DatasetInfo:
-        return tfds.core.DatasetInfo(
-            builder=self,
-            description=self.__doc__,
-            features=_FEATURES(),
-            supervised_keys=("inputs", "targets"),
-        )
-
-    def _split_generators(self, dl_manager):
-        del dl_manager
-        splits = digits_splits(self.builder_config, self._TASK)
-        return {name: self._generate_examples(examples) for name, examples in splits.items()}
-
-    def _generate_examples(self, examples):
-        yield from examples
+    def _splits(self):
+        return digits_splits(self.builder_config, self._TASK)
 
 
 class JattnReverseDigits(_DigitsBuilder):
