@@ -483,6 +483,9 @@ def _train_and_evaluate(config, workdir: str, watch: PreemptionWatch, stack) -> 
                         **(eval_metrics if do_eval else {}),
                         SANE_STEP_METRIC: step if loss_sane else -1,
                     }
+                    # The previous save first (orbax's save would wait for it anyway): a
+                    # failure of it is a failed save, and only then is free space meaningful.
+                    filesystem.wait_for_saves(mngr)
                     filesystem.check_room(checkpoint_dir, save_bytes)
                     try:
                         ckpt.save(mngr, step, state, train_iter, config, saved_metrics, vocab)
