@@ -21,6 +21,10 @@ from hypothesis import settings  # noqa: E402
 settings.register_profile("jattn", deadline=None, max_examples=40, print_blob=True)
 settings.load_profile("jattn")
 
+from jattn.train.allocator import tune_host_allocator  # noqa: E402
+
+tune_host_allocator()  # as `jattn` does: XLA:CPU's step temporaries off mmap (1.5x faster steps)
+
 jax.config.update("jax_numpy_rank_promotion", "raise")
 jax.config.update("jax_debug_nans", True)
 jax.config.update("jax_debug_infs", True)

@@ -27,6 +27,7 @@ from jattn.cli.configs import configs_command
 from jattn.cli.decode import decode_command
 from jattn.cli.probe import probe_command
 from jattn.cli.train import train_command
+from jattn.train.allocator import tune_host_allocator
 
 __all__ = ["COMMANDS", "config_arguments", "load_config_from_args", "main"]
 
@@ -55,6 +56,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(_usage())
         return 0 if argv else 2
     name, rest = argv[0], argv[1:]
+    tune_host_allocator()  # XLA:CPU's per-step temporaries off mmap: see its docstring
     if name not in COMMANDS:
         print(_usage(), file=sys.stderr)
         return fail("jattn", f"unknown command {name!r}; choose one of {', '.join(COMMANDS)}")

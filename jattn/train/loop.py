@@ -33,8 +33,8 @@ from jax.sharding import PartitionSpec as P
 
 from jattn.data import producibility
 from jattn.data.tokenizers import check_saved, save_to_dir, vocab_hash
+from jattn.train import allocator, data_checks, evaluation, filesystem, recovery, steps
 from jattn.train import checkpoints as ckpt
-from jattn.train import data_checks, evaluation, filesystem, recovery, steps
 from jattn.train import mesh as mesh_lib
 from jattn.train.config import (
     ConfigError,
@@ -256,7 +256,8 @@ def _startup_summary(
         f"workdir: {workdir}" + (f" (resuming at step {start})" if start else ""),
         f"parameters: {num_params:,}",
         f"devices: {len(devices)} x {', '.join(kinds)} ({jax.process_count()} process(es)); "
-        f"mesh {dict(mesh.shape)}",
+        f"mesh {dict(mesh.shape)}"
+        + ("; " + allocator.describe() if devices[0].platform == "cpu" else ""),
         f"data {config.dataset}: " + ", ".join(sizes),
         f"training rows: {config.batch_size} a step ({input_len} input + {config.max_len} "
         f"target tokens), {config.num_train_steps:,} steps",
