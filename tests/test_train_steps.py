@@ -361,3 +361,44 @@ def test_optax_schedules_equal_the_hand_written_ones(name, lr, warmup, total):
     got = np.asarray(jax.vmap(new)(counts))
     want = np.asarray(jax.vmap(lambda i: _old_schedule(c, i))(counts))
     np.testing.assert_allclose(got, want, rtol=1e-6, atol=1.5e-7 * lr)
+
+
+@pytest.mark.parametrize("name", ["rsqrt", "constant", "cosine", "linear"])
+def test_swept_schedules_equal_the_configs_schedule(name):
+    """A program sweeping the learning rate and warmup gives each member, as arrays,
+    the schedule `make_optimizer` builds from that member's config values (float32
+    rounding apart): vmapped over 6 members, at every count of a run and past it."""
+    grid = [
+        (1.0, 10, 110),
+        (3e-3, 5, 40),
+        (5e-4, 0, 100),
+        (2e-3, 1, 7),
+        (1.0, 50, 30),
+        (0.5, 4000, 10**4),
+    ]
+    for lr, warmup, total in grid:
+        c = default_config()
+        c.schedule, c.learning_rate, c.warmup_steps, c.num_train_steps = name, lr, warmup, total
+        counts = jnp.concatenate(
+            [jnp.arange(min(total, 300) + 5), jnp.arange(total - 5, total + 5)]
+        )
+        counts = counts.astype(jnp.int32)
+        _, want_fn = make_optimizer(c)
+        want = np.asarray(jax.vmap(want_fn)(counts))
+        # The member's values come in as arrays (traced), the config holds other ones.
+        c.learning_rate, c.warmup_steps = 123.0, 7
+
+        @jax.jit
+        def swept(peak, warm, counts=counts, c=c):
+            _, s = make_optimizer(c, {"learning_rate": peak, "warmup_steps": warm})
+            return jax.vmap(s)(counts)
+
+        got = np.asarray(swept(jnp.float32(lr), jnp.float32(warmup)))
+        np.testing.assert_allclose(
+            got, want, rtol=2e-6, atol=2e-7 * lr, err_msg=f"{lr, warmup, total}"
+        )
+
+
+def test_sweeping_other_hyperparameters_is_refused():
+    with pytest.raises(ConfigError, match=r"cannot sweep \['adam_b1'\]"):
+        make_optimizer(default_config(), {"adam_b1": jnp.float32(0.8)})

@@ -113,6 +113,11 @@ def default_config() -> ml_collections.ConfigDict:
     # GPU/TPU, equal up to rounding), "auto" (vmap on accelerators or with a
     # seed_mesh_axis, map on the CPU).
     c.seed_program = "auto"
+    # Optimiser values swept along the same axis (jattn.train.members): e.g.
+    # sweep_learning_rate=(1e-3, 3e-4) with seeds=(0, 1) trains 4 members in one
+    # program, each written as the single run with that seed and learning rate.
+    c.sweep_learning_rate = ()
+    c.sweep_warmup_steps = ()
 
     # Data (jattn.data.load / make_loader).
     c.dataset = "numbers"  # jattn task name or a tfds translation data set
@@ -507,12 +512,26 @@ def check_config(config: ml_collections.ConfigDict) -> None:
 
 
 def _check_seeds(config: ml_collections.ConfigDict) -> None:
-    """`seeds`: distinct ints; `seed_mesh_axis`: "" or a mesh axis."""
+    """`seeds`: distinct ints; the sweeps: distinct values; `seed_mesh_axis`: "" or a
+    mesh axis."""
     seeds = tuple(config.seeds)
     if any(isinstance(s, bool) or not isinstance(s, int) for s in seeds):
         raise ConfigError(f"config.seeds must be ints such as 0,1,2, got {seeds!r}")
     if len(set(seeds)) != len(seeds):
         raise ConfigError(f"config.seeds={seeds!r} repeats a seed")
+    for key, what in (("sweep_learning_rate", "floats > 0"), ("sweep_warmup_steps", "ints >= 0")):
+        values = tuple(config.get(key, ()))
+        ints = key == "sweep_warmup_steps"
+        ok = all(
+            not isinstance(v, bool)
+            and isinstance(v, int if ints else (int, float))
+            and (v >= 0 if ints else v > 0)
+            for v in values
+        )
+        if not ok:
+            raise ConfigError(f"config.{key} must be {what}, got {values!r}")
+        if len(set(values)) != len(values):
+            raise ConfigError(f"config.{key}={values!r} repeats a value")
     if config.seed_mesh_axis not in ("", "data", "fsdp", "tensor"):
         raise ConfigError(
             f"config.seed_mesh_axis={config.seed_mesh_axis!r}: choose '' (replicated), "
