@@ -335,9 +335,7 @@ def _train_and_evaluate(config, workdir: str, watch: PreemptionWatch, stack) -> 
     if config.get("seeds"):  # every seed in one program, each in WORKDIR/seed-<s>/
         from jattn.train.seed_loop import train_seeds  # noqa: PLC0415
 
-        if jax.process_index() == 0:  # one trainer per program directory
-            stack.enter_context(WorkdirLock(os.path.abspath(workdir)))
-        return train_seeds(config, workdir)
+        return train_seeds(config, workdir, watch=watch)  # it takes the workdir's lock
 
     # 1. Config, mesh, data, model. ----------------------------------------------------
     check_config(config)
