@@ -18,9 +18,10 @@ checkpoint with the largest value whatever else rotates out, so the last
 sane checkpoint survives any divergence.
 
 Several seeds in one program (`jattn.train.seed_loop`) keep one `LossSanity`
-a seed; their stacked checkpoint is sane when the logged loss of every seed
-still training is sane (a seed that went NaN is left out: its state stays
-frozen at its last good step, so it cannot make a checkpoint worse).
+a seed; their stacked checkpoint is sane when every seed's last logged loss
+is sane: a live seed's at the checkpoint's step, and for a seed that went
+NaN (its state frozen at its last finite step) the last one it logged
+(`jattn.train.seed_metrics`).
 """
 
 from __future__ import annotations

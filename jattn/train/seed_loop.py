@@ -103,9 +103,9 @@ def train_seeds(
     are set aside and the newest one that restores and verifies is resumed;
     the data checks run; each save checks the previous one and the free
     space; and retention keeps the last sane checkpoint, where a stacked
-    checkpoint is sane when the logged loss of every seed still training is
-    sane (`jattn.train.sanity`; a seed that went NaN is left out, its state
-    frozen at its last good step).
+    checkpoint is sane when every seed's last logged loss is sane: a live
+    seed's at that step, a seed that went NaN the last one it logged (its
+    state is frozen there; `jattn.train.seed_metrics`).
 
     Args:
       config: a full config with `seeds` set.

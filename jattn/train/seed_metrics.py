@@ -7,9 +7,12 @@ stacked (``[S]``): `SeedMetrics.push` keeps one step in flight and hands each
 seed its slice once fetched; a seed whose loss is NaN or Inf is marked
 diverged (the program keeps its last good state) and logs nothing more.
 
-A stacked checkpoint is sane (`sane`) when the logged loss of every seed
-still training is sane; a diverged seed is left out, since its state stays
-frozen at its last good step.
+A stacked checkpoint is sane (`sane`) when every seed's last logged loss is
+sane (`jattn.train.sanity`): for a seed still training, the loss logged at
+the checkpoint's step; for a seed that went NaN, the last one it logged
+before, since its state stays frozen there. So a seed that went NaN from
+sane losses does not stop the others' checkpoints from being sane, and one
+that blew up first keeps every later checkpoint from being called sane.
 
 One progress bar shows the live seeds' mean logged loss and the program's
 tokens a second: every live seed's tokens (`program_tokens_per_sec`), which
@@ -75,8 +78,11 @@ class SeedMetrics:
             writer.hparams(_flat_hparams(c), metric_names)
             self.writers.append(writer)
             self.trackers.append(TrainMetrics(writer, Progress(1, 0, enabled=False, is_main=False)))
-        self.sanities = [LossSanity(logged_losses(d)) for d in dirs]
-        self.insane: list[int] = []  # live seeds whose last logged loss was not sane
+        self.sanities, self.sane_seeds = [], []  # whether each seed's last logged loss was sane
+        for d in dirs:
+            history = [h for h in logged_losses(d) if isinstance(h, int | float)]
+            self.sanities.append(LossSanity(history))
+            self.sane_seeds.append(not history or self.sanities[-1].is_sane(history[-1]))
         self._pending: tuple[int, Any, Any] | None = None
         self._shown = start  # the step the bar shows
 
@@ -110,13 +116,11 @@ class SeedMetrics:
 
     def log(self, step: int) -> None:
         """Writes every live seed's row at `step`, checks each one's loss against its
-        `LossSanity` (`insane`), and advances the bar."""
+        `LossSanity` (`sane_seeds`), and advances the bar."""
         self.drain()
         for i in self.live():
             self.trackers[i].log(step)
-        self.insane = [
-            i for i in self.live() if not self.sanities[i].observe(self.trackers[i].logged_loss)
-        ]
+            self.sane_seeds[i] = self.sanities[i].observe(self.trackers[i].logged_loss)
         live = [self.trackers[i] for i in self.live()]
         losses = [t.logged_loss for t in live]
         loss = float(np.mean(losses)) if losses else float("nan")
@@ -124,9 +128,14 @@ class SeedMetrics:
         self._shown = step
 
     @property
+    def insane(self) -> list[int]:
+        """Positions of the seeds whose last logged loss was not sane."""
+        return [i for i, ok in enumerate(self.sane_seeds) if not ok]
+
+    @property
     def sane(self) -> bool:
-        """Whether the last logged loss of every live seed was sane."""
-        return not self.insane
+        """Whether a checkpoint now is sane: every seed's last logged loss was."""
+        return all(self.sane_seeds)
 
     def insane_warnings(self, step: int, last_sane: int | None) -> list[str]:
         """One warning line a seed whose loss makes the checkpoint of `step` not sane."""
