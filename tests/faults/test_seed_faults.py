@@ -5,6 +5,7 @@ the program's progress bar counting every seed's tokens."""
 from __future__ import annotations
 
 import re
+import shutil
 import subprocess
 import time
 
@@ -32,7 +33,6 @@ def seed_reference(pristine_data, tmp_path_factory):
 def killed_program(seed_reference, tmp_path):
     """A copy of the reference as a program killed after its step-20 save leaves it:
     stacked steps 10 and 20, metrics up to step 30, no seed's final metrics or checkpoint."""
-    import shutil
 
     run = tmp_path / "run"
     shutil.copytree(seed_reference[0], run)
@@ -73,7 +73,6 @@ def test_divergence_never_rotates_out_the_last_sane_stacked_checkpoint(
 ):
     """The finished program continued at a huge learning rate, saving every 2 steps
     and keeping 1: the stacked checkpoints of insane steps rotate, step 30 stays."""
-    import shutil
 
     run = tmp_path / "run"
     shutil.copytree(seed_reference[0], run)
