@@ -12,6 +12,9 @@ whose checkpoints cannot be written is losing work, so:
 - `check_room` compares the free space with the size of the last
   checkpoint (or an estimate from the state's bytes) before each save;
 - `check_saves` surfaces a failed background save at the next step;
+- `checked_save` wraps one save: the previous save first, then the room,
+  then the save call; `close_manager` ends a run's manager without waiting
+  on a save that failed;
 
 and each raises `WorkdirIOError` with one line that says why (`describe`):
 "disk full", "read-only filesystem", "permission denied", naming the path.
@@ -19,9 +22,12 @@ and each raises `WorkdirIOError` with one line that says why (`describe`):
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import os
 import shutil
+import sys
+from collections.abc import Iterator
 from typing import Any
 
 __all__ = [
@@ -29,6 +35,8 @@ __all__ = [
     "check_room",
     "check_saves",
     "check_writable",
+    "close_manager",
+    "checked_save",
     "wait_for_saves",
     "describe",
     "folder_bytes",
@@ -178,3 +186,39 @@ def check_saves(mngr: Any) -> None:
             f"saving a checkpoint in {mngr.directory} failed: {describe(e)}; training stopped "
             "(the earlier checkpoints are intact: rerun the same command to resume)"
         ) from None
+
+
+@contextlib.contextmanager
+def checked_save(mngr: Any, step: int, needed: int) -> Iterator[None]:
+    """``with checked_save(mngr, step, needed): <start the save of step>``.
+
+    Before the save: the previous one must have finished well (orbax's save would
+    wait for it anyway: its failure is a failed save, and only then is the free
+    space meaningful), and `mngr`'s folder must have `needed` bytes free. A save
+    call that fails in the block is one line too.
+
+    Raises:
+      WorkdirIOError: the previous save failed, the room is missing, or the save
+        call failed (orbax wraps the OSError).
+    """
+    folder = os.fspath(mngr.directory)
+    wait_for_saves(mngr)
+    check_room(folder, needed)
+    try:
+        yield
+    except Exception as e:  # noqa: BLE001 -- orbax wraps the OSError
+        raise WorkdirIOError(f"saving step {step} in {folder} failed: {describe(e)}") from None
+
+
+def close_manager(mngr: Any, *, save_failed: bool) -> None:
+    """Waits for `mngr`'s saves and closes it at the end of a run (in a ``finally``).
+
+    After a failed save it does neither: orbax would wait 300 s on the failed
+    save's threads. While another error is on its way out, a save failing too
+    is suppressed so that it does not mask that error.
+    """
+    if save_failed:
+        return
+    with contextlib.suppress(Exception) if sys.exc_info()[0] else contextlib.nullcontext():
+        mngr.wait_until_finished()
+        mngr.close()

@@ -50,13 +50,13 @@ from jattn.train.metrics import (
     NonFiniteLossError,
     Progress,
     TrainMetrics,
-    read_metrics,
+    logged_losses,
     strict_json_value,
     write_final_metrics,
 )
 from jattn.train.optim import make_optimizer
 from jattn.train.restore import load_task
-from jattn.train.sanity import SANE_STEP_METRIC, LossSanity
+from jattn.train.sanity import SANE_STEP_METRIC, LossSanity, insane_warning
 from jattn.train.workdir_lock import WorkdirLock
 
 __all__ = ["FINAL_METRICS", "TrainingDivergedError", "build_model_config", "train_and_evaluate"]
@@ -278,7 +278,7 @@ def _startup_summary(
 def _last_logged_loss(workdir: str) -> float:
     """The last `train/loss` (an interval's mean) of metrics.jsonl (a run resumed at
     its end trains no step)."""
-    logged = [r["train/loss"] for r in read_metrics(workdir) if "train/loss" in r]
+    logged = logged_losses(workdir)
     return float(logged[-1]) if logged else float("nan")
 
 
@@ -335,9 +335,7 @@ def _train_and_evaluate(config, workdir: str, watch: PreemptionWatch, stack) -> 
     if config.get("seeds"):  # every seed in one program, each in WORKDIR/seed-<s>/
         from jattn.train.seed_loop import train_seeds  # noqa: PLC0415
 
-        if jax.process_index() == 0:  # one trainer per program directory
-            stack.enter_context(WorkdirLock(os.path.abspath(workdir)))
-        return train_seeds(config, workdir)
+        return train_seeds(config, workdir, watch=watch)  # it takes the workdir's lock
 
     # 1. Config, mesh, data, model. ----------------------------------------------------
     check_config(config)
@@ -456,8 +454,7 @@ def _train_and_evaluate(config, workdir: str, watch: PreemptionWatch, stack) -> 
 
     eval_metrics: dict[str, float] = {}
     eval_step_done, preempted = -1, False
-    history = [r["train/loss"] for r in read_metrics(workdir) if "train/loss" in r]
-    sanity = LossSanity(h for h in history if isinstance(h, int | float))
+    sanity = LossSanity(logged_losses(workdir))
     last_sane, loss_sane, save_failed = (start or None), True, False
     save_bytes = int(1.2 * _state_bytes(abstract_state)) + (1 << 20)
     watch.stage = "training"
@@ -484,24 +481,13 @@ def _train_and_evaluate(config, workdir: str, watch: PreemptionWatch, stack) -> 
                         **(eval_metrics if do_eval else {}),
                         SANE_STEP_METRIC: step if loss_sane else -1,
                     }
-                    # The previous save first (orbax's save would wait for it anyway): a
-                    # failure of it is a failed save, and only then is free space meaningful.
-                    filesystem.wait_for_saves(mngr)
-                    filesystem.check_room(checkpoint_dir, save_bytes)
-                    try:
+                    with filesystem.checked_save(mngr, step, save_bytes):
                         ckpt.save(mngr, step, state, train_iter, config, saved_metrics, vocab)
-                    except Exception as e:  # noqa: BLE001 -- orbax wraps the OSError
-                        raise filesystem.WorkdirIOError(
-                            f"saving step {step} in {checkpoint_dir} failed: "
-                            f"{filesystem.describe(e)}"
-                        ) from None
                     if loss_sane:
                         last_sane = step
                     else:
                         progress.write(
-                            f"warning: step {step}'s loss {train_metrics.logged_loss:.4g} is "
-                            f"above the sane limit {sanity.limit:.4g} (twice the recent median "
-                            f"+ 1); kept, but step {last_sane} stays the last sane one"
+                            insane_warning(step, train_metrics.logged_loss, sanity, last_sane)
                         )
                 if do_eval or do_save:
                     writer.flush()
@@ -535,11 +521,7 @@ def _train_and_evaluate(config, workdir: str, watch: PreemptionWatch, stack) -> 
     finally:
         watch.stage = "finishing"
         progress.close()
-        if not save_failed:
-            # Another error is on its way out: a save failing too must not mask it.
-            with contextlib.suppress(Exception) if sys.exc_info()[0] else contextlib.nullcontext():
-                mngr.wait_until_finished()
-                mngr.close()
+        filesystem.close_manager(mngr, save_failed=save_failed)
         with contextlib.suppress(OSError):
             writer.close()
 

@@ -36,6 +36,8 @@ __all__ = [
     "NonFiniteLossError",
     "Progress",
     "TrainMetrics",
+    "logged_losses",
+    "program_tokens_per_sec",
     "read_metrics",
     "strict_json_value",
     "write_final_metrics",
@@ -155,6 +157,11 @@ def read_metrics(workdir: str) -> list[dict[str, Any]]:
     return rows
 
 
+def logged_losses(workdir: str) -> list[Any]:
+    """Every ``train/loss`` of `workdir/metrics.jsonl`, oldest first (NaN as "nan")."""
+    return [r["train/loss"] for r in read_metrics(workdir) if "train/loss" in r]
+
+
 def strict_json_value(value: Any) -> Any:
     """`value` for strict JSON: a non-finite float (NaN: not measured) becomes None."""
     if isinstance(value, float) and not math.isfinite(value):
@@ -194,11 +201,21 @@ class Progress:
     adds the ETA).
 
     The bar is shown when `enabled`; messages (`write`) are printed on the
-    main process only.
+    main process only. `tokens_label` names the tokens-a-second field (the
+    seed loop's says that it counts every seed's tokens).
     """
 
-    def __init__(self, total: int, initial: int, *, enabled: bool = True, is_main: bool = True):
+    def __init__(
+        self,
+        total: int,
+        initial: int,
+        *,
+        enabled: bool = True,
+        is_main: bool = True,
+        tokens_label: str = "tok_s",
+    ):
         self._bar = None
+        self._tokens_label = tokens_label
         self._is_main = is_main
         self._last_time = time.perf_counter()
         self._tokens = 0.0
@@ -221,7 +238,8 @@ class Progress:
         self._bar.update(steps)
         # The interval's mean: the number metrics.jsonl logs as train/loss.
         self._bar.set_postfix(
-            {"train/loss": f"{loss:.4f}", "tok_s": f"{tokens_per_sec:,.0f}"}, refresh=False
+            {"train/loss": f"{loss:.4f}", self._tokens_label: f"{tokens_per_sec:,.0f}"},
+            refresh=False,
         )
 
     def write(self, text: str) -> None:
@@ -258,7 +276,8 @@ class TrainMetrics:
     ``train/loss``, ``train/accuracy``, ``train/grad_norm``, with
     ``train/loss_window_steps`` (how many steps they average),
     ``train/learning_rate`` (the last step's), ``train/tokens_per_sec`` and
-    ``train/steps_per_sec``. `logged_loss` is the last row's ``train/loss``.
+    ``train/steps_per_sec``. `logged_loss` is the last row's ``train/loss``,
+    `logged_tokens_per_sec` its ``train/tokens_per_sec``.
 
     The first interval of a process includes compilation, so it is left out
     of `steady_steps_per_sec`; `restart_clock` leaves evaluation and
@@ -277,6 +296,7 @@ class TrainMetrics:
         self._learning_rate = 0.0
         self.last_loss = float("nan")  # of the last fetched step
         self.logged_loss = float("nan")  # train/loss of the last row written (a window's mean)
+        self.logged_tokens_per_sec = 0.0  # train/tokens_per_sec of the last row written
         self._clock = time.perf_counter()
         self._first = True
         self._steady_time = 0.0
@@ -327,6 +347,7 @@ class TrainMetrics:
         self._writer.write(step, row)
         if self._count:
             self.logged_loss = row["train/loss"]
+        self.logged_tokens_per_sec = row["train/tokens_per_sec"]
         self._progress.update(self._count, row["train/loss"], row["train/tokens_per_sec"])
         self._sums = dict.fromkeys(_SUMMED, 0.0)
         self._count = 0
@@ -342,3 +363,10 @@ class TrainMetrics:
         if self._steady_time <= 0:
             return float("nan")
         return self._steady_steps / self._steady_time
+
+
+def program_tokens_per_sec(trackers: Sequence[TrainMetrics]) -> float:
+    """Tokens a second of one program that trains several runs (the seeds of
+    `jattn.train.seed_loop`): the sum of the runs' last logged rates, each run's
+    tokens over the same interval, i.e. every token the program trained on."""
+    return float(sum(t.logged_tokens_per_sec for t in trackers))

@@ -38,6 +38,7 @@ from typing import Any
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 __all__ = [
     "SKIPPED_DIR",
@@ -46,6 +47,7 @@ __all__ = [
     "set_aside",
     "set_aside_incomplete",
     "step_problem",
+    "verify_state",
 ]
 
 SKIPPED_DIR = "checkpoints.skipped"
@@ -124,11 +126,20 @@ def set_aside_incomplete(checkpoint_dir: str, warn: Callable[[str], None]) -> li
     return skipped
 
 
-def _verify(state: Any, step: int) -> str | None:
-    """Why a restored state is not checkpoint `step`'s, or None."""
-    saved_step = int(jax.device_get(state.step))
-    if saved_step != step:
-        return f"restored a state of step {saved_step}"
+def verify_state(state: Any, step: int, live: Any = None) -> str | None:
+    """Why a restored state is not checkpoint `step`'s, or None.
+
+    `state` is one run's `TrainState`, or several seeds' stacked on a leading
+    axis (`jattn.train.seeds`): then every seed that `live` (bool ``[S]``;
+    None: all) marks must be at `step` (a diverged seed keeps the state of its
+    last good step), and every parameter of every seed must be finite.
+    """
+    steps = np.asarray(jax.device_get(state.step)).reshape(-1)
+    if live is not None:
+        steps = steps[np.asarray(jax.device_get(live), bool).reshape(-1)]
+    wrong = [int(s) for s in steps if int(s) != step]
+    if wrong:
+        return f"restored a state of step {wrong[0]}"
     finite = [jnp.all(jnp.isfinite(x)) for x in jax.tree.leaves(state.params)]
     if finite and not bool(jax.device_get(jnp.all(jnp.stack(finite)))):
         return "restored parameters that are NaN or Inf"
@@ -140,6 +151,7 @@ def restore_newest(
     restore: Callable[[int, Any], Any],
     new_iterator: Callable[[], Any],
     warn: Callable[[str], None],
+    verify: Callable[[Any, int], str | None] = verify_state,
 ) -> tuple[Any, Any, int | None]:
     """Restores the newest checkpoint that restores and verifies.
 
@@ -150,6 +162,9 @@ def restore_newest(
       new_iterator: returns a fresh training data iterator (one per attempt:
         a failed restore may leave an iterator half set).
       warn: prints one warning line.
+      verify: ``(what restore returned, step) -> why it is not that step's, or
+        None`` (`verify_state` by default; the seed loop checks its stacked
+        state and which seeds are live).
 
     Returns:
       ``(state, data iterator, step)``, or ``(None, a fresh iterator, None)``
@@ -160,7 +175,7 @@ def restore_newest(
         iterator = new_iterator()
         try:
             state = restore(step, iterator)
-            problem = _verify(state, step)
+            problem = verify(state, step)
         except (KeyboardInterrupt, SystemExit):
             raise
         except Exception as e:  # noqa: BLE001 -- any failure of this step: try the previous one

@@ -16,6 +16,12 @@ The training loop records ``SANE_STEP_METRIC`` with every checkpoint (the
 step when sane, -1 when not) and `checkpoints.make_manager` keeps the
 checkpoint with the largest value whatever else rotates out, so the last
 sane checkpoint survives any divergence.
+
+Several seeds in one program (`jattn.train.seed_loop`) keep one `LossSanity`
+a seed; their stacked checkpoint is sane when every seed's last logged loss
+is sane: a live seed's at the checkpoint's step, and for a seed that went
+NaN (its state frozen at its last finite step) the last one it logged
+(`jattn.train.seed_metrics`).
 """
 
 from __future__ import annotations
@@ -25,7 +31,7 @@ import statistics
 from collections import deque
 from collections.abc import Iterable
 
-__all__ = ["SANE_STEP_METRIC", "LossSanity"]
+__all__ = ["SANE_STEP_METRIC", "LossSanity", "insane_warning"]
 
 SANE_STEP_METRIC = "jattn/sane_step"
 
@@ -34,7 +40,8 @@ class LossSanity:
     """Running reference of recent sane training losses.
 
     Args:
-      history: earlier logged losses, oldest first (from ``metrics.jsonl``).
+      history: earlier logged losses, oldest first (from ``metrics.jsonl``;
+        values that are not numbers are skipped).
       window: how many recent sane losses the reference (their median) uses.
       factor, margin: a loss above ``factor * median + margin`` is not sane.
     """
@@ -51,7 +58,8 @@ class LossSanity:
         self._factor = factor
         self._margin = margin
         for loss in history:
-            self.observe(loss)
+            if isinstance(loss, int | float):  # metrics.jsonl writes NaN as "nan"
+                self.observe(loss)
 
     @property
     def limit(self) -> float:
@@ -70,3 +78,17 @@ class LossSanity:
         if sane:
             self._recent.append(float(loss))
         return sane
+
+
+def insane_warning(
+    step: int, loss: float, sanity: LossSanity, last_sane: int | None, who: str = ""
+) -> str:
+    """The warning line of a checkpoint saved at a loss that is not sane.
+
+    `who` names whose loss it is (e.g. ``" (seed 1)"``; empty for a single run).
+    """
+    return (
+        f"warning: step {step}'s loss {loss:.4g}{who} is above the sane limit "
+        f"{sanity.limit:.4g} (twice the recent median + 1); kept, but step {last_sane} stays "
+        "the last sane one"
+    )

@@ -10,7 +10,9 @@ uses, with a seed axis `S` in front of every array:
    `final_metrics.json` and, at the end, its own checkpoint;
 3. the stacked state `[S, ...]` is initialised by vmapping a single run's
    init over the seeds' root keys, or restored with every seed's data iterator
-   from ``WORKDIR/checkpoints/`` (`jattn.train.seeds.save_stacked`);
+   from ``WORKDIR/checkpoints/`` (`jattn.train.seeds.save_stacked`): the
+   newest step that restores and verifies, damaged ones set aside
+   (`jattn.train.recovery`);
 4. the train step is the single run's step over the seed axis: `jax.vmap`
    (batched; fills an accelerator) or `lax.map` (each seed's own computation
    inside the one program; bit for bit a single run's numbers), chosen by
@@ -18,7 +20,12 @@ uses, with a seed axis `S` in front of every array:
    the CPU); a seed whose loss turns NaN or Inf keeps its last good state (a
    select on device) and stops being logged, and the others go on;
 5. evaluation and decoding go over the seed axis the same way, and each
-   seed's metrics and decodes are written to its own workdir.
+   seed's metrics and decodes are written to its own workdir
+   (`jattn.train.seed_metrics`).
+
+The single run's protections apply (docs/reliability.md, "Seeds in one
+program"): the write checks, the workdir lock, the data checks, the checks
+around each save, sane-loss retention and SIGTERM at every stage.
 
 A seed of this program sees exactly the batches and random numbers of the
 single run with that seed: under map its losses are the single run's; under
@@ -28,6 +35,7 @@ amplifies over hundreds of steps (see `tests/test_train_seeds.py`).
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import json
 import math
@@ -45,64 +53,20 @@ from jax.sharding import PartitionSpec as P
 from jattn.data import producibility
 from jattn.data.tokenizers import save_to_dir
 from jattn.train import checkpoints as ckpt
-from jattn.train import evaluation, steps
+from jattn.train import data_checks, evaluation, filesystem, recovery, steps
 from jattn.train import loop as single
 from jattn.train import mesh as mesh_lib
 from jattn.train import seeds as seeds_lib
-from jattn.train.config import ConfigError, build_model_config, check_config, input_lengths
+from jattn.train.config import ConfigError, build_model_config, check_config
 from jattn.train.distributed import PreemptionWatch
-from jattn.train.metrics import (
-    MetricsWriter,
-    Progress,
-    TrainMetrics,
-    read_metrics,
-    strict_json_value,
-    write_final_metrics,
-)
+from jattn.train.metrics import Progress, TrainMetrics, strict_json_value, write_final_metrics
 from jattn.train.optim import make_optimizer
 from jattn.train.restore import load_task
+from jattn.train.sanity import SANE_STEP_METRIC
+from jattn.train.seed_metrics import SeedMetrics
+from jattn.train.workdir_lock import WorkdirLock
 
 __all__ = ["train_seeds"]
-
-
-def _seed_train_step(model, tx, schedule, config, mesh, seeds, batch_spec, kind):
-    """`(state [S], batch [S, B, L], alive bool [S]) -> (state, metrics [S], alive)`.
-
-    The single run's step over the seed axis (`kind`: "vmap" or "map"). With
-    `debug_nan_at_step`, only the seeds `debug_nan_seed` names (-1: all) get
-    the poisoned step (a testing aid only; under vmap both steps are computed
-    and one is selected).
-    """
-    common = dict(
-        label_smoothing=config.label_smoothing,
-        grad_accum_steps=config.grad_accum_steps,
-        micro_spec=None if config.grad_accum_steps == 1 else NamedSharding(mesh, batch_spec),
-    )
-    clean = steps.make_train_step(model, tx, schedule, **common)
-    poisoned_seeds = [config.debug_nan_seed in (-1, s) for s in seeds]
-    if config.debug_nan_at_step > 0 and any(poisoned_seeds):
-        nan_step = steps.make_train_step(
-            model, tx, schedule, **common, debug_nan_at_step=config.debug_nan_at_step
-        )
-
-        def one(state, batch, poison):
-            return jax.lax.cond(poison, nan_step, clean, state, batch)
-    else:
-
-        def one(state, batch, poison):  # noqa: ARG001
-            return clean(state, batch)
-
-    poison = jnp.asarray(poisoned_seeds)  # [S]
-
-    def guarded(state, batch, alive, poison):
-        new, metrics = one(state, batch, poison)
-        ok = alive & jnp.isfinite(metrics["loss"])
-        # A diverged seed keeps its last good state; the others are untouched bit for bit.
-        new = jax.tree.map(lambda n, o: jnp.where(ok, n, o), new, state)
-        return new, metrics, ok
-
-    over = seeds_lib.over_seeds(guarded, kind)
-    return lambda state, batch, alive: over(state, batch, alive, poison)
 
 
 def _finished_seeds(dirs, seed_configs) -> dict[int, dict[str, Any]]:
@@ -120,10 +84,7 @@ def _finished_seeds(dirs, seed_configs) -> dict[int, dict[str, Any]]:
 
 def _last_loss(tm: TrainMetrics, workdir: str) -> float:
     loss = tm.logged_loss
-    if math.isfinite(loss):
-        return loss
-    logged = [r["train/loss"] for r in read_metrics(workdir) if "train/loss" in r]
-    return float(logged[-1]) if logged else float("nan")
+    return loss if math.isfinite(loss) else single._last_logged_loss(workdir)
 
 
 def train_seeds(
@@ -132,8 +93,19 @@ def train_seeds(
     seed_dirs: list[str] | None = None,
     *,
     raise_on_divergence: bool = True,
+    watch: PreemptionWatch | None = None,
 ) -> dict[str, Any]:
     """Trains (or resumes) every seed of `config.seeds` in one program.
+
+    It has a single run's protections (docs/reliability.md, "Seeds in one
+    program"): the workdir, `checkpoints/` and every seed workdir are probed
+    for writing at start; the workdir is locked; damaged stacked checkpoints
+    are set aside and the newest one that restores and verifies is resumed;
+    the data checks run; each save checks the previous one and the free
+    space; and retention keeps the last sane checkpoint, where a stacked
+    checkpoint is sane when every seed's last logged loss is sane: a live
+    seed's at that step, a seed that went NaN the last one it logged (its
+    state is frozen there; `jattn.train.seed_metrics`).
 
     Args:
       config: a full config with `seeds` set.
@@ -143,6 +115,8 @@ def train_seeds(
       raise_on_divergence: raise `TrainingDivergedError` at the end (after the
         other seeds finished) when a seed diverged; False returns it in
         ``"diverged"``.
+      watch: the caller's `PreemptionWatch` (`train_and_evaluate`'s); None
+        installs one for this call.
 
     Returns:
       ``{"step", "preempted", "seeds": {seed: final metrics}, "diverged":
@@ -152,7 +126,17 @@ def train_seeds(
     Raises:
       ConfigError: as `train_and_evaluate`, or a config that cannot vmap.
       TrainingDivergedError: a seed diverged (`raise_on_divergence`).
+      WorkdirLockedError, WorkdirIOError, Terminated: as `train_and_evaluate`.
     """
+    with contextlib.ExitStack() as stack:
+        if watch is None:
+            watch = PreemptionWatch(stage="start-up")
+            stack.callback(watch.close)
+        return _train_seeds(config, workdir, seed_dirs, raise_on_divergence, watch, stack)
+
+
+def _train_seeds(config, workdir, seed_dirs, raise_on_divergence, watch, stack) -> dict[str, Any]:
+    """`train_seeds` under `watch`; `stack` holds the workdir's lock."""
     from jattn import data as data_lib  # noqa: PLC0415
     from jattn.models import Transformer  # noqa: PLC0415
 
@@ -175,8 +159,20 @@ def train_seeds(
     rules = tuple(tuple(r) for r in config.logical_axis_rules) or mesh_lib.DEFAULT_RULES
     single._check_sizes(config, mesh)
     axis = config.seed_mesh_axis or None
+    task = load_task(config)
+    eval_splits = data_checks.eval_splits(config, task)
+    data_checks.check_best_metric(config, task, eval_splits)
 
-    # Seeds already finished (e.g. by single runs) are left out of the program.
+    # 2. Checkpoints: writable, one writer, damaged steps set aside before orbax opens
+    # them; seeds already finished (e.g. by single runs) are left out of the program.
+    checkpoint_dir = os.path.join(workdir, ckpt.CHECKPOINT_DIR)
+    if is_main:
+        filesystem.check_writable(workdir, checkpoint_dir, *dirs)
+        lock = stack.enter_context(WorkdirLock(workdir))
+        if lock.previous:
+            pid = lock.previous.get("pid")
+            single._warn(f"warning: took over the lock of {workdir} left by pid {pid}, which died")
+        recovery.set_aside_incomplete(checkpoint_dir, single._warn)
     done = _finished_seeds(dirs, seed_configs)
     group_config = config.copy_and_resolve_references()
     with group_config.unlocked():
@@ -215,22 +211,20 @@ def train_seeds(
     num = len(seeds)
     if meta is not None:
         seeds_lib.check_stacked_compatible(meta, config, seeds, f"workdir {workdir!r}")
+    data_checks.check_row_lengths(config, task, single._warn)  # after: a resume's diffs say more
 
-    task = load_task(config)
-    eval_splits = [s for s in config.eval_splits if s in task.splits]
     data_check = producibility.check(task, eval_splits)
     model_config = build_model_config(config, task.tokenizer.vocab_size)
     model = Transformer(model_config)
     tx, schedule = make_optimizer(config)
     if is_main:
         for d, c in zip(dirs, seed_configs, strict=True):
-            os.makedirs(d, exist_ok=True)
             single._write_run_config(d, c, model_config)
             save_to_dir(task.tokenizer, d)
             with open(os.path.join(d, single.DATA_CHECK), "w") as f:
                 json.dump(data_check, f, indent=2)
 
-    # 2. The stacked state's shapes and shardings: one run's, with a seed axis in front.
+    # 3. The stacked state's shapes and shardings: one run's, with a seed axis in front.
     init_boxed = single._make_init(model, tx, config, rows=mesh.shape["data"] * mesh.shape["fsdp"])
     roots = np.stack([jax.random.key_data(jax.random.key(s)) for s in seeds])  # uint32 [S, 2]
     abstract_one, shardings_one = single._abstract_state(init_boxed, roots[0], mesh, rules)
@@ -239,20 +233,36 @@ def train_seeds(
     seed_sharding = NamedSharding(mesh, P(axis))
     replicated = NamedSharding(mesh, P())
 
-    # 3. Data streams; initialise or restore. -------------------------------------------
-    streams = seeds_lib.SeedStreams([iter(single._train_loader(task, c)) for c in seed_configs])
+    # 4. Data streams; initialise, or restore the newest step that restores and verifies.
+    def new_streams() -> seeds_lib.SeedStreams:
+        return seeds_lib.SeedStreams([iter(single._train_loader(task, c)) for c in seed_configs])
+
     eval_sets = evaluation.load_eval_sets(task, data_lib.make_loader, config, eval_splits)
     diverged: dict[int, str] = {}
+    restored, streams = None, None
     with jax.set_mesh(mesh), nn.logical_axis_rules(rules):
         if latest is not None:
             target = {
                 "state": abstract,
                 "alive": jax.ShapeDtypeStruct((num,), jnp.bool_, sharding=seed_sharding),
             }
-            state, alive, meta = seeds_lib.restore_stacked(mngr, latest, target, streams)
-            diverged = {int(k): v for k, v in meta.get("diverged", {}).items()}
-            start = int(meta["step"])
+            restored, streams, latest = recovery.restore_newest(
+                mngr,
+                lambda step, s: seeds_lib.restore_stacked(mngr, step, target, s),
+                new_streams,
+                single._warn,
+                # (state, alive, meta): every seed still training at the step, all finite
+                verify=lambda r, step: recovery.verify_state(r[0], step, live=r[1]),
+            )
+        if restored is not None:
+            state, alive, saved = restored
+            diverged = {int(k): v for k, v in saved.get("diverged", {}).items()}
+            start = int(saved["step"])
         else:
+            if is_main:
+                for d in dirs:
+                    recovery.archive_metrics(d, single._warn)
+            streams = streams or new_streams()
             init = jax.jit(
                 jax.vmap(lambda r: nn.meta.unbox(init_boxed(r))), out_shardings=shardings
             )
@@ -260,15 +270,15 @@ def train_seeds(
             alive = jax.device_put(np.ones(num, bool), seed_sharding)
             start = 0
 
-    # 4. Compiled functions. -----------------------------------------------------------
+    # 5. Compiled functions. -----------------------------------------------------------
     batch_sharding = seeds_lib.seed_batch_sharding(mesh, axis)
     rows_spec = P(None, tuple(a for a in ("data", "fsdp") if a != axis), None)
     kind = seeds_lib.program_kind(config)
-    step_fn = _seed_train_step(model, tx, schedule, config, mesh, seeds, rows_spec, kind)
+    step_fn = seeds_lib.seed_train_step(model, tx, schedule, config, mesh, seeds, rows_spec, kind)
     rows = config.batch_size
     abstract_batch = {
         k: jax.ShapeDtypeStruct((num, rows, n), jnp.int32, sharding=batch_sharding)
-        for k, n in _batch_lengths(config).items()
+        for k, n in seeds_lib.batch_lengths(config).items()
     }
     with jax.set_mesh(mesh), nn.logical_axis_rules(rules):
         train_step = (
@@ -297,21 +307,30 @@ def train_seeds(
         mesh_lib.make_global_batch, sharding=eval_batch_sharding, replicated_input=True
     )
 
-    # 5. Per-seed writers; one progress bar for the program. ---------------------------
+    # 6. Per-seed writers and loss sanity; one progress bar for the program, whose
+    # tokens a second are every seed's.
     progress = Progress(
-        config.num_train_steps, start, enabled=is_main and config.progress_bar, is_main=is_main
+        config.num_train_steps,
+        start,
+        enabled=is_main and config.progress_bar,
+        is_main=is_main,
+        tokens_label=f"tok_s({num} seeds)",
     )
-    writers, trackers = [], []
     metric_names = ["train/loss", "train/accuracy"] + [
         f"eval/{es.split}/{m}"
         for es in eval_sets.values()
         for m in ("loss", "accuracy", *es.metrics)
     ]
-    for d, c in zip(dirs, seed_configs, strict=True):
-        writer = MetricsWriter(d, enabled=is_main, resume_step=start)
-        writer.hparams(single._flat_hparams(c), metric_names)
-        writers.append(writer)
-        trackers.append(TrainMetrics(writer, Progress(1, 0, enabled=False, is_main=False)))
+    book = SeedMetrics(
+        seeds,
+        dirs,
+        seed_configs,
+        start=start,
+        metric_names=metric_names,
+        progress=progress,
+        diverged=diverged,
+        is_main=is_main,
+    )
     progress.write(
         single._startup_summary(
             workdir, config, mesh, num_params, task, eval_sets, start, data_check
@@ -323,29 +342,6 @@ def train_seeds(
     )
     for i, msg in diverged.items():
         progress.write(f"seed {seeds[i]} diverged before this restart: {msg}")
-
-    host_alive = [i not in diverged for i in range(num)]
-    pending: list[Any] = []
-
-    def drain() -> None:
-        """Fetches the step in flight and hands each seed its metrics."""
-        if not pending:
-            return
-        step_k, device_metrics, device_ok = pending.pop()
-        m, ok = jax.device_get((device_metrics, device_ok))
-        for i in range(num):
-            if not host_alive[i]:
-                continue
-            if not ok[i]:
-                host_alive[i] = False
-                diverged[i] = (
-                    f"seed {seeds[i]}: non-finite loss ({float(m['loss'][i])}) at step {step_k}; "
-                    f"its state is kept from step {step_k - 1}, the other seeds went on"
-                )
-                progress.write(diverged[i])
-                continue
-            trackers[i].push(step_k, seeds_lib.take(m, i))
-            trackers[i].fetch()
 
     def run_eval(params, step: int) -> dict[int, dict[str, float]]:
         cache: dict[Any, Any] = {}
@@ -361,9 +357,7 @@ def train_seeds(
             return cache[key]
 
         results = {}
-        for i in range(num):
-            if not host_alive[i]:
-                continue
+        for i in book.live():
             metrics, decodes = evaluation.evaluate(
                 None,
                 eval_sets,
@@ -375,14 +369,15 @@ def train_seeds(
             )
             if is_main:
                 evaluation.write_decodes(dirs[i], step, decodes)
-            writers[i].write(step, metrics)
+            book.writers[i].write(step, metrics)
             results[i] = metrics
         return results
 
-    watch = PreemptionWatch()
     eval_metrics: dict[int, dict[str, float]] = {}
     step, eval_step_done, preempted = start, -1, False
-    shown = start  # the step the progress bar shows
+    last_sane, save_failed = (start or None), False
+    save_bytes = int(1.2 * single._state_bytes(abstract)) + (1 << 20)
+    watch.stage = "training"
     try:
         with jax.set_mesh(mesh), nn.logical_axis_rules(rules):
             while step < config.num_train_steps:
@@ -392,57 +387,69 @@ def train_seeds(
                 }
                 state, device_metrics, alive = train_step(state, batch, alive)
                 step += 1
-                drain()
-                pending.append((step, device_metrics, alive))
+                book.push(step, device_metrics, alive)  # fetches the previous step's
+                filesystem.check_saves(mngr)  # a background save that failed stops the run
                 do_eval = step % config.eval_every_steps == 0 or step == config.num_train_steps
                 do_save = step % config.checkpoint_every_steps == 0 or do_eval
                 do_log = step % config.log_every_steps == 0 or do_save
                 preempted = watch.reached(step)
                 if do_log or preempted:
-                    drain()
-                    for i in range(num):
-                        if host_alive[i]:
-                            trackers[i].log(step)
-                    _update_progress(progress, trackers, host_alive, step - shown)
-                    shown = step
+                    book.log(step)
                 if do_eval:
                     eval_metrics, eval_step_done = run_eval(state.params, step), step
                     for i, m in eval_metrics.items():
                         progress.write(f"seed {seeds[i]}: " + single._format_eval(step, m))
                 if do_save or preempted:
-                    seeds_lib.save_stacked(
-                        mngr, step, state, alive, streams, config, seeds, _named(diverged)
-                    )
+                    sane_step = {SANE_STEP_METRIC: step if book.sane else -1}
+                    with filesystem.checked_save(mngr, step, save_bytes):
+                        seeds_lib.save_stacked(
+                            mngr,
+                            step,
+                            state,
+                            alive,
+                            streams,
+                            config,
+                            seeds,
+                            book.named_diverged(),
+                            sane_step,
+                        )
+                    for line in book.insane_warnings(step, last_sane):
+                        progress.write(line)
+                    last_sane = step if book.sane else last_sane
                 if do_eval or do_save:
-                    for w in writers:
-                        w.flush()
-                    for t in trackers:
-                        t.restart_clock()
+                    book.end_interval()
                 if preempted:
-                    mngr.wait_until_finished()
+                    filesystem.wait_for_saves(mngr)
                     progress.write(f"preempted: saved step {step} in {mngr.directory}; exiting")
                     break
-            drain()
+            watch.stage = "finishing"
+            book.drain()
+            filesystem.wait_for_saves(mngr)  # the last save's failure is an error too
             if not preempted and eval_step_done != step:
                 eval_metrics = run_eval(state.params, step)
+    except filesystem.WorkdirIOError as e:
+        save_failed = e.save_failed  # orbax would wait 300 s for a failed save: do not
+        raise
+    except OSError as e:  # metrics, TensorBoard or decodes could not be written
+        save_failed = True
+        raise filesystem.WorkdirIOError(
+            f"writing in {workdir} failed at step {step}: {filesystem.describe(e)}"
+        ) from None
     finally:
-        watch.close()
+        watch.stage = "finishing"
         progress.close()
-        mngr.wait_until_finished()
-        mngr.close()
-        for w in writers:
-            w.close()
+        filesystem.close_manager(mngr, save_failed=save_failed)
+        book.close()
 
-    # 6. Each finished seed: its own checkpoint and final_metrics.json, as a single run.
+    # 7. Each finished seed: its own checkpoint and final_metrics.json, as a single run.
     finals: dict[int, dict[str, Any]] = {seeds[i]: f for i, f in done.items()}
-    for i in range(num):
-        if not host_alive[i]:
-            continue
+    seed_bytes = int(1.2 * single._state_bytes(abstract_one)) + (1 << 20)
+    for i in book.live():
         result = {
             "step": step,
             "preempted": preempted,
-            "train/loss": _last_loss(trackers[i], dirs[i]),
-            "train/steps_per_sec": trackers[i].steady_steps_per_sec,
+            "train/loss": _last_loss(book.trackers[i], dirs[i]),
+            "train/steps_per_sec": book.trackers[i].steady_steps_per_sec,
             "train/seeds_in_program": num,
             "num_params": int(num_params),
             **eval_metrics.get(i, {}),
@@ -450,46 +457,22 @@ def train_seeds(
         }
         if is_main and not preempted:
             seed_mngr = ckpt.make_manager(dirs[i], seed_configs[i])
-            ckpt.save(
-                seed_mngr,
-                step,
-                seeds_lib.take(state, i),
-                streams.iterators[i],
-                seed_configs[i],
-                eval_metrics.get(i),
-            )
-            seed_mngr.wait_until_finished()
+            sane = i not in book.insane
+            saved = {**eval_metrics.get(i, {}), SANE_STEP_METRIC: step if sane else -1}
+            with filesystem.checked_save(seed_mngr, step, seed_bytes):
+                one = seeds_lib.take(state, i)
+                ckpt.save(seed_mngr, step, one, streams.iterators[i], seed_configs[i], saved)
+            filesystem.wait_for_saves(seed_mngr)
             seed_mngr.close()
             path = os.path.join(dirs[i], single.FINAL_METRICS)
             finals[seeds[i]] = write_final_metrics(path, result)
         else:
             finals[seeds[i]] = {k: strict_json_value(v) for k, v in result.items()}
-    named = {seeds[i]: msg for i, msg in diverged.items()}
+    named = {seeds[i]: msg for i, msg in book.diverged.items()}
     if named and raise_on_divergence and not preempted:
         raise single.TrainingDivergedError(
             "; ".join(named[s] for s in sorted(named))
             + ". The other seeds finished in "
-            + ", ".join(d for d, a in zip(dirs, host_alive, strict=True) if a)
+            + ", ".join(dirs[i] for i in book.live())
         )
     return {"step": step, "preempted": preempted, "seeds": finals, "diverged": named}
-
-
-def _named(diverged: dict[int, str]) -> dict[str, str]:
-    """`diverged` keyed by position, for the checkpoint's meta (JSON keys are strings)."""
-    return {str(i): msg for i, msg in diverged.items()}
-
-
-def _batch_lengths(config) -> dict[str, int]:
-    """Row length of every batch array the training loader yields."""
-    input_len, _ = input_lengths(config)
-    out = {}
-    for name in ("", "_segment_ids", "_positions"):
-        out["inputs" + name] = input_len
-        out["targets" + name] = config.max_len
-    return out
-
-
-def _update_progress(progress: Progress, trackers, alive, num_steps: int) -> None:
-    """Advances the program's bar by `num_steps`, showing the mean logged loss of the seeds."""
-    losses = [t.logged_loss for t, a in zip(trackers, alive, strict=True) if a]
-    progress.update(num_steps, float(np.mean(losses)) if losses else float("nan"), 0.0)

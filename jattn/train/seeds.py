@@ -9,9 +9,9 @@ that axis (`jattn.train.seed_loop`). Seed `s` keeps exactly what a single run
 with ``seed=s`` has: the root key ``key(s)``, the loader seeded with ``s``.
 
 This file holds the pieces that need no loop: per-seed configs, stacking and
-unstacking trees, shardings with a seed axis, the stacked checkpoint (the state
-plus every seed's data iterator), which configs cannot be vmapped, and the
-memory a seed needs.
+unstacking trees, shardings with a seed axis, the train step over the seed
+axis, the stacked checkpoint (the state plus every seed's data iterator),
+which configs cannot be vmapped, and the memory a seed needs.
 """
 
 from __future__ import annotations
@@ -22,6 +22,7 @@ from collections.abc import Iterator, Sequence
 from typing import Any
 
 import jax
+import jax.numpy as jnp
 import ml_collections
 import numpy as np
 import orbax.checkpoint as ocp
@@ -30,10 +31,12 @@ from jax.sharding import PartitionSpec as P
 
 from jattn.data import checkpoint as data_ckpt
 from jattn.train import checkpoints as ckpt
-from jattn.train.config import ConfigError, config_to_dict
+from jattn.train import steps
+from jattn.train.config import ConfigError, config_to_dict, input_lengths
 
 __all__ = [
     "SeedStreams",
+    "batch_lengths",
     "memory_line",
     "over_seeds",
     "program_kind",
@@ -42,6 +45,7 @@ __all__ = [
     "seed_batch_sharding",
     "seed_config",
     "seed_list",
+    "seed_train_step",
     "seed_workdirs",
     "stack",
     "stacked_abstract",
@@ -181,6 +185,56 @@ def over_seeds(fn, kind: str, num_shared: int = 0):
     return mapped
 
 
+def seed_train_step(model, tx, schedule, config, mesh, seeds, batch_spec, kind):
+    """`(state [S], batch [S, B, L], alive bool [S]) -> (state, metrics [S], alive)`.
+
+    The single run's step over the seed axis (`kind`: "vmap" or "map"). With
+    `debug_nan_at_step`, only the seeds `debug_nan_seed` names (-1: all) get
+    the poisoned step (a testing aid only; under vmap both steps are computed
+    and one is selected).
+    """
+    common = dict(
+        label_smoothing=config.label_smoothing,
+        grad_accum_steps=config.grad_accum_steps,
+        micro_spec=None if config.grad_accum_steps == 1 else NamedSharding(mesh, batch_spec),
+    )
+    clean = steps.make_train_step(model, tx, schedule, **common)
+    poisoned_seeds = [config.debug_nan_seed in (-1, s) for s in seeds]
+    if config.debug_nan_at_step > 0 and any(poisoned_seeds):
+        nan_step = steps.make_train_step(
+            model, tx, schedule, **common, debug_nan_at_step=config.debug_nan_at_step
+        )
+
+        def one(state, batch, poison):
+            return jax.lax.cond(poison, nan_step, clean, state, batch)
+    else:
+
+        def one(state, batch, poison):  # noqa: ARG001
+            return clean(state, batch)
+
+    poison = jnp.asarray(poisoned_seeds)  # [S]
+
+    def guarded(state, batch, alive, poison):
+        new, metrics = one(state, batch, poison)
+        ok = alive & jnp.isfinite(metrics["loss"])
+        # A diverged seed keeps its last good state; the others are untouched bit for bit.
+        new = jax.tree.map(lambda n, o: jnp.where(ok, n, o), new, state)
+        return new, metrics, ok
+
+    over = over_seeds(guarded, kind)
+    return lambda state, batch, alive: over(state, batch, alive, poison)
+
+
+def batch_lengths(config: ml_collections.ConfigDict) -> dict[str, int]:
+    """Row length of every batch array the training loader yields."""
+    input_len, _ = input_lengths(config)
+    out = {}
+    for name in ("", "_segment_ids", "_positions"):
+        out["inputs" + name] = input_len
+        out["targets" + name] = config.max_len
+    return out
+
+
 # -- the stacked checkpoint -------------------------------------------------------------
 
 
@@ -193,9 +247,13 @@ def save_stacked(
     config: ml_collections.ConfigDict,
     seeds: Sequence[int],
     diverged: dict[str, str],
+    metrics: dict[str, float] | None = None,
 ) -> None:
     """Starts an (async) save of the stacked state, the seeds still training, and
-    every seed's data iterator (items ``data_0`` ... ``data_<S-1>``) at `step`."""
+    every seed's data iterator (items ``data_0`` ... ``data_<S-1>``) at `step`.
+
+    `metrics` are what retention ranks by (`SANE_STEP_METRIC`), as in
+    `jattn.train.checkpoints.save`."""
     meta = {
         "config": config_to_dict(config),
         "signature": {**ckpt.signature(config), "seeds": [int(s) for s in seeds]},
@@ -208,7 +266,7 @@ def save_stacked(
     }
     for i, it in enumerate(streams.iterators):
         items[f"data_{i}"] = data_ckpt.save_args(it)
-    mngr.save(step, args=ocp.args.Composite(**items), force=True)
+    mngr.save(step, args=ocp.args.Composite(**items), metrics=metrics, force=True)
 
 
 def restore_stacked(

@@ -9,10 +9,11 @@ from __future__ import annotations
 
 import os
 import shutil
+import uuid
 from pathlib import Path
 
 import pytest
-from fault_harness import DATA_DIR_NAME, REPO, losses, smoke_config
+from fault_harness import DATA_DIR_NAME, REPO, losses, mount_tmpfs, smoke_config, umount
 
 from jattn.train import train_and_evaluate
 
@@ -63,3 +64,13 @@ def cli_env(tmp_path_factory):
     )
     env.pop("XLA_FLAGS", None)
     return env
+
+
+@pytest.fixture
+def small_disk(tmp_path):
+    """A 2 MiB tmpfs (mounting needs privileges: skipped without them)."""
+    disk = tmp_path / f"disk-{uuid.uuid4().hex[:6]}"
+    if not mount_tmpfs(disk, "2m"):
+        pytest.skip("mounting a tmpfs needs root")
+    yield disk
+    umount(disk)

@@ -7,6 +7,8 @@ workdir), never the shared ~/tensorflow_datasets, and runs configs/smoke.py.
 
 from __future__ import annotations
 
+import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -63,3 +65,37 @@ def error_line(stderr: str) -> str:
     lines = [line for line in stderr.splitlines() if line.startswith("jattn train:")]
     assert len(lines) == 1, stderr[-3000:]
     return lines[0]
+
+
+def _truncate_a_chunk(step: Path) -> None:
+    chunks = sorted(p for p in (step / "state").rglob("d/*") if p.is_file())
+    biggest = max(chunks, key=lambda p: p.stat().st_size)
+    biggest.write_bytes(biggest.read_bytes()[: biggest.stat().st_size // 2])
+
+
+def empty_step(step: Path) -> None:
+    shutil.rmtree(step)
+    step.mkdir()
+
+
+DAMAGE = {  # ways a finished checkpoint step gets damaged: name -> (step folder -> None)
+    "truncated chunk": _truncate_a_chunk,
+    "deleted state/_METADATA": lambda step: (step / "state" / "_METADATA").unlink(),
+    "truncated meta/metadata": lambda step: (step / "meta" / "metadata").write_text('{"conf'),
+    "deleted state/": lambda step: shutil.rmtree(step / "state"),
+    "emptied step": empty_step,
+}
+
+
+def mount_tmpfs(path, size: str) -> bool:
+    """Mounts a tmpfs of `size` at `path` (needs root); False when it cannot."""
+    path.mkdir(parents=True, exist_ok=True)
+    if os.geteuid() != 0:
+        return False
+    ok = subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", str(path)],
+                        capture_output=True).returncode == 0  # fmt: skip
+    return ok
+
+
+def umount(path) -> None:
+    subprocess.run(["umount", "-l", str(path)], capture_output=True)

@@ -4,33 +4,12 @@ step that restores, with one warning line per skipped step and nothing lost."""
 from __future__ import annotations
 
 import shutil
-from pathlib import Path
 
 import numpy as np
 import pytest
-from fault_harness import losses, smoke_config, steps_on_disk
+from fault_harness import DAMAGE, empty_step, losses, smoke_config, steps_on_disk
 
 from jattn.train import TrainingDivergedError, train_and_evaluate
-
-
-def _truncate_a_chunk(step: Path) -> None:
-    chunks = sorted(p for p in (step / "state").rglob("d/*") if p.is_file())
-    biggest = max(chunks, key=lambda p: p.stat().st_size)
-    biggest.write_bytes(biggest.read_bytes()[: biggest.stat().st_size // 2])
-
-
-def _empty(step: Path) -> None:
-    shutil.rmtree(step)
-    step.mkdir()
-
-
-DAMAGE = {
-    "truncated chunk": _truncate_a_chunk,
-    "deleted state/_METADATA": lambda step: (step / "state" / "_METADATA").unlink(),
-    "truncated meta/metadata": lambda step: (step / "meta" / "metadata").write_text('{"conf'),
-    "deleted state/": lambda step: shutil.rmtree(step / "state"),
-    "emptied step": _empty,
-}
 
 
 @pytest.mark.parametrize("damage", sorted(DAMAGE))
@@ -101,5 +80,5 @@ def test_divergence_never_rotates_out_the_last_sane_checkpoint(run_copy, pristin
 def test_load_run_skips_an_incomplete_newest_step(run_copy):
     from jattn.train import load_run
 
-    _empty(run_copy / "checkpoints" / "40")
+    empty_step(run_copy / "checkpoints" / "40")
     assert load_run(str(run_copy)).step == 30

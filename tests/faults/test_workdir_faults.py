@@ -8,10 +8,18 @@ import os
 import signal
 import subprocess
 import time
-import uuid
 
 import pytest
-from fault_harness import REPO, error_line, losses, run_cli, smoke_config, train_cmd
+from fault_harness import (
+    REPO,
+    error_line,
+    losses,
+    mount_tmpfs,
+    run_cli,
+    smoke_config,
+    train_cmd,
+    umount,
+)
 
 from jattn.train import ConfigError, train_and_evaluate
 from jattn.train.filesystem import WorkdirIOError
@@ -46,27 +54,6 @@ def test_two_trainers_started_together_one_refused_one_finishes(pristine_data, t
     assert sorted(losses(tmp_path / "run")) == list(range(1, 21))  # each step once
 
 
-def _mount_tmpfs(path, size: str) -> bool:
-    path.mkdir(parents=True, exist_ok=True)
-    ok = subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", str(path)],
-                        capture_output=True).returncode == 0  # fmt: skip
-    return ok
-
-
-def _umount(path) -> None:
-    subprocess.run(["umount", "-l", str(path)], capture_output=True)
-
-
-@pytest.fixture
-def small_disk(tmp_path):
-    """A 2 MiB tmpfs (mounting needs privileges: skipped without them)."""
-    disk = tmp_path / f"disk-{uuid.uuid4().hex[:6]}"
-    if os.geteuid() != 0 or not _mount_tmpfs(disk, "2m"):
-        pytest.skip("mounting a tmpfs needs root")
-    yield disk
-    _umount(disk)
-
-
 def test_a_read_only_workdir_is_refused_at_start(pristine_data, small_disk, cli_env):
     (small_disk / "run").mkdir()
     subprocess.run(["mount", "-o", "remount,ro", str(small_disk)], check=True)
@@ -94,7 +81,7 @@ def test_a_disk_filling_up_mid_run_stops_at_the_next_save(pristine_data, tmp_pat
     """Another program fills the disk after step 10 was saved: the run stops at its next
     save within seconds, in one line, with steps up to 10 intact."""
     disk = tmp_path / "disk"
-    if os.geteuid() != 0 or not _mount_tmpfs(disk, "16m"):
+    if not mount_tmpfs(disk, "16m"):
         pytest.skip("mounting a tmpfs needs root")
     try:
         cmd = train_cmd(disk / "run", pristine_data, "--config.num_train_steps=400",
@@ -118,7 +105,7 @@ def test_a_disk_filling_up_mid_run_stops_at_the_next_save(pristine_data, tmp_pat
         assert 10 in [int(p.name) for p in (disk / "run" / "checkpoints").iterdir()
                       if p.name.isdigit()]  # fmt: skip
     finally:
-        _umount(disk)
+        umount(disk)
 
 
 def test_sigterm_during_start_up_exits_0_with_a_message(pristine_data, tmp_path, cli_env):

@@ -1,0 +1,160 @@
+"""Seeds in one program (`--config.seeds=0,1`) under the single run's faults: a damaged
+stacked checkpoint, an unwritable or full disk, nonsense row lengths, divergence; and
+the program's progress bar counting every seed's tokens."""
+
+from __future__ import annotations
+
+import re
+import shutil
+import subprocess
+import time
+
+import numpy as np
+import pytest
+from fault_harness import DAMAGE, error_line, losses, run_cli, smoke_config, steps_on_disk
+
+from jattn.train import ConfigError, TrainingDivergedError, train_and_evaluate
+from jattn.train.metrics import MetricsWriter, Progress, TrainMetrics, program_tokens_per_sec
+
+SEEDS = (0, 1)
+PROGRAM = {"seeds": "0,1", "num_train_steps": 30, "keep_checkpoints": 3}
+
+
+@pytest.fixture(scope="module")
+def seed_reference(pristine_data, tmp_path_factory):
+    """The uninterrupted 30-step program of seeds 0 and 1: (workdir, {seed: losses}).
+    Stacked checkpoints 10, 20, 30."""
+    workdir = tmp_path_factory.mktemp("seed_reference")
+    train_and_evaluate(smoke_config(pristine_data, **PROGRAM), str(workdir))
+    return workdir, {s: losses(workdir / f"seed-{s}") for s in SEEDS}
+
+
+@pytest.fixture
+def killed_program(seed_reference, tmp_path):
+    """A copy of the reference as a program killed after its step-20 save leaves it:
+    stacked steps 10 and 20, metrics up to step 30, no seed's final metrics or checkpoint."""
+
+    run = tmp_path / "run"
+    shutil.copytree(seed_reference[0], run)
+    shutil.rmtree(run / "checkpoints" / "30")
+    for s in SEEDS:
+        (run / f"seed-{s}" / "final_metrics.json").unlink()
+        shutil.rmtree(run / f"seed-{s}" / "checkpoints")
+    assert steps_on_disk(run) == [10, 20]
+    return run
+
+
+@pytest.mark.parametrize("damage", ["truncated chunk", "emptied step"])
+def test_a_damaged_newest_stacked_step_falls_back_to_the_previous_one(
+    damage, seed_reference, killed_program, pristine_data, capsys
+):
+    """Step 20 damaged: resumed from 10, steps 11-30 retrained with every seed's
+    reference losses, one warning naming step 20, the damaged step kept aside."""
+    _, ref = seed_reference
+    DAMAGE[damage](killed_program / "checkpoints" / "20")
+    final = train_and_evaluate(smoke_config(pristine_data, **PROGRAM), str(killed_program))
+    assert final["step"] == 30 and sorted(final["seeds"]) == list(SEEDS)
+    for s in SEEDS:
+        got = losses(killed_program / f"seed-{s}")
+        assert sorted(got) == list(range(1, 31)), s
+        np.testing.assert_allclose(
+            [got[k] for k in got], [ref[s][k] for k in got], rtol=1e-6, err_msg=f"seed {s}"
+        )
+    err = capsys.readouterr().err
+    warnings = [line for line in err.splitlines() if "checkpoint step 20" in line]
+    assert len(warnings) == 1 and warnings[0].startswith("warning:"), warnings
+    assert "resuming at step 10" in err
+    assert list((killed_program / "checkpoints.skipped").iterdir())
+    assert steps_on_disk(killed_program)[-1] == 30
+
+
+def test_divergence_never_rotates_out_the_last_sane_stacked_checkpoint(
+    seed_reference, tmp_path, pristine_data, capsys
+):
+    """The finished program continued at a huge learning rate, saving every 2 steps
+    and keeping 1: the stacked checkpoints of insane steps rotate, step 30 stays."""
+
+    run = tmp_path / "run"
+    shutil.copytree(seed_reference[0], run)
+    config = smoke_config(
+        pristine_data,
+        **{**PROGRAM, "num_train_steps": 46, "keep_checkpoints": 1},
+        learning_rate=30.0,
+        allow_schedule_change=True,
+        checkpoint_every_steps=2,
+    )
+    try:
+        train_and_evaluate(config, str(run))
+    except TrainingDivergedError:  # a seed went NaN; the other finished
+        pass
+    assert max(max(losses(run / f"seed-{s}").values()) for s in SEEDS) > 100  # it diverged
+    assert 30 in steps_on_disk(run)
+    assert "step 30 stays the last sane one" in capsys.readouterr().err
+
+
+def test_a_read_only_workdir_is_refused_at_start(pristine_data, small_disk, cli_env):
+    (small_disk / "run").mkdir()
+    subprocess.run(["mount", "-o", "remount,ro", str(small_disk)], check=True)
+    start = time.monotonic()
+    proc = run_cli(small_disk / "run", pristine_data, cli_env, "--config.seeds=0,1")
+    assert proc.returncode == 4, proc.stderr[-2000:]
+    assert "read-only filesystem" in error_line(proc.stderr)
+    assert time.monotonic() - start < 60
+
+
+def test_a_full_disk_stops_at_the_first_save_in_one_line(pristine_data, small_disk, cli_env):
+    """2 MiB hold the program's files and a stacked checkpoint or two, not all of them."""
+    proc = run_cli(small_disk / "run", pristine_data, cli_env, "--config.seeds=0,1",
+                   "--config.keep_checkpoints=40", timeout=120)  # fmt: skip
+    assert proc.returncode == 4, proc.stderr[-2000:]
+    assert "disk full" in error_line(proc.stderr)
+    assert len(proc.stderr.splitlines()) < 30  # no wall of orbax errors
+
+
+@pytest.mark.parametrize(
+    ("overrides", "message"),
+    [
+        ({"max_len": 2}, "drops"),
+        ({"eval_splits": "validaton"}, "['validaton'] not a split of 'copy/tiny'"),
+        ({"eval_splits": "validation", "best_metric": "eval/validation/exact_mach"},
+         "best_metric='eval/validation/exact_mach' is not a metric this run logs"),
+    ],
+)  # fmt: skip
+def test_nonsense_data_settings_are_refused_before_anything_is_written(
+    pristine_data, tmp_path, overrides, message
+):
+    with pytest.raises(ConfigError) as e:
+        train_and_evaluate(smoke_config(pristine_data, seeds="0,1", **overrides), str(tmp_path))
+    assert message in str(e.value) and "\n" not in str(e.value)
+    written = [str(p) for p in tmp_path.rglob("*") if p.is_file()]
+    assert not written, written  # no config, metrics or checkpoint in any seed's workdir
+
+
+def test_the_program_log_reports_dropped_rows_and_every_seeds_tokens(
+    pristine_data, tmp_path, capsys
+):
+    config = smoke_config(
+        pristine_data, seeds="0,1", max_len=12, num_train_steps=4, progress_bar=True
+    )
+    train_and_evaluate(config, str(tmp_path))
+    err = capsys.readouterr().err
+    assert "note: max_len=12" in err
+    shown = [float(v.replace(",", "")) for v in re.findall(r"tok_s\(2 seeds\)=([\d,]+)", err)]
+    assert shown and shown[-1] > 0, err[-2000:]
+
+
+def test_program_tokens_per_sec_sums_every_seeds_tokens():
+    trackers = []
+    for tokens in (100.0, 300.0):
+        t = TrainMetrics(
+            MetricsWriter("/nonexistent", enabled=False), Progress(1, 0, enabled=False)
+        )
+        metrics = {"loss": 1.0, "accuracy": 0.5, "tokens": tokens, "grad_norm": 1.0,
+                   "learning_rate": 1e-3}  # fmt: skip
+        t.push(1, metrics)
+        t.log(1)
+        trackers.append(t)
+    rates = [t.logged_tokens_per_sec for t in trackers]
+    assert all(r > 0 for r in rates)
+    assert program_tokens_per_sec(trackers) == pytest.approx(sum(rates))
+    assert program_tokens_per_sec([]) == 0
