@@ -7,11 +7,12 @@ import csv
 import json
 import pathlib
 
+import ml_collections
 import pytest
 
 from jattn.analysis import expand, main_ablate
 from jattn.analysis.grid import apply_experiment_overrides, checked_configs
-from jattn.analysis.seed_groups import plan
+from jattn.analysis.seed_groups import plan, program_members
 from jattn.train.config import load_config
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
@@ -40,11 +41,33 @@ def test_plan_groups_seeds_and_names_each_fallback(tmp_path):
     assert not any(j.program for j in jobs) and len(jobs) == len(runs)
     assert "attention_impl='pallas' is a custom kernel" in jobs[0].note
 
-    lr = _experiment([("grid.seed.key", "learning_rate"), ("grid.seed.values", "0.001,0.002")])
-    runs = expand(lr, str(tmp_path))
-    jobs = plan(lr, runs, checked_configs(lr, runs, str(ROOT)), range(len(runs)))
+    heads = _experiment([("grid.seed.key", "model.num_heads"), ("grid.seed.values", "1,2")])
+    runs = expand(heads, str(tmp_path))
+    jobs = plan(heads, runs, checked_configs(heads, runs, str(ROOT)), range(len(runs)))
     assert not any(j.program for j in jobs)
     assert "no `seed` axis" in jobs[0].note and "differ in more than the seed" in jobs[0].note
+
+
+def test_a_learning_rate_axis_joins_its_groups_into_one_program(tmp_path):
+    """Runs that differ by seed and learning rate (or warmup) are one program's
+    members; the program is named by the grid's other axes."""
+    exp = _experiment([("grid.position.values", "sinusoidal,shaw"), ("grid.seed.values", "0,1")])
+    with exp.unlocked():
+        exp.grid.lr = ml_collections.ConfigDict({"key": "learning_rate", "values": "0.001,0.003"})
+    runs = expand(exp, str(tmp_path))
+    configs = checked_configs(exp, runs, str(ROOT))
+    jobs = plan(exp, runs, configs, range(len(runs)))
+    assert [(j.name, j.program, len(j.runs)) for j in jobs] == [
+        ("position=sinusoidal", True, 4),
+        ("position=shaw", True, 4),
+    ]
+    members = program_members(configs, jobs[0].runs)
+    assert [(m.seed, dict(m.hparams)) for m in members] == [
+        (int(configs[i].seed), {"learning_rate": configs[i].learning_rate}) for i in jobs[0].runs
+    ]
+    assert {m.name for m in members} == {
+        f"learning_rate-{lr}_seed-{s}" for lr in ("0.001", "0.003") for s in (0, 1)
+    }
 
 
 @pytest.mark.slow
@@ -64,7 +87,7 @@ def test_one_program_per_group_equals_one_run_per_seed(tmp_path, capsys):
         )
         assert status == 0
         out = capsys.readouterr().out
-        assert ("position=sinusoidal: 2 seeds in one program" in out) == one_program, out
+        assert ("position=sinusoidal: 2 runs in one program" in out) == one_program, out
         with open(workdir / "results.csv") as f:
             rows = list(csv.DictReader(f))
         assert [r["run"] for r in rows] == [
@@ -89,3 +112,28 @@ def test_one_program_per_group_equals_one_run_per_seed(tmp_path, capsys):
         repo_root=str(ROOT),
     )  # fmt: skip
     assert "2 already finished, 0 to train" in capsys.readouterr().out
+
+
+def test_a_learning_rate_sweep_trains_as_one_program_into_the_grids_run_dirs(tmp_path, capsys):
+    """End to end: each run directory of the grid holds the member with its own
+    learning rate (a member written into another run's directory would fail)."""
+    from jattn.analysis.runner import run_grid  # noqa: PLC0415
+
+    exp = _experiment([("grid.position.values", "sinusoidal"), ("grid.seed.values", "0")])
+    with exp.unlocked():
+        exp.grid.lr = ml_collections.ConfigDict({"key": "learning_rate", "values": "0.001,0.003"})
+        exp.reference = ""
+    run_grid(exp, str(tmp_path), repo_root=str(ROOT))
+    out = capsys.readouterr().out
+    assert "position=sinusoidal: 2 runs in one program" in out, out
+    finals = {}
+    for run in expand(exp, str(tmp_path)):
+        config = json.loads((pathlib.Path(run.workdir) / "config.json").read_text())
+        assert config["learning_rate"] == float(run.axes["lr"]), run.name
+        finals[run.name] = json.loads(
+            (pathlib.Path(run.workdir) / "final_metrics.json").read_text()
+        )
+        assert finals[run.name]["step"] == config["num_train_steps"]
+    losses = [f["train/loss"] for f in finals.values()]
+    assert len(set(losses)) == 2, losses
+    assert (tmp_path / "groups" / "position-sinusoidal" / "checkpoints").is_dir()

@@ -86,7 +86,7 @@ def run_grid(
         names = [runs[i].name for i in job.runs]
         elapsed = time.time() - start
         eta = "" if trained == 0 else f", ETA {_fmt(elapsed / trained * (len(todo) - trained))}"
-        what = names[0] if len(names) == 1 else f"{runs[job.runs[0]].group}: {len(names)} seeds"
+        what = names[0] if not job.program else f"{job.name}: {len(names)} runs"
         what += " in one program" if job.program else ""
         log(f"[{number}/{len(jobs)}] {what} (elapsed {_fmt(elapsed)}{eta})")
         if job.note:

@@ -1,21 +1,25 @@
 """The seed axis of a grid as one program: which runs of an ablation train together.
 
-Runs of one group (`jattn.analysis.grid.Run.group`) differ only by their
-seed, so `jattn ablate` trains the unfinished seeds of each group in one
-vmapped program (`jattn.train.seed_loop.train_seeds`), whose seed workdirs are
-the grid's own run workdirs (``DIR/runs/<name>/``): the report reads them as
-it reads single runs. The program's stacked checkpoints live in
-``DIR/groups/<group>/``.
+Runs that differ only by their seed and by the optimiser values a program can
+sweep (`jattn.train.optim.SWEEPABLE`: the learning rate and warmup) are one
+program's members (`jattn.train.members`): `jattn ablate` trains the
+unfinished ones in one program (`jattn.train.seed_loop.train_seeds`), whose
+member workdirs are the grid's own run workdirs (``DIR/runs/<name>/``), so the
+report reads them as it reads single runs. So a grid's seed axis is one program
+per group, and a learning-rate axis joins its groups into one program too.
+The program's stacked checkpoints live in ``DIR/groups/<program>/``, named by
+the grid's other axes.
 
-A group falls back to one run per seed, and the log says why, when
+A program falls back to one run per member, and the log says why, when
 
-- the experiment has no ``seed`` axis, or only one of its seeds is left to train;
-- its runs differ in more than the seed (an axis whose key is not ``seed``
-  but varies inside the group, which `Run.group` cannot see);
+- the experiment has no ``seed`` axis and no axis on a sweepable key, or only
+  one of its runs is left to train;
+- its runs differ in more than those (an axis whose key varies inside the
+  program without being one of them);
 - the config cannot vmap (`jattn.train.seeds.vmap_blockers`: custom attention
   kernels, Weights & Biases);
-- the config already sets `seeds`, or one program per group was turned off
-  (``jattn ablate --one-run-per-seed``).
+- the config already sets `seeds` or a sweep, or one program per group was
+  turned off (``jattn ablate --one-run-per-seed``).
 """
 
 from __future__ import annotations
@@ -30,7 +34,9 @@ import ml_collections
 
 from jattn.train.config import config_to_dict
 
-__all__ = ["Job", "group_workdir", "plan", "train_job"]
+__all__ = ["Job", "group_workdir", "plan", "program_members", "train_job"]
+
+MEMBER_KEYS = ("seed", "learning_rate", "warmup_steps")  # what members of a program may vary
 
 
 @dataclasses.dataclass(frozen=True)
@@ -38,34 +44,60 @@ class Job:
     """Runs trained together (one program) or one run alone.
 
     Attributes:
-      runs: indices into the grid's runs (all of one group when `program`).
-      program: True: one vmapped program for these seeds.
+      runs: indices into the grid's runs (all of one program when `program`).
+      program: True: one program for these runs (its members).
       note: why a group trains one run per seed ("" when nothing to say).
+      name: the program's name: the grid's other axes (`Run.group` without the
+        swept ones); "" for a single run.
     """
 
     runs: tuple[int, ...]
     program: bool
     note: str = ""
+    name: str = ""
 
 
-def _without_seed(config: ml_collections.ConfigDict) -> dict[str, Any]:
+def _member_axes(exp: ml_collections.ConfigDict) -> set[str]:
+    """The grid's axes whose key a program's members may vary (seed, learning rate, warmup)."""
+    return {a for a in exp.grid.keys() if exp.grid[a].get("key") in MEMBER_KEYS}
+
+
+def _program_name(run, member_axes: set[str]) -> str:
+    """`Run.group` (no axis named seed) without the member axes either."""
+    skip = member_axes | {"seed"}
+    return ",".join(f"{k}={v}" for k, v in run.axes.items() if k not in skip) or "all"
+
+
+def _shared(config: ml_collections.ConfigDict) -> dict[str, Any]:
     flat = config_to_dict(config)
-    flat.pop("seed")
+    for key in MEMBER_KEYS:
+        flat.pop(key)
     return flat
 
 
-def _blockers(exp, runs, configs, indices: Sequence[int]) -> list[str]:
+def _blockers(exp, configs, indices: Sequence[int]) -> list[str]:
     from jattn.train.seeds import vmap_blockers  # noqa: PLC0415
 
     why = []
-    if "seed" not in exp.grid.keys() or exp.grid.seed.get("key") != "seed":
-        why.append("the grid has no `seed` axis")
+    if not _member_axes(exp):
+        why.append("the grid has no `seed` axis (nor one on learning_rate or warmup_steps)")
     first = configs[indices[0]]
-    if any(_without_seed(configs[i]) != _without_seed(first) for i in indices[1:]):
-        why.append("its runs differ in more than the seed")
-    if first.seeds:
-        why.append(f"the config already sets seeds={tuple(first.seeds)}")
+    if any(_shared(configs[i]) != _shared(first) for i in indices[1:]):
+        why.append("its runs differ in more than the seed and the swept optimiser values")
+    if first.seeds or first.sweep_learning_rate or first.sweep_warmup_steps:
+        why.append("the config already sets seeds or a sweep")
     return why + vmap_blockers(first)
+
+
+def program_members(configs: Sequence[ml_collections.ConfigDict], indices: Sequence[int]):
+    """The members (`jattn.train.members.Member`) the runs `indices` are, in order: their
+    seeds, and the learning rate and warmup where those vary between them."""
+    from jattn.train.members import Member  # noqa: PLC0415
+
+    varying = [k for k in MEMBER_KEYS[1:] if len({configs[i][k] for i in indices}) > 1]
+    return [
+        Member(int(configs[i].seed), tuple((k, configs[i][k]) for k in varying)) for i in indices
+    ]
 
 
 def plan(
@@ -76,25 +108,26 @@ def plan(
     *,
     one_program: bool = True,
 ) -> list[Job]:
-    """The jobs that train the runs `todo`, in grid order of their groups' first run."""
-    groups: dict[str, list[int]] = {}
+    """The jobs that train the runs `todo`, in grid order of their programs' first run."""
+    member_axes = _member_axes(exp)
+    programs: dict[str, list[int]] = {}
     for i in todo:
-        groups.setdefault(runs[i].group, []).append(i)
+        programs.setdefault(_program_name(runs[i], member_axes), []).append(i)
     jobs = []
-    for indices in groups.values():
+    for name, indices in programs.items():
         if len(indices) == 1:
             jobs.append(Job((indices[0],), False))
             continue
         why = (
             ["one program per group was turned off (--one-run-per-seed)"]
             if not one_program
-            else _blockers(exp, runs, configs, indices)
+            else _blockers(exp, configs, indices)
         )
         if why:
             note = "; ".join(why)
             jobs += [Job((i,), False, note) for i in indices]
         else:
-            jobs.append(Job(tuple(indices), True))
+            jobs.append(Job(tuple(indices), True, name=name))
     return jobs
 
 
@@ -117,20 +150,21 @@ def train_job(job: Job, runs, configs, workdir: str) -> dict[str, str]:
         except TrainingDivergedError as e:
             return {run.name: f"diverged: {e}"}
         return {run.name: "preempted" if final.get("preempted") else "finished"}
+    members = program_members(configs, job.runs)
     config = configs[job.runs[0]].copy_and_resolve_references()
     with config.unlocked():
-        config.seeds = tuple(int(configs[i].seed) for i in job.runs)
+        config.seeds = tuple(sorted({m.seed for m in members}))
     result = train_seeds(
         config,
-        group_workdir(workdir, runs[job.runs[0]].group),
+        group_workdir(workdir, job.name),
         [runs[i].workdir for i in job.runs],
+        members=members,
         raise_on_divergence=False,
     )
     status = {}
-    for i in job.runs:
-        seed = int(configs[i].seed)
-        if seed in result["diverged"]:
-            status[runs[i].name] = f"diverged: {result['diverged'][seed]}"
+    for i, member in zip(job.runs, members, strict=True):
+        if member.key in result["diverged"]:
+            status[runs[i].name] = f"diverged: {result['diverged'][member.key]}"
         else:
             status[runs[i].name] = "preempted" if result["preempted"] else "finished"
     return status

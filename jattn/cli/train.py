@@ -66,7 +66,8 @@ def _parser() -> argparse.ArgumentParser:
 def _summary(final: dict) -> str:
     if "seeds" in final:  # several seeds in one program (config.seeds)
         return "\n".join(
-            f"seed {seed}: " + _summary(result) for seed, result in sorted(final["seeds"].items())
+            (f"seed {key}" if isinstance(key, int) else key) + ": " + _summary(result)
+            for key, result in sorted(final["seeds"].items())
         )
     state = "preempted" if final.get("preempted") else "done"
     shown = {k: v for k, v in final.items() if k.startswith("eval/") or k == "train/loss"}

@@ -35,6 +35,7 @@ from jattn.data import producibility
 from jattn.data.tokenizers import check_saved, save_to_dir, vocab_hash
 from jattn.train import allocator, data_checks, evaluation, filesystem, recovery, steps
 from jattn.train import checkpoints as ckpt
+from jattn.train import members as members_lib
 from jattn.train import mesh as mesh_lib
 from jattn.train.config import (
     ConfigError,
@@ -332,7 +333,7 @@ def _train_and_evaluate(config, workdir: str, watch: PreemptionWatch, stack) -> 
     from jattn import data as data_lib  # noqa: PLC0415
     from jattn.models import Transformer  # noqa: PLC0415
 
-    if config.get("seeds"):  # every seed in one program, each in WORKDIR/seed-<s>/
+    if members_lib.is_program(config):  # every seed (and swept value) in one program
         from jattn.train.seed_loop import train_seeds  # noqa: PLC0415
 
         return train_seeds(config, workdir, watch=watch)  # it takes the workdir's lock

@@ -28,7 +28,16 @@ import numpy as np
 
 from jattn.train.seeds import seed_config, seed_list
 
-__all__ = ["SWEEPS", "Member", "hparam_arrays", "member_config", "member_workdirs", "members"]
+__all__ = [
+    "SWEEPS",
+    "Member",
+    "describe",
+    "hparam_arrays",
+    "is_program",
+    "member_config",
+    "member_workdirs",
+    "members",
+]
 
 # config key of the swept values -> the key each member sets.
 SWEEPS = {"sweep_learning_rate": "learning_rate", "sweep_warmup_steps": "warmup_steps"}
@@ -52,9 +61,19 @@ class Member:
         return "_".join([f"{k}-{v:g}" for k, v in self.hparams] + [f"seed-{self.seed}"])
 
     @property
+    def label(self) -> str:
+        """How log lines name it: ``seed 0``, or its `name` with a sweep."""
+        return self.name if self.hparams else f"seed {self.seed}"
+
+    @property
     def key(self) -> int | str:
         """How results are keyed: the seed without a sweep (as before sweeps), else `name`."""
         return self.name if self.hparams else self.seed
+
+
+def is_program(config: ml_collections.ConfigDict) -> bool:
+    """Whether `config` trains several members in one program (seeds or a sweep)."""
+    return bool(config.get("seeds")) or any(config.get(sweep) for sweep in SWEEPS)
 
 
 def members(config: ml_collections.ConfigDict) -> list[Member]:
@@ -72,8 +91,6 @@ def member_config(config: ml_collections.ConfigDict, member: Member) -> ml_colle
     """The config of the single run `member` is (locked; no seeds, no sweeps)."""
     out = seed_config(config, member.seed)
     with out.unlocked():
-        for sweep in SWEEPS:
-            out[sweep] = ()
         for key, value in member.hparams:
             out[key] = value
     return out
@@ -91,3 +108,15 @@ def hparam_arrays(program: Sequence[Member]) -> dict[str, np.ndarray]:
         return {}
     keys = [k for k, _ in program[0].hparams]
     return {k: np.asarray([dict(m.hparams)[k] for m in program], np.float32) for k in keys}
+
+
+def describe(program: Sequence[Member]) -> str:
+    """``seeds [0, 1, 2]``, or ``4 members (seeds [0, 1] x learning_rate (0.001, 0.0003))``."""
+    seeds = sorted({m.seed for m in program})
+    if not program[0].hparams:
+        return f"seeds {seeds}"
+    swept = [
+        f"{k} ({', '.join(f'{v:g}' for v in dict.fromkeys(dict(m.hparams)[k] for m in program))})"
+        for k, _ in program[0].hparams
+    ]
+    return f"{len(program)} members (seeds {seeds} x {' x '.join(swept)})"

@@ -1,5 +1,9 @@
 """`train_seeds(config, workdir)`: every seed of `config.seeds` in one jitted program.
 
+With `config.sweep_learning_rate` / `sweep_warmup_steps` the program's members
+are every (swept values, seed) combination (`jattn.train.members`), each the
+single run with those values; "seed" below reads "member" then.
+
 The loop reads like `jattn.train.loop.train_and_evaluate`, whose helpers it
 uses, with a seed axis `S` in front of every array:
 
@@ -40,6 +44,7 @@ import functools
 import json
 import math
 import os
+from collections.abc import Sequence
 from typing import Any
 
 import jax
@@ -55,6 +60,7 @@ from jattn.data.tokenizers import save_to_dir
 from jattn.train import checkpoints as ckpt
 from jattn.train import data_checks, evaluation, filesystem, recovery, steps
 from jattn.train import loop as single
+from jattn.train import members as members_lib
 from jattn.train import mesh as mesh_lib
 from jattn.train import seeds as seeds_lib
 from jattn.train.config import ConfigError, build_model_config, check_config
@@ -63,23 +69,10 @@ from jattn.train.metrics import Progress, TrainMetrics, strict_json_value, write
 from jattn.train.optim import make_optimizer
 from jattn.train.restore import load_task
 from jattn.train.sanity import SANE_STEP_METRIC
-from jattn.train.seed_metrics import SeedMetrics
+from jattn.train.seed_metrics import SeedMetrics, finished_members
 from jattn.train.workdir_lock import WorkdirLock
 
 __all__ = ["train_seeds"]
-
-
-def _finished_seeds(dirs, seed_configs) -> dict[int, dict[str, Any]]:
-    """Seed index -> its saved final metrics, for seeds whose workdir is finished."""
-    out = {}
-    for i, (d, c) in enumerate(zip(dirs, seed_configs, strict=True)):
-        path = os.path.join(d, single.FINAL_METRICS)
-        if os.path.exists(path):
-            with open(path) as f:
-                final = json.load(f)
-            if final.get("step") == c.num_train_steps:
-                out[i] = final
-    return out
 
 
 def _last_loss(tm: TrainMetrics, workdir: str) -> float:
@@ -92,6 +85,7 @@ def train_seeds(
     workdir: str,
     seed_dirs: list[str] | None = None,
     *,
+    members: Sequence[members_lib.Member] | None = None,
     raise_on_divergence: bool = True,
     watch: PreemptionWatch | None = None,
 ) -> dict[str, Any]:
@@ -110,8 +104,11 @@ def train_seeds(
     Args:
       config: a full config with `seeds` set.
       workdir: the group's directory: holds the stacked ``checkpoints/``.
-      seed_dirs: each seed's run directory (default ``workdir/seed-<s>``),
+      seed_dirs: each member's run directory (default ``workdir/<member name>``:
+        ``seed-<s>``, or e.g. ``learning_rate-0.001_seed-<s>`` with a sweep),
         laid out as a single run's.
+      members: the program's members (`jattn.train.members`); default: every
+        seed and swept value of `config` (`members.members(config)`).
       raise_on_divergence: raise `TrainingDivergedError` at the end (after the
         other seeds finished) when a seed diverged; False returns it in
         ``"diverged"``.
@@ -119,9 +116,10 @@ def train_seeds(
         installs one for this call.
 
     Returns:
-      ``{"step", "preempted", "seeds": {seed: final metrics}, "diverged":
-      {seed: message}}``; each seed's final metrics as its
-      ``final_metrics.json`` holds them.
+      ``{"step", "preempted", "seeds": {key: final metrics}, "diverged":
+      {key: message}}``, keyed by seed (or by member name when a learning
+      rate or warmup is swept: `Member.key`); each member's final metrics as
+      its ``final_metrics.json`` holds them.
 
     Raises:
       ConfigError: as `train_and_evaluate`, or a config that cannot vmap.
@@ -132,10 +130,12 @@ def train_seeds(
         if watch is None:
             watch = PreemptionWatch(stage="start-up")
             stack.callback(watch.close)
-        return _train_seeds(config, workdir, seed_dirs, raise_on_divergence, watch, stack)
+        return _train_seeds(config, workdir, seed_dirs, members, raise_on_divergence, watch, stack)
 
 
-def _train_seeds(config, workdir, seed_dirs, raise_on_divergence, watch, stack) -> dict[str, Any]:
+def _train_seeds(
+    config, workdir, seed_dirs, members, raise_on_divergence, watch, stack
+) -> dict[str, Any]:
     """`train_seeds` under `watch`; `stack` holds the workdir's lock."""
     from jattn import data as data_lib  # noqa: PLC0415
     from jattn.models import Transformer  # noqa: PLC0415
@@ -148,12 +148,14 @@ def _train_seeds(config, workdir, seed_dirs, raise_on_divergence, watch, stack) 
         raise ConfigError(
             "config.seeds: these seeds cannot train in one program: " + "; ".join(blockers)
         )
-    seeds = seeds_lib.seed_list(config)
+    program = list(members) if members is not None else members_lib.members(config)
     workdir = os.path.abspath(workdir)
-    dirs = [os.path.abspath(d) for d in (seed_dirs or seeds_lib.seed_workdirs(workdir, seeds))]
-    if len(dirs) != len(seeds):
-        raise ConfigError(f"{len(seeds)} seeds but {len(dirs)} seed workdirs")
-    seed_configs = [seeds_lib.seed_config(config, s) for s in seeds]
+    dirs = seed_dirs or members_lib.member_workdirs(workdir, program)
+    dirs = [os.path.abspath(d) for d in dirs]
+    if len(dirs) != len(program):
+        raise ConfigError(f"{len(program)} members but {len(dirs)} workdirs")
+    seed_configs = [members_lib.member_config(config, m) for m in program]
+    keys = [m.key for m in program]  # how results and the stacked checkpoint name them
     is_main = jax.process_index() == 0
     mesh = mesh_lib.make_mesh(config.mesh_shape)
     rules = tuple(tuple(r) for r in config.logical_axis_rules) or mesh_lib.DEFAULT_RULES
@@ -173,7 +175,7 @@ def _train_seeds(config, workdir, seed_dirs, raise_on_divergence, watch, stack) 
             pid = lock.previous.get("pid")
             single._warn(f"warning: took over the lock of {workdir} left by pid {pid}, which died")
         recovery.set_aside_incomplete(checkpoint_dir, single._warn)
-    done = _finished_seeds(dirs, seed_configs)
+    done = finished_members(dirs, seed_configs)
     group_config = config.copy_and_resolve_references()
     with group_config.unlocked():
         group_config.best_metric = ""  # the best step of one seed is not the group's
@@ -185,32 +187,33 @@ def _train_seeds(config, workdir, seed_dirs, raise_on_divergence, watch, stack) 
         seeds_lib.check_stacked_compatible(
             meta, config, meta["signature"]["seeds"], f"workdir {workdir!r}"
         )
-        saved_seeds = meta["signature"]["seeds"]
-        diverged = {saved_seeds[int(k)]: v for k, v in meta.get("diverged", {}).items()}
+        saved_keys = meta["signature"]["seeds"]
+        diverged = {saved_keys[int(k)]: v for k, v in meta.get("diverged", {}).items()}
         return {
             "step": config.num_train_steps,
             "preempted": False,
-            "seeds": {seeds[i]: f for i, f in done.items()},
+            "seeds": {keys[i]: f for i, f in done.items()},
             "diverged": diverged,
         }
-    todo = [i for i in range(len(seeds)) if i not in done]
+    todo = [i for i in range(len(program)) if i not in done]
     if not todo:
         mngr.close()
         return {
             "step": config.num_train_steps,
             "preempted": False,
-            "seeds": {seeds[i]: f for i, f in done.items()},
+            "seeds": {keys[i]: f for i, f in done.items()},
             "diverged": {},
         }
-    if len(todo) < len(seeds) and latest is None:
-        seeds = [seeds[i] for i in todo]
+    if len(todo) < len(program) and latest is None:
+        program = [program[i] for i in todo]
+        keys = [keys[i] for i in todo]
         dirs = [dirs[i] for i in todo]
         seed_configs = [seed_configs[i] for i in todo]
-        with config.unlocked():
-            config.seeds = tuple(seeds)
-    num = len(seeds)
+    num = len(program)
+    seeds = [m.seed for m in program]
+    labels = [m.label for m in program]
     if meta is not None:
-        seeds_lib.check_stacked_compatible(meta, config, seeds, f"workdir {workdir!r}")
+        seeds_lib.check_stacked_compatible(meta, config, keys, f"workdir {workdir!r}")
     data_checks.check_row_lengths(config, task, single._warn)  # after: a resume's diffs say more
 
     data_check = producibility.check(task, eval_splits)
@@ -274,7 +277,17 @@ def _train_seeds(config, workdir, seed_dirs, raise_on_divergence, watch, stack) 
     batch_sharding = seeds_lib.seed_batch_sharding(mesh, axis)
     rows_spec = P(None, tuple(a for a in ("data", "fsdp") if a != axis), None)
     kind = seeds_lib.program_kind(config)
-    step_fn = seeds_lib.seed_train_step(model, tx, schedule, config, mesh, seeds, rows_spec, kind)
+    step_fn = seeds_lib.seed_train_step(
+        model,
+        tx,
+        schedule,
+        config,
+        mesh,
+        seeds,
+        rows_spec,
+        kind,
+        hparams=members_lib.hparam_arrays(program),
+    )
     rows = config.batch_size
     abstract_batch = {
         k: jax.ShapeDtypeStruct((num, rows, n), jnp.int32, sharding=batch_sharding)
@@ -322,7 +335,7 @@ def _train_seeds(config, workdir, seed_dirs, raise_on_divergence, watch, stack) 
         for m in ("loss", "accuracy", *es.metrics)
     ]
     book = SeedMetrics(
-        seeds,
+        labels,
         dirs,
         seed_configs,
         start=start,
@@ -335,13 +348,13 @@ def _train_seeds(config, workdir, seed_dirs, raise_on_divergence, watch, stack) 
         single._startup_summary(
             workdir, config, mesh, num_params, task, eval_sets, start, data_check
         )
-        + f"\nseeds {seeds} in one program ({kind}) -> "
+        + f"\n{members_lib.describe(program)} in one program ({kind}) -> "
         + ", ".join(os.path.relpath(d, workdir) for d in dirs)
         + "\n"
         + seeds_lib.memory_line(train_step, abstract_one, num, kind)
     )
     for i, msg in diverged.items():
-        progress.write(f"seed {seeds[i]} diverged before this restart: {msg}")
+        progress.write(f"{labels[i]} diverged before this restart: {msg}")
 
     def run_eval(params, step: int) -> dict[int, dict[str, float]]:
         cache: dict[Any, Any] = {}
@@ -398,7 +411,7 @@ def _train_seeds(config, workdir, seed_dirs, raise_on_divergence, watch, stack) 
                 if do_eval:
                     eval_metrics, eval_step_done = run_eval(state.params, step), step
                     for i, m in eval_metrics.items():
-                        progress.write(f"seed {seeds[i]}: " + single._format_eval(step, m))
+                        progress.write(f"{labels[i]}: " + single._format_eval(step, m))
                 if do_save or preempted:
                     sane_step = {SANE_STEP_METRIC: step if book.sane else -1}
                     with filesystem.checked_save(mngr, step, save_bytes):
@@ -409,7 +422,7 @@ def _train_seeds(config, workdir, seed_dirs, raise_on_divergence, watch, stack) 
                             alive,
                             streams,
                             config,
-                            seeds,
+                            keys,
                             book.named_diverged(),
                             sane_step,
                         )
@@ -442,7 +455,7 @@ def _train_seeds(config, workdir, seed_dirs, raise_on_divergence, watch, stack) 
         book.close()
 
     # 7. Each finished seed: its own checkpoint and final_metrics.json, as a single run.
-    finals: dict[int, dict[str, Any]] = {seeds[i]: f for i, f in done.items()}
+    finals: dict[Any, dict[str, Any]] = {keys[i]: f for i, f in done.items()}
     seed_bytes = int(1.2 * single._state_bytes(abstract_one)) + (1 << 20)
     for i in book.live():
         result = {
@@ -465,10 +478,10 @@ def _train_seeds(config, workdir, seed_dirs, raise_on_divergence, watch, stack) 
             filesystem.wait_for_saves(seed_mngr)
             seed_mngr.close()
             path = os.path.join(dirs[i], single.FINAL_METRICS)
-            finals[seeds[i]] = write_final_metrics(path, result)
+            finals[keys[i]] = write_final_metrics(path, result)
         else:
-            finals[seeds[i]] = {k: strict_json_value(v) for k, v in result.items()}
-    named = {seeds[i]: msg for i, msg in book.diverged.items()}
+            finals[keys[i]] = {k: strict_json_value(v) for k, v in result.items()}
+    named = {keys[i]: msg for i, msg in book.diverged.items()}
     if named and raise_on_divergence and not preempted:
         raise single.TrainingDivergedError(
             "; ".join(named[s] for s in sorted(named))

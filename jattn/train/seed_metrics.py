@@ -22,6 +22,8 @@ the bar's label says.
 from __future__ import annotations
 
 import contextlib
+import json
+import os
 from collections.abc import Sequence
 from typing import Any
 
@@ -29,7 +31,7 @@ import jax
 import numpy as np
 
 from jattn.train import seeds as seeds_lib
-from jattn.train.loop import _flat_hparams
+from jattn.train.loop import FINAL_METRICS, _flat_hparams
 from jattn.train.metrics import (
     MetricsWriter,
     Progress,
@@ -39,14 +41,29 @@ from jattn.train.metrics import (
 )
 from jattn.train.sanity import LossSanity, insane_warning
 
-__all__ = ["SeedMetrics"]
+__all__ = ["SeedMetrics", "finished_members"]
+
+
+def finished_members(dirs: Sequence[str], configs: Sequence[Any]) -> dict[int, dict[str, Any]]:
+    """Position -> saved final metrics, for the members whose workdir holds a finished
+    run (e.g. trained by single runs before): they are left out of the program."""
+    out = {}
+    for i, (d, c) in enumerate(zip(dirs, configs, strict=True)):
+        path = os.path.join(d, FINAL_METRICS)
+        if os.path.exists(path):
+            with open(path) as f:
+                final = json.load(f)
+            if final.get("step") == c.num_train_steps:
+                out[i] = final
+    return out
 
 
 class SeedMetrics:
     """Every seed's writer, step metrics and loss sanity, and the program's bar.
 
     Args:
-      seeds, dirs, configs: the program's seeds, their workdirs and configs.
+      seeds, dirs, configs: how log lines name the program's members ("seed 0"),
+        their workdirs and configs.
       start: the step the program starts at (later rows of a resumed seed's
         metrics are dropped, as in a single run).
       metric_names: the scalars TensorBoard's HPARAMS table shows.
@@ -57,7 +74,7 @@ class SeedMetrics:
 
     def __init__(
         self,
-        seeds: Sequence[int],
+        seeds: Sequence[str],
         dirs: Sequence[str],
         configs: Sequence[Any],
         *,
@@ -106,7 +123,7 @@ class SeedMetrics:
             if not ok[i]:
                 self.alive[i] = False
                 self.diverged[i] = (
-                    f"seed {self.seeds[i]}: non-finite loss ({float(m['loss'][i])}) at step "
+                    f"{self.seeds[i]}: non-finite loss ({float(m['loss'][i])}) at step "
                     f"{step}; its state is kept from step {step - 1}, the other seeds went on"
                 )
                 self.progress.write(self.diverged[i])
@@ -145,7 +162,7 @@ class SeedMetrics:
                 self.trackers[i].logged_loss,
                 self.sanities[i],
                 last_sane,
-                f" (seed {self.seeds[i]})",
+                f" ({self.seeds[i]})",
             )
             for i in self.insane
         ]

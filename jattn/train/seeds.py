@@ -71,6 +71,8 @@ def seed_config(config: ml_collections.ConfigDict, seed: int) -> ml_collections.
     with out.unlocked():
         out.seed = int(seed)
         out.seeds = ()
+        out.sweep_learning_rate = ()  # a member's values are set by `members.member_config`
+        out.sweep_warmup_steps = ()
         out.seed_mesh_axis = ""
         out.seed_program = "auto"
         out.debug_nan_at_step = (
@@ -185,44 +187,47 @@ def over_seeds(fn, kind: str, num_shared: int = 0):
     return mapped
 
 
-def seed_train_step(model, tx, schedule, config, mesh, seeds, batch_spec, kind):
+def seed_train_step(model, tx, schedule, config, mesh, seeds, batch_spec, kind, hparams=None):
     """`(state [S], batch [S, B, L], alive bool [S]) -> (state, metrics [S], alive)`.
 
     The single run's step over the seed axis (`kind`: "vmap" or "map"). With
-    `debug_nan_at_step`, only the seeds `debug_nan_seed` names (-1: all) get
-    the poisoned step (a testing aid only; under vmap both steps are computed
-    and one is selected).
+    `hparams` (`jattn.train.members.hparam_arrays`: swept learning rates and
+    warmups, ``[S]`` each), each member's optimiser is built from its own
+    values (`jattn.train.optim.make_optimizer`); its state has the structure
+    `tx`'s has. With `debug_nan_at_step`, only the seeds `debug_nan_seed`
+    names (-1: all) get the poisoned step (a testing aid only; under vmap both
+    steps are computed and one is selected).
     """
+    from jattn.train.optim import make_optimizer  # noqa: PLC0415
+
     common = dict(
         label_smoothing=config.label_smoothing,
         grad_accum_steps=config.grad_accum_steps,
         micro_spec=None if config.grad_accum_steps == 1 else NamedSharding(mesh, batch_spec),
     )
-    clean = steps.make_train_step(model, tx, schedule, **common)
     poisoned_seeds = [config.debug_nan_seed in (-1, s) for s in seeds]
-    if config.debug_nan_at_step > 0 and any(poisoned_seeds):
-        nan_step = steps.make_train_step(
-            model, tx, schedule, **common, debug_nan_at_step=config.debug_nan_at_step
-        )
+    nan_at = config.debug_nan_at_step if any(poisoned_seeds) else 0
 
-        def one(state, batch, poison):
-            return jax.lax.cond(poison, nan_step, clean, state, batch)
-    else:
-
-        def one(state, batch, poison):  # noqa: ARG001
+    def one(state, batch, poison, hp):
+        t, s = make_optimizer(config, hp) if hp else (tx, schedule)
+        clean = steps.make_train_step(model, t, s, **common)
+        if nan_at <= 0:
             return clean(state, batch)
+        nan_step = steps.make_train_step(model, t, s, **common, debug_nan_at_step=nan_at)
+        return jax.lax.cond(poison, nan_step, clean, state, batch)
 
     poison = jnp.asarray(poisoned_seeds)  # [S]
+    hp = {k: jnp.asarray(v, jnp.float32) for k, v in (hparams or {}).items()}  # [S] each
 
-    def guarded(state, batch, alive, poison):
-        new, metrics = one(state, batch, poison)
+    def guarded(state, batch, alive, poison, hp):
+        new, metrics = one(state, batch, poison, hp)
         ok = alive & jnp.isfinite(metrics["loss"])
         # A diverged seed keeps its last good state; the others are untouched bit for bit.
         new = jax.tree.map(lambda n, o: jnp.where(ok, n, o), new, state)
         return new, metrics, ok
 
     over = over_seeds(guarded, kind)
-    return lambda state, batch, alive: over(state, batch, alive, poison)
+    return lambda state, batch, alive: over(state, batch, alive, poison, hp)
 
 
 def batch_lengths(config: ml_collections.ConfigDict) -> dict[str, int]:
@@ -256,7 +261,7 @@ def save_stacked(
     `jattn.train.checkpoints.save`."""
     meta = {
         "config": config_to_dict(config),
-        "signature": {**ckpt.signature(config), "seeds": [int(s) for s in seeds]},
+        "signature": {**ckpt.signature(config), "seeds": [_key(s) for s in seeds]},
         "step": int(step),
         "diverged": diverged,
     }
@@ -289,7 +294,7 @@ def check_stacked_compatible(meta: dict[str, Any], config, seeds: Sequence[int],
     saved = dict(meta.get("signature") or {})
     saved_seeds = saved.pop("seeds", None)
     diffs = ckpt.incompatibilities(saved, config)
-    if saved_seeds != [int(s) for s in seeds]:
+    if saved_seeds != [_key(s) for s in seeds]:
         diffs.append(f"seeds: checkpoint {saved_seeds!r} != config {list(seeds)!r}")
     changes = ckpt.schedule_changes(meta, config)
     if changes and not config.allow_schedule_change:
@@ -374,3 +379,9 @@ def memory_line(compiled: Any, abstract_one: Any, num_seeds: int, kind: str = "v
         + f"); {fits} seeds fit 90% of the {source}"
         + ("" if limit is None else f" ({limit / 2**30:.1f} GiB)")
     )
+
+
+def _key(member_key: int | str) -> int | str:
+    """A member's key as the stacked checkpoint records it: the seed as an int (numpy
+    ints included), or the member's name when it sweeps a learning rate or warmup."""
+    return member_key if isinstance(member_key, str) else int(member_key)
