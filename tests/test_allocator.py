@@ -44,3 +44,23 @@ def test_describe_before_any_call_says_not_tuned():
         check=True,
     )
     assert out.stdout.strip() == "host allocator: glibc defaults (not tuned)"
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="glibc's mallopt")
+def test_the_allocator_bench_measures_both_settings_in_their_own_process():
+    """`jattn bench allocator` on the smoke config: one row a setting, each child
+    reporting the allocator it ran with (no timing is asserted)."""
+    repo = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    script = os.path.join(repo, "experiments", "bench_allocator.py")
+    config = os.path.join(repo, "configs", "smoke.py")
+    out = subprocess.run(
+        [sys.executable, script, "--config", config, "--steps", "2", "--rounds", "1"],
+        capture_output=True,
+        text=True,
+        check=True,
+        env={**os.environ, "JAX_PLATFORMS": "cpu"},
+    ).stdout
+    assert "glibc defaults: {'allocator': 'host allocator: glibc defaults (JATTN" in out
+    assert "tuned (jattn): {'allocator': 'host allocator: tuned'" in out
+    rows = [line for line in out.splitlines() if line.startswith("| ") and "x |" in line]
+    assert [r.split(" | ")[0] for r in rows] == ["| glibc defaults", "| tuned (jattn)"], out
