@@ -237,3 +237,20 @@ def test_seed_axis_replicated_or_sharded_over_a_mesh_axis(group, tmp_path):
                 out[mode][str(seed)], [want[s] for s in range(1, 7)], rtol=2e-5, err_msg=mode
             )
     assert "do not divide 3 seeds" in out["error"]
+
+
+def test_a_seed_finished_by_a_single_run_is_left_out_and_reported(group, tmp_path):
+    """Seed 0 already trained as a single run in its seed workdir: the program trains
+    seed 1 alone and returns both seeds' final metrics under their own seeds."""
+    workdir, _ = group
+    single = train_and_evaluate(smoke_config(seed=0), str(tmp_path / "seed-0"))
+    result = train_and_evaluate(smoke_config(seeds="0,1"), str(tmp_path))
+    assert sorted(result["seeds"]) == [0, 1]
+    assert result["seeds"][0]["train/loss"] == single["train/loss"]
+    assert "train/seeds_in_program" not in result["seeds"][0]  # not retrained
+    assert result["seeds"][1]["train/seeds_in_program"] == 1
+    np.testing.assert_allclose(
+        result["seeds"][1]["train/loss"],
+        json.loads((workdir / "seed-1" / "final_metrics.json").read_text())["train/loss"],
+        rtol=1e-5,
+    )

@@ -176,24 +176,30 @@ def _train_seeds(
             single._warn(f"warning: took over the lock of {workdir} left by pid {pid}, which died")
         recovery.set_aside_incomplete(checkpoint_dir, single._warn)
     done = finished_members(dirs, seed_configs)
+    done_finals = {keys[i]: f for i, f in done.items()}  # by key: positions shift below
     group_config = config.copy_and_resolve_references()
     with group_config.unlocked():
         group_config.best_metric = ""  # the best step of one seed is not the group's
     mngr = ckpt.make_manager(workdir, group_config)
     latest = mngr.latest_step()
     meta = ckpt.saved_meta(mngr, latest) if latest is not None else None
-    if meta is not None and meta.get("step") == config.num_train_steps:
+    saved_keys = (meta or {}).get("signature", {}).get("seeds", [])
+    gone = {saved_keys[int(k)]: v for k, v in (meta or {}).get("diverged", {}).items()}
+    # Finished: the last step saved and every member's final_metrics.json written (or
+    # the member diverged). A stop while the members' final files were being written
+    # resumes at the last step: no training, the final evaluation and files again.
+    if (
+        meta is not None
+        and meta.get("step") == config.num_train_steps
+        and all(i in done or k in gone for i, k in enumerate(keys))
+    ):
         mngr.close()  # the program finished: what each seed wrote is its result
-        seeds_lib.check_stacked_compatible(
-            meta, config, meta["signature"]["seeds"], f"workdir {workdir!r}"
-        )
-        saved_keys = meta["signature"]["seeds"]
-        diverged = {saved_keys[int(k)]: v for k, v in meta.get("diverged", {}).items()}
+        seeds_lib.check_stacked_compatible(meta, config, saved_keys, f"workdir {workdir!r}")
         return {
             "step": config.num_train_steps,
             "preempted": False,
             "seeds": {keys[i]: f for i, f in done.items()},
-            "diverged": diverged,
+            "diverged": gone,
         }
     todo = [i for i in range(len(program)) if i not in done]
     if not todo:
@@ -455,9 +461,11 @@ def _train_seeds(
         book.close()
 
     # 7. Each finished seed: its own checkpoint and final_metrics.json, as a single run.
-    finals: dict[Any, dict[str, Any]] = {keys[i]: f for i, f in done.items()}
+    finals: dict[Any, dict[str, Any]] = dict(done_finals)
     seed_bytes = int(1.2 * single._state_bytes(abstract_one)) + (1 << 20)
     for i in book.live():
+        if keys[i] in done_finals:  # finished before this rerun (its files were written)
+            continue
         result = {
             "step": step,
             "preempted": preempted,

@@ -4,6 +4,7 @@ the program's progress bar counting every seed's tokens."""
 
 from __future__ import annotations
 
+import json
 import re
 import shutil
 import subprocess
@@ -158,3 +159,24 @@ def test_program_tokens_per_sec_sums_every_seeds_tokens():
     assert all(r > 0 for r in rates)
     assert program_tokens_per_sec(trackers) == pytest.approx(sum(rates))
     assert program_tokens_per_sec([]) == 0
+
+
+def test_a_stop_while_the_members_write_their_final_files_is_finished_by_a_rerun(
+    pristine_data, seed_reference, tmp_path
+):
+    """The program saved its last step, then stopped before seed 1's final_metrics.json
+    and checkpoint were written: a rerun must not call it finished, and writes them
+    (from the last stacked step: no training, the final evaluation again)."""
+    run = tmp_path / "run"
+    shutil.copytree(seed_reference[0], run)
+    final = run / "seed-1" / "final_metrics.json"
+    want = json.loads(final.read_text())
+    final.unlink()
+    shutil.rmtree(run / "seed-1" / "checkpoints")
+    result = train_and_evaluate(smoke_config(pristine_data, **PROGRAM), str(run))
+    got = json.loads(final.read_text())
+    assert sorted(result["seeds"]) == [0, 1] and result["step"] == 30
+    assert got["step"] == want["step"] == 30
+    assert got["train/loss"] == pytest.approx(want["train/loss"], rel=1e-6)
+    assert steps_on_disk(run / "seed-1") == [30]
+    assert losses(run / "seed-1") == seed_reference[1][1]  # nothing was trained again
