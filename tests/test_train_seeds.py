@@ -90,6 +90,11 @@ def test_seeds_in_one_program_equal_separate_runs(group, tmp_path):
         assert layout(seed_dir) == layout(single)
         assert (seed_dir / "config.json").read_text() == (single / "config.json").read_text()
         assert list((seed_dir / "tb").iterdir()), "no TensorBoard events"
+        metas = [
+            json.loads((d / "checkpoints" / "20" / "meta" / "metadata").read_text())
+            for d in (seed_dir, single)
+        ]
+        assert metas[0]["vocab_sha256"] == metas[1]["vocab_sha256"]  # resumable as a single run
         finals[seed] = final["train/loss"]
     # The seeds really differ (a program that trained seed 0 thrice would fail above,
     # but say it plainly).

@@ -56,7 +56,7 @@ from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
 from jattn.data import producibility
-from jattn.data.tokenizers import save_to_dir
+from jattn.data.tokenizers import save_to_dir, vocab_hash
 from jattn.train import checkpoints as ckpt
 from jattn.train import data_checks, evaluation, filesystem, recovery, steps
 from jattn.train import loop as single
@@ -223,6 +223,7 @@ def _train_seeds(
     data_checks.check_row_lengths(config, task, single._warn)  # after: a resume's diffs say more
 
     data_check = producibility.check(task, eval_splits)
+    vocab = vocab_hash(task.tokenizer)  # recorded in each member's own checkpoint
     model_config = build_model_config(config, task.tokenizer.vocab_size)
     model = Transformer(model_config)
     tx, schedule = make_optimizer(config)
@@ -482,7 +483,7 @@ def _train_seeds(
             saved = {**eval_metrics.get(i, {}), SANE_STEP_METRIC: step if sane else -1}
             with filesystem.checked_save(seed_mngr, step, seed_bytes):
                 one = seeds_lib.take(state, i)
-                ckpt.save(seed_mngr, step, one, streams.iterators[i], seed_configs[i], saved)
+                ckpt.save(seed_mngr, step, one, streams.iterators[i], seed_configs[i], saved, vocab)
             filesystem.wait_for_saves(seed_mngr)
             seed_mngr.close()
             path = os.path.join(dirs[i], single.FINAL_METRICS)
