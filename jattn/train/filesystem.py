@@ -40,6 +40,7 @@ __all__ = [
     "wait_for_saves",
     "describe",
     "folder_bytes",
+    "write_error",
 ]
 
 _REASONS = {
@@ -63,6 +64,16 @@ class WorkdirIOError(RuntimeError):
     def __init__(self, message: str, *, save_failed: bool = True):
         super().__init__(message)
         self.save_failed = save_failed
+
+
+def write_error(error: BaseException, workdir: str, step: int) -> WorkdirIOError:
+    """The one-line error for `error`, raised while a training loop wrote at `step`: a
+    `WorkdirIOError` as it is; an `OSError` (metrics, TensorBoard events or decodes
+    could not be written) as a failed write in `workdir`, counted as a failed save
+    (a save may be in flight on the same full disk: do not wait for it)."""
+    if isinstance(error, WorkdirIOError):
+        return error
+    return WorkdirIOError(f"writing in {workdir} failed at step {step}: {describe(error)}")
 
 
 def _os_error(e: BaseException | None) -> OSError | None:

@@ -229,7 +229,7 @@ def _import_wandb(config: ml_collections.ConfigDict):
     return wandb
 
 
-def _flat_hparams(config: ml_collections.ConfigDict) -> dict[str, Any]:
+def flat_hparams(config: ml_collections.ConfigDict) -> dict[str, Any]:
     """The config as flat ``{"key": value, "model.key": value}`` for TensorBoard."""
     flat = {}
     for key, value in config_to_dict(config).items():
@@ -425,7 +425,7 @@ def _train_and_evaluate(config, workdir: str, watch: PreemptionWatch, stack) -> 
         for es in eval_sets.values()
         for m in ("loss", "accuracy", *es.metrics)
     ]
-    writer.hparams(_flat_hparams(config), metric_names)
+    writer.hparams(flat_hparams(config), metric_names)
     if wandb is not None and is_main:
         run = wandb.init(
             project=config.wandb_project,
@@ -511,14 +511,10 @@ def _train_and_evaluate(config, workdir: str, watch: PreemptionWatch, stack) -> 
         raise TrainingDivergedError(
             f"{e}; stopped without saving it. Last good (sane-loss) checkpoint: {good}"
         ) from None
-    except filesystem.WorkdirIOError as e:
-        save_failed = e.save_failed  # orbax would wait 300 s for a failed save: do not
-        raise
-    except OSError as e:  # metrics, TensorBoard or decodes could not be written
-        save_failed = True
-        raise filesystem.WorkdirIOError(
-            f"writing in {workdir} failed at step {step}: {filesystem.describe(e)}"
-        ) from None
+    except (filesystem.WorkdirIOError, OSError) as e:
+        error = filesystem.write_error(e, workdir, step)
+        save_failed = error.save_failed  # orbax would wait 300 s for a failed save: do not
+        raise error from None
     finally:
         watch.stage = "finishing"
         progress.close()

@@ -447,14 +447,10 @@ def _train_seeds(
             filesystem.wait_for_saves(mngr)  # the last save's failure is an error too
             if not preempted and eval_step_done != step:
                 eval_metrics = run_eval(state.params, step)
-    except filesystem.WorkdirIOError as e:
-        save_failed = e.save_failed  # orbax would wait 300 s for a failed save: do not
-        raise
-    except OSError as e:  # metrics, TensorBoard or decodes could not be written
-        save_failed = True
-        raise filesystem.WorkdirIOError(
-            f"writing in {workdir} failed at step {step}: {filesystem.describe(e)}"
-        ) from None
+    except (filesystem.WorkdirIOError, OSError) as e:
+        error = filesystem.write_error(e, workdir, step)
+        save_failed = error.save_failed  # orbax would wait 300 s for a failed save: do not
+        raise error from None
     finally:
         watch.stage = "finishing"
         progress.close()

@@ -31,7 +31,7 @@ import jax
 import numpy as np
 
 from jattn.train import seeds as seeds_lib
-from jattn.train.loop import FINAL_METRICS, _flat_hparams
+from jattn.train.loop import FINAL_METRICS, flat_hparams
 from jattn.train.metrics import (
     MetricsWriter,
     Progress,
@@ -92,7 +92,7 @@ class SeedMetrics:
         self.trackers: list[TrainMetrics] = []
         for d, c in zip(dirs, configs, strict=True):
             writer = MetricsWriter(d, enabled=is_main, resume_step=start)
-            writer.hparams(_flat_hparams(c), metric_names)
+            writer.hparams(flat_hparams(c), metric_names)
             self.writers.append(writer)
             self.trackers.append(TrainMetrics(writer, Progress(1, 0, enabled=False, is_main=False)))
         self.sanities, self.sane_seeds = [], []  # whether each seed's last logged loss was sane
