@@ -1,6 +1,6 @@
-"""One cell of experiments/bench_gpu.py, run in its own child process.
+"""One cell of benchmarks/gpu.py, run in its own child process.
 
-`python experiments/bench_gpu.py --cell '<json>' --rows <file>` lands in
+`python benchmarks/gpu.py --cell '<json>' --rows <file>` lands in
 `cell_main`: the spec's `kind` picks the work (probe, peak, smoke, check,
 time; `noop` for tests), and each finished measurement is appended to
 `<file>` as one JSON object, so rows finished before a crash survive. jax is
@@ -65,7 +65,7 @@ def _attention(impl: str, spec: dict):
     import jax
 
     import jattn
-    from jattn.kernels import flash_attention as fa
+    from jattn.attention.pallas import flash_attention as fa
 
     def rel(tables):
         if tables is None:
@@ -129,7 +129,7 @@ def _timeit(fn, args, min_time: float) -> float:
 def _probe(spec, rows):
     import jax
 
-    from jattn.kernels import backend as kb
+    from jattn.attention.pallas import backend as kb
 
     note = kb.describe_backend()
     row = dict(impl="probe", status="ok", note=note, share={"platform": jax.default_backend()})
@@ -193,7 +193,7 @@ def _check(spec, rows):
     import jax.numpy as jnp
     import numpy as np
 
-    from jattn.kernels.flash_attention import matmul_precision_name
+    from jattn.attention.pallas.flash_attention import matmul_precision_name
 
     b, t, s, n, kh, h, dtype, causal, packed, shaw, window, dropout = spec["case"]
     q, k, v, tables, ct = _inputs(b, t, s, n, kh, h, jnp.dtype(dtype), shaw, seed=1)

@@ -1,6 +1,6 @@
 """Run benchmark cells in child processes, each with its own timeout.
 
-The stage runner behind `experiments/bench_gpu.py`, with no jax import, so
+The stage runner behind `benchmarks/gpu.py`, with no jax import, so
 that the parent process never initialises (and never holds memory on) the
 GPU. Why child processes: a compiler failure in LLVM or ptxas aborts the
 whole process (a signal, not an exception), and a hung compilation never

@@ -26,7 +26,7 @@ is compiled first and the timed calls go round-robin over the cells (each
 after an untimed call of the same cell), so a change in load on a shared
 machine hits all cells alike.
 
-`--gpu` is the GPU mode: everything after it goes to `experiments/bench_gpu.py`
+`--gpu` is the GPU mode: everything after it goes to `benchmarks/gpu.py`
 (stages smoke, check, headline, sweep, each cell in its own process; see
 docs/gpu.md). Without a GPU it refuses at once (from the environment,
 before anything compiles, and without initialising jax's GPU backend on a
@@ -35,10 +35,10 @@ script itself.
 
 The table goes to `runs/bench/` unless --out says otherwise.
 
-    python experiments/bench_attention.py --lengths 512 1024 2048 4096 8192
+    python benchmarks/attention.py --lengths 512 1024 2048 4096 8192
     jattn bench attention --lengths 4096 --out docs/bench_attention_cpu.csv
     jattn bench attention --window 512 --heads 4 --max-gib 6 --repeats 3
-    python experiments/bench_attention.py --gpu --out docs/bench_gpu.csv
+    python benchmarks/attention.py --gpu --out docs/bench_gpu.csv
     jattn bench attention --gpu --stage smoke --cpu-smoke   # the GPU script's own check, on the CPU
 """
 
@@ -283,7 +283,7 @@ def growth(rows) -> str:
 
 
 def gpu_mode(argv) -> int:
-    """`--gpu [args ...]`: the prepared GPU benchmark, experiments/bench_gpu.py.
+    """`--gpu [args ...]`: the prepared GPU benchmark, benchmarks/gpu.py.
 
     Refuses (status 2, one line, nothing compiled) when there is no GPU,
     unless `--cpu-smoke` or `--help` is among the arguments. On a GPU this
@@ -291,7 +291,7 @@ def gpu_mode(argv) -> int:
     while the script's child processes run the cells): the script's own
     environment check decides, and jax is asked only to word the refusal.
     """
-    path = os.path.join(os.path.dirname(os.path.abspath(__file__)), "bench_gpu.py")
+    path = os.path.join(os.path.dirname(os.path.abspath(__file__)), "gpu.py")
     spec = importlib.util.spec_from_file_location("bench_gpu", path)
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
@@ -350,7 +350,7 @@ def main(argv=None):
     p.add_argument(
         "--gpu",
         action="store_true",
-        help="GPU mode: the arguments go to experiments/bench_gpu.py (its --help lists them; "
+        help="GPU mode: the arguments go to benchmarks/gpu.py (its --help lists them; "
         "--cpu-smoke runs its tiny check on the CPU); refuses at once without a GPU",
     )
     args = p.parse_args(argv)

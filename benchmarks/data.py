@@ -1,6 +1,6 @@
 """Input pipeline benchmark: packing efficiency and throughput of jattn.data.
 
-    JAX_PLATFORMS=cpu python experiments/bench_data.py [--data-dir DIR] [--num-batches 50]
+    JAX_PLATFORMS=cpu python benchmarks/data.py [--data-dir DIR] [--num-batches 50]
 
 Prints a markdown table, one row per (task, max_len, max_input_len, pack):
 examples and batches per second of the pipeline alone (one thread, no

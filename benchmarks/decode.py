@@ -1,7 +1,7 @@
 """Decoding throughput: cross-attention keys/values cached against recomputed.
 
-    python experiments/bench_decode.py                       # smoke, numbers, small
-    python experiments/bench_decode.py --sizes small --repeats 5
+    python benchmarks/decode.py                       # smoke, numbers, small
+    python benchmarks/decode.py --sizes small --repeats 5
     jattn bench decode --batch 32 --source 64 --steps 64
 
 Greedy and beam search (`jattn.decoding`) on random-weight models, each in
@@ -26,7 +26,7 @@ paths compile to the same loop. To see what recomputing costs where the
 compiler does not, run with the pass off:
 
     XLA_FLAGS=--xla_disable_hlo_passes=while-loop-invariant-code-motion \\
-        python experiments/bench_decode.py
+        python benchmarks/decode.py
 
 The table is printed last.
 """

@@ -1,15 +1,15 @@
 """GPU benchmark of jattn's Pallas flash kernels, in stages that fit a 15-minute window.
 
 Written for one H200 with jax 0.10 or 0.11. Every cell runs in its own child
-process with its own timeout (`experiments/gpu_stages.py` runs them,
-`experiments/gpu_cells.py` is what a child does), so a compiler abort or a
+process with its own timeout (`benchmarks/_gpu_stages.py` runs them,
+`benchmarks/_gpu_cells.py` is what a child does), so a compiler abort or a
 hang costs that cell only; its XLA dump and output are kept under
 `--dump-dir`. Rows are appended to `--out` (CSV) as each finishes. This
 process never imports jax's GPU backend: it would hold GPU memory.
 
 0. probe (~10 s): jax / jaxlib versions, devices, the backend and kernel
    configuration `implementation="pallas"` picks here
-   (`jattn.kernels.backend.kernel_report`). Without a GPU the script refuses
+   (`jattn.attention.pallas.backend.kernel_report`). Without a GPU the script refuses
    (status 2) before starting anything heavy.
 1. smoke (< 1 min): compile and run forward + gradient of the Pallas kernels,
    plain and Shaw, split and fused backward, on a few small shapes.
@@ -26,8 +26,8 @@ process never imports jax's GPU backend: it would hold GPU memory.
 FLOPs (model FLOPs, recomputation not counted): forward `4·B·N·T·S·H`,
 halved when causal; forward+backward 3.5x that; Shaw rows use the plain count.
 
-    python experiments/bench_gpu.py --stage smoke check headline sweep --budget-s 150
-    python experiments/bench_gpu.py --stage smoke --cpu-smoke          # CPU, interpret mode
+    python benchmarks/gpu.py --stage smoke check headline sweep --budget-s 150
+    python benchmarks/gpu.py --stage smoke --cpu-smoke          # CPU, interpret mode
 """
 
 from __future__ import annotations
@@ -43,7 +43,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.dirname(HERE))
 sys.path.insert(0, HERE)
 
-from gpu_stages import Cell, StageRunner  # noqa: E402
+from _gpu_stages import Cell, StageRunner  # noqa: E402
 
 STAGES = ("smoke", "check", "headline", "sweep")
 BUDGET_S = {"smoke": 60.0, "check": 180.0, "headline": 300.0}
@@ -294,9 +294,9 @@ def main(argv=None) -> int:
     ap.add_argument("--rows", help=argparse.SUPPRESS)
     args = ap.parse_args(sys.argv[1:] if argv is None else argv)
     if args.cell:
-        import gpu_cells
+        import _gpu_cells
 
-        return gpu_cells.cell_main(json.loads(args.cell), args.rows)
+        return _gpu_cells.cell_main(json.loads(args.cell), args.rows)
     reason = gpu_unavailable(args.cpu_smoke)
     if reason:
         print(

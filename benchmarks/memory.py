@@ -1,7 +1,7 @@
 """Memory accounting for a Transformer config: attention logits per layer and
 the decoding KV cache, counted in closed form and checked against XLA.
 
-    python experiments/bench_memory.py --config base --lengths 512 2048 8192
+    python benchmarks/memory.py --config base --lengths 512 2048 8192
     jattn bench memory --out docs/memory.md
 
 Two tables:
@@ -25,7 +25,7 @@ import sys
 import jax
 import jax.numpy as jnp
 
-from jattn import memory
+from jattn.attention import memory
 from jattn.cli.common import normalize_flags
 
 MIB = 2**20

@@ -16,8 +16,8 @@ from jattn.attention import (
     default_implementation,
     dot_product_attention,
 )
+from jattn.attention.normal_form import NormalForm, normalise
 from jattn.flax_attention import flax_attention_fn
-from jattn.normal_form import NormalForm, normalise
 from jattn.positions import ShawRelative
 
 __all__ = [

@@ -14,8 +14,8 @@ import numpy as np
 import oracle
 
 import jattn
-from jattn.kernels import flash_attention as fa
-from jattn.normal_form import EMPTY_ROW_LSE
+from jattn.attention.normal_form import EMPTY_ROW_LSE
+from jattn.attention.pallas import flash_attention as fa
 
 GRAD_NAMES = ("query", "key", "value", "bias", "rel_key", "rel_value")
 F32_TOL = 2e-5

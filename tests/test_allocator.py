@@ -51,7 +51,7 @@ def test_the_allocator_bench_measures_both_settings_in_their_own_process():
     """`jattn bench allocator` on the smoke config: one row a setting, each child
     reporting the allocator it ran with (no timing is asserted)."""
     repo = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-    script = os.path.join(repo, "experiments", "bench_allocator.py")
+    script = os.path.join(repo, "benchmarks", "allocator.py")
     config = os.path.join(repo, "configs", "smoke.py")
     out = subprocess.run(
         [sys.executable, script, "--config", config, "--steps", "2", "--rounds", "1"],

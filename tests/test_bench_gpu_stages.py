@@ -1,4 +1,4 @@
-"""experiments/bench_gpu.py's stage runner, on the CPU (issue 17).
+"""benchmarks/gpu.py's stage runner, on the CPU (issue 17).
 
 Each cell runs in a child process with its own timeout: a cell that aborts
 the process (as an LLVM compile failure does) or hangs is recorded as
@@ -20,11 +20,11 @@ import time
 import pytest
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-SCRIPT = os.path.join(ROOT, "experiments", "bench_gpu.py")
-sys.path.insert(0, os.path.join(ROOT, "experiments"))
+SCRIPT = os.path.join(ROOT, "benchmarks", "gpu.py")
+sys.path.insert(0, os.path.join(ROOT, "benchmarks"))
 
-import bench_gpu  # noqa: E402
-from gpu_stages import Cell, StageRunner  # noqa: E402
+import gpu as bench_gpu  # noqa: E402
+from _gpu_stages import Cell, StageRunner  # noqa: E402
 
 
 def _runner(tmp_path, **kw):

@@ -21,9 +21,9 @@ from attention_cases import implementation, make_problem, packed_ids, packed_pos
 from oracle import attention_and_grads
 
 import jattn
-from jattn.attention_chunked import attention_chunked, forward
-from jattn.attention_chunked_bwd import backward
-from jattn.chunked_problem import Residuals, TiledProblem
+from jattn.attention.chunked import attention_chunked, forward
+from jattn.attention.chunked_backward import backward
+from jattn.attention.chunked_problem import Residuals, TiledProblem
 
 FP32_TOL = dict(rtol=2e-5, atol=2e-5)
 GRAD_NAMES = ("query", "key", "value", "bias", "rel_key", "rel_value")
@@ -336,7 +336,7 @@ def test_bench_window_mode_reports_growth(tmp_path, capsys):
     import importlib.util
     import os
 
-    path = os.path.join(os.path.dirname(__file__), "..", "experiments", "bench_attention.py")
+    path = os.path.join(os.path.dirname(__file__), "..", "benchmarks", "attention.py")
     spec = importlib.util.spec_from_file_location("bench_attention", path)
     bench = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(bench)

@@ -163,8 +163,8 @@ def test_console_script_reports_errors_in_one_line(tmp_path):
 
 
 def test_bench_runs_the_named_script_with_its_arguments(tmp_path, monkeypatch, capsys):
-    (tmp_path / "experiments").mkdir()
-    (tmp_path / "experiments" / "bench_echo.py").write_text(
+    (tmp_path / "benchmarks").mkdir()
+    (tmp_path / "benchmarks" / "echo.py").write_text(
         "import sys\nprint('ARGS', sys.argv[1:], __name__)\nsys.exit(int(sys.argv[1]))\n"
     )
     monkeypatch.chdir(tmp_path)
@@ -174,12 +174,14 @@ def test_bench_runs_the_named_script_with_its_arguments(tmp_path, monkeypatch, c
 
 
 def test_bench_unknown_name_lists_what_exists(tmp_path, monkeypatch, capsys):
-    (tmp_path / "experiments").mkdir()
-    (tmp_path / "experiments" / "bench_alpha.py").write_text("")
+    (tmp_path / "benchmarks").mkdir()
+    (tmp_path / "benchmarks" / "alpha.py").write_text("")
+    (tmp_path / "benchmarks" / "_helper.py").write_text("")
     monkeypatch.chdir(tmp_path)
     assert cli.main(["bench", "nope"]) == 2
     err = capsys.readouterr().err
     assert "unknown benchmark 'nope'; available: " in err and "alpha" in err
+    assert "_helper" not in err and "_gpu_cells" not in err
 
 
 def test_every_subcommand_has_help(capsys):
@@ -308,7 +310,12 @@ def test_configs_lists_configs_variants_datasets_and_experiments(capsys, monkeyp
                  "reverse_digits/{default,small,tiny}", "experiments/shaw_variants.py",
                  "experiments/positional.py", "jattn bench NAME", "attention"):  # fmt: skip
         assert want in out, want
-    assert "bench_attention" not in out.split("experiments  (")[1].split("benchmarks")[0]
+    experiments = out.split("experiments  (")[1].split("benchmarks  (")[0]
+    # Only ablation grids are experiments; benchmarks and their helpers are not.
+    for name in ("attention", "gpu", "_gpu_cells", "_gpu_stages"):
+        assert f"experiments/{name}.py" not in experiments and f"{name}.py" not in experiments
+    benches = out.split("benchmarks  (jattn bench NAME): ")[1].splitlines()[0].split(", ")
+    assert {"attention", "gpu", "memory"} <= set(benches) and "_gpu_cells" not in benches
     assert cli.main(["--help"]) == 0
     assert "configs" in capsys.readouterr().out
 
@@ -319,7 +326,7 @@ def test_configs_lists_configs_variants_datasets_and_experiments(capsys, monkeyp
 def _bench_module(name):
     import runpy
 
-    return runpy.run_path(str(REPO / "experiments" / f"bench_{name}.py"))
+    return runpy.run_path(str(REPO / "benchmarks" / f"{name}.py"))
 
 
 class _Parsed(Exception):

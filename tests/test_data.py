@@ -996,11 +996,11 @@ def test_errors(data_dir, tiny):
 
 
 def test_bench_data_script_reports_each_row_length(numbers, data_dir):
-    # experiments/bench_data.py: one table row per (task, max_len, max_input_len,
+    # benchmarks/data.py: one table row per (task, max_len, max_input_len,
     # pack); shorter input rows raise the inputs' share of real tokens.
     import importlib.util
 
-    path = os.path.join(os.path.dirname(os.path.dirname(__file__)), "experiments", "bench_data.py")
+    path = os.path.join(os.path.dirname(os.path.dirname(__file__)), "benchmarks", "data.py")
     spec = importlib.util.spec_from_file_location("bench_data", path)
     bench = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(bench)

@@ -507,11 +507,11 @@ def test_bad_arguments_fail_clearly(zoo):
 
 
 def test_bench_decode_script_runs(capsys):
-    """experiments/bench_decode.py on a tiny problem: both paths, one table."""
+    """benchmarks/decode.py on a tiny problem: both paths, one table."""
     import pathlib
     import runpy
 
-    path = pathlib.Path(__file__).resolve().parent.parent / "experiments" / "bench_decode.py"
+    path = pathlib.Path(__file__).resolve().parent.parent / "benchmarks" / "decode.py"
     bench = runpy.run_path(str(path))
     args = ["--sizes", "numbers", "--batch", "2", "--source", "5", "--steps", "3"]
     assert bench["main"]([*args, "--beam", "2", "--repeats", "1"]) == 0

@@ -32,10 +32,10 @@ from flash_harness import (
 )
 
 import jattn
-from jattn.kernels import backend as kb
-from jattn.kernels import blockmap
-from jattn.kernels import flash_attention as fa
-from jattn.kernels import tile_math as ft
+from jattn.attention.pallas import backend as kb
+from jattn.attention.pallas import blockmap
+from jattn.attention.pallas import flash_attention as fa
+from jattn.attention.pallas import tile_math as ft
 
 MAIN = (2, 64, 64, 4, 2, 16, 8)  # B, T, S, N, K, H, Hv (as tests/test_pallas.py)
 RAGGED = (2, 40, 36, 2, 2, 16)
@@ -359,7 +359,7 @@ def test_view_composes_one_indexer():
     # larger blocks; each access must stay one indexer (Triton's limit).
     from jax.experimental import pallas as pl
 
-    from jattn.kernels.triton_forward import View
+    from jattn.attention.pallas.triton_forward import View
 
     class Ref:
         shape, dtype = (64, 4, 32), jnp.float32

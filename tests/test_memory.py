@@ -9,7 +9,7 @@ import pathlib
 import jax
 import pytest
 
-from jattn import memory
+from jattn.attention import memory
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 
@@ -72,7 +72,7 @@ def test_kv_cache_formula_equals_the_models_cache():
             self_only = memory.kv_cache_bytes(**sizes, source_length=0)
             assert cache_bytes(shapes, "self_attention") == self_only
             assert cache_bytes(shapes, "cross_attention") == want - self_only
-            assert cache_bytes(shapes, "cached_") == want  # what bench_memory.py counts
+            assert cache_bytes(shapes, "cached_") == want  # what benchmarks/memory.py counts
     # MQA's cache is the MHA cache divided by the head count.
     sizes = dict(num_layers=6, context=100, head_dim=64, source_length=30)
     assert memory.kv_cache_bytes(num_kv_heads=8, **sizes) == 8 * memory.kv_cache_bytes(
@@ -91,10 +91,10 @@ def test_bench_memory_script_runs(tmp_path):
 
     out = tmp_path / "memory.md"
     argv = sys.argv
-    sys.argv = ["bench_memory.py", "--config", "numbers", "--lengths", "64", "--out", str(out)]
+    sys.argv = ["memory.py", "--config", "numbers", "--lengths", "64", "--out", str(out)]
     try:
         with pytest.raises(SystemExit) as e:
-            runpy.run_path(str(ROOT / "experiments" / "bench_memory.py"), run_name="__main__")
+            runpy.run_path(str(ROOT / "benchmarks" / "memory.py"), run_name="__main__")
         assert e.value.code == 0
     finally:
         sys.argv = argv

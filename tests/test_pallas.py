@@ -38,10 +38,10 @@ from flash_harness import (
 )
 
 import jattn
-import jattn.attention_xla
-from jattn.kernels import flash_attention as fa
-from jattn.kernels import reference, triton_forward
-from jattn.kernels import tile_math as ft
+import jattn.attention.xla
+from jattn.attention.pallas import flash_attention as fa
+from jattn.attention.pallas import reference, triton_forward
+from jattn.attention.pallas import tile_math as ft
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -429,7 +429,7 @@ def test_bench_gpu_cpu_smoke(tmp_path):
     # child process, rows written as they finish; under two minutes, status 0.
     out = tmp_path / "bench.csv"
     env = dict(os.environ, JAX_PLATFORMS="cpu")
-    cmd = [sys.executable, os.path.join(ROOT, "experiments", "bench_attention.py"), "--gpu"]
+    cmd = [sys.executable, os.path.join(ROOT, "benchmarks", "attention.py"), "--gpu"]
     cmd += ["--stage", "smoke", "--cpu-smoke", "--out", str(out)]
     t0 = time.perf_counter()
     proc = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=300, cwd=ROOT)
@@ -487,7 +487,7 @@ def test_no_quadratic_tensor_with_segments_and_shaw(extra):
     assert not quadratic, quadratic[:5]
     # The detector does see the [B, N, T, S] logits of the xla reference.
     nf = _normal_form(inputs, is_causal=True, max_distance=3)
-    xla = jax.make_jaxpr(lambda q: jattn.attention_xla.attention_xla(nf.replace(query=q)))(nf.query)
+    xla = jax.make_jaxpr(lambda q: jattn.attention.xla.attention_xla(nf.replace(query=q)))(nf.query)
     assert any(sum(d >= 64 for d in s[0]) >= 2 for s in _intermediate_shapes(xla))
 
 

@@ -1,6 +1,7 @@
 """The Mosaic (TPU) flash kernels against the float64 oracle, and their lowering.
 
-The kernels of `jattn.kernels.mosaic_forward` / `mosaic_backward` run here in Pallas interpret mode
+The kernels of `jattn.attention.pallas.mosaic_forward` / `mosaic_backward` run here in
+Pallas interpret mode
 (`backend="tpu_interpret"`: same grid, scalar prefetch, scratch and index
 maps as on a TPU), forward and every gradient, and are lowered for TPU with
 `lowering_platforms=("tpu",)`, which runs Mosaic's own checks of block
@@ -30,7 +31,7 @@ from flash_harness import (
     _qkv,
 )
 
-from jattn.kernels import flash_attention as fa
+from jattn.attention.pallas import flash_attention as fa
 
 TPU = "tpu_interpret"
 # B, T, S, N, K, H (, Hv): two ragged key tiles of 128; one key tile (S = 36).

@@ -11,7 +11,7 @@ hands them to an implementation picked by name:
   interpret mode on the CPU.
 
 Every implementation takes one `jattn.NormalForm` (built by
-`jattn.normalise`, see `jattn.normal_form`) and returns `(out [B, T, N, Hv],
+`jattn.normalise`, see `jattn.attention.normal_form`) and returns `(out [B, T, N, Hv],
 lse [B, T, N] float32)`; the entry point drops the lse unless asked for it.
 """
 
@@ -23,9 +23,9 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from jattn.attention_chunked import attention_chunked
-from jattn.attention_xla import attention_xla
-from jattn.normal_form import EMPTY_ROW_LSE, NormalForm, normalise
+from jattn.attention.chunked import attention_chunked
+from jattn.attention.normal_form import EMPTY_ROW_LSE, NormalForm, normalise
+from jattn.attention.xla import attention_xla
 from jattn.positions import ShawRelative
 
 Array = jax.Array
@@ -41,7 +41,7 @@ __all__ = [
 def _pallas(nf: NormalForm, **options) -> tuple[Array, Array]:
     """The Pallas kernels, imported on first use: `import jattn` does not
     import Pallas, and a jax without it fails only when asked for it."""
-    from jattn.kernels.flash_attention import flash_attention
+    from jattn.attention.pallas.flash_attention import flash_attention
 
     return flash_attention(nf, **options)
 
@@ -279,7 +279,7 @@ def attention_weights(
       float32 `[B, N, T, S]`; each row sums to 1 over its visible keys, and a
       row with no visible key is all zeros.
     """
-    from jattn.attention_xla import attention_weights_xla
+    from jattn.attention.xla import attention_weights_xla
 
     nf = normalise(
         query,

@@ -7,7 +7,7 @@ the log-sum-exp and recomputes each tile's weights (and its dropout mask), so
 the `[T, S]` probability matrix never exists in full (FlashAttention's
 schedule, written with `lax` loops instead of a kernel).
 
-Work goes only where tiles can be visible: a `jattn.tiles` plan, made once
+Work goes only where tiles can be visible: a `jattn.attention.tiles` plan, made once
 from per-tile min/max of positions and segment ids (`chunked_problem.TilePlan`),
 bounds each query tile's loop to the key tiles that are not SKIP, so a sliding
 window of width w costs O(L·w); inside those bounds causal tiles above the
@@ -33,9 +33,9 @@ from typing import NamedTuple
 import jax
 import jax.numpy as jnp
 
-from jattn import scores
-from jattn.attention_chunked_bwd import backward
-from jattn.chunked_problem import (
+from jattn.attention import scores
+from jattn.attention.chunked_backward import backward
+from jattn.attention.chunked_problem import (
     BODIES,
     Residuals,
     TileBody,
@@ -46,7 +46,7 @@ from jattn.chunked_problem import (
     tile_logits,
     untile_q,
 )
-from jattn.normal_form import EMPTY_ROW_LSE, NormalForm
+from jattn.attention.normal_form import EMPTY_ROW_LSE, NormalForm
 
 Array = jax.Array
 
@@ -187,7 +187,7 @@ _chunked.defvjp(_chunked_fwd, _chunked_bwd)
 def attention_chunked(
     nf: NormalForm, *, block_q: int | None = None, block_k: int | None = None
 ) -> tuple[Array, Array]:
-    """Tiled attention of a normal form (see `jattn.normal_form`).
+    """Tiled attention of a normal form (see `jattn.attention.normal_form`).
 
     Args:
       nf: the checked call (any mask, causal, window, segments, Shaw terms,

@@ -1,4 +1,4 @@
-"""Backward pass of the chunked implementation (see `jattn.attention_chunked`).
+"""Backward pass of the chunked implementation (see `jattn.attention.chunked`).
 
 Recomputes each tile's weights from the saved log-sum-exp, `p = exp(s - lse)`,
 and its dropout factor `z` (keep / (1 - rate), never stored), and accumulates
@@ -17,7 +17,7 @@ forward. Memory: O(T + S) per head plus a `[T, 2k+1]` buffer for Shaw; never
 `[T, S]`. Intermediates stay finite (`scores.NEG` sentinels, `lse` 0 on
 empty rows), so `jax.debug_nans` / `jax.debug_infs` stay quiet.
 
-Shapes: as in `jattn.chunked_problem`.
+Shapes: as in `jattn.attention.chunked_problem`.
 """
 
 from __future__ import annotations
@@ -28,7 +28,7 @@ from typing import NamedTuple
 import jax
 import jax.numpy as jnp
 
-from jattn.chunked_problem import (
+from jattn.attention.chunked_problem import (
     BODIES,
     Residuals,
     TileBody,

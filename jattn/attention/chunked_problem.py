@@ -1,9 +1,9 @@
 """The tiled problem of the chunked implementation, shared by its forward
-(`jattn.attention_chunked`) and its backward (`jattn.attention_chunked_bwd`).
+(`jattn.attention.chunked`) and its backward (`jattn.attention.chunked_backward`).
 
 Both passes see the same things: padded, tiled views of the normal form's
 arrays (`TiledProblem`), one plan of which (query tile, key tile) pairs to
-compute and how (`TilePlan`, built with `jattn.tiles.classify`), the logits of
+compute and how (`TilePlan`, built with `jattn.attention.tiles.classify`), the logits of
 one tile (`tile_logits`) and the dropout factor of one tile
 (`dropout_factor`, recomputed in the backward, never stored). Each pass then
 loops, per query tile (forward) or per key tile (backward), only over the
@@ -23,10 +23,11 @@ from typing import NamedTuple
 import jax
 import jax.numpy as jnp
 
-from jattn import dropout, scores, tiles
-from jattn.normal_form import NormalForm
+from jattn import dropout
+from jattn.attention import scores, tiles
+from jattn.attention.normal_form import NormalForm
+from jattn.attention.tiles import pad_axis
 from jattn.positions import relative_ids
-from jattn.tiles import pad_axis
 
 Array = jax.Array
 
@@ -82,7 +83,7 @@ class TilePlan(NamedTuple):
     """What to compute, for all batch rows and heads at once.
 
     Attributes:
-      cls: int32 `[nq, nk]`, `jattn.tiles` classes: SKIP where every batch row
+      cls: int32 `[nq, nk]`, `jattn.attention.tiles` classes: SKIP where every batch row
         and head is SKIP, FULL_LEFT / FULL_RIGHT where all are (with Shaw
         terms the relative ids are then all 0 / all 2k), PARTIAL otherwise.
       const_rel: bool `[nq, nk]`: a PARTIAL tile whose relative ids are all

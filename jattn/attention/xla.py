@@ -13,8 +13,9 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 
-from jattn import dropout, scores
-from jattn.normal_form import EMPTY_ROW_LSE, NormalForm
+from jattn import dropout
+from jattn.attention import scores
+from jattn.attention.normal_form import EMPTY_ROW_LSE, NormalForm
 from jattn.positions import relative_ids
 
 Array = jax.Array

@@ -3,7 +3,7 @@
     jattn train --config configs/numbers.py --workdir runs/numbers [--config.key=value ...]
     jattn ablate --config experiments/positional.py --workdir runs/positional
     jattn probe --workdir runs/positional/runs/position-shaw_seed-0 --out probe/
-    jattn bench NAME [args ...]          # runs experiments/bench_NAME.py from the checkout
+    jattn bench NAME [args ...]          # runs benchmarks/NAME.py from the checkout
     jattn configs                        # configs, variants, data sets, experiments
 
 Each subcommand is a function ``argv -> exit status`` in its own module
@@ -34,7 +34,7 @@ __all__ = ["COMMANDS", "config_arguments", "load_config_from_args", "main"]
 # name -> (function of argv after the name, one-line help).
 COMMANDS: dict[str, tuple[Callable[[Sequence[str]], int], str]] = {
     "train": (train_command, "train (or resume) one run from a config"),
-    "bench": (bench_command, "run experiments/bench_NAME.py with the given args"),
+    "bench": (bench_command, "run benchmarks/NAME.py with the given args"),
     "ablate": (ablate_command, "run, emit or report an ablation grid"),
     "probe": (probe_command, "interventions on a trained run"),
     "configs": (configs_command, "list configs, variants, data sets and experiment files"),

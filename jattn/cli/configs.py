@@ -6,7 +6,7 @@ Lists the training configs (``configs/*.py``, with the data set, steps and
 positional scheme each sets), the ``:VARIANT`` items every config built with
 `jattn.train.apply_variant` takes, the data sets ``config.dataset`` may name,
 the experiment files of `jattn ablate` (``experiments/*.py``) and the
-benchmarks of `jattn bench`. Files are looked up in the current directory,
+benchmarks of `jattn bench` (``benchmarks/*.py``). Files are looked up in the current directory,
 then in the checkout jattn was installed from.
 """
 
@@ -17,6 +17,7 @@ import ast
 from collections.abc import Sequence
 from pathlib import Path
 
+from jattn.cli.bench import FOLDER, bench_names
 from jattn.cli.common import checkout_root, normalize_flags
 
 __all__ = ["configs_command", "describe"]
@@ -98,25 +99,28 @@ def _dataset_lines() -> list[str]:
 def _experiment_lines(root: Path) -> list[str]:
     lines = ["experiments  (jattn ablate --config FILE[:PRESET]):"]
     folder = root / "experiments"
-    files = sorted(p for p in folder.glob("*.py") if not p.name.startswith("bench_"))
+    files = sorted(p for p in folder.glob("*.py") if not p.name.startswith("_"))
     for path in files:
         lines.append(f"  {_rel(path)}")
         lines.append(f"      {_first_line(path)}")
     if not files:
         lines.append(f"  none found in {folder}")
-    benches = sorted(p.stem.removeprefix("bench_") for p in folder.glob("bench_*.py"))
-    lines.append(f"benchmarks  (jattn bench NAME): {', '.join(benches) or 'none found'}")
     return lines
+
+
+def _bench_lines(root: Path) -> list[str]:
+    benches = bench_names(root / FOLDER)
+    return [f"benchmarks  (jattn bench NAME): {', '.join(benches) or 'none found'}"]
 
 
 def describe() -> str:
     """The text `jattn configs` prints."""
-    root_configs, root_experiments = _root("configs"), _root("experiments")
     parts = [
-        _config_lines(root_configs),
+        _config_lines(_root("configs")),
         _variant_lines(),
         _dataset_lines(),
-        _experiment_lines(root_experiments),
+        _experiment_lines(_root("experiments")),
+        _bench_lines(_root(FOLDER)),
     ]
     return "\n\n".join("\n".join(p) for p in parts)
 

@@ -75,7 +75,7 @@ def init_cache(
 
     Shapes (see the module docstring) come from `jax.eval_shape` of `init`,
     so nothing but the cache is built. This is the cache's size and
-    structure (`jattn.memory.kv_cache_bytes` counts it, with the same default
+    structure (`jattn.attention.memory.kv_cache_bytes` counts it, with the same default
     source length); to decode, start from `prefill`, which fills the
     cross-attention entries (here zeros, which a step would attend to
     silently). The self-attention entries fill up one step at a time.

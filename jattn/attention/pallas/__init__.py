@@ -9,11 +9,11 @@
 - `mosaic_forward` (forward) and `mosaic_backward` (dq, dk/dv): the same
   kernels in the TPU's style (grid-axis loops, VMEM scratch,
   scalar-prefetched block map).
-- `blockmap`: which tile pairs to compute (`jattn.tiles`' SKIP / PARTIAL /
+- `blockmap`: which tile pairs to compute (`jattn.attention.tiles`' SKIP / PARTIAL /
   FULL_LEFT / FULL_RIGHT) and the loop bounds, built in XLA from per-tile
   min/max.
 - `tile_math`: the math of one tile, shared by every kernel (named so, not
-  `tiles`, to keep it apart from `jattn.tiles`, the tile classes of every
+  `tiles`, to keep it apart from `jattn.attention.tiles`, the tile classes of every
   tiled implementation).
 - `reference`: dense plain-JAX reference of the kernel's contract.
 
@@ -26,6 +26,6 @@ Modules are imported on demand (`jattn.attention` resolves "pallas" lazily),
 so `import jattn` does not import Pallas (nor does `backend`).
 """
 
-from jattn.kernels.backend import PallasBackendError, describe_backend, kernel_report
+from jattn.attention.pallas.backend import PallasBackendError, describe_backend, kernel_report
 
 __all__ = ["PallasBackendError", "describe_backend", "kernel_report"]

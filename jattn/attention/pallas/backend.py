@@ -20,7 +20,7 @@ The configuration a call picks is decided here too: tile sizes per backend
 of the dots' precision (`matmul_precision_name`, see `tile_math.dot`).
 `kernel_report` says what a call of a given shape would run (backend, tile
 sizes, warps, stages, matmul precision, backward variant), for users and for
-the first line of `experiments/bench_gpu.py`.
+the first line of `benchmarks/gpu.py`.
 """
 
 from __future__ import annotations
@@ -30,7 +30,7 @@ import importlib
 import jax
 import jax.numpy as jnp
 
-from jattn.kernels.tile_math import dot_precision
+from jattn.attention.pallas.tile_math import dot_precision
 
 __all__ = [
     "BACKWARD_VARIANTS",

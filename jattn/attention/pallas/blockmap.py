@@ -5,7 +5,7 @@ Built in XLA before the kernels from per-tile min/max of positions and segment
 ids (and per-tile any/all of a user mask), so it costs O((T/bq)·(S/bk)), never
 a `[T, S]` array. Both kernel families read it: the Triton kernels as loop
 bounds and per-tile classes in their inner loops, the Mosaic kernels as
-scalar-prefetched classes and DMA clamps (`jattn.tiles` names the classes).
+scalar-prefetched classes and DMA clamps (`jattn.attention.tiles` names the classes).
 """
 
 from __future__ import annotations
@@ -16,8 +16,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from jattn import tiles
-from jattn.kernels.config import TileMaps
+from jattn.attention import tiles
+from jattn.attention.pallas.config import TileMaps
 
 Array = jax.Array
 
@@ -61,7 +61,7 @@ def block_map(
     window: tuple[int, int] | None = None,
 ) -> Array:
     """Class of every (query tile, key tile) pair: int32 `[B, N|1, nT, nS]`
-    (`jattn.tiles.classify` on this tiling's per-tile summaries)."""
+    (`jattn.attention.tiles.classify` on this tiling's per-tile summaries)."""
     nt, ns = padded_q // block_q, padded_k // block_k
     summary = lambda x, block, padded: None if x is None else tiles.tile_min_max(x, block, padded)
     need_pos = causal or window is not None or max_distance is not None

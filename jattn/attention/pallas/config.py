@@ -87,7 +87,7 @@ class KernelConfig:
 class TileMaps(NamedTuple):
     """One tiling's block map and loop bounds (see `blockmap.tiling`)."""
 
-    classes: Array  # int32 [B, N|1, nT, nS]: jattn.tiles' SKIP / PARTIAL / FULL_*
+    classes: Array  # int32 [B, N|1, nT, nS]: jattn.attention.tiles' SKIP / PARTIAL / FULL_*
     row_bounds: Array  # int32 [B, N|1, 4, nT]: (lo, flo, fhi, hi) per query tile
     col_bounds: Array  # int32 [B, N|1, 4, nS]: the same per key tile
 
@@ -156,7 +156,7 @@ def triton_params(cfg: KernelConfig):
     `backend.PallasBackendError` instead of falling through to Mosaic GPU."""
     if cfg.backend != "gpu":
         return None
-    from jattn.kernels.backend import triton_compiler_params
+    from jattn.attention.pallas.backend import triton_compiler_params
 
     return triton_compiler_params(cfg.num_warps, cfg.num_stages)
 

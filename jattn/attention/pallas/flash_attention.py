@@ -11,7 +11,7 @@ The public entry `flash_attention` receives the normal form of
    `[T, S, H]` tensor nor a `[T, S]` mask ever exists;
 2. pads lengths to the tile sizes (and head dims to powers of two on the
    GPU); padded keys are masked in-kernel, padded queries are sliced away;
-3. builds the block map: per (query tile, key tile) a class of `jattn.tiles`
+3. builds the block map: per (query tile, key tile) a class of `jattn.attention.tiles`
    (SKIP / PARTIAL / FULL_LEFT / FULL_RIGHT) from the tiles' min/max positions
    and segment ids, the causal and local-window rules and, if given, the
    user mask; and per row / column the loop bounds, so tiles outside a
@@ -25,7 +25,7 @@ The public entry `flash_attention` receives the normal form of
    backward is `backward="split"` (a dq kernel and a dk/dv kernel) or, for
    the Triton kernels, `"fused"` (one kernel, see `fused_backward`).
 
-Backend choice is `jattn.kernels.backend`'s: on a GPU the Triton lowering or
+Backend choice is `jattn.attention.pallas.backend`'s: on a GPU the Triton lowering or
 a `PallasBackendError`, never a silent switch to Mosaic GPU.
 
 The kernels' logits and log-sum-exp are in base 2 (`tile_math`); the lse
@@ -60,8 +60,9 @@ import jax
 import jax.numpy as jnp
 from jax.custom_derivatives import CustomVJPPrimal, SymbolicZero
 
-from jattn.kernels import tile_math, triton_backward, triton_forward
-from jattn.kernels.backend import (
+from jattn.attention.normal_form import EMPTY_ROW_LSE, NormalForm
+from jattn.attention.pallas import tile_math, triton_backward, triton_forward
+from jattn.attention.pallas.backend import (
     TPU_BACKENDS,
     check_backward,
     check_block,
@@ -72,16 +73,15 @@ from jattn.kernels.backend import (
     pow2_size,
     resolve_backend,
 )
-from jattn.kernels.blockmap import block_map, run_bounds, static_tiling, tiling
-from jattn.kernels.config import (
+from jattn.attention.pallas.blockmap import block_map, run_bounds, static_tiling, tiling
+from jattn.attention.pallas.config import (
     FixedInputs,
     KernelConfig,
     KernelInputs,
     TileMaps,
     dbias_kind,
 )
-from jattn.normal_form import EMPTY_ROW_LSE, NormalForm
-from jattn.tiles import pad_axis
+from jattn.attention.tiles import pad_axis
 
 Array = jax.Array
 
@@ -114,7 +114,7 @@ def _kernels(cfg: KernelConfig):
                 'flash_attention: backward="fused" exists for the Triton kernels only '
                 "(GPU and interpret mode); the Mosaic (TPU) backward is split"
             )
-        from jattn.kernels import mosaic_backward, mosaic_forward
+        from jattn.attention.pallas import mosaic_backward, mosaic_forward
 
         return (
             mosaic_forward.flash_forward,
@@ -199,7 +199,7 @@ def _flash_core_bwd(fwd_cfg, bwd_cfg, res, cts):
     ins = ins._replace(d_out=do.astype(q.dtype), lse=lse, delta=delta, d_value_mass=dpr)
     _, flash_dq, flash_dkv = _kernels(bwd_cfg)
     if bwd_cfg.backward == "fused":
-        from jattn.kernels import fused_backward
+        from jattn.attention.pallas import fused_backward
 
         dq, dqr, db_q, dk, dv, db_kv = fused_backward.flash_dq_dkv(bwd_cfg, ins)
     else:
@@ -228,7 +228,7 @@ def flash_attention(
     backward: str = "split",
     num_warps: int | None = None,
 ) -> tuple[Array, Array]:
-    """Tiled flash attention of a normal form (see `jattn.normal_form`).
+    """Tiled flash attention of a normal form (see `jattn.attention.normal_form`).
 
     Args:
       nf: the checked call.

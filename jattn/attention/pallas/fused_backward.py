@@ -12,7 +12,7 @@ whose last nT programs compute dq for one query tile of each of the G query
 heads of kv head `K`. One launch instead of two, inputs prepared once; the
 probabilities are still recomputed on both sides (no atomics, so results
 stay deterministic). Which is faster is the GPU's to say:
-`experiments/bench_gpu.py` times both.
+`benchmarks/gpu.py` times both.
 
 Both halves run the split kernels' own tile code (`triton_backward.dq_tile`
 and `dkv_tile`) on `View`s of this kernel's larger blocks (all keys and all
@@ -31,9 +31,9 @@ import jax.numpy as jnp
 from jax import lax
 from jax.experimental import pallas as pl
 
-from jattn.kernels.config import SQ, KernelConfig, KernelInputs, dbias_kind, only_specified
-from jattn.kernels.triton_backward import dkv_tile, dq_tile
-from jattn.kernels.triton_forward import View, kernel_call
+from jattn.attention.pallas.config import SQ, KernelConfig, KernelInputs, dbias_kind, only_specified
+from jattn.attention.pallas.triton_backward import dkv_tile, dq_tile
+from jattn.attention.pallas.triton_forward import View, kernel_call
 
 Array = jax.Array
 

@@ -14,9 +14,9 @@ import jax.numpy as jnp
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import tpu as pltpu
 
-from jattn.kernels import tile_math as ft
-from jattn.kernels.config import SQ, KernelConfig, KernelInputs, dbias_kind
-from jattn.kernels.mosaic_forward import (
+from jattn.attention.pallas import tile_math as ft
+from jattn.attention.pallas.config import SQ, KernelConfig, KernelInputs, dbias_kind
+from jattn.attention.pallas.mosaic_forward import (
     Maps,
     add_column,
     bias_spec,

@@ -45,8 +45,8 @@ from jax import lax
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import tpu as pltpu
 
-from jattn.kernels import tile_math as ft
-from jattn.kernels.config import (
+from jattn.attention.pallas import tile_math as ft
+from jattn.attention.pallas.config import (
     SQ,
     KernelConfig,
     KernelInputs,

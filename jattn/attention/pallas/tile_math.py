@@ -10,9 +10,9 @@ strided loads from a ref: no gather is ever needed.
 Shapes: bq / bk the query / key tile lengths, H head dim, R = 2k + 1 Shaw
 distances (Rp >= R once padded to a power of two for the GPU).
 
-Tile classes are those of `jattn.tiles` (SKIP / PARTIAL / FULL_LEFT /
+Tile classes are those of `jattn.attention.tiles` (SKIP / PARTIAL / FULL_LEFT /
 FULL_RIGHT), decided per (query tile, key tile) by the block map
-(`jattn.kernels.blockmap`): PARTIAL tiles apply the visibility rule of
+(`jattn.attention.pallas.blockmap`): PARTIAL tiles apply the visibility rule of
 `jattn.masks.visible` per element; FULL tiles need no test and, with Shaw
 terms, have one relative id (0 for FULL_LEFT, 2k for FULL_RIGHT).
 
@@ -47,7 +47,7 @@ import numpy as np
 from jax import lax
 
 from jattn import dropout, masks
-from jattn.tiles import FULL_LEFT, FULL_RIGHT, PARTIAL, SKIP
+from jattn.attention.tiles import FULL_LEFT, FULL_RIGHT, PARTIAL, SKIP
 
 Array = jax.Array
 

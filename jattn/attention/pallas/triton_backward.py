@@ -21,15 +21,15 @@ import jax.numpy as jnp
 from jax import lax
 from jax.experimental import pallas as pl
 
-from jattn.kernels import tile_math as ft
-from jattn.kernels.config import (
+from jattn.attention.pallas import tile_math as ft
+from jattn.attention.pallas.config import (
     SQ,
     KernelConfig,
     KernelInputs,
     dbias_kind,
     only_specified,
 )
-from jattn.kernels.triton_forward import (
+from jattn.attention.pallas.triton_forward import (
     bias_spec_kv,
     col_reader,
     dropout_tile,

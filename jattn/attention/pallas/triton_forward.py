@@ -12,7 +12,7 @@ Which tiles a loop visits comes from the block map (`blockmap.tiling`): per
 row, `[lo, hi)` bounds the tiles that may be visible (causal, local window,
 segments, mask); inside it, the first run of FULL tiles `[flo, fhi)` runs a
 branch-free body (no mask, one relative id), and the rest dispatch per tile
-on its class (SKIP / PARTIAL / FULL_LEFT / FULL_RIGHT, see `jattn.tiles`).
+on its class (SKIP / PARTIAL / FULL_LEFT / FULL_RIGHT, see `jattn.attention.tiles`).
 
 Attention-weight dropout happens in-kernel: each tile's keep mask is the
 hash of `jattn.dropout` at the tile's global indices (`dropout_tile`), from
@@ -31,8 +31,8 @@ import jax.numpy as jnp
 from jax import lax
 from jax.experimental import pallas as pl
 
-from jattn.kernels import tile_math as ft
-from jattn.kernels.config import (
+from jattn.attention.pallas import tile_math as ft
+from jattn.attention.pallas.config import (
     SQ,
     KernelConfig,
     KernelInputs,
