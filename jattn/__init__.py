@@ -19,10 +19,12 @@ from jattn.attention import (
 from jattn.attention.normal_form import NormalForm, normalise
 from jattn.flax_attention import flax_attention_fn
 from jattn.positions import ShawRelative
+from jattn.score_mod import ScoreMod
 
 __all__ = [
     "IMPLEMENTATIONS",
     "NormalForm",
+    "ScoreMod",
     "ShawRelative",
     "attention_weights",
     "default_implementation",

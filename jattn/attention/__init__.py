@@ -27,6 +27,7 @@ from jattn.attention.chunked import attention_chunked
 from jattn.attention.normal_form import EMPTY_ROW_LSE, NormalForm, normalise
 from jattn.attention.xla import attention_xla
 from jattn.positions import ShawRelative
+from jattn.score_mod import ScoreMod
 
 Array = jax.Array
 
@@ -121,6 +122,7 @@ def dot_product_attention(
     q_positions: Array | None = None,
     kv_positions: Array | None = None,
     relative: ShawRelative | None = None,
+    score_mod: ScoreMod | None = None,
     dropout_rate: float = 0.0,
     dropout_rng: Array | None = None,
     dropout_broadcast_batch: bool = False,
@@ -161,6 +163,10 @@ def dot_product_attention(
         offsets them into the cache).
       kv_positions: int `[B, S]`; default `arange(S)`.
       relative: `jattn.ShawRelative` tables, or None.
+      score_mod: `jattn.ScoreMod(fn, params)`: `fn(params, score, batch,
+        head, q_position, kv_position)` replaces each scaled logit (after
+        Shaw's key term and `bias`) before visibility and softmax; applied
+        per tile by the tiled implementations, with gradients to `params`.
       dropout_rate: attention-weight dropout rate in [0, 1).
       dropout_rng: a jax.random key; needed when `dropout_rate > 0`. The keep
         mask is a hash of `(rng, b, n, t, s)` (see `jattn.dropout`), the same
@@ -198,6 +204,7 @@ def dot_product_attention(
                 "segment ids": q_segment_ids is not None or kv_segment_ids is not None,
                 "positions": q_positions is not None or kv_positions is not None,
                 "relative (Shaw) terms": relative is not None,
+                "a score_mod": score_mod is not None,
                 "dropout": dropout_rate > 0,
             },
         )
@@ -223,6 +230,7 @@ def dot_product_attention(
         q_positions=q_positions,
         kv_positions=kv_positions,
         relative=relative,
+        score_mod=score_mod,
         dropout_rate=dropout_rate,
         dropout_rng=dropout_rng,
         dropout_broadcast_batch=dropout_broadcast_batch,

@@ -199,6 +199,11 @@ def attention_chunked(
     Returns:
       `out [B, T, N, Hv]` in the dtype of `query` and `lse [B, T, N]` float32.
     """
+    if nf.score_mod is not None:
+        raise NotImplementedError(
+            f"attention_chunked: score_mod {nf.score_mod.name!r} is not supported by the "
+            "chunked implementation yet; use implementation='xla'"
+        )
     if nf.shaw:
         default_q = default_k = DEFAULT_BLOCK_SHAW
     else:

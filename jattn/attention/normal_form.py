@@ -20,7 +20,8 @@ What normalising does:
   segment ids are both present or both None;
 - `local_window_size` is a static `(left, right)` pair or None;
 - Shaw tables are per head, `[N, 2k+1, H]` and `[N, 2k+1, Hv]`, or None;
-- dropout is a static rate and an int32 `[2]` seed (None when off).
+- dropout is a static rate and an int32 `[2]` seed (None when off);
+- a score mod is a `jattn.ScoreMod` (its params traced leaves) or None.
 
 Shapes: B batch, T queries, S keys, N query heads, K kv heads (K divides N),
 H head dim, Hv value head dim.
@@ -37,6 +38,7 @@ import numpy as np
 from jattn import dropout as dropout_lib
 from jattn.masks import window_pair
 from jattn.positions import ShawRelative
+from jattn.score_mod import ScoreMod
 
 Array = jax.Array
 
@@ -70,6 +72,7 @@ class NormalForm:
       rel_key: Shaw key table `[N, 2k+1, H]` or None.
       rel_value: Shaw value table `[N, 2k+1, Hv]` or None.
       dropout_seed: int32 `[2]` (see `jattn.dropout`) or None when off.
+      score_mod: `jattn.ScoreMod` applied to the scaled logits, or None.
       is_causal: key visible iff `kv_position <= q_position`.
       window: `(left, right)`: key visible iff
         `q_position - left <= kv_position <= q_position + right`; or None.
@@ -96,6 +99,7 @@ class NormalForm:
     rel_key: Array | None = None
     rel_value: Array | None = None
     dropout_seed: Array | None = None
+    score_mod: ScoreMod | None = None
     is_causal: bool = False
     window: tuple[int, int] | None = None
     max_distance: int = 0
@@ -237,6 +241,7 @@ def normalise(
     q_positions=None,
     kv_positions=None,
     relative: ShawRelative | None = None,
+    score_mod: ScoreMod | None = None,
     dropout_rate: float = 0.0,
     dropout_rng=None,
     dropout_broadcast_batch: bool = False,
@@ -339,6 +344,11 @@ def normalise(
             rel_key = _table(relative.key, "key", n, r, h, "H")
         if relative.value is not None:
             rel_value = _table(relative.value, "value", n, r, value.shape[-1], "Hv")
+    if score_mod is not None and not isinstance(score_mod, ScoreMod):
+        raise TypeError(
+            "dot_product_attention: score_mod must be a jattn.ScoreMod(fn, params), "
+            f"got {type(score_mod).__name__}"
+        )
     dropout_rate = float(dropout_rate)
     if not 0.0 <= dropout_rate < 1.0:
         raise ValueError(
@@ -365,6 +375,7 @@ def normalise(
         rel_key=rel_key,
         rel_value=rel_value,
         dropout_seed=seed,
+        score_mod=score_mod,
         is_causal=bool(is_causal),
         window=window_pair(local_window_size),
         max_distance=max_distance,

@@ -17,6 +17,7 @@ import jax
 import jax.numpy as jnp
 
 from jattn import masks
+from jattn.score_mod import ScoreMod, apply_score_mod
 
 Array = jax.Array
 
@@ -134,6 +135,34 @@ def tile_logits(
     if bias is not None:
         s = s + bias.astype(jnp.float32)
     return s
+
+
+def apply_grouped_score_mod(
+    mod: ScoreMod, s: Array, batch: Array, head0, q_pos: Array, kv_pos: Array
+) -> Array:
+    """A score mod on one tile of grouped logits.
+
+    Args:
+      mod: the score mod.
+      s: float32 `[B, K, G, t, s]` scaled logits.
+      batch: int `[B]`, the batch rows of this tile.
+      head0: the first query head of this tile (0 unless the tile holds a
+        subset of heads); head `k * G + g + head0` is passed to `fn`.
+      q_pos, kv_pos: int `[B, t]`, `[B, s]` positions of the tile.
+
+    Returns:
+      float32 `[B, K, G, t, s]`.
+    """
+    _, k, g, _, _ = s.shape
+    head = head0 + jnp.arange(k * g, dtype=jnp.int32).reshape(1, k, g, 1, 1)
+    return apply_score_mod(
+        mod,
+        s,
+        batch[:, None, None, None, None],
+        head,
+        q_pos[:, None, None, :, None],
+        kv_pos[:, None, None, None, :],
+    )
 
 
 # Logits of invisible entries: a large finite negative (as jax.nn), so no

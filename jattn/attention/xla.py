@@ -35,6 +35,10 @@ def _grouped_weights(nf: NormalForm, q: Array, kk: Array):
         qr = jnp.einsum("BKGTH,KGRH->BKGTR", q, tab)  # [B,K,G,T,R]
     grouped_bias = None if nf.bias is None else scores.group_heads(nf.bias, k)
     logits = scores.tile_logits(q, kk, scale=nf.scale, bias=grouped_bias, qr=qr, r=r)
+    if nf.score_mod is not None:
+        logits = scores.apply_grouped_score_mod(
+            nf.score_mod, logits, jnp.arange(nf.query.shape[0]), 0, nf.q_positions, nf.kv_positions
+        )
     logits = logits.astype(q.dtype)  # [B,K,G,T,S]
     vis = scores.visibility(
         q_pos=nf.q_positions,
