@@ -1,8 +1,9 @@
 """`load`: a task by name -> prepared tfds data (array_record), its sources and tokenizer.
 
 Names: "numbers" (German), "numbers/en", "numbers/fr", "numbers/de_tiny", "copy",
-"reverse", "copy/tiny", "reverse_digits", "duplicate_digits/small", ... (jattn's
-local builders, see `builders.py`), or any
+"reverse", "copy/tiny", "reverse_digits", "duplicate_digits/small", "kz_copy",
+"kz_reverse", "kz_addition" (`kazemnejad.py`), "scan/length", "scan/length_cutoff26"
+(`scan.py`), ... (jattn's local builders, see `builders.py`), or any
 tfds translation data set such as "wmt14_translate/de-en", whose source and
 target keys default to its `supervised_keys`.
 """
@@ -40,6 +41,10 @@ TASK_METRICS: dict[str, tuple[str, ...]] = {
     "reverse": CHAR_METRICS,
     "reverse_digits": CHAR_METRICS,
     "duplicate_digits": CHAR_METRICS,
+    "kz_copy": CHAR_METRICS,
+    "kz_reverse": CHAR_METRICS,
+    "kz_addition": CHAR_METRICS,
+    "scan": ("exact_match",),  # the papers' metric; chrF of action words adds nothing
 }
 
 
@@ -323,7 +328,8 @@ def load(
       data_dir: tfds data directory (default: $TFDS_DATA_DIR or ~/tensorflow_datasets).
         Prepared data goes to `data_dir/<builder>/<config>/<version>` as array_record;
         vocabularies to `data_dir/jattn_vocab/<builder>/<config>/<version>/`.
-      tokenizer: "char", "spm" (SentencePiece unigram), "spm_bpe".
+      tokenizer: "char", "word" (space-separated words: "scan"), "spm" (SentencePiece
+        unigram), "spm_bpe".
       vocab_size: SentencePiece vocabulary size (37000 for the paper's WMT14 en-de);
         ignored by "char".
       source_key, target_key: features used as inputs and targets; default: the data
