@@ -9,6 +9,7 @@ ones in test); every longer split can be produced from training's actions.
 """
 
 import collections
+import json
 
 import pytest
 
@@ -152,3 +153,27 @@ def test_word_tokenizer_round_trip_and_run_copy(tmp_path):
     assert tokenizers.vocab_hash(other) != tokenizers.vocab_hash(tok)
     with pytest.raises(ValueError, match="distinct"):
         tokenizers.WordTokenizer(("a b",))
+
+
+@pytest.mark.slow
+def test_scan_experiment_tiny_runs_and_reports_as_the_anchors(tmp_path):
+    """experiments/scan.py:tiny trains its two schemes on scan/tiny and its
+    report has the anchors' section: best of seeds, beyond-training teacher-forced
+    accuracy, exact match by action-sequence length beyond the cutoff of 26."""
+    import pathlib  # noqa: PLC0415
+
+    from jattn.analysis import main_ablate  # noqa: PLC0415
+
+    root = pathlib.Path(__file__).resolve().parent.parent
+    spec = str(root / "experiments" / "scan.py") + ":tiny"
+    workdir = tmp_path / "scan"
+    assert main_ablate(spec, str(workdir), [], emit_fmt=None, report_only=False,
+                       repo_root=str(root)) == 0  # fmt: skip
+    md = (workdir / "results.md").read_text()
+    assert "| position=t5 | 1 |" in md and "| position=sinusoidal | 1 |" in md
+    assert "## As the anchors report" in md
+    assert "eval/test_longer/beyond_train/accuracy best" in md
+    assert "27-31 †" in md  # the first bucket beyond 26 actions
+    check = json.loads((workdir / "runs" / "position-t5_seed-0" / "data_check.json").read_text())
+    assert check["test_longer"]["producible"] == 1.0
+    assert check["train"]["max_target_tokens"] <= 27
