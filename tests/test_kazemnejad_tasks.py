@@ -7,6 +7,7 @@ validation disjoint, and every `test_longer` target producible from what
 training shows.
 """
 
+import pathlib
 import string
 
 import pytest
@@ -15,6 +16,7 @@ from jattn import data
 from jattn.data import kazemnejad, producibility
 
 TASKS = ("kz_copy", "kz_reverse", "kz_addition")
+ROOT = pathlib.Path(__file__).resolve().parent.parent
 
 
 @pytest.fixture(scope="module")
@@ -85,3 +87,47 @@ def test_test_longer_is_fully_producible_and_longer(tasks, name):
     assert result["test_longer"]["longer_than_train"] == 1.0
     assert result["validation"]["longer_than_train"] == 0.0
     assert producibility.warnings(result) == []
+
+
+@pytest.mark.parametrize("name", TASKS)
+def test_config_rows_hold_every_example_of_its_task(tasks, name):
+    """configs/kazemnejad.py's training rows hold the longest training example and
+    its evaluation rows the longest test_longer one (none is dropped)."""
+    from jattn.train.config import load_config  # noqa: PLC0415
+
+    task_arg = name.removeprefix("kz_")
+    config = load_config(f"{ROOT}/configs/kazemnejad.py:{task_arg},rope")
+    assert config.dataset == name and config.model.position == "rope"
+    tok = tasks[name].tokenizer
+    longest = {
+        split: (
+            max(len(tok.encode(ex["inputs"])) for ex in tasks[name].source(split)),
+            max(len(tok.encode(ex["targets"])) for ex in tasks[name].source(split)),
+        )
+        for split in ("train", "test_longer")
+    }
+    # By construction: 20 (41 for addition's "a+b") training input tokens + EOS.
+    assert longest["train"][0] <= config.max_input_len
+    assert longest["train"][1] <= config.max_len
+    assert longest["test_longer"][0] <= config.eval_max_input_len
+    assert longest["test_longer"][1] <= config.eval_max_len
+    assert config.eval_max_batches * config.eval_batch_size >= 1_000
+    assert config.eval_decode_examples >= 1_000
+
+
+def test_decoder_only_experiment_waits_for_the_architecture():
+    """experiments/decoder_only.py runs Kazemnejad et al.'s tasks; without
+    `model.architecture` it refuses by name instead of training an encoder-decoder."""
+    from jattn.analysis import grid  # noqa: PLC0415
+    from jattn.train.config import load_config, model_defaults  # noqa: PLC0415
+
+    if "architecture" not in model_defaults():
+        with pytest.raises(ValueError, match="architecture"):
+            load_config(f"{ROOT}/experiments/decoder_only.py")
+        return
+    exp = load_config(f"{ROOT}/experiments/decoder_only.py")
+    runs = grid.expand(exp, "/nonexistent")
+    assert len(runs) == 2 * 5 * 3
+    configs = [grid.training_config(exp, run, str(ROOT)) for run in runs]
+    assert {c.dataset for c in configs} == {"kz_copy", "kz_reverse"}
+    assert {c.model.architecture for c in configs} == {"decoder_only"}
