@@ -12,9 +12,10 @@ with 27-48 actions (2,624), each made of the six actions training shows (see
 `jattn.data.scan`). In tokens (EOS included) inputs have at most 10, targets
 27 in training and 49 in `test_longer`.
 
-Training packs examples into rows of 64 target and 40 input tokens (about 5
-examples a row). Evaluation decodes the first 1,024 examples of each split
-greedily (up to 64 tokens) at the last step, with no checkpoint chosen on
+Training packs examples into rows of 64 target and 40 input tokens (4-5
+examples a row), 2,000 steps. Evaluation decodes the first 1,024 examples of
+each split (`experiments/scan.py`: all of them) greedily, up to 64 tokens, at
+the last step, with no checkpoint chosen on
 validation (Csordás et al.). Shaw's clipping distance is 26, the longest
 distance in a training target. `:arg` takes the variants of
 `jattn.train.apply_variant`.
@@ -32,14 +33,14 @@ def get_config(arg=None):
     c.pack = True
 
     c.batch_size = 16
-    c.num_train_steps = 1000
+    c.num_train_steps = 2000
     c.schedule = "cosine"
     c.learning_rate = 3e-3
     c.warmup_steps = 100
     c.label_smoothing = 0.0
     c.grad_clip_norm = 1.0
 
-    c.eval_every_steps = 1000
+    c.eval_every_steps = 2000
     c.eval_batch_size = 512
     c.eval_max_len = 64
     c.eval_max_input_len = 16
@@ -47,7 +48,7 @@ def get_config(arg=None):
     c.eval_decode_examples = 1024
     c.decode = "greedy"
     c.best_metric = ""  # the final step is evaluated, nothing is selected on validation
-    c.checkpoint_every_steps = 1000
+    c.checkpoint_every_steps = 2000
     c.keep_checkpoints = 1
     c.log_every_steps = 50
 

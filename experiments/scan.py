@@ -21,11 +21,17 @@ run's k/N with a Wilson interval, exact match and teacher-forced accuracy by
 action-sequence length (`jattn.analysis.anchors`), and which differences
 from sinusoidal are within noise.
 
-Cost: 1,200 steps of 16 packed rows (about 5 commands a row: some 5.8 epochs
-of the 16,458 training commands), a 2+2-layer model of width 64, and all
-1,828 + 2,624 evaluation commands decoded once, at the end. Timed on the
-2-core development machine by one run of the slowest scheme (see the README
-of the run or the session report): 18 runs fit in 20 minutes.
+Cost: 2,000 steps of 16 packed rows (4-5 commands a row: some 9 epochs of
+the 16,458 training commands), a 2+2-layer model of width 64, and all 1,828
++ 2,624 evaluation commands decoded once, at the end. Estimated at about 11
+minutes for the 18 runs on the 2-core development machine, not measured on
+the whole grid: one run of the slowest scheme (Shaw) took 0.75 times the CPU
+time of the main job's Shaw run at 1,200 steps (56.6 s against 75.1 s, both
+timed on the same shared machine), of which 23 s were start-up, compilation
+and decoding (a 10-step run), so 2,000 steps cost about 1.06 times the main
+job's run; the six schemes' speeds (the main job's steps/s) add up to 0.735
+of its eight; and the main job's grid takes 14.2 minutes: 14.2 x 1.06 x
+0.735 = 11 minutes.
 
 `:arg` picks a preset: "" (cutoff 26, six schemes, 3 seeds), "length22"
 (the same grid on Lake and Baroni's original split: train at most 22
@@ -42,9 +48,9 @@ def get_config(arg=None):
     c = ml_collections.ConfigDict()
     c.base = "configs/scan.py"
     c.train = ml_collections.ConfigDict()
-    c.train.num_train_steps = 1200
-    c.train.eval_every_steps = 1200
-    c.train.checkpoint_every_steps = 1200
+    c.train.num_train_steps = 2000
+    c.train.eval_every_steps = 2000
+    c.train.checkpoint_every_steps = 2000
     c.train.eval_max_batches = 6  # 6 x 512 rows: every example of both splits
     c.train.eval_decode_examples = 3000
     c.train.progress_bar = True
@@ -66,6 +72,8 @@ def get_config(arg=None):
 
     if arg == "length22":
         c.train.dataset = "scan/length"
+        c.train.eval_max_batches = 8  # 3,920 test_longer commands
+        c.train.eval_decode_examples = 4000
     elif arg == "tiny":
         c.train.dataset = "scan/tiny"
         c.train.num_train_steps = 6

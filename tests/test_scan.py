@@ -177,3 +177,28 @@ def test_scan_experiment_tiny_runs_and_reports_as_the_anchors(tmp_path):
     check = json.loads((workdir / "runs" / "position-t5_seed-0" / "data_check.json").read_text())
     assert check["test_longer"]["producible"] == 1.0
     assert check["train"]["max_target_tokens"] <= 27
+
+
+@pytest.mark.parametrize(("preset", "dataset", "longest_split"), [
+    ("", "scan/length_cutoff26", 2_624), ("length22", "scan/length", 3_920)])  # fmt: skip
+def test_scan_grid_rows_hold_every_example_and_decode_all(preset, dataset, longest_split):
+    """Every run of experiments/scan.py trains on rows that hold the longest training
+    example, and evaluates and decodes every example of both splits (none dropped)."""
+    import pathlib  # noqa: PLC0415
+
+    from jattn.analysis import grid  # noqa: PLC0415
+    from jattn.train.config import load_config  # noqa: PLC0415
+
+    root = pathlib.Path(__file__).resolve().parent.parent
+    spec = str(root / "experiments" / "scan.py") + (f":{preset}" if preset else "")
+    exp = load_config(spec)
+    runs = grid.expand(exp, "/nonexistent")
+    assert len(runs) == 6 * 3
+    for run in runs:
+        config = grid.training_config(exp, run, str(root))
+        assert config.dataset == dataset and config.tokenizer == "word"
+        assert config.max_input_len >= 9 + 1 and config.max_len >= 26 + 1  # EOS
+        assert config.eval_max_input_len >= 9 + 1 and config.eval_max_len >= 48 + 1
+        assert config.eval_max_batches * config.eval_batch_size >= longest_split
+        assert config.eval_decode_examples >= longest_split
+        assert config.best_metric == ""  # the last step, nothing selected on validation
