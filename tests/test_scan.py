@@ -202,3 +202,8 @@ def test_scan_grid_rows_hold_every_example_and_decode_all(preset, dataset, longe
         assert config.eval_max_batches * config.eval_batch_size >= longest_split
         assert config.eval_decode_examples >= longest_split
         assert config.best_metric == ""  # the last step, nothing selected on validation
+
+
+def test_scan_refuses_a_character_tokenizer(data_dir):
+    with pytest.raises(ValueError, match="tokenizer='word'"):
+        data.load("scan/tiny", data_dir=data_dir)  # the default is "char"

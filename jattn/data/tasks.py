@@ -48,6 +48,10 @@ TASK_METRICS: dict[str, tuple[str, ...]] = {
 }
 
 
+# Tasks whose tokens are not characters: the tokenizer `load` requires for them.
+TASK_TOKENIZERS: dict[str, str] = {"scan": "word"}
+
+
 def task_metrics(name: str) -> tuple[str, ...]:
     """The decoded metrics of the task `name` ("numbers/en", "wmt14_translate/de-en")."""
     return TASK_METRICS.get(name.partition("/")[0], WORD_METRICS)
@@ -339,11 +343,18 @@ def load(
       The Task, reading every split through `builder.as_data_source()`.
 
     Raises:
-      ValueError: unknown name or config, missing or non-text features, data prepared in
+      ValueError: unknown name or config, a tokenizer the task cannot use ("scan"
+        needs "word"), missing or non-text features, data prepared in
         another file format, an empty train split, a mismatched cached vocabulary.
       DataIntegrityError (a ValueError): damaged prepared data (a missing, truncated,
         swapped or replaced shard, an unreadable dataset_info.json), naming the file.
     """
+    required = TASK_TOKENIZERS.get(name.partition("/")[0])
+    if required and tokenizer != required:
+        raise ValueError(
+            f"dataset {name!r} is made of words: load it with tokenizer={required!r} "
+            f"(config key `tokenizer`), not {tokenizer!r}"
+        )
     try:
         builder = _make_builder(name, data_dir)
         info = builder.info
