@@ -126,19 +126,32 @@ class _KazemnejadBuilder(GeneratedBuilder, skip_registration=True):
 
 
 class JattnKzCopy(_KazemnejadBuilder):
-    """Copy a string of 1-20 letters, test 21-40 (Kazemnejad et al. 2023): "abc" -> "abc"."""
+    """Copy a string of 1-20 letters, test 21-40 (Kazemnejad et al. 2023): "abc" -> "abc".
+
+    Lengths: train and validation 1-20, ``test_longer`` 21-40 (1,000
+    examples). Metrics: sequence exact match (the paper's) and chrF.
+    """
 
     _TASK = "copy"
 
 
 class JattnKzReverse(_KazemnejadBuilder):
-    """Reverse a string of 1-20 letters, test 21-40 (Kazemnejad et al. 2023): "abc" -> "cba"."""
+    """Reverse a string of 1-20 letters, test 21-40 (Kazemnejad et al. 2023): "abc" -> "cba".
+
+    Lengths: train and validation 1-20, ``test_longer`` 21-40 (1,000
+    examples). Metrics: sequence exact match (the paper's) and chrF.
+    """
 
     _TASK = "reverse"
 
 
 class JattnKzAddition(_KazemnejadBuilder):
-    """Add two n-digit numbers, n 1-20, test 21-40 (Kazemnejad et al. 2023): "12+34" -> "046"."""
+    """Add two n-digit numbers, n 1-20, test 21-40 (Kazemnejad et al. 2023): "12+34" -> "046".
+
+    Lengths (n, the digits of each operand): train and validation 1-20,
+    ``test_longer`` 21-40 (1,000 examples). Metrics: sequence exact match
+    (the paper's) and chrF.
+    """
 
     _TASK = "addition"
 
