@@ -122,8 +122,8 @@ def test_check_counts_tokens_by_hand(digit_tasks):
     assert result["train"]["max_target_tokens"] == longest
 
 
-def _shipped_datasets() -> set[str]:
-    """The dataset of every run of every preset of every shipped experiment."""
+def _shipped_datasets() -> set[tuple[str, str]]:
+    """The (dataset, tokenizer) of every run of every preset of every shipped experiment."""
     import pathlib  # noqa: PLC0415
 
     from jattn.analysis import grid  # noqa: PLC0415
@@ -134,13 +134,14 @@ def _shipped_datasets() -> set[str]:
     for path in sorted((root / "experiments").glob("*.py")):
         if "def get_config" not in path.read_text():
             continue  # a benchmark script
-        for preset in ("", "duplicate", "quick"):
+        for preset in ("", "duplicate", "quick", "length22"):
             try:
                 exp = load_config(f"{path}:{preset}" if preset else str(path))
             except Exception:  # noqa: BLE001, S112 - a preset this experiment lacks
                 continue
             for run in grid.expand(exp, "/nonexistent"):
-                found.add(grid.training_config(exp, run, str(root)).dataset)
+                config = grid.training_config(exp, run, str(root))
+                found.add((config.dataset, config.tokenizer))
     return found
 
 
@@ -149,8 +150,11 @@ def test_every_shipped_experiments_test_longer_is_producible(data_dir):
     """DESIGN: every longer evaluation split a shipped experiment uses can be
     produced from what training shows."""
     datasets = _shipped_datasets()
-    assert {"reverse_digits", "duplicate_digits", "numbers"} <= datasets
-    for name in sorted(datasets):
-        result = producibility.check(data.load(name, data_dir=data_dir), ["test_longer"])
+    names = {name for name, _ in datasets}
+    assert {"reverse_digits", "duplicate_digits", "numbers"} <= names
+    assert {"scan/length_cutoff26", "scan/length"} <= names  # experiments/scan.py
+    for name, tokenizer in sorted(datasets):
+        task = data.load(name, data_dir=data_dir, tokenizer=tokenizer)
+        result = producibility.check(task, ["test_longer"])
         assert result["test_longer"]["producible"] == 1.0, (name, result)
         assert result["test_longer"]["examples"] >= 1_000, name

@@ -27,6 +27,10 @@ selected on any split, so the test splits never choose what is reported.
   the training lengths shaded.
 - ``exact_match.png``: each group's exact match per eval split, the mean
   over seeds with its 95% t interval.
+- ``results.md`` also has "As the anchors report" (`jattn.analysis.anchors`):
+  the best seed beside the mean, teacher-forced accuracy beyond the training
+  lengths, and exact match by length bucket (the experiment's
+  ``length_bucket``, default 5 lengths).
 """
 
 from __future__ import annotations
@@ -40,8 +44,8 @@ from typing import Any
 
 import numpy as np
 
+from jattn.analysis import anchors, plots, stats
 from jattn.analysis import grid as grid_lib
-from jattn.analysis import plots, stats
 from jattn.analysis.runs import (  # noqa: F401 -- collect & co. stay report's API
     DATA_CHECK,
     _number,
@@ -429,6 +433,7 @@ def write_report(exp, runs, configs, workdir: str, *, status) -> dict[str, Any]:
         md += ["## Exact match per run", "", runs_md, "",
                "k of N decoded examples correct; 95% Wilson score interval (an upper bound "
                "at 0/N, a lower bound at N/N).", ""]  # fmt: skip
+    md += anchors.section(rows, width=exp.get("length_bucket", anchors.DEFAULT_WIDTH))
     figures = {
         "loss_curves.png": plots.plot_loss_curves(
             loss_curves(rows), group_keys(rows), os.path.join(workdir, "loss_curves.png")

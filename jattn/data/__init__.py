@@ -23,6 +23,7 @@ from jattn.data.tokenizers import (
     CharTokenizer,
     SentencePieceTokenizer,
     Tokenizer,
+    WordTokenizer,
 )
 
 __all__ = [
@@ -35,6 +36,7 @@ __all__ = [
     "Task",
     "TextSource",
     "Tokenizer",
+    "WordTokenizer",
     "load",
     "loader_stats",
     "make_loader",

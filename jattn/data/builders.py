@@ -475,3 +475,12 @@ BUILDERS: dict[str, tuple[type[tfds.core.GeneratorBasedBuilder], str]] = {
     "reverse_digits": (JattnReverseDigits, "default"),
     "duplicate_digits": (JattnDuplicateDigits, "default"),
 }
+
+# The tasks of their own modules (Kazemnejad et al.'s lengths, SCAN), which import
+# `GeneratedBuilder` from here. Safe at the end: the package imports this module
+# (through `jattn.data.tasks`) before any of them, so they find it complete.
+from jattn.data import kazemnejad as _kazemnejad  # noqa: E402
+from jattn.data import scan as _scan  # noqa: E402
+
+BUILDERS.update(_kazemnejad.BUILDERS)
+BUILDERS.update(_scan.BUILDERS)

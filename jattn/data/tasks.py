@@ -1,8 +1,9 @@
 """`load`: a task by name -> prepared tfds data (array_record), its sources and tokenizer.
 
 Names: "numbers" (German), "numbers/en", "numbers/fr", "numbers/de_tiny", "copy",
-"reverse", "copy/tiny", "reverse_digits", "duplicate_digits/small", ... (jattn's
-local builders, see `builders.py`), or any
+"reverse", "copy/tiny", "reverse_digits", "duplicate_digits/small", "kz_copy",
+"kz_reverse", "kz_addition" (`kazemnejad.py`), "scan/length", "scan/length_cutoff26"
+(`scan.py`), ... (jattn's local builders, see `builders.py`), or any
 tfds translation data set such as "wmt14_translate/de-en", whose source and
 target keys default to its `supervised_keys`.
 """
@@ -40,7 +41,15 @@ TASK_METRICS: dict[str, tuple[str, ...]] = {
     "reverse": CHAR_METRICS,
     "reverse_digits": CHAR_METRICS,
     "duplicate_digits": CHAR_METRICS,
+    "kz_copy": CHAR_METRICS,
+    "kz_reverse": CHAR_METRICS,
+    "kz_addition": CHAR_METRICS,
+    "scan": ("exact_match",),  # the papers' metric; chrF of action words adds nothing
 }
+
+
+# Tasks whose tokens are not characters: the tokenizer `load` requires for them.
+TASK_TOKENIZERS: dict[str, str] = {"scan": "word"}
 
 
 def task_metrics(name: str) -> tuple[str, ...]:
@@ -323,7 +332,8 @@ def load(
       data_dir: tfds data directory (default: $TFDS_DATA_DIR or ~/tensorflow_datasets).
         Prepared data goes to `data_dir/<builder>/<config>/<version>` as array_record;
         vocabularies to `data_dir/jattn_vocab/<builder>/<config>/<version>/`.
-      tokenizer: "char", "spm" (SentencePiece unigram), "spm_bpe".
+      tokenizer: "char", "word" (space-separated words: "scan"), "spm" (SentencePiece
+        unigram), "spm_bpe".
       vocab_size: SentencePiece vocabulary size (37000 for the paper's WMT14 en-de);
         ignored by "char".
       source_key, target_key: features used as inputs and targets; default: the data
@@ -333,11 +343,18 @@ def load(
       The Task, reading every split through `builder.as_data_source()`.
 
     Raises:
-      ValueError: unknown name or config, missing or non-text features, data prepared in
+      ValueError: unknown name or config, a tokenizer the task cannot use ("scan"
+        needs "word"), missing or non-text features, data prepared in
         another file format, an empty train split, a mismatched cached vocabulary.
       DataIntegrityError (a ValueError): damaged prepared data (a missing, truncated,
         swapped or replaced shard, an unreadable dataset_info.json), naming the file.
     """
+    required = TASK_TOKENIZERS.get(name.partition("/")[0])
+    if required and tokenizer != required:
+        raise ValueError(
+            f"dataset {name!r} is made of words: load it with tokenizer={required!r} "
+            f"(config key `tokenizer`), not {tokenizer!r}"
+        )
     try:
         builder = _make_builder(name, data_dir)
         info = builder.info

@@ -1,4 +1,4 @@
-"""Tokenizers: characters for the small tasks, SentencePiece for real corpora.
+"""Tokenizers: characters for the small tasks, words for SCAN, SentencePiece for real corpora.
 
 Every tokenizer shares the id conventions of the models: ``PAD_ID = 0`` (padding
 and the decoder's start symbol), ``EOS_ID = 1`` (end of sequence), ``UNK_ID = 2``.
@@ -87,6 +87,49 @@ class CharTokenizer:
             return cls(json.load(f)["chars"])
 
 
+class WordTokenizer:
+    """One id per space-separated word: PAD=0, EOS=1, UNK=2, then the words in sorted order.
+
+    For tasks whose tokens are words (SCAN's commands and actions): texts are
+    words joined by single spaces, and `decode` joins them the same way, so
+    ``decode(encode(t)) == t`` for a text of known words.
+    """
+
+    kind = "word"
+
+    def __init__(self, words: Sequence[str]):
+        if len(set(words)) != len(words) or any(not w or " " in w for w in words):
+            raise ValueError(f"words must be distinct, non-empty and without spaces, got {words!r}")
+        self.words = tuple(words)
+        self._ids = {w: i + 3 for i, w in enumerate(self.words)}
+        self.vocab_size = len(self.words) + 3
+
+    @classmethod
+    def train(cls, texts: Iterable[str]) -> WordTokenizer:
+        """The tokenizer whose vocabulary is every word of `texts`, sorted."""
+        seen: set[str] = set()
+        for t in texts:
+            seen.update(w for w in t.split(" ") if w)
+        return cls(sorted(seen))
+
+    def encode(self, text: str) -> list[int]:
+        ids = self._ids
+        return [ids.get(w, UNK_ID) for w in text.split(" ") if w] + [EOS_ID]
+
+    def decode(self, ids: Iterable[int]) -> str:
+        words = self.words
+        n = len(words)
+        return " ".join(words[i - 3] if 3 <= i < n + 3 else UNK_TEXT for i in _until_end(ids))
+
+    def save(self, path: str) -> None:
+        _write_atomic(path, json.dumps({"words": list(self.words)}, ensure_ascii=False).encode())
+
+    @classmethod
+    def load(cls, path: str) -> WordTokenizer:
+        with open(path, encoding="utf-8") as f:
+            return cls(json.load(f)["words"])
+
+
 class SentencePieceTokenizer:
     """A SentencePiece model with PAD=0, EOS=1, UNK=2 and no BOS."""
 
@@ -172,6 +215,7 @@ def _write_atomic(path: str, data: bytes) -> None:
 # name -> (tokenizer class, extra training kwargs, file suffix)
 TOKENIZERS: dict[str, tuple[type, dict, str]] = {
     "char": (CharTokenizer, {}, "json"),
+    "word": (WordTokenizer, {}, "json"),
     "spm": (SentencePieceTokenizer, {"model_type": "unigram"}, "model"),
     "spm_unigram": (SentencePieceTokenizer, {"model_type": "unigram"}, "model"),
     "spm_bpe": (SentencePieceTokenizer, {"model_type": "bpe"}, "model"),
@@ -181,7 +225,7 @@ TOKENIZERS: dict[str, tuple[type, dict, str]] = {
 def vocab_path(cache_dir: str, tokenizer: str, vocab_size: int) -> str:
     """Where the vocabulary of `tokenizer` is cached (the settings file adds `.settings.json`)."""
     _, _, suffix = TOKENIZERS[tokenizer]
-    stem = "char" if tokenizer == "char" else f"{tokenizer}_{vocab_size}"
+    stem = tokenizer if tokenizer in ("char", "word") else f"{tokenizer}_{vocab_size}"
     return os.path.join(cache_dir, f"{stem}.{suffix}")
 
 
@@ -266,11 +310,13 @@ def vocab_hash(tokenizer: Tokenizer) -> str:
     SentencePiece model): two tokenizers with equal hashes encode every text alike.
 
     Raises:
-      ValueError: a tokenizer that is neither a `CharTokenizer` nor a
+      ValueError: a tokenizer that is not a `CharTokenizer`, `WordTokenizer` or
         `SentencePieceTokenizer`.
     """
     if isinstance(tokenizer, CharTokenizer):
         data = json.dumps(list(tokenizer.chars), ensure_ascii=False).encode()
+    elif isinstance(tokenizer, WordTokenizer):
+        data = json.dumps({"words": list(tokenizer.words)}, ensure_ascii=False).encode()
     elif isinstance(tokenizer, SentencePieceTokenizer):
         data = tokenizer.model_proto
     else:
@@ -321,11 +367,13 @@ def save_to_dir(tokenizer: Tokenizer, directory: str) -> str:
     and then `RUN_TOKENIZER` naming it; returns the path of `RUN_TOKENIZER`.
 
     Raises:
-      ValueError: a tokenizer that is neither a `CharTokenizer` nor a
+      ValueError: a tokenizer that is not a `CharTokenizer`, `WordTokenizer` or
         `SentencePieceTokenizer`.
     """
     if isinstance(tokenizer, CharTokenizer):
         kind, name = "char", "tokenizer.chars.json"
+    elif isinstance(tokenizer, WordTokenizer):
+        kind, name = "word", "tokenizer.words.json"
     elif isinstance(tokenizer, SentencePieceTokenizer):
         kind, name = "spm", "tokenizer.model"
     else:
@@ -343,7 +391,9 @@ def load_from_dir(directory: str) -> Tokenizer | None:
         return None
     with open(path) as f:
         entry = json.load(f)
-    cls = {"char": CharTokenizer, "spm": SentencePieceTokenizer}[entry["kind"]]
+    cls = {"char": CharTokenizer, "word": WordTokenizer, "spm": SentencePieceTokenizer}[
+        entry["kind"]
+    ]
     return cls.load(os.path.join(directory, entry["file"]))
 
 

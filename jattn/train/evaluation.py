@@ -11,6 +11,12 @@ Metrics, per split ``S``:
 
 - ``eval/S/loss``: mean per-token cross entropy (no label smoothing), nats;
 - ``eval/S/accuracy``: teacher-forced next-token accuracy;
+- ``eval/S/beyond_train/accuracy``: the same over the examples whose
+  targets are longer (in tokens, EOS included) than every training target
+  (the data check's ``max_target_tokens``): the anchors' teacher-forced
+  score beyond the training lengths (Delétang et al. 2023, Ruoss et al.
+  2023); only where the split has such examples and the task was loaded
+  with `jattn.data.load` (its data check is cached);
 - ``eval/S/exact_match``: fraction of the first `eval_decode_examples`
   examples whose decoded output equals the reference string (in [0, 1]);
 - ``eval/S/num_decoded``: how many examples were decoded (N), so that the
@@ -38,6 +44,7 @@ from typing import Any
 import jax
 import numpy as np
 
+from jattn.data import producibility
 from jattn.train.config import ConfigError, input_lengths
 
 __all__ = ["EvalSet", "evaluate", "ids_to_text", "load_eval_sets", "write_decodes"]
@@ -56,12 +63,23 @@ class EvalSet:
         `eval_max_input_len` for the "inputs*" names, `eval_max_len` for "targets*".
       num_examples: real (non-padding) rows across `batches`.
       metrics: the decoded metrics to report (the task's `metrics`).
+      train_max_target_tokens: the longest training target in tokens (EOS
+        included), from the task's data check; None where unknown.
     """
 
     split: str
     batches: list[dict[str, np.ndarray]]
     num_examples: int
     metrics: tuple[str, ...] = DECODED_METRICS
+    train_max_target_tokens: int | None = None
+
+
+def _train_max_target_tokens(task: Any, splits: Sequence[str]) -> int | None:
+    """The data check's longest training target, for a task `jattn.data.load` made
+    (whose check the run has just cached: reading it costs nothing); else None."""
+    if not getattr(task, "vocab_dir", ""):
+        return None
+    return int(producibility.check(task, splits)["train"]["max_target_tokens"])
 
 
 def _pad_rows(batch: dict[str, np.ndarray], rows: int) -> dict[str, np.ndarray]:
@@ -86,6 +104,7 @@ def load_eval_sets(
     unknown = sorted(set(metrics) - set(DECODED_METRICS))
     if unknown:
         raise ConfigError(f"task metrics {unknown} unknown; evaluation knows {DECODED_METRICS}")
+    longest = _train_max_target_tokens(task, splits)
     sets = {}
     for split in splits:
         loader = make_loader(
@@ -113,7 +132,7 @@ def load_eval_sets(
                 f"{input_len} and eval_max_len={config.eval_max_len}: raise them, or drop "
                 f"{split!r} from eval_splits"
             )
-        sets[split] = EvalSet(split, batches, count, metrics)
+        sets[split] = EvalSet(split, batches, count, metrics, longest)
     return sets
 
 
@@ -155,7 +174,9 @@ def evaluate(
       params: the (sharded) model parameters.
       eval_sets: from `load_eval_sets`.
       eval_step: jitted `(params, batch) -> {"loss_sum", "weight_sum", "correct"}`
-        with replicated outputs.
+        with replicated outputs, and optionally per row ``row_correct`` and
+        ``row_weight`` `[rows]` (teacher-forced hits and tokens; they give
+        ``beyond_train/accuracy`` and each decoded example's ``tf_correct``).
       decode: jitted `(params, inputs [rows, S]) -> ids [rows, max_length]`,
         replicated output; None skips the decoded metrics.
       to_global: numpy batch (the same on every process) -> global arrays.
@@ -165,13 +186,15 @@ def evaluate(
     Returns:
       (metrics named ``eval/<split>/<metric>``, the decoded ones those of the
       split's `EvalSet.metrics`, per split the decoded examples
-      as dicts with input, target, prediction, correct, input_tokens).
+      as dicts with input, target, prediction, correct, input_tokens,
+      target_tokens, output_tokens, and where the step gives them ``tf_correct``
+      and ``tf_tokens``: the example's teacher-forced hits and tokens, EOS included).
     """
     import sacrebleu  # noqa: PLC0415 -- heavy, only needed here
 
     metrics, decodes = {}, {}
     for split, es in eval_sets.items():
-        loss = weight = correct = 0.0
+        loss = weight = correct = beyond_correct = beyond_weight = 0.0
         examples: list[dict[str, Any]] = []
         for batch in es.batches:
             gbatch = to_global(batch)
@@ -179,6 +202,11 @@ def evaluate(
             loss += float(sums["loss_sum"])
             weight += float(sums["weight_sum"])
             correct += float(sums["correct"])
+            rows = _row_sums(sums)
+            if rows is not None and es.train_max_target_tokens is not None:
+                beyond = rows[1] > es.train_max_target_tokens  # [rows]
+                beyond_correct += float(np.sum(rows[0][beyond]))
+                beyond_weight += float(np.sum(rows[1][beyond]))
             if decode is None or len(examples) >= num_decode:
                 continue
             out = np.asarray(jax.device_get(decode(params, gbatch["inputs"])))
@@ -198,9 +226,14 @@ def evaluate(
                         "output_tokens": _length(out[row]),
                     }
                 )
+                if rows is not None:
+                    examples[-1]["tf_correct"] = int(rows[0][row])
+                    examples[-1]["tf_tokens"] = int(rows[1][row])
         prefix = f"eval/{split}/"
         metrics[prefix + "loss"] = loss / max(weight, 1.0)
         metrics[prefix + "accuracy"] = correct / max(weight, 1.0)
+        if beyond_weight:
+            metrics[prefix + "beyond_train/accuracy"] = beyond_correct / beyond_weight
         if examples:
             hyps = [e["prediction"] for e in examples]
             refs = [e["target"] for e in examples]
@@ -216,6 +249,13 @@ def evaluate(
                 metrics[prefix + "chrf"] = float(sacrebleu.corpus_chrf(hyps, [refs]).score)
         decodes[split] = examples
     return metrics, decodes
+
+
+def _row_sums(sums: dict[str, Any]) -> tuple[np.ndarray, np.ndarray] | None:
+    """(teacher-forced hits, tokens) per row `[rows]`, if the eval step gives them."""
+    if "row_correct" not in sums or "row_weight" not in sums:
+        return None
+    return np.asarray(sums["row_correct"]), np.asarray(sums["row_weight"])
 
 
 def write_decodes(workdir: str, step: int, decodes: dict[str, list[dict[str, Any]]]) -> None:

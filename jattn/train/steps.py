@@ -204,15 +204,23 @@ def make_eval_step(model: nn.Module) -> Callable[[Any, Batch], dict[str, jax.Arr
 
     Returns sums, not means, so that batches (including padded rows, which
     have weight 0) can be added up exactly: ``loss_sum``, ``weight_sum``,
-    ``correct``.
+    ``correct``, and per row ``row_correct`` and ``row_weight`` `[B]` (the
+    teacher-forced accuracy of each example, which evaluation groups by length).
     """
 
     def eval_step(params, batch: Batch):
         logits = model.apply(
             {"params": params}, batch["inputs"], batch["targets"], **model_kwargs(batch)
         )
-        weights = (batch["targets"] > 0).astype(jnp.float32)
+        weights = (batch["targets"] > 0).astype(jnp.float32)  # [B, T]
         loss_sum, weight_sum, correct = cross_entropy(logits, batch["targets"], weights, 0.0)
-        return {"loss_sum": loss_sum, "weight_sum": weight_sum, "correct": correct}
+        hits = (jnp.argmax(logits, axis=-1) == batch["targets"]) * weights  # [B, T]
+        return {
+            "loss_sum": loss_sum,
+            "weight_sum": weight_sum,
+            "correct": correct,
+            "row_correct": jnp.sum(hits, axis=-1),  # [B]
+            "row_weight": jnp.sum(weights, axis=-1),  # [B]
+        }
 
     return eval_step

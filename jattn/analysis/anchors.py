@@ -1,0 +1,268 @@
+"""The report as the length-generalisation anchors write theirs, beside jattn's own.
+
+jattn's report gives each group's mean over seeds with its interval. The
+papers this project measures itself against report other numbers, and a
+reader comparing with them needs those too:
+
+- the best seed: Delétang et al. 2023 ("Neural Networks and the Chomsky
+  Hierarchy") and Ruoss et al. 2023 ("Randomized Positional Encodings")
+  report the maximum over 10 seeds. `seeds_table` puts the maximum over
+  the grid's seeds beside the mean and its 95% Student t interval (the
+  maximum of 3 seeds is not theirs of 10: it is an optimistic, noisy
+  statistic, which is why the mean stays beside it);
+- teacher-forced token accuracy beyond the training lengths (the score of
+  Delétang et al. and Ruoss et al.): ``eval/<split>/beyond_train/accuracy``,
+  computed by `jattn.train.evaluation` over the examples whose targets are
+  longer than every training target, and per length bucket from each
+  decoded example's ``tf_correct`` / ``tf_tokens``;
+- exact match by length bucket (Kazemnejad et al. 2023 plot it against
+  length): `length_buckets` pools each group's decoded examples over seeds
+  and eval splits by target length (tokens before EOS: characters of copy
+  and reverse, actions of SCAN), each bucket's exact match as k/N with its
+  95% Wilson interval.
+
+Buckets have `width` lengths and are aligned on the longest training target
+(the data check's ``max_target_tokens`` minus EOS), so no bucket mixes
+lengths seen in training with longer ones. Splits whose targets cannot all be
+produced from training are left out, as in the rest of the report. Every
+number is read back from the runs' workdirs, like `jattn.analysis.report`.
+"""
+
+from __future__ import annotations
+
+import collections
+import json
+import math
+import os
+from typing import Any
+
+from jattn.analysis import stats
+from jattn.analysis.runs import exact_match_split, unproducible_share
+
+__all__ = [
+    "BEYOND_TRAIN",
+    "anchor_metrics",
+    "bucket_of",
+    "bucket_tables",
+    "length_buckets",
+    "section",
+    "seeds_table",
+    "train_length",
+]
+
+BEYOND_TRAIN = "beyond_train/accuracy"  # eval/<split>/beyond_train/accuracy
+DEFAULT_WIDTH = 5
+
+
+def _number(v: Any) -> bool:
+    return isinstance(v, int | float) and not isinstance(v, bool) and math.isfinite(v)
+
+
+def _split_of(metric: str) -> str | None:
+    """The eval split of an exact-match or beyond-training accuracy metric."""
+    split = exact_match_split(metric)
+    if split:
+        return split
+    prefix, _, rest = metric.partition("/")
+    split, _, name = rest.partition("/")
+    return split if prefix == "eval" and name == BEYOND_TRAIN else None
+
+
+def anchor_metrics(rows) -> list[str]:
+    """The exact-match and beyond-training accuracy metrics the finished runs have,
+    per eval split in order of appearance (exact match first)."""
+    found: dict[str, list[str]] = collections.OrderedDict()
+    for r in rows:
+        for key, value in (r["final"] or {}).items():
+            split = _split_of(key)
+            if split and _number(value) and key not in found.setdefault(split, []):
+                found[split].append(key)
+    return [m for ms in found.values() for m in sorted(ms, key=lambda m: BEYOND_TRAIN in m)]
+
+
+def _mean_ci(values: list[float]) -> str:
+    """``0.953 [0.910, 0.990]``, the interval clipped to [0, 1]; one seed: no interval."""
+    mean, low, high = stats.t_interval(values)
+    if math.isnan(low):
+        return f"{mean:.3f} (1 seed)"
+    return f"{mean:.3f} [{max(low, 0.0):.3f}, {min(high, 1.0):.3f}]"
+
+
+def seeds_table(rows) -> list[str]:
+    """Per group and anchor metric: the best seed, then mean [95% t interval] over seeds.
+
+    Returns:
+      markdown lines (a table), or [] when no finished run has such a metric.
+    """
+    metrics = anchor_metrics(rows)
+    if not metrics:
+        return []
+    values: dict[str, dict[str, list[float]]] = collections.OrderedDict()
+    checks: dict[str, Any] = {}
+    for r in rows:
+        group = r["run"].group
+        per_metric = values.setdefault(group, {})
+        checks.setdefault(group, r.get("check"))
+        for m in metrics if r["final"] else ():
+            if _number(r["final"].get(m)):
+                per_metric.setdefault(m, []).append(float(r["final"][m]))
+    head = "| group | seeds | " + " | ".join(f"{m} best | {m} mean" for m in metrics) + " |"
+    lines = [head, "|---|---:|" + "---:|---:|" * len(metrics)]
+    for group, per_metric in values.items():
+        seeds = max((len(v) for v in per_metric.values()), default=0)
+        cells = []
+        for m in metrics:
+            share = unproducible_share(checks[group], _split_of(m))
+            got = per_metric.get(m, [])
+            if share is not None:
+                cells += [f"unproducible ({100 * share:.1f}% of targets)", "-"]
+            elif not got:
+                cells += ["-", "-"]
+            else:
+                cells += [f"{max(got):.3f}", _mean_ci(got)]
+        lines.append(f"| {group} | {seeds} | " + " | ".join(cells) + " |")
+    return lines
+
+
+def train_length(rows) -> int | None:
+    """The longest training target in tokens before EOS, from the runs' data check."""
+    for r in rows:
+        longest = ((r.get("check") or {}).get("train") or {}).get("max_target_tokens")
+        if _number(longest):
+            return int(longest) - 1
+    return None
+
+
+def bucket_of(length: int, width: int, edge: int | None) -> tuple[int, int]:
+    """The bucket ``(first, last)`` of a length: `width` lengths, one boundary just
+    after `edge` (the longest training length; None: buckets from 1)."""
+    if width < 1:
+        raise ValueError(f"bucket width must be at least 1, got {width}")
+    start = (edge or 0) + 1
+    first = start + ((length - start) // width) * width
+    return max(first, 1), first + width - 1
+
+
+def _read_jsonl(path: str) -> list[dict[str, Any]]:
+    if not os.path.exists(path):
+        return []
+    with open(path) as f:
+        return [json.loads(line) for line in f if line.strip()]
+
+
+def length_buckets(rows, width: int = DEFAULT_WIDTH):
+    """Per group and length bucket: exact match and teacher-forced tokens of the
+    final step's decoded examples, pooled over seeds and producible eval splits.
+
+    Returns:
+      (group -> bucket -> {"k", "n", "tf": {run name: [hits, tokens]}}, the
+      longest training length or None).
+    """
+    edge = train_length(rows)
+    table: dict[str, dict[tuple[int, int], dict[str, Any]]] = collections.OrderedDict()
+    for r in rows:
+        g = table.setdefault(r["run"].group, {})
+        if not r["final"]:
+            continue
+        folder = os.path.join(r["run"].workdir, "decodes")
+        names = sorted(os.listdir(folder)) if os.path.isdir(folder) else []
+        for split in (n.removesuffix(".jsonl") for n in names if n.endswith(".jsonl")):
+            if unproducible_share(r.get("check"), split) is not None:
+                continue
+            for e in _read_jsonl(os.path.join(folder, f"{split}.jsonl")):
+                if e.get("step") != r["final"].get("step") or "target_tokens" not in e:
+                    continue  # another step's, or written before lengths were recorded
+                cell = g.setdefault(
+                    bucket_of(int(e["target_tokens"]), width, edge), {"k": 0, "n": 0, "tf": {}}
+                )
+                cell["k"] += bool(e["correct"])
+                cell["n"] += 1
+                if "tf_tokens" in e:
+                    tf = cell["tf"].setdefault(r["run"].name, [0, 0])
+                    tf[0] += int(e["tf_correct"])
+                    tf[1] += int(e["tf_tokens"])
+    return table, edge
+
+
+def _bucket_name(bucket: tuple[int, int]) -> str:
+    return str(bucket[0]) if bucket[0] == bucket[1] else f"{bucket[0]}-{bucket[1]}"
+
+
+def _wilson_cell(k: int, n: int) -> str:
+    low, high = stats.wilson_interval(k, n)
+    return f"{100 * k / n:.1f}% [{100 * low:.1f}, {100 * high:.1f}] of {n}"
+
+
+def _tf_cell(per_run: dict[str, list[int]]) -> str:
+    accuracies = [hits / tokens for hits, tokens in per_run.values() if tokens]
+    return _mean_ci(accuracies) if accuracies else "-"
+
+
+def bucket_tables(rows, width: int = DEFAULT_WIDTH) -> list[str]:
+    """Markdown: exact match, then teacher-forced accuracy, by target-length bucket."""
+    table, edge = length_buckets(rows, width)
+    buckets = sorted({b for g in table.values() for b in g})
+    if not buckets:
+        return []
+    names = [_bucket_name(b) + (" †" if edge is not None and b[0] > edge else "") for b in buckets]
+    head = "| group | " + " | ".join(names) + " |"
+    sep = "|---|" + "---:|" * len(buckets)
+    exact = [head, sep]
+    forced = [head, sep]
+    for group, cells in table.items():
+        exact.append(
+            f"| {group} | "
+            + " | ".join(
+                _wilson_cell(cells[b]["k"], cells[b]["n"]) if b in cells else "-" for b in buckets
+            )  # fmt: skip
+            + " |"
+        )
+        forced.append(
+            f"| {group} | "
+            + " | ".join(_tf_cell(cells[b]["tf"]) if b in cells else "-" for b in buckets)
+            + " |"
+        )
+    beyond = (
+        f"† marks lengths beyond training (training targets up to {edge} tokens before EOS). "
+        if edge is not None
+        else ""
+    )
+    out = [
+        "Exact match by target length (tokens before EOS), the final step's decoded "
+        "examples pooled over seeds and eval splits: k/N with its 95% Wilson interval.",
+        "",
+        *exact,
+        "",
+    ]
+    if any(cell["tf"] for g in table.values() for cell in g.values()):
+        out += [
+            "Teacher-forced token accuracy (EOS included) by the same buckets: mean over "
+            "seeds [95% t interval] of each seed's accuracy in the bucket.",
+            "",
+            *forced,
+            "",
+        ]
+    return [*out, beyond + f"Buckets of {width} lengths."]
+
+
+def section(rows, width: int = DEFAULT_WIDTH) -> list[str]:
+    """The report's section "As the anchors report" (markdown lines), or [] when the
+    runs have nothing for it."""
+    seeds = seeds_table(rows)
+    buckets = bucket_tables(rows, width)
+    if not seeds and not buckets:
+        return []
+    out = ["## As the anchors report", ""]
+    if seeds:
+        n = max(collections.Counter(r["run"].group for r in rows if r["final"]).values())
+        out += [
+            f"Best of seeds (Delétang et al. and Ruoss et al. report the best of 10; here of "
+            f"up to {n}) beside the mean [95% t interval]; `{BEYOND_TRAIN}` is teacher-forced "
+            "token accuracy over the examples longer than every training target.",
+            "",
+            *seeds,
+            "",
+        ]
+    if buckets:
+        out += [*buckets, ""]
+    return out
