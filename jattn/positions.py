@@ -1,7 +1,8 @@
 """Positional schemes as pure functions.
 
 Absolute schemes produce vectors added to embeddings (`sinusoidal`); rotary
-embeddings rotate queries and keys (`rope`); relative schemes produce either
+embeddings rotate queries and keys (`rope`, its scalings `rope_frequencies`,
+and the decaying `xpos`); relative schemes produce either
 tables read inside attention (`ShawRelative`, `relative_ids`) or an additive
 bias on the logits (`alibi_bias`, `t5_bias`). Every function takes explicit
 integer positions so packed rows (positions restarting at each segment) and
@@ -28,10 +29,13 @@ __all__ = [
     "alibi_bias",
     "alibi_slopes",
     "relative_ids",
+    "ROPE_SCALINGS",
     "rope",
+    "rope_frequencies",
     "sinusoidal",
     "t5_bias",
     "t5_buckets",
+    "xpos",
 ]
 
 
@@ -104,20 +108,32 @@ class ShawRelative:
 
 
 def rope(
-    x: Array, positions: Array, max_timescale: float = 10_000.0, fraction: float = 1.0
+    x: Array,
+    positions: Array,
+    max_timescale: float = 10_000.0,
+    fraction: float = 1.0,
+    *,
+    scaling: str = "none",
+    scaling_factor: float = 1.0,
+    original_length: int | None = None,
 ) -> Array:
     """Rotary position embedding (Su et al.), rotate-half convention.
 
     The first `fraction * H` features are rotated in pairs `(i, i + H'/2)` by
-    angle `p / max_timescale^(2i/H')`; the rest pass through. Applied to
-    queries and keys, the logit `q_t·k_s` depends on positions only through
-    `s - t`.
+    angle `p * inv_freq[i]`, `inv_freq[i] = max_timescale^(-2i/H')`; the rest
+    pass through. Applied to queries and keys, the logit `q_t·k_s` depends
+    on positions only through `s - t`. `scaling` stretches a trained RoPE to
+    longer inputs at evaluation (see `rope_frequencies`).
 
     Args:
       x: `[B, T, N, H]` queries or keys.
       positions: int `[B, T]`.
       max_timescale: base wavelength.
       fraction: share of the head dim that is rotated (rounded to even).
+      scaling: one of `ROPE_SCALINGS` ("none" is Su et al.'s RoPE).
+      scaling_factor: the context extension s >= 1 of "pi", "ntk", "yarn".
+      original_length: the training length "yarn" keeps the short
+        wavelengths of (required for "yarn").
 
     Returns:
       `[B, T, N, H]`, dtype of `x`.
@@ -126,8 +142,17 @@ def rope(
     rot = int(h * fraction) // 2 * 2
     if rot == 0:
         return x
+    inv_freq, magnitude = rope_frequencies(
+        rot, max_timescale, scaling=scaling, factor=scaling_factor, original_length=original_length
+    )
+    return _rotate_half(x, positions, inv_freq, rot, magnitude)
+
+
+def _rotate_half(x: Array, positions: Array, inv_freq, rot: int, magnitude=None) -> Array:
+    """Rotate the first `rot` features of `x` `[B, T, N, H]` by `positions * inv_freq`,
+    then multiply the rotated pairs by `magnitude` (None, a float, or float32
+    `[B, T, rot/2]`)."""
     half = rot // 2
-    inv_freq = max_timescale ** (-np.arange(half, dtype=np.float64) * 2.0 / rot)
     positions = jnp.asarray(positions, jnp.float32)
     inv_freq = jnp.asarray(inv_freq, jnp.float32).reshape((1,) * positions.ndim + (-1,))
     angles = positions[..., None] * inv_freq  # [B, T, H'/2]
@@ -135,8 +160,105 @@ def rope(
     cos = jnp.cos(angles)[:, :, None, :]
     xf = x.astype(jnp.float32)
     x1, x2, rest = xf[..., :half], xf[..., half:rot], xf[..., rot:]
-    out = jnp.concatenate([x1 * cos - x2 * sin, x2 * cos + x1 * sin, rest], axis=-1)
+    y1, y2 = x1 * cos - x2 * sin, x2 * cos + x1 * sin  # [B, T, N, H'/2] each
+    if magnitude is not None:
+        m = jnp.asarray(magnitude, jnp.float32)
+        m = m[:, :, None, :] if m.ndim == 3 else m  # [B, T, 1, H'/2] or scalar
+        y1, y2 = y1 * m, y2 * m
+    out = jnp.concatenate([y1, y2, rest], axis=-1)
     return out.astype(x.dtype)
+
+
+# RoPE's extensions to longer inputs than training showed (`rope_frequencies`).
+ROPE_SCALINGS = ("none", "pi", "ntk", "yarn")
+
+
+def rope_frequencies(
+    rot: int,
+    max_timescale: float = 10_000.0,
+    *,
+    scaling: str = "none",
+    factor: float = 1.0,
+    original_length: int | None = None,
+    yarn_alpha: float = 1.0,
+    yarn_beta: float = 32.0,
+) -> tuple[np.ndarray, float | None]:
+    """RoPE's inverse frequencies `[rot/2]` and the magnitude of the rotated
+    features, for a scaling that extends a trained RoPE by `factor` = s.
+
+    - "none": `inv_freq[i] = b^(-2i/rot)` (Su et al.).
+    - "pi": position interpolation (Chen et al. 2023): every frequency / s,
+      i.e. positions squeezed into the trained range.
+    - "ntk": NTK-aware scaling (bloc97, 2023): base `b * s^(rot/(rot-2))`, so
+      the highest frequency is unchanged and the lowest is divided by s.
+    - "yarn": Peng et al. 2023: per frequency, wavelengths longer than the
+      training length L / alpha are interpolated (/ s), those shorter than
+      L / beta kept, a linear ramp between; queries and keys are multiplied
+      by `0.1 ln s + 1` (their attention temperature).
+
+    Returns:
+      (float64 numpy `[rot/2]`, None or the float magnitude).
+    """
+    if scaling not in ROPE_SCALINGS:
+        raise ValueError(f"rope: scaling={scaling!r}; choose one of {ROPE_SCALINGS}")
+    if scaling != "none" and not factor >= 1.0:
+        raise ValueError(f"rope: scaling_factor must be >= 1, got {factor!r}")
+    half = rot // 2
+    exponent = np.arange(half, dtype=np.float64) * 2.0 / rot
+    if scaling == "ntk" and rot > 2:
+        max_timescale = max_timescale * factor ** (rot / (rot - 2))
+    inv_freq = max_timescale ** (-exponent)
+    if scaling == "pi":
+        return inv_freq / factor, None
+    if scaling != "yarn":
+        return inv_freq, None
+    if not original_length or original_length < 1:
+        raise ValueError(f"rope: yarn needs original_length >= 1, got {original_length!r}")
+    ratio = original_length * inv_freq / (2 * math.pi)  # training length / wavelength
+    keep = np.clip((ratio - yarn_alpha) / (yarn_beta - yarn_alpha), 0.0, 1.0)  # 1: unchanged
+    inv_freq = (1.0 - keep) * inv_freq / factor + keep * inv_freq
+    return inv_freq, 0.1 * math.log(factor) + 1.0
+
+
+def xpos(
+    x: Array,
+    positions: Array,
+    *,
+    key: bool,
+    max_timescale: float = 10_000.0,
+    scale_base: float = 512.0,
+) -> Array:
+    """xPos (Sun et al. 2022): RoPE whose rotated pairs decay with distance.
+
+    Pair i of a query at position n is multiplied by `zeta_i^(n/scale_base)`,
+    of a key at m by `zeta_i^(-m/scale_base)`, `zeta_i = (2i/H + 0.4) / 1.4`,
+    so the logit carries `zeta_i^((n - m)/scale_base)`: shift invariant, and
+    (for keys behind the query, as in causal attention) smaller the further
+    back the key is, the faster the higher the frequency.
+
+    Args:
+      x: `[B, T, N, H]` queries (`key=False`) or keys (`key=True`); H even.
+      positions: int `[B, T]`.
+      key: scale as keys (`zeta^-m`) rather than queries (`zeta^n`).
+      max_timescale: RoPE's base wavelength.
+      scale_base: the decay's length scale (the paper's 512).
+
+    Returns:
+      `[B, T, N, H]`, dtype of `x`.
+    """
+    rot = x.shape[-1] // 2 * 2
+    if rot == 0:
+        return x
+    half = rot // 2
+    inv_freq, _ = rope_frequencies(rot, max_timescale)
+    zeta = (np.arange(half, dtype=np.float64) * 2.0 / rot + 0.4) / 1.4  # [H/2] in [0.29, 1)
+    positions = jnp.asarray(positions, jnp.float32)
+    power = positions[..., None] / scale_base  # [B, T, 1]
+    if key:
+        power = -power
+    log_zeta = jnp.asarray(np.log(zeta), jnp.float32).reshape((1,) * positions.ndim + (-1,))
+    magnitude = jnp.exp(power * log_zeta)  # [B, T, H/2]
+    return _rotate_half(x, positions, inv_freq, rot, magnitude)
 
 
 def alibi_slopes(num_heads: int) -> Array:

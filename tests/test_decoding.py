@@ -20,7 +20,9 @@ import pytest
 from jax import lax
 
 from jattn.models import (
-    POSITIONS,
+    SCHEMES as REGISTRY,
+)
+from jattn.models import (
     Transformer,
     TransformerConfig,
     abstract_params,
@@ -28,7 +30,7 @@ from jattn.models import (
     shift_right,
 )
 
-SCHEMES = list(POSITIONS)
+SCHEMES = list(REGISTRY)
 TINY = dict(
     vocab_size=11,
     d_model=16,

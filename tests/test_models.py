@@ -19,7 +19,9 @@ import numpy as np
 import pytest
 
 from jattn.models import (
-    POSITIONS,
+    SCHEMES as REGISTRY,
+)
+from jattn.models import (
     Transformer,
     TransformerConfig,
     abstract_params,
@@ -30,7 +32,7 @@ from jattn.models import (
     summary,
 )
 
-SCHEMES = list(POSITIONS)
+SCHEMES = list(REGISTRY)
 RELATIVE = ["shaw", "rope", "alibi", "t5"]
 ABSOLUTE = ["sinusoidal", "learned", "sinusoidal+shaw"]
 # Ontañón et al.'s variants: Shaw's terms (rel-e, rel-b, rel-eb) and relative
