@@ -271,9 +271,9 @@ def _f32(x) -> Array:
 def _select_table(table: Array, head: Array, index: Array) -> Array:
     """`table[head, index]` as a chain of compare-and-selects over the static
     axis of `table [N, R]` (exact: one value is selected, nothing summed)."""
-    out = table[head, 0].astype(jnp.float32)
+    out = table[head, 0]
     for b in range(1, table.shape[1]):
-        out = jnp.where(index == b, table[head, b].astype(jnp.float32), out)
+        out = jnp.where(index == b, table[head, b], out)
     return out
 
 
