@@ -70,11 +70,11 @@ def _config_lines(root: Path) -> list[str]:
 
 def _variant_lines() -> list[str]:
     from jattn.attention import IMPLEMENTATIONS  # noqa: PLC0415
-    from jattn.models import POSITIONS  # noqa: PLC0415
+    from jattn.models import SCHEMES  # noqa: PLC0415
 
     return [
         "variants  (comma-separated after ':', e.g. configs/numbers.py:rope,chunked):",
-        f"  position:  {', '.join(sorted(POSITIONS))}",
+        f"  position:  {', '.join(sorted(SCHEMES))}",
         f"  attention: {', '.join(sorted(IMPLEMENTATIONS))}",
         "  other:     bf16 (bfloat16 compute), greedy, beam (decoding)",
     ]

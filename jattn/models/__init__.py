@@ -5,13 +5,15 @@
     logits = model.apply({"params": params}, inputs, targets)  # [B, T, V]
     tokens = decoding.greedy(model, params, inputs, max_length=64)  # [B, 64]
 
-`jattn.models.decoding` is also `jattn.decoding`.
+`jattn.models.decoding` is also `jattn.decoding`. `SCHEMES` maps every
+`TransformerConfig.position` to its component (`jattn.models.schemes`).
 
 Needs flax (the `train` extra); `import jattn` alone does not import this.
 """
 
 from jattn.models import decoding
-from jattn.models.config import POSITIONS, TransformerConfig
+from jattn.models.config import TransformerConfig
+from jattn.models.schemes import SCHEMES, Scheme
 from jattn.models.summary import abstract_params, count_params, param_counts, summary
 from jattn.models.transformer import (
     Decoder,
@@ -24,7 +26,8 @@ from jattn.models.transformer import (
 )
 
 __all__ = [
-    "POSITIONS",
+    "SCHEMES",
+    "Scheme",
     "Decoder",
     "DecoderLayer",
     "Encoder",

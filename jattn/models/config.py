@@ -15,20 +15,10 @@ from typing import Any
 import jax.numpy as jnp
 
 from jattn.attention import IMPLEMENTATIONS
+from jattn.models.schemes import Scheme, get_scheme
+from jattn.positions import ROPE_SCALINGS
 
-__all__ = ["POSITIONS", "SHAW_TERMS", "TransformerConfig"]
-
-# position scheme -> (absolute vector added to the embeddings, relative term in self-attention)
-POSITIONS: dict[str, tuple[str | None, str | None]] = {
-    "none": (None, None),
-    "sinusoidal": ("sinusoidal", None),
-    "learned": ("learned", None),
-    "shaw": (None, "shaw"),
-    "sinusoidal+shaw": ("sinusoidal", "shaw"),
-    "rope": (None, "rope"),
-    "alibi": (None, "alibi"),
-    "t5": (None, "t5"),
-}
+__all__ = ["SHAW_TERMS", "TransformerConfig"]
 
 
 # The terms of Shaw's relative attention a model can have (`shaw_terms`, "+"-joined):
@@ -63,9 +53,10 @@ class TransformerConfig:
         0.1), through `jattn.dot_product_attention`'s `dropout_rate`.
       max_len: longest sequence (learned position table size; decoding's
         `max_length` may not exceed it for "learned").
-      position: positional scheme of the whole model, one of `POSITIONS`.
-        Relative schemes act in encoder and decoder self-attention, and also in
-        encoder-decoder attention with `relative_cross`.
+      position: positional scheme of the whole model, a name registered in
+        `jattn.models.SCHEMES`. Relative schemes act in encoder and decoder
+        self-attention, and also in encoder-decoder attention with
+        `relative_cross`.
       max_relative_distance: Shaw's clip distance k.
       shaw_terms: which of Shaw's terms the "shaw" schemes have, "+"-joined
         from `SHAW_TERMS`: "key+value" (Shaw et al.), "key" (Ontañón et
@@ -84,7 +75,26 @@ class TransformerConfig:
       t5_num_buckets: T5 relative buckets.
       t5_max_distance: distance at which T5 buckets saturate.
       t5_per_layer: a T5 bias table per layer instead of one per stack.
-      rope_max_timescale: RoPE base wavelength.
+      rope_max_timescale: RoPE base wavelength (also xPos's).
+      rope_scaling: RoPE's extension to longer inputs, one of
+        `jattn.positions.ROPE_SCALINGS` ("none", "pi", "ntk", "yarn"); it acts
+        at evaluation and decoding only (`train=False`), so a run trained
+        without it is evaluated with it by setting it (training ignores it).
+      rope_scaling_factor: the extension factor s >= 1 of `rope_scaling`.
+      rope_original_length: the training length YaRN keeps the short
+        wavelengths of (0: `max_len`).
+      xpos_scale_base: xPos's decay length scale (Sun et al.'s 512).
+      alibi_mode: ALiBi in bidirectional layers (the encoder; cross-attention
+        with `relative_cross`): "symmetric" (`-m|i - j|`, blind to the order
+        of its inputs) or "offset" (the order-aware form: keys after the
+        query pay a per-head offset of one slope, so left and right differ).
+        Causal layers use the paper's `-m (i - j)`.
+      fire_hidden: hidden units of FIRE's MLP (Li et al. use 32).
+      random_positions: Ruoss et al.'s randomised positions: 0 (off), or M:
+        in training each segment's positions are a sorted random sample of
+        `[0, M)` (M >= every training segment's length), for every scheme.
+      random_positions_eval: also randomise the positions of teacher-forced
+        evaluation (as Ruoss et al. evaluate); decoding keeps plain positions.
       layer_norm_epsilon: epsilon of every layer norm.
       dtype: compute dtype of activations ("float32", "bfloat16", ...).
       param_dtype: dtype of parameters.
@@ -115,6 +125,14 @@ class TransformerConfig:
     t5_max_distance: int = 128
     t5_per_layer: bool = False
     rope_max_timescale: float = 10_000.0
+    rope_scaling: str = "none"
+    rope_scaling_factor: float = 1.0
+    rope_original_length: int = 0
+    xpos_scale_base: float = 512.0
+    alibi_mode: str = "symmetric"
+    fire_hidden: int = 32
+    random_positions: int = 0
+    random_positions_eval: bool = False
     layer_norm_epsilon: float = 1e-6
     dtype: str = "float32"
     param_dtype: str = "float32"
@@ -146,51 +164,36 @@ class TransformerConfig:
                 raise ValueError(
                     f"TransformerConfig.{name} must be in [0, 1), got {getattr(self, name)!r}"
                 )
-        if self.position not in POSITIONS:
-            raise ValueError(
-                f"TransformerConfig.position={self.position!r} is not a positional scheme; "
-                f"choose one of {sorted(POSITIONS)}"
-            )
+        scheme = get_scheme(self.position)
         if self.attention_impl is not None and self.attention_impl not in IMPLEMENTATIONS:
             raise ValueError(
                 f"TransformerConfig.attention_impl={self.attention_impl!r}; choose one of "
                 f"{sorted(IMPLEMENTATIONS)} or None"
             )
-        absolute, relative = POSITIONS[self.position]
-        if absolute == "sinusoidal" and self.d_model % 2:
-            raise ValueError(
-                f"TransformerConfig.d_model={self.d_model} must be even for sinusoidal positions"
-            )
-        if relative == "shaw":
-            _positive_int("max_relative_distance", self.max_relative_distance)
         terms = str(self.shaw_terms).split("+")
         if not terms or len(set(terms)) != len(terms) or not set(terms) <= set(SHAW_TERMS):
             raise ValueError(
                 f"TransformerConfig.shaw_terms={self.shaw_terms!r} must join distinct terms "
                 f"of {SHAW_TERMS} with '+', e.g. 'key+value', 'key', 'bias', 'key+bias'"
             )
-        if self.relative_cross and relative is None:
+        if self.relative_cross and not scheme.relative:
             raise ValueError(
                 f"TransformerConfig.relative_cross=True needs a relative scheme; position="
                 f"{self.position!r} has none"
             )
-        if relative == "rope" and self.head_dim < 2:
+        if scheme.causal_only:
             raise ValueError(
-                f"TransformerConfig: rope needs head_dim >= 2, got d_model/num_heads="
-                f"{self.head_dim}"
+                f"TransformerConfig.position={self.position!r} is causal-only; the "
+                "encoder-decoder's encoder attends bidirectionally"
             )
-        if relative == "t5":
-            _positive_int("t5_num_buckets", self.t5_num_buckets)
-            if self.t5_num_buckets < 4 or self.t5_num_buckets % 2:
-                raise ValueError(
-                    f"TransformerConfig.t5_num_buckets must be even and >= 4, "
-                    f"got {self.t5_num_buckets}"
-                )
-            if self.t5_max_distance <= self.t5_num_buckets // 2:
-                raise ValueError(
-                    f"TransformerConfig.t5_max_distance={self.t5_max_distance} must exceed "
-                    f"t5_num_buckets/2={self.t5_num_buckets // 2}"
-                )
+        self._check_extensions()
+        scheme.check(self)
+        longest = scheme.max_position(self)
+        if self.random_positions and longest is not None and self.random_positions > longest:
+            raise ValueError(
+                f"TransformerConfig.random_positions={self.random_positions} exceeds the "
+                f"{longest} positions of position={self.position!r}"
+            )
         for name in ("dtype", "param_dtype"):
             try:
                 dt = jnp.dtype(getattr(self, name))
@@ -201,21 +204,47 @@ class TransformerConfig:
             if not jnp.issubdtype(dt, jnp.floating):
                 raise ValueError(f"TransformerConfig.{name} must be floating, got {dt}")
 
+    def _check_extensions(self) -> None:
+        """The scheme-independent positional options: RoPE scaling, ALiBi's
+        mode, randomised positions."""
+        if self.rope_scaling not in ROPE_SCALINGS:
+            raise ValueError(
+                f"TransformerConfig.rope_scaling={self.rope_scaling!r}; choose one of "
+                f"{ROPE_SCALINGS}"
+            )
+        if not float(self.rope_scaling_factor) >= 1.0:
+            raise ValueError(
+                f"TransformerConfig.rope_scaling_factor must be >= 1, got "
+                f"{self.rope_scaling_factor!r}"
+            )
+        if self.alibi_mode not in ("symmetric", "offset"):
+            raise ValueError(
+                f"TransformerConfig.alibi_mode={self.alibi_mode!r}; choose 'symmetric' or 'offset'"
+            )
+        for name in ("random_positions", "rope_original_length"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+                raise ValueError(f"TransformerConfig.{name} must be an int >= 0, got {value!r}")
+        if not float(self.xpos_scale_base) > 0:
+            raise ValueError(
+                f"TransformerConfig.xpos_scale_base must be > 0, got {self.xpos_scale_base!r}"
+            )
+
     # -- derived ---------------------------------------------------------------
+
+    @property
+    def scheme(self) -> Scheme:
+        """The component of `position` in `jattn.models.SCHEMES`."""
+        return get_scheme(self.position)
+
+    @property
+    def max_position(self) -> int | None:
+        """The longest sequence the scheme supports (None: any)."""
+        return self.scheme.max_position(self)
 
     @property
     def head_dim(self) -> int:
         return self.d_model // self.num_heads
-
-    @property
-    def absolute_position(self) -> str | None:
-        """ "sinusoidal", "learned" or None."""
-        return POSITIONS[self.position][0]
-
-    @property
-    def relative_position(self) -> str | None:
-        """ "shaw", "rope", "alibi", "t5" or None."""
-        return POSITIONS[self.position][1]
 
     @property
     def shaw(self) -> frozenset[str]:

@@ -158,10 +158,10 @@ def _check(model, inputs, max_length: int) -> Array:
     if isinstance(max_length, bool) or not isinstance(max_length, int) or max_length < 1:
         raise ValueError(f"decoding: max_length must be a positive int, got {max_length!r}")
     cfg = model.config
-    if cfg.absolute_position == "learned" and max_length > cfg.max_len:
+    if cfg.max_position is not None and max_length > cfg.max_position:
         raise ValueError(
-            f"decoding: max_length={max_length} exceeds max_len={cfg.max_len} of the "
-            "learned position table"
+            f"decoding: max_length={max_length} exceeds max_len={cfg.max_position} of the "
+            f"{cfg.position!r} positions"
         )
     return inputs.astype(jnp.int32)
 

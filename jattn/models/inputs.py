@@ -20,8 +20,9 @@ Array = jax.Array
 
 __all__ = [
     "check_ids",
-    "check_learned_length",
+    "check_position_length",
     "positions_from_segments",
+    "random_positions",
     "segments_and_positions",
     "shift_right",
     "check_tokens",
@@ -100,9 +101,51 @@ def segments_and_positions(tokens, segment_ids, positions, name: str):
     return segment_ids, positions
 
 
-def check_learned_length(config: TransformerConfig, length: int, what: str) -> None:
-    if config.absolute_position == "learned" and length > config.max_len:
+def check_position_length(config: TransformerConfig, length: int, what: str) -> None:
+    """A row longer than the scheme supports (a learned table's `max_len`) fails."""
+    longest = config.max_position
+    if longest is not None and length > longest:
         raise ValueError(
-            f"Transformer: {what} length {length} exceeds max_len={config.max_len} "
-            "of the learned position table"
+            f"Transformer: {what} length {length} exceeds max_len={longest} of the "
+            f"{config.position!r} positions"
         )
+
+
+def random_positions(rng: Array, segment_ids: Array, max_position: int) -> Array:
+    """Ruoss et al.'s randomised positions, per segment of packed rows.
+
+    Each segment of n tokens gets a sorted sample of n distinct positions
+    drawn uniformly from `[0, max_position)`: the p-th token of the segment
+    takes the p-th smallest. Segments are independent (even two of one row);
+    padding (segment 0) gets position 0.
+
+    Args:
+      rng: a PRNG key.
+      segment_ids: int `[B, T]` (>= 1 real, 0 padding), each segment one run.
+      max_position: M >= the longest segment.
+
+    Returns:
+      int32 `[B, T]`.
+    """
+    b, t = segment_ids.shape
+    m = int(max_position)
+    offset = positions_from_segments(segment_ids)  # [B, T] the token's index in its segment
+    run = (
+        jnp.cumsum(
+            jnp.concatenate(
+                [jnp.ones((b, 1), jnp.int32), (segment_ids[:, 1:] != segment_ids[:, :-1])], axis=1
+            ),
+            axis=1,
+        )
+        - 1
+    )  # [B, T] which run of the row the token is in, 0..T-1
+    length = jnp.zeros((b, t), jnp.int32).at[jnp.arange(b)[:, None], run].add(1)  # [B, runs]
+    # A uniform random n-subset of [0, M) per run: the n smallest of M uniform scores.
+    scores = jax.random.uniform(rng, (b, t, m))  # [B, runs, M]
+    rank = jnp.argsort(jnp.argsort(scores, axis=-1), axis=-1)  # [B, runs, M]
+    chosen = rank < length[..., None]  # [B, runs, M], n_run True each
+    count = jnp.cumsum(chosen.astype(jnp.int32), axis=-1)  # [B, runs, M]
+    mine = jnp.take_along_axis(count, run[..., None], axis=1)  # [B, T, M]
+    # The (p+1)-th chosen value v is the number of values whose count is <= p.
+    pos = jnp.sum(mine <= offset[..., None], axis=-1).astype(jnp.int32)  # [B, T]
+    return jnp.where(segment_ids > 0, pos, 0)

@@ -1,17 +1,9 @@
 """Flax layers of the Transformer: embeddings, absolute positions, attention, MLP.
 
-Each module owns parameters and calls core functions (`jattn.dot_product_attention`,
-`jattn.positions.*`); the arithmetic lives there. Every parameter carries
-logical axis names and the main activations are constrained by name, so a
-training loop shards them with `flax.linen` logical axis rules:
-
-    batch   the batch axis B
-    length  sequence axes T and S (also the learned position table's rows)
-    embed   the model width D
-    heads   attention heads, query (N) and key/value (K) alike
-    kv      the head dim H
-    mlp     the MLP hidden width F
-    vocab   the vocabulary V
+Each module owns parameters and calls core functions (`jattn.dot_product_attention`);
+the arithmetic lives there. Positional terms are the scheme's
+(`jattn.models.schemes`): the layers call its hooks and never look at its
+name. Parameters and activations carry logical axis names (`jattn.models.axes`).
 
 Shapes: B batch, T query length, S key length, L cache length (target
 positions), D model width, N query heads, K key/value heads, H head dim, F MLP
@@ -21,16 +13,18 @@ width, V vocabulary, R = 2k+1 Shaw distances.
 from __future__ import annotations
 
 import math
+from typing import Any
 
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
 from jax import lax
 
-from jattn import positions as pos_lib
 from jattn.attention import attention_weights, dot_product_attention
+from jattn.models.axes import constrain, param
 from jattn.models.config import TransformerConfig
-from jattn.positions import ShawRelative
+from jattn.models.schemes import Site
+from jattn.score_mod import ScoreMod, apply_score_mod
 
 Array = jax.Array
 
@@ -40,23 +34,11 @@ __all__ = [
     "AbsolutePositions",
     "Attention",
     "Embed",
-    "T5RelativeBias",
     "constrain",
     "layer_norm",
 ]
 
 _xavier = jax.nn.initializers.xavier_uniform
-
-
-def _param(module: nn.Module, name: str, init, shape, names, dtype):
-    """A parameter with logical axis names (one per axis)."""
-    assert len(names) == len(shape), (name, shape, names)
-    return module.param(name, nn.with_logical_partitioning(init, names), shape, dtype)
-
-
-def constrain(x: Array, names: tuple[str | None, ...]) -> Array:
-    """`nn.with_logical_constraint`, a no-op outside a mesh with rules."""
-    return nn.with_logical_constraint(x, names)
 
 
 def layer_norm(config: TransformerConfig, name: str) -> nn.LayerNorm:
@@ -78,7 +60,7 @@ class Embed(nn.Module):
 
     def setup(self):
         cfg = self.config
-        self.embedding = _param(
+        self.embedding = param(
             self,
             "embedding",
             nn.initializers.normal(stddev=cfg.d_model**-0.5),
@@ -116,7 +98,7 @@ class Embed(nn.Module):
 
 
 class AbsolutePositions(nn.Module):
-    """Adds a sinusoidal or learned position vector to every embedding."""
+    """Adds the scheme's absolute vector (sinusoidal, learned, ...) to every embedding."""
 
     config: TransformerConfig
 
@@ -126,47 +108,14 @@ class AbsolutePositions(nn.Module):
 
         Args:
           x: embeddings `[B, T, D]`.
-          positions: int `[B, T]` (a learned table clips them to `max_len - 1`).
+          positions: int `[B, T]`.
 
         Returns:
           `[B, T, D]`, dtype of `x`.
         """
         cfg = self.config
-        kind = cfg.absolute_position
-        if kind == "sinusoidal":
-            pe = pos_lib.sinusoidal(positions, cfg.d_model)  # [B, T, D]
-        elif kind == "learned":
-            table = _param(
-                self,
-                "table",
-                nn.initializers.normal(stddev=cfg.d_model**-0.5),
-                (cfg.max_len, cfg.d_model),
-                ("length", "embed"),
-                cfg.params_dtype,
-            )
-            pe = jnp.take(table, positions, axis=0, mode="clip")  # [B, T, D]
-        else:
-            raise ValueError(f"AbsolutePositions: no absolute scheme in {cfg.position!r}")
+        pe = cfg.scheme.embed(self, cfg, positions)  # [B, T, D]
         return x + pe.astype(x.dtype)
-
-
-class T5RelativeBias(nn.Module):
-    """The learned T5 bias table `[num_buckets, N]` (one per stack or per layer)."""
-
-    config: TransformerConfig
-
-    @nn.compact
-    def __call__(self) -> Array:
-        """The table `[num_buckets, N]` in the params dtype."""
-        cfg = self.config
-        return _param(
-            self,
-            "table",
-            nn.initializers.normal(stddev=0.5),
-            (cfg.t5_num_buckets, cfg.num_heads),
-            (None, "heads"),
-            cfg.params_dtype,
-        )
 
 
 class MLP(nn.Module):
@@ -186,15 +135,35 @@ class MLP(nn.Module):
         """
         cfg = self.config
         d, f, dt = cfg.d_model, cfg.d_ff, cfg.params_dtype
-        w1 = _param(self, "wi", _xavier(), (d, f), ("embed", "mlp"), dt)
-        b1 = _param(self, "bi", nn.initializers.zeros, (f,), ("mlp",), dt)
-        w2 = _param(self, "wo", _xavier(), (f, d), ("mlp", "embed"), dt)
-        b2 = _param(self, "bo", nn.initializers.zeros, (d,), ("embed",), dt)
+        w1 = param(self, "wi", _xavier(), (d, f), ("embed", "mlp"), dt)
+        b1 = param(self, "bi", nn.initializers.zeros, (f,), ("mlp",), dt)
+        w2 = param(self, "wo", _xavier(), (f, d), ("mlp", "embed"), dt)
+        b2 = param(self, "bo", nn.initializers.zeros, (d,), ("embed",), dt)
         c = cfg.compute_dtype
         h = jnp.einsum("BTD,DF->BTF", x, w1.astype(c)) + b1.astype(c)[None, None]  # [B, T, F]
         h = constrain(jax.nn.relu(h), ("batch", "length", "mlp"))
         y = jnp.einsum("BTF,FD->BTD", h, w2.astype(c)) + b2.astype(c)[None, None]  # [B, T, D]
         return constrain(y, ("batch", "length", "embed"))
+
+
+def _materialise(mod: ScoreMod, q_shape, k_shape, visibility) -> Array:
+    """The additive term `[B, N, T, S]` of a positional score mod, for the
+    materialising probe pass only (`capture_attention`): the mod applied to
+    zero logits, which is the term itself for every additive mod."""
+    b, t, n, _ = q_shape
+    s = k_shape[1]
+    q_pos = visibility.get("q_positions")
+    kv_pos = visibility.get("kv_positions")
+    q_pos = jnp.broadcast_to(jnp.arange(t), (b, t)) if q_pos is None else q_pos
+    kv_pos = jnp.broadcast_to(jnp.arange(s), (b, s)) if kv_pos is None else kv_pos
+    return apply_score_mod(
+        mod,
+        jnp.zeros((b, n, t, s), jnp.float32),
+        jnp.arange(b)[:, None, None, None],
+        jnp.arange(n)[None, :, None, None],
+        q_pos[:, None, :, None],
+        kv_pos[:, None, None, :],
+    )  # [B, N, T, S]
 
 
 # Attention call modes (see `Attention`).
@@ -256,7 +225,7 @@ class Attention(nn.Module):
         kv_segment_ids: Array | None = None,
         q_positions: Array | None = None,
         kv_positions: Array | None = None,
-        t5_table: Array | None = None,
+        scheme_state: Any = None,
         cache_index: Array | None = None,
         train: bool = False,
     ) -> Array | None:
@@ -270,7 +239,8 @@ class Attention(nn.Module):
           mode: "full", "step" or "prefill".
           q_segment_ids, kv_segment_ids: int `[B, T]`, `[B, S]`, or both None.
           q_positions, kv_positions: int `[B, T]` (a step's: `cache_index`), `[B, S]`.
-          t5_table: the stack's T5 table `[buckets, N]` (T5 per stack), else None.
+          scheme_state: the positional scheme's parameters shared by the
+            stack (`Scheme.stack_state`), or None.
           cache_index: int scalar, the slot a causal "step" writes.
           train: attention dropout at `config.attention_dropout_rate` (needs
             a "dropout" rng).
@@ -288,17 +258,21 @@ class Attention(nn.Module):
             self._read_cross_cache(kv_segment_ids) if reads_cache else self._project_kv(kv, w)
         )
         key, value = constrain(key, _HEADS), constrain(value, _HEADS)  # [B, S, K, H]
-        q, key = self._rotate(q, key, q_positions, kv_positions)
+        site = Site(causal=self.causal, cross=self.cross, train=train)
+        if self._relative:
+            q, key = self.config.scheme.rotate(self.config, q, key, q_positions, kv_positions, site)
         value = self._replace_values(value)
         if self.decode and self.is_initializing():
             self._create_cache(key, value)
         if self.causal and mode == "step":
             key, value, kv_positions = self._write_step(key, value, cache_index)  # [B, L, K, H]
             q_segment_ids = kv_segment_ids = None
-        bias = self._position_bias(q_positions, kv_positions, t5_table)  # [B, N, T, S] or None
+        mod = None
+        if self._relative:  # the score mod's parameters, declared before Shaw's tables
+            mod = self.config.scheme.score_mod(self, self.config, site, scheme_state)
         ids = dict(q_segment_ids=q_segment_ids, kv_segment_ids=kv_segment_ids)
         ids.update(q_positions=q_positions, kv_positions=kv_positions)
-        out = self._attend(q, key, value, bias=bias, mask=self._key_mask(), train=train, **ids)
+        out = self._attend(q, key, value, mod, mask=self._key_mask(), train=train, **ids)
         return self._project_out(out, w)  # [B, T, D]
 
     # -- checks --------------------------------------------------------------
@@ -325,12 +299,11 @@ class Attention(nn.Module):
             raise ValueError("Attention(decode=True): cache_index is required when decoding")
 
     @property
-    def _relative(self) -> str | None:
-        """The relative positional term of this layer: in cross-attention only
-        with `relative_cross` (Ontañón et al.'s "rel2")."""
-        if self.cross and not self.config.relative_cross:
-            return None
-        return self.config.relative_position
+    def _relative(self) -> bool:
+        """Whether the scheme's relative terms act in this layer: always in
+        self-attention, in cross-attention only with `relative_cross`
+        (Ontañón et al.'s "rel2")."""
+        return self.config.scheme.relative and (not self.cross or self.config.relative_cross)
 
     # -- projections ---------------------------------------------------------
 
@@ -349,20 +322,20 @@ class Attention(nn.Module):
         qkv_init = _xavier(in_axis=0, out_axis=(1, 2))
         w = {}
         if queries:
-            w["q"] = _param(self, "q", qkv_init, (d, n, h), names, pdt)
+            w["q"] = param(self, "q", qkv_init, (d, n, h), names, pdt)
         if keys:
-            w["k"] = _param(self, "k", qkv_init, (d, k, h), names, pdt)
-            w["v"] = _param(self, "v", qkv_init, (d, k, h), names, pdt)
+            w["k"] = param(self, "k", qkv_init, (d, k, h), names, pdt)
+            w["v"] = param(self, "v", qkv_init, (d, k, h), names, pdt)
         if queries:
             out_init = _xavier(in_axis=(0, 1), out_axis=2)
-            w["o"] = _param(self, "o", out_init, (n, h, d), ("heads", "kv", "embed"), pdt)
+            w["o"] = param(self, "o", out_init, (n, h, d), ("heads", "kv", "embed"), pdt)
         if cfg.attention_bias:
             zeros = nn.initializers.zeros
             if queries:
-                w["q_bias"] = _param(self, "q_bias", zeros, (n, h), ("heads", "kv"), pdt)
+                w["q_bias"] = param(self, "q_bias", zeros, (n, h), ("heads", "kv"), pdt)
             if keys:
-                w["k_bias"] = _param(self, "k_bias", zeros, (k, h), ("heads", "kv"), pdt)
-                w["v_bias"] = _param(self, "v_bias", zeros, (k, h), ("heads", "kv"), pdt)
+                w["k_bias"] = param(self, "k_bias", zeros, (k, h), ("heads", "kv"), pdt)
+                w["v_bias"] = param(self, "v_bias", zeros, (k, h), ("heads", "kv"), pdt)
         return w
 
     def _project_q(self, x: Array, w: dict[str, Array]) -> Array:
@@ -392,90 +365,28 @@ class Attention(nn.Module):
         y = jnp.einsum("BTNH,NHD->BTD", out, w["o"].astype(c))  # [B, T, D]
         if cfg.attention_bias:
             zeros = nn.initializers.zeros
-            o_bias = _param(self, "o_bias", zeros, (cfg.d_model,), ("embed",), cfg.params_dtype)
+            o_bias = param(self, "o_bias", zeros, (cfg.d_model,), ("embed",), cfg.params_dtype)
             y = y + o_bias.astype(c)[None, None]  # [B, T, D]
         return constrain(y, ("batch", "length", "embed"))
 
-    # -- positional terms ----------------------------------------------------
-
-    def _rotate(self, q, key, q_positions, kv_positions) -> tuple[Array, Array]:
-        """RoPE on queries `[B, T, N, H]` and keys `[B, S, K, H]`; else unchanged."""
-        if self._relative != "rope":
-            return q, key
-        timescale = self.config.rope_max_timescale
-        q = pos_lib.rope(q, q_positions, max_timescale=timescale)
-        return q, pos_lib.rope(key, kv_positions, max_timescale=timescale)
-
-    def _shaw_tables(self) -> ShawRelative | None:
-        """Shaw's key and value tables `[R, H]` (those of `shaw_terms`), or None."""
-        cfg = self.config
-        terms = cfg.shaw & {"key", "value"}
-        if self._relative != "shaw" or not terms:
-            return None
-        r, h, c = 2 * cfg.max_relative_distance + 1, cfg.head_dim, cfg.compute_dtype
-        tables = {
-            term: _param(self, f"rel_{term}", _xavier(), (r, h), (None, "kv"), cfg.params_dtype)
-            for term in ("key", "value")  # this order fixes the initial values
-            if term in terms
-        }
-        return ShawRelative(
-            key=tables["key"].astype(c) if "key" in tables else None,
-            value=tables["value"].astype(c) if "value" in tables else None,
-            max_distance=cfg.max_relative_distance,
-        )
-
-    def _position_bias(self, q_positions, kv_positions, t5_table) -> Array | None:
-        """The ALiBi, T5 or Shaw-bias term `[B, N, T, S]`, or None for the other schemes."""
-        cfg = self.config
-        if self._relative == "alibi":
-            return pos_lib.alibi_bias(
-                pos_lib.alibi_slopes(cfg.num_heads), q_positions, kv_positions
-            )
-        if self._relative == "shaw" and "bias" in cfg.shaw:
-            # Ontañón et al.'s rel-b: a learned scalar per head and clipped distance.
-            table = _param(
-                self,
-                "rel_bias",
-                nn.initializers.zeros,
-                (cfg.num_heads, 2 * cfg.max_relative_distance + 1),
-                ("heads", None),
-                cfg.params_dtype,
-            )  # [N, R]
-            ids = pos_lib.relative_ids(q_positions, kv_positions, cfg.max_relative_distance)
-            bias = jnp.take(table.astype(jnp.float32), ids, axis=1)  # [N, B, T, S]
-            return jnp.transpose(bias, (1, 0, 2, 3))  # [B, N, T, S]
-        if self._relative != "t5":
-            return None
-        if cfg.t5_per_layer or self.cross:  # the stacks' tables are for self-attention
-            t5_table = T5RelativeBias(cfg, name="t5_bias")()
-        if t5_table is None:
-            raise ValueError("Attention: position 't5' needs the stack's t5_table")
-        buckets = pos_lib.t5_buckets(
-            q_positions,
-            kv_positions,
-            num_buckets=cfg.t5_num_buckets,
-            max_distance=cfg.t5_max_distance,
-            bidirectional=not self.causal,
-        )  # [B, T, S]
-        return pos_lib.t5_bias(t5_table.astype(jnp.float32), buckets)  # [B, N, T, S]
-
     # -- attention -----------------------------------------------------------
 
-    def _attend(self, q, key, value, *, train: bool, **visibility) -> Array:
-        """`jattn.dot_product_attention` `[B, T, N, H]`, with Shaw's tables,
-        attention dropout in training, and the weights sown when configured.
+    def _attend(self, q, key, value, mod: ScoreMod | None, *, train: bool, **visibility):
+        """`jattn.dot_product_attention` `[B, T, N, H]`, with the scheme's score
+        mod and Shaw tables, attention dropout in training, and the weights
+        sown when configured.
 
-        `visibility`: bias, mask, segment ids and positions, as that function
-        takes them.
+        `visibility`: mask, segment ids and positions, as that function takes them.
         """
         cfg = self.config
-        shaw = self._shaw_tables()
+        shaw = cfg.scheme.shaw(self, cfg) if self._relative else None
         rate = cfg.attention_dropout_rate if train else 0.0
         out = dot_product_attention(
             q,
             key,
             value,
             relative=shaw,
+            score_mod=mod,
             implementation=cfg.attention_impl,
             is_causal=self.causal,
             dropout_rate=rate,
@@ -483,8 +394,9 @@ class Attention(nn.Module):
             **visibility,
         )  # [B, T, N, H]
         if cfg.capture_attention:
+            bias = None if mod is None else _materialise(mod, q.shape, key.shape, visibility)
             weights = attention_weights(
-                q, key, relative=shaw, is_causal=self.causal, **visibility
+                q, key, bias, relative=shaw, is_causal=self.causal, **visibility
             )  # [B, N, T, S]
             self.sow("intermediates", "attention_weights", weights)
         return out

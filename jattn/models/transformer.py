@@ -18,27 +18,24 @@ width, K key/value heads, H head dim, V vocabulary.
 
 from __future__ import annotations
 
+from typing import Any
+
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
+from jattn.models.axes import constrain
+from jattn.models.blocks import DECODER_MODES, DecoderLayer, EncoderLayer
 from jattn.models.config import TransformerConfig
 from jattn.models.inputs import (
-    check_learned_length,
+    check_position_length,
     check_tokens,
     positions_from_segments,
+    random_positions,
     segments_and_positions,
     shift_right,
 )
-from jattn.models.layers import (
-    MLP,
-    AbsolutePositions,
-    Attention,
-    Embed,
-    T5RelativeBias,
-    constrain,
-    layer_norm,
-)
+from jattn.models.layers import AbsolutePositions, Embed, layer_norm
 
 Array = jax.Array
 
@@ -54,178 +51,27 @@ __all__ = [
 ]
 
 
-# -- layers --------------------------------------------------------------------
-
-
-def _sublayer(cfg: TransformerConfig, x: Array, f, norm: nn.Module, train: bool) -> Array:
-    """`x + dropout(f(norm(x)))` (pre-norm) or `norm(x + dropout(f(x)))` (post-norm)."""
-    h = f(norm(x) if cfg.pre_norm else x)
-    h = nn.Dropout(cfg.dropout_rate)(h, deterministic=not train)
-    y = x + h
-    return y if cfg.pre_norm else norm(y)
-
-
-class EncoderLayer(nn.Module):
-    """Self-attention then MLP, each in a residual block."""
-
-    config: TransformerConfig
-
-    @nn.compact
-    def __call__(
-        self,
-        x: Array,
-        *,
-        segment_ids: Array,
-        positions: Array,
-        t5_table: Array | None,
-        train: bool,
-    ) -> Array:
-        """One encoder layer.
-
-        Args:
-          x: `[B, S, D]`.
-          segment_ids: int `[B, S]` (0 = padding).
-          positions: int `[B, S]`.
-          t5_table: the stack's T5 table `[buckets, N]` (T5 per stack), else None.
-          train: dropout, attention dropout included (needs a "dropout" rng).
-
-        Returns:
-          `[B, S, D]`.
-        """
-        cfg = self.config
-        attn = Attention(cfg, name="self_attention")
-        x = _sublayer(
-            cfg,
-            x,
-            lambda h: attn(
-                h,
-                h,
-                q_segment_ids=segment_ids,
-                kv_segment_ids=segment_ids,
-                q_positions=positions,
-                kv_positions=positions,
-                t5_table=t5_table,
-                train=train,
-            ),
-            layer_norm(cfg, "self_attention_norm"),
-            train,
-        )
-        return _sublayer(cfg, x, MLP(cfg, name="mlp"), layer_norm(cfg, "mlp_norm"), train)
-
-
-# Decoder mode -> (self-attention mode, cross-attention mode) in every layer
-# (`Attention` has the modes "full", "step" and "prefill").
-DECODER_MODES: dict[str, tuple[str | None, str]] = {
-    "full": ("full", "full"),  # teacher forcing over targets [B, T]
-    "step": ("step", "step"),  # one token; cross-attention reads the prefilled cache
-    "recompute": ("step", "full"),  # one token; cross-attention projects `encoded` again
-    "prefill": (None, "prefill"),  # cross-attention caches `encoded`; nothing else runs
-}
-
-
-class DecoderLayer(nn.Module):
-    """Causal self-attention, cross-attention, MLP, each in a residual block.
-
-    Attributes:
-      config: the model config.
-      decode: both attentions keep a "cache" (see `Attention`), for the
-        modes "step", "recompute" and "prefill" of `DECODER_MODES`.
-    """
-
-    config: TransformerConfig
-    decode: bool = False
-
-    @nn.compact
-    def __call__(
-        self,
-        x: Array | None,
-        encoded: Array | None,
-        *,
-        mode: str = "full",
-        segment_ids: Array | None = None,
-        positions: Array | None = None,
-        encoded_segment_ids: Array | None = None,
-        encoded_positions: Array | None = None,
-        t5_table: Array | None = None,
-        cache_index: Array | None = None,
-        train: bool = False,
-    ) -> Array | None:
-        """One decoder layer in one of `DECODER_MODES`.
-
-        Args:
-          x: `[B, T, D]` (T = 1 in "step" and "recompute"); None for "prefill",
-            where the encoder output enters only through cross-attention's
-            keys/values.
-          encoded: the encoder output `[B, S, D]`; None for "step".
-          mode: "full", "step", "recompute" or "prefill".
-          segment_ids: int `[B, T]`, or None while decoding (the query then
-            belongs to the row's only segment).
-          positions: int `[B, T]`.
-          encoded_segment_ids: int `[B, S]` (0 = padding).
-          encoded_positions: int `[B, S]`.
-          t5_table: the stack's T5 table `[buckets, N]` (T5 per stack), else None.
-          cache_index: int scalar, the slot a step writes.
-          train: dropout, attention dropout included (needs a "dropout" rng).
-
-        Returns:
-          `[B, T, D]`; None for "prefill".
-        """
-        cfg = self.config
-        self_mode, cross_mode = DECODER_MODES[mode]
-        self_attn = Attention(cfg, causal=True, decode=self.decode, name="self_attention")
-        cross_attn = Attention(cfg, cross=True, decode=self.decode, name="cross_attention")
-        if mode == "prefill":
-            return cross_attn(None, encoded, mode="prefill")
-        x = _sublayer(
-            cfg,
-            x,
-            lambda h: self_attn(
-                h,
-                h,
-                mode=self_mode,
-                q_segment_ids=segment_ids,
-                kv_segment_ids=segment_ids,
-                q_positions=positions,
-                kv_positions=positions,
-                t5_table=t5_table,
-                cache_index=cache_index,
-                train=train,
-            ),
-            layer_norm(cfg, "self_attention_norm"),
-            train,
-        )
-        # While decoding one token there are no target segment ids: the query
-        # belongs to the row's only segment, and the encoder's real tokens are 1.
-        cross_q_segments = jnp.ones(x.shape[:2], jnp.int32) if segment_ids is None else segment_ids
-        x = _sublayer(
-            cfg,
-            x,
-            lambda h: cross_attn(
-                h,
-                encoded,
-                mode=cross_mode,
-                q_segment_ids=cross_q_segments,
-                kv_segment_ids=encoded_segment_ids,
-                q_positions=positions,
-                kv_positions=encoded_positions,
-                train=train,
-            ),
-            layer_norm(cfg, "cross_attention_norm"),
-            train,
-        )
-        return _sublayer(cfg, x, MLP(cfg, name="mlp"), layer_norm(cfg, "mlp_norm"), train)
-
-
 # -- stacks --------------------------------------------------------------------
 
 
-def _embed_and_position(cfg, embed, tokens, positions, train) -> Array:
-    """Embeddings `[B, L, D]` plus absolute positions (if any), with dropout."""
+def stack_inputs(
+    module: nn.Module, embed: nn.Module, tokens: Array, positions: Array, *, train: bool,
+    causal: bool,
+) -> tuple[Array, Any]:  # fmt: skip
+    """What every stack starts from: embeddings `[B, L, D]` plus the scheme's
+    absolute vectors (if any), with dropout, and the scheme's parameters
+    shared by the stack's layers (`Scheme.stack_state`, declared on `module`).
+
+    The one helper of the encoder and the decoder stacks (and of a
+    decoder-only stack).
+    """
+    cfg = module.config
     x = embed(tokens)  # [B, L, D]
-    if cfg.absolute_position is not None:
+    if cfg.scheme.absolute:
         x = AbsolutePositions(cfg, name="positions")(x, positions)
     x = nn.Dropout(cfg.dropout_rate)(x, deterministic=not train)
-    return constrain(x, ("batch", "length", "embed"))
+    state = cfg.scheme.stack_state(module, cfg, causal=causal)
+    return constrain(x, ("batch", "length", "embed")), state
 
 
 class Encoder(nn.Module):
@@ -250,13 +96,10 @@ class Encoder(nn.Module):
           `[B, S, D]`.
         """
         cfg = self.config
-        x = _embed_and_position(cfg, self.embed, inputs, positions, train)
-        t5_table = None
-        if cfg.relative_position == "t5" and not cfg.t5_per_layer:
-            t5_table = T5RelativeBias(cfg, name="t5_bias")()
+        x, state = stack_inputs(self, self.embed, inputs, positions, train=train, causal=False)
         for i in range(cfg.num_layers):
             x = EncoderLayer(cfg, name=f"layer_{i}")(
-                x, segment_ids=segment_ids, positions=positions, t5_table=t5_table, train=train
+                x, segment_ids=segment_ids, positions=positions, scheme_state=state, train=train
             )
         if cfg.pre_norm:
             x = layer_norm(cfg, "final_norm")(x)
@@ -339,10 +182,7 @@ class Decoder(nn.Module):
             positions = jnp.full((targets.shape[0], 1), cache_index, jnp.int32)  # the query's
             segment_ids = None
             encoded_segment_ids = (encoded_segment_ids != 0).astype(jnp.int32)
-        x = _embed_and_position(cfg, self.embed, y, positions, train)
-        t5_table = None
-        if cfg.relative_position == "t5" and not cfg.t5_per_layer:
-            t5_table = T5RelativeBias(cfg, name="t5_bias")()
+        x, state = stack_inputs(self, self.embed, y, positions, train=train, causal=True)
         for i in range(cfg.num_layers):
             x = DecoderLayer(cfg, decode=self.decode, name=f"layer_{i}")(
                 x,
@@ -352,7 +192,7 @@ class Decoder(nn.Module):
                 positions=positions,
                 encoded_segment_ids=encoded_segment_ids,
                 encoded_positions=encoded_positions,
-                t5_table=t5_table,
+                scheme_state=state,
                 cache_index=cache_index,
                 train=train,
             )
@@ -438,7 +278,7 @@ class Transformer(nn.Module):
     ) -> Array:
         """Encoder outputs `[B, S, D]` for int `inputs` `[B, S]`."""
         inputs = check_tokens("inputs", inputs)
-        check_learned_length(self.config, inputs.shape[1], "inputs")
+        check_position_length(self.config, inputs.shape[1], "inputs")
         seg, pos = segments_and_positions(inputs, inputs_segment_ids, inputs_positions, "inputs")
         return self.encoder(inputs, segment_ids=seg, positions=pos, train=train)
 
@@ -476,7 +316,7 @@ class Transformer(nn.Module):
                 "targets_segment_ids (or neither)"
             )
         self._check_encoded(encoded, inputs, targets)
-        check_learned_length(self.config, targets.shape[1], "targets")
+        check_position_length(self.config, targets.shape[1], "targets")
         enc_seg, enc_pos = segments_and_positions(
             inputs, inputs_segment_ids, inputs_positions, "inputs"
         )
@@ -545,6 +385,16 @@ class Transformer(nn.Module):
             )
         self.decoder(encoded, None, mode="prefill")
 
+    def _random_positions(self, tokens: Array, segment_ids: Array | None, name: str):
+        """Segment ids (as `__call__` derives them) and Ruoss et al.'s random
+        positions `[B, L]` for them; the rng is the "dropout" stream in
+        training, a fixed key in evaluation."""
+        tokens = check_tokens(name, tokens)
+        seg, _ = segments_and_positions(tokens, segment_ids, None, name)
+        rng = self.make_rng("dropout") if self.has_rng("dropout") else jax.random.key(0)
+        rng = jax.random.fold_in(rng, 0 if name == "inputs" else 1)
+        return seg, random_positions(rng, seg, self.config.random_positions)
+
     def _check_encoded(self, encoded: Array | None, inputs: Array, targets: Array) -> None:
         """Batch and length agreement of `inputs` `[B, S]`, `targets` `[B, T]`
         and `encoded` `[B, S, D]` (when given)."""
@@ -583,6 +433,14 @@ class Transformer(nn.Module):
             raise ValueError(
                 "Transformer: packed rows need both inputs_segment_ids and "
                 "targets_segment_ids (or neither)"
+            )
+        cfg = self.config
+        if cfg.random_positions and (train or cfg.random_positions_eval):
+            inputs_segment_ids, inputs_positions = self._random_positions(
+                inputs, inputs_segment_ids, "inputs"
+            )
+            targets_segment_ids, targets_positions = self._random_positions(
+                targets, targets_segment_ids, "targets"
             )
         encoded = self.encode(
             inputs,

@@ -208,10 +208,10 @@ def apply_variant(config: ml_collections.ConfigDict, arg: str | None) -> ml_coll
       ValueError: an item that is none of these, naming the valid ones.
     """
     from jattn.attention import IMPLEMENTATIONS  # noqa: PLC0415
-    from jattn.models import POSITIONS  # noqa: PLC0415
+    from jattn.models import SCHEMES  # noqa: PLC0415
 
     for item in [s.strip() for s in (arg or "").split(",") if s.strip()]:
-        if item in POSITIONS:
+        if item in SCHEMES:
             config.model.position = item
         elif item in IMPLEMENTATIONS:
             config.model.attention_impl = item
@@ -222,7 +222,7 @@ def apply_variant(config: ml_collections.ConfigDict, arg: str | None) -> ml_coll
         else:
             raise ValueError(
                 f"unknown config variant {item!r}; use comma-separated items from: positions "
-                f"{sorted(POSITIONS)}, attention {sorted(IMPLEMENTATIONS)}, bf16, greedy, beam"
+                f"{sorted(SCHEMES)}, attention {sorted(IMPLEMENTATIONS)}, bf16, greedy, beam"
             )
     return config
 
@@ -493,9 +493,15 @@ def check_config(config: ml_collections.ConfigDict) -> None:
             f"grad_accum_steps={config.grad_accum_steps}"
         )
     _check_seeds(config)
-    build_model_config(config)  # unknown model keys and the model's own checks
-    if config.model.position == "learned":
-        # A learned table has model.max_len rows: every row length must fit it.
+    model = build_model_config(config)  # unknown model keys and the model's own checks
+    if model.random_positions and model.random_positions < config.max_len:
+        raise ConfigError(
+            f"model.random_positions={model.random_positions} must be >= max_len="
+            f"{config.max_len}: a segment's positions are a sample of [0, random_positions)"
+        )
+    if model.max_position is not None:
+        # The scheme supports model.max_position positions (a learned table's
+        # rows): every row length must fit it.
         lengths = {
             "max_len": config.max_len,
             "max_input_len": input_lengths(config)[0],
@@ -504,9 +510,9 @@ def check_config(config: ml_collections.ConfigDict) -> None:
             "decode_max_len": config.decode_max_len or config.eval_max_len,
         }
         name, longest = max(lengths.items(), key=lambda kv: kv[1])
-        if longest > config.model.max_len:
+        if longest > model.max_position:
             raise ConfigError(
-                f"model.position='learned' has model.max_len={config.model.max_len} "
+                f"model.position={model.position!r} has model.max_len={model.max_position} "
                 f"positions, but {name} resolves to {longest}: raise model.max_len"
             )
 
