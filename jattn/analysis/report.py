@@ -44,10 +44,10 @@ from jattn.analysis import grid as grid_lib
 from jattn.analysis import plots, stats
 from jattn.analysis.runs import (  # noqa: F401 -- collect & co. stay report's API
     DATA_CHECK,
-    _number,
     accuracy_by_length,
     collect,
     exact_match_split,
+    is_number,
     loss_curves,
     reported_metrics,
     unproducible_share,
@@ -189,7 +189,7 @@ def groups_of(rows, metrics: list[str]) -> dict[str, Group]:
             continue
         g.seeds += 1
         for m in metrics:
-            if _number(r["final"].get(m)):
+            if is_number(r["final"].get(m)):
                 g.values.setdefault(m, []).append(float(r["final"][m]))
         for split, kn in r.get("counts", {}).items():
             g.counts.setdefault(split, []).append(kn)
@@ -306,7 +306,7 @@ def run_table(rows) -> str:
     for r in rows:
         if not r["final"]:
             continue
-        splits = [s for k in r["final"] if (s := exact_match_split(k)) and _number(r["final"][k])]
+        splits = [s for k in r["final"] if (s := exact_match_split(k)) and is_number(r["final"][k])]
         for split in splits:
             share = unproducible_share(r.get("check"), split)
             kn = r.get("counts", {}).get(split)
@@ -340,9 +340,9 @@ def data_check_section(rows, splits: list[str]) -> list[str]:
         if split == "train" or not isinstance(c, dict):
             continue
         cells = [
-            f"{c['examples']:,}" if _number(c.get("examples")) else "-",
-            _share(c["producible"]) if _number(c.get("producible")) else "not checked",
-            _share(c["longer_than_train"]) if _number(c.get("longer_than_train")) else "-",
+            f"{c['examples']:,}" if is_number(c.get("examples")) else "-",
+            _share(c["producible"]) if is_number(c.get("producible")) else "not checked",
+            _share(c["longer_than_train"]) if is_number(c.get("longer_than_train")) else "-",
             " ".join(f"`{t}`" for t in c.get("unseen_tokens") or []) or "-",
         ]
         lines.append(f"| {split} | " + " | ".join(cells) + " |")
