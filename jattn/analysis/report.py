@@ -322,7 +322,8 @@ def run_table(rows) -> str:
 
 
 def data_check_section(rows, splits: list[str]) -> list[str]:
-    """The data check in markdown: per eval split the number of examples, the
+    """The data check in markdown: per eval split the number of examples checked,
+    the number the final evaluation decoded (what exact match is over), the
     share of producible targets and the share longer than training, from the
     first run that has a check, and whether the runs agree."""
     checked = [r for r in rows if r.get("check")]
@@ -332,15 +333,17 @@ def data_check_section(rows, splits: list[str]) -> list[str]:
     first = checked[0]
     check = first["check"]
     lines = [
-        "| split | examples | producible targets | longer than training | target tokens "
-        "training never shows |",
-        "|---|---:|---:|---:|---|",
+        "| split | examples | decoded | producible targets | longer than training | "
+        "target tokens training never shows |",
+        "|---|---:|---:|---:|---:|---|",
     ]
+    decoded = first.get("counts") or {}  # split -> (k correct, N decoded)
     for split, c in check.items():
         if split == "train" or not isinstance(c, dict):
             continue
         cells = [
             f"{c['examples']:,}" if is_number(c.get("examples")) else "-",
+            f"{decoded[split][1]:,}" if split in decoded else "-",
             _share(c["producible"]) if is_number(c.get("producible")) else "not checked",
             _share(c["longer_than_train"]) if is_number(c.get("longer_than_train")) else "-",
             " ".join(f"`{t}`" for t in c.get("unseen_tokens") or []) or "-",

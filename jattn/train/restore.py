@@ -22,6 +22,7 @@ from typing import Any
 import jax
 import ml_collections
 import orbax.checkpoint as ocp
+from etils import epath
 
 from jattn.train import workdir as files
 from jattn.train.checkpoints import CHECKPOINT_DIR
@@ -123,7 +124,10 @@ def load_run(workdir: str, step: int | None = None) -> TrainedRun:
 
     path = os.path.abspath(os.path.join(workdir, CHECKPOINT_DIR, str(step), "state"))
     checkpointer = ocp.StandardCheckpointer()
-    saved = checkpointer.metadata(path).item_metadata
+    # The item's own metadata (`state/_METADATA`): the checkpointer's `metadata` also
+    # looks for a step file inside the item folder and logs absl's "Metadata file does
+    # not exist: .../_CHECKPOINT_METADATA" warning before every `jattn decode`.
+    saved = ocp.StandardCheckpointHandler().metadata(epath.Path(path))
     device = jax.sharding.SingleDeviceSharding(jax.local_devices()[0])
     target = jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=device), saved)
     state = checkpointer.restore(path, target)
