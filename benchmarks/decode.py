@@ -144,8 +144,11 @@ def bench(name: str, args) -> list[dict]:
         f"{cfg.num_layers}+{cfg.num_layers}L)"
     )
     searches = {  # name -> (jitted search, its arguments after model, params, inputs)
-        "greedy": (decoding._greedy, (args.steps,)),
-        f"beam {args.beam}": (decoding._beam_search, (jnp.float32(0.6), args.steps, args.beam)),
+        "greedy": (decoding.greedy_search, (args.steps,)),
+        f"beam {args.beam}": (
+            decoding.beam_search_with_scores,
+            (jnp.float32(0.6), args.steps, args.beam),
+        ),
     }
     rows = []
     for search, (fn, rest) in searches.items():

@@ -7,7 +7,7 @@
 For each count N of `--seeds`, in this one process: N sequential runs of the
 config (seeds 0 ... N-1, each a fresh `jattn train`: build, compile, train,
 final checkpoint), then one run with ``seeds=0,...,N-1`` (every seed in one
-vmapped program, `jattn.train.seed_loop`). Both use a persistent compilation
+vmapped program, `jattn.train.seed_program`). Both use a persistent compilation
 cache, as `jattn ablate` does, so a sequential run after the first skips most
 of its compilation. Reported: wall time of each side and their ratio, steps a
 second (the steady rate, compilation left out) of one run and of the program,
@@ -103,7 +103,7 @@ def steady(spec: str, num_seeds: int, steps: int, rounds: int) -> dict:
     from flax import linen as nn  # noqa: PLC0415
 
     from jattn.models import Transformer  # noqa: PLC0415
-    from jattn.train import loop, seeds  # noqa: PLC0415
+    from jattn.train import members, seeds, setup  # noqa: PLC0415
     from jattn.train import steps as steps_lib  # noqa: PLC0415
     from jattn.train.config import build_model_config  # noqa: PLC0415
     from jattn.train.optim import make_optimizer  # noqa: PLC0415
@@ -113,10 +113,12 @@ def steady(spec: str, num_seeds: int, steps: int, rounds: int) -> dict:
     task = load_task(config)
     model = Transformer(build_model_config(config, task.tokenizer.vocab_size))
     tx, schedule = make_optimizer(config)
-    init_boxed = loop._make_init(model, tx, config, rows=1)
+    init_boxed = setup.make_init(model, tx, config, rows=1)
     init = jax.jit(lambda r: nn.meta.unbox(init_boxed(r)))
     states = [init(jax.random.key_data(jax.random.key(s))) for s in range(num_seeds)]
-    iters = [iter(loop._train_loader(task, seeds.seed_config(config, s))) for s in range(num_seeds)]
+    iters = [
+        iter(setup.train_loader(task, members.seed_config(config, s))) for s in range(num_seeds)
+    ]
     batches = [[next(it) for it in iters] for _ in range(steps)]
     step = steps_lib.make_train_step(model, tx, schedule, label_smoothing=config.label_smoothing)
     one = jax.jit(step)

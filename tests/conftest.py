@@ -1,5 +1,5 @@
-"""Test setup: CPU only, oracle importable, hypothesis profile for CI, and
-strict numerics for the whole suite.
+"""Test setup: CPU only, oracle importable, hypothesis profile for CI, strict
+numerics for the whole suite, and the shared data directory.
 
 Every test runs with `jax_numpy_rank_promotion="raise"` (jax's own test
 default: no implicit rank promotion anywhere in jattn) and with
@@ -16,6 +16,7 @@ os.environ.setdefault("JAX_PLATFORMS", "cpu")
 sys.path.insert(0, os.path.dirname(__file__))
 
 import jax  # noqa: E402
+import pytest  # noqa: E402
 from hypothesis import settings  # noqa: E402
 
 settings.register_profile("jattn", deadline=None, max_examples=40, print_blob=True)
@@ -28,3 +29,11 @@ tune_host_allocator()  # as `jattn` does: XLA:CPU's step temporaries off mmap (1
 jax.config.update("jax_numpy_rank_promotion", "raise")
 jax.config.update("jax_debug_nans", True)
 jax.config.update("jax_debug_infs", True)
+
+
+@pytest.fixture(scope="session")
+def data_dir(tmp_path_factory) -> str:
+    """One private tfds directory for the session: each builder the data tests load is
+    prepared there once, never in the shared ~/tensorflow_datasets. (The fault suite
+    overrides it with a copy a test may damage: tests/faults/conftest.py.)"""
+    return str(tmp_path_factory.mktemp("tfds"))

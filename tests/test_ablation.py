@@ -134,6 +134,51 @@ def test_any_training_key_can_be_overridden_from_the_command_line(tmp_path, caps
     assert "--config.train.model.d_model='wide': not a valid int" in capsys.readouterr().err
 
 
+EMPTY_AXIS = """
+import ml_collections
+
+def get_config(arg=None):
+    c = ml_collections.ConfigDict()
+    c.base = "configs/smoke.py"
+    c.train = ml_collections.ConfigDict()
+    c.grid = ml_collections.ConfigDict()
+    c.grid.position = ml_collections.ConfigDict({"key": "model.position", "values": "none"})
+    c.grid.seed = ml_collections.ConfigDict({"key": "seed", "values": VALUES})
+    c.metrics = ("train/loss",)
+    return c
+"""
+
+
+@pytest.mark.parametrize("values", ['""', '" , "', "()", "[]", "(0, 1)"])
+def test_an_empty_grid_axis_is_a_one_line_error(tmp_path, capsys, values):
+    """An axis without values (a string, or an empty tuple or list in the experiment
+    file) stops the grid in one line naming it, not a type error about a run of seed
+    "()"; a tuple of values is a list of values."""
+    from jattn.cli import main
+
+    path = tmp_path / "exp.py"
+    path.write_text(EMPTY_AXIS.replace("VALUES", values))
+    argv = ["ablate", "--config", str(path), "--workdir", str(tmp_path / "w"), "--emit", "commands"]
+    status = main(argv)
+    out, err = capsys.readouterr()
+    if values == "(0, 1)":
+        assert status == 0 and out.count("--config.seed=") == 2, err
+        return
+    assert status == 2 and out == ""
+    assert err == "jattn ablate: error: grid.seed.values is empty: the grid would have no runs\n"
+
+
+def test_a_missing_experiment_file_is_a_one_line_error(tmp_path, capsys):
+    from jattn.cli import main
+
+    missing = str(tmp_path / "experiments" / "nope.py")
+    for spec in (missing, missing + ":tiny"):
+        assert main(["ablate", "--config", spec, "--workdir", str(tmp_path / "w")]) == 2
+        out, err = capsys.readouterr()
+        assert out == "" and err.count("\n") == 1
+        assert err.startswith(f"jattn ablate: error: --config: no such config file {missing!r}")
+
+
 @pytest.mark.parametrize("emit_fmt", [None, "slurm", "commands"])
 def test_every_run_of_a_grid_is_checked_before_anything_runs(tmp_path, capsys, emit_fmt):
     """A bad value of an axis is found by the same `check_config` as `jattn train`, for
@@ -337,6 +382,40 @@ def test_loss_curves_png_with_seeds_and_validation(tmp_path, monkeypatch):
     assert not plots.plot_loss_curves({}, [], str(tmp_path / "none.png"))  # nothing to plot
 
 
+def test_a_validation_loss_evaluated_once_is_drawn(tmp_path, monkeypatch):
+    """A run that evaluated once has a validation curve of one point, which a plain
+    line does not draw: every validation curve (and any one-point curve) has markers."""
+    import json
+
+    import matplotlib
+
+    matplotlib.use("Agg")
+    from matplotlib import pyplot as plt
+
+    from jattn.analysis import plots, report
+
+    rows = _fake_runs(tmp_path, {"position": ["rope"], "seed": [0, 1]}, with_val=False)
+    for r in rows:  # one evaluation, at the last step
+        with open(os.path.join(r["run"].workdir, "metrics.jsonl"), "a") as f:
+            f.write(json.dumps({"step": 4, "eval/validation/loss": 0.9}) + "\n")
+    drawn = []
+    real_savefig = plt.Figure.savefig
+
+    def spy(fig, *args, **kwargs):
+        drawn.extend(
+            (len(ln.get_xdata()), ln.get_linestyle(), ln.get_marker()) for ln in fig.axes[0].lines
+        )
+        return real_savefig(fig, *args, **kwargs)
+
+    monkeypatch.setattr(plt.Figure, "savefig", spy)
+    assert plots.plot_loss_curves(report.loss_curves(rows), ["position"], str(tmp_path / "l.png"))
+    validation = [d for d in drawn if d[1] == "--"]
+    assert len(validation) == 2 + 1  # each seed's point and their mean
+    assert all(n == 1 and marker not in (None, "", " ", "None") for n, _, marker in validation)
+    training = [d for d in drawn if d[1] == "-"]
+    assert training and all(n == 4 and marker == "None" for n, _, marker in training)
+
+
 def test_report_shows_only_metrics_the_runs_have():
     from jattn.analysis import report
 
@@ -470,13 +549,28 @@ def test_results_md_intervals_noise_column_and_wilson_per_run(tmp_path):
     assert f"| position=shaw,seed=0 | test_longer | 18/20 (90.00%) | [{100 * low:.2f}%, " in md
     assert f"{100 * high:.2f}%] |" in md
     # The data check, from the first run; all agree.
-    assert "| test_longer | 500 | 100.0% | 100.0% | - |" in md
-    assert "| validation | 1,000 | 100.0% | 0.0% | - |" in md
+    assert "| test_longer | 500 | 20 | 100.0% | 100.0% | - |" in md
+    assert "| validation | 1,000 | 20 | 100.0% | 0.0% | - |" in md
     assert "From run position=shaw,seed=0; training: targets up to 64 tokens" in md
     assert "every run agrees" in md
     for name in ("results.csv", "loss_curves.png", "accuracy_by_length.png", "exact_match.png"):
         assert (tmp_path / name).exists(), name
     assert summary["plots"] == ["loss_curves.png", "accuracy_by_length.png", "exact_match.png"]
+
+
+def test_the_data_check_table_says_how_many_examples_were_decoded(tmp_path):
+    """1,024 validation examples checked, 256 decoded by the final evaluation: the
+    table shows both (exact match is over the 256), not "1,024" alone."""
+    from jattn.analysis import report
+
+    check = {**CHECK, "validation": {**CHECK["validation"], "examples": 1024}}
+    em = {n: {"validation": 0.5} for n in _names(["rope", "shaw"], [0])}
+    exp, runs, configs = _fake_grid(tmp_path, em, num_decoded=256, check=check)
+    md = report.write_report(exp, runs, configs, str(tmp_path), status=None)["markdown"]
+    assert "| split | examples | decoded | producible targets |" in md
+    assert "| validation | 1,024 | 256 | 100.0% | 0.0% | - |" in md
+    assert "| position=rope,seed=0 | validation | 128/256 (50.00%) |" in md
+    assert "| test_longer | 500 | - | 100.0% |" in md  # checked, not evaluated
 
 
 def test_zero_variance_groups_fall_back_to_the_counts(tmp_path):
@@ -521,7 +615,7 @@ def test_unproducible_split_is_never_a_zero(tmp_path):
     em = {n: {"validation": 0.5, "test_longer": 0.0} for n in _names(["rope", "shaw"], [0, 1])}
     exp, runs, configs = _fake_grid(tmp_path, em, check=check)
     md = report.write_report(exp, runs, configs, str(tmp_path), status=None)["markdown"]
-    assert "| test_longer | 500 | 87.5% | 100.0% | `m` `l` |" in md
+    assert "| test_longer | 500 | 20 | 87.5% | 100.0% | `m` `l` |" in md
     assert "| position=rope | 2 | unproducible (12.5% of targets) | 0.500 [0.500, 0.500] |" in md
     assert "| position=shaw,seed=1 | test_longer | unproducible (12.5% of targets) | - |" in md
     assert "| position=shaw,seed=1 | validation | 10/20 (50.00%) | [" in md

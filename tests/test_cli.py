@@ -258,10 +258,10 @@ def _parsers():
     from jattn.cli import ablate, decode, probe, train
 
     return {
-        "train": train._parser(),
-        "ablate": ablate._parser(),
-        "probe": probe._parser(),
-        "decode": decode._parser(),
+        "train": train.make_parser(),
+        "ablate": ablate.make_parser(),
+        "probe": probe.make_parser(),
+        "decode": decode.make_parser(),
     }
 
 

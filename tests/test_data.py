@@ -102,11 +102,6 @@ class JattnTestNumbersV1(builders.JattnNumbers):
 
 
 @pytest.fixture(scope="session")
-def data_dir(tmp_path_factory):
-    return str(tmp_path_factory.mktemp("tfds"))
-
-
-@pytest.fixture(scope="session")
 def numbers(data_dir):
     return data.load("numbers", data_dir=data_dir)
 

@@ -31,8 +31,7 @@ json.dump({"seen": seen, "shapes": sorted(shapes)}, open(out, "w"))
 
 
 @pytest.fixture(scope="module")
-def prepared(tmp_path_factory):
-    data_dir = str(tmp_path_factory.mktemp("tfds"))
+def prepared(data_dir):
     return data_dir, data.load("numbers/de_tiny", data_dir=data_dir)  # prepared once
 
 

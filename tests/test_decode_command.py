@@ -7,6 +7,7 @@ One real tiny run (configs/smoke.py, a few steps, no evaluation) for the module.
 from __future__ import annotations
 
 import json
+import logging
 import shutil
 from pathlib import Path
 
@@ -75,6 +76,17 @@ def test_decode_command_prints_the_runs_greedy_and_beam_outputs(run_dir, capsys)
     assert capsys.readouterr().out.split("\n")[:-1] == expected(run, "greedy")
     assert cli.main(["decode", "--workdir", str(run_dir), "--decode", "beam", *TEXTS]) == 0
     assert capsys.readouterr().out.split("\n")[:-1] == expected(run, "beam")
+
+
+def test_decode_command_prints_no_orbax_metadata_warning(run_dir, caplog, capsys):
+    """`load_run` reads the saved state's own metadata: absl's "Metadata file does not
+    exist: .../_CHECKPOINT_METADATA" warning (a step file orbax looks for beside an
+    item) is not printed before the outputs."""
+    with caplog.at_level(logging.INFO):
+        assert cli.main(["decode", "--workdir", str(run_dir), "abc"]) == 0
+    assert capsys.readouterr().out.count("\n") == 1
+    warned = [r.getMessage() for r in caplog.records if r.levelno >= logging.WARNING]
+    assert not [m for m in warned if "Metadata file does not exist" in m], warned
 
 
 def test_decode_command_fails_in_one_line(tmp_path, capsys):

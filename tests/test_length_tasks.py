@@ -20,11 +20,6 @@ def records(task, split):
 
 
 @pytest.fixture(scope="module")
-def data_dir(tmp_path_factory):
-    return str(tmp_path_factory.mktemp("tfds"))
-
-
-@pytest.fixture(scope="module")
 def digit_tasks(data_dir):
     return {
         name: data.load(f"{name}/tiny", data_dir=data_dir)

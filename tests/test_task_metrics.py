@@ -14,11 +14,6 @@ from jattn.data import tasks
 from jattn.train import evaluation
 
 
-@pytest.fixture(scope="module")
-def data_dir(tmp_path_factory):
-    return str(tmp_path_factory.mktemp("tfds_metrics"))
-
-
 def test_declarations():
     for name in ("numbers", "numbers/en", "numbers/de_tiny", "copy", "reverse/tiny"):
         assert tasks.task_metrics(name) == ("exact_match", "chrf"), name

@@ -18,36 +18,18 @@ import socket
 import subprocess
 import sys
 import time
-from pathlib import Path
 
 import numpy as np
 import pytest
+from run_helpers import REPO, SMOKE, losses, smoke_config
 
 from jattn.train import (
     TrainingDivergedError,
-    apply_overrides,
     config_to_dict,
-    load_config,
     load_run,
     read_metrics,
     train_and_evaluate,
 )
-
-REPO = Path(__file__).resolve().parents[1]
-SMOKE = str(REPO / "configs" / "smoke.py")
-
-
-def smoke_config(**overrides):
-    config = load_config(SMOKE)
-    return apply_overrides(config, [(k, str(v)) for k, v in overrides.items()])
-
-
-def losses(workdir) -> dict[int, float]:
-    """step -> train/loss from metrics.jsonl (asserting each step appears once)."""
-    rows = [r for r in read_metrics(str(workdir)) if "train/loss" in r]
-    steps = [r["step"] for r in rows]
-    assert len(steps) == len(set(steps)), f"repeated steps in metrics.jsonl: {steps}"
-    return {r["step"]: r["train/loss"] for r in rows}
 
 
 def compare(got: dict[int, float], want: dict[int, float], steps, rtol: float) -> None:

@@ -10,6 +10,7 @@ is named and the others finish.
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import signal
@@ -20,39 +21,19 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+import run_helpers
+from run_helpers import REPO, SMOKE, decodes, losses
 
 from jattn.train import (
     ConfigError,
     TrainingDivergedError,
-    apply_overrides,
     check_config,
-    load_config,
     read_metrics,
     train_and_evaluate,
 )
 
-REPO = Path(__file__).resolve().parents[1]
-SMOKE = str(REPO / "configs" / "smoke.py")
 STEPS = {"num_train_steps": 20, "eval_every_steps": 20, "checkpoint_every_steps": 10}
-
-
-def smoke_config(**overrides):
-    config = load_config(SMOKE)
-    return apply_overrides(config, [(k, str(v)) for k, v in {**STEPS, **overrides}.items()])
-
-
-def losses(workdir) -> dict[int, float]:
-    rows = [r for r in read_metrics(str(workdir)) if "train/loss" in r]
-    steps = [r["step"] for r in rows]
-    assert len(steps) == len(set(steps)), f"repeated steps in metrics.jsonl: {steps}"
-    return {r["step"]: r["train/loss"] for r in rows}
-
-
-def decodes(workdir) -> dict[str, list[str]]:
-    out = {}
-    for path in sorted((Path(workdir) / "decodes").glob("*.jsonl")):
-        out[path.stem] = [json.loads(line)["prediction"] for line in path.read_text().splitlines()]
-    return out
+smoke_config = functools.partial(run_helpers.smoke_config, **STEPS)  # a call's keys win
 
 
 def layout(workdir) -> set[str]:

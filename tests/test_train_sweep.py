@@ -14,7 +14,8 @@ import re
 
 import numpy as np
 import pytest
-from test_train_seeds import decodes, losses, smoke_config
+from run_helpers import decodes, losses
+from test_train_seeds import smoke_config
 
 from jattn.train import ConfigError, check_config, train_and_evaluate
 

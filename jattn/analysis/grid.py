@@ -9,8 +9,8 @@ An experiment config (``experiments/X.py`` with ``get_config(arg)``) holds
   command line ``--config.train.KEY=VALUE`` may set any training key, also
   one the experiment leaves alone (`apply_experiment_overrides`),
 - ``grid``: one entry per axis, ``grid.<axis>.key`` (a dotted key of the
-  training config) and ``grid.<axis>.values`` (comma-separated, parsed with
-  the type of that key), so ``--config.grid.seed.values=0,1,2`` works on
+  training config) and ``grid.<axis>.values`` (comma-separated, or a tuple,
+  parsed with the type of that key), so ``--config.grid.seed.values=0,1,2`` works on
   the command line,
 - ``group_by``: the axis the tables and plots compare (the others, bar
   ``seed``, are folded into the group name),
@@ -150,9 +150,11 @@ def expand(exp: ml_collections.ConfigDict, workdir: str) -> list[Run]:
         spec = exp.grid[axis]
         if "key" not in spec or "values" not in spec:
             raise ConfigError(f"grid.{axis} needs 'key' and 'values'")
-        values = [v.strip() for v in str(spec["values"]).split(",") if v.strip()]
+        raw = spec["values"]  # "a,b,c", or a tuple or list of values
+        items = raw if isinstance(raw, tuple | list) else str(raw).split(",")
+        values = [str(v).strip() for v in items if str(v).strip()]
         if not values:
-            raise ConfigError(f"grid.{axis}.values is empty")
+            raise ConfigError(f"grid.{axis}.values is empty: the grid would have no runs")
         axes.append((axis, spec["key"], values))
     runs = []
     for combo in itertools.product(*(vals for _, _, vals in axes)):

@@ -56,6 +56,12 @@ def loss_curves_title(keys: list[str], *, validation: bool) -> str:
     return f"{what}{per}\n({legend})"
 
 
+def _marker(validation: bool, steps) -> dict:
+    """A dot on every evaluation, and on a curve of one point (a line of one point
+    draws nothing: a run that evaluated once would show no validation loss)."""
+    return {"marker": "o", "markersize": 4} if validation or len(steps) == 1 else {}
+
+
 def plot_loss_curves(
     curves: dict[str, dict[str, list[Curve]]],
     keys: list[str],
@@ -64,7 +70,8 @@ def plot_loss_curves(
     val_metric: str = "eval/validation/loss",
 ) -> bool:
     """Loss against step, one colour per group: seeds as thin lines, their
-    mean thick; `val_metric` dashed where there are such curves.
+    mean thick; `val_metric` dashed where there are such curves, a dot on each
+    evaluation.
 
     Args:
       curves: group -> {metric or val_metric: one (steps, values) per seed}.
@@ -84,14 +91,18 @@ def plot_loss_curves(
             if not seeds:
                 continue
             for steps, vals in seeds:
-                ax.plot(steps, vals, color=c, alpha=0.45, linewidth=1.0, linestyle=style)
+                marker = _marker(name == val_metric, steps)
+                ax.plot(steps, vals, color=c, alpha=0.45, linewidth=1.0, linestyle=style, **marker)
             common = seeds[0][0]
             for steps, _ in seeds[1:]:
                 common = np.intersect1d(common, steps)
             if len(common):
                 mean = np.mean([np.interp(common, s, v) for s, v in seeds], axis=0)
                 label = group if name == metric else f"{group} (validation)"
-                ax.plot(common, mean, color=c, linewidth=2.5, linestyle=style, label=label)
+                marker = _marker(name == val_metric, common)
+                ax.plot(
+                    common, mean, color=c, linewidth=2.5, linestyle=style, label=label, **marker
+                )
     ax.set_xlabel("step")
     ax.set_ylabel(f"{metric}, {val_metric} (dashed)" if has_val else metric)
     ax.set_yscale("log")

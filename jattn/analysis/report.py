@@ -48,10 +48,10 @@ from jattn.analysis import anchors, plots, stats
 from jattn.analysis import grid as grid_lib
 from jattn.analysis.runs import (  # noqa: F401 -- collect & co. stay report's API
     DATA_CHECK,
-    _number,
     accuracy_by_length,
     collect,
     exact_match_split,
+    is_number,
     loss_curves,
     reported_metrics,
     unproducible_share,
@@ -193,7 +193,7 @@ def groups_of(rows, metrics: list[str]) -> dict[str, Group]:
             continue
         g.seeds += 1
         for m in metrics:
-            if _number(r["final"].get(m)):
+            if is_number(r["final"].get(m)):
                 g.values.setdefault(m, []).append(float(r["final"][m]))
         for split, kn in r.get("counts", {}).items():
             g.counts.setdefault(split, []).append(kn)
@@ -310,7 +310,7 @@ def run_table(rows) -> str:
     for r in rows:
         if not r["final"]:
             continue
-        splits = [s for k in r["final"] if (s := exact_match_split(k)) and _number(r["final"][k])]
+        splits = [s for k in r["final"] if (s := exact_match_split(k)) and is_number(r["final"][k])]
         for split in splits:
             share = unproducible_share(r.get("check"), split)
             kn = r.get("counts", {}).get(split)
@@ -326,7 +326,8 @@ def run_table(rows) -> str:
 
 
 def data_check_section(rows, splits: list[str]) -> list[str]:
-    """The data check in markdown: per eval split the number of examples, the
+    """The data check in markdown: per eval split the number of examples checked,
+    the number the final evaluation decoded (what exact match is over), the
     share of producible targets and the share longer than training, from the
     first run that has a check, and whether the runs agree."""
     checked = [r for r in rows if r.get("check")]
@@ -336,17 +337,19 @@ def data_check_section(rows, splits: list[str]) -> list[str]:
     first = checked[0]
     check = first["check"]
     lines = [
-        "| split | examples | producible targets | longer than training | target tokens "
-        "training never shows |",
-        "|---|---:|---:|---:|---|",
+        "| split | examples | decoded | producible targets | longer than training | "
+        "target tokens training never shows |",
+        "|---|---:|---:|---:|---:|---|",
     ]
+    decoded = first.get("counts") or {}  # split -> (k correct, N decoded)
     for split, c in check.items():
         if split == "train" or not isinstance(c, dict):
             continue
         cells = [
-            f"{c['examples']:,}" if _number(c.get("examples")) else "-",
-            _share(c["producible"]) if _number(c.get("producible")) else "not checked",
-            _share(c["longer_than_train"]) if _number(c.get("longer_than_train")) else "-",
+            f"{c['examples']:,}" if is_number(c.get("examples")) else "-",
+            f"{decoded[split][1]:,}" if split in decoded else "-",
+            _share(c["producible"]) if is_number(c.get("producible")) else "not checked",
+            _share(c["longer_than_train"]) if is_number(c.get("longer_than_train")) else "-",
             " ".join(f"`{t}`" for t in c.get("unseen_tokens") or []) or "-",
         ]
         lines.append(f"| {split} | " + " | ".join(cells) + " |")

@@ -23,19 +23,13 @@ import ml_collections
 
 from jattn.analysis import grid as grid_lib
 from jattn.analysis import report, seed_groups
+from jattn.train import workdir as files
 
 STATUS_FILE = "ablation_status.json"
 
 
 def _final(run: grid_lib.Run, num_steps: int) -> dict[str, Any] | None:
-    from jattn.train.loop import FINAL_METRICS  # noqa: PLC0415
-
-    path = os.path.join(run.workdir, FINAL_METRICS)
-    if not os.path.exists(path):
-        return None
-    with open(path) as f:
-        final = json.load(f)
-    return final if final.get("step") == num_steps else None
+    return files.finished_metrics(run.workdir, num_steps)
 
 
 def _fmt(seconds: float) -> str:

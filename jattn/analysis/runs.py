@@ -11,7 +11,6 @@ formats or draws.
 from __future__ import annotations
 
 import collections
-import json
 import math
 import os
 from typing import Any
@@ -19,6 +18,7 @@ from typing import Any
 import numpy as np
 
 from jattn.analysis import grid as grid_lib
+from jattn.train import workdir as files
 
 __all__ = [
     "accuracy_by_length",
@@ -26,34 +26,17 @@ __all__ = [
     "data_check",
     "exact_match_counts",
     "exact_match_split",
+    "is_number",
     "loss_curves",
     "reported_metrics",
     "unproducible_share",
 ]
 
-DATA_CHECK = "data_check.json"
+DATA_CHECK = files.DATA_CHECK
 
 
-def _load_json(path: str) -> dict[str, Any] | None:
-    if not os.path.exists(path):
-        return None
-    with open(path) as f:
-        return json.load(f)
-
-
-def _read_jsonl(path: str) -> list[dict[str, Any]]:
-    rows = []
-    if os.path.exists(path):
-        with open(path) as f:
-            for line in f:
-                try:
-                    rows.append(json.loads(line))
-                except json.JSONDecodeError:
-                    continue  # a torn last line
-    return rows
-
-
-def _number(v: Any) -> bool:
+def is_number(v: Any) -> bool:
+    """A finite int or float (not a bool): a value the report can average."""
     return isinstance(v, int | float) and not isinstance(v, bool) and math.isfinite(v)
 
 
@@ -74,13 +57,13 @@ def exact_match_counts(workdir: str, final: dict[str, Any]) -> dict[str, tuple[i
     counts = {}
     for key, em in final.items():
         split = exact_match_split(key)
-        if split is None or not _number(em):
+        if split is None or not is_number(em):
             continue
         n = final.get(f"eval/{split}/num_decoded")
-        if _number(n) and n > 0:
+        if is_number(n) and n > 0:
             counts[split] = (round(em * n), int(n))
             continue
-        decoded = _read_jsonl(os.path.join(workdir, "decodes", f"{split}.jsonl"))
+        decoded = files.read_jsonl(files.decodes_path(workdir, split))
         if decoded and all(e.get("step") == final.get("step") for e in decoded):
             counts[split] = (sum(bool(e["correct"]) for e in decoded), len(decoded))
     return counts
@@ -90,13 +73,13 @@ def data_check(workdir: str, final: dict[str, Any] | None) -> dict[str, Any] | N
     """The run's data check: its ``data_check.json`` (``{split: {"examples",
     "producible", "longer_than_train"}, "train": {...}}``), else its final
     metrics ``data/<split>/<name>``; None for a run that has neither."""
-    check = _load_json(os.path.join(workdir, DATA_CHECK))
+    check = files.read_json(os.path.join(workdir, files.DATA_CHECK))
     if check is not None:
         return check
     out: dict[str, Any] = {}
     for key, v in (final or {}).items():
         parts = key.split("/")
-        if len(parts) == 3 and parts[0] == "data" and _number(v):
+        if len(parts) == 3 and parts[0] == "data" and is_number(v):
             out.setdefault(parts[1], {})[parts[2]] = float(v)
     return out or None
 
@@ -105,7 +88,7 @@ def unproducible_share(check: dict[str, Any] | None, split: str) -> float | None
     """The share of `split`'s targets that cannot be produced from what training
     shows, when it is above 0; None when all can be (or the run was not checked)."""
     producible = ((check or {}).get(split) or {}).get("producible")
-    if _number(producible) and producible < 1.0:
+    if is_number(producible) and producible < 1.0:
         return 1.0 - float(producible)
     return None
 
@@ -113,13 +96,9 @@ def unproducible_share(check: dict[str, Any] | None, split: str) -> float | None
 def collect(runs: list[grid_lib.Run], configs, exp) -> list[dict[str, Any]]:
     """Per run: run, config, typed axes, final metrics (None unless the run
     reached ``num_train_steps``), exact-match counts and data check."""
-    from jattn.train.loop import FINAL_METRICS  # noqa: PLC0415
-
     out = []
     for run, config in zip(runs, configs, strict=True):
-        final = _load_json(os.path.join(run.workdir, FINAL_METRICS))
-        if final is not None and final.get("step") != config.num_train_steps:
-            final = None
+        final = files.finished_metrics(run.workdir, config.num_train_steps)
         out.append(
             dict(
                 run=run,
@@ -136,7 +115,7 @@ def collect(runs: list[grid_lib.Run], configs, exp) -> list[dict[str, Any]]:
 def _curve(workdir: str, metric: str) -> tuple[np.ndarray, np.ndarray] | None:
     pts = [
         (m["step"], m[metric])
-        for m in _read_jsonl(os.path.join(workdir, "metrics.jsonl"))
+        for m in files.read_jsonl(os.path.join(workdir, files.METRICS))
         if metric in m and isinstance(m[metric], int | float)
     ]
     if not pts:
@@ -185,17 +164,17 @@ def accuracy_by_length(rows):
     for r in rows:
         g = table.setdefault(r["run"].group, collections.defaultdict(lambda: [0, 0]))
         check = r.get("check") or {}
-        if _number((check.get("train") or {}).get("max_input_tokens")):
+        if is_number((check.get("train") or {}).get("max_input_tokens")):
             train_longest = int(check["train"]["max_input_tokens"])
         if not r["final"]:
             continue
-        folder = os.path.join(r["run"].workdir, "decodes")
+        folder = os.path.join(r["run"].workdir, files.DECODES)
         names = os.listdir(folder) if os.path.isdir(folder) else []
         for split in sorted(f.removesuffix(".jsonl") for f in names if f.endswith(".jsonl")):
             if unproducible_share(check, split) is not None:
                 left_out.add(split)
                 continue
-            for e in _read_jsonl(os.path.join(folder, f"{split}.jsonl")):
+            for e in files.read_jsonl(files.decodes_path(r["run"].workdir, split)):
                 if e.get("step") != r["final"].get("step"):
                     continue
                 n = int(e["input_tokens"])

@@ -3,7 +3,7 @@
 Runs that differ only by their seed and by the optimiser values a program can
 sweep (`jattn.train.optim.SWEEPABLE`: the learning rate and warmup) are one
 program's members (`jattn.train.members`): `jattn ablate` trains the
-unfinished ones in one program (`jattn.train.seed_loop.train_seeds`), whose
+unfinished ones in one program (`jattn.train.loop.train_seeds`), whose
 member workdirs are the grid's own run workdirs (``DIR/runs/<name>/``), so the
 report reads them as it reads single runs. So a grid's seed axis is one program
 per group, and a learning-rate axis joins its groups into one program too.
@@ -140,21 +140,20 @@ def group_workdir(workdir: str, group: str) -> str:
 def train_job(job: Job, runs, configs, workdir: str) -> dict[str, str]:
     """Trains one job; returns each of its runs' status ("finished", "preempted" or
     "diverged: ...") as `jattn.analysis.runner` records it."""
-    from jattn.train.loop import TrainingDivergedError, train_and_evaluate  # noqa: PLC0415
-    from jattn.train.seed_loop import train_seeds  # noqa: PLC0415
+    from jattn.train import loop  # noqa: PLC0415 -- training, only when a job runs
 
     if not job.program:
         run = runs[job.runs[0]]
         try:
-            final = train_and_evaluate(configs[job.runs[0]], run.workdir)
-        except TrainingDivergedError as e:
+            final = loop.train_and_evaluate(configs[job.runs[0]], run.workdir)
+        except loop.TrainingDivergedError as e:
             return {run.name: f"diverged: {e}"}
         return {run.name: "preempted" if final.get("preempted") else "finished"}
     members = program_members(configs, job.runs)
     config = configs[job.runs[0]].copy_and_resolve_references()
     with config.unlocked():
         config.seeds = tuple(sorted({m.seed for m in members}))
-    result = train_seeds(
+    result = loop.train_seeds(
         config,
         group_workdir(workdir, job.name),
         [runs[i].workdir for i in job.runs],

@@ -45,7 +45,8 @@ def _repo_root() -> str:
     return str(checkout_root())
 
 
-def _parser() -> argparse.ArgumentParser:
+def make_parser() -> argparse.ArgumentParser:
+    """The command's argument parser (the tests read every flag and its help)."""
     parser = argparse.ArgumentParser(prog=PROG, description=__doc__.split("\n\n")[0])
     config_arguments(parser)
     parser.add_argument("--workdir", required=True, help="ablation directory (resumed)")
@@ -88,7 +89,7 @@ def ablate_command(argv: Sequence[str]) -> int:
     from jattn.train.config import ConfigError  # noqa: PLC0415
 
     try:
-        args, overrides = parse_with_overrides(_parser(), argv)
+        args, overrides = parse_with_overrides(make_parser(), argv)
         given = [k for k in SLURM_DEFAULTS if getattr(args, "slurm_" + k) is not None]
         if given and args.emit != "slurm":
             flags = ", ".join("--slurm-" + k.replace("_", "-") for k in given)

@@ -27,7 +27,8 @@ __all__ = ["decode_command"]
 PROG = "jattn decode"
 
 
-def _parser() -> argparse.ArgumentParser:
+def make_parser() -> argparse.ArgumentParser:
+    """The command's argument parser (the tests read every flag and its help)."""
     parser = argparse.ArgumentParser(
         prog=PROG, description="Decode text with a trained run (its own tokenizer and settings)."
     )
@@ -81,7 +82,7 @@ def decode_texts(run, texts: Sequence[str], *, method=None, beam_size=None, beam
 
 def decode_command(argv: Sequence[str]) -> int:
     """`jattn decode`: prints one decoded text a line; returns the exit status."""
-    args = _parser().parse_args(normalize_flags(argv))  # --beam_size: --beam-size
+    args = make_parser().parse_args(normalize_flags(argv))  # --beam_size: --beam-size
     for name in ("beam_size", "max_len"):
         value = getattr(args, name)
         if value is not None and value < 1:

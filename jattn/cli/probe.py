@@ -30,7 +30,8 @@ __all__ = ["probe_command"]
 PROG = "jattn probe"
 
 
-def _parser() -> argparse.ArgumentParser:
+def make_parser() -> argparse.ArgumentParser:
+    """The command's argument parser (the tests read every flag and its help)."""
     parser = argparse.ArgumentParser(prog=PROG, description=__doc__.split("\n\n")[0])
     parser.add_argument("--workdir", required=True, help="a run directory (jattn train)")
     parser.add_argument("--out", required=True, help="where the plot and tables go")
@@ -67,7 +68,7 @@ def probe_command(argv: Sequence[str]) -> int:
     from jattn.analysis import probe  # noqa: PLC0415
     from jattn.train.restore import load_run  # noqa: PLC0415
 
-    args = _parser().parse_args(normalize_flags(argv))
+    args = make_parser().parse_args(normalize_flags(argv))
     try:
         with probe.quiet_checkpoint_metadata():
             run = load_run(args.workdir, args.step)

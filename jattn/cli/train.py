@@ -41,7 +41,8 @@ __all__ = ["train_command"]
 PROG = "jattn train"
 
 
-def _parser() -> argparse.ArgumentParser:
+def make_parser() -> argparse.ArgumentParser:
+    """The command's argument parser (the tests read every flag and its help)."""
     parser = argparse.ArgumentParser(
         prog=PROG,
         description="Train (or resume) one run. Any config key can be set with "
@@ -87,7 +88,7 @@ def _sigterm_outside_training(signum, frame) -> None:  # noqa: ARG001
     raise SystemExit(0)
 
 
-def _terminated(e, workdir: str) -> int:
+def terminated_status(e, workdir: str) -> int:
     """Exit status and one line for a SIGTERM the loop could not turn into a save."""
     if e.stage == "blocked":
         print(
@@ -119,7 +120,7 @@ def train_command(argv: Sequence[str]) -> int:
     from jattn.train.config import ConfigError  # noqa: PLC0415
 
     try:
-        args, overrides = parse_with_overrides(_parser(), argv)
+        args, overrides = parse_with_overrides(make_parser(), argv)
         config = load_config_from_args(args.config, overrides)
     except ConfigError as e:
         return fail(PROG, str(e))
@@ -162,7 +163,7 @@ def train_command(argv: Sequence[str]) -> int:
     except DataIntegrityError as e:  # found while reading, after the start-up checks
         return fail(PROG, str(e))
     except Terminated as e:
-        return _terminated(e, args.workdir)
+        return terminated_status(e, args.workdir)
     if jax.process_index() == 0:
         print(_summary(final))
     return 0

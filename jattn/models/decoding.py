@@ -375,3 +375,10 @@ def beam_search(
         model, _unwrap(params), inputs, jnp.float32(alpha), max_length, beam_size
     )
     return seqs
+
+
+# The jitted searches behind `greedy` and `beam_search`, for benchmarks: they take
+# `max_length` (and `alpha`, `beam_size`) positionally and `cross_cache`, and also
+# return the number of steps run (and the beams' scores).
+greedy_search = _greedy
+beam_search_with_scores = _beam_search

@@ -31,6 +31,7 @@ import orbax.checkpoint as ocp
 from orbax.checkpoint import checkpoint_managers as cm
 
 from jattn.data import checkpoint as data_ckpt
+from jattn.train import workdir as files
 from jattn.train.config import ConfigError, config_to_dict, model_defaults
 from jattn.train.sanity import SANE_STEP_METRIC
 
@@ -46,7 +47,7 @@ __all__ = [
     "signature",
 ]
 
-CHECKPOINT_DIR = "checkpoints"
+CHECKPOINT_DIR = files.CHECKPOINTS
 
 # Keys that fix the shapes of the state or the meaning of the data stream. A
 # checkpoint saved under other values of these cannot continue this run.
@@ -207,11 +208,9 @@ def check_compatible(
         return None
     meta = saved_meta(mngr, step)
     if meta is None:
-        path = os.path.join(workdir, "config.json")
-        if not os.path.exists(path):
+        saved_config = files.read_json(os.path.join(workdir, files.CONFIG))
+        if saved_config is None:
             return step
-        with open(path) as f:
-            saved_config = json.load(f)
         meta = {"signature": signature(saved_config), "config": saved_config}
     diffs = incompatibilities(meta["signature"], config)
     diffs += [d for d in [_vocabulary_changed(meta, vocab)] if d]

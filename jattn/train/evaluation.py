@@ -45,6 +45,7 @@ import jax
 import numpy as np
 
 from jattn.data import producibility
+from jattn.train import workdir as files
 from jattn.train.config import ConfigError, input_lengths
 
 __all__ = ["EvalSet", "evaluate", "ids_to_text", "load_eval_sets", "write_decodes"]
@@ -260,10 +261,9 @@ def _row_sums(sums: dict[str, Any]) -> tuple[np.ndarray, np.ndarray] | None:
 
 def write_decodes(workdir: str, step: int, decodes: dict[str, list[dict[str, Any]]]) -> None:
     """Writes `workdir/decodes/<split>.jsonl` (the latest eval's decoded examples)."""
-    folder = os.path.join(workdir, "decodes")
-    os.makedirs(folder, exist_ok=True)
+    os.makedirs(os.path.join(workdir, files.DECODES), exist_ok=True)
     for split, examples in decodes.items():
-        path = os.path.join(folder, f"{split}.jsonl")
+        path = files.decodes_path(workdir, split)
         with open(path + ".tmp", "w") as f:
             for e in examples:
                 f.write(json.dumps({"step": int(step), **e}) + "\n")

@@ -1,7 +1,7 @@
 """The members of one program: its seeds, and optimiser values swept along the same axis.
 
 `jattn train --config.seeds=0,1,2` trains three seeds in one program
-(`jattn.train.seed_loop`). The sweep keys add values of a numeric optimiser
+(`jattn.train.seed_program`). The sweep keys add values of a numeric optimiser
 hyperparameter along the same axis (`jattn.train.optim.SWEEPABLE`):
 
     --config.seeds=0,1 --config.sweep_learning_rate=1e-3,3e-4
@@ -26,8 +26,6 @@ from collections.abc import Sequence
 import ml_collections
 import numpy as np
 
-from jattn.train.seeds import seed_config, seed_list
-
 __all__ = [
     "SWEEPS",
     "Member",
@@ -37,6 +35,8 @@ __all__ = [
     "member_config",
     "member_workdirs",
     "members",
+    "seed_config",
+    "seed_list",
 ]
 
 # config key of the swept values -> the key each member sets.
@@ -69,6 +69,33 @@ class Member:
     def key(self) -> int | str:
         """How results are keyed: the seed without a sweep (as before sweeps), else `name`."""
         return self.name if self.hparams else self.seed
+
+
+def seed_list(config: ml_collections.ConfigDict) -> list[int]:
+    """`config.seeds` as a list, or ``[config.seed]`` when it is empty."""
+    return [int(s) for s in config.seeds] or [int(config.seed)]
+
+
+def seed_config(config: ml_collections.ConfigDict, seed: int) -> ml_collections.ConfigDict:
+    """The config a single run of `seed` would have (``seed=s``, ``seeds=()``, locked).
+
+    Its `config.json` is the one `jattn train --config.seed=s` writes, so a
+    seed's workdir reads back (`load_run`) like a single run's.
+    """
+    out = config.copy_and_resolve_references()
+    with out.unlocked():
+        out.seed = int(seed)
+        out.seeds = ()
+        out.sweep_learning_rate = ()  # a member's values are set by `members.member_config`
+        out.sweep_warmup_steps = ()
+        out.seed_mesh_axis = ""
+        out.seed_program = "auto"
+        out.debug_nan_at_step = (
+            config.debug_nan_at_step if config.debug_nan_seed in (-1, seed) else 0
+        )
+        out.debug_nan_seed = -1
+    out.lock()
+    return out
 
 
 def is_program(config: ml_collections.ConfigDict) -> bool:

@@ -31,6 +31,8 @@ import time
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from jattn.train import workdir as files
+
 __all__ = [
     "MetricsWriter",
     "NonFiniteLossError",
@@ -42,8 +44,6 @@ __all__ = [
     "strict_json_value",
     "write_final_metrics",
 ]
-
-METRICS_FILE = "metrics.jsonl"
 
 
 def _clean(value: Any) -> Any:
@@ -67,7 +67,7 @@ class MetricsWriter:
 
     def __init__(self, workdir: str, *, enabled: bool = True, resume_step: int | None = None):
         self.enabled = enabled
-        self.path = os.path.join(workdir, METRICS_FILE)
+        self.path = os.path.join(workdir, files.METRICS)
         self._tb = None
         self._wandb = None
         if not enabled:
@@ -144,17 +144,7 @@ def read_metrics(workdir: str) -> list[dict[str, Any]]:
 
     A torn last line (a crash mid-write) is skipped.
     """
-    path = os.path.join(workdir, METRICS_FILE)
-    if not os.path.exists(path):
-        return []
-    rows = []
-    with open(path) as f:
-        for line in f:
-            try:
-                rows.append(json.loads(line))
-            except json.JSONDecodeError:
-                continue
-    return rows
+    return files.read_jsonl(os.path.join(workdir, files.METRICS))
 
 
 def logged_losses(workdir: str) -> list[Any]:
@@ -367,6 +357,6 @@ class TrainMetrics:
 
 def program_tokens_per_sec(trackers: Sequence[TrainMetrics]) -> float:
     """Tokens a second of one program that trains several runs (the seeds of
-    `jattn.train.seed_loop`): the sum of the runs' last logged rates, each run's
+    `jattn.train.seed_program`): the sum of the runs' last logged rates, each run's
     tokens over the same interval, i.e. every token the program trained on."""
     return float(sum(t.logged_tokens_per_sec for t in trackers))

@@ -40,6 +40,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from jattn.train import workdir as files
+
 __all__ = [
     "SKIPPED_DIR",
     "archive_metrics",
@@ -199,13 +201,13 @@ def archive_metrics(workdir: str, warn: Callable[[str], None]) -> str | None:
     Returns:
       The archived ``metrics.jsonl`` path, or None if there was nothing to keep.
     """
-    path = os.path.join(workdir, "metrics.jsonl")
+    path = os.path.join(workdir, files.METRICS)
     if not os.path.exists(path) or os.path.getsize(path) == 0:
         return None
     stamp = time.strftime("%Y%m%dT%H%M%S")
     kept = os.path.join(workdir, f"metrics.{stamp}.jsonl")
     os.replace(path, kept)
-    final = os.path.join(workdir, "final_metrics.json")
+    final = os.path.join(workdir, files.FINAL_METRICS)
     if os.path.exists(final):
         os.replace(final, os.path.join(workdir, f"final_metrics.{stamp}.json"))
     warn(

@@ -16,14 +16,15 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-import json
 import os
 from typing import Any
 
 import jax
 import ml_collections
 import orbax.checkpoint as ocp
+from etils import epath
 
+from jattn.train import workdir as files
 from jattn.train.checkpoints import CHECKPOINT_DIR
 from jattn.train.config import ConfigError, default_config
 
@@ -107,7 +108,7 @@ def load_run(workdir: str, step: int | None = None) -> TrainedRun:
     """
     from jattn.models import Transformer, TransformerConfig  # noqa: PLC0415
 
-    for name in ("config.json", "model_config.json"):
+    for name in (files.CONFIG, files.MODEL_CONFIG):
         if not os.path.exists(os.path.join(workdir, name)):
             raise FileNotFoundError(f"load_run: {workdir!r} has no {name}; not a jattn workdir")
     steps = checkpoint_steps(workdir)
@@ -116,14 +117,17 @@ def load_run(workdir: str, step: int | None = None) -> TrainedRun:
     step = steps[-1] if step is None else step
     if step not in steps:
         raise ValueError(f"load_run: no checkpoint at step {step} in {workdir!r}; saved: {steps}")
-    with open(os.path.join(workdir, "config.json")) as f:
-        config = ml_collections.ConfigDict(json.load(f))
-    with open(os.path.join(workdir, "model_config.json")) as f:
-        model_config = TransformerConfig.from_dict(json.load(f))
+    config = ml_collections.ConfigDict(files.read_json(os.path.join(workdir, files.CONFIG)))
+    model_config = TransformerConfig.from_dict(
+        files.read_json(os.path.join(workdir, files.MODEL_CONFIG))
+    )
 
     path = os.path.abspath(os.path.join(workdir, CHECKPOINT_DIR, str(step), "state"))
     checkpointer = ocp.StandardCheckpointer()
-    saved = checkpointer.metadata(path).item_metadata
+    # The item's own metadata (`state/_METADATA`): the checkpointer's `metadata` also
+    # looks for a step file inside the item folder and logs absl's "Metadata file does
+    # not exist: .../_CHECKPOINT_METADATA" warning before every `jattn decode`.
+    saved = ocp.StandardCheckpointHandler().metadata(epath.Path(path))
     device = jax.sharding.SingleDeviceSharding(jax.local_devices()[0])
     target = jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=device), saved)
     state = checkpointer.restore(path, target)

@@ -1,4 +1,4 @@
-"""The per-seed bookkeeping of a seed program (`jattn.train.seed_loop`).
+"""The per-seed bookkeeping of a seed program (`jattn.train.seed_program`).
 
 Each seed of the program writes what a single run writes: its own
 `metrics.jsonl` and TensorBoard files (a `MetricsWriter` and a `TrainMetrics`
@@ -22,8 +22,6 @@ the bar's label says.
 from __future__ import annotations
 
 import contextlib
-import json
-import os
 from collections.abc import Sequence
 from typing import Any
 
@@ -31,7 +29,7 @@ import jax
 import numpy as np
 
 from jattn.train import seeds as seeds_lib
-from jattn.train.loop import FINAL_METRICS, flat_hparams
+from jattn.train import workdir as files
 from jattn.train.metrics import (
     MetricsWriter,
     Progress,
@@ -40,6 +38,7 @@ from jattn.train.metrics import (
     program_tokens_per_sec,
 )
 from jattn.train.sanity import LossSanity, insane_warning
+from jattn.train.setup import flat_hparams
 
 __all__ = ["SeedMetrics", "finished_members"]
 
@@ -49,12 +48,9 @@ def finished_members(dirs: Sequence[str], configs: Sequence[Any]) -> dict[int, d
     run (e.g. trained by single runs before): they are left out of the program."""
     out = {}
     for i, (d, c) in enumerate(zip(dirs, configs, strict=True)):
-        path = os.path.join(d, FINAL_METRICS)
-        if os.path.exists(path):
-            with open(path) as f:
-                final = json.load(f)
-            if final.get("step") == c.num_train_steps:
-                out[i] = final
+        final = files.finished_metrics(d, c.num_train_steps)
+        if final is not None:
+            out[i] = final
     return out
 
 

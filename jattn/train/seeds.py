@@ -5,13 +5,14 @@ differ in their random numbers (initialisation, dropout) and their data order.
 So they can be one program: every leaf of the `TrainState` gets a leading seed
 axis `[S, ...]`, each seed's training stream yields its own `[B, L]` batches,
 stacked to `[S, B, L]`, and the train and eval steps are `jax.vmap`-ed over
-that axis (`jattn.train.seed_loop`). Seed `s` keeps exactly what a single run
+that axis (`jattn.train.seed_program`). Seed `s` keeps exactly what a single run
 with ``seed=s`` has: the root key ``key(s)``, the loader seeded with ``s``.
 
-This file holds the pieces that need no loop: per-seed configs, stacking and
-unstacking trees, shardings with a seed axis, the train step over the seed
-axis, the stacked checkpoint (the state plus every seed's data iterator),
-which configs cannot be vmapped, and the memory a seed needs.
+This file holds the pieces that need no loop (a seed's config is
+`jattn.train.members.seed_config`): stacking and unstacking trees, shardings
+with a seed axis, the train step over the seed axis, the stacked checkpoint
+(the state plus every seed's data iterator), which configs cannot be vmapped,
+and the memory a seed needs.
 """
 
 from __future__ import annotations
@@ -43,49 +44,12 @@ __all__ = [
     "restore_stacked",
     "save_stacked",
     "seed_batch_sharding",
-    "seed_config",
-    "seed_list",
     "seed_train_step",
-    "seed_workdirs",
     "stack",
     "stacked_abstract",
     "take",
     "vmap_blockers",
 ]
-
-SEED_DIR = "seed-{}"
-
-
-def seed_list(config: ml_collections.ConfigDict) -> list[int]:
-    """`config.seeds` as a list, or ``[config.seed]`` when it is empty."""
-    return [int(s) for s in config.seeds] or [int(config.seed)]
-
-
-def seed_config(config: ml_collections.ConfigDict, seed: int) -> ml_collections.ConfigDict:
-    """The config a single run of `seed` would have (``seed=s``, ``seeds=()``, locked).
-
-    Its `config.json` is the one `jattn train --config.seed=s` writes, so a
-    seed's workdir reads back (`load_run`) like a single run's.
-    """
-    out = config.copy_and_resolve_references()
-    with out.unlocked():
-        out.seed = int(seed)
-        out.seeds = ()
-        out.sweep_learning_rate = ()  # a member's values are set by `members.member_config`
-        out.sweep_warmup_steps = ()
-        out.seed_mesh_axis = ""
-        out.seed_program = "auto"
-        out.debug_nan_at_step = (
-            config.debug_nan_at_step if config.debug_nan_seed in (-1, seed) else 0
-        )
-        out.debug_nan_seed = -1
-    out.lock()
-    return out
-
-
-def seed_workdirs(workdir: str, seeds: Sequence[int]) -> list[str]:
-    """``WORKDIR/seed-<s>`` for every seed."""
-    return [os.path.join(workdir, SEED_DIR.format(s)) for s in seeds]
 
 
 # -- trees with a seed axis -------------------------------------------------------------

@@ -13,24 +13,9 @@ import subprocess
 import sys
 from pathlib import Path
 
-from jattn.train import apply_overrides, load_config, read_metrics
+from run_helpers import REPO, SMOKE, losses, smoke_config  # noqa: F401 -- the suite's API
 
-REPO = Path(__file__).resolve().parents[2]
-SMOKE = str(REPO / "configs" / "smoke.py")
 DATA_DIR_NAME = "data"
-
-
-def smoke_config(data_dir, **overrides):
-    """configs/smoke.py on `data_dir`, evaluation off unless asked (faster)."""
-    overrides = {"eval_splits": "()", "best_metric": "", "data_dir": str(data_dir), **overrides}
-    return apply_overrides(load_config(SMOKE), [(k, str(v)) for k, v in overrides.items()])
-
-
-def losses(workdir) -> dict[int, float]:
-    rows = [r for r in read_metrics(str(workdir)) if "train/loss" in r]
-    steps = [r["step"] for r in rows]
-    assert len(steps) == len(set(steps)), f"repeated steps in metrics.jsonl: {steps}"
-    return {r["step"]: r["train/loss"] for r in rows}
 
 
 def steps_on_disk(workdir) -> list[int]:

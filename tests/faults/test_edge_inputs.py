@@ -94,7 +94,7 @@ def test_a_sigterm_the_loop_sees_is_left_to_the_loop():
 def test_sigterm_outside_the_steps_ends_at_once_with_the_documented_status(stage, status, capsys):
     """Before the first step and after the last save there is nothing to save: the
     signal ends the run at once (exit 0, one line); a second SIGTERM mid-save is 143."""
-    from jattn.cli.train import _terminated
+    from jattn.cli.train import terminated_status
 
     watch = PreemptionWatch(stage=stage)
     try:
@@ -104,6 +104,6 @@ def test_sigterm_outside_the_steps_ends_at_once_with_the_documented_status(stage
     finally:
         watch.close()
     assert e.value.stage == stage
-    assert _terminated(e.value, "w") == status
+    assert terminated_status(e.value, "w") == status
     assert "stopped by SIGTERM" in capsys.readouterr().err
-    assert _terminated(Terminated("training"), "w") == 143
+    assert terminated_status(Terminated("training"), "w") == 143

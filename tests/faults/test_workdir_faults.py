@@ -91,7 +91,8 @@ def test_a_disk_filling_up_mid_run_stops_at_the_next_save(pristine_data, tmp_pat
         while not (disk / "run" / "checkpoints" / "10" / "commit_success.txt").exists():
             assert proc.poll() is None and time.monotonic() < deadline, proc.stderr.read()
             time.sleep(0.05)
-        with open(disk / "filler", "wb") as f:  # the other program
+        with open(disk / "filler", "wb", buffering=0) as f:  # the other program (unbuffered:
+            # a close that flushes into the full disk would raise)
             try:
                 while True:
                     f.write(b"\0" * (1 << 16))

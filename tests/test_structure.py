@@ -1,0 +1,296 @@
+"""The package's structure, read from the source with `ast` (nothing is imported).
+
+Three rules of DESIGN.md's house style, checked over jattn/, benchmarks/ and
+experiments/:
+
+- no import cycle between jattn modules. Every import counts, a deferred one
+  (inside a function) as much as one at module level: a deferred import only
+  postpones a cycle to the first call (that is how `loop -> seed_loop -> loop`
+  hid), so a cycle through one fails too. The parent packages a module import
+  runs on the way (`jattn/train/__init__.py` for `jattn.train.loop`) are not
+  edges; importing a package's `__init__` by name (`from jattn.train import
+  ConfigError`) is.
+- no private name (`_x`) imported across modules: neither ``from jattn.m import
+  _x`` nor ``m._x`` on a jattn module bound by an import.
+- the core (jattn/*.py and jattn/attention/) imports, at module level, no
+  flax, optax, orbax, tfds, grain or ml_collections and no jattn module above
+  it (models, train, data, analysis, cli): `import jattn` runs exactly those
+  imports. A deferred import of flax is allowed (`flax_attention_fn` asks
+  flax for `nnx` only when a flax module records the weights).
+
+The last tests feed the checker small made-up packages, so each rule is seen
+to fail on what it forbids.
+"""
+
+from __future__ import annotations
+
+import ast
+import dataclasses
+import pathlib
+
+import pytest
+
+REPO = pathlib.Path(__file__).resolve().parent.parent
+SCANNED = ("jattn", "benchmarks", "experiments")
+HEAVY = ("flax", "optax", "orbax", "tensorflow_datasets", "tfds", "grain", "ml_collections")
+ABOVE_CORE = ("jattn.models", "jattn.train", "jattn.data", "jattn.analysis", "jattn.cli")
+
+
+@dataclasses.dataclass(frozen=True)
+class Import:
+    """One imported module (and, for ``from m import name``, the name) of a file."""
+
+    source: str  # the importing module, e.g. "jattn.train.loop"
+    target: str  # the imported module, e.g. "jattn.train.setup"
+    name: str | None  # the imported name when it is not a module, e.g. "ConfigError"
+    deferred: bool  # inside a function or method
+    line: int
+
+
+def module_name(path: pathlib.Path, root: pathlib.Path) -> str:
+    parts = list(path.relative_to(root).with_suffix("").parts)
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def read_modules(root: pathlib.Path, tops=SCANNED) -> dict[str, tuple[pathlib.Path, ast.Module]]:
+    """Module name -> (path relative to `root`, parsed source), for every .py under
+    `root`/`tops`."""
+    out = {}
+    for top in tops:
+        for path in sorted((root / top).rglob("*.py")):
+            tree = ast.parse(path.read_text(), str(path))
+            out[module_name(path, root)] = (path.relative_to(root), tree)
+    return out
+
+
+def _absolute(source: str, is_package: bool, node: ast.ImportFrom) -> str:
+    if not node.level:
+        return node.module or ""
+    base = source.split(".") if is_package else source.split(".")[:-1]
+    base = base[: len(base) - (node.level - 1)]
+    return ".".join(base + ([node.module] if node.module else []))
+
+
+def _walk(tree: ast.AST, deferred: bool = False):
+    """Every node with whether it sits inside a function."""
+    for child in ast.iter_child_nodes(tree):
+        yield child, deferred
+        inner = deferred or isinstance(child, ast.FunctionDef | ast.AsyncFunctionDef | ast.Lambda)
+        yield from _walk(child, inner)
+
+
+def imports(modules) -> list[Import]:
+    """Every import of a jattn module in `modules`, resolved to the module it loads."""
+    out = []
+    for source, (path, tree) in modules.items():
+        is_package = path.name == "__init__.py"
+        for node, deferred in _walk(tree):
+            if isinstance(node, ast.Import):
+                for alias in node.names:
+                    out.append(Import(source, alias.name, None, deferred, node.lineno))
+            elif isinstance(node, ast.ImportFrom):
+                target = _absolute(source, is_package, node)
+                for alias in node.names:
+                    sub = f"{target}.{alias.name}"
+                    if sub in modules:  # `from pkg import module`
+                        out.append(Import(source, sub, None, deferred, node.lineno))
+                    else:
+                        out.append(Import(source, target, alias.name, deferred, node.lineno))
+    return out
+
+
+def cycles(modules, edges: list[Import]) -> list[list[str]]:
+    """The import cycles among `modules` (each once, as a path that returns to its start)."""
+    graph: dict[str, set[str]] = {m: set() for m in modules}
+    for e in edges:
+        if e.source in graph and e.target in graph and e.target != e.source:
+            graph[e.source].add(e.target)
+    found, state = [], {}  # state: 1 on the stack, 2 done
+
+    def visit(node: str, stack: list[str]) -> None:
+        state[node] = 1
+        stack.append(node)
+        for nxt in sorted(graph[node]):
+            if state.get(nxt) == 1:
+                found.append(stack[stack.index(nxt) :] + [nxt])
+            elif nxt not in state:
+                visit(nxt, stack)
+        stack.pop()
+        state[node] = 2
+
+    for m in sorted(graph):
+        if m not in state:
+            visit(m, [])
+    return found
+
+
+def private_imports(modules, edges: list[Import]) -> list[str]:
+    """``file:line name`` for every private jattn name used outside its module."""
+    out = [
+        f"{modules[e.source][0]}:{e.line} from {e.target} import {e.name}"
+        for e in edges
+        if e.name
+        and e.name.startswith("_")
+        and not e.name.startswith("__")
+        and e.target.startswith("jattn")
+        and e.target != e.source
+    ]
+    for source, (path, tree) in modules.items():
+        bound = {}  # local name -> the jattn module it names
+        for node, _ in _walk(tree):
+            if isinstance(node, ast.Import):
+                for a in node.names:
+                    if a.name.startswith("jattn") and a.asname:
+                        bound[a.asname] = a.name
+            elif isinstance(node, ast.ImportFrom):
+                target = _absolute(source, path.name == "__init__.py", node)
+                for a in node.names:
+                    if f"{target}.{a.name}" in modules:
+                        bound[a.asname or a.name] = f"{target}.{a.name}"
+        for node, _ in _walk(tree):
+            if (
+                isinstance(node, ast.Attribute)
+                and isinstance(node.value, ast.Name)
+                and node.value.id in bound
+                and node.attr.startswith("_")
+                and not node.attr.startswith("__")
+                and bound[node.value.id] != source
+            ):
+                out.append(f"{path}:{node.lineno} {bound[node.value.id]}.{node.attr}")
+    return out
+
+
+def core_violations(modules, edges: list[Import]) -> list[str]:
+    """Module-level imports of the core that `import jattn` must not need."""
+    out = []
+    for e in edges:
+        if not is_core(modules, e.source) or e.deferred:
+            continue
+        top = e.target.split(".")[0]
+        if top in HEAVY or any(e.target == a or e.target.startswith(a + ".") for a in ABOVE_CORE):
+            out.append(f"{e.source}:{e.line} imports {e.target}")
+    return out
+
+
+def is_core(modules, name: str) -> bool:
+    """jattn/__init__.py, a jattn/*.py module, or anything in jattn/attention/."""
+    path = modules[name][0]
+    return path.parts[0] == "jattn" and (len(path.parts) == 2 or path.parts[1] == "attention")
+
+
+def load(root: pathlib.Path, tops=SCANNED):
+    modules = read_modules(root, tops)
+    return modules, imports(modules)
+
+
+@pytest.fixture(scope="module")
+def repo():
+    return load(REPO)
+
+
+def test_no_import_cycle_between_jattn_modules(repo):
+    modules, edges = repo
+    jattn_modules = {m: v for m, v in modules.items() if m.split(".")[0] == "jattn"}
+    found = cycles(jattn_modules, edges)
+    assert not found, "import cycles:\n" + "\n".join(" -> ".join(c) for c in found)
+
+
+def test_no_private_name_is_imported_across_modules(repo):
+    found = private_imports(*repo)
+    assert not found, "private names used outside their module:\n" + "\n".join(found)
+
+
+def test_the_core_imports_no_flax_optax_orbax_tfds_grain_or_ml_collections(repo):
+    modules, edges = repo
+    assert "jattn.attention.xla" in modules and "jattn.masks" in modules  # the core is scanned
+    found = core_violations(modules, edges)
+    assert not found, "the core imports what `import jattn` must not need:\n" + "\n".join(found)
+
+
+def test_every_jattn_import_names_a_module_that_exists(repo):
+    """The checker resolves what it reads: a typo'd or moved module would be an edge to
+    nothing, and a cycle through it would go unseen."""
+    modules, edges = repo
+    missing = sorted(
+        {f"{e.source}:{e.line} {e.target}" for e in edges if e.target.startswith("jattn")}
+        - {f"{e.source}:{e.line} {e.target}" for e in edges if e.target in modules}
+    )
+    assert not missing, missing
+
+
+# -- the checker fails on what it forbids -----------------------------------------------
+
+
+def _package(tmp_path: pathlib.Path, files: dict[str, str]):
+    for name, text in files.items():
+        path = tmp_path / name
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(text)
+    return load(tmp_path, ("jattn",))
+
+
+def test_the_checker_finds_a_cycle_hidden_by_a_deferred_import(tmp_path):
+    modules, edges = _package(
+        tmp_path,
+        {
+            "jattn/__init__.py": "",
+            "jattn/train/__init__.py": "",
+            "jattn/train/loop.py": "def run():\n    from jattn.train import seeds\n",
+            "jattn/train/seeds.py": "from jattn.train.loop import run\n",
+            "jattn/train/other.py": "from jattn.train import seeds\n",
+        },
+    )
+    assert cycles(modules, edges) == [["jattn.train.loop", "jattn.train.seeds", "jattn.train.loop"]]
+
+
+def test_the_checker_finds_private_names_imported_or_used_across_modules(tmp_path):
+    modules, edges = _package(
+        tmp_path,
+        {
+            "jattn/__init__.py": "",
+            "jattn/a.py": "def _helper(): ...\ndef ok(): return _helper()\n",
+            "jattn/b.py": "from jattn.a import _helper, ok\n",
+            "jattn/c.py": "from jattn import a as one\n\ndef f():\n    return one._helper()\n",
+        },
+    )
+    assert sorted(private_imports(modules, edges)) == [
+        "jattn/b.py:1 from jattn.a import _helper",
+        "jattn/c.py:4 jattn.a._helper",
+    ]
+
+
+def test_the_checker_finds_flax_and_upper_layers_in_the_core(tmp_path):
+    modules, edges = _package(
+        tmp_path,
+        {
+            "jattn/__init__.py": "import jax\n",
+            "jattn/masks.py": "import flax.linen as nn\n",
+            "jattn/attention/__init__.py": "from jattn.train import config\n",
+            "jattn/lazy.py": "def f():\n    from flax import nnx\n",  # deferred: allowed
+            "jattn/train/__init__.py": "",
+            "jattn/train/config.py": "import ml_collections\n",  # not the core: allowed
+        },
+    )
+    assert sorted(core_violations(modules, edges)) == [
+        "jattn.attention:1 imports jattn.train.config",
+        "jattn.masks:1 imports flax.linen",
+    ]
+
+
+def test_no_function_in_train_is_over_100_lines(repo):
+    """The training package reads top to bottom: one loop driver (`drive`), and no
+    stage of a program longer than a screenful or two."""
+    modules, _ = repo
+    long = [
+        f"{path}:{node.lineno} {node.name} ({node.end_lineno - node.lineno + 1} lines)"
+        for name, (path, tree) in modules.items()
+        if name.startswith("jattn.train.")
+        for node, _ in _walk(tree)
+        if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef)
+        and node.end_lineno - node.lineno + 1 > 100
+    ]
+    assert not long, long
+    drive = next(
+        n for n, _ in _walk(modules["jattn.train.driver"][1]) if getattr(n, "name", "") == "drive"
+    )
+    assert drive.end_lineno - drive.lineno + 1 < 150
