@@ -9,7 +9,7 @@ experiments/:
   hid), so a cycle through one fails too. The parent packages a module import
   runs on the way (`jattn/train/__init__.py` for `jattn.train.loop`) are not
   edges; importing a package's `__init__` by name (`from jattn.train import
-  ConfigError`) is.
+  ConfigError`) is. Imports under `if TYPE_CHECKING:` never run and are not edges.
 - no private name (`_x`) imported across modules: neither ``from jattn.m import
   _x`` nor ``m._x`` on a jattn module bound by an import.
 - the core (jattn/*.py and jattn/attention/) imports, at module level, no
@@ -71,9 +71,25 @@ def _absolute(source: str, is_package: bool, node: ast.ImportFrom) -> str:
     return ".".join(base + ([node.module] if node.module else []))
 
 
+def _type_checking_only(node: ast.AST) -> bool:
+    """`if TYPE_CHECKING:` (or `typing.TYPE_CHECKING`): its body never runs."""
+    if not isinstance(node, ast.If):
+        return False
+    test = node.test
+    return (isinstance(test, ast.Name) and test.id == "TYPE_CHECKING") or (
+        isinstance(test, ast.Attribute) and test.attr == "TYPE_CHECKING"
+    )
+
+
 def _walk(tree: ast.AST, deferred: bool = False):
-    """Every node with whether it sits inside a function."""
+    """Every node that runs, with whether it sits inside a function (the bodies of
+    `if TYPE_CHECKING:` blocks are left out: annotations only, never imported)."""
     for child in ast.iter_child_nodes(tree):
+        if _type_checking_only(child):
+            for other in child.orelse:
+                yield other, deferred
+                yield from _walk(other, deferred)
+            continue
         yield child, deferred
         inner = deferred or isinstance(child, ast.FunctionDef | ast.AsyncFunctionDef | ast.Lambda)
         yield from _walk(child, inner)
@@ -241,6 +257,26 @@ def test_the_checker_finds_a_cycle_hidden_by_a_deferred_import(tmp_path):
         },
     )
     assert cycles(modules, edges) == [["jattn.train.loop", "jattn.train.seeds", "jattn.train.loop"]]
+
+
+def test_an_import_for_type_annotations_only_is_no_cycle(tmp_path):
+    header = "from typing import TYPE_CHECKING\n"
+    modules, edges = _package(
+        tmp_path,
+        {
+            "jattn/__init__.py": "",
+            "jattn/models/__init__.py": "",
+            "jattn/models/config.py": "from jattn.models.schemes import get\n",
+            "jattn/models/schemes.py": header
+            + "if TYPE_CHECKING:\n    from jattn.models.config import Config\n",
+            "jattn/models/other.py": header
+            + "if TYPE_CHECKING:\n    pass\nelse:\n    from jattn.models.config import Config\n",
+        },
+    )
+    assert cycles(modules, edges) == []
+    assert [(e.source, e.target) for e in edges if e.target == "jattn.models.config"] == [
+        ("jattn.models.other", "jattn.models.config")
+    ]
 
 
 def test_the_checker_finds_private_names_imported_or_used_across_modules(tmp_path):

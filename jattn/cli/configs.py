@@ -83,7 +83,7 @@ def _variant_lines() -> list[str]:
 def _dataset_lines() -> list[str]:
     lines = ["datasets  (--config.dataset=NAME[/CONFIG]):"]
     try:
-        from jattn.data.builders import BUILDERS  # noqa: PLC0415
+        from jattn.data.registry import BUILDERS  # noqa: PLC0415
     except ImportError as e:  # the data stack is optional for this listing
         return [*lines, f"  (jattn.data does not import here: {e})"]
     for name, (cls, default) in BUILDERS.items():

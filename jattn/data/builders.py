@@ -467,7 +467,9 @@ class JattnDuplicateDigits(_DigitsBuilder):
     _TASK = "duplicate_digits"
 
 
-# The task names `jattn.data.load` knows, with their builder and default config.
+# This module's tasks, with their builder and default config (every task
+# `jattn.data.load` knows, these and those of their own modules, is in
+# `jattn.data.registry.BUILDERS`).
 BUILDERS: dict[str, tuple[type[tfds.core.GeneratorBasedBuilder], str]] = {
     "numbers": (JattnNumbers, "de"),
     "copy": (JattnCopy, "default"),
@@ -475,12 +477,3 @@ BUILDERS: dict[str, tuple[type[tfds.core.GeneratorBasedBuilder], str]] = {
     "reverse_digits": (JattnReverseDigits, "default"),
     "duplicate_digits": (JattnDuplicateDigits, "default"),
 }
-
-# The tasks of their own modules (Kazemnejad et al.'s lengths, SCAN), which import
-# `GeneratedBuilder` from here. Safe at the end: the package imports this module
-# (through `jattn.data.tasks`) before any of them, so they find it complete.
-from jattn.data import kazemnejad as _kazemnejad  # noqa: E402
-from jattn.data import scan as _scan  # noqa: E402
-
-BUILDERS.update(_kazemnejad.BUILDERS)
-BUILDERS.update(_scan.BUILDERS)

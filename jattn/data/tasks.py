@@ -21,9 +21,9 @@ import tensorflow_datasets as tfds
 from google.protobuf import json_format
 from tensorflow_datasets.proto import tf_example_pb2
 
-from jattn.data import builders as builders_lib
 from jattn.data import integrity
 from jattn.data import tokenizers as tokenizers_lib
+from jattn.data.registry import BUILDERS
 
 _SPLIT_ORDER = ("train", "validation", "test", "test_longer")
 _TFDS_COLLECTIONS = ("translate", "text", "summarization")  # imported to find a builder
@@ -201,8 +201,8 @@ class Task:
 
 def _make_builder(name: str, data_dir: str | None) -> tfds.core.DatasetBuilder:
     base, _, config = name.partition("/")
-    if base in builders_lib.BUILDERS:
-        cls, default_config = builders_lib.BUILDERS[base]
+    if base in BUILDERS:
+        cls, default_config = BUILDERS[base]
         config_name, _, version = (config or default_config).partition(":")
         known = [c.name for c in cls.BUILDER_CONFIGS]
         if config_name not in known:
@@ -231,7 +231,7 @@ def _make_builder(name: str, data_dir: str | None) -> tfds.core.DatasetBuilder:
         return tfds.builder(name, data_dir=data_dir, file_format="array_record")
     except tfds.core.registered.DatasetNotFoundError as e:
         raise ValueError(
-            f"unknown dataset name {name!r}: neither a jattn task ({sorted(builders_lib.BUILDERS)}"
+            f"unknown dataset name {name!r}: neither a jattn task ({sorted(BUILDERS)}"
             " with an optional '/config') nor a registered tfds dataset"
         ) from e
 

@@ -102,7 +102,7 @@ def default_config() -> ml_collections.ConfigDict:
     """All keys, unlocked, with defaults suited to nothing in particular."""
     c = ml_collections.ConfigDict()
     c.seed = 0
-    # Several seeds in one jitted program (jattn.train.seed_loop): e.g. (0, 1, 2); each
+    # Several seeds in one jitted program (jattn.train.seed_program): e.g. (0, 1, 2); each
     # seed's run goes to WORKDIR/seed-<s>/. Empty: one run with `seed`.
     c.seeds = ()
     # The mesh axis the seed axis is sharded over ("" replicates it; "data": one
