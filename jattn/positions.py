@@ -258,10 +258,11 @@ def t5_bias(table: Array, buckets: Array) -> Array:
 # `[B, N, T, S]` bias is ever built. Each `fn` is written for the Pallas
 # kernels too: it indexes its parameters only with `head` (a scalar per
 # program in the kernels) or with small static indices, reads a table at a
-# computed bucket / distance as a chain of compare-and-selects over the
-# table's static axis (`where(bucket == b, table[head, b], acc)`, never a
-# gather with a tile of indices), and is otherwise elementwise jnp math. In
-# every fn below `i` is the query position and `j` the key position.
+# computed bucket / distance (with a scalar `head`) as a chain of
+# compare-and-selects over the table's static axis (`where(bucket == b,
+# table[head, b], acc)`, never a gather with a tile of indices; see
+# `_select_table`), and is otherwise elementwise jnp math. In every fn below
+# `i` is the query position and `j` the key position.
 
 
 def _f32(x) -> Array:
@@ -269,12 +270,24 @@ def _f32(x) -> Array:
 
 
 def _select_table(table: Array, head: Array, index: Array) -> Array:
-    """`table[head, index]` as a chain of compare-and-selects over the static
-    axis of `table [N, R]` (exact: one value is selected, nothing summed)."""
-    out = table[head, 0]
-    for b in range(1, table.shape[1]):
-        out = jnp.where(index == b, table[head, b], out)
-    return out
+    """`table[head, index]` for a table `[N, R]`, exactly (one value is
+    selected, nothing summed), in the form each implementation can run.
+
+    A scalar `head` (a Pallas program: one head per program) reads the table
+    as a chain of compare-and-selects over its static axis, `where(index ==
+    b, table[head, b], acc)`, which Triton and Mosaic lower (no gather with
+    a tile of indices). An index array `head` (the xla and chunked paths,
+    all heads of a tile at once) uses XLA's gather: the same values, and on
+    the CPU the chain's autodiff would carry R tile-sized masked copies of
+    the cotangent (measured: 2x the time and 4x the temporaries of the
+    gather at L = 1024, `benchmarks/score_mod.py`).
+    """
+    if jnp.ndim(head) == 0:
+        out = table[head, 0]
+        for b in range(1, table.shape[1]):
+            out = jnp.where(index == b, table[head, b], out)
+        return out
+    return table[head, index]
 
 
 ALIBI_MODES = ("causal", "symmetric", "offset", "asymmetric")
@@ -386,8 +399,10 @@ def t5_score_mod(table: Array, *, max_distance: int = 128, bidirectional: bool =
     (log-spaced buckets, `num_buckets = table.shape[1]`); equal to adding
     `t5_bias(table.T, t5_buckets(...))`.
 
-    Triton-safe: the table is read as a compare-and-select chain over its
-    static bucket axis, indexed by `head` and static bucket numbers.
+    Triton-safe: with a scalar `head` (the kernels) the table is read as a
+    compare-and-select chain over its static bucket axis, indexed by `head`
+    and static bucket numbers; with an array `head` (xla, chunked) as a
+    gather of the same values.
 
     Args:
       table: float `[N, num_buckets]` (note: heads first, unlike `t5_bias`).
@@ -414,7 +429,8 @@ def shaw_bias_score_mod(table: Array, max_distance: int):
     score mod: `score + table[head, clip(j - i, -k, k) + k]`, the learned
     scalar per head and clipped distance (equal to adding `table[:, r]`).
 
-    Triton-safe: a compare-and-select chain over the `2k + 1` static ids.
+    Triton-safe: with a scalar `head`, a compare-and-select chain over the
+    `2k + 1` static ids (a gather of the same values for an array `head`).
 
     Args:
       table: float `[N, 2k+1]`.

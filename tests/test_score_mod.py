@@ -430,3 +430,25 @@ def test_a_fn_that_is_not_callable_or_a_bare_function_is_a_clear_error():
     q, k, v = make_problem(18, 1, 8, 8, N, K, H)
     with pytest.raises(TypeError, match=r"score_mod must be a jattn.ScoreMod\(fn, params\)"):
         jattn.dot_product_attention(q, k, v, score_mod=_per_batch)
+
+
+@pytest.mark.parametrize("mod_name", ["t5", "t5_causal", "shaw_bias"])
+def test_table_mods_read_the_same_values_per_program_and_per_tile(mod_name):
+    """With a scalar `head` (a Pallas program) the table mods use the
+    compare-and-select chain, with an index array (xla, chunked) a gather:
+    the same values and the same table gradient, exactly."""
+    mod = MODS[mod_name]
+    _, heads, qi, kj = _grid(L, L)
+    qi, kj = qi[0, 0], kj[0, 0]  # [T, 1], [1, S]
+    ct = jnp.asarray(np.random.default_rng(19).normal(size=(N, L, L)), jnp.float32)
+
+    def per_tile(params):
+        return mod.fn(params, jnp.zeros((N, L, L)), 0, heads[0], qi, kj)  # head [N, 1, 1]
+
+    def per_program(params):
+        rows = [mod.fn(params, jnp.zeros((L, L)), 0, jnp.int32(n), qi, kj) for n in range(N)]
+        return jnp.stack(rows)
+
+    (a, pull_a), (b, pull_b) = jax.vjp(per_tile, mod.params), jax.vjp(per_program, mod.params)
+    np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
+    np.testing.assert_allclose(pull_a(ct)[0], pull_b(ct)[0], rtol=1e-5, atol=1e-4)
