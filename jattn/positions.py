@@ -499,16 +499,72 @@ def init_fire_params(key: Array, num_heads: int, hidden: int = 32) -> dict:
     }
 
 
+def _fire_units(w1, b1, w2, b2, x, head):
+    """FIRE's MLP, one hidden unit at a time: `b2[head] + sum_h w2[head, h]
+    relu(x w1[h] + b1[h])` (static indices and `head` only: lowerable in the
+    kernels; no hidden axis is added to the tile)."""
+    out = b2[head]
+    for h in range(w1.shape[0]):
+        out = out + w2[head, h] * jax.nn.relu(x * w1[h] + b1[h])
+    return out
+
+
+@jax.custom_vjp
+def _fire_tile(w1, b1, w2, b2, x, head):
+    """`_fire_units` for an index-array `head` (xla, chunked), with a matmul backward."""
+    return _fire_units(w1, b1, w2, b2, x, head)
+
+
+def _fire_tile_fwd(w1, b1, w2, b2, x, head):
+    return _fire_tile(w1, b1, w2, b2, x, head), (w1, b1, w2, b2, x, head)
+
+
+def _fire_tile_bwd(res, ct):
+    """The MLP's backward as matmuls over the hidden axis: the cotangent laid
+    out as `[heads, X]` (X: the position pairs), the units as `[X, hidden]`.
+    Autodiff of the unit loop costs 64 tile-sized reductions instead (8x the
+    time and 5x the temporaries on a 512 x 512 tile of 8 heads, CPU)."""
+    w1, b1, w2, b2, x, head = res
+    nd = ct.ndim
+    hr = jnp.reshape(head, (1,) * (nd - jnp.ndim(head)) + jnp.shape(head))
+    xr = jnp.reshape(x, (1,) * (nd - jnp.ndim(x)) + jnp.shape(x))
+    hv = [a for a in range(nd) if hr.shape[a] > 1]
+    xv = [a for a in range(nd) if xr.shape[a] > 1]
+    rest = [a for a in range(nd) if a not in hv and a not in xv]
+    if set(hv) & set(xv) or any(ct.shape[a] > 1 for a in rest):  # no [heads, X] layout
+        _, pull = jax.vjp(_fire_units, w1, b1, w2, b2, x, head)
+        return pull(ct)[:5] + (None,)
+    order = hv + xv + rest
+    nh = int(np.prod([ct.shape[a] for a in hv], dtype=np.int64))
+
+    def lay_out(v, varying):  # broadcast over its varying axes, in `order`, flattened
+        full = [ct.shape[a] if a in varying else 1 for a in range(nd)]
+        return jnp.transpose(jnp.broadcast_to(v, full), order).reshape(-1)
+
+    ctm = jnp.transpose(ct, order).reshape(nh, -1)  # [heads, X]
+    xs = lay_out(xr, xv)  # [X]
+    idx = lay_out(hr, hv)  # [heads]
+    hp = jax.lax.Precision.HIGHEST
+    a = xs[:, None] * w1[None, :] + b1[None, :]  # [X, hidden]
+    d_w2 = jnp.zeros_like(w2).at[idx].add(jnp.dot(ctm, jax.nn.relu(a), precision=hp))
+    d_b2 = jnp.zeros_like(b2).at[idx].add(jnp.sum(ctm, axis=1))
+    da = jnp.where(a > 0, jnp.dot(ctm.T, w2[idx], precision=hp), 0.0)  # [X, hidden]
+    d_w1 = jnp.sum(da * xs[:, None], axis=0)
+    d_b1 = jnp.sum(da, axis=0)
+    dx = jnp.dot(da, w1, precision=hp).reshape(jnp.shape(x))
+    return d_w1, d_b1, d_w2, d_b2, dx, None
+
+
+_fire_tile.defvjp(_fire_tile_fwd, _fire_tile_bwd)
+
+
 def _fire(params, score, batch, head, i, j):
     c = jax.nn.softplus(params["c"])
     thr = jax.nn.softplus(params["L"])
     d = jnp.abs(i - j).astype(jnp.float32)
     x = jnp.log(c * d + 1.0) / jnp.log(c * jnp.maximum(thr, i.astype(jnp.float32)) + 1.0)
-    out = score + params["b2"][head]
-    for h in range(params["w1"].shape[0]):  # static: one unit at a time, no hidden axis
-        unit = jax.nn.relu(x * params["w1"][h] + params["b1"][h])
-        out = out + params["w2"][head, h] * unit
-    return out
+    mlp = _fire_units if jnp.ndim(head) == 0 else _fire_tile  # a Pallas program, or all heads
+    return score + mlp(params["w1"], params["b1"], params["w2"], params["b2"], x, head)
 
 
 def fire_score_mod(params: dict):
@@ -525,7 +581,9 @@ def fire_score_mod(params: dict):
 
     Triton-safe: the MLP runs unit by unit over the static hidden size with
     static indices (`w1[h]`) and `head` (`w2[head, h]`); no hidden axis is
-    added to the tile.
+    added to the tile. With an index-array `head` (xla, chunked) the same
+    forward has a hand-written backward made of matmuls over the hidden axis
+    (`_fire_tile_bwd`); a scalar `head` (a Pallas program) gets plain autodiff.
 
     Args:
       params: from `init_fire_params` (or trained).
