@@ -380,10 +380,11 @@ def t5_bias(table: Array, buckets: Array) -> Array:
 # `[B, N, T, S]` bias is ever built. Each `fn` is written for the Pallas
 # kernels too: it indexes its parameters only with `head` (a scalar per
 # program in the kernels) or with small static indices, reads a table at a
-# computed bucket / distance as a chain of compare-and-selects over the
-# table's static axis (`where(bucket == b, table[head, b], acc)`, never a
-# gather with a tile of indices), and is otherwise elementwise jnp math. In
-# every fn below `i` is the query position and `j` the key position.
+# computed bucket / distance (with a scalar `head`) as a chain of
+# compare-and-selects over the table's static axis (`where(bucket == b,
+# table[head, b], acc)`, never a gather with a tile of indices; see
+# `_select_table`), and is otherwise elementwise jnp math. In every fn below
+# `i` is the query position and `j` the key position.
 
 
 def _f32(x) -> Array:
@@ -391,12 +392,24 @@ def _f32(x) -> Array:
 
 
 def _select_table(table: Array, head: Array, index: Array) -> Array:
-    """`table[head, index]` as a chain of compare-and-selects over the static
-    axis of `table [N, R]` (exact: one value is selected, nothing summed)."""
-    out = table[head, 0]
-    for b in range(1, table.shape[1]):
-        out = jnp.where(index == b, table[head, b], out)
-    return out
+    """`table[head, index]` for a table `[N, R]`, exactly (one value is
+    selected, nothing summed), in the form each implementation can run.
+
+    A scalar `head` (a Pallas program: one head per program) reads the table
+    as a chain of compare-and-selects over its static axis, `where(index ==
+    b, table[head, b], acc)`, which Triton and Mosaic lower (no gather with
+    a tile of indices). An index array `head` (the xla and chunked paths,
+    all heads of a tile at once) uses XLA's gather: the same values, and on
+    the CPU the chain's autodiff would carry R tile-sized masked copies of
+    the cotangent (measured: 2x the time and 4x the temporaries of the
+    gather at L = 1024, `benchmarks/score_mod.py`).
+    """
+    if jnp.ndim(head) == 0:
+        out = table[head, 0]
+        for b in range(1, table.shape[1]):
+            out = jnp.where(index == b, table[head, b], out)
+        return out
+    return table[head, index]
 
 
 ALIBI_MODES = ("causal", "symmetric", "offset", "asymmetric")
@@ -508,8 +521,10 @@ def t5_score_mod(table: Array, *, max_distance: int = 128, bidirectional: bool =
     (log-spaced buckets, `num_buckets = table.shape[1]`); equal to adding
     `t5_bias(table.T, t5_buckets(...))`.
 
-    Triton-safe: the table is read as a compare-and-select chain over its
-    static bucket axis, indexed by `head` and static bucket numbers.
+    Triton-safe: with a scalar `head` (the kernels) the table is read as a
+    compare-and-select chain over its static bucket axis, indexed by `head`
+    and static bucket numbers; with an array `head` (xla, chunked) as a
+    gather of the same values.
 
     Args:
       table: float `[N, num_buckets]` (note: heads first, unlike `t5_bias`).
@@ -536,7 +551,8 @@ def shaw_bias_score_mod(table: Array, max_distance: int):
     score mod: `score + table[head, clip(j - i, -k, k) + k]`, the learned
     scalar per head and clipped distance (equal to adding `table[:, r]`).
 
-    Triton-safe: a compare-and-select chain over the `2k + 1` static ids.
+    Triton-safe: with a scalar `head`, a compare-and-select chain over the
+    `2k + 1` static ids (a gather of the same values for an array `head`).
 
     Args:
       table: float `[N, 2k+1]`.
@@ -605,16 +621,72 @@ def init_fire_params(key: Array, num_heads: int, hidden: int = 32) -> dict:
     }
 
 
+def _fire_units(w1, b1, w2, b2, x, head):
+    """FIRE's MLP, one hidden unit at a time: `b2[head] + sum_h w2[head, h]
+    relu(x w1[h] + b1[h])` (static indices and `head` only: lowerable in the
+    kernels; no hidden axis is added to the tile)."""
+    out = b2[head]
+    for h in range(w1.shape[0]):
+        out = out + w2[head, h] * jax.nn.relu(x * w1[h] + b1[h])
+    return out
+
+
+@jax.custom_vjp
+def _fire_tile(w1, b1, w2, b2, x, head):
+    """`_fire_units` for an index-array `head` (xla, chunked), with a matmul backward."""
+    return _fire_units(w1, b1, w2, b2, x, head)
+
+
+def _fire_tile_fwd(w1, b1, w2, b2, x, head):
+    return _fire_tile(w1, b1, w2, b2, x, head), (w1, b1, w2, b2, x, head)
+
+
+def _fire_tile_bwd(res, ct):
+    """The MLP's backward as matmuls over the hidden axis: the cotangent laid
+    out as `[heads, X]` (X: the position pairs), the units as `[X, hidden]`.
+    Autodiff of the unit loop costs 64 tile-sized reductions instead (8x the
+    time and 5x the temporaries on a 512 x 512 tile of 8 heads, CPU)."""
+    w1, b1, w2, b2, x, head = res
+    nd = ct.ndim
+    hr = jnp.reshape(head, (1,) * (nd - jnp.ndim(head)) + jnp.shape(head))
+    xr = jnp.reshape(x, (1,) * (nd - jnp.ndim(x)) + jnp.shape(x))
+    hv = [a for a in range(nd) if hr.shape[a] > 1]
+    xv = [a for a in range(nd) if xr.shape[a] > 1]
+    rest = [a for a in range(nd) if a not in hv and a not in xv]
+    if set(hv) & set(xv) or any(ct.shape[a] > 1 for a in rest):  # no [heads, X] layout
+        _, pull = jax.vjp(_fire_units, w1, b1, w2, b2, x, head)
+        return pull(ct)[:5] + (None,)
+    order = hv + xv + rest
+    nh = int(np.prod([ct.shape[a] for a in hv], dtype=np.int64))
+
+    def lay_out(v, varying):  # broadcast over its varying axes, in `order`, flattened
+        full = [ct.shape[a] if a in varying else 1 for a in range(nd)]
+        return jnp.transpose(jnp.broadcast_to(v, full), order).reshape(-1)
+
+    ctm = jnp.transpose(ct, order).reshape(nh, -1)  # [heads, X]
+    xs = lay_out(xr, xv)  # [X]
+    idx = lay_out(hr, hv)  # [heads]
+    hp = jax.lax.Precision.HIGHEST
+    a = xs[:, None] * w1[None, :] + b1[None, :]  # [X, hidden]
+    d_w2 = jnp.zeros_like(w2).at[idx].add(jnp.dot(ctm, jax.nn.relu(a), precision=hp))
+    d_b2 = jnp.zeros_like(b2).at[idx].add(jnp.sum(ctm, axis=1))
+    da = jnp.where(a > 0, jnp.dot(ctm.T, w2[idx], precision=hp), 0.0)  # [X, hidden]
+    d_w1 = jnp.sum(da * xs[:, None], axis=0)
+    d_b1 = jnp.sum(da, axis=0)
+    dx = jnp.dot(da, w1, precision=hp).reshape(jnp.shape(x))
+    return d_w1, d_b1, d_w2, d_b2, dx, None
+
+
+_fire_tile.defvjp(_fire_tile_fwd, _fire_tile_bwd)
+
+
 def _fire(params, score, batch, head, i, j):
     c = jax.nn.softplus(params["c"])
     thr = jax.nn.softplus(params["L"])
     d = jnp.abs(i - j).astype(jnp.float32)
     x = jnp.log(c * d + 1.0) / jnp.log(c * jnp.maximum(thr, i.astype(jnp.float32)) + 1.0)
-    out = score + params["b2"][head]
-    for h in range(params["w1"].shape[0]):  # static: one unit at a time, no hidden axis
-        unit = jax.nn.relu(x * params["w1"][h] + params["b1"][h])
-        out = out + params["w2"][head, h] * unit
-    return out
+    mlp = _fire_units if jnp.ndim(head) == 0 else _fire_tile  # a Pallas program, or all heads
+    return score + mlp(params["w1"], params["b1"], params["w2"], params["b2"], x, head)
 
 
 def fire_score_mod(params: dict):
@@ -631,7 +703,9 @@ def fire_score_mod(params: dict):
 
     Triton-safe: the MLP runs unit by unit over the static hidden size with
     static indices (`w1[h]`) and `head` (`w2[head, h]`); no hidden axis is
-    added to the tile.
+    added to the tile. With an index-array `head` (xla, chunked) the same
+    forward has a hand-written backward made of matmuls over the hidden axis
+    (`_fire_tile_bwd`); a scalar `head` (a Pallas program) gets plain autodiff.
 
     Args:
       params: from `init_fire_params` (or trained).

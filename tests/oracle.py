@@ -151,7 +151,7 @@ def attention_and_grads(
 ):
     """Float64 output and, given a cotangent, the gradients as a dict with keys
     query, key, value, bias, rel_key, rel_value (None where not applicable)
-    and score_mod (the params' gradient pytree, float64; None without one).
+    and, with a score mod, score_mod (the params' gradient pytree, float64).
     A `score_mod` (`jattn.ScoreMod`) is called on the whole float64 logits
     `[B, N, T, S]`, its float params upcast to float64."""
     ctx = _prepare(
@@ -201,5 +201,6 @@ def attention_and_grads(
                 nm: (None if gi is None or p is None else np.asarray(gi))
                 for nm, gi, p in zip(names, g[:6], primals[:6], strict=True)
             }
-            grads["score_mod"] = None if mod_params is None else jax.tree.map(np.asarray, g[6])
+            if mod_params is not None:
+                grads["score_mod"] = jax.tree.map(np.asarray, g[6])
         return np.asarray(out), grads

@@ -56,8 +56,8 @@ __all__ = ["Gradients", "backward"]
 class Gradients(NamedTuple):
     """Cotangents of the differentiable inputs (None where absent), in the
     inputs' shapes and dtypes (`score_mod`: the cotangent of the score mod's
-    params, a pytree like them with None for integer leaves), and `trips`: int32 `[nk]`, the query tiles
-    each key tile's loop visited."""
+    params, a pytree like them with None for integer leaves), and `trips`:
+    int32 `[nk]`, the query tiles each key tile's loop visited."""
 
     query: Array
     key: Array
@@ -112,13 +112,12 @@ def _mod_cotangent_sum(ct):
 
 def _mod_cotangent_finish(acc, params):
     """The summed cotangent in the params' dtypes (None for integer leaves)."""
-    return jax.tree.map(
-        lambda a, x: (
-            a.astype(jnp.result_type(x)) if jnp.issubdtype(jnp.result_type(x), jnp.inexact) else None
-        ),
-        acc,
-        params,
-    )
+
+    def finish(a, x):
+        dtype = jnp.result_type(x)
+        return a.astype(dtype) if jnp.issubdtype(dtype, jnp.inexact) else None
+
+    return jax.tree.map(finish, acc, params)
 
 
 def _reduce_to(x: Array, shape: tuple[int, ...]) -> Array:

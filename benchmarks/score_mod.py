@@ -1,0 +1,198 @@
+"""Benchmark: score mods inside the tiles against a materialised bias.
+
+At the attention level (one batch row, 8 heads, head dim 32 by default),
+forward+backward (gradients to query, key, value and the positional
+parameters), in one run on the same inputs:
+
+- chunked, plain (no positional term): the baseline;
+- chunked + the T5 score mod (`jattn.positions.t5_score_mod`, 32 buckets);
+- chunked + the T5 bias materialised as `[1, N, T, S]` (what the models did
+  before score mods: `t5_bias(table, t5_buckets(...))` handed over as `bias`);
+- chunked + the ALiBi and FIRE score mods;
+- xla, plain and with the T5 score mod, where its compiled temporaries fit
+  in --max-gib.
+
+For each cell: XLA's compiled temporary bytes (`jax.jit(...).lower(...)
+.compile().memory_analysis()`, read before anything runs) and the median wall
+time, timed round-robin over the cells (each timed call after an untimed one
+of the same cell) so a change in machine load hits all cells alike. Ratios
+are against chunked plain. Prints the table last and writes it as CSV.
+
+    python benchmarks/score_mod.py --length 4096
+    jattn bench score_mod --length 2048 --repeats 3 --out runs/bench/score_mod.csv
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import os
+import statistics
+import sys
+import time
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+import jattn
+from jattn import positions
+from jattn.cli.common import normalize_flags
+
+MIB = 2**20
+
+
+def cells(num_heads: int, causal: bool) -> dict:
+    """name -> (implementation, params, fn(params, q_pos, kv_pos) -> (bias, score_mod))."""
+    rng = np.random.default_rng(1)
+    t5_table = jnp.asarray(rng.normal(size=(num_heads, 32)), jnp.float32)  # [N, buckets]
+    fire = positions.init_fire_params(jax.random.PRNGKey(2), num_heads, hidden=32)
+    slopes = positions.alibi_slopes(num_heads)
+    bidirectional = not causal
+
+    def plain(p, qp, kp):
+        return None, None
+
+    def t5_mod(table, qp, kp):
+        return None, positions.t5_score_mod(table, bidirectional=bidirectional)
+
+    def t5_bias(table, qp, kp):
+        buckets = positions.t5_buckets(qp, kp, 32, 128, bidirectional)  # [1, T, S]
+        return positions.t5_bias(table.T, buckets), None  # [1, N, T, S]
+
+    def alibi(s, qp, kp):
+        return None, positions.alibi_score_mod(s, mode="causal" if causal else "symmetric")
+
+    def fire_mod(p, qp, kp):
+        return None, positions.fire_score_mod(p)
+
+    return {
+        "chunked plain": ("chunked", None, plain),
+        "chunked + T5 score mod": ("chunked", t5_table, t5_mod),
+        "chunked + T5 bias [1,N,T,S]": ("chunked", t5_table, t5_bias),
+        "chunked + ALiBi score mod": ("chunked", slopes, alibi),
+        "chunked + FIRE score mod": ("chunked", fire, fire_mod),
+        "xla plain": ("xla", None, plain),
+        "xla + T5 score mod": ("xla", t5_table, t5_mod),
+    }
+
+
+def cell_fn(impl: str, term, causal: bool):
+    """Gradient of a sum of the output w.r.t. query, key, value and params."""
+
+    def f(q, k, v, params):
+        def loss(q, k, v, params):
+            b, t = q.shape[:2]
+            pos = jnp.broadcast_to(jnp.arange(t, dtype=jnp.int32), (b, t))
+            bias, mod = term(params, pos, pos)
+            out = jattn.dot_product_attention(
+                q, k, v, bias, is_causal=causal, score_mod=mod, implementation=impl
+            )
+            return jnp.sum(out.astype(jnp.float32))
+
+        return jax.grad(loss, argnums=(0, 1, 2, 3))(q, k, v, params)
+
+    return f
+
+
+def time_round_robin(compiled_cells, repeats: int) -> list[float]:
+    ts = [[] for _ in compiled_cells]
+    for _ in range(repeats):
+        for (compiled, a), out in zip(compiled_cells, ts, strict=True):
+            jax.block_until_ready(compiled(*a))  # warm
+            t0 = time.perf_counter()
+            jax.block_until_ready(compiled(*a))
+            out.append(time.perf_counter() - t0)
+    return [statistics.median(t) for t in ts]
+
+
+def run(args) -> list[dict]:
+    rng = np.random.default_rng(0)
+    b, t, n, h = 1, args.length, args.heads, args.head_dim
+    q, k, v = (jnp.asarray(rng.normal(size=(b, t, n, h)), jnp.float32) for _ in range(3))
+    rows, ready = [], []
+    for name, (impl, params, term) in cells(n, args.causal).items():
+        if args.only and name not in args.only:
+            continue
+        a = (q, k, v, params)
+        t0 = time.perf_counter()
+        compiled = jax.jit(cell_fn(impl, term, args.causal)).lower(*a).compile()
+        mem = compiled.memory_analysis()
+        temp = None if mem is None else mem.temp_size_in_bytes
+        row = dict(L=t, cell=name, temp_mib=None if temp is None else temp / MIB, seconds=None)
+        print(f"compiled {name}: {row['temp_mib']:.1f} MiB ({time.perf_counter() - t0:.0f} s)")
+        if temp is not None and temp > args.max_gib * 2**30:
+            row["note"] = f"skipped: over --max-gib {args.max_gib}"
+        else:
+            ready.append((len(rows), (compiled, a)))
+        rows.append(row)
+    seconds = time_round_robin([c for _, c in ready], args.repeats)
+    for (i, _), s in zip(ready, seconds, strict=True):
+        rows[i]["seconds"] = s
+    base = next((r for r in rows if r["cell"] == "chunked plain"), None)
+    for r in rows:
+        r.setdefault("note", "")
+        ok = base is not None and base["seconds"] and r["seconds"]
+        r["time_vs_plain"] = r["seconds"] / base["seconds"] if ok else None
+        ok = base is not None and base["temp_mib"] and r["temp_mib"] is not None
+        r["temp_vs_plain"] = r["temp_mib"] / base["temp_mib"] if ok else None
+    return rows
+
+
+def table(rows) -> str:
+    def f(x, fmt):
+        return "-" if x is None else format(x, fmt)
+
+    out = [
+        "| L | cell | compiled temporaries (MiB) | vs chunked plain | fwd+bwd (ms) "
+        "| vs chunked plain | note |",
+        "|---:|---|---:|---:|---:|---:|---|",
+    ]
+    for r in rows:
+        ms = None if r["seconds"] is None else 1e3 * r["seconds"]
+        out.append(
+            f"| {r['L']} | {r['cell']} | {f(r['temp_mib'], ',.1f')} | "
+            f"{f(r['temp_vs_plain'], '.2f')}x | {f(ms, ',.0f')} | "
+            f"{f(r['time_vs_plain'], '.2f')}x | {r['note']} |"
+        )
+    return "\n".join(out)
+
+
+def main(argv=None):
+    argv = normalize_flags(sys.argv[1:] if argv is None else argv)
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--length", type=int, default=4096, help="T = S (default 4096)")
+    p.add_argument("--heads", type=int, default=8, help="heads N (default 8)")
+    p.add_argument("--head-dim", type=int, default=32, help="head dimension H (default 32)")
+    p.add_argument(
+        "--no-causal", dest="causal", action="store_false", help="full instead of causal attention"
+    )
+    p.add_argument("--repeats", type=int, default=3, help="timed rounds (default 3)")
+    p.add_argument(
+        "--max-gib", type=float, default=6.0, help="skip timing a cell above this many GiB"
+    )
+    p.add_argument("--only", nargs="*", help="cells to run (names as printed)")
+    p.add_argument(
+        "--out",
+        default=os.path.join("runs", "bench", "score_mod.csv"),
+        help="CSV path for the table (default %(default)s)",
+    )
+    args = p.parse_args(argv)
+    print(
+        f"jax {jax.__version__}, backend {jax.default_backend()}, devices {jax.devices()}, "
+        f"B=1 N={args.heads} H={args.head_dim} L={args.length} causal={args.causal} float32",
+        flush=True,
+    )
+    rows = run(args)
+    os.makedirs(os.path.dirname(args.out) or ".", exist_ok=True)
+    with open(args.out, "w", newline="") as fh:
+        w = csv.DictWriter(fh, fieldnames=list(rows[0]))
+        w.writeheader()
+        w.writerows(rows)
+    print(f"\nwrote {args.out}\n")
+    print(table(rows))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
