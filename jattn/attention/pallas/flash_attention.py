@@ -378,7 +378,7 @@ def prepare(
     use_seg = nf.q_segment_ids is not None
     spec = mod = None
     if nf.score_mod is not None:
-        spec, leaves = score_mod_tiles.mod_spec(nf.score_mod)
+        spec, leaves = score_mod_tiles.mod_spec(nf.score_mod, backend)
         for bq_, bk_ in {(fwd_block_q, fwd_block_k), (bwd_block_q, bwd_block_k)}:
             score_mod_tiles.check_lowerable(spec, backend, bq_, bk_)
         mod = score_mod_tiles.kernel_leaves(spec, leaves)

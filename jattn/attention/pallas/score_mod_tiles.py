@@ -78,6 +78,10 @@ class ModSpec:
       shapes: each leaf's shape as given (rank 0 allowed).
       dtypes: each leaf's dtype.
       grad: whether the backward computes the params' gradient at all.
+      min_rank: the least rank of a leaf inside the kernels: 1 for Triton
+        (a block needs an axis), 2 for Mosaic (whose lowering of rank-1
+        blocks depends on the chip's lane count; 2-D blocks of the whole
+        array always lower).
     """
 
     fn: Callable[..., Array]
@@ -86,12 +90,13 @@ class ModSpec:
     shapes: tuple[tuple[int, ...], ...]
     dtypes: tuple[Any, ...]
     grad: bool = True
+    min_rank: int = 1
 
     @property
     def kernel_shapes(self) -> tuple[tuple[int, ...], ...]:
-        """Leaf shapes inside the kernels: rank 0 becomes `(1,)` (blocks
-        need an axis)."""
-        return tuple(s if s else (1,) for s in self.shapes)
+        """Leaf shapes inside the kernels: leading unit axes up to `min_rank`
+        (the rewritten fn reshapes them back)."""
+        return tuple((1,) * max(0, self.min_rank - len(s)) + s for s in self.shapes)
 
     @property
     def differentiable(self) -> tuple[bool, ...]:
@@ -99,8 +104,9 @@ class ModSpec:
         return tuple(bool(jnp.issubdtype(d, jnp.inexact)) for d in self.dtypes)
 
 
-def mod_spec(mod: ScoreMod) -> tuple[ModSpec, tuple[Array, ...]]:
-    """`(spec, leaves)` of a score mod; leaves as arrays, in tree order."""
+def mod_spec(mod: ScoreMod, backend: str) -> tuple[ModSpec, tuple[Array, ...]]:
+    """`(spec, leaves)` of a score mod for the kernels of `backend`; leaves as
+    arrays, in tree order."""
     leaves, treedef = jax.tree.flatten(mod.params)
     leaves = tuple(jnp.asarray(x) for x in leaves)
     spec = ModSpec(
@@ -109,6 +115,7 @@ def mod_spec(mod: ScoreMod) -> tuple[ModSpec, tuple[Array, ...]]:
         treedef=treedef,
         shapes=tuple(tuple(x.shape) for x in leaves),
         dtypes=tuple(x.dtype for x in leaves),
+        min_rank=2 if backend in ("tpu", "tpu_interpret") else 1,
     )
     return spec, leaves
 
