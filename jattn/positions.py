@@ -3,7 +3,9 @@
 Absolute schemes produce vectors added to embeddings (`sinusoidal`); rotary
 embeddings rotate queries and keys (`rope`); relative schemes produce either
 tables read inside attention (`ShawRelative`, `relative_ids`) or an additive
-bias on the logits (`alibi_bias`, `t5_bias`). Every function takes explicit
+bias on the logits (`alibi_bias`, `t5_bias`), or score mods (`jattn.ScoreMod`:
+ALiBi, T5 buckets, Shaw's bias term, FIRE, KERPLE, soft-capping) applied inside
+the attention tiles. Every function takes explicit
 integer positions so packed rows (positions restarting at each segment) and
 cached decoding (positions offset into the cache) work the same way as plain
 `arange` positions.
@@ -21,17 +23,28 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from jattn.score_mod import ScoreMod
+
 Array = jax.Array
 
 __all__ = [
+    "ALIBI_MODES",
     "ShawRelative",
     "alibi_bias",
+    "alibi_score_mod",
     "alibi_slopes",
+    "fire_score_mod",
+    "init_fire_params",
+    "kerple_score_mod",
     "relative_ids",
     "rope",
+    "shaw_bias_score_mod",
     "sinusoidal",
+    "softcap_score_mod",
     "t5_bias",
     "t5_buckets",
+    "t5_relative_bucket",
+    "t5_score_mod",
 ]
 
 
@@ -236,3 +249,301 @@ def t5_bias(table: Array, buckets: Array) -> Array:
       `[B, N, T, S]`, dtype of `table`.
     """
     return jnp.transpose(jnp.take(table, buckets, axis=0), (0, 3, 1, 2))
+
+
+# --- score mods -------------------------------------------------------------------
+#
+# Relative terms as `jattn.ScoreMod`s: functions of one logit and its (query,
+# key) positions, applied inside the tiles of every implementation, so no
+# `[B, N, T, S]` bias is ever built. Each `fn` is written for the Pallas
+# kernels too: it indexes its parameters only with `head` (a scalar per
+# program in the kernels) or with small static indices, reads a table at a
+# computed bucket / distance as a chain of compare-and-selects over the
+# table's static axis (`where(bucket == b, table[head, b], acc)`, never a
+# gather with a tile of indices), and is otherwise elementwise jnp math. In
+# every fn below `i` is the query position and `j` the key position.
+
+
+def _f32(x) -> Array:
+    return jnp.asarray(x, jnp.float32)
+
+
+def _select_table(table: Array, head: Array, index: Array) -> Array:
+    """`table[head, index]` as a chain of compare-and-selects over the static
+    axis of `table [N, R]` (exact: one value is selected, nothing summed)."""
+    out = table[head, 0]
+    for b in range(1, table.shape[1]):
+        out = jnp.where(index == b, table[head, b], out)
+    return out
+
+
+ALIBI_MODES = ("causal", "symmetric", "offset", "asymmetric")
+
+
+def _alibi_causal(slopes, score, batch, head, i, j):
+    return score - slopes[head] * (i - j).astype(jnp.float32)
+
+
+def _alibi_symmetric(slopes, score, batch, head, i, j):
+    return score - slopes[head] * jnp.abs(i - j).astype(jnp.float32)
+
+
+def _alibi_offset(params, score, batch, head, i, j):
+    d = jnp.abs(i - j).astype(jnp.float32)
+    right = (j > i).astype(jnp.float32)
+    return score - params["slopes"][head] * d - params["offset"][head] * right
+
+
+def _alibi_asymmetric(params, score, batch, head, i, j):
+    d = (i - j).astype(jnp.float32)
+    left = params["left"][head] * jnp.maximum(d, 0.0)
+    right = params["right"][head] * jnp.maximum(-d, 0.0)
+    return score - left - right
+
+
+def alibi_score_mod(slopes: Array, *, mode: str, offset=None, right_slopes=None):
+    """ALiBi (Press et al. 2022, "Train Short, Test Long") as a score mod.
+
+    With `i` the query and `j` the key position, `m = slopes[head]`:
+
+    - `"causal"`: `score - m * (i - j)`, the paper's decoder form (keys after
+      the query are hidden by the causal mask).
+    - `"symmetric"`: `score - m * |i - j|`, jattn's encoder ALiBi so far
+      (equal to `alibi_bias`). It cannot tell a key `d` to the left from one
+      `d` to the right, so an encoder using it is blind to input order.
+    - `"offset"`: `score - m * |i - j| - offset[head] * [j > i]`: the
+      symmetric form plus a constant penalty on one triangle (keys after the
+      query), which breaks the symmetry; the default `offset = slopes` makes
+      a key to the right look one position further away than the same key to
+      the left.
+    - `"asymmetric"`: `score - m * max(i - j, 0) - right_slopes[head] *
+      max(j - i, 0)`: separate slopes per direction.
+
+    Triton-safe: parameters are indexed with `head` only; the rest is
+    elementwise.
+
+    Args:
+      slopes: float `[N]`, e.g. `alibi_slopes(N)`.
+      mode: one of `ALIBI_MODES`.
+      offset: float `[N]` for `"offset"` (default `slopes`).
+      right_slopes: float `[N]` for `"asymmetric"` (required).
+
+    Returns:
+      a `jattn.ScoreMod`; its params are `slopes` (causal, symmetric),
+      `{"slopes", "offset"}` or `{"left", "right"}`.
+    """
+
+    slopes = _f32(slopes)
+    if mode == "causal":
+        return ScoreMod(_alibi_causal, slopes, "alibi_causal")
+    if mode == "symmetric":
+        return ScoreMod(_alibi_symmetric, slopes, "alibi_symmetric")
+    if mode == "offset":
+        offset = slopes if offset is None else _f32(offset)
+        return ScoreMod(_alibi_offset, {"slopes": slopes, "offset": offset}, "alibi_offset")
+    if mode == "asymmetric":
+        if right_slopes is None:
+            raise ValueError("alibi_score_mod: mode 'asymmetric' needs right_slopes [N]")
+        params = {"left": slopes, "right": _f32(right_slopes)}
+        return ScoreMod(_alibi_asymmetric, params, "alibi_asymmetric")
+    raise ValueError(f"alibi_score_mod: mode must be one of {ALIBI_MODES}, got {mode!r}")
+
+
+def t5_relative_bucket(
+    relative: Array, num_buckets: int = 32, max_distance: int = 128, bidirectional: bool = True
+) -> Array:
+    """`t5_buckets` elementwise: the bucket of `relative = kv_pos - q_pos`.
+
+    The same arithmetic, in the same order, as `t5_buckets` (so the two agree
+    exactly), on any integer array; elementwise, so it runs inside a tile.
+
+    Returns:
+      int32 array of `relative`'s shape in `[0, num_buckets)`.
+    """
+    rel = jnp.asarray(relative).astype(jnp.int32)
+    n = num_buckets
+    ret = jnp.zeros_like(rel)
+    if bidirectional:
+        n //= 2
+        ret = ret + (rel > 0).astype(jnp.int32) * n
+        dist = jnp.abs(rel)
+    else:
+        dist = jnp.maximum(-rel, 0)
+    max_exact = n // 2
+    is_small = dist < max_exact
+    safe = jnp.maximum(dist, 1).astype(jnp.float32)
+    large = max_exact + (
+        jnp.log(safe / max_exact) / math.log(max_distance / max_exact) * (n - max_exact)
+    ).astype(jnp.int32)
+    large = jnp.minimum(large, n - 1)
+    return ret + jnp.where(is_small, dist, large)
+
+
+def t5_score_mod(table: Array, *, max_distance: int = 128, bidirectional: bool = True):
+    """T5's bucketed relative bias (Raffel et al. 2020) as a score mod.
+
+    `score + table[head, bucket(j - i)]` with `bucket = t5_relative_bucket`
+    (log-spaced buckets, `num_buckets = table.shape[1]`); equal to adding
+    `t5_bias(table.T, t5_buckets(...))`.
+
+    Triton-safe: the table is read as a compare-and-select chain over its
+    static bucket axis, indexed by `head` and static bucket numbers.
+
+    Args:
+      table: float `[N, num_buckets]` (note: heads first, unlike `t5_bias`).
+      max_distance: distance at which buckets saturate.
+      bidirectional: separate buckets for keys after the query (encoders);
+        False for causal self-attention.
+
+    Returns:
+      a `jattn.ScoreMod` with params `table`.
+    """
+
+    num_buckets = int(jnp.shape(table)[1])
+
+    def t5(tab, score, batch, head, i, j):
+        bucket = t5_relative_bucket(j - i, num_buckets, max_distance, bidirectional)
+        return score + _select_table(tab, head, bucket)
+
+    t5.__name__ = f"t5_{num_buckets}_{max_distance}_{'bi' if bidirectional else 'uni'}"
+    return ScoreMod(_cached_fn(t5), table, "t5")
+
+
+def shaw_bias_score_mod(table: Array, max_distance: int):
+    """Shaw's bias term ("rel-b", Shaw et al. 2018; Ontañón et al. 2022) as a
+    score mod: `score + table[head, clip(j - i, -k, k) + k]`, the learned
+    scalar per head and clipped distance (equal to adding `table[:, r]`).
+
+    Triton-safe: a compare-and-select chain over the `2k + 1` static ids.
+
+    Args:
+      table: float `[N, 2k+1]`.
+      max_distance: the clip distance k.
+
+    Returns:
+      a `jattn.ScoreMod` with params `table`.
+    """
+
+    k = int(max_distance)
+    if jnp.shape(table)[-1] != 2 * k + 1:
+        raise ValueError(
+            f"shaw_bias_score_mod: table must be [N, 2k+1] = [N, {2 * k + 1}], "
+            f"got {list(jnp.shape(table))}"
+        )
+
+    def shaw_bias(tab, score, batch, head, i, j):
+        r = jnp.clip(j - i, -k, k) + k
+        return score + _select_table(tab, head, r)
+
+    shaw_bias.__name__ = f"shaw_bias_{k}"
+    return ScoreMod(_cached_fn(shaw_bias), table, "shaw_bias")
+
+
+def kerple_score_mod(r1: Array, r2: Array):
+    """KERPLE, logarithmic variant (Chi et al. 2022, "KERPLE: Kernelized
+    Relative Positional Embedding for Length Extrapolation"):
+    `score - r1[head] * log(1 + r2[head] * |i - j|)`, with `r1, r2 > 0`.
+
+    The paper keeps r1, r2 positive by clamping after each optimiser step;
+    this function uses them as given (pass positive values).
+
+    Triton-safe: indexed with `head` only, elementwise log.
+
+    Args:
+      r1, r2: float `[N]`, positive.
+
+    Returns:
+      a `jattn.ScoreMod` with params `{"r1": r1, "r2": r2}`.
+    """
+
+    return ScoreMod(_kerple, {"r1": _f32(r1), "r2": _f32(r2)}, "kerple_log")
+
+
+def _kerple(params, score, batch, head, i, j):
+    d = jnp.abs(i - j).astype(jnp.float32)
+    return score - params["r1"][head] * jnp.log1p(params["r2"][head] * d)
+
+
+def init_fire_params(key: Array, num_heads: int, hidden: int = 32) -> dict:
+    """Initial FIRE parameters (see `fire_score_mod`).
+
+    `w1, b1 [hidden]` (the MLP's input layer, shared by the heads), `w2
+    [N, hidden]`, `b2 [N]` (one output per head), and the unconstrained
+    `c` and `L` scalars (`softplus(c) = 1`, `softplus(L) = 512` at init).
+    """
+    k1, k2 = jax.random.split(key)
+    inv_softplus = lambda y: float(np.log(np.expm1(y)))  # noqa: E731
+    return {
+        "w1": jax.random.normal(k1, (hidden,), jnp.float32),
+        "b1": jnp.zeros((hidden,), jnp.float32),
+        "w2": jax.random.normal(k2, (num_heads, hidden), jnp.float32) / np.sqrt(hidden),
+        "b2": jnp.zeros((num_heads,), jnp.float32),
+        "c": jnp.asarray(inv_softplus(1.0), jnp.float32),
+        "L": jnp.asarray(inv_softplus(512.0), jnp.float32),
+    }
+
+
+def _fire(params, score, batch, head, i, j):
+    c = jax.nn.softplus(params["c"])
+    thr = jax.nn.softplus(params["L"])
+    d = jnp.abs(i - j).astype(jnp.float32)
+    x = jnp.log(c * d + 1.0) / jnp.log(c * jnp.maximum(thr, i.astype(jnp.float32)) + 1.0)
+    out = score + params["b2"][head]
+    for h in range(params["w1"].shape[0]):  # static: one unit at a time, no hidden axis
+        unit = jax.nn.relu(x * params["w1"][h] + params["b1"][h])
+        out = out + params["w2"][head, h] * unit
+    return out
+
+
+def fire_score_mod(params: dict):
+    """FIRE (Li et al. 2023, "Functional Interpolation for Relative Positions
+    Improves Long Context Transformers") as a score mod:
+
+        score + f(ψ(|i - j|) / ψ(max(L, i))),   ψ(x) = log(c·x + 1),
+
+    `f` a one-hidden-layer ReLU MLP from the scalar input to one value per
+    head, with learned `c = softplus(params["c"]) > 0` and threshold `L =
+    softplus(params["L"]) > 0` (positive by construction, so ψ stays finite).
+    The paper writes `i - j` for causal attention; `|i - j|` equals it
+    there and keeps the term finite for bidirectional attention.
+
+    Triton-safe: the MLP runs unit by unit over the static hidden size with
+    static indices (`w1[h]`) and `head` (`w2[head, h]`); no hidden axis is
+    added to the tile.
+
+    Args:
+      params: from `init_fire_params` (or trained).
+
+    Returns:
+      a `jattn.ScoreMod` with params `params`.
+    """
+
+    return ScoreMod(_fire, params, "fire")
+
+
+def _softcap(cap, score, batch, head, i, j):
+    return jnp.tanh(score / cap) * cap
+
+
+def softcap_score_mod(cap: float):
+    """Logit soft-capping (Gemma 2, Team Gemma 2024): `tanh(score / cap) * cap`,
+    which bounds the logits to `(-cap, cap)` smoothly. Triton-safe (elementwise).
+
+    Args:
+      cap: positive float (Gemma 2 uses 50 for attention logits); a param
+        leaf, so it is traced (pass `jax.lax.stop_gradient` to freeze it).
+
+    Returns:
+      a `jattn.ScoreMod` with params the float32 scalar `cap`.
+    """
+
+    return ScoreMod(_softcap, _f32(cap), "softcap")
+
+
+_FN_CACHE: dict = {}
+
+
+def _cached_fn(fn):
+    """One function object per configuration (name): the same static `fn` for
+    equal settings, so jit reuses the compilation across calls."""
+    return _FN_CACHE.setdefault(fn.__name__, fn)

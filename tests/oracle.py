@@ -18,7 +18,25 @@ def _f64(x):
     return None if x is None else jnp.asarray(np.asarray(x, dtype=np.float64))
 
 
-def _attend(q, k, v, bias, rel_k, rel_v, *, mask, is_causal, qseg, kvseg, qpos, kvpos, dist, scale):
+def _attend(
+    q,
+    k,
+    v,
+    bias,
+    rel_k,
+    rel_v,
+    mod_params=None,
+    *,
+    mask,
+    is_causal,
+    qseg,
+    kvseg,
+    qpos,
+    kvpos,
+    dist,
+    scale,
+    mod_fn=None,
+):
     b, t, n, h = q.shape
     s, kh = k.shape[1], k.shape[2]
     rep = n // kh
@@ -42,6 +60,15 @@ def _attend(q, k, v, bias, rel_k, rel_v, *, mask, is_causal, qseg, kvseg, qpos, 
     logits = logits * scale
     if bias is not None:
         logits = logits + jnp.broadcast_to(bias, (b, n, t, s))
+    if mod_fn is not None:  # the score mod on the whole materialised [B, N, T, S] logits
+        logits = mod_fn(
+            mod_params,
+            logits,
+            jnp.arange(b)[:, None, None, None],
+            jnp.arange(n)[None, :, None, None],
+            jnp.asarray(qpos)[:, None, :, None],
+            jnp.asarray(kvpos)[:, None, None, :],
+        )
     logits = jnp.where(vis, logits, -jnp.inf)
     m = jnp.max(logits, axis=-1, keepdims=True)
     m = jnp.where(jnp.isfinite(m), m, 0.0)
@@ -83,6 +110,7 @@ def attention(
     kv_positions=None,
     relative=None,
     scale=None,
+    score_mod=None,
 ):
     """Float64 attention with jattn's public semantics; returns numpy `[B,T,N,Hv]`."""
     out, _ = attention_and_grads(
@@ -98,6 +126,7 @@ def attention(
         kv_positions=kv_positions,
         relative=relative,
         scale=scale,
+        score_mod=score_mod,
         cotangent=None,
     )
     return out
@@ -117,10 +146,14 @@ def attention_and_grads(
     kv_positions=None,
     relative=None,
     scale=None,
+    score_mod=None,
     cotangent=None,
 ):
     """Float64 output and, given a cotangent, the gradients as a dict with keys
-    query, key, value, bias, rel_key, rel_value (None where not applicable)."""
+    query, key, value, bias, rel_key, rel_value (None where not applicable)
+    and, with a score mod, score_mod (the params' gradient pytree, float64).
+    A `score_mod` (`jattn.ScoreMod`) is called on the whole float64 logits
+    `[B, N, T, S]`, its float params upcast to float64."""
     ctx = _prepare(
         query,
         key,
@@ -136,9 +169,10 @@ def attention_and_grads(
         dist = 0 if relative is None else relative.max_distance
         rel_k = None if relative is None else _f64(relative.key)
         rel_v = None if relative is None else _f64(relative.value)
-        primals = (_f64(query), _f64(key), _f64(value), _f64(bias), rel_k, rel_v)
+        mod_params = None if score_mod is None else jax.tree.map(_f64, score_mod.params)
+        primals = (_f64(query), _f64(key), _f64(value), _f64(bias), rel_k, rel_v, mod_params)
 
-        def f(q, k, v, bias, rk, rv):
+        def f(q, k, v, bias, rk, rv, mp):
             return _attend(
                 q,
                 k,
@@ -146,6 +180,8 @@ def attention_and_grads(
                 bias,
                 rk,
                 rv,
+                mp,
+                mod_fn=None if score_mod is None else score_mod.fn,
                 mask=mask,
                 is_causal=is_causal,
                 qseg=ctx["qseg"],
@@ -163,6 +199,8 @@ def attention_and_grads(
             names = ("query", "key", "value", "bias", "rel_key", "rel_value")
             grads = {
                 nm: (None if gi is None or p is None else np.asarray(gi))
-                for nm, gi, p in zip(names, g, primals, strict=True)
+                for nm, gi, p in zip(names, g[:6], primals[:6], strict=True)
             }
+            if mod_params is not None:
+                grads["score_mod"] = jax.tree.map(np.asarray, g[6])
         return np.asarray(out), grads

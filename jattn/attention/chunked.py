@@ -27,6 +27,7 @@ t/s tile lengths, H head dim, V value head dim, R = 2k+1.
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 from typing import NamedTuple
 
@@ -162,6 +163,11 @@ def _chunked_fwd(nf: NormalForm, block_q: int, block_k: int):
     return (out, lse), Residuals(nf, ft.out, ft.lse, ft.pr)
 
 
+def _mod_with(mod, params):
+    """The score mod's cotangent: the same static fn, the params' cotangents as leaves."""
+    return dataclasses.replace(mod, params=params)
+
+
 def _chunked_bwd(block_q: int, block_k: int, res: Residuals, cts):
     dout, _ = cts  # the lse is a residual: its cotangent is ignored (as jax.nn)
     g = backward(res, dout, block_q=block_q, block_k=block_k)
@@ -174,6 +180,7 @@ def _chunked_bwd(block_q: int, block_k: int, res: Residuals, cts):
         bias=g.bias,
         rel_key=g.rel_key,
         rel_value=g.rel_value,
+        score_mod=None if g.score_mod is None else _mod_with(res.nf.score_mod, g.score_mod),
         q_positions=None,
         kv_positions=None,
         **none,
@@ -191,7 +198,7 @@ def attention_chunked(
 
     Args:
       nf: the checked call (any mask, causal, window, segments, Shaw terms,
-        dropout).
+        score mod, dropout).
       block_q, block_k: tile sizes, clipped to T and S; None picks 512, or
         256 with Shaw terms. Large tiles amortise loop overhead on the CPU;
         memory grows as `block_q * block_k`.
@@ -199,11 +206,6 @@ def attention_chunked(
     Returns:
       `out [B, T, N, Hv]` in the dtype of `query` and `lse [B, T, N]` float32.
     """
-    if nf.score_mod is not None:
-        raise NotImplementedError(
-            f"attention_chunked: score_mod {nf.score_mod.name!r} is not supported by the "
-            "chunked implementation yet; use implementation='xla'"
-        )
     if nf.shaw:
         default_q = default_k = DEFAULT_BLOCK_SHAW
     else:

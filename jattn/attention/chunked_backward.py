@@ -11,6 +11,11 @@ that can see the key tile, `TilePlan.cols`):
   dqr_i += scale Σ_s ds [r = R]  (Shaw key term; dq and d key_rel from it)
   dbias += ds, reduced to the bias's broadcast shape
 
+With a score mod `s' = fn(params, s, ...)` the tile's `ds'` (of the modified
+logits) is pulled back through `fn` on the tile (`jax.vjp`, recomputed, never
+stored): `d params += vjp_params(ds')`, summed over tiles in the loop carry,
+and `ds = vjp_s(ds')` feeds everything above.
+
 The Shaw value table's gradient needs no loop: `d value_rel = Σ_t prᵀ do`
 with `pr`, the normalised (dropped) weight mass per relative id, saved by the
 forward. Memory: O(T + S) per head plus a `[T, 2k+1]` buffer for Shaw; never
@@ -27,6 +32,7 @@ from typing import NamedTuple
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 from jattn.attention.chunked_problem import (
     BODIES,
@@ -49,8 +55,9 @@ __all__ = ["Gradients", "backward"]
 
 class Gradients(NamedTuple):
     """Cotangents of the differentiable inputs (None where absent), in the
-    inputs' shapes and dtypes, and `trips`: int32 `[nk]`, the query tiles
-    each key tile's loop visited."""
+    inputs' shapes and dtypes (`score_mod`: the cotangent of the score mod's
+    params, a pytree like them with None for integer leaves), and `trips`:
+    int32 `[nk]`, the query tiles each key tile's loop visited."""
 
     query: Array
     key: Array
@@ -58,6 +65,7 @@ class Gradients(NamedTuple):
     bias: Array | None
     rel_key: Array | None
     rel_value: Array | None
+    score_mod: object
     trips: Array
 
 
@@ -72,6 +80,46 @@ class _Cotangent(NamedTuple):
     dor: Array | None
 
 
+def _accumulator_dtype(x) -> jnp.dtype:
+    return jnp.promote_types(jnp.result_type(x), jnp.float32)
+
+
+def _mod_cotangent_zeros(params):
+    """Zero cotangents of a score mod's params (float0 for integer leaves, as `jax.vjp`)."""
+    return jax.tree.map(
+        lambda x: (
+            jnp.zeros(jnp.shape(x), _accumulator_dtype(x))
+            if jnp.issubdtype(jnp.result_type(x), jnp.inexact)
+            else np.zeros(jnp.shape(x), jax.dtypes.float0)
+        ),
+        params,
+    )
+
+
+def _mod_cotangent_sum(ct):
+    """A tile's params cotangent as loop-carry leaves: float ones widened to
+    at least float32 (summing many tiles in bf16 would lose the small ones),
+    integer (float0) ones as a scalar 0 placeholder."""
+    return jax.tree.map(
+        lambda x: (
+            jnp.zeros((), jnp.float32)
+            if x.dtype == jax.dtypes.float0
+            else x.astype(_accumulator_dtype(x))
+        ),
+        ct,
+    )
+
+
+def _mod_cotangent_finish(acc, params):
+    """The summed cotangent in the params' dtypes (None for integer leaves)."""
+
+    def finish(a, x):
+        dtype = jnp.result_type(x)
+        return a.astype(dtype) if jnp.issubdtype(dtype, jnp.inexact) else None
+
+    return jax.tree.map(finish, acc, params)
+
+
 def _reduce_to(x: Array, shape: tuple[int, ...]) -> Array:
     """Sum `x` over the axes where `shape` has 1 (broadcast reduction)."""
     axes = tuple(a for a, (n, m) in enumerate(zip(x.shape, shape, strict=True)) if m == 1 and n > 1)
@@ -81,7 +129,8 @@ def _reduce_to(x: Array, shape: tuple[int, ...]) -> Array:
 def _tile_grads(pb: TiledProblem, res: Residuals, ct: _Cotangent, i, j, body: TileBody, inner):
     """Gradient contributions of tile (i, j). Returns the updated key-tile
     accumulators `(dk_j [B,K,s,H], dv_j [B,K,s,V])` and this tile's
-    `(dq_i, dqr_i, dbias_ij)`; the caller adds those into the big buffers
+    `(dq_i, dqr_i, dbias_ij, dmod_ij)` (`dmod_ij`: the score mod params'
+    cotangent from this tile, float32 leaves, or None); the caller adds those into the big buffers
     outside the branch, so no conditional carries (and copies) a `[T, ...]`
     buffer."""
     dt = pb.dtype  # float32, or float64 for float64 inputs
@@ -91,7 +140,8 @@ def _tile_grads(pb: TiledProblem, res: Residuals, ct: _Cotangent, i, j, body: Ti
     kk = pb.k[j].astype(dt)  # [B,K,s,H]
     vv = pb.v[j].astype(dt)  # [B,K,s,V]
     do_i = ct.do[i]  # [B,K,G,t,V]
-    sv, r = tile_logits(pb, i, j, qi, None if ct.qr is None else ct.qr[i], body)
+    qr_i = None if ct.qr is None else ct.qr[i]
+    sv, r, pullback = tile_logits(pb, i, j, qi, qr_i, body, mod_vjp=True)
     p = jnp.exp(sv - res.lse[i])  # [B,K,G,t,s]; exactly 0 where sv = NEG
     z = dropout_factor(pb, i, j)  # [B|1,K,G,t,s] or None
     pd = p if z is None else p * z
@@ -101,18 +151,23 @@ def _tile_grads(pb: TiledProblem, res: Residuals, ct: _Cotangent, i, j, body: Ti
         dp = dp + rel_pick(pb, i, j, ct.dor[i], r)
     if z is not None:
         dp = dp * z
-    ds = p * (dp - ct.big_d[i])  # [B,K,G,t,s]
+    ds = p * (dp - ct.big_d[i])  # [B,K,G,t,s], of the logits after the score mod
+    dmod_ij = None
+    if pullback is not None:  # through the mod: to its params, and to the logits before it
+        dmod_ij, ds = pullback(ds)
+        dmod_ij = _mod_cotangent_sum(dmod_ij)
+        ds = ds.astype(dt)
     dbias_ij = None if pb.bias is None else _reduce_to(ds, pb.tile_shape(pb.bias))
     dsl = ds * scale
     dq_i = jnp.einsum("BKGts,BKsH->BKGtH", dsl, kk)
     dk_j = dk_j + jnp.einsum("BKGts,BKGtH->BKsH", dsl, qi)
     dqr_i = None if pb.nf.rel_key is None else rel_mass(pb, i, j, dsl, r)
-    return (dk_j, dv_j), (dq_i, dqr_i, dbias_ij)
+    return (dk_j, dv_j), (dq_i, dqr_i, dbias_ij, dmod_ij)
 
 
 def _key_tile(pb: TiledProblem, res: Residuals, ct: _Cotangent, carry, j):
     """Backward of key tile j over the query tiles its plan column bounds:
-    returns the updated `(dq, dqr, dbias)` buffers and `(dk_j, dv_j, trips)`."""
+    returns the updated `(dq, dqr, dbias, dmod)` buffers and `(dk_j, dv_j, trips)`."""
     dt = pb.dtype  # float32, or float64 for float64 inputs
     bodies = BODIES if pb.nf.shaw else BODIES[:3]
 
@@ -121,6 +176,7 @@ def _key_tile(pb: TiledProblem, res: Residuals, ct: _Cotangent, carry, j):
             jnp.zeros(pb.q.shape[1:], dt),
             None if carry[1] is None else jnp.zeros(carry[1].shape[1:], dt),
             None if pb.bias is None else jnp.zeros(pb.tile_shape(pb.bias), dt),
+            None if carry[3] is None else jax.tree.map(jnp.zeros_like, carry[3]),
         )
         return inner, zeros
 
@@ -130,16 +186,18 @@ def _key_tile(pb: TiledProblem, res: Residuals, ct: _Cotangent, carry, j):
         return functools.partial(_tile_grads, pb, res, ct, i, j, body)
 
     def loop_body(i, state):
-        inner, (dq, dqr, dbias), trips = state
+        inner, (dq, dqr, dbias, dmod), trips = state
         fns = [branch(body, i) for body in bodies]
-        inner, (dq_i, dqr_i, dbias_ij) = jax.lax.switch(pb.plan.branch[i, j], fns, inner)
+        inner, (dq_i, dqr_i, dbias_ij, dmod_ij) = jax.lax.switch(pb.plan.branch[i, j], fns, inner)
         dq = dq.at[i].add(dq_i)
         if dqr is not None:
             dqr = dqr.at[i].add(dqr_i)
         if dbias is not None:
             cur = pb.slice_ts(dbias, i, j)
             dbias = jax.lax.dynamic_update_slice(dbias, cur + dbias_ij, pb.tile_start(dbias, i, j))
-        return inner, (dq, dqr, dbias), trips + 1
+        if dmod is not None:
+            dmod = jax.tree.map(jnp.add, dmod, dmod_ij)
+        return inner, (dq, dqr, dbias, dmod), trips + 1
 
     inner = (
         jnp.zeros((pb.b, pb.kh, pb.bk, pb.h), dt),
@@ -176,9 +234,11 @@ def backward(res: Residuals, dout: Array, *, block_q: int, block_k: int) -> Grad
     dq0 = jnp.zeros(pb.q.shape, dt)
     dqr0 = None if nf.rel_key is None else jnp.zeros(pb.q.shape[:-1] + (pb.num_rel,), dt)
     dbias0 = None if pb.bias is None else jnp.zeros(pb.bias.shape, dt)
+    mod = nf.score_mod
+    dmod0 = None if mod is None else _mod_cotangent_sum(_mod_cotangent_zeros(mod.params))
     step = functools.partial(_key_tile, pb, res, ct)
-    (dq, dqr, dbias), (dk, dv, trips) = jax.lax.scan(
-        step, (dq0, dqr0, dbias0), jnp.arange(pb.nk, dtype=jnp.int32)
+    (dq, dqr, dbias, dmod), (dk, dv, trips) = jax.lax.scan(
+        step, (dq0, dqr0, dbias0, dmod0), jnp.arange(pb.nk, dtype=jnp.int32)
     )
 
     d_rel_key = d_rel_value = None
@@ -202,5 +262,6 @@ def backward(res: Residuals, dout: Array, *, block_q: int, block_k: int) -> Grad
         bias=d_bias,
         rel_key=d_rel_key,
         rel_value=d_rel_value,
+        score_mod=None if mod is None else _mod_cotangent_finish(dmod, mod.params),
         trips=trips,
     )

@@ -284,8 +284,8 @@ def qr_tables(pb: TiledProblem) -> Array | None:
 
 
 def tile_logits(
-    pb: TiledProblem, i, j, q: Array, qr: Array | None, body: TileBody
-) -> tuple[Array, Array | None]:
+    pb: TiledProblem, i, j, q: Array, qr: Array | None, body: TileBody, *, mod_vjp: bool = False
+):
     """Masked logits `[B, K, G, t, s]` of tile (i, j) in the compute dtype
     `pb.dtype` (float32, or float64 for float64 inputs).
 
@@ -295,11 +295,15 @@ def tile_logits(
       q: `[B, K, G, t, H]` query tile in `pb.dtype`.
       qr: `[B, K, G, t, R]` Shaw key term table of the query tile, or None.
       body: how to evaluate the tile (see `TileBody`).
+      mod_vjp: also return the score mod's pullback (the backward pass).
 
     Returns:
       `(sv, r)`: logits with invisible entries at the finite sentinel
       `scores.NEG` (never -inf), and the int32 `[B, t, s]` relative ids (None
       without Shaw terms or when they are constant, `pb.plan.rel_id[i, j]`).
+      With `mod_vjp`, `(sv, r, pullback)`: `pullback(ds)` maps the cotangent
+      of the modified logits to `(d params, d logits before the mod)`, or is
+      None without a score mod.
     """
     nf = pb.nf
     kk = pb.k[j].astype(pb.dtype)  # [B,K,s,H]
@@ -314,10 +318,23 @@ def tile_logits(
     if r is None and qr is not None:  # the constant relative id's key term: one column
         c = pb.plan.rel_id[i, j]
         s = s + nf.scale * jax.lax.dynamic_index_in_dim(qr, c, axis=-1, keepdims=True)
+    pullback = None
+    if nf.score_mod is not None:
+        # The mod changes values, not visibility: it runs on every computed
+        # tile (FULL ones too) and the plan is the same as without it.
+        batch = jnp.arange(pb.b, dtype=jnp.int32)
+        where = (batch, 0, pb.qpos[i], pb.kvpos[j])
+        if mod_vjp:
+            s, pullback = scores.grouped_score_mod_vjp(nf.score_mod, s, *where)
+        else:
+            s = scores.apply_grouped_score_mod(nf.score_mod, s, *where)
+        s = s.astype(pb.dtype)
     if not body.full:
         vis = pb.visibility(i, j)
         if vis is not None:
             s = jnp.where(vis, s, jnp.asarray(scores.NEG, s.dtype))
+    if mod_vjp:
+        return s, r, pullback
     return s, r
 
 

@@ -13,6 +13,9 @@ tile lengths, H head dim, R = 2k + 1 Shaw relative distances.
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from typing import Any
+
 import jax
 import jax.numpy as jnp
 
@@ -163,6 +166,29 @@ def apply_grouped_score_mod(
         q_pos[:, None, None, :, None],
         kv_pos[:, None, None, None, :],
     )
+
+
+def grouped_score_mod_vjp(
+    mod: ScoreMod, s: Array, batch: Array, head0, q_pos: Array, kv_pos: Array
+) -> tuple[Array, Callable[[Array], tuple[Any, Array]]]:
+    """`apply_grouped_score_mod` and its pullback, for a hand-written backward.
+
+    Args: as `apply_grouped_score_mod`.
+
+    Returns:
+      `(out, pullback)`: `out` float32 `[B, K, G, t, s]`; `pullback(ds)` takes
+      the cotangent of `out` (any float dtype) and returns `(d params, d s)`:
+      the cotangent of `mod.params` (a pytree like it; float0 for integer
+      leaves) and of the logits before the mod (dtype of `s`).
+    """
+
+    def f(params, logits):
+        return apply_grouped_score_mod(
+            ScoreMod(mod.fn, params, mod.name), logits, batch, head0, q_pos, kv_pos
+        )
+
+    out, vjp = jax.vjp(f, mod.params, s)
+    return out, lambda ds: vjp(ds.astype(out.dtype))
 
 
 # Logits of invisible entries: a large finite negative (as jax.nn), so no
