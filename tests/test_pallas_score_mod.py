@@ -4,9 +4,10 @@ The contract (DESIGN.md, `jattn.ScoreMod`): the kernels apply
 `fn(params, score, batch, head, q_position, kv_position)` per tile to the
 scaled logits, forward and backward, and the result equals attention on the
 materialised modified logits; gradients reach query, key, value and every
-params leaf. Checked for mods in every style of the built-in ones (ALiBi
-causal / symmetric / order-aware, T5 buckets, Shaw's bias, FIRE, KERPLE,
-softcap) and one that reads `batch`, in both kernel families (Triton-style
+params leaf. Checked for every built-in mod of `jattn.positions` (ALiBi causal /
+symmetric / offset / asymmetric, T5 buckets, Shaw's bias, FIRE, KERPLE,
+softcap), two more styles (a one-hot over a bucket axis, an MLP over a
+hidden axis) and one that reads `batch`, in both kernel families (Triton-style
 `interpret`, Mosaic `tpu_interpret`), across several tiles, causal and
 packed with padding; fully masked rows stay 0 with no gradient; the fused
 backward; composition with Shaw terms, GQA, windows and dropout (against the
@@ -26,6 +27,7 @@ import pytest
 from flash_harness import F32_TOL, _close, _packed, _qkv
 
 import jattn
+from jattn import positions
 from jattn.attention.pallas import flash_attention as fa
 from jattn.attention.pallas.score_mod_tiles import ScoreModLoweringError
 
@@ -40,19 +42,6 @@ def _dist(q, k, dtype):
     return (q - k).astype(dtype)  # i - j
 
 
-def alibi_causal(p, s, b, h, q, k):
-    return s - p["slopes"][h] * jnp.maximum(_dist(q, k, s.dtype), 0.0)
-
-
-def alibi_symmetric(p, s, b, h, q, k):
-    return s - p["slopes"][h] * jnp.abs(_dist(q, k, s.dtype))
-
-
-def alibi_order_aware(p, s, b, h, q, k):
-    # Ruoss et al.: an offset on one triangle tells left from right.
-    return alibi_symmetric(p, s, b, h, q, k) + jnp.where(k > q, p["offset"][h], 0.0)
-
-
 def _lift(x, ndim: int):
     """Leading unit axes up to `ndim` (explicit broadcasting: the suite raises
     on rank promotion)."""
@@ -65,7 +54,8 @@ def _one_hot_lookup(row, ids, size):
     return jnp.sum(jnp.where(hit, _lift(row, hit.ndim), 0.0), axis=-1)
 
 
-def t5_buckets(p, s, b, h, q, k):
+def t5_one_hot(p, s, b, h, q, k):
+    """T5-style buckets looked up by a one-hot over a third (bucket) axis."""
     nb, exact, max_d = 16, 4, 64
     rel = k - q
     sign = jnp.where(rel > 0, nb // 2, 0)  # bidirectional: half the buckets per side
@@ -82,16 +72,8 @@ def t5_buckets(p, s, b, h, q, k):
     return s + _one_hot_lookup(p["table"][h], bucket, nb)
 
 
-def shaw_bias(p, s, b, h, q, k):
-    # 2k + 1 = 7 distances in a table padded to 8 columns: Triton tensors (the
-    # table and the one-hot axis) must have power-of-two sizes.
-    dist = 3
-    ids = jnp.clip(k - q, -dist, dist) + dist
-    return s + _one_hot_lookup(p["table"][h], ids, 8)
-
-
-def fire(p, s, b, h, q, k):
-    # Li et al. 2023: an MLP of psi(i - j) / psi(max(L, i)), psi(x) = log(c x + 1).
+def fire_hidden_axis(p, s, b, h, q, k):
+    """FIRE with its MLP over a hidden axis added to the tile."""
     c = jax.nn.softplus(p["c"])
     psi = lambda x: jnp.log(c * x + 1.0)  # noqa: E731
     rel = jnp.abs(_dist(q, k, s.dtype))
@@ -101,62 +83,54 @@ def fire(p, s, b, h, q, k):
     return s + jnp.sum(hidden * _lift(p["w2"][h], nd), axis=-1) + p["b2"][h]
 
 
-def kerple_log(p, s, b, h, q, k):
-    r1, r2 = jax.nn.softplus(p["r1"][h]), jax.nn.softplus(p["r2"][h])
-    return s - r1 * jnp.log1p(r2 * jnp.abs(_dist(q, k, s.dtype)))
-
-
-def softcap(p, s, b, h, q, k):
-    return jnp.tanh(s / p) * p  # a rank-0 leaf
-
-
 def per_batch(p, s, b, h, q, k):
     """Written in the test: a term per batch row and head (exercises `batch`)."""
     return s + p["row"][b] * jnp.cos(0.3 * _dist(q, k, s.dtype)) * p["head"][h]
 
 
-def _params(name: str, seed: int = 0):
-    rng = np.random.default_rng(seed)
+def _mods() -> dict[str, jattn.ScoreMod]:
+    """The built-in mods of `jattn.positions` (tables of 2k + 1 = 9 and 12
+    entries: not powers of two, so Triton gets them flattened and padded),
+    two more styles and the per-batch mod written here."""
+    rng = np.random.default_rng(0)
     f = lambda *shape: jnp.asarray(rng.standard_normal(shape), jnp.float32)  # noqa: E731
-    slopes = jnp.asarray([0.5, 0.25, 0.125, 0.0625], jnp.float32)
+    slopes = positions.alibi_slopes(N_HEADS)
+    fire = positions.init_fire_params(jax.random.PRNGKey(1), N_HEADS, hidden=8)
+    fire["L"] = jnp.asarray(3.0, jnp.float32)  # threshold inside the tested lengths
+    fire["b2"] = f(N_HEADS)
     return {
-        "alibi_causal": {"slopes": slopes},
-        "alibi_symmetric": {"slopes": slopes},
-        "alibi_order_aware": {"slopes": slopes, "offset": f(N_HEADS)},
-        "t5_buckets": {"table": f(N_HEADS, 16)},
-        "shaw_bias": {"table": f(N_HEADS, 8)},
-        "fire": {
-            "c": f(),
-            "threshold": jnp.asarray(8.0),
-            "w1": f(8),
-            "b1": f(8),
-            "w2": f(N_HEADS, 8),
-            "b2": f(N_HEADS),
-        },
-        "kerple_log": {"r1": f(N_HEADS), "r2": f(N_HEADS)},
-        "softcap": jnp.asarray(2.5, jnp.float32),
-        "per_batch": {"row": f(2), "head": f(N_HEADS)},
-    }[name]
+        "alibi_causal": positions.alibi_score_mod(slopes, mode="causal"),
+        "alibi_symmetric": positions.alibi_score_mod(slopes, mode="symmetric"),
+        "alibi_offset": positions.alibi_score_mod(slopes, mode="offset", offset=f(N_HEADS)),
+        "alibi_asymmetric": positions.alibi_score_mod(
+            slopes, mode="asymmetric", right_slopes=slopes[::-1]
+        ),
+        "t5": positions.t5_score_mod(f(N_HEADS, 12), max_distance=20),
+        "shaw_bias": positions.shaw_bias_score_mod(f(N_HEADS, 9), 4),
+        "fire": positions.fire_score_mod(fire),
+        "kerple": positions.kerple_score_mod(jnp.abs(f(N_HEADS)) + 0.5, jnp.abs(f(N_HEADS)) + 0.1),
+        "softcap": positions.softcap_score_mod(2.5),
+        "t5_one_hot": jattn.ScoreMod(t5_one_hot, {"table": f(N_HEADS, 16)}),
+        "fire_hidden_axis": jattn.ScoreMod(
+            fire_hidden_axis,
+            {
+                "c": f(),
+                "threshold": jnp.asarray(8.0),
+                "w1": f(8),
+                "b1": f(8),
+                "w2": f(N_HEADS, 8),
+                "b2": f(N_HEADS),
+            },
+        ),
+        "per_batch": jattn.ScoreMod(per_batch, {"row": f(2), "head": f(N_HEADS)}),
+    }
 
 
-MODS = {
-    fn.__name__: fn
-    for fn in (
-        alibi_causal,
-        alibi_symmetric,
-        alibi_order_aware,
-        t5_buckets,
-        shaw_bias,
-        fire,
-        kerple_log,
-        softcap,
-        per_batch,
-    )
-}
+MODS = _mods()
 
 
-def _mod(name: str, seed: int = 0) -> jattn.ScoreMod:
-    return jattn.ScoreMod(MODS[name], _params(name, seed))
+def _mod(name: str) -> jattn.ScoreMod:
+    return MODS[name]
 
 
 # --------------------------------------------------------------------------------------
@@ -293,16 +267,16 @@ def test_triton_kernels_causal_match_float64(name):
 
 @pytest.mark.parametrize("name", sorted(MODS))
 def test_mosaic_kernels_packed_padded_match_float64(name):
-    inputs, mod = _packed_padded_inputs(), _mod(name, seed=3)
+    inputs, mod = _packed_padded_inputs(), _mod(name)
     cot = _cot(inputs)
     # Mosaic tiles: block_k a multiple of 128 or all keys (64 here); 4 query tiles.
     got = _pallas(inputs, mod, cot, is_causal=False, backend="tpu_interpret", bq=16, bk=64)
     _compare(got, _reference(inputs, mod, cot, is_causal=False))
 
 
-@pytest.mark.parametrize("name", ["t5_buckets", "fire", "per_batch"])
+@pytest.mark.parametrize("name", ["shaw_bias", "fire", "per_batch"])
 def test_triton_packed_padded_and_fused_backward(name):
-    inputs, mod = _packed_padded_inputs(), _mod(name, seed=5)
+    inputs, mod = _packed_padded_inputs(), _mod(name)
     cot = _cot(inputs)
     want = _reference(inputs, mod, cot, is_causal=True)
     for backward in ("split", "fused"):
@@ -312,7 +286,7 @@ def test_triton_packed_padded_and_fused_backward(name):
 
 @pytest.mark.parametrize("backend", ["interpret", "tpu_interpret"])
 def test_fully_masked_rows_are_zero_with_no_gradient(backend):
-    inputs, mod = _causal_inputs(), _mod("alibi_order_aware")
+    inputs, mod = _causal_inputs(), _mod("alibi_offset")
     rng = np.random.default_rng(11)
     mask = rng.random((2, 1, 64, 64)) > 0.3
     dead = [0, 17, 40]
@@ -371,7 +345,7 @@ def _public(inputs, mod, impl, **kw):
     ids=["causal_window", "dropout"],
 )
 def test_composes_with_shaw_gqa_window_dropout_residual(kw):
-    inputs, mod = _packed_padded_inputs(), _mod("kerple_log")
+    inputs, mod = _packed_padded_inputs(), _mod("t5")
     got = jax.jit(lambda x, m: _public(x, m, "pallas", **kw))(inputs, mod)
     want = jax.jit(lambda x, m: _public(x, m, "xla", **kw))(inputs, mod)
     as64 = lambda x: np.asarray(x, np.float64)  # noqa: E731
@@ -406,18 +380,26 @@ def sorted_mod(p, s, b, h, q, k):
     return jnp.sort(s, axis=-1) * p["w"][h]  # not elementwise: a sort
 
 
-def test_refuses_non_power_of_two_leaves_on_gpu_and_unlowerable_primitives():
+def whole_odd_leaf(p, s, b, h, q, k):
+    return s + jnp.sum(p["w"])  # uses a leaf of 3 (not a power of two) whole
+
+
+def test_refuses_unlowerable_primitives_and_whole_odd_leaves_on_triton():
     inputs = _causal_inputs()
     nf = lambda mod: jattn.normalise(  # noqa: E731
         inputs["query"], inputs["key"], inputs["value"], score_mod=mod
     )
-    odd = jattn.ScoreMod(alibi_symmetric, {"slopes": jnp.ones((3,))}, "odd_alibi")
-    with pytest.raises(ScoreModLoweringError, match=r"'odd_alibi'.*power of two"):
-        fa._flash_attention(nf(odd), block_q=16, block_k=32, backend="gpu")
     sort = jattn.ScoreMod(sorted_mod, {"w": jnp.ones((N_HEADS,))})
-    for backend, bk in (("interpret", 32), ("tpu_interpret", 64)):
+    for backend, bk in (("interpret", 32), ("gpu", 32), ("tpu_interpret", 64)):
         with pytest.raises(ScoreModLoweringError, match=r"'sorted_mod'.*primitive 'sort'"):
             fa._flash_attention(nf(sort), block_q=16, block_k=bk, backend=backend)
+    odd = jattn.ScoreMod(whole_odd_leaf, {"w": jnp.ones((3,))})
+    for backend in ("interpret", "gpu"):
+        with pytest.raises(ScoreModLoweringError, match=r"'whole_odd_leaf'.*power of two"):
+            fa._flash_attention(nf(odd), block_q=16, block_k=32, backend=backend)
+    # Mosaic tensors need no power-of-two sizes: the same fn runs there.
+    out, _ = fa._flash_attention(nf(odd), block_q=16, block_k=64, backend="tpu_interpret")
+    assert np.all(np.isfinite(np.asarray(out)))
 
 
 def _dq_kernel_outputs(f, *args) -> int:
@@ -445,7 +427,7 @@ def test_fixed_params_skip_the_params_gradient():
     qkv = (inputs["query"], inputs["key"], inputs["value"])
 
     def f(q, k, v, params):
-        nf = jattn.normalise(q, k, v, is_causal=True, score_mod=jattn.ScoreMod(softcap, params))
+        nf = jattn.normalise(q, k, v, is_causal=True, score_mod=jattn.ScoreMod(mod.fn, params))
         return fa._flash_attention(nf, block_q=16, block_k=32, backend="interpret")[0]
 
     fixed = lambda *a: jax.vjp(lambda q, k, v: f(q, k, v, mod.params), *a)[1](cot)  # noqa: E731
@@ -510,7 +492,7 @@ def test_triton_kernels_lower_for_cuda(name):
 
 
 def test_fused_backward_lowers_for_cuda():
-    text = _lower("cuda", "gpu", "fire", t=200, h=64, backward="fused")
+    text = _lower("cuda", "gpu", "shaw_bias", t=200, h=64, backward="fused")
     assert "jattn_flash_bwd_fused" in text
 
 

@@ -40,6 +40,7 @@ from __future__ import annotations
 
 import dataclasses
 import importlib
+import math
 from collections.abc import Callable
 from typing import Any
 
@@ -82,6 +83,9 @@ class ModSpec:
         (a block needs an axis), 2 for Mosaic (whose lowering of rank-1
         blocks depends on the chip's lane count; 2-D blocks of the whole
         array always lower).
+      pow2: Triton: a leaf whose size is not a power of two (Triton tensors
+        must be) goes to the kernels flattened and zero-padded to one, and
+        fn may only index it (`FlatLeaf`).
     """
 
     fn: Callable[..., Array]
@@ -91,12 +95,21 @@ class ModSpec:
     dtypes: tuple[Any, ...]
     grad: bool = True
     min_rank: int = 1
+    pow2: bool = False
+
+    @property
+    def flat(self) -> tuple[bool, ...]:
+        """Which leaves go flattened and padded to a power-of-two size."""
+        return tuple(self.pow2 and not _is_pow2(math.prod(s)) for s in self.shapes)
 
     @property
     def kernel_shapes(self) -> tuple[tuple[int, ...], ...]:
         """Leaf shapes inside the kernels: leading unit axes up to `min_rank`
-        (the rewritten fn reshapes them back)."""
-        return tuple((1,) * max(0, self.min_rank - len(s)) + s for s in self.shapes)
+        (the rewritten fn reshapes them back), or `(P,)` for a flat leaf."""
+        return tuple(
+            (_next_pow2(math.prod(s)),) if f else (1,) * max(0, self.min_rank - len(s)) + s
+            for s, f in zip(self.shapes, self.flat, strict=True)
+        )
 
     @property
     def differentiable(self) -> tuple[bool, ...]:
@@ -116,13 +129,67 @@ def mod_spec(mod: ScoreMod, backend: str) -> tuple[ModSpec, tuple[Array, ...]]:
         shapes=tuple(tuple(x.shape) for x in leaves),
         dtypes=tuple(x.dtype for x in leaves),
         min_rank=2 if backend in ("tpu", "tpu_interpret") else 1,
+        pow2=backend in ("gpu", "interpret"),
     )
     return spec, leaves
 
 
+def _is_pow2(n: int) -> bool:
+    return n > 0 and n & (n - 1) == 0
+
+
+def _next_pow2(n: int) -> int:
+    return 1 << max(0, (n - 1).bit_length())
+
+
 def kernel_leaves(spec: ModSpec, leaves) -> tuple[Array, ...]:
-    """Leaves in their kernel shapes (`ModSpec.kernel_shapes`)."""
-    return tuple(jnp.reshape(x, s) for x, s in zip(leaves, spec.kernel_shapes, strict=True))
+    """Leaves in their kernel shapes (`ModSpec.kernel_shapes`): reshaped, or
+    flattened and zero-padded (differentiable: the gradient comes back
+    through the same ops)."""
+    out = []
+    for x, shape, flat in zip(leaves, spec.kernel_shapes, spec.flat, strict=True):
+        if flat:
+            x = jnp.pad(jnp.reshape(x, (-1,)), (0, shape[0] - x.size))
+        out.append(jnp.reshape(x, shape))
+    return tuple(out)
+
+
+class FlatLeaf:
+    """A params leaf inside the Triton kernels whose size is not a power of two:
+    its values flattened and zero-padded to `[P]`, P a power of two. fn may
+    only index it (`x[head]`, `x[head, 3]`, `x[0]`): the rewrite reads the
+    indexed elements from the flat array by a one-hot compare-and-sum."""
+
+    def __init__(self, flat: Array, shape: tuple[int, ...], name: str):
+        self.flat, self.shape, self.name = flat, tuple(shape), name
+
+    def take(self, starts, sizes) -> Array:
+        """`lax.dynamic_slice(x, starts, sizes)` of the unflattened leaf."""
+        strides = [math.prod(self.shape[a + 1 :]) for a in range(len(self.shape))]
+        base = jnp.zeros((), jnp.int32)
+        for start, n, m, stride in zip(starts, self.shape, sizes, strides, strict=True):
+            base = base + jnp.clip(jnp.asarray(start, jnp.int32), 0, n - m) * stride
+        sizes = tuple(int(m) for m in sizes)
+        p = self.flat.shape[0]
+        zero = jnp.zeros((), self.flat.dtype)
+        if math.prod(sizes) == 1:
+            hit = lax.broadcasted_iota(jnp.int32, (p,), 0) == base
+            return jnp.reshape(jnp.sum(jnp.where(hit, self.flat, zero)), sizes)
+        offsets = jnp.broadcast_to(base, sizes)
+        for a, (m, stride) in enumerate(zip(sizes, strides, strict=True)):
+            if m > 1:
+                offsets = offsets + lax.broadcasted_iota(jnp.int32, sizes, a) * stride
+        hit = lax.broadcasted_iota(jnp.int32, (*sizes, p), len(sizes)) == offsets[..., None]
+        flat = jnp.reshape(self.flat, (1,) * len(sizes) + (p,))
+        return jnp.sum(jnp.where(hit, flat, zero), axis=-1)
+
+    def refuse(self, prim: str):
+        raise ScoreModLoweringError(
+            f"ScoreMod {self.name!r} cannot run in the Pallas Triton kernels: a params leaf "
+            f"of shape {list(self.shape)} has a size that is not a power of two (Triton "
+            f"tensors must be), so fn may only index it (by head, batch or static "
+            f"indices), not use it whole (primitive {prim!r}); pad it to a power of two"
+        )
 
 
 # --------------------------------------------------------------------------------------
@@ -174,12 +241,39 @@ def _refuse_gather(name: str, *args, **params):
     )
 
 
-_SUB_JAXPR = {"jit": "jaxpr", "pjit": "jaxpr", "custom_jvp_call": "call_jaxpr"}
+_SUB_JAXPR = {"jit": "jaxpr", "pjit": "jaxpr"}
+
+
+def _custom_jvp(name: str, eqn, invals):
+    """A `custom_jvp_call` (jax.nn.relu, softplus, ...) with its body and its
+    jvp rule both rewritten: inlining the body alone would change the
+    derivative where the rule differs from the body's (relu's at 0)."""
+    sub, n_consts = eqn.params["call_jaxpr"], eqn.params["num_consts"]
+    jvp_fun = eqn.params["jvp_jaxpr_fun"]
+    consts, args = invals[:n_consts], invals[n_consts:]
+
+    @jax.custom_jvp
+    def call(*xs):
+        return tuple(_eval(name, sub.jaxpr, sub.consts, [*consts, *xs]))
+
+    @call.defjvp
+    def call_jvp(primals, tangents):
+        jvp_jaxpr, jvp_consts, out_zeros = jvp_fun.call_wrapped(*([False] * len(primals)))
+        out = _eval(name, jvp_jaxpr, jvp_consts, [*primals, *tangents])
+        n_out = len(out_zeros)
+        primals_out, nz = out[:n_out], iter(out[n_out:])
+        tangents_out = [
+            jnp.zeros(jnp.shape(p), jnp.result_type(p)) if z else next(nz)
+            for p, z in zip(primals_out, out_zeros, strict=True)
+        ]
+        return tuple(primals_out), tuple(tangents_out)
+
+    return list(call(*args))
 
 
 def _eval(name: str, jaxpr, consts, args):
-    """`jax.core.eval_jaxpr` with the rewrites above, inlining jit and
-    custom_jvp calls (whose bodies may slice too)."""
+    """`jax.core.eval_jaxpr` with the rewrites above, inlining jit calls and
+    rewriting custom_jvp bodies and rules (which may slice too)."""
     env = {}
 
     def read(v):
@@ -192,12 +286,22 @@ def _eval(name: str, jaxpr, consts, args):
     for eqn in jaxpr.eqns:
         invals = [read(v) for v in eqn.invars]
         prim = eqn.primitive.name
-        if prim == "dynamic_slice":
+        flat = [x for x in invals if isinstance(x, FlatLeaf)]
+        if flat and prim == "dynamic_slice" and len(flat) == 1 and invals[0] is flat[0]:
+            outs = [flat[0].take(invals[1:], eqn.params["slice_sizes"])]
+        elif flat and prim == "slice" and eqn.params["strides"] in (None, (1,) * len(invals)):
+            lo, hi = eqn.params["start_indices"], eqn.params["limit_indices"]
+            outs = [flat[0].take(lo, [b - a for a, b in zip(lo, hi, strict=True)])]
+        elif flat:
+            flat[0].refuse(prim)
+        elif prim == "dynamic_slice":
             outs = [_dynamic_slice(name, *invals, **eqn.params)]
         elif prim == "slice":
             outs = [_slice(name, *invals, **eqn.params)]
         elif prim in ("gather", "dynamic_update_slice", "scatter", "scatter-add"):
             _refuse_gather(name)
+        elif prim == "custom_jvp_call":
+            outs = _custom_jvp(name, eqn, invals)
         elif prim in _SUB_JAXPR:
             sub = eqn.params[_SUB_JAXPR[prim]]
             outs = _eval(name, sub.jaxpr, sub.consts, invals)
@@ -218,7 +322,10 @@ def lowerable(spec: ModSpec) -> Callable[..., Array]:
     docstring). Float32 in and out; the index arrays are int32."""
 
     def f(leaves, s, batch, head, q_pos, kv_pos):
-        leaves = [jnp.reshape(x, shape) for x, shape in zip(leaves, spec.shapes, strict=True)]
+        leaves = [
+            FlatLeaf(x, shape, spec.name) if flat else jnp.reshape(x, shape)
+            for x, shape, flat in zip(leaves, spec.shapes, spec.flat, strict=True)
+        ]
         args = (
             leaves,
             s.astype(jnp.float32),
@@ -232,7 +339,11 @@ def lowerable(spec: ModSpec) -> Callable[..., Array]:
             params = jax.tree.unflatten(spec.treedef, leaves)
             return spec.fn(params, s, batch, head, q_pos, kv_pos)
 
-        closed = jax.make_jaxpr(traced)(*args)
+        # Traced at the leaves' true shapes (a flat leaf is no array).
+        sds = jax.ShapeDtypeStruct
+        avals = [sds(shape, d) for shape, d in zip(spec.shapes, spec.dtypes, strict=True)]
+        avals = (avals, *(sds(jnp.shape(x), x.dtype) for x in args[1:]))
+        closed = jax.make_jaxpr(traced)(*avals)
         for c in closed.consts:
             if jnp.ndim(c) > 0:
                 raise ScoreModLoweringError(
@@ -343,21 +454,10 @@ _ALWAYS_OK = {"pjit", "jit", "custom_jvp_call", "stop_gradient"}
 def check_lowerable(spec: ModSpec, backend: str, block_q: int, block_k: int) -> None:
     """Raise `ScoreModLoweringError` if the kernels of `backend` cannot run the
     score mod: its forward and its vjp are traced at the tile shapes (after
-    the rewrite) and every primitive must have a lowering rule; on the GPU
-    every leaf's size must be a power of two."""
+    the rewrite) and every primitive must have a lowering rule; a Triton
+    leaf whose size is not a power of two may only be indexed (`FlatLeaf`)."""
     triton = backend in ("gpu", "interpret")
     family = "Triton" if triton else "Mosaic (TPU)"
-    if backend == "gpu":
-        for shape in spec.kernel_shapes:
-            size = 1
-            for d in shape:
-                size *= d
-            if size & (size - 1):
-                raise ScoreModLoweringError(
-                    f"ScoreMod {spec.name!r} cannot run in the Pallas Triton kernels: a "
-                    f"params leaf of shape {list(shape)} has a size that is not a power of "
-                    "two (Triton tensors must be); pad it"
-                )
     sds = jax.ShapeDtypeStruct
     leaves = tuple(sds(s, d) for s, d in zip(spec.kernel_shapes, spec.dtypes, strict=True))
     tile = sds((block_q, block_k), jnp.float32)
