@@ -42,6 +42,16 @@ A row with nothing visible: the kernels store a finite sentinel lse
 pallas_call output is Inf under `jax.debug_infs`), reported here as
 `EMPTY_ROW_LSE`.
 
+Score mods (`jattn.ScoreMod`): the params' leaves go to every kernel as small
+whole-array inputs; each kernel applies `fn` to each tile's natural logits
+(after the Shaw key term and the bias, before visibility) and, in the
+backward, pulls `dS` back through `jax.vjp` of `fn` on the tile: to the raw
+logits (hence q, k, `qr` and the bias) and, in the dq kernels, to the params
+as per-program partial sums `[nT, B, N, *leaf]` summed here (no atomics).
+`score_mod_tiles` rewrites `fn` into what the kernels lower and refuses,
+by name, what they cannot; a call whose params need no gradient skips the
+partial sums (symbolic zeros, as for the bias).
+
 Gradients of the Shaw tables and of `q` through `qr`, and of the value table
 through `pr`, follow by autodiff of the XLA steps around the kernel. The bias
 gradient is reduced to the bias's broadcast shape; a bias with both a query

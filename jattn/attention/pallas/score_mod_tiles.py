@@ -26,14 +26,18 @@ static index (`w[0]`, a `slice`), so `fn` is traced to a jaxpr and
 re-evaluated with those two primitives replaced by one-hot
 compare-and-sums over the (small) parameter axis (`lowerable`); their
 transposes are selects, which lower too. Any other primitive is bound as
-is. Before the kernels are built, `check_lowerable` traces `fn` and its vjp
-at the tile shapes and refuses, naming the ScoreMod and the primitive, any
-primitive the chosen backend has no lowering rule for (`gather` for a
-table looked up with an array index, `dot_general` on the GPU, ...), a
-captured array constant, and, for compiled Triton, a leaf whose size is not
-a power of two (Triton tensors must be). Interpret mode runs the same
-rewritten `fn` and is refused on the same grounds as the backend it
-emulates, so the CPU tests see what a GPU or TPU would.
+is, except custom_jvp calls (`jax.nn.relu`, `softplus`), whose bodies and
+jvp rules are both rewritten, so derivatives stay jax.nn's (relu's at 0).
+Triton tensors must have power-of-two sizes: a leaf whose size is not one
+(a Shaw bias table `[N, 2k+1]`, ALiBi slopes of 12 heads) goes to the
+Triton kernels flattened and zero-padded, and fn may only index it
+(`FlatLeaf`). Before the kernels are built, `check_lowerable` traces `fn`
+and its vjp at the tile shapes and refuses, naming the ScoreMod and the
+primitive, any primitive the chosen backend has no lowering rule for
+(`gather` for a table looked up with an array index, `sort`, ...), a
+captured array constant, and a whole use of a flat leaf. Interpret mode
+runs the same rewritten `fn` and is refused on the same grounds as the
+backend it emulates, so the CPU tests see what a GPU or TPU would.
 """
 
 from __future__ import annotations
