@@ -26,7 +26,7 @@ from jattn.attention.chunked import forward
 from jattn.attention.chunked_problem import TiledProblem
 from jattn.score_mod import apply_score_mod
 
-IMPLEMENTATIONS_UNDER_TEST = ("xla", "chunked")
+IMPLEMENTATIONS_UNDER_TEST = ("xla", "chunked", "pallas")
 OPTIONS = {"chunked": (("block_k", 16), ("block_q", 16))}
 B, L, N, K, H = 2, 40, 4, 2, 8  # GQA: 2 query heads per kv head; 40 = 2.5 tiles
 

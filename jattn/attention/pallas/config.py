@@ -15,7 +15,7 @@ and loop bounds, `FixedInputs` what gets no gradient.
 from __future__ import annotations
 
 import dataclasses
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
 import jax
 from jax.experimental import pallas as pl
@@ -29,6 +29,7 @@ __all__ = [
     "KernelInputs",
     "TileMaps",
     "dbias_kind",
+    "mod_grad_shapes",
     "mosaic_params",
     "only_specified",
     "triton_params",
@@ -70,6 +71,7 @@ class KernelConfig:
     dropout_rate: float = 0.0  # attention-weight dropout (0 = off)
     dropout_broadcast_batch: bool = False  # one keep mask for every batch row
     backward: str = "split"  # "split" (dq and dk/dv kernels) | "fused" (one kernel)
+    score_mod: Any = None  # score_mod_tiles.ModSpec or None (its `grad`: params' gradient)
 
     @property
     def groups(self) -> int:
@@ -82,6 +84,11 @@ class KernelConfig:
     @property
     def use_dropout(self) -> bool:
         return self.dropout_rate > 0.0
+
+    @property
+    def mod_grad(self) -> bool:
+        """The backward computes the score mod's params gradient."""
+        return self.score_mod is not None and self.score_mod.grad
 
 
 class TileMaps(NamedTuple):
@@ -128,6 +135,7 @@ class KernelInputs(NamedTuple):
     lse: Array | None = None  # backward: float32 [B, N, Tp]
     delta: Array | None = None  # backward: float32 [B, N, Tp], rowsum(dO * O) + pr · dpr
     d_value_mass: Array | None = None  # backward: float32 [B, Tp, N, Rp], cotangent of pr
+    mod_params: tuple[Array, ...] | None = None  # the score mod's leaves (kernel shapes), whole
 
 
 def only_specified(inputs: KernelInputs, specs: KernelInputs) -> KernelInputs:
@@ -136,6 +144,16 @@ def only_specified(inputs: KernelInputs, specs: KernelInputs) -> KernelInputs:
     return inputs._replace(
         **{f: None for f, spec in zip(specs._fields, specs) if spec is None}  # noqa: B905
     )
+
+
+def mod_grad_shapes(cfg: KernelConfig) -> tuple[tuple[int, ...], ...]:
+    """Kernel shapes of the score-mod leaves that get a gradient (none
+    unless `cfg.mod_grad`): one params partial-sum output of the dq kernels each."""
+    if not cfg.mod_grad:
+        return ()
+    spec = cfg.score_mod
+    pairs = zip(spec.kernel_shapes, spec.differentiable, strict=True)
+    return tuple(shape for shape, d in pairs if d)
 
 
 def dbias_kind(cfg: KernelConfig) -> str | None:

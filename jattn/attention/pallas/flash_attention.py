@@ -42,6 +42,16 @@ A row with nothing visible: the kernels store a finite sentinel lse
 pallas_call output is Inf under `jax.debug_infs`), reported here as
 `EMPTY_ROW_LSE`.
 
+Score mods (`jattn.ScoreMod`): the params' leaves go to every kernel as small
+whole-array inputs; each kernel applies `fn` to each tile's natural logits
+(after the Shaw key term and the bias, before visibility) and, in the
+backward, pulls `dS` back through `jax.vjp` of `fn` on the tile: to the raw
+logits (hence q, k, `qr` and the bias) and, in the dq kernels, to the params
+as per-program partial sums `[nT, B, N, *leaf]` summed here (no atomics).
+`score_mod_tiles` rewrites `fn` into what the kernels lower and refuses,
+by name, what they cannot; a call whose params need no gradient skips the
+partial sums (symbolic zeros, as for the bias).
+
 Gradients of the Shaw tables and of `q` through `qr`, and of the value table
 through `pr`, follow by autodiff of the XLA steps around the kernel. The bias
 gradient is reduced to the bias's broadcast shape; a bias with both a query
@@ -61,7 +71,7 @@ import jax.numpy as jnp
 from jax.custom_derivatives import CustomVJPPrimal, SymbolicZero
 
 from jattn.attention.normal_form import EMPTY_ROW_LSE, NormalForm
-from jattn.attention.pallas import tile_math, triton_backward, triton_forward
+from jattn.attention.pallas import score_mod_tiles, tile_math, triton_backward, triton_forward
 from jattn.attention.pallas.backend import (
     TPU_BACKENDS,
     check_backward,
@@ -128,9 +138,10 @@ def _kernels(cfg: KernelConfig):
     )
 
 
-def _kernel_inputs(q, k, v, qr, bias, fixed: FixedInputs, maps: TileMaps) -> KernelInputs:
+def _kernel_inputs(q, k, v, qr, bias, fixed: FixedInputs, maps: TileMaps, mod=None) -> KernelInputs:
     """The inputs of one kernel call, on the tiling of `maps`."""
     return KernelInputs(
+        mod_params=mod,
         query=q,
         key=k,
         value=v,
@@ -148,25 +159,34 @@ def _kernel_inputs(q, k, v, qr, bias, fixed: FixedInputs, maps: TileMaps) -> Ker
     )
 
 
+def _flash_core(fwd_cfg: KernelConfig, bwd_cfg: KernelConfig, q, k, v, qr, bias, fixed, mod=None):
+    """The kernels with their custom VJP; `mod` the score mod's leaves or None."""
+    return _flash_vjp(fwd_cfg, bwd_cfg, q, k, v, qr, bias, fixed, mod)
+
+
 @functools.partial(jax.custom_vjp, nondiff_argnums=(0, 1))
-def _flash_core(fwd_cfg: KernelConfig, bwd_cfg: KernelConfig, q, k, v, qr, bias, fixed):
-    ins = _kernel_inputs(q, k, v, qr, bias, fixed, fixed.forward_maps)
+def _flash_vjp(fwd_cfg: KernelConfig, bwd_cfg: KernelConfig, q, k, v, qr, bias, fixed, mod):
+    ins = _kernel_inputs(q, k, v, qr, bias, fixed, fixed.forward_maps, mod)
     return _kernels(fwd_cfg)[0](fwd_cfg, ins)
 
 
-def _flash_core_fwd(fwd_cfg, bwd_cfg, q, k, v, qr, bias, fixed):
+def _flash_core_fwd(fwd_cfg, bwd_cfg, q, k, v, qr, bias, fixed, mod):
     # symbolic_zeros=True: primals arrive as CustomVJPPrimal(value, perturbed),
     # which tells whether the bias needs a gradient at all (a fixed ALiBi bias
     # or a mask given as a bias does not, and its [B, N, T, S] buffer is skipped).
     is_primal = lambda x: isinstance(x, CustomVJPPrimal)
     want_dbias = bias is not None and bias.perturbed
-    q, k, v, qr, bias, fixed = jax.tree.map(
-        lambda p: p.value, (q, k, v, qr, bias, fixed), is_leaf=is_primal
+    # The same for the score mod's params (a fixed softcap needs no gradient pass).
+    want_dmod = mod is not None and any(x.perturbed for x in mod)
+    q, k, v, qr, bias, mod, fixed = jax.tree.map(
+        lambda p: p.value, (q, k, v, qr, bias, mod, fixed), is_leaf=is_primal
     )
     forward = _kernels(fwd_cfg)[0]
-    o, lse, pr = forward(fwd_cfg, _kernel_inputs(q, k, v, qr, bias, fixed, fixed.forward_maps))
+    ins = _kernel_inputs(q, k, v, qr, bias, fixed, fixed.forward_maps, mod)
+    o, lse, pr = forward(fwd_cfg, ins)
     flag = jnp.zeros((0,), jnp.float32) if want_dbias else None  # static via pytree structure
-    return (o, lse, pr), (q, k, v, qr, bias, fixed, o, lse, pr, flag)
+    mod_flag = jnp.zeros((0,), jnp.float32) if want_dmod else None
+    return (o, lse, pr), (q, k, v, qr, bias, mod, fixed, o, lse, pr, flag, mod_flag)
 
 
 def _reduce_bias_grad(db: Array, kind: str, bias: Array) -> Array:
@@ -184,35 +204,53 @@ def _instantiate(ct):
 
 
 def _flash_core_bwd(fwd_cfg, bwd_cfg, res, cts):
-    q, k, v, qr, bias, fixed, o, lse, pr, want_dbias = res
+    q, k, v, qr, bias, mod, fixed, o, lse, pr, want_dbias, want_dmod = res
     # The lse is a residual (as in jax.nn): its cotangent is ignored.
     do, _, dpr = (None if c is None else _instantiate(c) for c in cts)
     if bias is not None and want_dbias is None:
         bwd_cfg = dataclasses.replace(bwd_cfg, bias_grad=False)
+    if mod is not None and want_dmod is None:
+        spec = dataclasses.replace(bwd_cfg.score_mod, grad=False)
+        bwd_cfg = dataclasses.replace(bwd_cfg, score_mod=spec)
     delta = jnp.einsum(
         "BTNV,BTNV->BNT", do.astype(jnp.float32), o.astype(jnp.float32)
     )  # [B, N, Tp]
     if pr is not None:
         dpr = dpr.astype(jnp.float32)
         delta = delta + jnp.einsum("BTNR,BTNR->BNT", pr, dpr)
-    ins = _kernel_inputs(q, k, v, qr, bias, fixed, fixed.backward_maps)
+    ins = _kernel_inputs(q, k, v, qr, bias, fixed, fixed.backward_maps, mod)
     ins = ins._replace(d_out=do.astype(q.dtype), lse=lse, delta=delta, d_value_mass=dpr)
     _, flash_dq, flash_dkv = _kernels(bwd_cfg)
     if bwd_cfg.backward == "fused":
         from jattn.attention.pallas import fused_backward
 
-        dq, dqr, db_q, dk, dv, db_kv = fused_backward.flash_dq_dkv(bwd_cfg, ins)
+        dq, dqr, db_q, dk, dv, db_kv, d_mod = fused_backward.flash_dq_dkv(bwd_cfg, ins)
     else:
-        dq, dqr, db_q = flash_dq(bwd_cfg, ins)
+        dq, dqr, db_q, d_mod = flash_dq(bwd_cfg, ins)
         dk, dv, db_kv = flash_dkv(bwd_cfg, ins)
     dbias = None
     kind = dbias_kind(bwd_cfg)
     if kind is not None:
         dbias = _reduce_bias_grad(db_kv if kind == "cols" else db_q, kind, bias)
-    return dq, dk, dv, dqr, dbias, None
+    return dq, dk, dv, dqr, dbias, None, _reduce_mod_grads(bwd_cfg, mod, d_mod)
 
 
-_flash_core.defvjp(_flash_core_fwd, _flash_core_bwd, symbolic_zeros=True)
+def _reduce_mod_grads(cfg: KernelConfig, mod, partials):
+    """The score mod's params gradient: the dq programs' partial sums
+    `[nT, B, N, *leaf]` summed (no atomics in the kernels), one per
+    differentiable leaf; None for the others, or without a gradient."""
+    if mod is None:
+        return None
+    if not cfg.mod_grad:
+        return tuple(None for _ in mod)
+    it = iter(partials)
+    out = []
+    for x, d in zip(mod, cfg.score_mod.differentiable, strict=True):
+        out.append(jnp.sum(next(it), axis=(0, 1, 2)).astype(x.dtype) if d else None)
+    return tuple(out)
+
+
+_flash_vjp.defvjp(_flash_core_fwd, _flash_core_bwd, symbolic_zeros=True)
 
 
 # --------------------------------------------------------------------------------------
@@ -270,6 +308,7 @@ class Prepared(NamedTuple):
     v: Array  # [B, Sp, K, Hvp]
     qr: Array | None  # [B, Tp, N, Rp] float32
     bias: Array | None  # [B|1, N|1, Tp|1, Sp|1]
+    mod: tuple[Array, ...] | None  # the score mod's leaves, in kernel shapes
     fixed: FixedInputs  # positions, segment ids, int mask, dropout seed, block maps
 
 
@@ -297,7 +336,7 @@ def _flash_attention(
         num_warps=num_warps,
     )
     o, lse, pr = _flash_core(
-        pre.fwd_cfg, pre.bwd_cfg, pre.q, pre.k, pre.v, pre.qr, pre.bias, pre.fixed
+        pre.fwd_cfg, pre.bwd_cfg, pre.q, pre.k, pre.v, pre.qr, pre.bias, pre.fixed, pre.mod
     )
     out = o[:, :t, :, :hv].astype(jnp.float32)  # [B, T, N, Hv]
     if nf.rel_value is not None:
@@ -343,8 +382,16 @@ def prepare(
     padded_hv = max(16, pow2_size(hv)) if gpu else hv
     num_rel = 2 * nf.max_distance + 1
     padded_rel = max(16, pow2_size(num_rel)) if gpu else num_rel
-    use_pos = nf.is_causal or nf.shaw or nf.window is not None
+    map_pos = nf.is_causal or nf.shaw or nf.window is not None
+    # A score mod reads the positions of every tile (the block map does not).
+    use_pos = map_pos or nf.score_mod is not None
     use_seg = nf.q_segment_ids is not None
+    spec = mod = None
+    if nf.score_mod is not None:
+        spec, leaves = score_mod_tiles.mod_spec(nf.score_mod, backend)
+        for bq_, bk_ in {(fwd_block_q, fwd_block_k), (bwd_block_q, bwd_block_k)}:
+            score_mod_tiles.check_lowerable(spec, backend, bq_, bk_)
+        mod = score_mod_tiles.kernel_leaves(spec, leaves)
     f32 = jnp.float32
 
     # Shaw key term as a per-query table (scaled), padded to the table width.
@@ -383,8 +430,8 @@ def prepare(
         )
 
     map_args = dict(
-        q_pos=nf.q_positions if use_pos else None,
-        kv_pos=nf.kv_positions if use_pos else None,
+        q_pos=nf.q_positions if map_pos else None,
+        kv_pos=nf.kv_positions if map_pos else None,
         q_seg=nf.q_segment_ids,
         kv_seg=nf.kv_segment_ids,
         mask=mask,
@@ -445,6 +492,7 @@ def prepare(
         dropout_rate=float(nf.dropout_rate) if nf.dropout else 0.0,
         dropout_broadcast_batch=nf.dropout_broadcast_batch,
         backward=backward,
+        score_mod=spec,
     )
     fwd_cfg = KernelConfig(
         block_q=fwd_block_q,
@@ -460,4 +508,4 @@ def prepare(
         num_stages=2,
         **common,
     )
-    return Prepared(fwd_cfg, bwd_cfg, q, k, v, qr, bias_padded, fixed)
+    return Prepared(fwd_cfg, bwd_cfg, q, k, v, qr, bias_padded, mod, fixed)

@@ -31,9 +31,16 @@ import jax.numpy as jnp
 from jax import lax
 from jax.experimental import pallas as pl
 
-from jattn.attention.pallas.config import SQ, KernelConfig, KernelInputs, dbias_kind, only_specified
+from jattn.attention.pallas.config import (
+    SQ,
+    KernelConfig,
+    KernelInputs,
+    dbias_kind,
+    mod_grad_shapes,
+    only_specified,
+)
 from jattn.attention.pallas.triton_backward import dkv_tile, dq_tile
-from jattn.attention.pallas.triton_forward import View, kernel_call
+from jattn.attention.pallas.triton_forward import View, kernel_call, whole_specs
 
 Array = jax.Array
 
@@ -54,6 +61,7 @@ def _kernel(r: KernelInputs, *refs, cfg: KernelConfig, n_kv_tiles: int):
     db_q_ref = refs.pop(0) if kind in ("full", "rows") else None  # [G, bq, Sp] | [G, bq]
     dk_ref, dv_ref = refs.pop(0), refs.pop(0)  # [bk, H], [bk, Hv]
     db_kv_ref = refs.pop(0) if kind == "cols" else None  # [G, bk]
+    dmod_refs = tuple(refs)  # [G, *leaf] per differentiable score-mod leaf
     bq, bk, groups = cfg.block_q, cfg.block_k, cfg.groups
     program, batch, kv_head = (pl.program_id(a) for a in range(3))
     _, _, full_t, full_s = cfg.bias_dims or (False,) * 4
@@ -106,6 +114,7 @@ def _kernel(r: KernelInputs, *refs, cfg: KernelConfig, n_kv_tiles: int):
                 View(dq_ref, (slice(None), g)),
                 _maybe(dqr_ref, (slice(None), g)),
                 _maybe(db_q_ref, (g,)),
+                tuple(View(ref, (g,)) for ref in dmod_refs) if dmod_refs else None,
             )
             return carry
 
@@ -120,8 +129,9 @@ def flash_dq_dkv(cfg: KernelConfig, ins: KernelInputs):
       ins: as for `triton_backward.flash_dq` / `flash_dkv`.
 
     Returns:
-      `(dq, dqr, db_q, dk, dv, db_kv)`: the outputs of `flash_dq` followed
-      by those of `flash_dkv`, in the same shapes and dtypes.
+      `(dq, dqr, db_q, dk, dv, db_kv, d_mod)`: the outputs of `flash_dq`
+      (its score-mod partial sums last, as `d_mod`) and of `flash_dkv`, in
+      the same shapes and dtypes.
     """
     b, padded_t, n, h = ins.query.shape
     _, padded_s, kh, hv = ins.value.shape
@@ -169,6 +179,7 @@ def flash_dq_dkv(cfg: KernelConfig, ins: KernelInputs):
             (SQ, map_heads, 4, n_kv_tiles), lambda p, b_, k_: (b_, map_head(k_), 0, 0)
         ),
         dropout_seed=pl.BlockSpec((2,), lambda p, b_, k_: (0,)) if cfg.use_dropout else None,
+        mod_params=whole_specs(cfg),
     )
     args = [only_specified(ins, specs)]
     in_specs = [specs]
@@ -201,6 +212,15 @@ def flash_dq_dkv(cfg: KernelConfig, ins: KernelInputs):
     if kind == "cols":
         out_shape.append(jax.ShapeDtypeStruct((b, n, padded_s), jnp.float32))
         out_specs.append(pl.BlockSpec((SQ, g, bk), lambda p, b_, k_: (b_, k_, kv_tile(p))))
+    n_kv_outs = len(out_shape) - n_dq_outs
+    for shape in mod_grad_shapes(cfg):  # per-program partial sums [nT, B, N, *leaf]
+        out_shape.append(jax.ShapeDtypeStruct((n_q_tiles, b, n, *shape), jnp.float32))
+        out_specs.append(
+            pl.BlockSpec(
+                (SQ, SQ, g, *shape),
+                lambda p, b_, k_, rank=len(shape): (q_tile(p), b_, k_) + (0,) * rank,
+            )
+        )
     outs = list(
         kernel_call(
             functools.partial(_kernel, cfg=cfg, n_kv_tiles=n_kv_tiles),
@@ -213,10 +233,11 @@ def flash_dq_dkv(cfg: KernelConfig, ins: KernelInputs):
             input_output_aliases=aliases,
         )(*args)
     )
-    dq_outs, kv_outs = outs[:n_dq_outs], outs[n_dq_outs:]
+    dq_outs, kv_outs = outs[:n_dq_outs], outs[n_dq_outs : n_dq_outs + n_kv_outs]
+    d_mod = tuple(outs[n_dq_outs + n_kv_outs :])
     dq = dq_outs.pop(0)
     dqr = dq_outs.pop(0) if cfg.use_qr else None
     db_q = dq_outs.pop(0) if kind in ("full", "rows") else None
     dk, dv = kv_outs[0], kv_outs[1]
     db_kv = kv_outs[2] if kind == "cols" else None
-    return dq, dqr, db_q, dk, dv, db_kv
+    return dq, dqr, db_q, dk, dv, db_kv, d_mod

@@ -14,18 +14,27 @@ import jax.numpy as jnp
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import tpu as pltpu
 
+from jattn.attention.pallas import score_mod_tiles as sm
 from jattn.attention.pallas import tile_math as ft
-from jattn.attention.pallas.config import SQ, KernelConfig, KernelInputs, dbias_kind
+from jattn.attention.pallas.config import (
+    SQ,
+    KernelConfig,
+    KernelInputs,
+    dbias_kind,
+    mod_grad_shapes,
+)
 from jattn.attention.pallas.mosaic_forward import (
     Maps,
     add_column,
     bias_spec,
     dropout_tile,
     heads_major,
+    mod_specs,
     mosaic_call,
     q_row_spec,
     q_tile_specs,
     ref_scores,
+    tile_mod,
     tpu_inputs,
     when_visible,
 )
@@ -43,14 +52,17 @@ def _dq_kernel(classes_ref, bounds_ref, seed_ref, r, *refs, cfg: KernelConfig, m
     dq_ref = refs.pop(0)
     dqr_ref = refs.pop(0) if cfg.use_qr else None
     db_ref = refs.pop(0) if kind in ("full", "rows") else None
+    n_mod = len(mod_grad_shapes(cfg))
+    dmod_refs = [refs.pop(0) for _ in range(n_mod)]
     dq_sc = refs.pop(0)
     dqr_sc = refs.pop(0) if cfg.use_qr else None
     db_sc = refs.pop(0) if kind == "rows" else None
+    dmod_sc = refs[:n_mod]
     b, h, i, j = (pl.program_id(a) for a in range(4))
 
     @pl.when(j == 0)
     def _init():
-        for sc in (dq_sc, dqr_sc, db_sc):
+        for sc in (dq_sc, dqr_sc, db_sc, *dmod_sc):
             if sc is not None:
                 sc[...] = jnp.zeros(sc.shape, jnp.float32)
 
@@ -58,10 +70,19 @@ def _dq_kernel(classes_ref, bounds_ref, seed_ref, r, *refs, cfg: KernelConfig, m
         k = r.key[...]
         v = r.value[...]
         do = r.d_out[...]
-        s, dpr_t, rel = ref_scores(cfg, r, maps, j, partial, right, need_rel=cfg.use_qr)
+        mod = tile_mod(cfg, r, b, h)
+        s, dpr_t, rel, raw = ref_scores(
+            cfg, r, maps, j, partial, right, need_rel=cfg.use_qr, mod=mod
+        )
         p = jnp.exp2(s - r.lse[...])  # [bq, bk]; lse = EMPTY_LSE on empty rows: p = 0
         z = dropout_tile(cfg, seed_ref, b, h, i, j)
         ds = ft.score_grads(p, do, v, dpr_t, z, r.delta[...])  # [bq, bk]
+        if mod is not None:  # through the score mod: to the raw logits and params
+            ds, d_leaves = sm.tile_backward(cfg.score_mod, mod, raw, ds, cfg.mod_grad)
+            if n_mod:
+                new = [d for d in d_leaves if d is not None]
+                for sc, d in zip(dmod_sc, new, strict=True):
+                    sc[...] += d
         dq_sc[...] += ft.dot(ds.astype(k.dtype), k, (1, 0))
         if cfg.use_qr:
             if partial:
@@ -89,10 +110,13 @@ def _dq_kernel(classes_ref, bounds_ref, seed_ref, r, *refs, cfg: KernelConfig, m
             dqr_ref[...] = dqr_sc[...]
         if kind == "rows":
             db_ref[...] = db_sc[...]
+        for ref, sc in zip(dmod_refs, dmod_sc, strict=True):
+            ref[...] = sc[...]
 
 
-def flash_dq(cfg: KernelConfig, ins: KernelInputs) -> tuple[Array, Array | None, Array | None]:
-    """dq kernel; arguments and results as `triton_backward.flash_dq`."""
+def flash_dq(cfg: KernelConfig, ins: KernelInputs):
+    """dq kernel; arguments and results as `triton_backward.flash_dq` (the
+    params partial sums come back as `[nT, B, N, *leaf]` too)."""
     x = tpu_inputs(ins)
     b, n, padded_t, hdim = x.query.shape
     hv = x.value.shape[-1]
@@ -121,6 +145,16 @@ def flash_dq(cfg: KernelConfig, ins: KernelInputs) -> tuple[Array, Array | None,
         out_shape.append(jax.ShapeDtypeStruct((b, n, padded_t, 1), jnp.float32))
         out_specs.append(q_row_spec(bq, 1))
         scratch.append(pltpu.VMEM((bq, 1), jnp.float32))
+    grad_shapes = mod_grad_shapes(cfg)
+    for shape in grad_shapes:  # per-program partial sums, reduced by the caller
+        out_shape.append(jax.ShapeDtypeStruct((b, n, padded_t // bq, *shape), jnp.float32))
+        out_specs.append(
+            pl.BlockSpec(
+                (SQ, SQ, SQ, *shape),
+                lambda b_, h, i, j, *_, rank=len(shape): (b_, h, i) + (0,) * rank,
+            )
+        )
+    scratch += [pltpu.VMEM(shape, jnp.float32) for shape in grad_shapes]
     outs = list(
         mosaic_call(
             _dq_kernel,
@@ -143,7 +177,8 @@ def flash_dq(cfg: KernelConfig, ins: KernelInputs) -> tuple[Array, Array | None,
         dbias = outs.pop(0)
     elif kind == "rows":
         dbias = outs.pop(0)[..., 0]
-    return dq, dqr, dbias
+    d_mod = tuple(jnp.moveaxis(x, 2, 0) for x in outs)  # [nT, B, N, *leaf]
+    return dq, dqr, dbias, d_mod
 
 
 # --------------------------------------------------------------------------------------
@@ -178,12 +213,15 @@ def _dkv_kernel(classes_ref, bounds_ref, seed_ref, r, dk_ref, dv_ref, *refs, cfg
         q = r.query[...]
         v = r.value[...]
         do = r.d_out[...]
-        s, dpr_t, _ = ref_scores(cfg, r, maps, j, partial, right)
+        mod = tile_mod(cfg, r, b, h)
+        s, dpr_t, _, raw = ref_scores(cfg, r, maps, j, partial, right, mod=mod)
         p = jnp.exp2(s - r.lse[...])  # [bq, bk]
         z = dropout_tile(cfg, seed_ref, b, h, i, j)
         p_kept = p if z is None else p * z
         dv_sc[...] += ft.dot(p_kept.astype(do.dtype), do, (0, 0))  # [bk, Hv]
         ds = ft.score_grads(p, do, v, dpr_t, z, r.delta[...])  # [bq, bk]
+        if mod is not None:  # to the raw logits through the score mod
+            ds, _ = sm.tile_backward(cfg.score_mod, mod, raw, ds, with_params=False)
         dk_sc[...] += ft.dot(ds.astype(q.dtype), q, (0, 0))  # [bk, H]
         if kind == "cols":
             db_sc[...] += jnp.sum(ds, axis=0, keepdims=True)
@@ -242,6 +280,7 @@ def flash_dkv(cfg: KernelConfig, ins: KernelInputs) -> tuple[Array, Array, Array
         mask=bias_spec(cfg.mask_dims, bq, bk, head, q_tile, k_tile) if cfg.mask_dims else None,
         key_term=q_row(cfg.num_rel) if cfg.use_qr else None,
         d_value_mass=q_row(cfg.num_rel) if cfg.use_pr else None,
+        mod_params=mod_specs(cfg),
     )
     out_shape = [
         jax.ShapeDtypeStruct((b, kh, padded_s, hdim), x.key.dtype),

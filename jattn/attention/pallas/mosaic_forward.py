@@ -45,6 +45,7 @@ from jax import lax
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import tpu as pltpu
 
+from jattn.attention.pallas import score_mod_tiles as sm
 from jattn.attention.pallas import tile_math as ft
 from jattn.attention.pallas.config import (
     SQ,
@@ -201,11 +202,32 @@ def dropout_tile(cfg: KernelConfig, seed_ref, batch, head, q_tile, kv_tile):
     return ft.dropout_scale(seed, cfg.dropout_rate, batch, head, q_index, kv_index)
 
 
+def tile_mod(cfg: KernelConfig, r: KernelInputs, batch, head):
+    """The score mod bound to the current block (`score_mod_tiles.bind`:
+    leaves and positions read from the refs), or None."""
+    if cfg.score_mod is None:
+        return None
+    leaves = tuple(ref[...] for ref in r.mod_params)
+    return sm.bind(cfg.score_mod, leaves, batch, head, load(r.q_positions), load(r.kv_positions))
+
+
+def mod_specs(cfg: KernelConfig):
+    """Whole-array BlockSpecs of the score mod's leaves (any grid, with the
+    scalar-prefetch arguments), or None."""
+    if cfg.score_mod is None:
+        return None
+
+    def whole(shape):
+        return pl.BlockSpec(shape, lambda *_: (0,) * len(shape))
+
+    return tuple(whole(shape) for shape in cfg.score_mod.kernel_shapes)
+
+
 def ref_scores(cfg: KernelConfig, r: KernelInputs, maps: Maps, j, partial: bool, right: bool,
-               *, need_rel: bool = False):  # fmt: skip
+               *, need_rel: bool = False, mod=None):  # fmt: skip
     """`tile_math.tile_scores` of the current (query tile, key tile) block,
     every input read from the kernel's refs `r`, with the Mosaic conventions
-    (static relative-id range, static far id)."""
+    (static relative-id range, static far id); `mod` the block's score mod."""
     bk = cfg.block_k
     return ft.tile_scores(
         partial,
@@ -227,6 +249,7 @@ def ref_scores(cfg: KernelConfig, r: KernelInputs, maps: Maps, j, partial: bool,
         far_id=cfg.far_right if right else 0,
         need_rel=need_rel,
         num_rel=2 * cfg.max_distance + 1,
+        score_mod=mod,
     )
 
 
@@ -257,7 +280,8 @@ def _fwd_kernel(classes_ref, bounds_ref, seed_ref, r, o_ref, lse_ref, *rest, cfg
             accr_sc[0][...] = jnp.zeros(accr_sc[0].shape, jnp.float32)
 
     def body(partial, right):
-        s, _, rel = ref_scores(cfg, r, maps, j, partial, right, need_rel=cfg.use_pr)
+        mod = tile_mod(cfg, r, b, h)
+        s, _, rel, _ = ref_scores(cfg, r, maps, j, partial, right, need_rel=cfg.use_pr, mod=mod)
         p, m_new, l_new, corr, row_sum = ft.online_softmax_step(s, m_sc[...], l_sc[...])
         z = dropout_tile(cfg, seed_ref, b, h, i, j)
         if z is not None:  # dropout: l sums the weights before it, the values after
@@ -320,6 +344,7 @@ def q_tile_specs(cfg: KernelConfig, x: KernelInputs, maps: Maps) -> KernelInputs
         bias=bias_spec(cfg.bias_dims, bq, bk, head, q_tile, kv_tile) if cfg.bias_dims else None,
         mask=bias_spec(cfg.mask_dims, bq, bk, head, q_tile, kv_tile) if cfg.mask_dims else None,
         key_term=q_row(cfg.num_rel) if cfg.use_qr else None,
+        mod_params=mod_specs(cfg),
     )
 
 

@@ -302,12 +302,15 @@ def tile_scores(
     dpr_far: Array | None = None,
     need_rel: bool = False,
     num_rel: int | None = None,
-) -> tuple[Array, Array | None, tuple[Array, Array, Array] | None]:
+    score_mod: Callable[[Array], Array] | None = None,
+) -> tuple[Array, Array | None, tuple[Array, Array, Array] | None, Array | None]:
     """Base-2 logits of one tile, float32 `[bq, bk]`, -inf where invisible.
 
     `logit = log2(e) * (scale * q·k + qr[t, r] + bias)` where
     `qr = scale * q @ key_tableᵀ` (precomputed per query, so one column per
-    relative id); `log2(e) * scale` is one constant.
+    relative id); `log2(e) * scale` is one constant. With a score mod,
+    `logit = log2(e) * mod(scale * q·k + qr[t, r] + bias)`: the mod sees
+    natural logits, as everywhere else.
 
     Args:
       partial: False for a FULL tile (nothing masked, one relative id
@@ -325,14 +328,18 @@ def tile_scores(
         reduction, and a near-diagonal tile spans min(bq + bk - 1, 2k + 1)
         ids anyway, so the static loop costs at most that many extra passes
         on tiles far from the diagonal.
+      score_mod: the tile's bound score mod (`score_mod_tiles.bind`), or None.
       Others: see `visibility`.
 
     Returns:
-      `(s, dpr_tile, rel)`: logits; `dpr[t, r[t, s]]` as `[bq, bk]` or
+      `(s, dpr_tile, rel, raw)`: logits; `dpr[t, r[t, s]]` as `[bq, bk]` or
       `[bq, 1]` (None without `dpr_col`); `(rt, lo, hi)` relative ids and
-      their range for the scatter of a PARTIAL tile (None otherwise).
+      their range for the scatter of a PARTIAL tile (None otherwise); the
+      natural logits before the score mod, unmasked (None without one; the
+      backward differentiates the mod there).
     """
-    s = dot(q, k, (1, 1)) * (scale * LOG2E)  # [bq, bk]
+    unit = LOG2E if score_mod is None else 1.0  # base 2 now, or after the mod
+    s = dot(q, k, (1, 1)) * (scale * unit)  # [bq, bk]
     dpr_tile = rel = None
     cols = [c for c in (qr_col, dpr_col) if c is not None]
     if partial:
@@ -345,16 +352,20 @@ def tile_scores(
             rel = (rt, lo, hi)
             gathered = list(near_gather(rt, lo, hi, cols)) if cols else []
             if qr_col is not None:
-                s = s + LOG2E * gathered.pop(0)
+                s = s + unit * gathered.pop(0)
             if dpr_col is not None:
                 dpr_tile = gathered.pop(0)
     else:
         if qr_col is not None:
-            s = s + LOG2E * as_col(qr_col(far_id) if qr_far is None else qr_far)
+            s = s + unit * as_col(qr_col(far_id) if qr_far is None else qr_far)
         if dpr_col is not None:
             dpr_tile = as_col(dpr_col(far_id) if dpr_far is None else dpr_far)
     if bias is not None:
-        s = s + LOG2E * bias.astype(jnp.float32)
+        s = s + unit * bias.astype(jnp.float32)
+    raw = None
+    if score_mod is not None:
+        raw = s
+        s = LOG2E * score_mod(s)
     if partial:
         vis = visibility(
             causal=causal,
@@ -368,4 +379,4 @@ def tile_scores(
         )
         if vis is not None:
             s = jnp.where(vis, s, NEG_INF)
-    return s, dpr_tile, rel
+    return s, dpr_tile, rel, raw

@@ -21,12 +21,14 @@ import jax.numpy as jnp
 from jax import lax
 from jax.experimental import pallas as pl
 
+from jattn.attention.pallas import score_mod_tiles as sm
 from jattn.attention.pallas import tile_math as ft
 from jattn.attention.pallas.config import (
     SQ,
     KernelConfig,
     KernelInputs,
     dbias_kind,
+    mod_grad_shapes,
     only_specified,
 )
 from jattn.attention.pallas.triton_forward import (
@@ -36,10 +38,13 @@ from jattn.attention.pallas.triton_forward import (
     kernel_call,
     kv_valid_mask,
     load_bias_kv,
+    mod_leaves,
     q_tile_scorer,
     q_tile_specs,
     row_spec,
     tile_loop,
+    tile_mod,
+    whole_specs,
 )
 
 Array = jax.Array
@@ -53,27 +58,40 @@ def _dq_kernel(r, *refs, cfg: KernelConfig):
     dq_ref = refs.pop(0)
     dqr_ref = refs.pop(0) if cfg.use_qr else None
     db_ref = refs.pop(0) if kind in ("full", "rows") else None
+    dmod_refs = tuple(refs) if cfg.mod_grad else None
     ids = tuple(pl.program_id(a) for a in range(3))
-    dq_tile(cfg, r, ids, dq_ref, dqr_ref, db_ref)
+    dq_tile(cfg, r, ids, dq_ref, dqr_ref, db_ref, dmod_refs)
 
 
-def dq_tile(cfg: KernelConfig, r: KernelInputs, ids, dq_ref, dqr_ref, db_ref) -> None:
-    """dq (and dqr, and the bias gradient of kinds "full" / "rows") of one
-    query tile of one head, `ids = (query tile, batch row, head)`. `r` and
-    the output refs are shaped like the dq kernel's blocks (refs, or `View`s
-    of larger blocks in the fused kernel)."""
+def dq_tile(
+    cfg: KernelConfig, r: KernelInputs, ids, dq_ref, dqr_ref, db_ref, dmod_refs=None
+) -> None:
+    """dq (and dqr, the bias gradient of kinds "full" / "rows", and this
+    program's partial sum of the score mod's params gradient) of one query
+    tile of one head, `ids = (query tile, batch row, head)`. `r` and the
+    output refs are shaped like the dq kernel's blocks (refs, or `View`s of
+    larger blocks in the fused kernel)."""
     kind = dbias_kind(cfg)
     bq = cfg.block_q
     i = ids[0]
     do = r.d_out[...]  # [bq, Hv]
     lse, delta = r.lse[...], r.delta[...]  # [bq]
     score = q_tile_scorer(cfg, r, ids)
+    grad_shapes = mod_grad_shapes(cfg)
+    n_mod = len(grad_shapes)
 
     def step(j, partial, right, carry):
+        if n_mod:
+            carry, dmods = carry[:-n_mod], carry[-n_mod:]
         dq_acc, *rest = carry
-        s, dpr_t, rel, k, v, z = score(j, partial, right)
+        s, dpr_t, rel, k, v, z, mod_raw = score(j, partial, right)
         p = jnp.exp2(s - lse[:, None])  # [bq, bk]; base-2 logits and lse
         ds = ft.score_grads(p, do, v, dpr_t, z, delta[:, None])  # [bq, bk]
+        if mod_raw is not None:  # through the score mod: to the raw logits and params
+            ds, d_leaves = sm.tile_backward(cfg.score_mod, *mod_raw, ds, cfg.mod_grad)
+            if n_mod:
+                new = [d for d in d_leaves if d is not None]
+                dmods = tuple(a + d for a, d in zip(dmods, new, strict=True))
         dq_acc = dq_acc + ft.dot(ds.astype(k.dtype), k, (1, 0))
         out = [dq_acc]
         if cfg.use_qr:
@@ -90,7 +108,7 @@ def dq_tile(cfg: KernelConfig, r: KernelInputs, ids, dq_ref, dqr_ref, db_ref) ->
             db_ref[:, pl.ds(pl.multiple_of(j * cfg.block_k, cfg.block_k), cfg.block_k)] = ds
         elif kind == "rows":
             out.append(rest[0] + jnp.sum(ds, axis=1))
-        return tuple(out)
+        return tuple(out) + (dmods if n_mod else ())
 
     zeros = jnp.zeros((bq,), jnp.float32)
     carry = (jnp.zeros((bq, dq_ref.shape[-1]), jnp.float32),)
@@ -98,8 +116,13 @@ def dq_tile(cfg: KernelConfig, r: KernelInputs, ids, dq_ref, dqr_ref, db_ref) ->
         carry += (jnp.zeros((bq, cfg.num_rel), jnp.float32), zeros, zeros)
     if kind == "rows":
         carry += (zeros,)
+    carry += tuple(jnp.zeros(shape, jnp.float32) for shape in grad_shapes)
     bounds = tuple(r.row_bounds[c, i] for c in range(4))
     carry = tile_loop(bounds, lambda j: r.tile_classes[i, j], step, carry)
+    if n_mod:
+        for ref, acc in zip(dmod_refs, carry[-n_mod:], strict=True):
+            ref[...] = acc
+        carry = carry[:-n_mod]
     dq_ref[...] = (carry[0] * cfg.scale).astype(dq_ref.dtype)
     if cfg.use_qr:
         acc_r, w_left, w_right = carry[1:4]
@@ -108,7 +131,7 @@ def dq_tile(cfg: KernelConfig, r: KernelInputs, ids, dq_ref, dqr_ref, db_ref) ->
         db_ref[...] = carry[-1]
 
 
-def flash_dq(cfg: KernelConfig, ins: KernelInputs) -> tuple[Array, Array | None, Array | None]:
+def flash_dq(cfg: KernelConfig, ins: KernelInputs):
     """dq kernel (grid over query tiles).
 
     Args:
@@ -118,8 +141,10 @@ def flash_dq(cfg: KernelConfig, ins: KernelInputs) -> tuple[Array, Array | None,
 
     Returns:
       dq `[B, Tp, N, H]` (query dtype), dqr `[B, Tp, N, Rp]` float32 or None,
-      and the bias gradient before reduction: `[B, N, Tp, Sp]` ("full") or
-      `[B, N, Tp]` ("rows") float32, or None.
+      the bias gradient before reduction: `[B, N, Tp, Sp]` ("full") or
+      `[B, N, Tp]` ("rows") float32, or None, and a tuple of the score mod's
+      params gradient partial sums, float32 `[nT, B, N, *leaf]` per
+      differentiable leaf (empty without `cfg.mod_grad`).
     """
     b, padded_t, n, h = ins.query.shape
     hv, padded_s = ins.value.shape[-1], ins.key.shape[1]
@@ -131,6 +156,7 @@ def flash_dq(cfg: KernelConfig, ins: KernelInputs) -> tuple[Array, Array | None,
         lse=per_query,
         delta=per_query,
         d_value_mass=row_spec(bq, cfg.num_rel) if cfg.use_pr else None,
+        mod_params=whole_specs(cfg),
     )
     args = [only_specified(ins, specs)]
     in_specs = [specs]
@@ -152,6 +178,9 @@ def flash_dq(cfg: KernelConfig, ins: KernelInputs) -> tuple[Array, Array | None,
     elif kind == "rows":
         out_shape.append(jax.ShapeDtypeStruct((b, n, padded_t), jnp.float32))
         out_specs.append(pl.BlockSpec((SQ, SQ, bq), lambda i, b_, h_: (b_, h_, i)))
+    for shape in mod_grad_shapes(cfg):  # per-program partial sums, reduced by the caller
+        out_shape.append(jax.ShapeDtypeStruct((padded_t // bq, b, n, *shape), jnp.float32))
+        out_specs.append(mod_partial_spec(shape))
     outs = list(
         kernel_call(
             functools.partial(_dq_kernel, cfg=cfg),
@@ -167,7 +196,12 @@ def flash_dq(cfg: KernelConfig, ins: KernelInputs) -> tuple[Array, Array | None,
     dq = outs.pop(0)
     dqr = outs.pop(0) if cfg.use_qr else None
     dbias = outs.pop(0) if kind in ("full", "rows") else None
-    return dq, dqr, dbias
+    return dq, dqr, dbias, tuple(outs)
+
+
+def mod_partial_spec(shape: tuple[int, ...]):
+    """One program's block `[*shape]` of a params partial sum `[nT, B, N, *shape]`."""
+    return pl.BlockSpec((SQ, SQ, SQ, *shape), lambda i, b_, h_: (i, b_, h_) + (0,) * len(shape))
 
 
 def _dkv_kernel(r, dk_ref, dv_ref, *db_ref, cfg: KernelConfig):
@@ -187,6 +221,8 @@ def dkv_tile(cfg: KernelConfig, r: KernelInputs, ids, dk_ref, dv_ref, db_ref) ->
     kv_pos = r.kv_positions[...] if cfg.use_pos else None  # [bk]
     kv_seg = r.kv_segments[...] if cfg.use_seg else None
     kv_valid = kv_valid_mask(cfg, j, bk, r.tile_classes.shape[-1] * bk)
+    leaves = mod_leaves(cfg, r)
+    with_mod = cfg.score_mod is not None
 
     def group_body(g, carry):
         map_index = g if cfg.map_per_head else 0  # g's head in the block map
@@ -200,7 +236,9 @@ def dkv_tile(cfg: KernelConfig, r: KernelInputs, ids, dk_ref, dv_ref, db_ref) ->
             lse, delta = r.lse[g, qs], r.delta[g, qs]  # [bq]
             qr_col = col_reader(r.key_term, qs, g)
             dpr_col = col_reader(r.d_value_mass, qs, g)
-            s, dpr_t, _ = ft.tile_scores(
+            q_pos = r.q_positions[qs] if cfg.use_pos and (partial or with_mod) else None
+            mod = tile_mod(cfg, leaves, batch, head, q_pos, kv_pos)
+            s, dpr_t, _, raw = ft.tile_scores(
                 partial,
                 q=q,
                 k=k,
@@ -208,7 +246,7 @@ def dkv_tile(cfg: KernelConfig, r: KernelInputs, ids, dk_ref, dv_ref, db_ref) ->
                 causal=cfg.causal,
                 window=cfg.window,
                 max_distance=cfg.max_distance,
-                q_pos=r.q_positions[qs] if cfg.use_pos and partial else None,
+                q_pos=q_pos if partial else None,
                 kv_pos=kv_pos,
                 q_seg=r.q_segments[qs] if cfg.use_seg and partial else None,
                 kv_seg=kv_seg,
@@ -218,12 +256,15 @@ def dkv_tile(cfg: KernelConfig, r: KernelInputs, ids, dk_ref, dv_ref, db_ref) ->
                 qr_col=qr_col,
                 dpr_col=dpr_col,
                 far_id=jnp.where(right, cfg.far_right, 0),
+                score_mod=mod,
             )
             p = jnp.exp2(s - lse[:, None])  # [bq, bk]; base-2 logits and lse
             z = dropout_tile(cfg, r.dropout_seed, batch, head, i * bq, j * bk)
             p_kept = p if z is None else p * z
             dv_acc = dv_acc + ft.dot(p_kept.astype(do.dtype), do, (0, 0))  # [bk, Hv]
             ds = ft.score_grads(p, do, v, dpr_t, z, delta[:, None])  # [bq, bk]
+            if mod is not None:  # to the raw logits through the score mod
+                ds, _ = sm.tile_backward(cfg.score_mod, mod, raw, ds, with_params=False)
             dk_acc = dk_acc + ft.dot(ds.astype(q.dtype), q, (0, 0))  # [bk, H]
             if kind == "cols":
                 db = db + jnp.sum(ds, axis=0)
@@ -291,6 +332,7 @@ def flash_dkv(cfg: KernelConfig, ins: KernelInputs) -> tuple[Array, Array, Array
             (SQ, map_heads, 4, n_kv_tiles), lambda j, b_, k_: (b_, map_head(k_), 0, 0)
         ),
         dropout_seed=pl.BlockSpec((2,), lambda j, b_, k_: (0,)) if cfg.use_dropout else None,
+        mod_params=whole_specs(cfg),
     )
     args = only_specified(ins, specs)
     out_shape = [

@@ -31,6 +31,7 @@ import jax.numpy as jnp
 from jax import lax
 from jax.experimental import pallas as pl
 
+from jattn.attention.pallas import score_mod_tiles as sm
 from jattn.attention.pallas import tile_math as ft
 from jattn.attention.pallas.config import (
     SQ,
@@ -210,6 +211,31 @@ def dropout_tile(cfg: KernelConfig, seed_ref, batch, head, q_start, kv_start):
     return ft.dropout_scale(seed, cfg.dropout_rate, batch, head, q_index, kv_index)
 
 
+def whole_specs(cfg: KernelConfig):
+    """BlockSpecs of the score mod's leaves: each one whole, in every program."""
+    if cfg.score_mod is None:
+        return None
+
+    def whole(shape):
+        return pl.BlockSpec(shape, lambda *_: (0,) * len(shape))
+
+    return tuple(whole(shape) for shape in cfg.score_mod.kernel_shapes)
+
+
+def mod_leaves(cfg: KernelConfig, r: KernelInputs):
+    """The score mod's leaves read from their refs (once per program), or None."""
+    if cfg.score_mod is None:
+        return None
+    return tuple(ref[...] for ref in r.mod_params)
+
+
+def tile_mod(cfg: KernelConfig, leaves, batch, head, q_pos, kv_pos):
+    """The score mod bound to one tile (`score_mod_tiles.bind`), or None."""
+    if cfg.score_mod is None:
+        return None
+    return sm.bind(cfg.score_mod, leaves, batch, head, ft.as_col(q_pos), ft.as_row(kv_pos))
+
+
 def col_reader(ref, *lead):
     """`c -> ref[*lead, c]` as a `[bq]` float32 column, or None."""
     if ref is None:
@@ -224,8 +250,9 @@ def col_reader(ref, *lead):
 def q_tile_scorer(cfg: KernelConfig, r: KernelInputs, ids=None):
     """Scores of a kernel that owns one query tile and loops over key tiles
     (forward, dq): `score(j, partial, right, need_rel=False) -> (s, dpr_tile,
-    rel, k, v, z)` for key tile j (see `tile_math.tile_scores`; z the dropout
-    multipliers or None). The query tile's inputs, and the Shaw columns that
+    rel, k, v, z, sm)` for key tile j (see `tile_math.tile_scores`; z the
+    dropout multipliers or None; sm `(mod, raw logits)` with a score mod, else
+    None). The query tile's inputs, and the Shaw columns that
     FULL tiles use (ids 0 and 2k), are read once per program, not once per
     key tile. `ids = (query tile, batch row, head)`, by default the program
     ids of the grid `(i, b, h)`; `r` holds refs (or `View`s) shaped like
@@ -246,12 +273,16 @@ def q_tile_scorer(cfg: KernelConfig, r: KernelInputs, ids=None):
         return jnp.where(right, cols[1], cols[0])
 
     i, batch, head = (pl.program_id(a) for a in range(3)) if ids is None else ids
+    leaves = mod_leaves(cfg, r)
+    with_mod = cfg.score_mod is not None
 
     def score(j, partial, right, need_rel=False):
         kv = pl.ds(pl.multiple_of(j * bk, bk), bk)
         k = r.key[kv, :]  # [bk, H]
         v = r.value[kv, :]  # [bk, Hv]
-        s, dpr_tile, rel = ft.tile_scores(
+        kv_pos = r.kv_positions[kv] if cfg.use_pos and (partial or with_mod) else None
+        mod = tile_mod(cfg, leaves, batch, head, q_pos, kv_pos)
+        s, dpr_tile, rel, raw = ft.tile_scores(
             partial,
             q=q,
             k=k,
@@ -260,7 +291,7 @@ def q_tile_scorer(cfg: KernelConfig, r: KernelInputs, ids=None):
             window=cfg.window,
             max_distance=cfg.max_distance,
             q_pos=q_pos,
-            kv_pos=r.kv_positions[kv] if cfg.use_pos and partial else None,
+            kv_pos=kv_pos if partial else None,
             q_seg=q_seg,
             kv_seg=r.kv_segments[kv] if cfg.use_seg and partial else None,
             kv_valid=kv_valid_mask(cfg, j, bk, padded_s) if partial else None,
@@ -272,9 +303,10 @@ def q_tile_scorer(cfg: KernelConfig, r: KernelInputs, ids=None):
             qr_far=far(qr_ends, partial, right),
             dpr_far=far(dpr_ends, partial, right),
             need_rel=need_rel,
+            score_mod=mod,
         )
         z = dropout_tile(cfg, r.dropout_seed, batch, head, i * cfg.block_q, j * bk)
-        return s, dpr_tile, rel, k, v, z
+        return s, dpr_tile, rel, k, v, z, None if mod is None else (mod, raw)
 
     return score
 
@@ -287,7 +319,7 @@ def _fwd_kernel(r, o_ref, lse_ref, *pr_ref, cfg: KernelConfig):
 
     def step(j, partial, right, carry):
         m, l, acc, *prs = carry
-        s, _, rel, _, v, z = score(j, partial, right, need_rel=cfg.use_pr)
+        s, _, rel, _, v, z, _ = score(j, partial, right, need_rel=cfg.use_pr)
         p, m_new, l_new, corr, row_sum = ft.online_softmax_step(s, m, l)
         if z is not None:  # dropout: l sums the weights before it, the values after
             p = p * z
@@ -363,6 +395,7 @@ def q_tile_specs(cfg: KernelConfig, ins: KernelInputs, n_kv_tiles: int):
         ),
         row_bounds=pl.BlockSpec((SQ, SQ, 4, n_q_tiles), lambda i, b, h_: (b, map_head(h_), 0, 0)),
         dropout_seed=pl.BlockSpec((2,), lambda i, b, h_: (0,)) if cfg.use_dropout else None,
+        mod_params=whole_specs(cfg),
     )
 
 
