@@ -11,8 +11,6 @@ the config's checks; and a `jattn train` / `jattn decode` round trip.
 
 from __future__ import annotations
 
-import contextlib
-import io
 import json
 import math
 
@@ -418,13 +416,13 @@ def test_train_and_decode_round_trip_on_the_smoke_config(tmp_path, capsys):
         ("eval_decode_examples", "4"),
     ]
     config = apply_overrides(load_config(smoke), overrides)
-    out = io.StringIO()
-    with contextlib.redirect_stdout(out):
-        final = train_and_evaluate(config, str(tmp_path))
+    capsys.readouterr()
+    final = train_and_evaluate(config, str(tmp_path))
+    printed = capsys.readouterr()  # the start-up summary goes to stderr
     run = load_run(str(tmp_path))
     assert run.model.config.architecture == "decoder_only"
     n = count_params(run.params)
-    assert f"parameters: {n:,}" in out.getvalue()
+    assert f"parameters: {n:,}" in printed.out + printed.err
     assert n == architecture_counts(run.model.config)["decoder_only"]
     assert math.isfinite(final["train/loss"])
     assert any("eval/validation/exact_match" in k for k in final)
