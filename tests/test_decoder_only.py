@@ -121,6 +121,7 @@ class Zoo(dict):
         "alibi": dict(pre_norm=True),
         "shaw": dict(shaw_terms="key+value+bias", attention_bias=True),
         "t5": dict(num_layers=2),  # one bias table for four layers
+        "xpos": dict(attention_impl="chunked"),  # the prefix LM's mask through the tiles
     }
 
     def __missing__(self, key):
