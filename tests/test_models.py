@@ -1,6 +1,8 @@
 """Tests of jattn.models: config checks, parameter counts, shapes, packing,
-shift-right, positional invariances, GQA/MQA, logical axis names, attention capture,
-attention dropout, the attention layer's explicit modes.
+shift-right, GQA/MQA, logical axis names, attention capture, attention
+dropout, the attention layer's explicit modes. The contracts every positional
+scheme must meet (cached = full, packed = unpacked, shift invariance, ...)
+are built from the registry in tests/test_schemes.py.
 
 Every scheme uses one tiny config; its params and jitted functions are built
 once per module (the `zoo` fixture) so each scheme compiles a forward pass and
@@ -33,8 +35,6 @@ from jattn.models import (
 )
 
 SCHEMES = list(REGISTRY)
-RELATIVE = ["shaw", "rope", "alibi", "t5"]
-ABSOLUTE = ["sinusoidal", "learned", "sinusoidal+shaw"]
 # Ontañón et al.'s variants: Shaw's terms (rel-e, rel-b, rel-eb) and relative
 # positions in decoder-to-encoder attention too ("rel2").
 VARIANTS = {
@@ -169,6 +169,12 @@ def unpacked(tokens: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         (dict(param_dtype="float99"), "param_dtype='float99' is not a dtype"),
         (dict(vocab_size=1), "vocab_size must be >= 2"),
         (dict(num_layers=2.0), "num_layers must be a positive int"),
+        (dict(position="fire", fire_hidden=0), "fire_hidden must be a positive int"),
+        (dict(alibi_mode="left"), "alibi_mode='left'; choose 'symmetric' or 'offset'"),
+        (dict(rope_scaling="linear"), "rope_scaling='linear'; choose one of"),
+        (dict(rope_scaling_factor=0.5), "rope_scaling_factor must be >= 1"),
+        (dict(random_positions=-1), "random_positions must be an int >= 0"),
+        (dict(position="rope", d_model=4), "rope needs head_dim >= 2"),
     ],
 )
 def test_bad_config_values_fail_clearly(overrides, match):
@@ -381,14 +387,6 @@ def _packed_batch():
     return inputs, targets, iseg, tseg, ipos, tpos
 
 
-@pytest.mark.parametrize("position", SCHEMES + list(VARIANTS))
-def test_packed_equals_unpacked(zoo, position):
-    b = zoo[position]
-    logits = np.asarray(b.fwd(b.params, *_packed_batch()))
-    np.testing.assert_allclose(logits[0, :4], logits[1, :4], rtol=1e-5, atol=1e-5)
-    np.testing.assert_allclose(logits[0, 4:7], logits[2, :3], rtol=1e-5, atol=1e-5)
-
-
 def test_packed_neighbour_cannot_influence(zoo):
     """Changing sequence A (source and target) changes nothing in packed neighbour B."""
     b = zoo["sinusoidal+shaw"]
@@ -402,39 +400,7 @@ def test_packed_neighbour_cannot_influence(zoo):
     assert not np.allclose(other[0, :4], base[0, :4])
 
 
-# -- positional invariances ----------------------------------------------------
-
-
-@pytest.mark.parametrize("position", SCHEMES)
-def test_encoder_permutation_equivariance_only_without_positions(zoo, position):
-    b = zoo[position]
-    rng = np.random.default_rng(1)
-    inputs = rng.integers(2, 13, (3, L)).astype(np.int32)  # no padding
-    seg, pos = unpacked(inputs)
-    perm = rng.permutation(L)
-    out = np.asarray(b.enc(b.params, inputs, seg, pos))
-    out_perm = np.asarray(b.enc(b.params, inputs[:, perm], seg, pos))
-    if position == "none":
-        np.testing.assert_allclose(out_perm, out[:, perm], rtol=1e-5, atol=1e-5)
-    else:
-        assert np.abs(out_perm - out[:, perm]).max() > 1e-3
-
-
-@pytest.mark.parametrize("position", RELATIVE + ABSOLUTE + list(VARIANTS))
-def test_relative_schemes_invariant_to_position_shift(zoo, position):
-    b = zoo[position]
-    inputs, targets, iseg, tseg, ipos, tpos = _packed_batch()
-    c = 5
-    enc = np.asarray(b.enc(b.params, inputs, iseg, ipos))
-    enc_shift = np.asarray(b.enc(b.params, inputs, iseg, ipos + c))
-    full = np.asarray(b.fwd(b.params, inputs, targets, iseg, tseg, ipos, tpos))
-    full_shift = np.asarray(b.fwd(b.params, inputs, targets, iseg, tseg, ipos + c, tpos + c))
-    if position in RELATIVE or position in VARIANTS:
-        np.testing.assert_allclose(enc_shift, enc, rtol=1e-5, atol=1e-5)
-        np.testing.assert_allclose(full_shift, full, rtol=1e-5, atol=1e-5)
-    else:
-        assert np.abs(enc_shift - enc).max() > 1e-3
-        assert np.abs(full_shift - full).max() > 1e-3
+# -- positional schemes (their registry-wide contracts: tests/test_schemes.py) ------
 
 
 @pytest.mark.parametrize("position", ["shaw", "shaw[bias]"])

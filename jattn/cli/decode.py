@@ -7,6 +7,10 @@ run's decoding settings apply (`decode`, `beam_size`, `beam_alpha`,
 
     jattn decode --workdir runs/numbers "342"
     jattn decode --workdir runs/numbers --decode beam --beam-size 8 "342" "17"
+    jattn decode --workdir runs/rope --rope-scaling yarn --rope-scaling-factor 2 "0123..."
+
+`--rope-scaling` (pi, ntk, yarn) with `--rope-scaling-factor` extends a run
+trained with plain RoPE to longer inputs (`TransformerConfig.rope_scaling`).
 
 Exit status: 0 done, 2 bad input (no run, no checkpoint, bad flag), in one line.
 """
@@ -37,6 +41,14 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument(
         "--max-len", type=int, default=None, help="output tokens (default: the run's decode length)"
     )
+    parser.add_argument(
+        "--rope-scaling", choices=("none", "pi", "ntk", "yarn"), default=None,
+        help="extend the run's RoPE to longer inputs (default: the run's model.rope_scaling)",
+    )  # fmt: skip
+    parser.add_argument(
+        "--rope-scaling-factor", type=float, default=None,
+        help="the extension factor of --rope-scaling (default: the run's)",
+    )  # fmt: skip
     parser.add_argument("texts", nargs="+", metavar="TEXT", help="inputs to decode")
     return parser
 
@@ -81,6 +93,19 @@ def decode_command(argv: Sequence[str]) -> int:
         run = load_run(args.workdir, args.step)
     except (FileNotFoundError, ValueError) as e:
         return fail(PROG, str(e))
+    scaling = {
+        key: value
+        for key, value in (("rope_scaling", args.rope_scaling),
+                           ("rope_scaling_factor", args.rope_scaling_factor))
+        if value is not None
+    }  # fmt: skip
+    if scaling:  # an evaluation-time model setting: the parameters are unchanged
+        from jattn.models import Transformer  # noqa: PLC0415
+
+        try:
+            run.model = Transformer(run.model.config.replace(**scaling))
+        except ValueError as e:
+            return fail(PROG, str(e))
     try:
         outputs = decode_texts(
             run, args.texts, method=args.decode, beam_size=args.beam_size,

@@ -93,9 +93,10 @@ class TransformerConfig:
       xpos_scale_base: xPos's decay length scale (Sun et al.'s 512).
       alibi_mode: ALiBi in bidirectional layers (the encoder; cross-attention
         with `relative_cross`): "symmetric" (`-m|i - j|`, blind to the order
-        of its inputs) or "order_aware" (a second set of slopes for keys
-        after the query, so left and right differ). Causal layers see only
-        keys behind the query, where both agree.
+        of its inputs) or "offset" (the order-aware form: keys after the
+        query pay a per-head offset of one slope, so left and right differ).
+        Causal layers use the paper's `-m (i - j)`.
+      fire_hidden: hidden units of FIRE's MLP (Li et al. use 32).
       random_positions: Ruoss et al.'s randomised positions: 0 (off), or M:
         in training each segment's positions are a sorted random sample of
         `[0, M)` (M >= every training segment's length), for every scheme.
@@ -143,6 +144,7 @@ class TransformerConfig:
     rope_original_length: int = 0
     xpos_scale_base: float = 512.0
     alibi_mode: str = "symmetric"
+    fire_hidden: int = 32
     random_positions: int = 0
     random_positions_eval: bool = False
     layer_norm_epsilon: float = 1e-6
@@ -195,6 +197,11 @@ class TransformerConfig:
                 f"TransformerConfig.relative_cross=True needs a relative scheme; position="
                 f"{self.position!r} has none"
             )
+        if scheme.causal_only:
+            raise ValueError(
+                f"TransformerConfig.position={self.position!r} is causal-only; the "
+                "encoder-decoder's encoder attends bidirectionally"
+            )
         self._check_extensions()
         self._check_architecture(scheme)
         scheme.check(self)
@@ -227,10 +234,9 @@ class TransformerConfig:
                 f"TransformerConfig.rope_scaling_factor must be >= 1, got "
                 f"{self.rope_scaling_factor!r}"
             )
-        if self.alibi_mode not in ("symmetric", "order_aware"):
+        if self.alibi_mode not in ("symmetric", "offset"):
             raise ValueError(
-                f"TransformerConfig.alibi_mode={self.alibi_mode!r}; choose 'symmetric' or "
-                "'order_aware'"
+                f"TransformerConfig.alibi_mode={self.alibi_mode!r}; choose 'symmetric' or 'offset'"
             )
         for name in ("random_positions", "rope_original_length"):
             value = getattr(self, name)

@@ -28,7 +28,6 @@ batch, T queries, S keys, N query heads, K kv heads, H head dim, D width.
 from __future__ import annotations
 
 import dataclasses
-import functools
 import math
 from typing import TYPE_CHECKING, Any
 
@@ -192,17 +191,6 @@ class Learned(Scheme):
 # -- Shaw et al. ------------------------------------------------------------------------
 
 
-@functools.cache
-def _shaw_bias_fn(max_distance: int):
-    """Ontañón et al.'s rel-b as a score mod: `score + table[head, clip(kv - q) + k]`."""
-
-    def shaw_bias(table, score, batch, head, q_position, kv_position):
-        r = jnp.clip(kv_position - q_position, -max_distance, max_distance) + max_distance
-        return score + table[head, r]  # table [N, 2k+1]
-
-    return shaw_bias
-
-
 @dataclasses.dataclass(frozen=True)
 class Shaw(Scheme):
     """Shaw et al.'s relative terms, those of `shaw_terms`: key and value tables
@@ -225,7 +213,7 @@ class Shaw(Scheme):
             ("heads", None),
             cfg.params_dtype,
         )  # [N, R]
-        return ScoreMod(_shaw_bias_fn(cfg.max_relative_distance), table.astype(jnp.float32))
+        return pos_lib.shaw_bias_score_mod(table.astype(jnp.float32), cfg.max_relative_distance)
 
     def shaw(self, module, cfg):
         terms = cfg.shaw & {"key", "value"}
@@ -301,51 +289,91 @@ class XPos(Rope):
 # -- score mods ----------------------------------------------------------------------
 
 
-def _alibi(slopes, score, batch, head, q_position, kv_position):
-    """ALiBi, symmetric: `score - slope[head] * |kv - q|` (Press et al.)."""
-    d = jnp.abs(kv_position.astype(jnp.float32) - q_position.astype(jnp.float32))
-    return score - slopes[head] * d
+class SchemeParams(nn.Module):
+    """A scheme's own parameters in one sub-module: `specs` is a tuple of
+    `(name, init, shape, logical axis names)`; returns `{name: array}`."""
+
+    specs: tuple
+    dtype: Any = jnp.float32
+
+    @nn.compact
+    def __call__(self) -> dict[str, Array]:
+        return {
+            name: param(self, name, init, shape, names, self.dtype)
+            for name, init, shape, names in self.specs
+        }
+
+
+def _constant(value: float):
+    """An initialiser filling with `value`."""
+    return lambda key, shape, dtype=jnp.float32: jnp.full(shape, value, dtype)
+
+
+def _inv_softplus(y: float) -> float:
+    return math.log(math.expm1(y))
 
 
 @dataclasses.dataclass(frozen=True)
 class Alibi(Scheme):
-    """Press et al.'s linear biases, fixed slopes per head."""
+    """Press et al.'s linear biases, fixed geometric slopes per head. Causal
+    layers use the paper's `-m (i - j)`; bidirectional ones `alibi_mode`:
+    "symmetric" (`-m |i - j|`, blind to input order) or "offset" (keys after
+    the query are further by a per-head offset `m`, which tells left from
+    right; `jattn.positions.alibi_score_mod`)."""
 
     relative: bool = True
     shift_invariant: bool = True
 
     def score_mod(self, module, cfg, site, state):
-        return ScoreMod(_alibi, pos_lib.alibi_slopes(cfg.num_heads))
+        mode = "causal" if site.causal else cfg.alibi_mode
+        return pos_lib.alibi_score_mod(pos_lib.alibi_slopes(cfg.num_heads), mode=mode)
 
 
-@functools.cache
-def _t5_fn(num_buckets: int, max_distance: int, bidirectional: bool):
-    """T5's bucketed bias as a score mod: `score + table[bucket(kv - q), head]`."""
+@dataclasses.dataclass(frozen=True)
+class Kerple(Scheme):
+    """Chi et al.'s KERPLE, logarithmic: `-r1 log(1 + r2 |i - j|)` per head and
+    layer, `r1 = softplus(kerple/r1)`, `r2 = softplus(kerple/r2)` (positive by
+    construction where the paper clamps; both 1 at init)."""
 
-    def t5_bias(table, score, batch, head, q_position, kv_position):
-        rel = kv_position - q_position
-        return score + table[_t5_bucket(rel, num_buckets, max_distance, bidirectional), head]
+    relative: bool = True
+    shift_invariant: bool = True
 
-    return t5_bias
+    def score_mod(self, module, cfg, site, state):
+        n, one = cfg.num_heads, _constant(_inv_softplus(1.0))
+        raw = SchemeParams(
+            (("r1", one, (n,), ("heads",)), ("r2", one, (n,), ("heads",))),
+            cfg.params_dtype,
+            name="kerple",
+        )()
+        r1, r2 = (jax.nn.softplus(raw[k].astype(jnp.float32)) for k in ("r1", "r2"))
+        return pos_lib.kerple_score_mod(r1, r2)
 
 
-def _t5_bucket(rel: Array, num_buckets: int, max_distance: int, bidirectional: bool) -> Array:
-    """`jattn.positions.t5_buckets` of one relative distance `kv - q` (any shape)."""
-    n = num_buckets
-    ret = jnp.zeros_like(rel)
-    if bidirectional:
-        n //= 2
-        ret = ret + (rel > 0).astype(jnp.int32) * n
-        dist = jnp.abs(rel)
-    else:
-        dist = jnp.maximum(-rel, 0)
-    max_exact = n // 2
-    safe = jnp.maximum(dist, 1).astype(jnp.float32)
-    large = max_exact + (
-        jnp.log(safe / max_exact) / math.log(max_distance / max_exact) * (n - max_exact)
-    ).astype(jnp.int32)
-    large = jnp.minimum(large, n - 1)
-    return ret + jnp.where(dist < max_exact, dist, large)
+@dataclasses.dataclass(frozen=True)
+class Fire(Scheme):
+    """Li et al.'s FIRE: a per-layer MLP (`fire_hidden` units) over
+    `log(c|i - j| + 1) / log(c max(L, i) + 1)` with learned c and L
+    (`jattn.positions.fire_score_mod`). It reads the query's own position
+    (the normaliser), so it is not shift invariant."""
+
+    relative: bool = True
+
+    def check(self, cfg):
+        _positive_int("fire_hidden", cfg.fire_hidden)
+
+    def score_mod(self, module, cfg, site, state):
+        n, h = cfg.num_heads, cfg.fire_hidden
+        zeros, normal = nn.initializers.zeros, nn.initializers.normal
+        specs = (  # the initial values of jattn.positions.init_fire_params
+            ("w1", normal(1.0), (h,), (None,)),
+            ("b1", zeros, (h,), (None,)),
+            ("w2", normal(h**-0.5), (n, h), ("heads", None)),
+            ("b2", zeros, (n,), ("heads",)),
+            ("c", _constant(_inv_softplus(1.0)), (), ()),
+            ("L", _constant(_inv_softplus(512.0)), (), ()),
+        )
+        params = SchemeParams(specs, cfg.params_dtype, name="fire")()
+        return pos_lib.fire_score_mod(jax.tree.map(lambda x: x.astype(jnp.float32), params))
 
 
 class T5RelativeBias(nn.Module):
@@ -397,14 +425,17 @@ class T5(Scheme):
         table = state
         if cfg.t5_per_layer or site.cross:  # the stacks' tables are for self-attention
             table = T5RelativeBias(cfg, name="t5_bias")()
-        fn = _t5_fn(cfg.t5_num_buckets, cfg.t5_max_distance, not site.causal)
-        return ScoreMod(fn, table.astype(jnp.float32))
+        return pos_lib.t5_score_mod(
+            table.astype(jnp.float32).T,  # [N, buckets]
+            max_distance=cfg.t5_max_distance,
+            bidirectional=not site.causal,
+        )
 
 
 # -- the registry ------------------------------------------------------------------------
 
 for _scheme in (
-    Scheme("none", order_blind=True),
+    Scheme("none", shift_invariant=True, order_blind=True),
     Sinusoidal("sinusoidal"),
     Learned("learned"),
     Shaw("shaw"),
@@ -413,5 +444,7 @@ for _scheme in (
     Alibi("alibi"),
     T5("t5"),
     XPos("xpos"),
+    Fire("fire"),
+    Kerple("kerple"),
 ):
     register(_scheme)
