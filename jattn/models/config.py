@@ -197,7 +197,7 @@ class TransformerConfig:
                 f"TransformerConfig.relative_cross=True needs a relative scheme; position="
                 f"{self.position!r} has none"
             )
-        if scheme.causal_only:
+        if scheme.causal_only and self.architecture != "decoder_only":  # (decoder-only: below)
             raise ValueError(
                 f"TransformerConfig.position={self.position!r} is causal-only; the "
                 "encoder-decoder's encoder attends bidirectionally"
