@@ -21,6 +21,7 @@ scheme and purpose (the `zoo` fixture).
 from __future__ import annotations
 
 import dataclasses
+import pathlib
 
 import flax.linen as nn
 import jax
@@ -505,3 +506,18 @@ def test_xpos_against_float64_decay_and_shift_invariance():
     logits = np.einsum("BTNH,BSNH->BNTS", xp(q, pos, False), xp(k, pos, True))
     shifted = np.einsum("BTNH,BSNH->BNTS", xp(q, pos + 50, False), xp(k, pos + 50, True))
     np.testing.assert_allclose(shifted, logits, rtol=1e-3, atol=1e-3)
+
+
+def test_every_scheme_is_a_config_variant_that_checks():
+    """`jattn train --config configs/reverse_digits.py:NAME` for every registered name."""
+    from jattn.train.config import ConfigError, check_config, load_config  # noqa: PLC0415
+
+    spec = str(pathlib.Path(__file__).parents[1] / "configs" / "reverse_digits.py")
+    for name in SCHEMES:
+        config = load_config(f"{spec}:{name},beam")
+        assert config.model.position == name and config.decode == "beam"
+        check_config(config)
+    config = load_config(f"{spec}:rope")
+    config.model.random_positions = 32  # below the 64-token rows
+    with pytest.raises(ConfigError, match="random_positions=32 must be >= max_len=64"):
+        check_config(config)
