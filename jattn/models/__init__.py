@@ -1,4 +1,4 @@
-"""Flax encoder–decoder Transformers built on jattn's core functions.
+"""Flax encoder–decoder and decoder-only Transformers built on jattn's core functions.
 
     from jattn.models import Transformer, TransformerConfig, decoding
     model = Transformer(TransformerConfig.base(vocab_size=37_000))
@@ -13,8 +13,16 @@ Needs flax (the `train` extra); `import jattn` alone does not import this.
 
 from jattn.models import decoding
 from jattn.models.config import TransformerConfig
+from jattn.models.decoder_only import DecoderOnly, DecoderOnlyLayer
 from jattn.models.schemes import SCHEMES, Scheme
-from jattn.models.summary import abstract_params, count_params, param_counts, summary
+from jattn.models.summary import (
+    abstract_params,
+    architecture_counts,
+    architecture_line,
+    count_params,
+    param_counts,
+    summary,
+)
 from jattn.models.transformer import (
     Decoder,
     DecoderLayer,
@@ -30,11 +38,15 @@ __all__ = [
     "Scheme",
     "Decoder",
     "DecoderLayer",
+    "DecoderOnly",
+    "DecoderOnlyLayer",
     "Encoder",
     "EncoderLayer",
     "Transformer",
     "TransformerConfig",
     "abstract_params",
+    "architecture_counts",
+    "architecture_line",
     "count_params",
     "decoding",
     "param_counts",

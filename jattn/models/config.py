@@ -18,7 +18,7 @@ from jattn.attention import IMPLEMENTATIONS
 from jattn.models.schemes import Scheme, get_scheme
 from jattn.positions import ROPE_SCALINGS
 
-__all__ = ["SHAW_TERMS", "TransformerConfig"]
+__all__ = ["ARCHITECTURES", "SHAW_TERMS", "TransformerConfig"]
 
 
 # The terms of Shaw's relative attention a model can have (`shaw_terms`, "+"-joined):
@@ -27,6 +27,10 @@ __all__ = ["SHAW_TERMS", "TransformerConfig"]
 # "bias": a learned scalar per clipped distance and head added to the logits
 #   (Ontañón et al. 2022's "rel-b"; with "key" their "rel-eb").
 SHAW_TERMS = ("key", "value", "bias")
+
+# `TransformerConfig.architecture`: Vaswani et al.'s encoder–decoder, or one
+# causal stack over inputs, a separator and targets (`jattn.models.decoder_only`).
+ARCHITECTURES = ("encoder_decoder", "decoder_only")
 
 
 def _positive_int(name: str, value: Any) -> None:
@@ -45,7 +49,10 @@ class TransformerConfig:
       num_heads: query heads N; `d_model / num_heads` is the head dim H.
       num_kv_heads: key/value heads K (N = MHA, 1 < K < N = GQA, 1 = MQA);
         None means `num_heads`.
-      num_layers: layers per stack (encoder and decoder each).
+      num_layers: layers per stack (encoder and decoder each); a decoder-only
+        model's one stack has `2 * num_layers` (as many as encoder plus
+        decoder, so switching `architecture` keeps the depth and, but for
+        the cross-attention, the parameter count).
       d_ff: hidden width of the position-wise MLP.
       dropout_rate: dropout on embeddings and on every sub-layer output.
       attention_dropout_rate: dropout on the attention weights of every
@@ -98,6 +105,13 @@ class TransformerConfig:
       layer_norm_epsilon: epsilon of every layer norm.
       dtype: compute dtype of activations ("float32", "bfloat16", ...).
       param_dtype: dtype of parameters.
+      architecture: one of `ARCHITECTURES`: "encoder_decoder" (default), or
+        "decoder_only": one causal stack over `inputs`, a separator (the
+        start symbol 0) and `targets`, returning logits for the targets only
+        (`jattn.models.decoder_only` documents the layout and positions).
+      prefix_lm: decoder-only: attention over the inputs is bidirectional
+        (each input token sees every input token of its example), the
+        separator and targets stay causal.
       capture_attention: sow the attention weights `[B, N, T, S]` of every
         attention layer into the "intermediates" collection under
         "attention_weights" (computed with an extra materialising pass).
@@ -137,6 +151,8 @@ class TransformerConfig:
     dtype: str = "float32"
     param_dtype: str = "float32"
     capture_attention: bool = False
+    architecture: str = "encoder_decoder"
+    prefix_lm: bool = False
 
     def __post_init__(self):
         if self.num_kv_heads is None:
@@ -181,12 +197,13 @@ class TransformerConfig:
                 f"TransformerConfig.relative_cross=True needs a relative scheme; position="
                 f"{self.position!r} has none"
             )
-        if scheme.causal_only:
+        if scheme.causal_only and self.architecture != "decoder_only":  # (decoder-only: below)
             raise ValueError(
                 f"TransformerConfig.position={self.position!r} is causal-only; the "
                 "encoder-decoder's encoder attends bidirectionally"
             )
         self._check_extensions()
+        self._check_architecture(scheme)
         scheme.check(self)
         longest = scheme.max_position(self)
         if self.random_positions and longest is not None and self.random_positions > longest:
@@ -229,6 +246,42 @@ class TransformerConfig:
             raise ValueError(
                 f"TransformerConfig.xpos_scale_base must be > 0, got {self.xpos_scale_base!r}"
             )
+
+    def _check_architecture(self, scheme: Scheme) -> None:
+        """`architecture` and `prefix_lm`."""
+        if self.architecture not in ARCHITECTURES:
+            raise ValueError(
+                f"TransformerConfig.architecture={self.architecture!r}; choose one of "
+                f"{ARCHITECTURES}"
+            )
+        if not isinstance(self.prefix_lm, bool):
+            raise ValueError(f"TransformerConfig.prefix_lm must be a bool, got {self.prefix_lm!r}")
+        decoder_only = self.architecture == "decoder_only"
+        if self.prefix_lm and not decoder_only:
+            raise ValueError(
+                "TransformerConfig.prefix_lm=True needs architecture='decoder_only' (the "
+                "encoder of an encoder_decoder is bidirectional already)"
+            )
+        if self.prefix_lm and scheme.causal_only:
+            raise ValueError(
+                f"TransformerConfig.prefix_lm=True attends bidirectionally over the inputs; "
+                f"position={self.position!r} is for causal attention only"
+            )
+        if decoder_only and self.relative_cross:
+            raise ValueError(
+                "TransformerConfig.relative_cross=True needs architecture='encoder_decoder' "
+                "(a decoder-only model has no cross-attention)"
+            )
+
+    @property
+    def decoder_only(self) -> bool:
+        """Whether `architecture` is "decoder_only"."""
+        return self.architecture == "decoder_only"
+
+    @property
+    def stack_layers(self) -> int:
+        """Layers of the decoder-only stack (`2 * num_layers`)."""
+        return 2 * self.num_layers
 
     # -- derived ---------------------------------------------------------------
 

@@ -29,6 +29,13 @@ beams only ever moves a row to another beam of the same source, whose
 cross-attention keys/values are the same, so the cross entries are left
 out of the reorder (the self-attention entries follow it).
 
+A decoder-only model (`TransformerConfig.architecture="decoder_only"`) runs
+the same loops: instead of encoding and prefilling the cross-attention, one
+pass over the prompt (`prefill_prompt`) writes the inputs' keys/values into
+the first S slots of every layer's self-attention cache (L = S + max_length
+slots), and step k feeds the previous token (the separator 0 first) at slot
+S + k; beam search tiles the prompt over the beams before the prefill.
+
 Token 0 is padding and the start symbol; token 1 (`EOS`) ends a sequence.
 Outputs are int32 `[B, max_length]`, with EOS kept and 0 after it.
 
@@ -51,7 +58,15 @@ from jattn.models.transformer import Transformer
 
 Array = jax.Array
 
-__all__ = ["EOS", "beam_search", "decode_step", "greedy", "init_cache", "prefill"]
+__all__ = [
+    "EOS",
+    "beam_search",
+    "decode_step",
+    "greedy",
+    "init_cache",
+    "prefill",
+    "prefill_prompt",
+]
 
 EOS = 1
 _NEG = -1.0e9  # "minus infinity" that stays finite through sums and divisions
@@ -101,6 +116,33 @@ def prefill(model: Transformer, params: Any, encoded: Array, max_length: int) ->
         {"params": _unwrap(params), "cache": cache}, encoded, mutable=["cache"], method="prefill"
     )
     return variables["cache"]
+
+
+def prefill_prompt(model: Transformer, params: Any, inputs: Array, max_length: int) -> Any:
+    """Decoder-only: the cache for decoding `max_length` steps after the prompt
+    `inputs` `[B, S]` (unpacked, 0 = padding): one pass of the stack writes
+    the prompt's keys/values into slots 0..S-1; the index is S."""
+    b, s = inputs.shape
+    cache = init_cache(model, b, max_length, source_length=s)
+    _, variables = model.clone(use_cache=True).apply(
+        {"params": _unwrap(params), "cache": cache},
+        inputs,
+        mutable=["cache"],
+        method="prefill_prompt",
+    )
+    return variables["cache"]
+
+
+def _start(model, params, inputs, max_length: int, cross_cache: bool, beams: int):
+    """The cache before the first step and what every step is given:
+    `(cache, step inputs [B*W, S], step encoded or None)`, W = `beams`."""
+    inputs_w = jnp.repeat(inputs, beams, axis=0)  # [B*W, S], row b*W + j
+    if model.config.decoder_only:  # decoder-only hook: prefill the prompt, no encoder
+        return prefill_prompt(model, params, inputs_w, max_length), inputs_w, None
+    encoded = model.apply({"params": params}, inputs, method="encode")  # [B, S, D]
+    enc_w = jnp.repeat(encoded, beams, axis=0)  # [B*W, S, D]
+    cache = _start_cache(model, params, enc_w, max_length, cross_cache)
+    return cache, inputs_w, None if cross_cache else enc_w
 
 
 def decode_step(
@@ -158,10 +200,12 @@ def _check(model, inputs, max_length: int) -> Array:
     if isinstance(max_length, bool) or not isinstance(max_length, int) or max_length < 1:
         raise ValueError(f"decoding: max_length must be a positive int, got {max_length!r}")
     cfg = model.config
-    if cfg.max_position is not None and max_length > cfg.max_position:
+    longest = max_length + (inputs.shape[1] if cfg.decoder_only else 0)  # a decoder-only row
+    if cfg.max_position is not None and longest > cfg.max_position:
         raise ValueError(
-            f"decoding: max_length={max_length} exceeds max_len={cfg.max_position} of the "
-            f"{cfg.position!r} positions"
+            f"decoding: max_length={max_length}"
+            + (f" + {inputs.shape[1]} input tokens" if cfg.decoder_only else "")
+            + f" exceeds max_len={cfg.max_position} of the {cfg.position!r} positions"
         )
     return inputs.astype(jnp.int32)
 
@@ -179,9 +223,7 @@ def _greedy(
     (the path before the cache; same tokens, kept for benchmarks and tests).
     """
     b = inputs.shape[0]
-    encoded = model.apply({"params": params}, inputs, method="encode")  # [B, S, D]
-    cache = _start_cache(model, params, encoded, max_length, cross_cache)
-    step_encoded = None if cross_cache else encoded
+    cache, inputs, step_encoded = _start(model, params, inputs, max_length, cross_cache, 1)
 
     def cond(state):
         i, _, _, done, _ = state
@@ -271,11 +313,7 @@ def _beam_search(
     of beams. `cross_cache=False` projects them at every step instead.
     """
     b, w, big_l = inputs.shape[0], beam_size, max_length
-    encoded = model.apply({"params": params}, inputs, method="encode")  # [B, S, D]
-    enc_w = jnp.repeat(encoded, w, axis=0)  # [B*W, S, D], row b*W + j
-    inputs_w = jnp.repeat(inputs, w, axis=0)  # [B*W, S]
-    cache = _start_cache(model, params, enc_w, max_length, cross_cache)
-    step_encoded = None if cross_cache else enc_w
+    cache, inputs_w, step_encoded = _start(model, params, inputs, max_length, cross_cache, w)
     max_penalty = length_penalty(big_l, alpha)
 
     def cond(state):

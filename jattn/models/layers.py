@@ -228,6 +228,9 @@ class Attention(nn.Module):
         scheme_state: Any = None,
         cache_index: Array | None = None,
         train: bool = False,
+        visible: Array | None = None,
+        cache_positions: Array | None = None,
+        cache_segment_ids: Array | None = None,
     ) -> Array | None:
         """Attend from `x` to `kv` in the given mode (see the class docstring).
 
@@ -244,6 +247,12 @@ class Attention(nn.Module):
           cache_index: int scalar, the slot a causal "step" writes.
           train: attention dropout at `config.attention_dropout_rate` (needs
             a "dropout" rng).
+          visible, cache_positions, cache_segment_ids: the decoder-only hook
+            (`jattn.models.decoder_only`). `visible`: bool broadcastable to
+            `[B, 1, T, S]`, replacing a causal layer's causal rule (a prefix
+            LM's). `cache_*`: int `[B, L]`, the positions and segment ids of a
+            causal step's cache slots (default `arange(L)`, no segments); with
+            them a step may write a block of T tokens at `cache_index`.
 
         Returns:
           `[B, T, D]` in the compute dtype; None for "prefill".
@@ -258,21 +267,28 @@ class Attention(nn.Module):
             self._read_cross_cache(kv_segment_ids) if reads_cache else self._project_kv(kv, w)
         )
         key, value = constrain(key, _HEADS), constrain(value, _HEADS)  # [B, S, K, H]
-        site = Site(causal=self.causal, cross=self.cross, train=train)
+        site = Site(causal=self.causal and not self.config.prefix_lm, cross=self.cross, train=train)
         if self._relative:
             q, key = self.config.scheme.rotate(self.config, q, key, q_positions, kv_positions, site)
         value = self._replace_values(value)
         if self.decode and self.is_initializing():
             self._create_cache(key, value)
         if self.causal and mode == "step":
-            key, value, kv_positions = self._write_step(key, value, cache_index)  # [B, L, K, H]
-            q_segment_ids = kv_segment_ids = None
+            key, value, kv_positions = self._write_step(key, value, cache_index, cache_positions)
+            if cache_positions is None:  # [B, L, K, H], slots at positions arange(L)
+                q_segment_ids = kv_segment_ids = None
+            else:  # decoder-only hook: the slots' own positions and segments
+                kv_positions, kv_segment_ids = cache_positions, cache_segment_ids
         mod = None
         if self._relative:  # the score mod's parameters, declared before Shaw's tables
             mod = self.config.scheme.score_mod(self, self.config, site, scheme_state)
         ids = dict(q_segment_ids=q_segment_ids, kv_segment_ids=kv_segment_ids)
         ids.update(q_positions=q_positions, kv_positions=kv_positions)
-        out = self._attend(q, key, value, mod, mask=self._key_mask(), train=train, **ids)
+        mask = self._key_mask()
+        if visible is not None:  # decoder-only hook: the caller's rule replaces the causal one
+            mask = visible if mask is None else mask & visible
+        causal = self.causal and visible is None
+        out = self._attend(q, key, value, mod, mask=mask, causal=causal, train=train, **ids)
         return self._project_out(out, w)  # [B, T, D]
 
     # -- checks --------------------------------------------------------------
@@ -371,7 +387,9 @@ class Attention(nn.Module):
 
     # -- attention -----------------------------------------------------------
 
-    def _attend(self, q, key, value, mod: ScoreMod | None, *, train: bool, **visibility):
+    def _attend(
+        self, q, key, value, mod: ScoreMod | None, *, causal: bool, train: bool, **visibility
+    ):
         """`jattn.dot_product_attention` `[B, T, N, H]`, with the scheme's score
         mod and Shaw tables, attention dropout in training, and the weights
         sown when configured.
@@ -388,7 +406,7 @@ class Attention(nn.Module):
             relative=shaw,
             score_mod=mod,
             implementation=cfg.attention_impl,
-            is_causal=self.causal,
+            is_causal=causal,
             dropout_rate=rate,
             dropout_rng=self.make_rng("dropout") if rate > 0 else None,
             **visibility,
@@ -396,7 +414,7 @@ class Attention(nn.Module):
         if cfg.capture_attention:
             bias = None if mod is None else _materialise(mod, q.shape, key.shape, visibility)
             weights = attention_weights(
-                q, key, bias, relative=shaw, is_causal=self.causal, **visibility
+                q, key, bias, relative=shaw, is_causal=causal, **visibility
             )  # [B, N, T, S]
             self.sow("intermediates", "attention_weights", weights)
         return out
@@ -456,8 +474,12 @@ class Attention(nn.Module):
             )
         return key, value
 
-    def _write_step(self, key: Array, value: Array, index: Array) -> tuple[Array, Array, Array]:
-        """A causal step: write `key`/`value` `[B, 1, K, H]` at slot `index`.
+    def _write_step(
+        self, key: Array, value: Array, index: Array, slots: Array | None = None
+    ) -> tuple[Array, Array, Array]:
+        """A causal step: write `key`/`value` `[B, 1, K, H]` at slot `index`
+        (a block `[B, T, K, H]` at slots `index...` when the caller gives the
+        `slots`' positions).
 
         Returns:
           The whole cache's keys and values `[B, L, K, H]` and their
@@ -465,7 +487,7 @@ class Attention(nn.Module):
         """
         cached_key, cached_value = self._cache("step")
         b, t = key.shape[:2]
-        if t != 1:
+        if t != 1 and slots is None:
             raise ValueError(f"Attention(decode=True): one token a step, got length {t}")
         start = (0, index, 0, 0)
         cached_key.value = lax.dynamic_update_slice(cached_key.value, key, start)

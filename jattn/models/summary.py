@@ -18,7 +18,14 @@ import jax.numpy as jnp
 from jattn.models.config import TransformerConfig
 from jattn.models.transformer import Transformer
 
-__all__ = ["abstract_params", "count_params", "param_counts", "summary"]
+__all__ = [
+    "abstract_params",
+    "architecture_counts",
+    "architecture_line",
+    "count_params",
+    "param_counts",
+    "summary",
+]
 
 
 def abstract_params(config: TransformerConfig, *, length: int = 8) -> dict[str, Any]:
@@ -31,6 +38,43 @@ def abstract_params(config: TransformerConfig, *, length: int = 8) -> dict[str, 
     tokens = jnp.ones((1, length), jnp.int32)
     variables = jax.eval_shape(lambda: model.init(jax.random.key(0), tokens, tokens))
     return nn.unbox(variables["params"])
+
+
+def architecture_counts(config: TransformerConfig) -> dict[str, int]:
+    """Parameter counts of `config` as an encoder–decoder and as a decoder-only
+    model (everything else equal; abstract, nothing allocated).
+
+    A decoder-only stack has `2 * num_layers` layers (as many as encoder plus
+    decoder) and one token embedding, so the two differ by the
+    cross-attention projections (`4 D^2` a decoder layer, plus its norm) and,
+    without `share_embeddings`, by the second input embedding.
+
+    Returns:
+      `{"encoder_decoder": n, "decoder_only": m}`.
+    """
+    return {
+        arch: count_params(
+            abstract_params(
+                config.replace(architecture=arch, prefix_lm=False, relative_cross=False)
+            )
+        )
+        for arch in ("encoder_decoder", "decoder_only")
+    }
+
+
+def architecture_line(config: TransformerConfig) -> str:
+    """One start-up line: this model's count beside the other architecture's
+    at the same width, e.g. "parameters: 17,600 (decoder_only, 2 layers;
+    encoder_decoder at the same width: 21,984, 1+1 layers)"."""
+    counts = architecture_counts(config)
+    n = config.num_layers
+    layers = {"decoder_only": f"{2 * n} layers", "encoder_decoder": f"{n}+{n} layers"}
+    other = "encoder_decoder" if config.decoder_only else "decoder_only"
+    return (
+        f"parameters: {counts[config.architecture]:,} ({config.architecture}, "
+        f"{layers[config.architecture]}; {other} at the same width: {counts[other]:,}, "
+        f"{layers[other]})"
+    )
 
 
 def _unwrap(params: Mapping[str, Any]) -> Mapping[str, Any]:

@@ -27,6 +27,7 @@ import jax.numpy as jnp
 from jattn.models.axes import constrain
 from jattn.models.blocks import DECODER_MODES, DecoderLayer, EncoderLayer
 from jattn.models.config import TransformerConfig
+from jattn.models.decoder_only import DecoderOnly
 from jattn.models.inputs import (
     check_position_length,
     check_tokens,
@@ -240,7 +241,8 @@ class Decoder(nn.Module):
 
 
 class Transformer(nn.Module):
-    """The encoder–decoder model of `jattn.models.TransformerConfig`.
+    """The encoder–decoder (or, with `architecture="decoder_only"`, the
+    decoder-only: `jattn.models.decoder_only`) model of `TransformerConfig`.
 
     Attributes:
       config: hyperparameters.
@@ -258,6 +260,10 @@ class Transformer(nn.Module):
             raise TypeError(
                 f"Transformer: config must be a TransformerConfig, got {type(cfg).__name__}"
             )
+        if cfg.decoder_only:  # decoder-only hook: one embedding, one stack "decoder"
+            self.embed = Embed(cfg)
+            self.decoder = DecoderOnly(cfg, embed=self.embed, decode=self.use_cache)
+            return
         if cfg.share_embeddings:
             self.embed = Embed(cfg)
             source, target = self.embed, self.embed
@@ -277,6 +283,7 @@ class Transformer(nn.Module):
         train: bool = False,
     ) -> Array:
         """Encoder outputs `[B, S, D]` for int `inputs` `[B, S]`."""
+        self._encoder_decoder_only("encode")
         inputs = check_tokens("inputs", inputs)
         check_position_length(self.config, inputs.shape[1], "inputs")
         seg, pos = segments_and_positions(inputs, inputs_segment_ids, inputs_positions, "inputs")
@@ -308,6 +315,7 @@ class Transformer(nn.Module):
         Returns:
           float32 `[B, T, V]`.
         """
+        self._encoder_decoder_only("decode")
         inputs = check_tokens("inputs", inputs)
         targets = check_tokens("targets", targets)
         if (inputs_segment_ids is None) != (targets_segment_ids is None):
@@ -355,6 +363,8 @@ class Transformer(nn.Module):
         """
         if not self.use_cache:
             raise ValueError("Transformer.step needs use_cache=True")
+        if self.config.decoder_only:  # decoder-only hook: the prompt is in the cache
+            return self.decoder(inputs, tokens, mode="step")
         inputs = check_tokens("inputs", inputs)
         tokens = check_tokens("tokens", tokens)
         self._check_encoded(encoded, inputs, tokens)
@@ -378,12 +388,36 @@ class Transformer(nn.Module):
         """
         if not self.use_cache:
             raise ValueError("Transformer.prefill needs use_cache=True")
+        self._encoder_decoder_only("prefill")
         if encoded.ndim != 3 or encoded.shape[-1] != self.config.d_model:
             raise ValueError(
                 f"Transformer.prefill: encoded must be [B, S, {self.config.d_model}], "
                 f"got {list(encoded.shape)}"
             )
         self.decoder(encoded, None, mode="prefill")
+
+    def prefill_prompt(self, inputs: Array) -> None:
+        """Decoder-only: run the stack over the prompt `inputs` `[B, S]`
+        (unpacked, 0 = padding) once and write its keys/values into cache
+        slots 0..S-1 (`jattn.models.decoder_only`); the steps that follow
+        start with the separator (token 0). Needs `use_cache=True`, a cache
+        from `jattn.models.decoding.init_cache` and `mutable=["cache"]`."""
+        if not self.use_cache:
+            raise ValueError("Transformer.prefill_prompt needs use_cache=True")
+        if not self.config.decoder_only:
+            raise ValueError(
+                "Transformer.prefill_prompt is for architecture='decoder_only'; an "
+                "encoder_decoder prefills its encoder output (Transformer.prefill)"
+            )
+        self.decoder(inputs, None, mode="prefill")
+
+    def _encoder_decoder_only(self, method: str) -> None:
+        """A one-line error for the encoder–decoder's methods on a decoder-only model."""
+        if self.config.decoder_only:
+            raise ValueError(
+                f"Transformer.{method} is for architecture='encoder_decoder'; a decoder_only "
+                "model has no encoder (call the model, or step/prefill_prompt)"
+            )
 
     def _random_positions(self, tokens: Array, segment_ids: Array | None, name: str):
         """Segment ids (as `__call__` derives them) and Ruoss et al.'s random
@@ -429,6 +463,17 @@ class Transformer(nn.Module):
           targets_positions: int `[B, T]`; likewise.
           train: enables dropout (needs a "dropout" rng).
         """
+        if self.config.decoder_only:  # decoder-only hook: one stack over the stream
+            return self.decoder(
+                inputs,
+                targets,
+                mode="full",
+                inputs_segment_ids=inputs_segment_ids,
+                targets_segment_ids=targets_segment_ids,
+                inputs_positions=inputs_positions,
+                targets_positions=targets_positions,
+                train=train,
+            )
         if (inputs_segment_ids is None) != (targets_segment_ids is None):
             raise ValueError(
                 "Transformer: packed rows need both inputs_segment_ids and "

@@ -1,0 +1,428 @@
+"""The decoder-only Transformer: one causal stack over inputs, a separator, then targets.
+
+`TransformerConfig.architecture = "decoder_only"` keeps every signature of
+the encoder–decoder (`Transformer.__call__(inputs, targets, ...)`,
+`jattn.decoding.greedy` and `beam_search`), so training, evaluation,
+decoding and probes serve both. The row the stack reads is the
+concatenation
+
+    stream = [inputs (S tokens) | shift_right(targets) (T tokens)]   # [B, S+T]
+
+where the first token of each example's shifted targets is the start symbol
+0: that token is the separator. Its output predicts the first target token,
+and the logits returned are those of the T target-side positions `[B, T, V]`,
+exactly the positions the encoder–decoder's decoder predicts from.
+
+Positions run on across the separator, per example: an example with n input
+tokens has them at 0..n-1, the separator at n and its j-th target token (the
+one the output at position n+j predicts is target j) at n+j. In packed rows
+the inputs keep their positions (restarting per segment) and a segment's
+target-side positions are offset by one past its last input position; a
+packed example is one segment of the stream (its inputs and targets share
+the segment id), so the shift right and the positions restart per example
+and no example sees another. With `random_positions` each example's n + m
+positions are one sorted random sample, as Ruoss et al. draw them per sequence.
+
+Attention is causal in these positions: a token sees the tokens of its
+example at positions up to its own. With `prefix_lm` an input token also
+sees the later input tokens of its example (never the separator or a target
+token), the positional terms take their bidirectional form (T5's
+bidirectional buckets, ALiBi's `alibi_mode`), and the separator and targets
+stay causal.
+
+Parameters: one token embedding (also the output projection when
+`share_embeddings`, else a separate output layer "decoder/logits") and
+`2 * num_layers` layers of self-attention and MLP, as many as encoder plus
+decoder; the encoder–decoder's extra parameters are the cross-attention
+projections (`jattn.models.summary.architecture_counts` counts both).
+
+KV cache (`DecoderOnly` with `decode=True`), under "decoder": `index`,
+`slot_positions` and `slot_segments` int `[B, L]` (L = S + max_length), and
+per layer `layer_i/self_attention/cached_{key,value}` `[B, L, K, H]`.
+"prefill" runs the stack once over the prompt (the inputs) and writes slots
+0..S-1 (padding slots carry segment 0, so nothing attends to them); each
+"step" then feeds one token (the separator first, as the encoder–decoder's
+first step feeds the start symbol) at slot S + k and position n + k.
+
+Shapes: B batch, S input length, T target length, L stream / cache length,
+D model width, V vocabulary.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+
+from jattn.models.axes import constrain
+from jattn.models.blocks import sublayer
+from jattn.models.config import TransformerConfig
+from jattn.models.inputs import (
+    check_position_length,
+    check_tokens,
+    random_positions,
+    segments_and_positions,
+    shift_right,
+)
+from jattn.models.layers import MLP, AbsolutePositions, Attention, layer_norm
+
+Array = jax.Array
+
+__all__ = [
+    "DECODER_ONLY_MODES",
+    "DecoderOnly",
+    "DecoderOnlyLayer",
+    "prefix_visibility",
+    "prompt_offsets",
+    "stream_layout",
+    "stream_random_positions",
+    "target_offsets",
+]
+
+# "full": teacher forcing over inputs and targets; "prefill": write the prompt
+# into the cache; "step": one token over the cache.
+DECODER_ONLY_MODES = ("full", "prefill", "step")
+
+
+# -- the stream (pure) ----------------------------------------------------------------
+
+
+def target_offsets(
+    inputs_segment_ids: Array, inputs_positions: Array, targets_segment_ids: Array
+) -> Array:
+    """Where each target-side token's positions start: one past the last input
+    position of its segment (0 for a segment without inputs).
+
+    Args:
+      inputs_segment_ids, inputs_positions: int `[B, S]`.
+      targets_segment_ids: int `[B, T]`.
+
+    Returns:
+      int32 `[B, T]`.
+    """
+    same = (targets_segment_ids[:, :, None] == inputs_segment_ids[:, None, :]) & (
+        inputs_segment_ids[:, None, :] > 0
+    )  # [B, T, S]
+    ends = jnp.where(same, inputs_positions[:, None, :] + 1, 0)  # [B, T, S]
+    return jnp.max(ends, axis=-1).astype(jnp.int32)  # [B, T]
+
+
+def prompt_offsets(inputs: Array) -> Array:
+    """`target_offsets` of unpacked rows (`inputs != 0`, positions `arange(S)`):
+    the separator's position, int32 `[B]`."""
+    s = inputs.shape[1]
+    return jnp.max(jnp.where(inputs != 0, jnp.arange(1, s + 1), 0), axis=1).astype(jnp.int32)
+
+
+def stream_layout(
+    inputs: Array,
+    targets: Array,
+    inputs_segment_ids: Array,
+    targets_segment_ids: Array,
+    inputs_positions: Array,
+    targets_positions: Array,
+) -> tuple[Array, Array, Array]:
+    """The stack's row: tokens, segment ids and positions, each int `[B, S+T]`.
+
+    Tokens are the inputs then the targets shifted right per segment (the
+    start symbol 0 at each example's first target-side slot is the
+    separator); target-side positions are offset per segment by
+    `target_offsets`.
+    """
+    shifted = shift_right(targets, targets_segment_ids)  # [B, T]
+    offsets = target_offsets(inputs_segment_ids, inputs_positions, targets_segment_ids)
+    tokens = jnp.concatenate([inputs, shifted], axis=1).astype(jnp.int32)  # [B, S+T]
+    segments = jnp.concatenate([inputs_segment_ids, targets_segment_ids], axis=1)
+    positions = jnp.concatenate([inputs_positions, targets_positions + offsets], axis=1)
+    return tokens, segments.astype(jnp.int32), positions.astype(jnp.int32)
+
+
+def stream_random_positions(rng: Array, segment_ids: Array, max_position: int) -> Array:
+    """Ruoss et al.'s randomised positions for the stream's examples, each of
+    which is two runs of one segment id (its inputs, its targets): a stable
+    sort by segment id makes each example one run for
+    `jattn.models.inputs.random_positions`, whose positions are put back in
+    stream order. Int32 `[B, L]`; padding gets 0."""
+    big = jnp.iinfo(jnp.int32).max
+    order = jnp.argsort(jnp.where(segment_ids > 0, segment_ids, big), axis=1, stable=True)
+    grouped = jnp.take_along_axis(segment_ids, order, axis=1)  # [B, L], one run an example
+    drawn = random_positions(rng, grouped, max_position)  # [B, L] in grouped order
+    return jnp.take_along_axis(drawn, jnp.argsort(order, axis=1), axis=1)
+
+
+def prefix_visibility(positions: Array, is_input: Array) -> Array:
+    """A prefix LM's rule: key s visible to query t iff `pos[s] <= pos[t]` or s
+    is an input token (segment ids then keep examples apart).
+
+    Args:
+      positions: int `[B, L]`.
+      is_input: bool `[B, L]`.
+
+    Returns:
+      bool `[B, 1, L, L]`.
+    """
+    causal = positions[:, None, None, :] <= positions[:, None, :, None]  # [B, 1, L, L]
+    return causal | is_input[:, None, None, :]
+
+
+# -- modules --------------------------------------------------------------------------
+
+
+class DecoderOnlyLayer(nn.Module):
+    """Causal (or prefix-LM) self-attention then MLP, each in a residual block.
+
+    Attributes:
+      config: the model config.
+      decode: the self-attention keeps a KV cache (`Attention`'s "cache").
+    """
+
+    config: TransformerConfig
+    decode: bool = False
+
+    @nn.compact
+    def __call__(
+        self,
+        x: Array,
+        *,
+        mode: str,
+        segment_ids: Array,
+        positions: Array,
+        scheme_state: Any,
+        visible: Array | None = None,
+        cache_index: Array | None = None,
+        cache_positions: Array | None = None,
+        cache_segment_ids: Array | None = None,
+        train: bool = False,
+    ) -> Array:
+        """One layer.
+
+        Args:
+          x: `[B, T, D]` (the stream in "full", the prompt in "prefill", one
+            token in "step").
+          mode: `Attention`'s "full" or "step" (a block write for prefill).
+          segment_ids, positions: int `[B, T]` of the queries.
+          scheme_state: the scheme's parameters shared by the stack, or None.
+          visible: bool broadcastable to `[B, 1, T, S]`, replacing the causal
+            rule (prefix LM), or None.
+          cache_index: int scalar, the first slot written ("step").
+          cache_positions, cache_segment_ids: int `[B, L]` of the cache slots.
+          train: dropout (needs a "dropout" rng).
+
+        Returns:
+          `[B, T, D]`.
+        """
+        cfg = self.config
+        attn = Attention(cfg, causal=True, decode=self.decode, name="self_attention")
+        x = sublayer(
+            cfg,
+            x,
+            lambda h: attn(
+                h,
+                h,
+                mode=mode,
+                q_segment_ids=segment_ids,
+                kv_segment_ids=segment_ids,
+                q_positions=positions,
+                kv_positions=positions,
+                scheme_state=scheme_state,
+                cache_index=cache_index,
+                train=train,
+                visible=visible,
+                cache_positions=cache_positions,
+                cache_segment_ids=cache_segment_ids,
+            ),
+            layer_norm(cfg, "self_attention_norm"),
+            train,
+        )
+        return sublayer(cfg, x, MLP(cfg, name="mlp"), layer_norm(cfg, "mlp_norm"), train)
+
+
+class DecoderOnly(nn.Module):
+    """Embeddings + positions, `2 * num_layers` layers, logits of the target side.
+
+    Attributes:
+      config: the model config (`architecture="decoder_only"`).
+      embed: the token embedding (also the output projection when shared).
+      decode: keep the KV cache (see the module docstring); the "full" call
+        at `init` creates it, sized by its inputs and targets.
+
+    Modes (`DECODER_ONLY_MODES`): "full" (teacher forcing: logits `[B, T, V]`),
+    "prefill" (`inputs` into the cache; returns None) and "step" (`targets` is
+    the previous token `[B, 1]`, not shifted; logits `[B, 1, V]`).
+    """
+
+    config: TransformerConfig
+    embed: nn.Module
+    decode: bool = False
+
+    @nn.compact
+    def __call__(
+        self,
+        inputs: Array,
+        targets: Array | None,
+        *,
+        mode: str = "full",
+        inputs_segment_ids: Array | None = None,
+        targets_segment_ids: Array | None = None,
+        inputs_positions: Array | None = None,
+        targets_positions: Array | None = None,
+        train: bool = False,
+    ) -> Array | None:
+        """Run the stack in one of `DECODER_ONLY_MODES`.
+
+        Args:
+          inputs: int `[B, S]` (unpacked for "prefill" and "step").
+          targets: int `[B, T]` ("full"), the previous token `[B, 1]`
+            ("step"), None ("prefill").
+          mode: "full", "prefill" or "step".
+          inputs_segment_ids, targets_segment_ids, inputs_positions,
+            targets_positions: as `Transformer.__call__` ("full" only).
+          train: dropout (needs a "dropout" rng).
+
+        Returns:
+          float32 logits `[B, T, V]` (`[B, 1, V]` for a step); None for "prefill".
+        """
+        if mode not in DECODER_ONLY_MODES:
+            raise ValueError(f"DecoderOnly: mode must be one of {DECODER_ONLY_MODES}, got {mode!r}")
+        if mode != "full" and not self.decode:
+            raise ValueError(f"DecoderOnly: mode={mode!r} needs decode=True and a cache")
+        inputs = check_tokens("inputs", inputs)
+        if mode == "full":
+            return self._full(
+                inputs,
+                check_tokens("targets", targets),
+                (inputs_segment_ids, targets_segment_ids),
+                (inputs_positions, targets_positions),
+                train,
+            )
+        if not self.has_variable("cache", "index"):
+            raise ValueError(
+                f"DecoderOnly: mode={mode!r} needs an initialised cache "
+                "(jattn.models.decoding.init_cache)"
+            )
+        if mode == "prefill":
+            return self._prefill(inputs)
+        return self._step(check_tokens("tokens", targets))
+
+    # -- modes ---------------------------------------------------------------
+
+    def _full(self, inputs, targets, segment_ids, positions, train: bool) -> Array:
+        """Teacher forcing: logits `[B, T, V]` of the target side of the stream."""
+        cfg = self.config
+        if (segment_ids[0] is None) != (segment_ids[1] is None):
+            raise ValueError(
+                "Transformer: packed rows need both inputs_segment_ids and "
+                "targets_segment_ids (or neither)"
+            )
+        if inputs.shape[0] != targets.shape[0]:
+            raise ValueError(
+                f"Transformer: batch mismatch: inputs {list(inputs.shape)}, targets "
+                f"{list(targets.shape)}"
+            )
+        s, t = inputs.shape[1], targets.shape[1]
+        check_position_length(cfg, s + t, "inputs + targets")
+        in_seg, in_pos = segments_and_positions(inputs, segment_ids[0], positions[0], "inputs")
+        tg_seg, tg_pos = segments_and_positions(targets, segment_ids[1], positions[1], "targets")
+        tokens, seg, pos = stream_layout(inputs, targets, in_seg, tg_seg, in_pos, tg_pos)
+        if cfg.random_positions and (train or cfg.random_positions_eval):
+            rng = self.make_rng("dropout") if self.has_rng("dropout") else jax.random.key(0)
+            pos = stream_random_positions(rng, seg, cfg.random_positions)
+        if self.decode and self.is_initializing():
+            b, length = tokens.shape
+            self.variable("cache", "index", lambda: jnp.zeros((), jnp.int32))
+            self.variable("cache", "slot_positions", jnp.zeros, (b, length), jnp.int32)
+            self.variable("cache", "slot_segments", jnp.zeros, (b, length), jnp.int32)
+        visible = None
+        if cfg.prefix_lm:
+            is_input = jnp.broadcast_to(jnp.arange(s + t) < s, tokens.shape)  # [B, L]
+            visible = prefix_visibility(pos, is_input)
+        x = self._layers(tokens, seg, pos, train, mode="full", visible=visible)  # [B, L, D]
+        return self._logits(x[:, s:])
+
+    def _prefill(self, inputs: Array) -> None:
+        """The prompt's keys/values into slots 0..S-1; the slots' positions and
+        segments for every later step; index S."""
+        slot_pos = self.variable("cache", "slot_positions")
+        slot_seg = self.variable("cache", "slot_segments")
+        b, s = inputs.shape
+        length = slot_pos.value.shape[1]
+        if slot_pos.value.shape[0] != b or length < s:
+            raise ValueError(
+                f"DecoderOnly: prompt {list(inputs.shape)} does not fit the cache "
+                f"{list(slot_pos.value.shape)}: init_cache for the inputs' batch and length"
+            )
+        slots = jnp.arange(length, dtype=jnp.int32)[None, :]  # [1, L]
+        offsets = prompt_offsets(inputs)[:, None]  # [B, 1]
+        real = jnp.pad((inputs != 0).astype(jnp.int32), ((0, 0), (0, length - s)))
+        slot_pos.value = jnp.where(slots < s, slots, offsets + slots - s).astype(jnp.int32)
+        slot_seg.value = jnp.where(slots < s, real, 1).astype(jnp.int32)  # [B, L]
+        seg = (inputs != 0).astype(jnp.int32)  # [B, S]
+        pos = jnp.broadcast_to(jnp.arange(s, dtype=jnp.int32), (b, s))
+        visible = (slots < s)[:, None, None, :] if self.config.prefix_lm else None
+        self._layers(inputs, seg, pos, False, mode="step", visible=visible, index=0)
+        self.variable("cache", "index").value = jnp.asarray(s, jnp.int32)
+        return None
+
+    def _step(self, tokens: Array) -> Array:
+        """One token `[B, 1]` at the cache index: logits `[B, 1, V]`; advances it."""
+        index = self.variable("cache", "index")
+        current = index.value
+        index.value = current + 1
+        slot_pos = self.get_variable("cache", "slot_positions")  # [B, L]
+        pos = jax.lax.dynamic_slice_in_dim(slot_pos, current, 1, axis=1)  # [B, 1]
+        seg = jnp.ones_like(tokens, jnp.int32)
+        x = self._layers(tokens, seg, pos, False, mode="step", visible=None, index=current)
+        return self._logits(x)
+
+    # -- pieces --------------------------------------------------------------
+
+    def _layers(self, tokens, seg, pos, train: bool, *, mode: str, visible, index=None) -> Array:
+        """Embeddings (+ the scheme's absolute vectors) through every layer, `[B, L, D]`."""
+        cfg = self.config
+        x = self.embed(tokens)  # [B, L, D]
+        if cfg.scheme.absolute:
+            x = AbsolutePositions(cfg, name="positions")(x, pos)
+        x = nn.Dropout(cfg.dropout_rate)(x, deterministic=not train)
+        x = constrain(x, ("batch", "length", "embed"))
+        state = cfg.scheme.stack_state(self, cfg, causal=not cfg.prefix_lm)
+        cached = {}
+        if mode == "step":
+            cached = dict(
+                cache_index=index,
+                cache_positions=self.get_variable("cache", "slot_positions"),
+                cache_segment_ids=self.get_variable("cache", "slot_segments"),
+            )
+        for i in range(cfg.stack_layers):
+            x = DecoderOnlyLayer(cfg, decode=self.decode, name=f"layer_{i}")(
+                x,
+                mode=mode,
+                segment_ids=seg,
+                positions=pos,
+                scheme_state=state,
+                visible=visible,
+                train=train,
+                **cached,
+            )
+        if cfg.pre_norm:
+            x = layer_norm(cfg, "final_norm")(x)
+        return constrain(x, ("batch", "length", "embed"))
+
+    def _logits(self, x: Array) -> Array:
+        """`[B, T, D]` -> float32 logits `[B, T, V]`."""
+        cfg = self.config
+        if cfg.share_embeddings:
+            logits = self.embed.attend(x)
+        else:
+            logits = nn.Dense(
+                cfg.vocab_size,
+                use_bias=False,
+                dtype=cfg.compute_dtype,
+                param_dtype=cfg.params_dtype,
+                kernel_init=nn.with_logical_partitioning(
+                    jax.nn.initializers.xavier_uniform(), ("embed", "vocab")
+                ),
+                name="logits",
+            )(x)
+        return constrain(logits.astype(jnp.float32), ("batch", "length", "vocab"))
