@@ -24,8 +24,9 @@ export JAX_PLATFORMS=cpu
 # and the drop-in contracts (jax.nn, flax's attention_fn). Left out: the
 # training loop, data pipelines, CLI, experiments and fault tests, which
 # depend on flax/orbax/grain more than on jax's version, and would take the
-# run past 30 minutes on a 2-core machine. Measured (CPU seconds of one
-# pytest process, jax 0.12.0.1): see docs/gpu.md, "Two jax versions in CI".
+# run past 30 minutes on a 2-core machine. Measured under jax 0.12.0.1: 481
+# tests, 14.1 CPU-minutes in one pytest process, so ~7-8 minutes with -n 2
+# after the main suite's ~12 (docs/gpu.md, "Two jax versions in CI").
 SECOND_JAX_TESTS=(
     tests/test_attention.py tests/test_masks.py tests/test_positions.py
     tests/test_errors_and_import.py tests/test_chunked_window_dropout.py
