@@ -422,7 +422,8 @@ def main(argv=None) -> int:
         worst = max((r["spill_stores"] or 0 for r in new if r["spill_stores"] != ""), default="-")
         elapsed = time.perf_counter() - start
         print(
-            f"[{elapsed:7.1f}s] {i + 1}/{len(names)} {name}: {new[0]['status']}, {len(new)} "
+            f"[{elapsed:7.1f}s] {i + 1}/{len(names)} {name}: {new[0]['status']}, "
+            f"{sum(1 for r in new if r['kernel'])} "
             f"kernel(s), compile {new[0]['compile_s']} s, max spill stores {worst}",
             flush=True,
         )
