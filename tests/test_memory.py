@@ -28,7 +28,8 @@ def xla_live_logit_arrays(is_causal: bool) -> int:
 def test_xla_logits_formula_matches_xla(length, causal):
     """The compiled figure is the predicted count of live arrays, within 10%
     for two arrays; for one array, at least that array and well under two
-    (the rest is `[B, N, T]`-sized rows, 26% of one array at T = 512)."""
+    (the rest, `B·N·T·(2H+1)` floats of query-sized arrays and row
+    statistics, is 26% of one array at T = 512)."""
     predicted = memory.attention_logits_bytes(1, 8, length, length, implementation="xla")
     compiled = memory.xla_attention_temp_bytes(1, 8, length, length, 64, is_causal=causal)
     if xla_live_logit_arrays(causal) == 2:

@@ -13,7 +13,7 @@ own figure for the compiled program (`memory_analysis()`).
 - What the logits count predicts, per compiler: `total` (2 arrays) is what
   the xla path's program holds when XLA keeps the scores and the weights
   apart, and an upper bound: XLA may write the softmax over the scores'
-  buffer, leaving one array (`per_array`) and a few `[B, N, T]`-sized rows.
+  buffer, leaving one array (`per_array`) and query-sized arrays.
   Measured with `xla_attention_temp_bytes` (B·N = 8, H = 64, float32, T = S
   = 512 / 1024 / 2048, compiled temp over `total`): XLA:CPU of jaxlib 0.10.2
   and 0.11.2 keeps both arrays, causal or not (1.06 / 1.03 / 1.02);
