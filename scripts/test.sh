@@ -1,6 +1,10 @@
 #!/usr/bin/env bash
 # Set up (or reuse) .venv in the repo root, install jattn with everything the
-# tests need, lint, and run the whole test suite on the CPU.
+# tests need, lint, and run the whole test suite on the CPU (Python 3.11 or
+# $PYTHON, jax 0.10.2). Then the second jax: .venv-jax12 (Python 3.12, which
+# jax >= 0.11 needs; made here from pyenv's 3.12 or $PYTHON312) with the
+# newest jax 0.12.x, running SECOND_JAX_TESTS below (or, when arguments are
+# given, the same arguments as the first run).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PY=${PYTHON:-python3}
@@ -12,3 +16,37 @@ PY=${PYTHON:-python3}
 export JAX_PLATFORMS=cpu
 # pytest exits 5 when it collects no test: that is a failure here too.
 .venv/bin/python -m pytest -n 2 --dist loadfile -q "$@"
+
+# The second jax. The subset is what jattn promises on every jax it supports:
+# the core (attention implementations, masks, positions, dropout, memory
+# counts, import and errors), the kernels (Triton-style in interpret mode,
+# the Mosaic TPU ones, lowering for CUDA and TPU), the models and decoding,
+# and the drop-in contracts (jax.nn, flax's attention_fn). Left out: the
+# training loop, data pipelines, CLI, experiments and fault tests, which
+# depend on flax/orbax/grain more than on jax's version, and would take the
+# run past 30 minutes on a 2-core machine. Measured under jax 0.12.0.1: 481
+# tests, 14.1 CPU-minutes in one pytest process, so ~7-8 minutes with -n 2
+# after the main suite's ~12 (docs/gpu.md, "Two jax versions in CI").
+SECOND_JAX_TESTS=(
+    tests/test_attention.py tests/test_masks.py tests/test_positions.py
+    tests/test_errors_and_import.py tests/test_chunked_window_dropout.py
+    tests/test_dropout.py tests/test_memory.py
+    tests/test_pallas.py tests/test_kernel_variants.py tests/test_pallas_tpu.py
+    tests/test_models.py tests/test_decoding.py
+    tests/test_dropin_jax_nn.py tests/test_flax_adapter.py
+)
+if [ -z "${PYTHON312:-}" ]; then
+    if command -v pyenv >/dev/null && [ -d "$(pyenv root)/versions" ]; then
+        PYTHON312=$(ls -d "$(pyenv root)"/versions/3.12.*/bin/python3.12 2>/dev/null | sort -V | tail -1)
+    fi
+    PYTHON312=${PYTHON312:-python3.12}
+fi
+[ -x .venv-jax12/bin/python ] || "$PYTHON312" -m venv .venv-jax12
+.venv-jax12/bin/python -m pip install -q --upgrade pip
+.venv-jax12/bin/python -m pip install -q -e ".[train,test]" "jax==0.12.*"
+.venv-jax12/bin/python -c 'import jax; print("second jax:", jax.__version__)'
+if [ "$#" -gt 0 ]; then
+    .venv-jax12/bin/python -m pytest -n 2 --dist loadfile -q "$@"
+else
+    .venv-jax12/bin/python -m pytest -n 2 --dist loadfile -q "${SECOND_JAX_TESTS[@]}"
+fi

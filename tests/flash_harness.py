@@ -289,7 +289,33 @@ def _lower_vjp(platform: str, backend: str, dtype, *, t, h, causal, packed, shaw
         dropout_rate=dropout_rate,
         backward=backward,
     )
-    return jax.jit(fn).trace(args, cot).lower(lowering_platforms=(platform,)).as_text()
+    if platform != "cuda":
+        return jax.jit(fn).trace(args, cot).lower(lowering_platforms=(platform,)).as_text()
+    # The trace's compile-time constants (the cached static block maps) are
+    # evaluated on the host first: eager work cannot run under an abstract mesh.
+    jax.eval_shape(fn, args, cot)
+    with cuda_target():
+        return jax.jit(fn).trace(args, cot).lower(lowering_platforms=("cuda",)).as_text()
+
+
+H100_KIND = "NVIDIA H100 80GB HBM3"  # an H100 SXM's `device_kind`
+
+
+def cuda_target(device_kind: str = H100_KIND, num_cores: int = 132):
+    """The context to lower Triton kernels for CUDA on a host with no GPU.
+
+    jax 0.10 lowers Triton for compute capability 9.0 when it finds no GPU;
+    from 0.11 the Triton lowering asks the device for its compute capability
+    and, with none, raises "No supported GPU devices found, please specify an
+    abstract GPU device using AbstractDevice". An abstract mesh of one
+    abstract H100 names that device on every version (0.10.2 ignores it);
+    tracing and lowering must both happen inside it.
+    """
+    device = jax.sharding.AbstractDevice(
+        device_kind=device_kind, num_cores=num_cores, platform="cuda"
+    )
+    mesh = jax.sharding.AbstractMesh((1,), ("cuda_target",), abstract_device=device)
+    return jax.sharding.use_abstract_mesh(mesh)
 
 
 def _assert_packed_isolation(inputs, cot, kw: dict, segment: slice):

@@ -382,24 +382,24 @@ def _lower_for_cuda(dtype, **kw):
         (jnp.float32, False, False, False, (1, 1, 1, 200), (1, 1, 200, 200), (32, 16), 0.2),
     ],
 )
+# jax >= 0.11 warns that its Pallas Triton backend is deprecated on every
+# Triton lowering (tests/test_kernel_variants.py checks that it reaches users).
+@pytest.mark.filterwarnings("ignore:The Pallas Triton backend is deprecated:DeprecationWarning")
 def test_gpu_path_lowers_to_triton(
     dtype, causal, packed, shaw, bias_shape, mask_shape, window, dropout
 ):
-    try:
-        text = _lower_for_cuda(
-            dtype,
-            causal=causal,
-            packed=packed,
-            shaw=shaw,
-            bias_shape=bias_shape,
-            mask_shape=mask_shape,
-            window=window,
-            dropout_rate=dropout,
-        )
-    except RuntimeError as e:  # jax >= 0.11 compiles Triton while lowering: needs a GPU
-        if "compil" in str(e).lower() and "handler" in str(e).lower():
-            pytest.skip(f"Triton compilation needs a GPU with this jax: {e}")
-        raise
+    # For an abstract H100 (`flash_harness.cuda_target`): no GPU needed, on
+    # every jax version CI runs.
+    text = _lower_for_cuda(
+        dtype,
+        causal=causal,
+        packed=packed,
+        shaw=shaw,
+        bias_shape=bias_shape,
+        mask_shape=mask_shape,
+        window=window,
+        dropout_rate=dropout,
+    )
     calls = text.count("__gpu$xla.gpu.triton") + text.count("triton_kernel_call")
     assert calls >= 3, "expected the forward, dq and dk/dv Triton kernels"
     for name in ("jattn_flash_fwd", "jattn_flash_dq", "jattn_flash_dkv"):

@@ -10,6 +10,17 @@ own figure for the compiled program (`memory_analysis()`).
   path holds the same arrays for one `[block_q, block_k]` tile at a time; the
   Pallas kernel holds a tile in on-chip memory (SRAM/VMEM) and nothing of
   size `T·S` in device memory.
+- What the logits count predicts, per compiler: `total` (2 arrays) is what
+  the xla path's program holds when XLA keeps the scores and the weights
+  apart, and an upper bound: XLA may write the softmax over the scores'
+  buffer, leaving one array (`per_array`) and query-sized arrays.
+  Measured with `xla_attention_temp_bytes` (B·N = 8, H = 64, float32, T = S
+  = 512 / 1024 / 2048, compiled temp over `total`): XLA:CPU of jaxlib 0.10.2
+  and 0.11.2 keeps both arrays, causal or not (1.06 / 1.03 / 1.02);
+  XLA:CPU of jaxlib 0.12.0.1 keeps both under a causal mask (the same
+  ratios) and one without a mask (0.63 / 0.56 / 0.53: `per_array` plus
+  `B·N·T·(2H+1)` floats). XLA:GPU: not measured yet. tests/test_memory.py
+  holds each compiler to its figure.
 - KV cache for decoding: `layers × 2 (K and V) × kv heads × (context +
   source) × head dim × bytes` per sequence. Each decoder layer caches its
   self-attention keys/values for the `context` target positions and its

@@ -5,14 +5,20 @@ The kernels come in two families: Triton-style (`triton_forward`,
 `triton_backward`, `fused_backward`; GPUs, and interpret mode on the CPU) and
 Mosaic TPU (`mosaic_forward`, `mosaic_backward`). Pallas picks its GPU
 lowering from the type of `compiler_params`: Triton's `CompilerParams`
-select Triton; `None` selects whatever `jax_pallas_use_mosaic_gpu` says,
-and that flag defaults to Mosaic GPU (jax 0.10 and 0.11). A Triton-style
-kernel sent to Mosaic GPU fails deep in the compiler with errors that say
-nothing about the cause, so on a GPU this module always passes Triton's
-parameters and, when the Triton backend cannot be imported, raises
-`PallasBackendError` naming the jax / jaxlib versions and what is missing.
-There is no fallback: a silent switch to another kernel would make every
-benchmark lie.
+select Triton. With `None`, jax 0.10 follows the `jax_pallas_use_mosaic_gpu`
+flag, which defaults to Mosaic GPU; jax 0.11 and 0.12 have no such flag and
+lower `pl.pallas_call` with Triton (Mosaic GPU is selected by its own
+parameters or `plgpu.kernel`). A Triton-style kernel sent to Mosaic GPU
+fails deep in the compiler with errors that say nothing about the cause, so
+on a GPU this module always passes Triton's parameters and, when the Triton
+backend cannot be imported, raises `PallasBackendError` naming the jax /
+jaxlib versions and what is missing. There is no fallback: a silent switch
+to another kernel would make every benchmark lie.
+
+From jax 0.11 every Triton lowering warns "The Pallas Triton backend is
+deprecated and will be removed" (a `DeprecationWarning`). jattn leaves it
+as jax emits it (docs/gpu.md: the kernels stay Triton, the jax versions
+known to work, how to see the warning).
 
 The configuration a call picks is decided here too: tile sizes per backend
 (`default_blocks`, checked by `check_block`), Triton warps by tile rows
@@ -97,14 +103,14 @@ def check_triton() -> None:
                 f"{_versions()} cannot import {name} ({e}). Install a jax with the "
                 'Pallas Triton backend (pip install "jax[cuda12]"; the jaxlib must '
                 "ship gpu_triton), or use implementation='xla', 'chunked' or 'cudnn'. "
-                "jattn does not fall back to Mosaic GPU, jax's default Pallas GPU "
-                "backend: the kernels are written for Triton."
+                "jattn does not fall back to Mosaic GPU (jax 0.10's default Pallas GPU "
+                "backend): the kernels are written for Triton."
             ) from e
 
 
 def triton_compiler_params(num_warps: int | None, num_stages: int | None):
     """Triton `CompilerParams`: passing them is what selects the Triton
-    lowering (without them Pallas uses Mosaic GPU)."""
+    lowering (without them jax 0.10 uses Mosaic GPU by default)."""
     check_triton()
     from jax.experimental.pallas import triton as pltriton
 
