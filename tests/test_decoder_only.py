@@ -424,7 +424,11 @@ def test_train_and_decode_round_trip_on_the_smoke_config(tmp_path, capsys):
     assert run.model.config.architecture == "decoder_only"
     n = count_params(run.params)
     assert f"parameters: {n:,}" in printed.out + printed.err
-    assert n == architecture_counts(run.model.config)["decoder_only"]
+    counts = architecture_counts(run.model.config)
+    assert n == counts["decoder_only"]
+    # Printed at start beside the encoder-decoder's count at the same width.
+    assert f"decoder_only {n:,} (" in printed.out + printed.err
+    assert f"encoder_decoder {counts['encoder_decoder']:,} parameters" in printed.out + printed.err
     assert math.isfinite(final["train/loss"])
     assert any("eval/validation/exact_match" in k for k in final)
     lines = [json.loads(s) for s in (tmp_path / "metrics.jsonl").read_text().splitlines()]

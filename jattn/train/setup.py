@@ -275,6 +275,20 @@ def metric_names(eval_sets) -> list[str]:
     ]
 
 
+def _architectures_line(config, task) -> str:
+    """Both architectures' parameter counts at this run's width, so a decoder-only
+    run and an encoder-decoder one can be compared at equal size."""
+    from jattn.models import architecture_counts  # noqa: PLC0415 -- the model layer
+
+    model_config = build_model_config(config, task.tokenizer.vocab_size)
+    counts = architecture_counts(model_config)
+    n = model_config.num_layers
+    return (
+        f"at this width: encoder_decoder {counts['encoder_decoder']:,} parameters "
+        f"({n}+{n} layers), decoder_only {counts['decoder_only']:,} ({2 * n} layers)"
+    )
+
+
 def startup_summary(
     workdir, config, mesh, num_params: int, task, eval_sets, start: int, data_check
 ) -> str:
@@ -291,6 +305,7 @@ def startup_summary(
     lines = [
         f"workdir: {workdir}" + (f" (resuming at step {start})" if start else ""),
         f"parameters: {num_params:,}",
+        _architectures_line(config, task),
         f"devices: {len(devices)} x {', '.join(kinds)} ({jax.process_count()} process(es)); "
         f"mesh {dict(mesh.shape)}"
         + ("; " + allocator.describe() if devices[0].platform == "cpu" else ""),
