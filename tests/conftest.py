@@ -37,3 +37,25 @@ def data_dir(tmp_path_factory) -> str:
     prepared there once, never in the shared ~/tensorflow_datasets. (The fault suite
     overrides it with a copy a test may damage: tests/faults/conftest.py.)"""
     return str(tmp_path_factory.mktemp("tfds"))
+
+
+import pytest  # noqa: E402
+
+_CACHE_DIR = jax.config.jax_compilation_cache_dir
+
+
+@pytest.fixture(autouse=True)
+def _compilation_cache_stays_off():
+    """A test that runs `jattn train`/`ablate` in this process without
+    ``--compilation_cache_dir=`` turns jax's persistent cache on for every later
+    test of the worker; XLA:CPU then serialises Pallas interpret-mode executables
+    and can crash the worker (a segfault in a later kernel test). Fail at the
+    test that does it instead."""
+    yield
+    now = jax.config.jax_compilation_cache_dir
+    if now != _CACHE_DIR:
+        jax.config.update("jax_compilation_cache_dir", _CACHE_DIR)
+        pytest.fail(
+            f"this test turned on jax's persistent compilation cache ({now!r}); "
+            "pass --compilation_cache_dir= to in-process jattn commands"
+        )

@@ -16,6 +16,9 @@ from jattn.train.config import ConfigError, apply_overrides, load_config
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 TINY = str(ROOT / "experiments" / "positional.py") + ":tiny"
+# In-process `jattn ablate` calls that may compile: keep this process's jax config (the
+# persistent compilation cache) untouched, as tests/test_cli.py does.
+NO_CACHE = ["--compilation_cache_dir="]
 
 
 def test_grid_expansion_names_and_overrides(tmp_path):
@@ -94,7 +97,15 @@ def test_cli_emit_and_bad_key(tmp_path, capsys):
     assert main(["ablate", "--config", TINY, "--workdir", str(tmp_path), "--emit", "commands"]) == 0
     assert capsys.readouterr().out.count("jattn train") == 2
     status = main(
-        ["ablate", "--config", TINY, "--workdir", str(tmp_path), "--config.grid.seed.valuez=1"]
+        [
+            "ablate",
+            "--config",
+            TINY,
+            "--workdir",
+            str(tmp_path),
+            "--config.grid.seed.valuez=1",
+            *NO_CACHE,
+        ]  # fmt: skip
     )
     assert status == 2
     assert "valuez" in capsys.readouterr().err
@@ -173,7 +184,7 @@ def test_a_missing_experiment_file_is_a_one_line_error(tmp_path, capsys):
 
     missing = str(tmp_path / "experiments" / "nope.py")
     for spec in (missing, missing + ":tiny"):
-        assert main(["ablate", "--config", spec, "--workdir", str(tmp_path / "w")]) == 2
+        assert main(["ablate", "--config", spec, "--workdir", str(tmp_path / "w"), *NO_CACHE]) == 2
         out, err = capsys.readouterr()
         assert out == "" and err.count("\n") == 1
         assert err.startswith(f"jattn ablate: error: --config: no such config file {missing!r}")
@@ -186,7 +197,7 @@ def test_every_run_of_a_grid_is_checked_before_anything_runs(tmp_path, capsys, e
     from jattn.cli import main
 
     workdir = tmp_path / "abl"
-    argv = ["ablate", "--config", TINY, "--workdir", str(workdir),
+    argv = ["ablate", "--config", TINY, "--workdir", str(workdir), *NO_CACHE,
             "--config.grid.position.values=rope,rotary,t5,nope"]  # fmt: skip
     if emit_fmt:
         argv += ["--emit", emit_fmt]
