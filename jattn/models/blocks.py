@@ -18,12 +18,34 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
+from jattn.models.axes import constrain
 from jattn.models.config import TransformerConfig
 from jattn.models.layers import MLP, Attention, layer_norm
 
 Array = jax.Array
 
-__all__ = ["DECODER_MODES", "DecoderLayer", "EncoderLayer", "sublayer"]
+__all__ = ["DECODER_MODES", "DecoderLayer", "EncoderLayer", "sublayer", "vocab_logits"]
+
+
+def vocab_logits(cfg: TransformerConfig, embed: nn.Module, x: Array) -> Array:
+    """`[B, T, D]` -> float32 logits `[B, T, V]`: the shared embedding's `attend`, or
+    the output projection "logits" of the calling module (call it from a
+    compact method, so both architectures keep one parameter layout)."""
+    if cfg.share_embeddings:
+        logits = embed.attend(x)
+    else:
+        logits = nn.Dense(
+            cfg.vocab_size,
+            use_bias=False,
+            dtype=cfg.compute_dtype,
+            param_dtype=cfg.params_dtype,
+            kernel_init=nn.with_logical_partitioning(
+                jax.nn.initializers.xavier_uniform(), ("embed", "vocab")
+            ),
+            name="logits",
+        )(x)
+    logits = logits.astype(jnp.float32)  # [B, T, V]
+    return constrain(logits, ("batch", "length", "vocab"))
 
 
 def sublayer(cfg: TransformerConfig, x: Array, f, norm: nn.Module, train: bool) -> Array:

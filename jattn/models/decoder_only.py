@@ -57,7 +57,7 @@ import jax
 import jax.numpy as jnp
 
 from jattn.models.axes import constrain
-from jattn.models.blocks import sublayer
+from jattn.models.blocks import sublayer, vocab_logits
 from jattn.models.config import TransformerConfig
 from jattn.models.inputs import (
     check_position_length,
@@ -411,18 +411,4 @@ class DecoderOnly(nn.Module):
 
     def _logits(self, x: Array) -> Array:
         """`[B, T, D]` -> float32 logits `[B, T, V]`."""
-        cfg = self.config
-        if cfg.share_embeddings:
-            logits = self.embed.attend(x)
-        else:
-            logits = nn.Dense(
-                cfg.vocab_size,
-                use_bias=False,
-                dtype=cfg.compute_dtype,
-                param_dtype=cfg.params_dtype,
-                kernel_init=nn.with_logical_partitioning(
-                    jax.nn.initializers.xavier_uniform(), ("embed", "vocab")
-                ),
-                name="logits",
-            )(x)
-        return constrain(logits.astype(jnp.float32), ("batch", "length", "vocab"))
+        return vocab_logits(self.config, self.embed, x)

@@ -25,7 +25,7 @@ import jax
 import jax.numpy as jnp
 
 from jattn.models.axes import constrain
-from jattn.models.blocks import DECODER_MODES, DecoderLayer, EncoderLayer
+from jattn.models.blocks import DECODER_MODES, DecoderLayer, EncoderLayer, vocab_logits
 from jattn.models.config import TransformerConfig
 from jattn.models.decoder_only import DecoderOnly
 from jattn.models.inputs import (
@@ -223,21 +223,7 @@ class Decoder(nn.Module):
         cfg = self.config
         if cfg.pre_norm:
             x = layer_norm(cfg, "final_norm")(x)
-        if cfg.share_embeddings:
-            logits = self.embed.attend(x)
-        else:
-            logits = nn.Dense(
-                cfg.vocab_size,
-                use_bias=False,
-                dtype=cfg.compute_dtype,
-                param_dtype=cfg.params_dtype,
-                kernel_init=nn.with_logical_partitioning(
-                    jax.nn.initializers.xavier_uniform(), ("embed", "vocab")
-                ),
-                name="logits",
-            )(x)
-        logits = logits.astype(jnp.float32)  # [B, T, V]
-        return constrain(logits, ("batch", "length", "vocab"))
+        return vocab_logits(cfg, self.embed, x)
 
 
 class Transformer(nn.Module):
