@@ -13,10 +13,10 @@ and 41 in `test_longer`; addition's inputs ("a+b") have 43 and 83, its
 targets 22 and 42.
 
 The data side of the decoder-only grid (`experiments/decoder_only.py`): the
-model here is jattn's encoder-decoder until `model.architecture` exists;
-the grid sets it. `:arg` is a comma-separated list: a task ("copy", the
-default, "reverse", "addition") and the variants of
-`jattn.train.apply_variant` (a positional scheme, ...).
+model here is jattn's encoder-decoder (`model.architecture` defaults to
+"encoder_decoder"); the grid sets "decoder_only". `:arg` is a
+comma-separated list: a task ("copy", the default, "reverse", "addition")
+and the variants of `jattn.train.apply_variant` (a positional scheme, ...).
 """
 
 from jattn.train.config import apply_variant, default_config

@@ -9,38 +9,23 @@ Generalization in Transformers" (NeurIPS 2023), find for decoder-only models
 NoPE ≈ T5 > ALiBi > RoPE ≈ sinusoidal beyond the training lengths. This grid
 trains `configs/kazemnejad.py` (training lengths 1-20, `test_longer` 21-40,
 1,000 examples, every target token shown in training) on copy and reverse,
-with no positions (NoPE), T5 buckets, ALiBi, RoPE and sinusoidal, 3 seeds
+with no positions (NoPE), T5 buckets, ALiBi, RoPE, sinusoidal and FIRE, 3 seeds
 each, and reports exact match on `test_longer` with its interval, the best
 seed, and exact match by length (`jattn.analysis.anchors`).
 
-It needs `TransformerConfig.architecture` ("decoder_only", issue 24, item 1):
-until the model has it, `get_config` refuses with that message rather than
-train an encoder-decoder under this name. The data side (tasks, lengths,
-row and evaluation lengths) is complete and tested; steps and size are the
-main job's and must be timed again once the architecture exists (20
-minutes at most on the 2-core CPU).
+Every run is `model.architecture = "decoder_only"`: one causal stack over
+the input, a separator and the target (`jattn.models.decoder_only`).
 
-`:arg` picks a preset: "" (copy and reverse, five schemes, 3 seeds), "tiny"
+`:arg` picks a preset: "" (copy and reverse, six schemes, 3 seeds), "tiny"
 (one task, two schemes, one seed, a few steps: the tests).
 """
 
 import ml_collections
 
-SCHEMES = "none,t5,alibi,rope,sinusoidal"
-
-
-def _has_architecture() -> bool:
-    from jattn.train.config import model_defaults  # noqa: PLC0415
-
-    return "architecture" in model_defaults()
+SCHEMES = "none,t5,alibi,rope,sinusoidal,fire"
 
 
 def get_config(arg=None):
-    if not _has_architecture():
-        raise ValueError(
-            "experiments/decoder_only.py needs TransformerConfig.architecture "
-            "('decoder_only'), which this checkout's model does not have yet"
-        )
     c = ml_collections.ConfigDict()
     c.base = "configs/kazemnejad.py"
     c.train = ml_collections.ConfigDict()

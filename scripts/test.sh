@@ -14,8 +14,24 @@ PY=${PYTHON:-python3}
 .venv/bin/ruff check jattn tests experiments benchmarks configs
 .venv/bin/ruff format --check jattn tests experiments benchmarks configs
 export JAX_PLATFORMS=cpu
+# glibc's own fatal messages (heap corruption, ...) to stderr, not the tty, so
+# a crashed xdist worker says why in the log.
+export LIBC_FATAL_STDERR_=1
+# pytest-xdist's controller can hang after a worker crashes (seen twice: the
+# crashed worker's test is reported, then the session never ends), so each
+# pytest run has a wall-clock limit and fails with a message past it instead
+# of running into CI's own limit. Override with JATTN_TEST_TIMEOUT (seconds).
+LIMIT=${JATTN_TEST_TIMEOUT:-3000}
+run_pytest() {
+    local rc=0
+    timeout -k 60 "$LIMIT" "$@" || rc=$?
+    if [ "$rc" -eq 124 ] || [ "$rc" -eq 137 ]; then
+        echo "scripts/test.sh: pytest ran past ${LIMIT} s and was stopped: $*" >&2
+    fi
+    return "$rc"
+}
 # pytest exits 5 when it collects no test: that is a failure here too.
-.venv/bin/python -m pytest -n 2 --dist loadfile -q "$@"
+run_pytest .venv/bin/python -m pytest -n 2 --dist loadfile -q "$@"
 
 # The second jax. The subset is what jattn promises on every jax it supports:
 # the core (attention implementations, masks, positions, dropout, memory
@@ -46,7 +62,7 @@ fi
 .venv-jax12/bin/python -m pip install -q -e ".[train,test]" "jax==0.12.*"
 .venv-jax12/bin/python -c 'import jax; print("second jax:", jax.__version__)'
 if [ "$#" -gt 0 ]; then
-    .venv-jax12/bin/python -m pytest -n 2 --dist loadfile -q "$@"
+    run_pytest .venv-jax12/bin/python -m pytest -n 2 --dist loadfile -q "$@"
 else
-    .venv-jax12/bin/python -m pytest -n 2 --dist loadfile -q "${SECOND_JAX_TESTS[@]}"
+    run_pytest .venv-jax12/bin/python -m pytest -n 2 --dist loadfile -q "${SECOND_JAX_TESTS[@]}"
 fi

@@ -9,6 +9,7 @@ and `jax.jit` outputs; the training loop's ahead-of-time compiled step is not
 checked (its divergence tests produce a NaN on purpose).
 """
 
+import gc
 import os
 import sys
 
@@ -26,6 +27,11 @@ from jattn.train.allocator import tune_host_allocator  # noqa: E402
 
 tune_host_allocator()  # as `jattn` does: XLA:CPU's step temporaries off mmap (1.5x faster steps)
 
+# No persistent compilation cache in the test processes, ever: jax decides once
+# per process whether to use it, so turning its directory off again after a
+# test set it is not enough, and XLA:CPU serialising Pallas interpret-mode
+# executables crashed a worker (the guard fixture below names such a test).
+jax.config.update("jax_enable_compilation_cache", False)
 jax.config.update("jax_numpy_rank_promotion", "raise")
 jax.config.update("jax_debug_nans", True)
 jax.config.update("jax_debug_infs", True)
@@ -59,3 +65,19 @@ def _compilation_cache_stays_off():
             f"this test turned on jax's persistent compilation cache ({now!r}); "
             "pass --compilation_cache_dir= to in-process jattn commands"
         )
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _compiled_functions_freed_per_file():
+    """Frees every compiled function (jax's caches) after each test file.
+
+    Functions are shared within a file (module-level jits, module fixtures);
+    across files they are not. Each XLA:CPU executable holds about six memory
+    maps until it is freed, and an xdist worker that kept every executable of
+    the files it ran reached 41,851 maps (and 6 GiB) by two thirds of the
+    suite: past Linux's `vm.max_map_count` of 65,530 the next mmap fails, and
+    the kernel tests' largest interpret-mode compile then aborted or
+    segfaulted the worker (in three full-suite runs)."""
+    yield
+    jax.clear_caches()
+    gc.collect()
