@@ -100,24 +100,21 @@ def _cases() -> dict[str, Case]:
     bias = rng.standard_normal((4, 1, S)).astype(np.float32)
     bias[..., ::5] = -1e30
     cases["gqa_mask_bias"] = Case(dict(_qkv(rng, T, S, 4, 2, HV), mask=mask, bias=bias))
-    cases["mqa"] = Case(_qkv(rng, T, S, 4, 1, HV))
-    cases["causal"] = Case(_qkv(rng, T, T, 4, 2), is_causal=True)
+    # Causal MHA self attention with a full per-head bias and a given scale.
     bias = rng.standard_normal((B, 4, T, T)).astype(np.float32)
-    cases["bias_full_scale"] = Case(
-        dict(_qkv(rng, T, T, 4, 4), bias=bias), is_causal=True, scale=0.3
-    )
+    cases["causal"] = Case(dict(_qkv(rng, T, T, 4, 4), bias=bias), is_causal=True, scale=0.3)
     # Rows with no visible key: a random mask elsewhere, a full bias, a Shaw value table.
     mask = rng.random((B, 1, T, S)) > 0.3
     mask[:, :, DEAD_ROWS] = False
     arrays = dict(_qkv(rng, T, S, 4, 2, HV), mask=mask, bias=rng.standard_normal((B, 4, T, S)))
     arrays["bias"] = arrays["bias"].astype(np.float32)
     cases["dead_rows"] = Case(dict(arrays, **_shaw(rng, 4, 1, key=False)), max_distance=1)
-    # Cross attention with padding (segment 0) on both sides and a query
+    # MQA cross attention with padding (segment 0) on both sides and a query
     # segment (3) that has no key at all: its rows are 0.
     qseg = np.tile(np.int32([1] * 8 + [2] * 8 + [3] * 4 + [0] * 4), (B, 1))
     kvseg = np.tile(np.int32([1] * 9 + [2] * 7 + [0] * 4), (B, 1))
-    cases["padding"] = Case(
-        dict(_qkv(rng, T, S, 4, 2, HV), q_segment_ids=qseg, kv_segment_ids=kvseg)
+    cases["padding_mqa"] = Case(
+        dict(_qkv(rng, T, S, 4, 1, HV), q_segment_ids=qseg, kv_segment_ids=kvseg)
     )
     positions = dict(
         q_positions=np.tile(np.arange(T), (B, 1)), kv_positions=np.tile(np.arange(S), (B, 1))
@@ -318,7 +315,7 @@ class AttentionContract:
     def test_padding_and_a_segment_without_keys(self):
         """Padding (segment 0) attends only padding and stays finite; a query
         segment with no key returns exactly 0 and takes no gradient."""
-        out, grads, _ = self.run(CASES["padding"])
+        out, grads, _ = self.run(CASES["padding_mqa"])
         assert np.all(np.isfinite(out))
         assert np.all(out[:, 16:20] == 0.0)
         assert np.all(grads["query"][:, 16:20] == 0.0)

@@ -63,7 +63,6 @@ CROSS = (2, 24, 56, 4, 1, 16)
 @pytest.mark.parametrize(
     "block_q,block_k,case",
     [
-        (16, 16, "plain"),
         (32, 16, "causal+bias_full"),  # bias [1, N, T, S]: gradient summed over batch
         (16, 32, "mask+bias_keys"),  # bias [B, 1, 1, S]: gradient summed over queries
     ],
