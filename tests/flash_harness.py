@@ -318,43 +318,6 @@ def cuda_target(device_kind: str = H100_KIND, num_cores: int = 132):
     return jax.sharding.use_abstract_mesh(mesh)
 
 
-def _assert_packed_isolation(inputs, cot, kw: dict, segment: slice):
-    """Changing the packed sequence at `segment` (queries, keys and values)
-    leaves every other token's output and gradients bit-identical, and
-    changes its own outputs."""
-    out, grads = _pallas_vjp(inputs, cot, **kw)
-    changed = dict(inputs)
-    for name in ("query", "key", "value"):
-        x = inputs[name]
-        changed[name] = x.at[:, segment].set(5.0 * x[:, ::-1][:, segment])
-    out2, grads2 = _pallas_vjp(changed, cot, **kw)
-    others = np.r_[0 : segment.start, segment.stop : out.shape[1]]
-    np.testing.assert_array_equal(np.asarray(out)[:, others], np.asarray(out2)[:, others])
-    for name in ("query", "key", "value"):
-        np.testing.assert_array_equal(
-            np.asarray(grads[name])[:, others], np.asarray(grads2[name])[:, others]
-        )
-    assert not np.allclose(out[:, segment], out2[:, segment])
-
-
-def _check_fully_masked_rows(shape, dead: list[int], *, seed: int, **check_kw):
-    """Rows `dead` see no key (a random mask elsewhere, a full bias and a Shaw
-    value table, k = 1): against the oracle, and exactly 0 in the output and
-    in the query and bias gradients of those rows."""
-    b, t, s, n = shape[:4]
-    inputs = _qkv(seed, *shape)
-    rng = np.random.default_rng(seed + 1)
-    mask = rng.random((b, 1, t, s)) > 0.3
-    mask[:, :, dead] = False
-    inputs["mask"] = mask
-    inputs["bias"] = jnp.asarray(rng.standard_normal((b, n, t, s)), jnp.float32)
-    inputs["rel_value"] = jnp.asarray(rng.standard_normal((3, shape[5])), jnp.float32)
-    out, grads = _check(inputs, max_distance=1, **check_kw)
-    assert np.all(np.asarray(out)[:, dead] == 0.0)
-    assert np.all(np.asarray(grads["query"])[:, dead] == 0.0)
-    assert np.all(np.asarray(grads["bias"])[:, :, dead] == 0.0)
-
-
 def _debug_mode(setting: str):
     """The context manager of one strict jax setting."""
     if setting == "rank_promotion_raise":

@@ -8,9 +8,11 @@ maps as on a TPU), forward and every gradient, and are lowered for TPU with
 shapes, layouts and operations on this CPU-only machine. What no test here
 can show is that libtpu then compiles them and how fast they run.
 
-Key tiles on TPU are multiples of 128 lanes, so the shapes that exercise
-several key tiles (and FULL / SKIP tiles) have S = 200: two key tiles, the
-second ragged.
+The contracts every implementation meets run for these kernels in
+tests/test_attention_contract.py (`TestPallasTpuInterpret`, one key tile);
+this file holds the TPU tile geometry. Key tiles on TPU are multiples of 128
+lanes, so the shapes that exercise several key tiles (and FULL / SKIP tiles)
+have S = 200: two key tiles, the second ragged.
 """
 
 from __future__ import annotations
@@ -20,11 +22,8 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 from flash_harness import (
-    BF16_TOL,
-    _assert_packed_isolation,
     _check,
     _check_debug_mode,
-    _check_fully_masked_rows,
     _lower_vjp,
     _normal_form,
     _packed,
@@ -80,13 +79,6 @@ def test_causal_full_bias_skips_and_full_tiles():
     assert np.all(np.asarray(grads["bias"])[:, :, above] == 0.0)
 
 
-def test_fully_masked_rows_are_zero_with_zero_gradient():
-    # Row 5 and whole query tiles (16-31) see nothing.
-    _check_fully_masked_rows(
-        SHORT, [5, *range(16, 32)], seed=24, block_q=16, block_k=None, backend=TPU
-    )
-
-
 def test_mqa_per_head_mask_scalar_bias():
     # One kv head for four query heads; a per-head mask gives a per-head block map.
     shape = (2, 40, 200, 4, 1, 16)
@@ -114,16 +106,6 @@ def _packed_inputs(dtype=np.float32, per_head=False):
     return inputs
 
 
-def test_packed_segments_positions_shaw():
-    check(_packed_inputs(), is_causal=True, max_distance=3)
-
-
-def test_packed_isolation_bit_for_bit():
-    kw = dict(is_causal=True, max_distance=3, block_q=16, block_k=None, backend=TPU)
-    cot = jnp.asarray(np.random.default_rng(30).standard_normal((1, 200, 2, 8)), jnp.float32)
-    _assert_packed_isolation(_packed_inputs(), cot, kw, slice(90, 99))
-
-
 @pytest.mark.parametrize("causal,dist", [(False, 3), (True, 20)])
 def test_shaw_per_head_tables_far_tiles(causal, dist):
     # T = 200, S = 256 with k = 3: query tiles 0-6 see key tile 1 entirely
@@ -136,10 +118,6 @@ def test_shaw_per_head_tables_far_tiles(causal, dist):
     inputs["rel_key"] = jnp.asarray(rng.standard_normal((n, r, h)), jnp.float32)
     inputs["rel_value"] = jnp.asarray(rng.standard_normal((n, r, hv)), jnp.float32)
     check(inputs, is_causal=causal, max_distance=dist)
-
-
-def test_bf16_causal_shaw_packed():
-    check(_packed_inputs(jnp.bfloat16), is_causal=True, max_distance=3, tol=BF16_TOL)
 
 
 def test_tpu_block_validation():

@@ -330,3 +330,85 @@ def test_no_function_in_train_is_over_100_lines(repo):
         n for n, _ in _walk(modules["jattn.train.driver"][1]) if getattr(n, "name", "") == "drive"
     )
     assert drive.end_lineno - drive.lineno + 1 < 150
+
+
+# -- one einsum vocabulary: every letter of every einsum string is in the legend ---------
+
+LEGEND = "jattn.attention.legend"
+EINSUM_PACKAGES = ("jattn.attention", "jattn.models")
+
+
+def legend_letters(modules) -> set[str]:
+    """The keys of `EINSUM_LETTERS` in the legend module, read from its source."""
+    _, tree = modules[LEGEND]
+    for node in tree.body:
+        if isinstance(node, ast.AnnAssign | ast.Assign):
+            targets = [node.target] if isinstance(node, ast.AnnAssign) else node.targets
+            if any(getattr(t, "id", None) == "EINSUM_LETTERS" for t in targets):
+                return set(ast.literal_eval(node.value))
+    raise AssertionError(f"{LEGEND} defines no EINSUM_LETTERS")
+
+
+def einsum_specs(modules, packages=EINSUM_PACKAGES) -> list[tuple[str, int, str]]:
+    """`(module, line, spec)` for every `einsum("spec", ...)` call (jnp.einsum,
+    np.einsum, a bare einsum) whose first argument is a string literal."""
+    found = []
+    for name, (_, tree) in sorted(modules.items()):
+        if not any(name == p or name.startswith(p + ".") for p in packages):
+            continue
+        for node in ast.walk(tree):
+            func = getattr(node, "func", None)
+            called = getattr(func, "attr", None) or getattr(func, "id", None)
+            if isinstance(node, ast.Call) and called == "einsum" and node.args:
+                first = node.args[0]
+                if isinstance(first, ast.Constant) and isinstance(first.value, str):
+                    found.append((name, node.lineno, first.value))
+    return found
+
+
+def unknown_letters(spec: str, letters: set[str]) -> list[str]:
+    """The axis letters of an einsum spec that the legend does not define."""
+    return sorted({c for c in spec if c.isalpha() and c not in letters})
+
+
+def test_every_einsum_letter_is_in_the_legend(repo):
+    modules, _ = repo
+    letters = legend_letters(modules)
+    assert {"E", "V"} <= letters  # the value head dim and the vocabulary: two letters
+    specs = einsum_specs(modules)
+    assert len(specs) >= 20, specs  # the scan reads the implementations' einsums
+    assert {m for m, _, _ in specs} >= {"jattn.attention.xla", "jattn.models.layers"}
+    bad = [
+        f"{m}:{line} {spec!r} uses {unknown_letters(spec, letters)}"
+        for m, line, spec in specs
+        if unknown_letters(spec, letters)
+    ]
+    assert not bad, "einsum letters missing from jattn/attention/legend.py:\n" + "\n".join(bad)
+
+
+def test_the_einsum_check_finds_a_letter_the_legend_lacks(tmp_path):
+    modules, _ = _package(
+        tmp_path,
+        {
+            "jattn/__init__.py": "",
+            "jattn/attention/__init__.py": "",
+            "jattn/attention/legend.py": 'EINSUM_LETTERS: dict = {"B": "b", "T": "t", "E": "e"}\n',
+            "jattn/attention/xla.py": (
+                "import jax.numpy as jnp\n"
+                "def f(x, y):\n"
+                '    a = jnp.einsum("BT,BT->B", x, y)\n'
+                "    return jnp.einsum(\n"
+                '        "BTV,BT->BE", x, y\n'
+                "    )\n"
+            ),
+            "jattn/train/other.py": 'import numpy as np\nnp.einsum("QZ->Q", 0)\n',
+        },
+    )
+    letters = legend_letters(modules)
+    assert letters == {"B", "T", "E"}
+    specs = einsum_specs(modules)
+    assert specs == [
+        ("jattn.attention.xla", 3, "BT,BT->B"),
+        ("jattn.attention.xla", 4, "BTV,BT->BE"),
+    ]
+    assert [unknown_letters(s, letters) for _, _, s in specs] == [[], ["V"]]

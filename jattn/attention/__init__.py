@@ -13,6 +13,10 @@ hands them to an implementation picked by name:
 Every implementation takes one `jattn.NormalForm` (built by
 `jattn.normalise`, see `jattn.attention.normal_form`) and returns `(out [B, T, N, Hv],
 lse [B, T, N] float32)`; the entry point drops the lse unless asked for it.
+
+Shapes everywhere in this package and in `jattn.models` use the letters of
+`jattn.attention.legend` (one letter per dimension, `E` for the value head
+dim `Hv` in einsum strings, `V` only for the vocabulary).
 """
 
 from __future__ import annotations

@@ -21,8 +21,8 @@ Dropout: weight `(b, n, t, s)` is kept iff `jattn.dropout.keep` says so (the
 same hash as every other implementation); the row normaliser uses the
 un-dropped weights, `out_t = Σ_s p_ts z_ts (v_s + value_rel[r_ts]) / l_t`.
 
-Shapes: B batch, K kv heads, G query heads per kv head, nq/nk tile counts,
-t/s tile lengths, H head dim, V value head dim, R = 2k+1.
+Shapes: the letters of `jattn.attention.legend` (t/s tile lengths, nq/nk tile
+counts; Hv, the value head dim, is `E` in einsum strings).
 """
 
 from __future__ import annotations
@@ -65,7 +65,7 @@ class ForwardTiles(NamedTuple):
     """The forward pass in tile layout.
 
     Attributes (in the compute dtype `pb.dtype`, float32 or float64):
-      out: `[nq, B, K, G, t, V]`, normalised (dropout, Shaw value term in).
+      out: `[nq, B, K, G, t, Hv]`, normalised (dropout, Shaw value term in).
       lse: `[nq, B, K, G, t, 1]` (0 for a row with nothing visible).
       pr: `[nq, B, K, G, t, R]` normalised dropped weight mass per
         relative id, or None without a Shaw value table.
@@ -82,7 +82,7 @@ class ForwardTiles(NamedTuple):
 
 def _online_step(pb: TiledProblem, i, j, q, qr, body: TileBody, carry):
     """Fold key tile j into query tile i's running `(m, l, acc, accr)`:
-    max and denominator `[B,K,G,t,1]`, output `[B,K,G,t,V]`, Shaw value mass
+    max and denominator `[B,K,G,t,1]`, output `[B,K,G,t,Hv]`, Shaw value mass
     `[B,K,G,t,R]` (or None)."""
     m, l, acc, accr = carry
     sv, r = tile_logits(pb, i, j, q, qr, body)  # [B,K,G,t,s]
@@ -93,8 +93,8 @@ def _online_step(pb: TiledProblem, i, j, q, qr, body: TileBody, carry):
     l = alpha * l + jnp.sum(p, axis=-1, keepdims=True)  # un-dropped normaliser
     z = dropout_factor(pb, i, j)
     pd = p if z is None else p * z
-    vv = pb.v[j].astype(pb.dtype)  # [B,K,s,V]
-    acc = alpha * acc + jnp.einsum("BKGts,BKsV->BKGtV", pd, vv)
+    vv = pb.v[j].astype(pb.dtype)  # [B,K,s,Hv]
+    acc = alpha * acc + jnp.einsum("BKGts,BKsE->BKGtE", pd, vv)
     if accr is not None:
         accr = alpha * accr + rel_mass(pb, i, j, pd, r)
     return m_new, l, acc, accr
@@ -134,7 +134,7 @@ def _query_tile(pb: TiledProblem, qr_all: Array | None, i):
     if accr is not None:
         pr = accr * inv
         vtab = nf.rel_value.astype(dt).reshape(pb.kh, pb.g, pb.num_rel, pb.hv)
-        out = out + jnp.einsum("BKGtR,KGRV->BKGtV", pr, vtab)
+        out = out + jnp.einsum("BKGtR,KGRE->BKGtE", pr, vtab)
     lse = jnp.where(empty, 0.0, m + jnp.log(jnp.where(empty, 1.0, l)))
     # The backward recomputes exp(s - lse), so rows with nothing visible keep
     # lse 0 there; the public lse marks them with EMPTY_ROW_LSE.
@@ -158,7 +158,7 @@ def _chunked(nf: NormalForm, block_q: int, block_k: int):
 def _chunked_fwd(nf: NormalForm, block_q: int, block_k: int):
     pb = TiledProblem(nf, block_q, block_k)
     ft = forward(pb)
-    out = untile_q(ft.out, pb).astype(nf.query.dtype)  # [B,T,N,V]
+    out = untile_q(ft.out, pb).astype(nf.query.dtype)  # [B,T,N,Hv]
     lse = untile_q(ft.public_lse, pb)[..., 0].astype(jnp.float32)  # [B,T,N]
     return (out, lse), Residuals(nf, ft.out, ft.lse, ft.pr)
 

@@ -70,7 +70,7 @@ class Gradients(NamedTuple):
 
 
 class _Cotangent(NamedTuple):
-    """The output side of the backward in tile layout: `do [nq,B,K,G,t,V]`,
+    """The output side of the backward in tile layout: `do [nq,B,K,G,t,Hv]`,
     `big_d = rowsum(do ∘ out) [nq,B,K,G,t,1]`, Shaw tables `qr`
     `[nq,B,K,G,t,R]` and `dor = do · value_relᵀ` `[nq,B,K,G,t,R]` (or None)."""
 
@@ -128,7 +128,7 @@ def _reduce_to(x: Array, shape: tuple[int, ...]) -> Array:
 
 def _tile_grads(pb: TiledProblem, res: Residuals, ct: _Cotangent, i, j, body: TileBody, inner):
     """Gradient contributions of tile (i, j). Returns the updated key-tile
-    accumulators `(dk_j [B,K,s,H], dv_j [B,K,s,V])` and this tile's
+    accumulators `(dk_j [B,K,s,H], dv_j [B,K,s,Hv])` and this tile's
     `(dq_i, dqr_i, dbias_ij, dmod_ij)` (`dmod_ij`: the score mod params'
     cotangent from this tile, float32 leaves, or None); the caller adds those into the big buffers
     outside the branch, so no conditional carries (and copies) a `[T, ...]`
@@ -138,15 +138,15 @@ def _tile_grads(pb: TiledProblem, res: Residuals, ct: _Cotangent, i, j, body: Ti
     dk_j, dv_j = inner
     qi = pb.q[i].astype(dt)  # [B,K,G,t,H]
     kk = pb.k[j].astype(dt)  # [B,K,s,H]
-    vv = pb.v[j].astype(dt)  # [B,K,s,V]
-    do_i = ct.do[i]  # [B,K,G,t,V]
+    vv = pb.v[j].astype(dt)  # [B,K,s,Hv]
+    do_i = ct.do[i]  # [B,K,G,t,Hv]
     qr_i = None if ct.qr is None else ct.qr[i]
     sv, r, pullback = tile_logits(pb, i, j, qi, qr_i, body, mod_vjp=True)
     p = jnp.exp(sv - res.lse[i])  # [B,K,G,t,s]; exactly 0 where sv = NEG
     z = dropout_factor(pb, i, j)  # [B|1,K,G,t,s] or None
     pd = p if z is None else p * z
-    dv_j = dv_j + jnp.einsum("BKGts,BKGtV->BKsV", pd, do_i)
-    dp = jnp.einsum("BKGtV,BKsV->BKGts", do_i, vv)
+    dv_j = dv_j + jnp.einsum("BKGts,BKGtE->BKsE", pd, do_i)
+    dp = jnp.einsum("BKGtE,BKsE->BKGts", do_i, vv)
     if ct.dor is not None:
         dp = dp + rel_pick(pb, i, j, ct.dor[i], r)
     if z is not None:
@@ -210,12 +210,12 @@ def _key_tile(pb: TiledProblem, res: Residuals, ct: _Cotangent, carry, j):
 
 def _cotangent(pb: TiledProblem, res: Residuals, dout: Array) -> _Cotangent:
     dt = pb.dtype  # float32, or float64 for float64 inputs
-    do = pb.tile_q(dout.astype(dt))  # [nq,B,K,G,t,V], the layout of res.out
+    do = pb.tile_q(dout.astype(dt))  # [nq,B,K,G,t,Hv], the layout of res.out
     big_d = jnp.sum(do * res.out, axis=-1, keepdims=True)  # [nq,B,K,G,t,1]
     dor = None
     if pb.nf.rel_value is not None:
         vtab = pb.nf.rel_value.astype(dt).reshape(pb.kh, pb.g, pb.num_rel, pb.hv)
-        dor = jnp.einsum("nBKGtV,KGRV->nBKGtR", do, vtab)
+        dor = jnp.einsum("nBKGtE,KGRE->nBKGtR", do, vtab)
     return _Cotangent(do, big_d, qr_tables(pb), dor)
 
 
@@ -224,7 +224,7 @@ def backward(res: Residuals, dout: Array, *, block_q: int, block_k: int) -> Grad
 
     Args:
       res: what the forward saved.
-      dout: `[B, T, N, V]` output cotangent.
+      dout: `[B, T, N, Hv]` output cotangent.
       block_q, block_k: the forward's tile sizes.
     """
     nf = res.nf
@@ -248,7 +248,7 @@ def backward(res: Residuals, dout: Array, *, block_q: int, block_k: int) -> Grad
         d_rel_key = jnp.einsum("nBKGtR,nBKGtH->KGRH", dqr, pb.q.astype(dt))
         d_rel_key = d_rel_key.reshape(nf.rel_key.shape).astype(nf.rel_key.dtype)
     if nf.rel_value is not None:
-        d_rel_value = jnp.einsum("nBKGtR,nBKGtV->KGRV", res.pr, ct.do)
+        d_rel_value = jnp.einsum("nBKGtR,nBKGtE->KGRE", res.pr, ct.do)
         d_rel_value = d_rel_value.reshape(nf.rel_value.shape).astype(nf.rel_value.dtype)
     d_bias = None
     if dbias is not None:

@@ -10,9 +10,8 @@ loops, per query tile (forward) or per key tile (backward), only over the
 tiles `TilePlan.rows` / `TilePlan.cols` bound: for a sliding window of width
 w that is O(L·w) work, not O(L²).
 
-Shapes: B batch, K kv heads, G query heads per kv head, nq / nk tile counts,
-t / s tile lengths (`bq` / `bk`), H head dim, V value head dim, R = 2k+1
-Shaw relative ids.
+Shapes: the letters of `jattn.attention.legend` (t / s tile lengths, nq / nk
+tile counts; Hv, the value head dim, is `E` in einsum strings).
 """
 
 from __future__ import annotations
@@ -176,7 +175,7 @@ class TiledProblem:
     Attributes (beyond the sizes b, t, s, n, kh, g, h, hv, bq, bk, nq, nk,
     tp, sp and `num_rel` = R):
       nf: the normal form.
-      q: `[nq, B, K, G, t, H]`; k: `[nk, B, K, s, H]`; v: `[nk, B, K, s, V]`
+      q: `[nq, B, K, G, t, H]`; k: `[nk, B, K, s, H]`; v: `[nk, B, K, s, Hv]`
         (input dtypes).
       qpos, qseg: int32 `[nq, B, t]`; kvpos, kvseg: int32 `[nk, B, s]`
         (padding repeats the last entry, so relative ids stay in range).
@@ -396,7 +395,7 @@ class Residuals(NamedTuple):
 
     Attributes:
       nf: the normal form (inputs; the dropout seed rides along as a leaf).
-      out: `[nq, B, K, G, t, V]` normalised output (dropout and the
+      out: `[nq, B, K, G, t, Hv]` normalised output (dropout and the
         Shaw value term included).
       lse: `[nq, B, K, G, t, 1]` log-sum-exp (0 for a row with
         nothing visible, so `exp(NEG - lse)` stays exactly 0).

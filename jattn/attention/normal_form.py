@@ -23,8 +23,8 @@ What normalising does:
 - dropout is a static rate and an int32 `[2]` seed (None when off);
 - a score mod is a `jattn.ScoreMod` (its params traced leaves) or None.
 
-Shapes: B batch, T queries, S keys, N query heads, K kv heads (K divides N),
-H head dim, Hv value head dim.
+Shapes: the letters of `jattn.attention.legend` (K divides N; Hv, the value
+head dim, is `E` in einsum strings).
 """
 
 from __future__ import annotations

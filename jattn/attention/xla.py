@@ -4,8 +4,8 @@ Computes in float32 whatever the input dtype (bf16 inputs are upcast), which
 makes it the baseline the tiled implementations are compared with, next to the
 float64 oracle in the tests. Memory is O(B·N·T·S).
 
-Shapes: B batch, T queries, S keys, N query heads split as K kv heads x G
-queries per group, H / Hv head dims, R = 2k + 1 Shaw relative ids.
+Shapes: the letters of `jattn.attention.legend` (N query heads split as K kv
+heads x G per group; Hv, the value head dim, is `E` in einsum strings).
 """
 
 from __future__ import annotations
@@ -91,12 +91,12 @@ def attention_xla(nf: NormalForm) -> tuple[Array, Array]:
     if nf.dropout:
         keep = dropout_keep(nf, k, g, t, s)
         p = jnp.where(keep, p * dropout.multiplier(nf.dropout_rate), 0.0)
-    out = jnp.einsum("BKGTS,BKSV->BKGTV", p, vv)  # [B,K,G,T,Hv]
+    out = jnp.einsum("BKGTS,BKSE->BKGTE", p, vv)  # [B,K,G,T,Hv]
     if nf.rel_value is not None:
         num_rel = 2 * nf.max_distance + 1
         pr = scores.rel_scatter(p, r, num_rel)  # [B,K,G,T,R]
         vtab = nf.rel_value.astype(compute).reshape(k, g, num_rel, hv)
-        out = out + jnp.einsum("BKGTR,KGRV->BKGTV", pr, vtab)
+        out = out + jnp.einsum("BKGTR,KGRE->BKGTE", pr, vtab)
     out = out / safe
     out = out.transpose(0, 3, 1, 2, 4).reshape(b, t, n, hv).astype(nf.query.dtype)
     lse = lse.transpose(0, 3, 1, 2).reshape(b, t, n).astype(jnp.float32)

@@ -39,8 +39,8 @@ S + k; beam search tiles the prompt over the beams before the prefill.
 Token 0 is padding and the start symbol; token 1 (`EOS`) ends a sequence.
 Outputs are int32 `[B, max_length]`, with EOS kept and 0 after it.
 
-Shapes: B batch, W beams, L = max_length, S source length, D model width,
-K key/value heads, H head dim, V vocabulary.
+Shapes: the letters of `jattn.attention.legend` (W beams, L = max_length,
+S source length, V vocabulary).
 """
 
 from __future__ import annotations

@@ -5,9 +5,8 @@ the arithmetic lives there. Positional terms are the scheme's
 (`jattn.models.schemes`): the layers call its hooks and never look at its
 name. Parameters and activations carry logical axis names (`jattn.models.axes`).
 
-Shapes: B batch, T query length, S key length, L cache length (target
-positions), D model width, N query heads, K key/value heads, H head dim, F MLP
-width, V vocabulary, R = 2k+1 Shaw distances.
+Shapes: the letters of `jattn.attention.legend` (D model width, F MLP width,
+V vocabulary, L cache length in target positions).
 """
 
 from __future__ import annotations

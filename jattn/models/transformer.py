@@ -12,8 +12,8 @@ Decoding (`jattn.models.decoding`) runs the same modules with `decode=True`
 `Transformer.prefill` caches the encoder's keys/values once, `Transformer.step`
 decodes one token over the KV cache (`DECODER_MODES`, and `Attention`'s modes).
 
-Shapes: B batch, S input length, T target length, L decoded length, D model
-width, K key/value heads, H head dim, V vocabulary.
+Shapes: the letters of `jattn.attention.legend` (S input length, T target
+length, L decoded length, D model width, V vocabulary).
 """
 
 from __future__ import annotations

@@ -213,7 +213,7 @@ def _flash_core_bwd(fwd_cfg, bwd_cfg, res, cts):
         spec = dataclasses.replace(bwd_cfg.score_mod, grad=False)
         bwd_cfg = dataclasses.replace(bwd_cfg, score_mod=spec)
     delta = jnp.einsum(
-        "BTNV,BTNV->BNT", do.astype(jnp.float32), o.astype(jnp.float32)
+        "BTNE,BTNE->BNT", do.astype(jnp.float32), o.astype(jnp.float32)
     )  # [B, N, Tp]
     if pr is not None:
         dpr = dpr.astype(jnp.float32)
@@ -342,7 +342,7 @@ def _flash_attention(
     if nf.rel_value is not None:
         pr = pr[:, :t, :, : nf.rel_value.shape[1]]  # [B, T, N, R]
         out = out + jnp.einsum(
-            "BTNR,NRV->BTNV", pr, nf.rel_value.astype(jnp.float32), precision=_HIGHEST
+            "BTNR,NRE->BTNE", pr, nf.rel_value.astype(jnp.float32), precision=_HIGHEST
         )
     lse = jnp.swapaxes(lse[:, :, :t], 1, 2)  # [B, T, N]
     # Base 2 -> natural; the kernels' empty rows -> the normal form's sentinel.

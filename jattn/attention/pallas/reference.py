@@ -9,8 +9,8 @@ the kernel's intermediate outputs and, through autodiff, the gradients its
 custom VJP returns for `qr` and the bias. It also rebuilds attention from
 those parts (`attention_from_parts`) the way `flash_attention` does.
 
-Shapes: B batch, T queries, S keys, N query heads, K kv heads, H / Hv head
-dims, R = 2k + 1 relative ids.
+Shapes: the letters of `jattn.attention.legend` (Hv, the value head dim, is
+`E` in einsum strings).
 """
 
 from __future__ import annotations
@@ -110,7 +110,7 @@ def reference_parts(
         rows = jnp.zeros((1, 1, 1, 1), jnp.int32) if dropout_broadcast_batch else idx(b, 0)
         keep = dropout.keep(dropout_seed, dropout_rate, rows, idx(n, 1), idx(t, 2), idx(s_len, 3))
         w = jnp.where(keep, w * dropout.multiplier(dropout_rate), 0.0)
-    o = jnp.einsum("BNTS,BSNV->BTNV", w, vv, precision=hi)
+    o = jnp.einsum("BNTS,BSNE->BTNE", w, vv, precision=hi)
     lse = jnp.where(den[..., 0] == 0, EMPTY_LSE, m[..., 0] + jnp.log(safe[..., 0]))
     pr = jnp.einsum("BNTS,BTSR->BTNR", w, onehot, precision=hi) if with_pr else None
     return o, lse, pr
@@ -127,6 +127,6 @@ def attention_from_parts(
     out = o.astype(jnp.float32)
     if pr is not None:
         out = out + jnp.einsum(
-            "BTNR,NRV->BTNV", pr, rel_value.astype(jnp.float32), precision=jax.lax.Precision.HIGHEST
+            "BTNR,NRE->BTNE", pr, rel_value.astype(jnp.float32), precision=jax.lax.Precision.HIGHEST
         )
     return out.astype(dtype)

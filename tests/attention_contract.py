@@ -1,0 +1,368 @@
+"""The contracts of DESIGN.md every attention implementation must meet, written
+once as a test base and run once per implementation (tokamax's pattern).
+
+`AttentionContract` holds one test method per contract; a subclass in
+tests/test_attention_contract.py only says how to call its implementation
+(`attend`, a module-level function of a `jattn.NormalForm` returning
+`(out, lse)`), its tolerance and, with the reason, the contracts it does not
+support. Every contract runs over the shared case set `CASES` against the
+float64 oracle of tests/oracle.py, forward and every gradient (query, key,
+value, bias, Shaw key and value tables).
+
+Compilation dominates on the CPU, so every case has one shape and one static
+configuration and the contracts that are not oracle comparisons (causality,
+packing, dead rows, padding, extreme magnitudes, shift invariance) rerun a
+case's own compiled vjp on changed inputs instead of compiling their own.
+Lengths 24 x 20 cross two 16-row kernel tiles and several chunked tiles, with
+a ragged last tile on both sides.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+from collections.abc import Callable
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import oracle
+import pytest
+from attention_cases import packed_ids, packed_positions
+
+import jattn
+
+GRAD_NAMES = ("query", "key", "value", "bias", "rel_key", "rel_value")
+F32_TOL = 2e-5
+BF16_TOL = 3e-2
+B, T, S, H, HV = 2, 24, 20, 8, 6  # T != S for cross attention; Hv != H
+
+
+@dataclasses.dataclass(frozen=True)
+class Case:
+    """One attention problem: arrays (None = absent) and static arguments."""
+
+    arrays: dict  # query, key, value and any of bias, mask, rel_key, rel_value, ids, positions
+    is_causal: bool = False
+    scale: float | None = None
+    max_distance: int | None = None  # Shaw clip distance when a table is present
+
+    @property
+    def static(self) -> tuple:
+        return (
+            ("is_causal", self.is_causal),
+            ("max_distance", self.max_distance),
+            ("scale", self.scale),
+        )
+
+    def replace(self, **arrays) -> Case:
+        return dataclasses.replace(self, arrays={**self.arrays, **arrays})
+
+
+def _qkv(rng, t, s, n, kh, hv=H):
+    normal = lambda *shape: rng.standard_normal(shape).astype(np.float32)  # noqa: E731
+    return dict(query=normal(B, t, n, H), key=normal(B, s, kh, H), value=normal(B, s, kh, hv))
+
+
+def _packed(lengths_per_row, t):
+    seg = np.stack([packed_ids(lengths, t) for lengths in lengths_per_row])
+    return dict(
+        q_segment_ids=seg,
+        kv_segment_ids=seg,
+        q_positions=np.stack([packed_positions(r) for r in seg]),
+        kv_positions=np.stack([packed_positions(r) for r in seg]),
+    )
+
+
+def _shaw(rng, n, k, *, key=True, value=True, per_head=False):
+    lead = (n,) if per_head else ()
+    r = 2 * k + 1
+    out = {}
+    if key:
+        out["rel_key"] = rng.standard_normal((*lead, r, H)).astype(np.float32)
+    if value:
+        out["rel_value"] = rng.standard_normal((*lead, r, HV)).astype(np.float32)
+    return out
+
+
+DEAD_ROWS = [2, 16, 17, 18, 19, 20, 21, 22, 23]  # one row, and a whole second 16-row tile
+PACKED_LENGTHS = ([7, 9, 5], [24])  # row 0: three sequences and 3 padding tokens
+SECOND = slice(7, 16)  # row 0's second packed sequence
+
+
+def _cases() -> dict[str, Case]:
+    rng = np.random.default_rng(0)
+    cases = {}
+    # GQA and MQA cross attention (T != S, Hv != H); GQA with a mask and a bias
+    # broadcast over batch and queries (its gradient is summed over both),
+    # -1e30 on every fifth key (a bias that hides keys is still finite).
+    mask = rng.random((B, 1, T, S)) > 0.4
+    bias = rng.standard_normal((4, 1, S)).astype(np.float32)
+    bias[..., ::5] = -1e30
+    cases["gqa_mask_bias"] = Case(dict(_qkv(rng, T, S, 4, 2, HV), mask=mask, bias=bias))
+    # Causal MHA self attention with a full per-head bias and a given scale.
+    bias = rng.standard_normal((B, 4, T, T)).astype(np.float32)
+    cases["causal"] = Case(dict(_qkv(rng, T, T, 4, 4), bias=bias), is_causal=True, scale=0.3)
+    # Rows with no visible key: a random mask elsewhere, a full bias, a Shaw value table.
+    mask = rng.random((B, 1, T, S)) > 0.3
+    mask[:, :, DEAD_ROWS] = False
+    arrays = dict(_qkv(rng, T, S, 4, 2, HV), mask=mask, bias=rng.standard_normal((B, 4, T, S)))
+    arrays["bias"] = arrays["bias"].astype(np.float32)
+    cases["dead_rows"] = Case(dict(arrays, **_shaw(rng, 4, 1, key=False)), max_distance=1)
+    # MQA cross attention with padding (segment 0) on both sides and a query
+    # segment (3) that has no key at all: its rows are 0.
+    qseg = np.tile(np.int32([1] * 8 + [2] * 8 + [3] * 4 + [0] * 4), (B, 1))
+    kvseg = np.tile(np.int32([1] * 9 + [2] * 7 + [0] * 4), (B, 1))
+    cases["padding_mqa"] = Case(
+        dict(_qkv(rng, T, S, 4, 1, HV), q_segment_ids=qseg, kv_segment_ids=kvseg)
+    )
+    positions = dict(
+        q_positions=np.tile(np.arange(T), (B, 1)), kv_positions=np.tile(np.arange(S), (B, 1))
+    )
+    for name, kw in {
+        "shaw_per_head": dict(per_head=True),
+        "shaw_key_only": dict(value=False),
+        "shaw_value_only": dict(key=False),
+    }.items():
+        arrays = dict(_qkv(rng, T, S, 4, 2, HV), **_shaw(rng, 4, 3, **kw), **positions)
+        cases[name] = Case(arrays, max_distance=3)
+    # Everything at once, the way a packed decoder layer calls it (MQA).
+    arrays = dict(_qkv(rng, T, T, 4, 1, HV), **_packed(PACKED_LENGTHS, T))
+    arrays["bias"] = rng.standard_normal((1, 4, T, T)).astype(np.float32)
+    arrays.update(_shaw(rng, 4, 2, per_head=True))
+    cases["shaw_packed_causal_bias"] = Case(arrays, is_causal=True, max_distance=2)
+    return cases
+
+
+CASES = _cases()
+
+
+@functools.cache
+def vjp_fn(attend: Callable, static: tuple):
+    """Jitted `(out, grads)` of `attend` on a case's arrays and a cotangent;
+    cached per implementation and static arguments, so every contract that
+    reruns a case (same shapes) reuses its compilation."""
+    kw = dict(static)
+    dist = kw.pop("max_distance")
+
+    def f(arrays, ct):
+        diff = {name: arrays.get(name) for name in GRAD_NAMES}
+        rest = {name: x for name, x in arrays.items() if name not in GRAD_NAMES}
+
+        def g(diff):
+            rel = None
+            if dist is not None:
+                rel = jattn.ShawRelative(diff["rel_key"], diff["rel_value"], dist)
+            nf = jattn.normalise(
+                diff["query"],
+                diff["key"],
+                diff["value"],
+                bias=diff["bias"],
+                relative=rel,
+                **rest,
+                **kw,
+            )
+            return attend(nf)[0]
+
+        out, pull = jax.vjp(g, diff)
+        return out, pull(ct.astype(out.dtype))[0]
+
+    return jax.jit(f)
+
+
+def cotangent(case: Case, seed: int = 3) -> np.ndarray:
+    q, v = case.arrays["query"], case.arrays["value"]
+    return (
+        np.random.default_rng(seed).standard_normal((*q.shape[:3], v.shape[-1])).astype(np.float32)
+    )
+
+
+def want(case: Case, ct=None):
+    """The float64 oracle's output and gradients of `case`."""
+    a = {name: x for name, x in case.arrays.items()}
+    tables = {name: a.pop(name, None) for name in ("rel_key", "rel_value")}
+    rel = None
+    if case.max_distance is not None:
+        rel = jattn.ShawRelative(tables["rel_key"], tables["rel_value"], case.max_distance)
+    q, k, v = (np.asarray(jnp.asarray(a.pop(n), jnp.float32)) for n in ("query", "key", "value"))
+    return oracle.attention_and_grads(
+        q, k, v, relative=rel, is_causal=case.is_causal, scale=case.scale, cotangent=ct, **a
+    )
+
+
+def close(name: str, got, ref, tol: float):
+    """Max error relative to the largest reference value, and finite."""
+    got = np.asarray(jnp.asarray(got, jnp.float32), np.float64)
+    assert got.shape == ref.shape, (name, got.shape, ref.shape)
+    assert np.all(np.isfinite(got)), f"{name}: non-finite values"
+    scale = max(float(np.max(np.abs(ref))), 1e-6)
+    err = float(np.max(np.abs(got - ref))) / scale
+    assert err <= tol, f"{name}: max error {err:.2e} (scale {scale:.2e}) > {tol:.0e}"
+
+
+@functools.cache
+def reference(case: str):
+    """`want` of an unchanged shared case with its default cotangent, computed
+    once for every implementation that runs it."""
+    c = CASES[case]
+    return want(c, cotangent(c))
+
+
+class AttentionContract:
+    """DESIGN.md's attention contracts; subclass with `attend` (and `name`
+    where the public entry point reaches the implementation by name)."""
+
+    attend: Callable  # NormalForm -> (out, lse); a module-level function (cache key)
+    name: str | None = None  # `implementation=` of jattn.dot_product_attention, if any
+    tol: float = F32_TOL
+    unsupported: dict[str, str] = {}  # contract (method name) -> why it cannot hold
+
+    def run(self, case: Case, ct=None, dtype=jnp.float32):
+        """Output and gradients (numpy, None where absent) of this implementation."""
+        ct = cotangent(case) if ct is None else ct
+        arrays = {
+            name: jnp.asarray(x, dtype) if name in GRAD_NAMES and x is not None else x
+            for name, x in case.arrays.items()
+        }
+        out, grads = vjp_fn(type(self).attend, case.static)(arrays, jnp.asarray(ct))
+        grads = {
+            name: None if g is None else np.asarray(jnp.asarray(g, jnp.float32))
+            for name, g in grads.items()
+        }
+        return np.asarray(jnp.asarray(out, jnp.float32)), grads, out.dtype
+
+    @pytest.fixture(autouse=True)
+    def _skip_unsupported(self, request):
+        reason = self.unsupported.get(request.function.__name__)
+        if reason:
+            pytest.skip(f"{type(self).__name__} does not support this: {reason}")
+
+    # -- every case against the float64 oracle, forward and backward -------------------
+
+    @pytest.mark.parametrize("case", list(CASES))
+    def test_matches_the_float64_oracle(self, case):
+        c = CASES[case]
+        out, grads, _ = self.run(c)
+        ref, ref_grads = reference(case)
+        close("out", out, ref, self.tol)
+        for name in GRAD_NAMES:
+            if c.arrays.get(name) is None:
+                continue
+            assert grads[name].shape == np.shape(c.arrays[name]), name
+            close(f"d{name}", grads[name], ref_grads[name], self.tol)
+
+    def test_the_worked_example(self):
+        """query [1,0]; keys [1,0],[0,1],[-1,0]; values 10,20,40 -> about 17.04."""
+        q = np.array([1.0, 0.0], np.float32).reshape(1, 1, 1, 2)
+        k = np.array([[1.0, 0.0], [0.0, 1.0], [-1.0, 0.0]], np.float32).reshape(1, 3, 1, 2)
+        v = np.array([10.0, 20.0, 40.0], np.float32).reshape(1, 3, 1, 1)
+        if self.name is None:
+            out = type(self).attend(jattn.normalise(q, k, v))[0]
+        else:
+            out = jattn.dot_product_attention(q, k, v, implementation=self.name)
+        w = np.exp(np.array([1, 0, -1]) / np.sqrt(2))  # scores .707, 0, -.707
+        np.testing.assert_allclose(w / w.sum(), [0.576, 0.284, 0.140], atol=1e-3)
+        assert round(float(out.squeeze()), 2) == 17.04
+        np.testing.assert_allclose(
+            float(out.squeeze()), float(w @ [10, 20, 40] / w.sum()), rtol=1e-6
+        )
+
+    # -- visibility: causal, packing, dead rows, padding --------------------------------
+
+    def test_causal_future_does_not_change_the_past(self):
+        c = CASES["causal"]
+        out, grads, _ = self.run(c)
+        k, v = c.arrays["key"].copy(), c.arrays["value"].copy()
+        k[:, 11:] = 100.0 * np.random.default_rng(1).standard_normal(k[:, 11:].shape)
+        v[:, 11:] = -50.0
+        out2, _, _ = self.run(c.replace(key=k, value=v))
+        np.testing.assert_array_equal(out2[:, :11], out[:, :11])
+        assert not np.allclose(out2[:, 11:], out[:, 11:])
+
+    def test_packed_sequences_cannot_influence_each_other(self):
+        """Changing one packed sequence leaves every other token's output and
+        gradients bit-identical; a loss on one sequence sends no gradient to
+        its neighbours or the padding."""
+        c = CASES["shaw_packed_causal_bias"]
+        out, grads, _ = self.run(c)
+        changed = {}
+        for name in ("query", "key", "value"):
+            x = c.arrays[name].copy()
+            x[0, SECOND] = 37.0 * np.sign(x[0, SECOND]) + 3.0
+            changed[name] = x
+        out2, grads2, _ = self.run(c.replace(**changed))
+        others = np.r_[0 : SECOND.start, SECOND.stop : T]
+        np.testing.assert_array_equal(out2[0, others], out[0, others])
+        np.testing.assert_array_equal(out2[1], out[1])
+        for name in ("query", "key", "value"):
+            np.testing.assert_array_equal(
+                grads2[name][0, others], grads[name][0, others], err_msg=name
+            )
+        assert not np.allclose(out2[0, SECOND], out[0, SECOND])
+        ct = cotangent(c)
+        ct[0, 7:] = 0.0  # the loss reads only row 0's first sequence
+        _, grads, _ = self.run(c, ct)
+        for name in ("query", "key", "value"):
+            assert np.all(grads[name][0, 7:] == 0.0), name
+
+    def test_fully_masked_rows_are_zero_with_no_gradient(self):
+        out, grads, _ = self.run(CASES["dead_rows"])
+        assert np.all(out[:, DEAD_ROWS] == 0.0)
+        assert np.all(np.abs(np.delete(out, DEAD_ROWS, axis=1)).sum(-1) > 0)
+        assert np.all(grads["query"][:, DEAD_ROWS] == 0.0)
+        assert np.all(grads["bias"][:, :, DEAD_ROWS] == 0.0)
+
+    def test_padding_and_a_segment_without_keys(self):
+        """Padding (segment 0) attends only padding and stays finite; a query
+        segment with no key returns exactly 0 and takes no gradient."""
+        out, grads, _ = self.run(CASES["padding_mqa"])
+        assert np.all(np.isfinite(out))
+        assert np.all(out[:, 16:20] == 0.0)
+        assert np.all(grads["query"][:, 16:20] == 0.0)
+
+    # -- numerics --------------------------------------------------------------------------
+
+    @pytest.mark.parametrize("magnitude", [1e2, 1e4])
+    def test_extreme_logits_are_finite_and_exact(self, magnitude):
+        """Logits of order 1e5 and 1e9: subtracting the max keeps the softmax
+        finite and the distribution unchanged (it only saturates)."""
+        c = CASES["causal"]
+        c = c.replace(query=c.arrays["query"] * magnitude, key=c.arrays["key"] * magnitude)
+        out, grads, _ = self.run(c)
+        ref, _ = want(c)
+        close("out", out, ref, 1e-4)
+        assert all(np.all(np.isfinite(g)) for g in grads.values() if g is not None)
+
+    def test_bfloat16(self):
+        """bf16 inputs give bf16 outputs within bf16 rounding of the oracle on
+        the rounded inputs, forward and backward; dead rows stay exactly 0."""
+        c = CASES["dead_rows"]
+        rounded = {
+            n: np.asarray(jnp.asarray(c.arrays[n], jnp.bfloat16).astype(jnp.float32))
+            for n in ("query", "key", "value", "bias", "rel_value")
+        }
+        c = c.replace(**rounded)
+        ct = np.asarray(jnp.asarray(cotangent(c), jnp.bfloat16).astype(jnp.float32))
+        out, grads, dtype = self.run(c, ct, dtype=jnp.bfloat16)
+        assert dtype == jnp.bfloat16
+        ref, ref_grads = want(c, ct)
+        close("out", out, ref, BF16_TOL)
+        for name in ("query", "key", "value", "bias", "rel_value"):
+            close(f"d{name}", grads[name], ref_grads[name], BF16_TOL)
+        assert np.all(out[:, DEAD_ROWS] == 0.0)
+        assert np.all(grads["query"][:, DEAD_ROWS] == 0.0)
+
+    # -- relative schemes ------------------------------------------------------------------
+
+    def test_shaw_is_shift_invariant_and_order_sensitive(self):
+        c = CASES["shaw_per_head"]
+        out, _, _ = self.run(c)
+        shifted = c.replace(
+            q_positions=c.arrays["q_positions"] + 1000, kv_positions=c.arrays["kv_positions"] + 1000
+        )
+        np.testing.assert_allclose(self.run(shifted)[0], out, rtol=0, atol=1e-5)
+        # Swap keys 2 and 5 with their values: without positions the output
+        # would not change (a sum over keys); with relative positions it does.
+        perm = np.array([0, 1, 5, 3, 4, 2, *range(6, S)])
+        swapped = c.replace(key=c.arrays["key"][:, perm], value=c.arrays["value"][:, perm])
+        assert not np.allclose(self.run(swapped)[0], out, atol=1e-4)
