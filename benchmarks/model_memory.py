@@ -14,9 +14,9 @@ change it and large L costs only compile time), and its ratio to
 `position="none"` in the same run.
 
 The peer row "t5, bias materialised" is the T5 scheme as the models built it
-before score mods: its bias `[N, L, L]` computed in full (the score mod
-applied to zero logits over every position pair) and read inside attention,
-so it and its gradient are `[T, S]`-sized arrays. It shows what the score
+before score mods: its bias `[N, L, L]` computed in full
+(`t5_bias(table, t5_buckets(...))` over every position pair) and read inside
+attention, so it and its gradient are `[T, S]`-sized arrays. It shows what the score
 mods save (`--no-materialised` leaves it out), and the fast test in
 tests/test_model_memory.py uses it to show that its measure sees such an
 array.
@@ -33,10 +33,11 @@ import time
 import jax
 import jax.numpy as jnp
 
+from jattn import positions as pos_lib
 from jattn.cli.common import normalize_flags
 from jattn.models import SCHEMES, Transformer, TransformerConfig
 from jattn.models.schemes import T5, register
-from jattn.score_mod import ScoreMod, apply_score_mod
+from jattn.score_mod import ScoreMod
 
 MIB = 2**20
 POSITIONS = ("none", "rope", "shaw", "alibi", "t5", "fire", "kerple", "xpos")
@@ -50,21 +51,17 @@ def _read_bias(bias, score, batch, head, i, j):
 
 @dataclasses.dataclass(frozen=True)
 class MaterialisedT5(T5):
-    """T5 with its bias built as a `[N, max_len, max_len]` array (the models
-    before score mods); the same values as T5's score mod."""
+    """T5 with its bias built as a `[N, max_len, max_len]` array by
+    `t5_bias(table, t5_buckets(...))`, as the models did before score mods
+    (the same values as T5's score mod), and read per logit."""
 
     def score_mod(self, module, cfg, site, state):
-        mod = super().score_mod(module, cfg, site, state)
-        n, m = cfg.num_heads, cfg.max_len
-        pos = jnp.arange(m, dtype=jnp.int32)
-        bias = apply_score_mod(
-            mod,
-            jnp.zeros((n, m, m), jnp.float32),
-            jnp.zeros((), jnp.int32),
-            jnp.arange(n, dtype=jnp.int32)[:, None, None],
-            pos[None, :, None],
-            pos[None, None, :],
-        )  # [N, L, L]
+        table = super().score_mod(module, cfg, site, state).params.T  # [buckets, N]
+        pos = jnp.arange(cfg.max_len, dtype=jnp.int32)[None]  # [1, L]
+        buckets = pos_lib.t5_buckets(
+            pos, pos, cfg.t5_num_buckets, cfg.t5_max_distance, bidirectional=not site.causal
+        )  # [1, L, L]
+        bias = pos_lib.t5_bias(table, buckets)[0]  # [N, L, L], as the models built it
         return ScoreMod(_read_bias, bias, MATERIALISED)
 
 

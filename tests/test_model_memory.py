@@ -4,11 +4,18 @@ DESIGN.md: a model's positional bias goes through score mods, applied per
 tile, so "no scheme materialises `[B, N, T, S]`". Read at the model level:
 XLA's compiled temporaries of the whole encoder-decoder's forward and
 backward through `attention_impl="chunked"` grow at most linearly in L for
-every scheme. Linear growth `a + b L` doubles its increment when L doubles;
-a `[T, S]` array quadruples it. The measure is `model_temp_bytes` of
-benchmarks/model_memory.py (what `jattn bench model_memory` prints), on a
-tiny model at L = 1024, 2048, 4096 (above the 512-row tiles, so the tiles
-themselves are a constant), compiled and never run.
+every scheme: from L = 2048 to 4096 they grow by less than half of what one
+float32 `[T, S]` array would (24 MiB; the bias and its gradient as `[N, T, S]`
+would add 8 times that). The model is tiny (d_model 16, 2 heads), so what
+grows linearly (6.3 MiB for `none` here, about 800 floats a token) stays
+well below a `[T, S]` row's 4096 floats a token; both lengths are above the
+512-row tiles, so the tiles themselves are a constant. The measure is `model_temp_bytes` of
+benchmarks/model_memory.py (what `jattn bench model_memory` prints),
+compiled and never run.
+
+(A check on the ratio of successive increments, linear 2x against quadratic
+4x, was tried first and dropped: XLA's buffer packing moves small
+increments by a few MiB, enough to make linear T5 look 4x.)
 """
 
 from __future__ import annotations
@@ -22,7 +29,7 @@ import pytest
 from jattn.models import SCHEMES
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
-LENGTHS = (1024, 2048, 4096)
+LENGTHS = (2048, 4096)
 SIZES = dict(vocab_size=32, d_model=16, num_heads=2, num_layers=1, d_ff=32)
 MIB = 2**20
 
@@ -44,16 +51,15 @@ def temp_bytes(position: str, length: int) -> int:
     return BENCH.model_temp_bytes(BENCH.model_config(position, length, **SIZES), length)
 
 
-def increments(position: str) -> tuple[int, int]:
-    """Growth of the compiled temporaries from L to 2L and from 2L to 4L."""
-    a, b, c = (temp_bytes(position, n) for n in LENGTHS)
-    return b - a, c - b
+def growth(position: str) -> int:
+    """Growth of the compiled temporaries from L = 2048 to 4096 (bytes)."""
+    small, large = (temp_bytes(position, n) for n in LENGTHS)
+    return large - small
 
 
-def grows_linearly(d1: int, d2: int) -> bool:
-    """The second doubling's increment at most 3x the first (linear: 2x;
-    quadratic: 4x), plus 1 MiB for XLA's buffer packing."""
-    return d2 <= 3 * d1 + MIB
+# The growth of one float32 [T, S] array from L = 2048 to 4096, and the limit: half of it.
+TS_GROWTH = 4 * (LENGTHS[1] ** 2 - LENGTHS[0] ** 2)
+LIMIT = TS_GROWTH // 2
 
 
 _SLOW = pytest.mark.slow
@@ -71,20 +77,19 @@ SCHEMES_UNDER_TEST = [
 
 @pytest.mark.parametrize("position", SCHEMES_UNDER_TEST)
 def test_model_temporaries_grow_at_most_linearly_in_length(position):
-    d1, d2 = increments(position)
-    assert grows_linearly(d1, d2), (
-        f"position={position!r}: compiled temporaries grew by {d1 / MIB:.1f} MiB "
-        f"from L={LENGTHS[0]} to {LENGTHS[1]} and {d2 / MIB:.1f} MiB from "
-        f"{LENGTHS[1]} to {LENGTHS[2]}: a [T, S]-sized buffer"
+    d = growth(position)
+    assert d < LIMIT, (
+        f"position={position!r}: compiled temporaries grew by {d / MIB:.1f} MiB from "
+        f"L={LENGTHS[0]} to {LENGTHS[1]}, at least half a float32 [T, S] array's "
+        f"{TS_GROWTH / MIB:.0f} MiB"
     )
 
 
 def test_the_measure_sees_a_materialised_bias(monkeypatch):
     """The same check on T5 with its bias built as `[N, L, L]` (the models
-    before score mods) fails: the measure sees a `[T, S]` array."""
+    before score mods) fails: the measure sees the `[T, S]` arrays, at least
+    the bias's own growth."""
     name = BENCH.MATERIALISED
     monkeypatch.setitem(SCHEMES, name, BENCH.MaterialisedT5(name))
-    d1, d2 = increments(name)
-    assert not grows_linearly(d1, d2), (d1, d2)
-    one_bias = 4 * SIZES["num_heads"] * (LENGTHS[2] ** 2 - LENGTHS[1] ** 2)  # float32 [N, L, L]
-    assert d2 >= one_bias, (d2, one_bias)
+    d = growth(name)
+    assert d >= SIZES["num_heads"] * TS_GROWTH, (d, TS_GROWTH)
