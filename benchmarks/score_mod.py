@@ -6,6 +6,9 @@ parameters), in one run on the same inputs:
 
 - chunked, plain (no positional term): the baseline;
 - chunked + the T5 score mod (`jattn.positions.t5_score_mod`, 32 buckets);
+- chunked + the same T5 term read as `table[head, bucket]` with the gather's
+  own autodiff backward (a scatter-add of every element), which the T5 mod
+  used before its table read got a row-scatter backward;
 - chunked + the T5 bias materialised as `[1, N, T, S]` (what the models did
   before score mods: `t5_bias(table, t5_buckets(...))` handed over as `bias`);
 - chunked + the ALiBi and FIRE score mods;
@@ -20,6 +23,7 @@ are against chunked plain. Prints the table last and writes it as CSV.
 
     python benchmarks/score_mod.py --length 4096
     jattn bench score_mod --length 2048 --repeats 3 --out runs/bench/score_mod.csv
+    jattn bench score_mod --tile-pieces --repeats 9   # the T5 mod's pieces on one tile
 """
 
 from __future__ import annotations
@@ -56,6 +60,14 @@ def cells(num_heads: int, causal: bool) -> dict:
     def t5_mod(table, qp, kp):
         return None, positions.t5_score_mod(table, bidirectional=bidirectional)
 
+    def t5_autodiff(table, qp, kp):  # the same values, the gather's own backward
+        def fn(tab, score, batch, head, i, j):
+            bucket = positions.t5_relative_bucket(j - i, 32, 128, bidirectional)
+            return score + tab[head, bucket]
+
+        fn.__name__ = f"t5_autodiff_{bidirectional}"
+        return None, jattn.ScoreMod(_cached(fn), table, "t5_autodiff")
+
     def t5_bias(table, qp, kp):
         buckets = positions.t5_buckets(qp, kp, 32, 128, bidirectional)  # [1, T, S]
         return positions.t5_bias(table.T, buckets), None  # [1, N, T, S]
@@ -69,12 +81,21 @@ def cells(num_heads: int, causal: bool) -> dict:
     return {
         "chunked plain": ("chunked", None, plain),
         "chunked + T5 score mod": ("chunked", t5_table, t5_mod),
+        "chunked + T5 score mod, autodiff scatter": ("chunked", t5_table, t5_autodiff),
         "chunked + T5 bias [1,N,T,S]": ("chunked", t5_table, t5_bias),
         "chunked + ALiBi score mod": ("chunked", slopes, alibi),
         "chunked + FIRE score mod": ("chunked", fire, fire_mod),
         "xla plain": ("xla", None, plain),
         "xla + T5 score mod": ("xla", t5_table, t5_mod),
     }
+
+
+_FNS: dict = {}
+
+
+def _cached(fn):
+    """One function object per name, so equal cells share a compilation."""
+    return _FNS.setdefault(fn.__name__, fn)
 
 
 def cell_fn(impl: str, term, causal: bool):
@@ -139,6 +160,56 @@ def run(args) -> list[dict]:
     return rows
 
 
+def tile_pieces(num_heads: int, block: int, repeats: int) -> str:
+    """Where the T5 mod's time goes on one chunked tile `[1, N, 1, block,
+    block]` (causal positions): an elementwise op, the buckets, the forward
+    (buckets and gather), and `jax.vjp` (forward and backward, gradients to
+    the table and the logits) with the table read's row-scatter backward
+    (now) and with the gather's own autodiff (before). Round-robin medians."""
+    from jattn.attention import scores  # noqa: PLC0415
+
+    rng = np.random.default_rng(0)
+    tab = jnp.asarray(rng.normal(size=(num_heads, 32)), jnp.float32)
+    s = jnp.asarray(rng.normal(size=(1, num_heads, 1, block, block)), jnp.float32)
+    qp = jnp.arange(2 * block, 3 * block, dtype=jnp.int32)[None]  # [1, t]
+    kp = jnp.arange(block, 2 * block, dtype=jnp.int32)[None] + 100  # [1, s]
+    head = jnp.arange(num_heads, dtype=jnp.int32).reshape(1, num_heads, 1, 1, 1)
+
+    def bucket():  # [1, 1, 1, t, s]
+        rel = kp[:, None, None, None, :] - qp[:, None, None, :, None]
+        return positions.t5_relative_bucket(rel, 32, 128, False)
+
+    def t5_now(tab, s):
+        mod = positions.t5_score_mod(tab, bidirectional=False)
+        return scores.apply_grouped_score_mod(mod, s, jnp.arange(1), 0, qp, kp)
+
+    def t5_before(tab, s):
+        return s + tab[head, bucket()]
+
+    def vjp_of(f):
+        def g(tab, s):
+            out, pull = jax.vjp(f, tab, s)
+            return pull(out)
+
+        return g
+
+    pieces = {
+        "elementwise op (x 1.0001)": lambda tab, s: s * 1.0001,
+        "buckets (log, division, clip)": lambda tab, s: s + bucket().astype(jnp.float32),
+        "buckets + gather (forward)": t5_now,
+        "fwd+bwd, row-scatter backward (now)": vjp_of(t5_now),
+        "fwd+bwd, autodiff scatter (before)": vjp_of(t5_before),
+    }
+    compiled = [(jax.jit(f).lower(tab, s).compile(), (tab, s)) for f in pieces.values()]
+    seconds = time_round_robin(compiled, repeats)
+    out = [
+        f"| piece, one {block} x {block} tile of {num_heads} heads | median (ms) |",
+        "|---|---:|",
+    ]
+    out += [f"| {k} | {1e3 * t:.2f} |" for k, t in zip(pieces, seconds, strict=True)]
+    return "\n".join(out)
+
+
 def table(rows) -> str:
     def f(x, fmt):
         return "-" if x is None else format(x, fmt)
@@ -173,6 +244,11 @@ def main(argv=None):
     )
     p.add_argument("--only", nargs="*", help="cells to run (names as printed)")
     p.add_argument(
+        "--tile-pieces",
+        action="store_true",
+        help="instead: time the T5 mod's pieces on one 512 x 512 tile",
+    )
+    p.add_argument(
         "--out",
         default=os.path.join("runs", "bench", "score_mod.csv"),
         help="CSV path for the table (default %(default)s)",
@@ -183,6 +259,9 @@ def main(argv=None):
         f"B=1 N={args.heads} H={args.head_dim} L={args.length} causal={args.causal} float32",
         flush=True,
     )
+    if args.tile_pieces:
+        print(tile_pieces(args.heads, 512, args.repeats))
+        return 0
     rows = run(args)
     os.makedirs(os.path.dirname(args.out) or ".", exist_ok=True)
     with open(args.out, "w", newline="") as fh:

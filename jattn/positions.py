@@ -409,7 +409,53 @@ def _select_table(table: Array, head: Array, index: Array) -> Array:
         for b in range(1, table.shape[1]):
             out = jnp.where(index == b, table[head, b], out)
         return out
+    return _gather_table(table, head, index)
+
+
+@jax.custom_vjp
+def _gather_table(table: Array, head: Array, index: Array) -> Array:
+    """`table[head, index]` by gather, for index arrays `head` and `index`
+    that broadcast together (xla, chunked), with a backward that scatters
+    rows (`_gather_table_bwd`)."""
     return table[head, index]
+
+
+def _gather_table_fwd(table, head, index):
+    return _gather_table(table, head, index), (table, head, index)
+
+
+def _gather_table_bwd(res, ct):
+    """The table's gradient as one scatter-add of rows: the cotangent laid out
+    as `[X, heads]` (X: the entries `index` varies over) added into a
+    `[R, heads]` buffer at `index`, one update of all heads per entry. The
+    autodiff of the gather scatters every element on its own (2-index
+    scatter, one update per head and entry), which on the CPU was most of
+    the T5 score mod's time: 52 ms against ~9 ms for this form on a 512 x
+    512 tile of 8 heads (`benchmarks/score_mod.py`, docs/benchmarks.md)."""
+    table, head, index = res
+    nd = ct.ndim
+    hr = jnp.reshape(head, (1,) * (nd - jnp.ndim(head)) + jnp.shape(head))
+    xr = jnp.reshape(index, (1,) * (nd - jnp.ndim(index)) + jnp.shape(index))
+    hv = [a for a in range(nd) if hr.shape[a] > 1]
+    xv = [a for a in range(nd) if xr.shape[a] > 1]
+    rest = [a for a in range(nd) if a not in hv and a not in xv]
+    if set(hv) & set(xv) or any(ct.shape[a] > 1 for a in rest):  # no [X, heads] layout
+        _, pull = jax.vjp(lambda tb: tb[head, index], table)
+        return pull(ct)[0], None, None
+    order = xv + hv + rest
+    nh = int(np.prod([ct.shape[a] for a in hv], dtype=np.int64))
+
+    def lay_out(v, varying):  # broadcast over its varying axes, in `order`, flattened
+        full = [ct.shape[a] if a in varying else 1 for a in range(nd)]
+        return jnp.transpose(jnp.broadcast_to(v, full), order).reshape(-1)
+
+    ctm = jnp.transpose(ct, order).reshape(-1, nh)  # [X, heads]
+    rows = jnp.zeros((table.shape[1], nh), ct.dtype).at[lay_out(xr, xv)].add(ctm)  # [R, heads]
+    d_table = jnp.zeros(table.shape, ct.dtype).at[lay_out(hr, hv)].add(rows.T)  # [N, R]
+    return d_table.astype(table.dtype), None, None
+
+
+_gather_table.defvjp(_gather_table_fwd, _gather_table_bwd)
 
 
 ALIBI_MODES = ("causal", "symmetric", "offset", "asymmetric")
