@@ -44,7 +44,8 @@ run_pytest .venv/bin/python -m pytest -n 2 --dist loadfile -q "$@"
 # tests, 14.1 CPU-minutes in one pytest process, so ~7-8 minutes with -n 2
 # after the main suite's ~12 (docs/gpu.md, "Two jax versions in CI").
 SECOND_JAX_TESTS=(
-    tests/test_attention.py tests/test_masks.py tests/test_positions.py
+    tests/test_attention.py tests/test_attention_contract.py tests/test_masks.py
+    tests/test_positions.py
     tests/test_errors_and_import.py tests/test_chunked_window_dropout.py
     tests/test_dropout.py tests/test_memory.py
     tests/test_pallas.py tests/test_kernel_variants.py tests/test_pallas_tpu.py

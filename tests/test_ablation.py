@@ -722,3 +722,31 @@ def test_intervals_are_clipped_to_where_a_metric_can_lie():
     assert fmt_mean_ci([0.0, 0.0, 0.3], "eval/test_longer/length_match") == "0.100 [0.000, 0.530]"
     assert fmt_mean_ci([0.001, 0.002, 0.03], "train/loss").split("[")[1].startswith("0.000,")
     assert fmt_mean_ci([0.0, 0.0, 0.3], "eval/test_longer/other").split("[")[1].startswith("-")
+
+
+@pytest.mark.parametrize(
+    "spec",
+    ["decoder_only.py", "positional.py", "positional.py:duplicate", "positional_numbers.py",
+     "randomized.py", "scan.py", "shaw_variants.py"],
+)  # fmt: skip
+def test_every_published_grid_starts(spec, tmp_path, capsys):
+    """Each grid of experiments/ (as the README runs it) passes the checks made before
+    anything trains, its `reference` included: `--emit commands` prints one command
+    per run and exits 0. (experiments/decoder_only.py named its reference in another
+    axis order than the group names and was refused at start.)"""
+    from jattn.cli import main
+
+    path = f"{ROOT / 'experiments'}/{spec}"
+    assert main(["ablate", "--config", path, "--workdir", str(tmp_path), "--emit", "commands"]) == 0
+    lines = capsys.readouterr().out.strip().splitlines()
+    assert lines and all(line.startswith("jattn train --config ") for line in lines)
+
+
+def test_a_reference_names_its_group_in_any_axis_order():
+    from jattn.analysis.report import match_group
+
+    names = ["position=rope,task=copy", "position=t5,task=copy"]
+    assert match_group("task=copy,position=t5", names) == "position=t5,task=copy"
+    assert match_group("position=rope,task=copy", names) == "position=rope,task=copy"
+    assert match_group("task=copy", names) is None
+    assert match_group("position=t5,task=reverse", names) is None

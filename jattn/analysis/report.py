@@ -211,8 +211,9 @@ def choose_reference(
     """
     why = ""
     if requested:
-        if requested in groups:
-            return requested, "set by the experiment's `reference`"
+        found = match_group(requested, groups)
+        if found is not None:
+            return found, "set by the experiment's `reference`"
         why = f"`reference` {requested!r} is not a group of this grid, so: "
     means = {
         name: float(np.mean(g.values[metric]))
@@ -226,6 +227,19 @@ def choose_reference(
     return best, why + f"the best mean {metric}"
 
 
+def match_group(requested: str, names) -> str | None:
+    """The group of `names` that `requested` names, whatever the order of its
+    ``axis=value`` parts ("task=copy,position=rope" names the group
+    "position=rope,task=copy"), or None."""
+    if requested in names:
+        return requested
+    wanted = sorted(p.strip() for p in requested.split(","))
+    for name in names:
+        if sorted(name.split(",")) == wanted:
+            return name
+    return None
+
+
 def check_reference(exp, runs: list[grid_lib.Run]) -> None:
     """Raises ConfigError when the experiment's ``reference`` names no group
     of `runs` (call it before training, so a typo costs nothing)."""
@@ -233,7 +247,7 @@ def check_reference(exp, runs: list[grid_lib.Run]) -> None:
 
     requested = exp.get("reference") or None
     names = list(dict.fromkeys(r.group for r in runs))
-    if requested and requested not in names:
+    if requested and match_group(requested, names) is None:
         raise ConfigError(f"reference {requested!r} is not a group of the grid: {names}")
 
 
