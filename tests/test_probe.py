@@ -157,6 +157,29 @@ def test_source_effects_and_head_table(small):
     assert dataclasses.replace(model.config).capture_attention is False  # model untouched
 
 
+@pytest.mark.parametrize("position", ["shaw", "none"])
+def test_source_effects_of_a_decoder_only_model(small, position):
+    """Decoder-only: the target side reads the source through the one stack's
+    self-attention, so weights and effects are numbers at every real source
+    position (NaN only at padding) and the weights are the target rows' share
+    on the input columns (at most 1: the rest is on the separator and targets)."""
+    _, _, inputs, targets = small
+    cfg = TransformerConfig(
+        vocab_size=16, d_model=16, num_heads=2, num_kv_heads=2, num_layers=1, d_ff=32,
+        dropout_rate=0.0, max_len=16, position=position, max_relative_distance=4,
+        architecture="decoder_only",
+    )  # fmt: skip
+    model = Transformer(cfg)
+    params = nn.unbox(model.init(jax.random.key(1), inputs, targets)["params"])
+    eff = probe.source_position_effects(model, params, inputs, targets)
+    real = np.asarray(inputs) > 0
+    assert eff["weight"].shape == eff["effect"].shape == (2, 5)
+    assert np.all(np.isfinite(eff["weight"][real])) and np.all(np.isnan(eff["weight"][~real]))
+    assert np.all(np.isfinite(eff["effect"][real])) and np.all(np.isnan(eff["effect"][~real]))
+    assert np.all(eff["weight"][real] > 0) and np.all(np.nansum(eff["weight"], -1) <= 1 + 1e-6)
+    assert np.any(np.abs(eff["effect"][real]) > 1e-6)  # hiding a source token moves the targets
+
+
 def test_effects_mark_the_eos_position(small):
     model, params, inputs, targets = small
     eff = probe.source_position_effects(model, params, inputs, targets)

@@ -175,35 +175,58 @@ def _scores_fn(model):
     return jax.jit(lambda p, i, t, iv: reference_scores(model, p, i, t, iv))
 
 
+def _source_layers(model: Transformer, weights: dict, inputs: Array, targets: Array):
+    """The layers through which target positions read the source, and how to
+    read their weights as target-on-source `[B, T, S]`.
+
+    Encoder-decoder: the cross-attention layers, whose weights are already
+    `[B, N, T, S]`. Decoder-only: every self-attention layer of the one stack,
+    whose weights are over the stream `[inputs | shifted targets]` (`[B, N,
+    S+T, S+T]`, `jattn.models.decoder_only`): the target-side queries' rows
+    on the input keys' columns.
+    """
+    s = inputs.shape[1]
+    if model.config.architecture == "decoder_only":
+        paths = [p for p in weights if p[-1] == "self_attention"]
+        return paths, (lambda w: w[:, :, s:, :s]), s + targets.shape[1]
+    return [p for p in weights if p[-1] == "cross_attention"], (lambda w: w), s
+
+
 def source_position_effects(
     model: Transformer, params: Any, inputs: Array, targets: Array
 ) -> dict[str, np.ndarray]:
-    """Cross-attention weight on each source position against the effect of
-    hiding that position from every cross-attention layer.
+    """Attention weight of the target positions on each source position
+    against the effect of hiding that position from every layer they read it
+    through.
 
-    The S hidings share one compiled function (the same intervention tree,
-    only the visibility changes).
+    Encoder-decoder: the cross-attention layers (the encoder still sees the
+    hidden position). Decoder-only: every self-attention layer, from every
+    query (so the later input tokens do not see it either: the stack has no
+    separate encoder to leave it to). The S hidings share one compiled
+    function (the same intervention tree, only the visibility changes).
 
     Returns:
       ``weight [B, S]``: mean over layers, heads and real target tokens of the
-      cross-attention weight; ``effect [B, S]``: drop in the reference
-      log-probability when the position is hidden; ``base [B]``: the
-      unperturbed log-probability. Padding source positions get NaN.
-      ``eos [B, S]``: True at the end-of-sequence token of each source.
+      weight target positions give the source position; ``effect [B, S]``:
+      drop in the reference log-probability when the position is hidden;
+      ``base [B]``: the unperturbed log-probability. Padding source positions
+      get NaN. ``eos [B, S]``: True at the end-of-sequence token of each source.
     """
     _, weights = capture(model, params, inputs, targets)
-    cross = [p for p in weights if p[-1] == "cross_attention"]
+    layers, on_source, key_len = _source_layers(model, weights, inputs, targets)
+    if not layers:
+        raise ValueError("source_position_effects: the model has no layer that reads the source")
     real_t = np.asarray(targets > 0, np.float32)  # [B, T]
-    w = np.mean([np.asarray(weights[p]).mean(1) for p in cross], axis=0)  # [B, T, S]
+    w = np.mean([np.asarray(on_source(weights[p])).mean(1) for p in layers], axis=0)  # [B, T, S]
     weight = (w * real_t[..., None]).sum(1) / np.maximum(real_t.sum(1, keepdims=True), 1)
     score = _scores_fn(model)
     base = np.asarray(score(params, inputs, targets, None)["logprob"])
     b, s = inputs.shape
     effect = np.full((b, s), np.nan)
     for pos in range(s):
-        visible = np.ones((b, s), bool)
+        visible = np.ones((b, key_len), bool)
         visible[:, pos] = False
-        iv = merge(*[hide_keys(p, visible) for p in cross])
+        iv = merge(*[hide_keys(p, visible) for p in layers])
         hidden = np.asarray(score(params, inputs, targets, iv)["logprob"])
         effect[:, pos] = base - hidden
     real_s = np.asarray(inputs > 0)
