@@ -103,11 +103,13 @@ def test_triton_present_selects_triton(monkeypatch):
     assert report["backward_blocks"] == (32, 32) and report["backward_warps"] == 4
     assert "bfloat16" in report["precision"]
     shaw = kb.kernel_report(8192, 8192, 128, shaw=True, backward="fused", dtype=jnp.float32)
-    assert shaw["forward_blocks"] == (64, 32) and shaw["forward_warps"] == 8
+    assert shaw["forward_blocks"] == (16, 32) and shaw["forward_warps"] == 4
     assert shaw["backward_blocks"] == (16, 32) and shaw["backward"] == "fused"
     assert "tf32x3" in shaw["precision"]
+    shaw = kb.kernel_report(8192, 8192, 64, shaw=True, dtype=jnp.bfloat16)
+    assert shaw["forward_blocks"] == (64, 64) and shaw["forward_warps"] == 8
     ieee = kb.kernel_report(8192, 8192, 64, dtype=jnp.float32, precision="ieee")
-    assert "IEEE" in ieee["precision"] and ieee["backward_blocks"] == (32, 32)
+    assert "IEEE" in ieee["precision"] and ieee["backward_blocks"] == (16, 32)
     assert "Triton kernels" in kb.describe_backend()
 
 
@@ -319,6 +321,7 @@ def test_precision_is_checked():
 def test_warps_by_tile_rows():
     assert [kb.default_warps(bq) for bq in (16, 32, 64, 128, 256)] == [4, 4, 4, 8, 8]
     assert kb.default_warps(64, shaw_forward=True) == 8
+    assert kb.default_warps(32, shaw_forward=True) == 4
     inputs = _qkv(82, 1, 256, 256, 2, 2, 64, dtype=jnp.bfloat16)
     nf = _normal_form(inputs, is_causal=True, max_distance=0)
     pre = fa.prepare(nf, block_q=None, block_k=None, backend="gpu")

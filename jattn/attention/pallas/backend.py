@@ -147,11 +147,11 @@ def default_warps(block_q: int, *, shaw_forward: bool = False) -> int:
     cover 64 rows, 8 from 128 rows. jax's reference kernels use 4 below
     128x128 tiles: more warps on a 64-row tile split the rows of the dots
     too thinly and add register pressure without more parallel work. The
-    Shaw forward is the exception: its 64-row tile carries the `[bq, Rp]`
-    value-term masses and the gathered key-term tile besides the output,
-    255 registers a thread at 4 warps (spilling at head dim 128, `jattn
-    bench aot`), so it gets 8."""
-    return 8 if block_q >= 128 or shaw_forward else 4
+    Shaw forward's 64-row tile (bf16) is the exception: it carries the
+    `[bq, Rp]` value-term masses and the gathered key-term tile besides the
+    output, 255 registers a thread at 4 warps (spilling at head dim 128,
+    `jattn bench aot`), so it gets 8."""
+    return 8 if block_q >= 128 or (shaw_forward and block_q >= 64) else 4
 
 
 # --------------------------------------------------------------------------------------
@@ -185,9 +185,10 @@ def default_blocks(
       state, which at 64x64 and head dim 128 (or with the Shaw tiles at any
       head dim) sit at ptxas's 255-register cap and spill.
     - float32 (three TF32 passes on split operands: two copies of each
-      operand live) at head dim <= 64: forward as above, backward 32x32; at
-      head dim > 64: forward 64x32 (a 64x64 tile asks 256 KB of shared
-      memory, over the H100's 227 KB), backward 16x32 (the fewest spills).
+      operand live): forward 128x64 at head dim <= 64 (32x64 with Shaw
+      terms), 32x32 above (16x32 with Shaw terms; a 64x64 tile there asks
+      256 KB of shared memory, over the H100's 227 KB); backward 16x32.
+      The fewest spills of the tiles tried.
     Powers of two >= 16 capped by the sequence lengths. TPU: 128x128 for
     both (the MXU's tile; `block_k` a multiple of the 128 lanes unless one
     tile holds every key). Interpret mode: 128x128 capped by the lengths
@@ -202,8 +203,9 @@ def default_blocks(
         return fwd, fwd
     cap_t, cap_s = max(16, pow2_size(t)), max(16, pow2_size(s))
     f32, wide = jnp.dtype(dtype) == jnp.float32, head_dim > 64
-    if f32 and wide:
-        fwd, bwd = (64, 32), (16, 32)
+    if f32:
+        fwd = ((16, 32) if shaw else (32, 32)) if wide else ((32, 64) if shaw else (128, 64))
+        bwd = (16, 32)
     else:
         fwd = (64 if shaw else 128, 64)
         bwd = (32, 32) if shaw or wide or f32 else (64, 64)
