@@ -120,10 +120,11 @@ def parse_variant(name: str) -> dict:
 # The child: compile one variant.
 
 
-def _variant_fn(feature: str, backward: str):
+def _variant_fn(feature: str, backward: str, precision: str | None = None):
     """`f(q, k, v, ct, extra) -> (out, grads)` of one variant: the forward and
     its vjp through `flash_attention(..., interpret=False)` (the Triton
-    kernels, as on a GPU)."""
+    kernels, as on a GPU) at the kernels' float32 `precision` (None: their
+    default, "tf32x3"; "ieee" the IEEE FMAs)."""
     import jax
 
     import jattn
@@ -142,7 +143,7 @@ def _variant_fn(feature: str, backward: str):
                 key=extra["rel_key"], value=extra["rel_value"], max_distance=SHAW_K
             )
         nf = jattn.normalise(q, k, v, **kw)
-        return fa.flash_attention(nf, interpret=False, backward=backward)[0]
+        return fa.flash_attention(nf, interpret=False, backward=backward, precision=precision)[0]
 
     def jattn_aot_variant(q, k, v, ct, extra):
         diff = {n: x for n, x in extra.items() if n.startswith("rel_")}
@@ -153,7 +154,7 @@ def _variant_fn(feature: str, backward: str):
     return jattn_aot_variant
 
 
-def child_main(name: str, target_config: str) -> int:
+def child_main(name: str, target_config: str, precision: str | None = None) -> int:
     import jax
     import jax.numpy as jnp
     import jaxlib
@@ -182,13 +183,14 @@ def child_main(name: str, target_config: str) -> int:
     elif spec["feature"] == "shaw":
         extra["rel_key"] = sds((2 * SHAW_K + 1, h), jnp.float32)
         extra["rel_value"] = sds((2 * SHAW_K + 1, h), jnp.float32)
-    fn = jax.jit(_variant_fn(spec["feature"], spec["backward"]))
+    fn = jax.jit(_variant_fn(spec["feature"], spec["backward"], precision))
     start = time.perf_counter()
     lowered = fn.trace(q, k, v, ct, extra).lower()
     lowered_at = time.perf_counter()
     lowered.compile()
     done = time.perf_counter()
     result = dict(
+        precision=precision or "tf32x3 (default)",
         device=device.device_kind,
         jax=jax.__version__,
         jaxlib=jaxlib.__version__,
@@ -295,6 +297,7 @@ def run_variant(name: str, args, dump_root: str) -> tuple[list[dict], dict]:
     )
     cmd = [sys.executable, os.path.abspath(__file__), "--child", name]
     cmd += ["--target-config", args.target_config] if args.target_config else []
+    cmd += ["--precision", args.precision] if args.precision else []
     start = time.perf_counter()
     log_path = os.path.join(dump, "compile.log")
     with open(log_path, "w") as out:
@@ -361,7 +364,8 @@ def write_table(path: str, rows: list[dict], header: dict) -> None:
     lines = [
         f"AOT compile for {header.get('device', '?')} (sm_90a), jax {header.get('jax', '?')}, "
         f"jaxlib {header.get('jaxlib', '?')}, ptxas {header.get('ptxas', '?')}; "
-        f"T = {SHAPE['t']}, causal, GQA {SHAPE['n']}/{SHAPE['kh']}, Shaw k = {SHAW_K}. "
+        f"T = {SHAPE['t']}, causal, GQA {SHAPE['n']}/{SHAPE['kh']}, Shaw k = {SHAW_K}; "
+        f"float32 dots {header.get('precision', '?')}. "
         "Bytes for spills, stack and shared memory; mma: tensor-core instructions in the PTX.",
         "",
         "| " + " | ".join(COLUMNS) + " |",
@@ -388,6 +392,12 @@ def main(argv=None) -> int:
     parser.add_argument("--dump-dir", default=None, help="default: a temporary folder")
     parser.add_argument("--keep-dumps", action="store_true")
     parser.add_argument("--target-config", default=None, help="GpuTargetConfigProto text file")
+    parser.add_argument(
+        "--precision",
+        default=None,
+        choices=["tf32x3", "ieee"],
+        help="the kernels' float32 precision (default: theirs, tf32x3)",
+    )
     parser.add_argument("--list", action="store_true")
     parser.add_argument("--child", default=None, help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
@@ -396,7 +406,7 @@ def main(argv=None) -> int:
         if args.target_config:
             with open(args.target_config) as f:
                 config = f.read()
-        return child_main(args.child, config)
+        return child_main(args.child, config, args.precision)
     names = [v for v in variants() if any(fnmatch.fnmatch(v, p) for p in args.variants)]
     if args.list:
         print("\n".join(names))

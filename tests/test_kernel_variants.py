@@ -8,8 +8,9 @@
   path with dropout), forward and every gradient, in interpret mode, and
   lowered for CUDA; refused for the Mosaic kernels.
 - The reference kernels' practices: the kernels' base-2 lse comes back in
-  natural units, float32 dots are IEEE (no TF32) and 16-bit ones native,
-  warps by tile rows, block maps cached per shape equal the per-call ones.
+  natural units, float32 dots are three TF32 passes by default (IEEE on
+  request) and 16-bit ones native, tiles by dtype and head dim, warps by
+  tile rows, block maps cached per shape equal the per-call ones.
 """
 
 from __future__ import annotations
@@ -99,11 +100,16 @@ def test_triton_present_selects_triton(monkeypatch):
     report = kb.kernel_report(8192, 8192, 128, dtype=jnp.bfloat16)
     assert report["backend"] == "triton" and jax.__version__ in report["versions"]
     assert report["forward_blocks"] == (128, 64) and report["forward_warps"] == 8
-    assert report["backward_blocks"] == (64, 64) and report["backward_warps"] == 4
+    assert report["backward_blocks"] == (32, 32) and report["backward_warps"] == 4
     assert "bfloat16" in report["precision"]
     shaw = kb.kernel_report(8192, 8192, 128, shaw=True, backward="fused", dtype=jnp.float32)
-    assert shaw["forward_warps"] == 4 and shaw["backward"] == "fused"
-    assert "IEEE" in shaw["precision"]
+    assert shaw["forward_blocks"] == (16, 32) and shaw["forward_warps"] == 4
+    assert shaw["backward_blocks"] == (16, 32) and shaw["backward"] == "fused"
+    assert "tf32x3" in shaw["precision"]
+    shaw = kb.kernel_report(8192, 8192, 64, shaw=True, dtype=jnp.bfloat16)
+    assert shaw["forward_blocks"] == (64, 64) and shaw["forward_warps"] == 8
+    ieee = kb.kernel_report(8192, 8192, 64, dtype=jnp.float32, precision="ieee")
+    assert "IEEE" in ieee["precision"] and ieee["backward_blocks"] == (16, 32)
     assert "Triton kernels" in kb.describe_backend()
 
 
@@ -263,33 +269,61 @@ def _kernel_dot_precisions(closed_jaxpr) -> list:
     return found
 
 
-@pytest.mark.parametrize("dtype", [jnp.float32, jnp.bfloat16])
-def test_kernel_dots_have_explicit_precision(dtype):
-    # Triton runs float32 dots as TF32 unless told otherwise; interpret mode
-    # is exact. Every in-kernel float32 dot asks for HIGHEST (IEEE); bf16
-    # dots are native.
+@pytest.mark.parametrize(
+    "dtype, precision",
+    [(jnp.float32, None), (jnp.float32, "tf32x3"), (jnp.float32, "ieee"), (jnp.bfloat16, None)],
+)
+def test_kernel_dots_have_explicit_precision(dtype, precision):
+    # Triton runs float32 dots as one TF32 pass unless told otherwise;
+    # interpret mode is exact. Every in-kernel float32 dot is a TF32 pass
+    # (HIGH) on split operands by default, three per product, or IEEE
+    # (HIGHEST) on request; bf16 dots are native.
     inputs = _qkv(81, *RAGGED, dtype=dtype)
     nf = _normal_form(inputs, is_causal=True, max_distance=0)
 
     def loss(q):
-        out, _ = fa._flash_attention(nf.replace(query=q), block_q=16, block_k=16, backend="gpu")
+        out, _ = fa._flash_attention(
+            nf.replace(query=q), block_q=16, block_k=16, backend="gpu", precision=precision
+        )
         return jnp.sum(out.astype(jnp.float32))
 
     dots = _kernel_dot_precisions(jax.make_jaxpr(jax.grad(loss))(nf.query))
     kernel_dots = [p for d, p in dots if d == jnp.dtype(dtype).name]
     assert all(d == jnp.dtype(dtype).name for d, _ in dots), dots
-    assert len(kernel_dots) >= 5  # forward 2, dq 2, dk/dv 3
+    high = (jax.lax.Precision.HIGH, jax.lax.Precision.HIGH)
     highest = (jax.lax.Precision.HIGHEST, jax.lax.Precision.HIGHEST)
-    if dtype == jnp.float32:
+    if dtype == jnp.float32 and precision != "ieee":
+        assert len(kernel_dots) >= 15  # 3 passes of: forward 2, dq 2, dk/dv 3
+        assert all(p == high for p in kernel_dots), kernel_dots
+    elif dtype == jnp.float32:
+        assert len(kernel_dots) >= 5
         assert all(p == highest for p in kernel_dots), kernel_dots
     else:
+        assert len(kernel_dots) >= 5  # forward 2, dq 2, dk/dv 3
         assert all(p is None or p == (None, None) for p in kernel_dots), kernel_dots
     assert ft.dot_precision(jnp.float32) == jax.lax.Precision.HIGHEST
+    assert ft.dot_precision(jnp.float32, "tf32x3") == jax.lax.Precision.HIGH
+    assert ft.dot_precision(jnp.bfloat16, "tf32x3") is None
+
+
+def test_precision_is_checked():
+    nf = _normal_form(_qkv(83, *RAGGED), is_causal=True, max_distance=0)
+    with pytest.raises(ValueError, match="precision must be one of"):
+        fa.flash_attention(nf, precision="tf32")
+    with pytest.raises(ValueError, match="precision must be one of"):
+        kb.kernel_report(40, 40, 16, precision="highest")
+    pre = fa.prepare(nf, block_q=None, block_k=None, backend="gpu")
+    assert pre.fwd_cfg.precision == pre.bwd_cfg.precision == "tf32x3"
+    pre = fa.prepare(nf, block_q=None, block_k=None, backend="gpu", precision="ieee")
+    assert pre.fwd_cfg.precision == pre.bwd_cfg.precision == "ieee"
 
 
 def test_warps_by_tile_rows():
     assert [kb.default_warps(bq) for bq in (16, 32, 64, 128, 256)] == [4, 4, 4, 8, 8]
-    nf = _normal_form(_qkv(82, 1, 256, 256, 2, 2, 128), is_causal=True, max_distance=0)
+    assert kb.default_warps(64, shaw_forward=True) == 8
+    assert kb.default_warps(32, shaw_forward=True) == 4
+    inputs = _qkv(82, 1, 256, 256, 2, 2, 64, dtype=jnp.bfloat16)
+    nf = _normal_form(inputs, is_causal=True, max_distance=0)
     pre = fa.prepare(nf, block_q=None, block_k=None, backend="gpu")
     assert (pre.fwd_cfg.block_q, pre.fwd_cfg.num_warps) == (128, 8)
     assert (pre.bwd_cfg.block_q, pre.bwd_cfg.num_warps) == (64, 4)

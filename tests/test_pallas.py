@@ -341,8 +341,25 @@ def test_block_size_validation():
         fa._flash_attention(nf, block_q=24, block_k=None, backend="gpu")
     with pytest.raises(ValueError, match="block_k must be positive"):
         fa.flash_attention(nf, block_q=None, block_k=0)
+    # The GPU tiles by dtype, head dim and Shaw terms (what ptxas compiles
+    # without bf16 spills and within the shared memory, docs/gpu.md).
+    blocks = {
+        (dtype, h, shaw): fa.default_blocks("gpu", 8192, 8192, shaw, h, dtype)
+        for dtype in ("bfloat16", "float32")
+        for h in (64, 128)
+        for shaw in (False, True)
+    }
+    assert blocks == {
+        ("bfloat16", 64, False): ((128, 64), (64, 64)),
+        ("bfloat16", 64, True): ((64, 64), (32, 32)),
+        ("bfloat16", 128, False): ((128, 64), (32, 32)),
+        ("bfloat16", 128, True): ((64, 64), (32, 32)),
+        ("float32", 64, False): ((128, 64), (16, 32)),
+        ("float32", 64, True): ((32, 64), (16, 32)),
+        ("float32", 128, False): ((32, 32), (16, 32)),
+        ("float32", 128, True): ((16, 32), (16, 32)),
+    }
     assert fa.default_blocks("gpu", 8192, 8192) == ((128, 64), (64, 64))
-    assert fa.default_blocks("gpu", 8192, 8192, shaw=True) == ((64, 64), (64, 64))
     assert fa.default_blocks("gpu", 20, 5) == ((32, 16), (32, 16))
 
 

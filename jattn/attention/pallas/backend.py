@@ -36,7 +36,7 @@ import importlib
 import jax
 import jax.numpy as jnp
 
-from jattn.attention.pallas.tile_math import dot_precision
+from jattn.attention.pallas.tile_math import DEFAULT_PRECISION, PRECISIONS, dot_precision
 
 __all__ = [
     "BACKWARD_VARIANTS",
@@ -45,6 +45,7 @@ __all__ = [
     "default_warps",
     "check_backward",
     "check_block",
+    "check_precision",
     "default_blocks",
     "describe_backend",
     "kernel_report",
@@ -141,12 +142,16 @@ def resolve_backend(interpret: bool | None) -> str:
     return "gpu"
 
 
-def default_warps(block_q: int) -> int:
+def default_warps(block_q: int, *, shaw_forward: bool = False) -> int:
     """Triton warps of a kernel by its tile rows: 4 warps (128 threads)
     cover 64 rows, 8 from 128 rows. jax's reference kernels use 4 below
     128x128 tiles: more warps on a 64-row tile split the rows of the dots
-    too thinly and add register pressure without more parallel work."""
-    return 8 if block_q >= 128 else 4
+    too thinly and add register pressure without more parallel work. The
+    Shaw forward's 64-row tile (bf16) is the exception: it carries the
+    `[bq, Rp]` value-term masses and the gathered key-term tile besides the
+    output, 255 registers a thread at 4 warps (spilling at head dim 128,
+    `jattn bench aot`), so it gets 8."""
+    return 8 if block_q >= 128 or (shaw_forward and block_q >= 64) else 4
 
 
 # --------------------------------------------------------------------------------------
@@ -162,16 +167,32 @@ def pow2_size(x: int) -> int:
 
 
 def default_blocks(
-    backend: str, t: int, s: int, shaw: bool = False
+    backend: str,
+    t: int,
+    s: int,
+    shaw: bool = False,
+    head_dim: int = 64,
+    dtype="bfloat16",
 ) -> tuple[tuple[int, int], tuple[int, int]]:
     """Default `((block_q, block_k) forward, (block_q, block_k) backward)`.
 
-    GPU: 128x64 forward (64x64 with Shaw terms, whose `[bq, 2k+1]`
-    accumulators add register pressure), 64x64 backward; powers of two >= 16
-    capped by the sequence lengths. TPU: 128x128 for both (the MXU's tile;
-    `block_k` a multiple of the 128 lanes unless one tile holds every key).
-    Interpret mode: 128x128 capped by the lengths (fewer, larger tiles run
-    faster on the CPU).
+    GPU, chosen by what ptxas reports for sm_90a (`jattn bench aot`,
+    docs/gpu.md): no spills in bfloat16 and 16 KB of shared memory to spare.
+    - bfloat16 / fp16 forward 128x64; 64x64 with Shaw terms (whose `[bq,
+      Rp]` accumulators add register pressure). Backward 64x64 at head dim
+      <= 64 without Shaw terms, else 32x32: the dk/dv kernels hold two
+      `[bk, H]` float32 accumulators and the fused kernel both kernels'
+      state, which at 64x64 and head dim 128 (or with the Shaw tiles at any
+      head dim) sit at ptxas's 255-register cap and spill.
+    - float32 (three TF32 passes on split operands: two copies of each
+      operand live): forward 128x64 at head dim <= 64 (32x64 with Shaw
+      terms), 32x32 above (16x32 with Shaw terms; a 64x64 tile there asks
+      256 KB of shared memory, over the H100's 227 KB); backward 16x32.
+      The fewest spills of the tiles tried.
+    Powers of two >= 16 capped by the sequence lengths. TPU: 128x128 for
+    both (the MXU's tile; `block_k` a multiple of the 128 lanes unless one
+    tile holds every key). Interpret mode: 128x128 capped by the lengths
+    (fewer, larger tiles run faster on the CPU).
     """
     if backend == "interpret":
         fwd = (min(128, t), min(128, s))
@@ -181,15 +202,36 @@ def default_blocks(
         fwd = (min(128, pad_size(t, 8)), 128 if s > 128 else pad_size(s, 8))
         return fwd, fwd
     cap_t, cap_s = max(16, pow2_size(t)), max(16, pow2_size(s))
-    fwd_q = 64 if shaw else 128
-    return (min(fwd_q, cap_t), min(64, cap_s)), (min(64, cap_t), min(64, cap_s))
+    f32, wide = jnp.dtype(dtype) == jnp.float32, head_dim > 64
+    if f32:
+        fwd = ((16, 32) if shaw else (32, 32)) if wide else ((32, 64) if shaw else (128, 64))
+        bwd = (16, 32)
+    else:
+        fwd = (64 if shaw else 128, 64)
+        bwd = (32, 32) if shaw or wide or f32 else (64, 64)
+    return (min(fwd[0], cap_t), min(fwd[1], cap_s)), (min(bwd[0], cap_t), min(bwd[1], cap_s))
 
 
-def matmul_precision_name(dtype) -> str:
-    """How the kernels multiply operands of `dtype` (see `tile_math.dot`)."""
-    if dot_precision(dtype) is not None:
-        return "float32 IEEE (Precision.HIGHEST, no TF32)"
-    return f"{jnp.dtype(dtype).name} inputs, float32 accumulation"
+def matmul_precision_name(dtype, precision: str | None = None) -> str:
+    """How the Triton kernels multiply operands of `dtype` at `precision`
+    (see `tile_math.dot`)."""
+    precision = check_precision(precision)
+    if dot_precision(dtype, precision) is None:
+        return f"{jnp.dtype(dtype).name} inputs, float32 accumulation"
+    if precision == "tf32x3":
+        return "float32 as three TF32 tensor-core passes (tf32x3), float32 accumulation"
+    return "float32 IEEE (Precision.HIGHEST, no tensor cores)"
+
+
+def check_precision(precision: str | None) -> str:
+    """The kernels' float32 precision: None -> the default ("tf32x3")."""
+    if precision is None:
+        return DEFAULT_PRECISION
+    if precision not in PRECISIONS:
+        raise ValueError(
+            f"flash_attention: precision must be one of {PRECISIONS} (or None), got {precision!r}"
+        )
+    return precision
 
 
 def check_backward(backward: str) -> str:
@@ -247,6 +289,7 @@ def kernel_report(
     block_k: int | None = None,
     backward: str = "split",
     interpret: bool | None = None,
+    precision: str | None = None,
 ) -> dict:
     """What `implementation="pallas"` would run for query length `t`, key
     length `s` and head dim `head_dim` here: a dict with the backend,
@@ -254,7 +297,7 @@ def kernel_report(
     matmul precision and the backward variant. Raises `PallasBackendError`
     where the call itself would."""
     backend = resolve_backend(interpret)
-    (fq, fk), (bq, bk) = default_blocks(backend, t, s, shaw)
+    (fq, fk), (bq, bk) = default_blocks(backend, t, s, shaw, head_dim, dtype)
     if block_q is not None:
         fq = bq = check_block("block_q", block_q, backend, t)
     if block_k is not None:
@@ -267,11 +310,11 @@ def kernel_report(
         versions=_versions(),
         forward_blocks=(fq, fk),
         backward_blocks=(bq, bk),
-        forward_warps=default_warps(fq) if gpu else None,
+        forward_warps=default_warps(fq, shaw_forward=shaw) if gpu else None,
         backward_warps=default_warps(bq) if gpu else None,
         forward_stages=3 if gpu else None,
         backward_stages=2 if gpu else None,
-        precision=matmul_precision_name(dtype),
+        precision=matmul_precision_name(dtype, "ieee" if backend == "tpu" else precision),
         backward=check_backward(backward),
         exp="exp2 (log2(e) folded into the scale)",
     )

@@ -72,6 +72,7 @@ class KernelConfig:
     dropout_broadcast_batch: bool = False  # one keep mask for every batch row
     backward: str = "split"  # "split" (dq and dk/dv kernels) | "fused" (one kernel)
     score_mod: Any = None  # score_mod_tiles.ModSpec or None (its `grad`: params' gradient)
+    precision: str = "tf32x3"  # float32 dots of the Triton kernels: tile_math.PRECISIONS
 
     @property
     def groups(self) -> int:

@@ -76,6 +76,7 @@ from jattn.attention.pallas.backend import (
     TPU_BACKENDS,
     check_backward,
     check_block,
+    check_precision,
     default_blocks,
     default_warps,
     matmul_precision_name,
@@ -100,6 +101,7 @@ __all__ = [
     "block_map",
     "check_backward",
     "check_block",
+    "check_precision",
     "default_blocks",
     "flash_attention",
     "matmul_precision_name",
@@ -265,6 +267,7 @@ def flash_attention(
     interpret: bool | None = None,
     backward: str = "split",
     num_warps: int | None = None,
+    precision: str | None = None,
 ) -> tuple[Array, Array]:
     """Tiled flash attention of a normal form (see `jattn.attention.normal_form`).
 
@@ -280,6 +283,12 @@ def flash_attention(
         Triton kernels only).
       num_warps: Triton warps of every kernel (default by tile rows,
         `backend.default_warps`); ignored elsewhere.
+      precision: how the Triton kernels (GPU and interpret mode) multiply
+        float32 operands: "tf32x3" (None, the default: three TF32
+        tensor-core passes on split operands, ~float32 accuracy, see
+        `tile_math.dot`) or "ieee" (float32 FMAs, no tensor cores; slower,
+        and its compile spills far more). 16-bit operands always multiply
+        natively; the Mosaic (TPU) kernels always use HIGHEST.
 
     Returns:
       `out [B, T, N, Hv]` in the dtype of `query` and `lse [B, T, N]` float32.
@@ -295,6 +304,7 @@ def flash_attention(
         backend=resolve_backend(interpret),
         backward=backward,
         num_warps=num_warps,
+        precision=precision,
     )
 
 
@@ -320,6 +330,7 @@ def _flash_attention(
     backend: str,
     backward: str = "split",
     num_warps: int | None = None,
+    precision: str | None = None,
 ) -> tuple[Array, Array]:
     """`flash_attention` for an explicit backend: "gpu" / "interpret" (the
     Triton kernels, compiled or interpreted), "tpu" / "tpu_interpret" (the
@@ -334,6 +345,7 @@ def _flash_attention(
         backend=backend,
         backward=backward,
         num_warps=num_warps,
+        precision=precision,
     )
     o, lse, pr = _flash_core(
         pre.fwd_cfg, pre.bwd_cfg, pre.q, pre.k, pre.v, pre.qr, pre.bias, pre.fixed, pre.mod
@@ -358,17 +370,21 @@ def prepare(
     backend: str,
     backward: str = "split",
     num_warps: int | None = None,
+    precision: str | None = None,
 ) -> Prepared:
     """Everything before the kernels: tile sizes, padding, the Shaw key-term
     table, block maps and bounds, static configs."""
     check_backward(backward)
+    precision = check_precision(precision)
     if num_warps is not None and (num_warps < 1 or num_warps & (num_warps - 1)):
         raise ValueError(f"flash_attention: num_warps must be a power of two, got {num_warps}")
     query, key, value, bias, mask = nf.query, nf.key, nf.value, nf.bias, nf.mask
     b, t, n, h = query.shape
     _, s, kh, hv = value.shape
     use_qr, use_pr = nf.rel_key is not None, nf.rel_value is not None
-    (fwd_block_q, fwd_block_k), (bwd_block_q, bwd_block_k) = default_blocks(backend, t, s, nf.shaw)
+    (fwd_block_q, fwd_block_k), (bwd_block_q, bwd_block_k) = default_blocks(
+        backend, t, s, nf.shaw, max(h, hv), query.dtype
+    )
     if block_q is not None:
         fwd_block_q = bwd_block_q = check_block("block_q", block_q, backend, t)
     if block_k is not None:
@@ -493,11 +509,12 @@ def prepare(
         dropout_broadcast_batch=nf.dropout_broadcast_batch,
         backward=backward,
         score_mod=spec,
+        precision=precision,
     )
     fwd_cfg = KernelConfig(
         block_q=fwd_block_q,
         block_k=fwd_block_k,
-        num_warps=num_warps or default_warps(fwd_block_q),
+        num_warps=num_warps or default_warps(fwd_block_q, shaw_forward=nf.shaw),
         num_stages=3,
         **common,
     )

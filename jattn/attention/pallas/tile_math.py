@@ -25,11 +25,22 @@ log-sum-exp is in base 2 too (`m2 + log2(l)`); `flash_attention` converts
 it to natural units for the caller. Weights, and so every gradient, are
 unchanged: `exp2(s2 - lse2) = exp(s - lse)`.
 
-Matmul precision (`dot`): float32 operands multiply in IEEE float32
-(`Precision.HIGHEST`). Without it the Triton lowering runs float32 dots as
-TF32 (10-bit mantissas), while interpret mode is exact, so the GPU would fail
-the thresholds the CPU tests set. bf16 / fp16 operands multiply natively;
-every dot accumulates in float32.
+Matmul precision (`dot`): every dot accumulates in float32; bf16 / fp16
+operands multiply natively (tensor cores). Float32 operands have two
+precisions (`PRECISIONS`, the kernels' `precision` argument):
+- "tf32x3" (the default): each operand is split into a TF32 head and a
+  TF32 tail (`tf32_split`, 10+1-bit significands, exact in float32) and
+  three dots are summed, tails first: `lo_a·hi_b + hi_a·lo_b + hi_a·hi_b`
+  (the dropped `lo_a·lo_b` and the tails' rounding are ~2^-22 of each
+  product). The passes run at `Precision.HIGH`, which the Triton lowering
+  (jax 0.10-0.12) maps to TF32 tensor-core instructions; their operands are
+  already TF32 values, so the products are exact there as in interpret mode
+  (where the CPU multiplies in float32): the CPU tests measure the GPU's
+  arithmetic, up to summation order.
+- "ieee": `Precision.HIGHEST`, float32 FMAs with no tensor cores (Triton's
+  IEEE input precision; without it Triton would run one TF32 pass, 10-bit
+  mantissas).
+The Mosaic (TPU) kernels always use "ieee" (HIGHEST: the MXU's 6-pass bf16).
 
 Dropout: `dropout_scale` rebuilds a tile's keep mask from the hash of
 `jattn.dropout` with global indices (never stored), as multipliers
@@ -60,8 +71,12 @@ __all__ = [
     "NEG_INF",
     "PARTIAL",
     "SKIP",
+    "DEFAULT_PRECISION",
+    "PRECISIONS",
     "dot",
     "dot_precision",
+    "tf32_round",
+    "tf32_split",
 ]
 
 NEG_INF = float("-inf")
@@ -73,19 +88,50 @@ LN2 = math.log(2.0)  # base-2 log-sum-exp -> natural
 EMPTY_LSE = float(np.finfo(np.float32).max)
 
 
-def dot_precision(dtype) -> lax.Precision | None:
-    """The precision of a kernel dot with operands of `dtype`: HIGHEST (IEEE)
-    for float32, the native product (None) for 16-bit floats."""
-    return lax.Precision.HIGHEST if jnp.dtype(dtype) == jnp.float32 else None
+PRECISIONS = ("tf32x3", "ieee")  # float32 operands; the first is the default
+DEFAULT_PRECISION = PRECISIONS[0]
 
 
-def dot(a: Array, b: Array, contract: tuple[int, int]) -> Array:
+def dot_precision(dtype, precision: str = "ieee") -> lax.Precision | None:
+    """The `lax.Precision` of each pass of a kernel dot with operands of
+    `dtype`: HIGH (TF32, on split operands) for float32 at "tf32x3",
+    HIGHEST (IEEE) for float32 at "ieee", the native product (None) for
+    16-bit floats."""
+    if jnp.dtype(dtype) != jnp.float32:
+        return None
+    return lax.Precision.HIGH if precision == "tf32x3" else lax.Precision.HIGHEST
+
+
+def tf32_round(x: Array) -> Array:
+    """float32 `x` rounded to the nearest TF32 value (10 stored mantissa
+    bits; ties away from zero): the low 13 bits of the float32 pattern
+    cleared after adding half of their range."""
+    bits = lax.bitcast_convert_type(x, jnp.int32)
+    bits = (bits + 0x1000) & jnp.int32(-0x2000)
+    return lax.bitcast_convert_type(bits, jnp.float32)
+
+
+def tf32_split(x: Array) -> tuple[Array, Array]:
+    """`(hi, lo)`, both TF32 values, with `hi + lo = x` to ~2^-22 relative:
+    `hi = tf32(x)`, `lo = tf32(x - hi)` (the difference is exact in float32)."""
+    hi = tf32_round(x)
+    return hi, tf32_round(x - hi)
+
+
+def dot(a: Array, b: Array, contract: tuple[int, int], precision: str = "ieee") -> Array:
     """2-D `a · b` contracting axis `contract[0]` of `a` with `contract[1]`
-    of `b`, accumulated in float32 at `dot_precision(a.dtype)`."""
+    of `b`, accumulated in float32; float32 operands at `precision` (one of
+    `PRECISIONS`: three TF32 passes or IEEE), see the module docstring."""
     dims = (((contract[0],), (contract[1],)), ((), ()))
-    return lax.dot_general(
-        a, b, dims, precision=dot_precision(a.dtype), preferred_element_type=jnp.float32
-    )
+    prec = dot_precision(a.dtype, precision)
+
+    def one(x, y):
+        return lax.dot_general(x, y, dims, precision=prec, preferred_element_type=jnp.float32)
+
+    if prec != lax.Precision.HIGH:
+        return one(a, b)
+    (a_hi, a_lo), (b_hi, b_lo) = tf32_split(a), tf32_split(b)
+    return (one(a_lo, b_hi) + one(a_hi, b_lo)) + one(a_hi, b_hi)
 
 
 # Per-query vectors arrive as `[bq]` (Triton kernels) or as `[bq, 1]` columns
@@ -236,7 +282,13 @@ def safe_max(m: Array) -> Array:
 
 
 def score_grads(
-    p: Array, d_out: Array, value: Array, d_mass: Array | None, keep: Array | None, delta: Array
+    p: Array,
+    d_out: Array,
+    value: Array,
+    d_mass: Array | None,
+    keep: Array | None,
+    delta: Array,
+    precision: str = "ieee",
 ) -> Array:
     """Gradient of a tile's scaled scores, shared by the dq and dk/dv kernels:
     `ds = p ∘ ((dO Vᵀ + dpr) ∘ z − D)`.
@@ -247,8 +299,9 @@ def score_grads(
       d_mass: `[bq, bk]` the Shaw value term's cotangent per entry, or None.
       keep: `[bq, bk]` dropout factor (0 or 1/(1 - rate)), or None.
       delta: `[bq, 1]` (or broadcastable) `rowsum(dO ∘ O)`.
+      precision: of the float32 dot (`PRECISIONS`).
     """
-    dp = dot(d_out, value, (1, 1))  # [bq, bk]
+    dp = dot(d_out, value, (1, 1), precision)  # [bq, bk]
     if d_mass is not None:
         dp = dp + d_mass
     if keep is not None:
@@ -303,6 +356,7 @@ def tile_scores(
     need_rel: bool = False,
     num_rel: int | None = None,
     score_mod: Callable[[Array], Array] | None = None,
+    precision: str = "ieee",
 ) -> tuple[Array, Array | None, tuple[Array, Array, Array] | None, Array | None]:
     """Base-2 logits of one tile, float32 `[bq, bk]`, -inf where invisible.
 
@@ -329,6 +383,7 @@ def tile_scores(
         ids anyway, so the static loop costs at most that many extra passes
         on tiles far from the diagonal.
       score_mod: the tile's bound score mod (`score_mod_tiles.bind`), or None.
+      precision: of the float32 `q·kᵀ` (`PRECISIONS`).
       Others: see `visibility`.
 
     Returns:
@@ -339,7 +394,7 @@ def tile_scores(
       backward differentiates the mod there).
     """
     unit = LOG2E if score_mod is None else 1.0  # base 2 now, or after the mod
-    s = dot(q, k, (1, 1)) * (scale * unit)  # [bq, bk]
+    s = dot(q, k, (1, 1), precision) * (scale * unit)  # [bq, bk]
     dpr_tile = rel = None
     cols = [c for c in (qr_col, dpr_col) if c is not None]
     if partial:

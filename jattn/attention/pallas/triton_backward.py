@@ -86,13 +86,13 @@ def dq_tile(
         dq_acc, *rest = carry
         s, dpr_t, rel, k, v, z, mod_raw = score(j, partial, right)
         p = jnp.exp2(s - lse[:, None])  # [bq, bk]; base-2 logits and lse
-        ds = ft.score_grads(p, do, v, dpr_t, z, delta[:, None])  # [bq, bk]
+        ds = ft.score_grads(p, do, v, dpr_t, z, delta[:, None], cfg.precision)  # [bq, bk]
         if mod_raw is not None:  # through the score mod: to the raw logits and params
             ds, d_leaves = sm.tile_backward(cfg.score_mod, *mod_raw, ds, cfg.mod_grad)
             if n_mod:
                 new = [d for d in d_leaves if d is not None]
                 dmods = tuple(a + d for a, d in zip(dmods, new, strict=True))
-        dq_acc = dq_acc + ft.dot(ds.astype(k.dtype), k, (1, 0))
+        dq_acc = dq_acc + ft.dot(ds.astype(k.dtype), k, (1, 0), cfg.precision)
         out = [dq_acc]
         if cfg.use_qr:
             acc_r, w_left, w_right = rest[:3]
@@ -257,15 +257,17 @@ def dkv_tile(cfg: KernelConfig, r: KernelInputs, ids, dk_ref, dv_ref, db_ref) ->
                 dpr_col=dpr_col,
                 far_id=jnp.where(right, cfg.far_right, 0),
                 score_mod=mod,
+                precision=cfg.precision,
             )
             p = jnp.exp2(s - lse[:, None])  # [bq, bk]; base-2 logits and lse
             z = dropout_tile(cfg, r.dropout_seed, batch, head, i * bq, j * bk)
             p_kept = p if z is None else p * z
-            dv_acc = dv_acc + ft.dot(p_kept.astype(do.dtype), do, (0, 0))  # [bk, Hv]
-            ds = ft.score_grads(p, do, v, dpr_t, z, delta[:, None])  # [bq, bk]
+            pt_do = ft.dot(p_kept.astype(do.dtype), do, (0, 0), cfg.precision)  # [bk, Hv]
+            dv_acc = dv_acc + pt_do
+            ds = ft.score_grads(p, do, v, dpr_t, z, delta[:, None], cfg.precision)  # [bq, bk]
             if mod is not None:  # to the raw logits through the score mod
                 ds, _ = sm.tile_backward(cfg.score_mod, mod, raw, ds, with_params=False)
-            dk_acc = dk_acc + ft.dot(ds.astype(q.dtype), q, (0, 0))  # [bk, H]
+            dk_acc = dk_acc + ft.dot(ds.astype(q.dtype), q, (0, 0), cfg.precision)  # [bk, H]
             if kind == "cols":
                 db = db + jnp.sum(ds, axis=0)
             return dk_acc, dv_acc, db

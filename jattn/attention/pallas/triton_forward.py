@@ -304,6 +304,7 @@ def q_tile_scorer(cfg: KernelConfig, r: KernelInputs, ids=None):
             dpr_far=far(dpr_ends, partial, right),
             need_rel=need_rel,
             score_mod=mod,
+            precision=cfg.precision,
         )
         z = dropout_tile(cfg, r.dropout_seed, batch, head, i * cfg.block_q, j * bk)
         return s, dpr_tile, rel, k, v, z, None if mod is None else (mod, raw)
@@ -324,7 +325,7 @@ def _fwd_kernel(r, o_ref, lse_ref, *pr_ref, cfg: KernelConfig):
         if z is not None:  # dropout: l sums the weights before it, the values after
             p = p * z
             row_sum = jnp.sum(p, axis=1)
-        pv = ft.dot(p.astype(v.dtype), v, (1, 0))  # [bq, Hv]
+        pv = ft.dot(p.astype(v.dtype), v, (1, 0), cfg.precision)  # [bq, Hv]
         acc = acc * corr[:, None] + pv
         if not cfg.use_pr:
             return m_new, l_new, acc
