@@ -90,7 +90,7 @@ def _pallas_vjp(
 
     def f(diff):
         nf = _normal_form({**inputs, **diff}, is_causal=is_causal, max_distance=max_distance, **kw)
-        return fa._flash_attention(
+        return fa.flash_attention(
             nf, block_q=block_q, block_k=block_k, backend=backend, backward=backward
         )[0]
 
@@ -350,7 +350,7 @@ def _check_debug_mode(
 
     def f(diff):
         nf = _normal_form({**inputs, **diff}, **kw)
-        return fa._flash_attention(
+        return fa.flash_attention(
             nf, block_q=block_q, block_k=block_k, backend=backend, backward=backward
         )
 

@@ -30,7 +30,7 @@ def _pallas(nf):
 
 def _pallas_tpu(nf):
     # One key tile (TPU key tiles are multiples of 128 lanes or hold every key).
-    return fa._flash_attention(
+    return fa.flash_attention(
         nf, block_q=16, block_k=None, backend="tpu_interpret", backward="split", num_warps=None
     )
 

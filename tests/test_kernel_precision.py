@@ -79,7 +79,7 @@ def _vjp(inputs, cot, *, precision, backward):
 
     def f(diff):
         nf = _normal_form({**inputs, **diff}, is_causal=True, max_distance=8)
-        return fa._flash_attention(
+        return fa.flash_attention(
             nf, block_q=32, block_k=32, backend="interpret", precision=precision, backward=backward
         )[0]
 

@@ -57,11 +57,21 @@ def no_triton(monkeypatch):
         monkeypatch.setitem(sys.modules, name, None)  # import raises ImportError
 
 
+def test_an_explicit_backend_is_checked():
+    """`flash_attention(backend=...)` names the kernel family and mode; an
+    unknown one, or one given together with `interpret`, is a one-line error."""
+    nf = _normal_form(_qkv(1, 1, 8, 8, 2, 2, 16), is_causal=True, max_distance=0)
+    with pytest.raises(ValueError, match="backend 'cuda' is not one of"):
+        fa.flash_attention(nf, backend="cuda")
+    with pytest.raises(ValueError, match="not both"):
+        fa.flash_attention(nf, backend="interpret", interpret=True)
+
+
 def test_missing_triton_fails_loudly(no_triton, monkeypatch):
     inputs = _qkv(1, 1, 40, 40, 2, 2, 16)
     nf = _normal_form(inputs, is_causal=True, max_distance=0)
     with pytest.raises(kb.PallasBackendError, match=f"jax {jax.__version__}.*cannot import"):
-        fa._flash_attention(nf, block_q=None, block_k=None, backend="gpu")
+        fa.flash_attention(nf, block_q=None, block_k=None, backend="gpu")
     with pytest.raises(kb.PallasBackendError, match="does not fall back to Mosaic GPU"):
         kb.triton_compiler_params(4, 2)
     # On a GPU host the public entry refuses before tracing anything.
@@ -121,7 +131,7 @@ def test_report_on_cpu_and_bad_options():
         kb.kernel_report(40, 40, 16, backward="atomic")
     nf = _normal_form(_qkv(1, *RAGGED), is_causal=False, max_distance=0)
     with pytest.raises(ValueError, match="fused.*Triton kernels only"):
-        fa._flash_attention(nf, block_q=8, block_k=None, backend="tpu_interpret", backward="fused")
+        fa.flash_attention(nf, block_q=8, block_k=None, backend="tpu_interpret", backward="fused")
 
 
 # --------------------------------------------------------------------------------------
@@ -282,7 +292,7 @@ def test_kernel_dots_have_explicit_precision(dtype, precision):
     nf = _normal_form(inputs, is_causal=True, max_distance=0)
 
     def loss(q):
-        out, _ = fa._flash_attention(
+        out, _ = fa.flash_attention(
             nf.replace(query=q), block_q=16, block_k=16, backend="gpu", precision=precision
         )
         return jnp.sum(out.astype(jnp.float32))
@@ -390,7 +400,7 @@ def test_default_positions_flag_and_replace():
                          is_causal=True, max_distance=0)  # fmt: skip
     assert not given.default_positions
     # Shifted positions give a different causal map than the cached one.
-    out = functools.partial(fa._flash_attention, block_q=16, block_k=16, backend="interpret")
+    out = functools.partial(fa.flash_attention, block_q=16, block_k=16, backend="interpret")
     a, _ = out(nf)
     b, _ = out(moved)
     assert not np.allclose(np.asarray(a), np.asarray(b))

@@ -338,7 +338,7 @@ def test_block_size_validation():
     inputs = _qkv(17, 1, 40, 40, 2, 2, 16)
     nf = _normal_form(inputs, is_causal=False, max_distance=0)
     with pytest.raises(ValueError, match="power of two"):
-        fa._flash_attention(nf, block_q=24, block_k=None, backend="gpu")
+        fa.flash_attention(nf, block_q=24, block_k=None, backend="gpu")
     with pytest.raises(ValueError, match="block_k must be positive"):
         fa.flash_attention(nf, block_q=None, block_k=0)
     # The GPU tiles by dtype, head dim and Shaw terms (what ptxas compiles

@@ -197,9 +197,7 @@ def _pallas(inputs, mod, cot, *, is_causal, backend, backward="split", bq=16, bk
             kv_positions=inputs.get("kv_positions"),
             score_mod=jattn.ScoreMod(mod.fn, params, mod.name),
         )
-        return fa._flash_attention(nf, block_q=bq, block_k=bk, backend=backend, backward=backward)[
-            0
-        ]
+        return fa.flash_attention(nf, block_q=bq, block_k=bk, backend=backend, backward=backward)[0]
 
     out, vjp = jax.vjp(f, inputs["query"], inputs["key"], inputs["value"], mod.params)
     return out, vjp(cot)
@@ -373,7 +371,7 @@ def test_unlowerable_fn_is_refused_by_name(backend):
     nf = jattn.normalise(inputs["query"], inputs["key"], inputs["value"], score_mod=mod)
     bk = 64 if backend == "tpu_interpret" else 32
     with pytest.raises(ScoreModLoweringError, match=r"ScoreMod 'gathered_t5'.*gather"):
-        fa._flash_attention(nf, block_q=16, block_k=bk, backend=backend)
+        fa.flash_attention(nf, block_q=16, block_k=bk, backend=backend)
 
 
 def sorted_mod(p, s, b, h, q, k):
@@ -392,13 +390,13 @@ def test_refuses_unlowerable_primitives_and_whole_odd_leaves_on_triton():
     sort = jattn.ScoreMod(sorted_mod, {"w": jnp.ones((N_HEADS,))})
     for backend, bk in (("interpret", 32), ("gpu", 32), ("tpu_interpret", 64)):
         with pytest.raises(ScoreModLoweringError, match=r"'sorted_mod'.*primitive 'sort'"):
-            fa._flash_attention(nf(sort), block_q=16, block_k=bk, backend=backend)
+            fa.flash_attention(nf(sort), block_q=16, block_k=bk, backend=backend)
     odd = jattn.ScoreMod(whole_odd_leaf, {"w": jnp.ones((3,))})
     for backend in ("interpret", "gpu"):
         with pytest.raises(ScoreModLoweringError, match=r"'whole_odd_leaf'.*power of two"):
-            fa._flash_attention(nf(odd), block_q=16, block_k=32, backend=backend)
+            fa.flash_attention(nf(odd), block_q=16, block_k=32, backend=backend)
     # Mosaic tensors need no power-of-two sizes: the same fn runs there.
-    out, _ = fa._flash_attention(nf(odd), block_q=16, block_k=64, backend="tpu_interpret")
+    out, _ = fa.flash_attention(nf(odd), block_q=16, block_k=64, backend="tpu_interpret")
     assert np.all(np.isfinite(np.asarray(out)))
 
 
@@ -428,7 +426,7 @@ def test_fixed_params_skip_the_params_gradient():
 
     def f(q, k, v, params):
         nf = jattn.normalise(q, k, v, is_causal=True, score_mod=jattn.ScoreMod(mod.fn, params))
-        return fa._flash_attention(nf, block_q=16, block_k=32, backend="interpret")[0]
+        return fa.flash_attention(nf, block_q=16, block_k=32, backend="interpret")[0]
 
     fixed = lambda *a: jax.vjp(lambda q, k, v: f(q, k, v, mod.params), *a)[1](cot)  # noqa: E731
     learned = lambda *a: jax.vjp(f, *a, mod.params)[1](cot)  # noqa: E731
@@ -468,7 +466,7 @@ def _lower(platform: str, backend: str, name: str, *, t: int, h: int, backward="
                 kv_positions=pos,
                 score_mod=jattn.ScoreMod(mod.fn, params, mod.name),
             )
-            return fa._flash_attention(
+            return fa.flash_attention(
                 nf, block_q=None, block_k=None, backend=backend, backward=backward
             )[0]
 

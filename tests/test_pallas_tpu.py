@@ -124,9 +124,9 @@ def test_tpu_block_validation():
     inputs = _qkv(33, *CROSS)
     nf = _normal_form(inputs, is_causal=False, max_distance=0)
     with pytest.raises(ValueError, match="multiple of 8"):
-        fa._flash_attention(nf, block_q=12, block_k=None, backend=TPU)
+        fa.flash_attention(nf, block_q=12, block_k=None, backend=TPU)
     with pytest.raises(ValueError, match="multiple of 128"):
-        fa._flash_attention(nf, block_q=8, block_k=64, backend=TPU)
+        fa.flash_attention(nf, block_q=8, block_k=64, backend=TPU)
     assert fa.default_blocks("tpu", 8192, 8192) == ((128, 128), (128, 128))
     assert fa.default_blocks("tpu", 20, 36) == ((24, 40), (24, 40))
 

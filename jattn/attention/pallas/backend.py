@@ -39,6 +39,7 @@ import jax.numpy as jnp
 from jattn.attention.pallas.tile_math import DEFAULT_PRECISION, PRECISIONS, dot_precision
 
 __all__ = [
+    "BACKENDS",
     "BACKWARD_VARIANTS",
     "PallasBackendError",
     "check_triton",
@@ -58,6 +59,8 @@ __all__ = [
 
 GPU_PLATFORMS = ("gpu", "cuda", "rocm")
 TPU_BACKENDS = ("tpu", "tpu_interpret")
+# Every kernel backend `flash_attention(backend=...)` takes: Triton, then Mosaic.
+BACKENDS = ("gpu", "interpret", *TPU_BACKENDS)
 # "split": a dq kernel and a dk/dv kernel (each recomputes the probabilities);
 # "fused": one kernel whose programs do either (one launch, one set of
 # inputs), as jax's reference kernel does.

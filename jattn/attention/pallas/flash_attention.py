@@ -73,6 +73,7 @@ from jax.custom_derivatives import CustomVJPPrimal, SymbolicZero
 from jattn.attention.normal_form import EMPTY_ROW_LSE, NormalForm
 from jattn.attention.pallas import score_mod_tiles, tile_math, triton_backward, triton_forward
 from jattn.attention.pallas.backend import (
+    BACKENDS,
     TPU_BACKENDS,
     check_backward,
     check_block,
@@ -268,6 +269,7 @@ def flash_attention(
     backward: str = "split",
     num_warps: int | None = None,
     precision: str | None = None,
+    backend: str | None = None,
 ) -> tuple[Array, Array]:
     """Tiled flash attention of a normal form (see `jattn.attention.normal_form`).
 
@@ -289,6 +291,12 @@ def flash_attention(
         `tile_math.dot`) or "ieee" (float32 FMAs, no tensor cores; slower,
         and its compile spills far more). 16-bit operands always multiply
         natively; the Mosaic (TPU) kernels always use HIGHEST.
+      backend: the kernel family and mode explicitly, instead of by the
+        default device: "gpu" / "interpret" (the Triton kernels, compiled or
+        in Pallas interpret mode), "tpu" / "tpu_interpret" (the Mosaic
+        kernels). The compiled families lower on any machine (to check a
+        kernel for CUDA or TPU from a CPU); give `interpret` or `backend`,
+        not both.
 
     Returns:
       `out [B, T, N, Hv]` in the dtype of `query` and `lse [B, T, N]` float32.
@@ -296,12 +304,19 @@ def flash_attention(
     Raises:
       backend.PallasBackendError: on a GPU whose jax lacks the Pallas Triton
         backend (named with the jax version; there is no fallback).
+      ValueError: an unknown `backend`, or both `interpret` and `backend`.
     """
+    if backend is None:
+        backend = resolve_backend(interpret)
+    elif interpret is not None:
+        raise ValueError("flash_attention: give interpret= or backend=, not both")
+    elif backend not in BACKENDS:
+        raise ValueError(f"flash_attention: backend {backend!r} is not one of {BACKENDS}")
     return _flash_attention(
         nf,
         block_q=block_q,
         block_k=block_k,
-        backend=resolve_backend(interpret),
+        backend=backend,
         backward=backward,
         num_warps=num_warps,
         precision=precision,
