@@ -274,9 +274,9 @@ def test_same_seed_same_data(tmp_path):
 
 def test_sampling_helpers_exact_and_distinct():
     rng = np.random.default_rng(0)
-    assert builders._even_allocation(10, [1, 10, 10]) == [1, 5, 4]
+    assert builders.even_allocation(10, [1, 10, 10]) == [1, 5, 4]
     with pytest.raises(ValueError, match="cannot draw"):
-        builders._even_allocation(5, [1, 2])
+        builders.even_allocation(5, [1, 2])
     x = builders.sample_numbers(rng, 300, (1, 2, 8))
     assert len(set(x.tolist())) == 300
     assert collections.Counter(len(str(v)) for v in x.tolist()) == {1: 10, 2: 90, 8: 200}
@@ -366,11 +366,11 @@ def test_tfds_translation_names_resolve(tmp_path):
     """wmt14_translate is found (tfds registers it lazily) and its keys are checked."""
     from jattn.data import tasks
 
-    builder = tasks._make_builder("wmt14_translate/de-en", str(tmp_path))
+    builder = tasks.make_builder("wmt14_translate/de-en", str(tmp_path))
     assert builder.info.supervised_keys == ("de", "en")
-    assert tasks._resolve_key(builder.info, "en", "source_key", "wmt14") == "en"
+    assert tasks.resolve_key(builder.info, "en", "source_key", "wmt14") == "en"
     with pytest.raises(ValueError, match="target_key='fr' is not a feature.*'de', 'en'"):
-        tasks._resolve_key(builder.info, "fr", "target_key", "wmt14")
+        tasks.resolve_key(builder.info, "fr", "target_key", "wmt14")
     assert not os.listdir(tmp_path)  # nothing prepared or downloaded
 
 

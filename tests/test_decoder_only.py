@@ -184,7 +184,7 @@ def beam_by_recomputation(full, params, inputs) -> np.ndarray:
     candidates live, endings merged into the best W finished) without a
     cache: every step runs the whole model over each live hypothesis. It runs
     all L steps; the library stops early only when no live beam can win."""
-    neg, v = decoding._NEG, TINY["vocab_size"]
+    neg, v = decoding.NEG, TINY["vocab_size"]
     x = np.repeat(inputs, W, axis=0)
     live = np.zeros((B, W, L), np.int32)
     live_logp = np.tile(np.array([0.0] + [neg] * (W - 1), np.float32), (B, 1))

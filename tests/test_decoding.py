@@ -226,8 +226,8 @@ def _beam_shaped_run(model, params, inputs, origins, tokens):
         t, origin, tok = xs
         logits, cache = decoding.decode_step(model, params, cache, inputs_w, last.reshape(-1, 1))
         seen = seqs.reshape(b * w, -1)
-        seqs = decoding._gather_beams(seqs, origin).at[:, :, t].set(tok)
-        cache = decoding._reorder_cache(cache, origin)
+        seqs = decoding.gather_beams(seqs, origin).at[:, :, t].set(tok)
+        cache = decoding.reorder_cache(cache, origin)
         return (cache, seqs, tok), (logits, seen)
 
     start = (cache, jnp.zeros((b, w, L), jnp.int32), jnp.zeros((b, w), jnp.int32))
@@ -238,7 +238,7 @@ def _beam_shaped_run(model, params, inputs, origins, tokens):
 def test_cached_steps_equal_the_full_forward_pass_greedy_and_beam(heads):
     model, params = heads
     inputs = jnp.asarray(_inputs(3))
-    greedy, _ = decoding._greedy(model, params, inputs, L)  # [B, L]
+    greedy, _ = decoding.greedy_search(model, params, inputs, L)  # [B, L]
     greedy = np.asarray(greedy)
 
     # Beam-shaped steps: random parents (beams duplicated and dropped) and
@@ -263,8 +263,8 @@ def test_cached_steps_equal_the_full_forward_pass_greedy_and_beam(heads):
 
     # beam_search itself: the same result as projecting at every step.
     args = (model, params, inputs, jnp.float32(0.6), L, W)
-    seqs, scores, _ = decoding._beam_search(*args)
-    seqs_r, scores_r, _ = decoding._beam_search(*args, cross_cache=False)
+    seqs, scores, _ = decoding.beam_search_with_scores(*args)
+    seqs_r, scores_r, _ = decoding.beam_search_with_scores(*args, cross_cache=False)
     np.testing.assert_array_equal(seqs, seqs_r)
     np.testing.assert_allclose(scores, scores_r, rtol=1e-6)
 
@@ -311,8 +311,10 @@ def test_cross_projection_runs_once_per_decode_call_not_per_step(heads):
 
     # Whole decode calls: none inside the step loop, once before it.
     for search in (
-        lambda p, x, c: decoding._greedy(model, p, x, L, cross_cache=c),
-        lambda p, x, c: decoding._beam_search(model, p, x, jnp.float32(0.6), L, W, cross_cache=c),
+        lambda p, x, c: decoding.greedy_search(model, p, x, L, cross_cache=c),
+        lambda p, x, c: decoding.beam_search_with_scores(
+            model, p, x, jnp.float32(0.6), L, W, cross_cache=c
+        ),
     ):
         outside, inside = count(lambda p, x, search=search: search(p, x, True), params, inputs)
         outside_r, inside_r = count(lambda p, x, search=search: search(p, x, False), params, inputs)
@@ -446,7 +448,7 @@ def test_greedy_and_beam_decode_a_trained_copier(copier):
     x, y = _copy_batch(np.random.default_rng(1), 8)
     max_length = SRC + 4  # room to run past EOS
     want = np.pad(y, ((0, 0), (0, max_length - y.shape[1])))
-    tokens, steps = decoding._greedy(model, params, jnp.asarray(x), max_length)
+    tokens, steps = decoding.greedy_search(model, params, jnp.asarray(x), max_length)
     tokens = np.asarray(tokens)
     assert (tokens == want).all(1).mean() >= 0.75, tokens
     # EOS once per row, zeros after it, and the loop stopped at the last EOS.
@@ -461,7 +463,7 @@ def test_greedy_and_beam_decode_a_trained_copier(copier):
 
     beam1 = decoding.beam_search(model, params, x, max_length=max_length, beam_size=1, alpha=0.0)
     np.testing.assert_array_equal(beam1, tokens)
-    seqs, scores, beam_steps = decoding._beam_search(
+    seqs, scores, beam_steps = decoding.beam_search_with_scores(
         model, params, jnp.asarray(x), jnp.float32(0.6), max_length, 4
     )
     assert (np.asarray(seqs) == want).all(1).mean() >= 0.75

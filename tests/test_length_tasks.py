@@ -65,7 +65,7 @@ def test_digit_splits_follow_the_config_and_seed():
 
 
 def test_default_digit_config_is_the_anchors_recipe():
-    (default,) = [c for c in builders._DIGITS_CONFIGS if c.name == "default"]
+    (default,) = [c for c in builders.DIGITS_CONFIGS if c.name == "default"]
     assert default.train_lengths == (1, 16) and default.test_lengths == (17, 24)
     assert default.num_train == 200_000 and default.num_test_longer == 1_024
 
@@ -105,7 +105,7 @@ def test_check_counts_tokens_by_hand(digit_tasks):
     task = digit_tasks["reverse_digits"]
     result = producibility.check(task, ["test_longer"], limit=10)
     assert result["train"]["scanned"] == 10 and result["train"]["examples"] == 600
-    sample = producibility._indices(600, 10)
+    sample = producibility.sample_indices(600, 10)
     train = [task.source("train")[int(i)]["targets"] for i in sample]
     seen = set("".join(train))
     longest = max(len(t) for t in train) + 1  # EOS

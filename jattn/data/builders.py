@@ -46,7 +46,7 @@ _FEATURES = lambda: tfds.features.FeaturesDict(
 # ---------------------------------------------------------------------------
 
 
-def _even_allocation(total: int, capacities: list[int]) -> list[int]:
+def even_allocation(total: int, capacities: list[int]) -> list[int]:
     """Splits `total` into per-bucket counts as evenly as capacities allow.
 
     Buckets whose capacity is smaller than their fair share are filled, and the
@@ -101,7 +101,7 @@ def sample_numbers(
 ) -> np.ndarray:
     """`total` distinct integers, spread evenly over the given digit counts."""
     ranges = [_digit_range(d) for d in digit_counts]
-    counts = _even_allocation(total, [hi - lo for lo, hi in ranges])
+    counts = even_allocation(total, [hi - lo for lo, hi in ranges])
     parts = [_distinct_integers(rng, lo, hi, c) for (lo, hi), c in zip(ranges, counts, strict=True)]
     return rng.permutation(np.concatenate(parts)) if parts else np.zeros([0], np.int64)
 
@@ -116,7 +116,7 @@ def sample_strings(
     lo, hi = lengths
     k = len(alphabet)
     capacities = [k**n for n in range(lo, hi + 1)]
-    counts = _even_allocation(total, capacities)
+    counts = even_allocation(total, capacities)
     letters = np.array(list(alphabet))
     out: list[str] = []
     for n, c in zip(range(lo, hi + 1), counts, strict=True):
@@ -417,7 +417,7 @@ class DigitsConfig(tfds.core.BuilderConfig):
     seed: int = 0
 
 
-_DIGITS_CONFIGS = [
+DIGITS_CONFIGS = [
     DigitsConfig(name="default", description="Ontañón et al.: 1-16 digits, test 17-24."),
     DigitsConfig(
         name="small",
@@ -448,7 +448,7 @@ def digits_splits(config: DigitsConfig, task: str) -> dict[str, list]:
 class _DigitsBuilder(GeneratedBuilder, skip_registration=True):
     VERSION = tfds.core.Version("1.0.0")
     RELEASE_NOTES = {"1.0.0": "Initial release."}
-    BUILDER_CONFIGS = _DIGITS_CONFIGS
+    BUILDER_CONFIGS = DIGITS_CONFIGS
     _TASK = ""
 
     def _splits(self):

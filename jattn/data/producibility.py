@@ -29,13 +29,16 @@ from typing import Any
 
 import numpy as np
 
-__all__ = ["TRAIN_SAMPLE", "check", "metrics", "summary_lines", "warnings"]
+__all__ = ["TRAIN_SAMPLE", "check", "metrics", "sample_indices", "summary_lines", "warnings"]
 
 TRAIN_SAMPLE = 1_000_000  # training examples scanned at most (a fixed random sample)
 _UNSEEN_SHOWN = 8  # unseen tokens named in the result
 
 
-def _indices(n: int, limit: int) -> np.ndarray:
+def sample_indices(n: int, limit: int) -> np.ndarray:
+    """The training examples the check scans: all `n` when `n <= limit`, else
+    `limit` of them drawn without replacement with a fixed seed and sorted
+    (the same sample on every run and host), int `[min(n, limit)]`."""
     if n <= limit:
         return np.arange(n)
     return np.sort(np.random.default_rng(0).choice(n, size=limit, replace=False))
@@ -94,7 +97,7 @@ def check(task, splits: Sequence[str], *, limit: int = TRAIN_SAMPLE) -> dict[str
             return json.load(f)
     tok = task.tokenizer
     train = task.source("train")
-    indices = _indices(len(train), limit)
+    indices = sample_indices(len(train), limit)
     seen: set[int] = set()
     seen_chars: set[str] = set()
     max_in = max_out = 0

@@ -199,7 +199,10 @@ class Task:
         return TextSource(self._data_sources[split], self.source_key, self.target_key)
 
 
-def _make_builder(name: str, data_dir: str | None) -> tfds.core.DatasetBuilder:
+def make_builder(name: str, data_dir: str | None) -> tfds.core.DatasetBuilder:
+    """The tfds builder of a task's data set name ("reverse_digits/small",
+    "wmt14_translate/de-en"): jattn's own generating builders by class
+    (`jattn.data.registry.BUILDERS`), any other name through `tfds.builder`."""
     base, _, config = name.partition("/")
     if base in BUILDERS:
         cls, default_config = BUILDERS[base]
@@ -236,7 +239,11 @@ def _make_builder(name: str, data_dir: str | None) -> tfds.core.DatasetBuilder:
         ) from e
 
 
-def _resolve_key(info: tfds.core.DatasetInfo, key: str | None, which: str, name: str) -> str:
+def resolve_key(info: tfds.core.DatasetInfo, key: str | None, which: str, name: str) -> str:
+    """The feature path a task reads as its source or target (`which`, the
+    config key's name): `key` (may be nested, "a/b"), or with None the data
+    set's supervised key for that side. A one-line ValueError naming the data
+    set's features when it has no such feature or no supervised keys."""
     if key is None:
         keys = info.supervised_keys
         if not (
@@ -356,7 +363,7 @@ def load(
             f"(config key `tokenizer`), not {tokenizer!r}"
         )
     try:
-        builder = _make_builder(name, data_dir)
+        builder = make_builder(name, data_dir)
         info = builder.info
     except json_format.Error as e:  # a damaged dataset_info.json (tfds: 58 lines of protobuf)
         raise integrity.DataIntegrityError(
@@ -364,8 +371,8 @@ def load(
             f"cannot be read ({str(e).splitlines()[0]}); delete the data set's folder to prepare "
             "it again"
         ) from None
-    source_key = _resolve_key(info, source_key, "source_key", name)
-    target_key = _resolve_key(info, target_key, "target_key", name)
+    source_key = resolve_key(info, source_key, "source_key", name)
+    target_key = resolve_key(info, target_key, "target_key", name)
     try:
         builder.download_and_prepare()
     except ModuleNotFoundError as e:

@@ -60,16 +60,23 @@ Array = jax.Array
 
 __all__ = [
     "EOS",
+    "NEG",
     "beam_search",
+    "beam_search_with_scores",
     "decode_step",
+    "gather_beams",
     "greedy",
+    "greedy_search",
     "init_cache",
     "prefill",
     "prefill_prompt",
+    "reorder_cache",
 ]
 
 EOS = 1
-_NEG = -1.0e9  # "minus infinity" that stays finite through sums and divisions
+# The log-probability of an empty beam and of no finished hypothesis yet: a
+# "minus infinity" that stays finite through sums and divisions.
+NEG = -1.0e9
 
 
 # -- building blocks -----------------------------------------------------------
@@ -274,7 +281,7 @@ def length_penalty(length: Array, alpha: Array) -> Array:
     return ((5.0 + jnp.asarray(length, jnp.float32)) / 6.0) ** alpha
 
 
-def _gather_beams(x: Array, idx: Array) -> Array:
+def gather_beams(x: Array, idx: Array) -> Array:
     """`x[b, idx[b, j]]` for `x` `[B, W', ...]`, `idx` int `[B, W]` -> `[B, W, ...]`."""
     return jax.vmap(lambda row, i: row[i])(x, idx)
 
@@ -284,7 +291,7 @@ def _is_cross(path) -> bool:
     return any(getattr(k, "key", None) == "cross_attention" for k in path)
 
 
-def _reorder_cache(cache: Any, origin: Array) -> Any:
+def reorder_cache(cache: Any, origin: Array) -> Any:
     """Reorder every `[B*W, ...]` cache leaf by `origin` `[B, W]`.
 
     Scalars (the index) are kept, and so are the cross-attention keys/values:
@@ -296,7 +303,7 @@ def _reorder_cache(cache: Any, origin: Array) -> Any:
         if x.ndim == 0 or _is_cross(path):
             return x
         y = x.reshape(b, w, *x.shape[1:])
-        return _gather_beams(y, origin).reshape(x.shape)
+        return gather_beams(y, origin).reshape(x.shape)
 
     return jax.tree_util.tree_map_with_path(one, cache)
 
@@ -321,7 +328,7 @@ def _beam_search(
         # A live beam's log-prob only falls, and the penalty grows with length
         # (alpha >= 0), so its best reachable score is logp / penalty(L).
         best_live = jnp.max(live_logp, axis=1) / max_penalty  # [B]
-        worst_fin = jnp.where(jnp.all(fin_flags, axis=1), jnp.min(fin_scores, axis=1), _NEG)
+        worst_fin = jnp.where(jnp.all(fin_flags, axis=1), jnp.min(fin_scores, axis=1), NEG)
         return (i < big_l) & ~jnp.all(best_live < worst_fin)
 
     def body(state):
@@ -334,33 +341,33 @@ def _beam_search(
         cand = (live_logp[:, :, None] + logp).reshape(b, w * v)  # [B, W*V]
         top_logp, top_idx = lax.top_k(cand, 2 * w)  # [B, 2W]
         top_beam, top_tok = top_idx // v, (top_idx % v).astype(jnp.int32)
-        top_seqs = _gather_beams(live_seqs, top_beam)  # [B, 2W, L]
+        top_seqs = gather_beams(live_seqs, top_beam)  # [B, 2W, L]
         top_seqs = lax.dynamic_update_slice(top_seqs, top_tok[:, :, None], (0, 0, i))
-        real = top_logp > _NEG / 2  # not descended from an empty beam
+        real = top_logp > NEG / 2  # not descended from an empty beam
         ended = (top_tok == EOS) & real  # [B, 2W]
 
         # Live: the best W continuations that did not end.
-        live_logp, pos = lax.top_k(jnp.where(ended, _NEG, top_logp), w)  # [B, W]
-        live_seqs = _gather_beams(top_seqs, pos)
-        last = _gather_beams(top_tok, pos)
-        cache = _reorder_cache(cache, _gather_beams(top_beam, pos))
+        live_logp, pos = lax.top_k(jnp.where(ended, NEG, top_logp), w)  # [B, W]
+        live_seqs = gather_beams(top_seqs, pos)
+        last = gather_beams(top_tok, pos)
+        cache = reorder_cache(cache, gather_beams(top_beam, pos))
 
         # Finished: merge the new endings (length i+1 with EOS) into the best W.
-        new_scores = jnp.where(ended, top_logp / length_penalty(i + 1, alpha), _NEG)
+        new_scores = jnp.where(ended, top_logp / length_penalty(i + 1, alpha), NEG)
         all_scores = jnp.concatenate([fin_scores, new_scores], axis=1)  # [B, 3W]
         fin_scores, pos = lax.top_k(all_scores, w)
-        fin_seqs = _gather_beams(jnp.concatenate([fin_seqs, top_seqs], axis=1), pos)
-        fin_flags = _gather_beams(jnp.concatenate([fin_flags, ended], axis=1), pos)
+        fin_seqs = gather_beams(jnp.concatenate([fin_seqs, top_seqs], axis=1), pos)
+        fin_flags = gather_beams(jnp.concatenate([fin_flags, ended], axis=1), pos)
         return i + 1, live_seqs, live_logp, last, fin_seqs, fin_scores, fin_flags, cache
 
-    live_logp = jnp.tile(jnp.array([0.0] + [_NEG] * (w - 1), jnp.float32), (b, 1))  # [B, W]
+    live_logp = jnp.tile(jnp.array([0.0] + [NEG] * (w - 1), jnp.float32), (b, 1))  # [B, W]
     state = (
         jnp.zeros((), jnp.int32),
         jnp.zeros((b, w, big_l), jnp.int32),
         live_logp,
         jnp.zeros((b, w), jnp.int32),
         jnp.zeros((b, w, big_l), jnp.int32),
-        jnp.full((b, w), _NEG, jnp.float32),
+        jnp.full((b, w), NEG, jnp.float32),
         jnp.zeros((b, w), bool),
         cache,
     )
@@ -415,8 +422,10 @@ def beam_search(
     return seqs
 
 
-# The jitted searches behind `greedy` and `beam_search`, for benchmarks: they take
-# `max_length` (and `alpha`, `beam_size`) positionally and `cross_cache`, and also
+# The searches behind `greedy` and `beam_search`, for benchmarks and tests: they
+# take unchecked, unboxed params and `max_length` (and `alpha`, `beam_size`)
+# positionally, and `cross_cache` (False projects the cross-attention keys and
+# values at every step, the path before the cache: same outputs); they also
 # return the number of steps run (and the beams' scores).
 greedy_search = _greedy
 beam_search_with_scores = _beam_search
