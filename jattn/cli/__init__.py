@@ -26,6 +26,7 @@ from jattn.cli.common import config_arguments, fail, load_config_from_args
 from jattn.cli.configs import configs_command
 from jattn.cli.decode import decode_command
 from jattn.cli.probe import probe_command
+from jattn.cli.stderr import install as install_stderr_filter
 from jattn.cli.train import train_command
 from jattn.train.allocator import tune_host_allocator
 
@@ -51,6 +52,8 @@ def _usage() -> str:
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Dispatches `jattn COMMAND ...`; returns the exit status."""
+    if argv is None:  # this process's own command line: `jattn ...` owns its stderr
+        install_stderr_filter()
     argv = list(sys.argv[1:] if argv is None else argv)
     if not argv or argv[0] in ("-h", "--help"):
         print(_usage())
