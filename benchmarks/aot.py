@@ -2,10 +2,14 @@
 
 What ptxas says of each Triton kernel (registers, spill stores and loads,
 stack) and what its launch asks for (shared memory), per variant: plain,
-segments (packed rows), window, dropout, Shaw key/value tables; bfloat16 and
-float32; head dims 64 and 128; split (dq + dk/dv kernels) and fused backward.
-One variant is one `jax.jit` of the forward and its vjp (T = S = 200, causal,
-GQA 4 query heads over 2 kv heads, B = 1), compiled in its own child process
+segments (packed rows), window, dropout, Shaw key/value tables, and the
+score mods of `jattn.positions` applied in the kernels (ALiBi: a slope per
+head; T5: a per-head bucket table read by a compare-and-select chain;
+softcap: tanh; FIRE: a 32-unit MLP per logit); bfloat16 and float32; head
+dims 64 and 128; split (dq + dk/dv kernels) and fused backward. One variant
+is one `jax.jit` of the forward and its vjp, the vjp including the Shaw
+tables' and the score mod's parameters (T = S = 200, causal, GQA 4 query
+heads over 2 kv heads, B = 1), compiled in its own child process
 with its own timeout: a compiler abort or a 200 s float32 compile costs that
 variant only and becomes a row (`timeout after N s`, `crash: SIGABRT`).
 
@@ -81,12 +85,16 @@ dnn_version_info { major: 9 minor: 8 }
 device_description_str: "NVIDIA H100 80GB HBM3"
 """
 
-FEATURES = ("plain", "segments", "window", "dropout", "shaw")
+SCORE_MODS = ("alibi", "t5", "softcap", "fire")  # features that are a `score_mod`
+FEATURES = ("plain", "segments", "window", "dropout", "shaw", *SCORE_MODS)
 DTYPES = ("bfloat16", "float32")
 HEAD_DIMS = (64, 128)
 BACKWARDS = ("split", "fused")
 SHAPE = dict(b=1, t=200, n=4, kh=2)  # as the CUDA lowering tests
 SHAW_K = 16
+T5_BUCKETS, T5_MAX_DISTANCE = 32, 128  # T5's defaults; unidirectional (causal)
+FIRE_HIDDEN = 32  # init_fire_params' default
+SOFTCAP = 50.0  # Gemma 2's attention cap
 MODULE = "jattn_aot_variant"  # the jitted function's name: its HLO module is jit_<name>
 COLUMNS = [
     "variant",
@@ -120,11 +128,39 @@ def parse_variant(name: str) -> dict:
 # The child: compile one variant.
 
 
-def _variant_fn(feature: str, backward: str, precision: str | None = None):
+def score_mod_of(feature: str, num_heads: int):
+    """The `jattn.ScoreMod` of a score-mod feature, with concrete float32
+    parameters (the child replaces them by sharded `ShapeDtypeStruct`s of the
+    same shapes; `fn` is what gets compiled)."""
+    import jax
+    import jax.numpy as jnp
+
+    from jattn import positions
+
+    if feature == "alibi":
+        return positions.alibi_score_mod(positions.alibi_slopes(num_heads), mode="causal")
+    if feature == "t5":
+        table = jnp.zeros((num_heads, T5_BUCKETS), jnp.float32)  # [N, buckets]
+        return positions.t5_score_mod(table, max_distance=T5_MAX_DISTANCE, bidirectional=False)
+    if feature == "softcap":
+        return positions.softcap_score_mod(SOFTCAP)
+    if feature == "fire":
+        return positions.fire_score_mod(
+            positions.init_fire_params(jax.random.key(0), num_heads, FIRE_HIDDEN)
+        )
+    raise ValueError(f"aot: {feature!r} is not a score-mod feature; one of {SCORE_MODS}")
+
+
+def _variant_fn(feature: str, backward: str, precision: str | None = None, interpret: bool = False):
     """`f(q, k, v, ct, extra) -> (out, grads)` of one variant: the forward and
     its vjp through `flash_attention(..., interpret=False)` (the Triton
     kernels, as on a GPU) at the kernels' float32 `precision` (None: their
-    default, "tf32x3"; "ieee" the IEEE FMAs)."""
+    default, "tf32x3"; "ieee" the IEEE FMAs). The vjp is taken with respect
+    to q, k, v and the `extra` entries named `rel_*` (Shaw tables) and `mod`
+    (the score mod's params); `interpret=True` runs the same function in
+    interpret mode (the tests)."""
+    import dataclasses
+
     import jax
 
     import jattn
@@ -142,12 +178,20 @@ def _variant_fn(feature: str, backward: str, precision: str | None = None):
             kw["relative"] = jattn.ShawRelative(
                 key=extra["rel_key"], value=extra["rel_value"], max_distance=SHAW_K
             )
+        elif feature in SCORE_MODS:
+            mod = score_mod_of(feature, q.shape[2])
+            kw["score_mod"] = dataclasses.replace(mod, params=extra["mod"])
         nf = jattn.normalise(q, k, v, **kw)
-        return fa.flash_attention(nf, interpret=False, backward=backward, precision=precision)[0]
+        return fa.flash_attention(nf, interpret=interpret, backward=backward, precision=precision)[
+            0
+        ]
+
+    def differentiable(name):
+        return name.startswith("rel_") or name == "mod"
 
     def jattn_aot_variant(q, k, v, ct, extra):
-        diff = {n: x for n, x in extra.items() if n.startswith("rel_")}
-        fixed = {n: x for n, x in extra.items() if not n.startswith("rel_")}
+        diff = {n: x for n, x in extra.items() if differentiable(n)}
+        fixed = {n: x for n, x in extra.items() if not differentiable(n)}
         out, vjp = jax.vjp(lambda q, k, v, d: forward(q, k, v, {**fixed, **d}), q, k, v, diff)
         return out, vjp(ct)
 
@@ -183,6 +227,9 @@ def child_main(name: str, target_config: str, precision: str | None = None) -> i
     elif spec["feature"] == "shaw":
         extra["rel_key"] = sds((2 * SHAW_K + 1, h), jnp.float32)
         extra["rel_value"] = sds((2 * SHAW_K + 1, h), jnp.float32)
+    elif spec["feature"] in SCORE_MODS:
+        params = score_mod_of(spec["feature"], n).params
+        extra["mod"] = jax.tree.map(lambda x: sds(jnp.shape(x), jnp.result_type(x)), params)
     fn = jax.jit(_variant_fn(spec["feature"], spec["backward"], precision))
     start = time.perf_counter()
     lowered = fn.trace(q, k, v, ct, extra).lower()
