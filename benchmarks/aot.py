@@ -34,6 +34,7 @@ How, on a CPU-only host:
 
     python benchmarks/aot.py                                  # every variant
     python benchmarks/aot.py --variants '*-bfloat16-*' --timeout-s 120
+    python benchmarks/aot.py --variants 't5-bfloat16-*' --block-q 32 --block-k 32
     python benchmarks/aot.py --list
 """
 
@@ -151,14 +152,22 @@ def score_mod_of(feature: str, num_heads: int):
     raise ValueError(f"aot: {feature!r} is not a score-mod feature; one of {SCORE_MODS}")
 
 
-def _variant_fn(feature: str, backward: str, precision: str | None = None, interpret: bool = False):
+def _variant_fn(
+    feature: str,
+    backward: str,
+    precision: str | None = None,
+    interpret: bool = False,
+    tiles: dict | None = None,
+):
     """`f(q, k, v, ct, extra) -> (out, grads)` of one variant: the forward and
     its vjp through `flash_attention(..., interpret=False)` (the Triton
     kernels, as on a GPU) at the kernels' float32 `precision` (None: their
     default, "tf32x3"; "ieee" the IEEE FMAs). The vjp is taken with respect
     to q, k, v and the `extra` entries named `rel_*` (Shaw tables) and `mod`
     (the score mod's params); `interpret=True` runs the same function in
-    interpret mode (the tests)."""
+    interpret mode (the tests). `tiles`: `block_q`, `block_k`, `num_warps`
+    overriding the kernels' defaults (forward and backward alike), to try
+    other tiles (`--block-q`, `--block-k`, `--num-warps`)."""
     import dataclasses
 
     import jax
@@ -182,9 +191,9 @@ def _variant_fn(feature: str, backward: str, precision: str | None = None, inter
             mod = score_mod_of(feature, q.shape[2])
             kw["score_mod"] = dataclasses.replace(mod, params=extra["mod"])
         nf = jattn.normalise(q, k, v, **kw)
-        return fa.flash_attention(nf, interpret=interpret, backward=backward, precision=precision)[
-            0
-        ]
+        return fa.flash_attention(
+            nf, interpret=interpret, backward=backward, precision=precision, **(tiles or {})
+        )[0]
 
     def differentiable(name):
         return name.startswith("rel_") or name == "mod"
@@ -198,7 +207,9 @@ def _variant_fn(feature: str, backward: str, precision: str | None = None, inter
     return jattn_aot_variant
 
 
-def child_main(name: str, target_config: str, precision: str | None = None) -> int:
+def child_main(
+    name: str, target_config: str, precision: str | None = None, tiles: dict | None = None
+) -> int:
     import jax
     import jax.numpy as jnp
     import jaxlib
@@ -230,7 +241,7 @@ def child_main(name: str, target_config: str, precision: str | None = None) -> i
     elif spec["feature"] in SCORE_MODS:
         params = score_mod_of(spec["feature"], n).params
         extra["mod"] = jax.tree.map(lambda x: sds(jnp.shape(x), jnp.result_type(x)), params)
-    fn = jax.jit(_variant_fn(spec["feature"], spec["backward"], precision))
+    fn = jax.jit(_variant_fn(spec["feature"], spec["backward"], precision, tiles=tiles))
     start = time.perf_counter()
     lowered = fn.trace(q, k, v, ct, extra).lower()
     lowered_at = time.perf_counter()
@@ -238,6 +249,7 @@ def child_main(name: str, target_config: str, precision: str | None = None) -> i
     done = time.perf_counter()
     result = dict(
         precision=precision or "tf32x3 (default)",
+        tiles=", ".join(f"{k} {v}" for k, v in (tiles or {}).items()) or "default",
         device=device.device_kind,
         jax=jax.__version__,
         jaxlib=jaxlib.__version__,
@@ -345,6 +357,8 @@ def run_variant(name: str, args, dump_root: str) -> tuple[list[dict], dict]:
     cmd = [sys.executable, os.path.abspath(__file__), "--child", name]
     cmd += ["--target-config", args.target_config] if args.target_config else []
     cmd += ["--precision", args.precision] if args.precision else []
+    for flag, value in _tiles(args).items():
+        cmd += [f"--{flag.replace('_', '-')}", str(value)]
     start = time.perf_counter()
     log_path = os.path.join(dump, "compile.log")
     with open(log_path, "w") as out:
@@ -412,7 +426,7 @@ def write_table(path: str, rows: list[dict], header: dict) -> None:
         f"AOT compile for {header.get('device', '?')} (sm_90a), jax {header.get('jax', '?')}, "
         f"jaxlib {header.get('jaxlib', '?')}, ptxas {header.get('ptxas', '?')}; "
         f"T = {SHAPE['t']}, causal, GQA {SHAPE['n']}/{SHAPE['kh']}, Shaw k = {SHAW_K}; "
-        f"float32 dots {header.get('precision', '?')}. "
+        f"float32 dots {header.get('precision', '?')}; tiles {header.get('tiles', '?')}. "
         "Bytes for spills, stack and shared memory; mma: tensor-core instructions in the PTX.",
         "",
         "| " + " | ".join(COLUMNS) + " |",
@@ -431,6 +445,12 @@ def has_cuda_plugin() -> bool:
         return False
 
 
+def _tiles(args) -> dict:
+    """The tile overrides given on the command line (`flash_attention` kwargs)."""
+    names = ("block_q", "block_k", "num_warps")
+    return {n: getattr(args, n) for n in names if getattr(args, n) is not None}
+
+
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--variants", nargs="*", default=["*"], help="names or globs (--list)")
@@ -445,6 +465,8 @@ def main(argv=None) -> int:
         choices=["tf32x3", "ieee"],
         help="the kernels' float32 precision (default: theirs, tf32x3)",
     )
+    for flag in ("--block-q", "--block-k", "--num-warps"):
+        parser.add_argument(flag, type=int, default=None, help="override the default (all kernels)")
     parser.add_argument("--list", action="store_true")
     parser.add_argument("--child", default=None, help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
@@ -453,7 +475,7 @@ def main(argv=None) -> int:
         if args.target_config:
             with open(args.target_config) as f:
                 config = f.read()
-        return child_main(args.child, config, args.precision)
+        return child_main(args.child, config, args.precision, _tiles(args))
     names = [v for v in variants() if any(fnmatch.fnmatch(v, p) for p in args.variants)]
     if args.list:
         print("\n".join(names))
