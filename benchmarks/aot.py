@@ -34,7 +34,7 @@ How, on a CPU-only host:
 
     python benchmarks/aot.py                                  # every variant
     python benchmarks/aot.py --variants '*-bfloat16-*' --timeout-s 120
-    python benchmarks/aot.py --variants 't5-bfloat16-*' --block-q 32 --block-k 32
+    python benchmarks/aot.py --variants 't5-bfloat16-*' --block-q 16 --block-k 32
     python benchmarks/aot.py --list
 """
 
