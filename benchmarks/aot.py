@@ -2,10 +2,14 @@
 
 What ptxas says of each Triton kernel (registers, spill stores and loads,
 stack) and what its launch asks for (shared memory), per variant: plain,
-segments (packed rows), window, dropout, Shaw key/value tables; bfloat16 and
-float32; head dims 64 and 128; split (dq + dk/dv kernels) and fused backward.
-One variant is one `jax.jit` of the forward and its vjp (T = S = 200, causal,
-GQA 4 query heads over 2 kv heads, B = 1), compiled in its own child process
+segments (packed rows), window, dropout, Shaw key/value tables, and the
+score mods of `jattn.positions` applied in the kernels (ALiBi: a slope per
+head; T5: a per-head bucket table read by a compare-and-select chain;
+softcap: tanh; FIRE: a 32-unit MLP per logit); bfloat16 and float32; head
+dims 64 and 128; split (dq + dk/dv kernels) and fused backward. One variant
+is one `jax.jit` of the forward and its vjp, the vjp including the Shaw
+tables' and the score mod's parameters (T = S = 200, causal, GQA 4 query
+heads over 2 kv heads, B = 1), compiled in its own child process
 with its own timeout: a compiler abort or a 200 s float32 compile costs that
 variant only and becomes a row (`timeout after N s`, `crash: SIGABRT`).
 
@@ -30,6 +34,7 @@ How, on a CPU-only host:
 
     python benchmarks/aot.py                                  # every variant
     python benchmarks/aot.py --variants '*-bfloat16-*' --timeout-s 120
+    python benchmarks/aot.py --variants 't5-bfloat16-*' --block-q 16 --block-k 32
     python benchmarks/aot.py --list
 """
 
@@ -81,12 +86,16 @@ dnn_version_info { major: 9 minor: 8 }
 device_description_str: "NVIDIA H100 80GB HBM3"
 """
 
-FEATURES = ("plain", "segments", "window", "dropout", "shaw")
+SCORE_MODS = ("alibi", "t5", "softcap", "fire")  # features that are a `score_mod`
+FEATURES = ("plain", "segments", "window", "dropout", "shaw", *SCORE_MODS)
 DTYPES = ("bfloat16", "float32")
 HEAD_DIMS = (64, 128)
 BACKWARDS = ("split", "fused")
 SHAPE = dict(b=1, t=200, n=4, kh=2)  # as the CUDA lowering tests
 SHAW_K = 16
+T5_BUCKETS, T5_MAX_DISTANCE = 32, 128  # T5's defaults; unidirectional (causal)
+FIRE_HIDDEN = 32  # init_fire_params' default
+SOFTCAP = 50.0  # Gemma 2's attention cap
 MODULE = "jattn_aot_variant"  # the jitted function's name: its HLO module is jit_<name>
 COLUMNS = [
     "variant",
@@ -120,11 +129,47 @@ def parse_variant(name: str) -> dict:
 # The child: compile one variant.
 
 
-def _variant_fn(feature: str, backward: str, precision: str | None = None):
+def score_mod_of(feature: str, num_heads: int):
+    """The `jattn.ScoreMod` of a score-mod feature, with concrete float32
+    parameters (the child replaces them by sharded `ShapeDtypeStruct`s of the
+    same shapes; `fn` is what gets compiled)."""
+    import jax
+    import jax.numpy as jnp
+
+    from jattn import positions
+
+    if feature == "alibi":
+        return positions.alibi_score_mod(positions.alibi_slopes(num_heads), mode="causal")
+    if feature == "t5":
+        table = jnp.zeros((num_heads, T5_BUCKETS), jnp.float32)  # [N, buckets]
+        return positions.t5_score_mod(table, max_distance=T5_MAX_DISTANCE, bidirectional=False)
+    if feature == "softcap":
+        return positions.softcap_score_mod(SOFTCAP)
+    if feature == "fire":
+        return positions.fire_score_mod(
+            positions.init_fire_params(jax.random.key(0), num_heads, FIRE_HIDDEN)
+        )
+    raise ValueError(f"aot: {feature!r} is not a score-mod feature; one of {SCORE_MODS}")
+
+
+def _variant_fn(
+    feature: str,
+    backward: str,
+    precision: str | None = None,
+    interpret: bool = False,
+    tiles: dict | None = None,
+):
     """`f(q, k, v, ct, extra) -> (out, grads)` of one variant: the forward and
     its vjp through `flash_attention(..., interpret=False)` (the Triton
     kernels, as on a GPU) at the kernels' float32 `precision` (None: their
-    default, "tf32x3"; "ieee" the IEEE FMAs)."""
+    default, "tf32x3"; "ieee" the IEEE FMAs). The vjp is taken with respect
+    to q, k, v and the `extra` entries named `rel_*` (Shaw tables) and `mod`
+    (the score mod's params); `interpret=True` runs the same function in
+    interpret mode (the tests). `tiles`: `block_q`, `block_k`, `num_warps`
+    overriding the kernels' defaults (forward and backward alike), to try
+    other tiles (`--block-q`, `--block-k`, `--num-warps`)."""
+    import dataclasses
+
     import jax
 
     import jattn
@@ -142,19 +187,29 @@ def _variant_fn(feature: str, backward: str, precision: str | None = None):
             kw["relative"] = jattn.ShawRelative(
                 key=extra["rel_key"], value=extra["rel_value"], max_distance=SHAW_K
             )
+        elif feature in SCORE_MODS:
+            mod = score_mod_of(feature, q.shape[2])
+            kw["score_mod"] = dataclasses.replace(mod, params=extra["mod"])
         nf = jattn.normalise(q, k, v, **kw)
-        return fa.flash_attention(nf, interpret=False, backward=backward, precision=precision)[0]
+        return fa.flash_attention(
+            nf, interpret=interpret, backward=backward, precision=precision, **(tiles or {})
+        )[0]
+
+    def differentiable(name):
+        return name.startswith("rel_") or name == "mod"
 
     def jattn_aot_variant(q, k, v, ct, extra):
-        diff = {n: x for n, x in extra.items() if n.startswith("rel_")}
-        fixed = {n: x for n, x in extra.items() if not n.startswith("rel_")}
+        diff = {n: x for n, x in extra.items() if differentiable(n)}
+        fixed = {n: x for n, x in extra.items() if not differentiable(n)}
         out, vjp = jax.vjp(lambda q, k, v, d: forward(q, k, v, {**fixed, **d}), q, k, v, diff)
         return out, vjp(ct)
 
     return jattn_aot_variant
 
 
-def child_main(name: str, target_config: str, precision: str | None = None) -> int:
+def child_main(
+    name: str, target_config: str, precision: str | None = None, tiles: dict | None = None
+) -> int:
     import jax
     import jax.numpy as jnp
     import jaxlib
@@ -183,7 +238,10 @@ def child_main(name: str, target_config: str, precision: str | None = None) -> i
     elif spec["feature"] == "shaw":
         extra["rel_key"] = sds((2 * SHAW_K + 1, h), jnp.float32)
         extra["rel_value"] = sds((2 * SHAW_K + 1, h), jnp.float32)
-    fn = jax.jit(_variant_fn(spec["feature"], spec["backward"], precision))
+    elif spec["feature"] in SCORE_MODS:
+        params = score_mod_of(spec["feature"], n).params
+        extra["mod"] = jax.tree.map(lambda x: sds(jnp.shape(x), jnp.result_type(x)), params)
+    fn = jax.jit(_variant_fn(spec["feature"], spec["backward"], precision, tiles=tiles))
     start = time.perf_counter()
     lowered = fn.trace(q, k, v, ct, extra).lower()
     lowered_at = time.perf_counter()
@@ -191,6 +249,7 @@ def child_main(name: str, target_config: str, precision: str | None = None) -> i
     done = time.perf_counter()
     result = dict(
         precision=precision or "tf32x3 (default)",
+        tiles=", ".join(f"{k} {v}" for k, v in (tiles or {}).items()) or "default",
         device=device.device_kind,
         jax=jax.__version__,
         jaxlib=jaxlib.__version__,
@@ -298,6 +357,8 @@ def run_variant(name: str, args, dump_root: str) -> tuple[list[dict], dict]:
     cmd = [sys.executable, os.path.abspath(__file__), "--child", name]
     cmd += ["--target-config", args.target_config] if args.target_config else []
     cmd += ["--precision", args.precision] if args.precision else []
+    for flag, value in _tiles(args).items():
+        cmd += [f"--{flag.replace('_', '-')}", str(value)]
     start = time.perf_counter()
     log_path = os.path.join(dump, "compile.log")
     with open(log_path, "w") as out:
@@ -365,7 +426,7 @@ def write_table(path: str, rows: list[dict], header: dict) -> None:
         f"AOT compile for {header.get('device', '?')} (sm_90a), jax {header.get('jax', '?')}, "
         f"jaxlib {header.get('jaxlib', '?')}, ptxas {header.get('ptxas', '?')}; "
         f"T = {SHAPE['t']}, causal, GQA {SHAPE['n']}/{SHAPE['kh']}, Shaw k = {SHAW_K}; "
-        f"float32 dots {header.get('precision', '?')}. "
+        f"float32 dots {header.get('precision', '?')}; tiles {header.get('tiles', '?')}. "
         "Bytes for spills, stack and shared memory; mma: tensor-core instructions in the PTX.",
         "",
         "| " + " | ".join(COLUMNS) + " |",
@@ -384,6 +445,12 @@ def has_cuda_plugin() -> bool:
         return False
 
 
+def _tiles(args) -> dict:
+    """The tile overrides given on the command line (`flash_attention` kwargs)."""
+    names = ("block_q", "block_k", "num_warps")
+    return {n: getattr(args, n) for n in names if getattr(args, n) is not None}
+
+
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--variants", nargs="*", default=["*"], help="names or globs (--list)")
@@ -398,6 +465,8 @@ def main(argv=None) -> int:
         choices=["tf32x3", "ieee"],
         help="the kernels' float32 precision (default: theirs, tf32x3)",
     )
+    for flag in ("--block-q", "--block-k", "--num-warps"):
+        parser.add_argument(flag, type=int, default=None, help="override the default (all kernels)")
     parser.add_argument("--list", action="store_true")
     parser.add_argument("--child", default=None, help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
@@ -406,7 +475,7 @@ def main(argv=None) -> int:
         if args.target_config:
             with open(args.target_config) as f:
                 config = f.read()
-        return child_main(args.child, config, args.precision)
+        return child_main(args.child, config, args.precision, _tiles(args))
     names = [v for v in variants() if any(fnmatch.fnmatch(v, p) for p in args.variants)]
     if args.list:
         print("\n".join(names))

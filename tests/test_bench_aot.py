@@ -1,12 +1,17 @@
 """`jattn bench aot` (benchmarks/aot.py) without the CUDA plugin: the variant
-grid, the refusal, and the parsers of what ptxas and XLA write (on text in
-the formats ptxas 12.9 and jaxlib 0.10.2 print, as seen in a real run)."""
+grid, what a score-mod variant computes (its function in interpret mode
+against float64, the mod's params in the vjp), the refusal, and the parsers
+of what ptxas and XLA write (on text in the formats ptxas 12.9 and jaxlib
+0.10.2 print, as seen in a real run)."""
 
 from __future__ import annotations
 
 import importlib.util
 import pathlib
 
+import jax
+import jax.numpy as jnp
+import numpy as np
 import pytest
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
@@ -55,8 +60,10 @@ PTX = """\
 
 def test_variant_grid_covers_every_kernel_option():
     names = aot.variants()
-    assert len(names) == len(set(names)) == 5 * 2 * 2 * 2
+    assert len(names) == len(set(names)) == 9 * 2 * 2 * 2
     assert "shaw-float32-h128-fused" in names and "dropout-bfloat16-h64-split" in names
+    for mod in ("alibi", "t5", "softcap", "fire"):
+        assert f"{mod}-bfloat16-h128-fused" in names and f"{mod}-float32-h64-split" in names
     assert aot.parse_variant("window-float32-h64-fused") == dict(
         feature="window", dtype="float32", head_dim=64, backward="fused"
     )
@@ -90,3 +97,77 @@ def test_refuses_without_the_cuda_plugin(capsys):
     assert aot.main(["--variants", "plain-bfloat16-h64-split"]) == 2
     assert 'pip install -e ".[aot]"' in capsys.readouterr().err
     assert aot.main(["--variants", "nothing*"]) == 2
+
+
+# --------------------------------------------------------------------------------------
+# What a score-mod variant compiles: causal attention with the mod, and the
+# vjp to q, k, v and the mod's params; run here in interpret mode.
+
+
+def _reference(q, k, v, ct, mod):
+    """Float64 `(out, (dq, dk, dv, dparams))` of causal GQA attention on the
+    materialised modified logits."""
+    b, t, n, h = q.shape
+    f64 = lambda x: jnp.asarray(np.asarray(x, np.float64))  # noqa: E731
+    with jax.enable_x64(True), jax.debug_infs(False):  # the masked logits are -inf
+
+        def f(q, k, v, params):
+            rep = n // k.shape[2]
+            k, v = jnp.repeat(k, rep, axis=2), jnp.repeat(v, rep, axis=2)
+            logits = jnp.einsum("btnh,bsnh->bnts", q, k) / np.sqrt(h)  # [B, N, T, S]
+            i = jnp.arange(t, dtype=jnp.int32)
+            logits = mod.fn(
+                params,
+                logits,
+                jnp.arange(b, dtype=jnp.int32)[:, None, None, None],
+                jnp.arange(n, dtype=jnp.int32)[None, :, None, None],
+                i[None, None, :, None],
+                i[None, None, None, :],
+            )
+            logits = jnp.where(i[None, None, None, :] <= i[None, None, :, None], logits, -jnp.inf)
+            w = jax.nn.softmax(logits, axis=-1)
+            return jnp.einsum("bnts,bsnv->btnv", w, v)
+
+        out, vjp = jax.vjp(f, f64(q), f64(k), f64(v), jax.tree.map(f64, mod.params))
+        return np.asarray(out), jax.tree.map(np.asarray, vjp(f64(ct)))
+
+
+def _err(got, want):
+    got, want = np.asarray(got, np.float64), np.asarray(want, np.float64)
+    assert got.shape == want.shape
+    return float(np.max(np.abs(got - want))) / max(float(np.max(np.abs(want))), 1e-6)
+
+
+# T5's compare-and-select chain and FIRE's 32-unit MLP take 15-40 s each in
+# interpret mode on this machine.
+_SLOW_MODS = ("t5", "fire")
+
+
+@pytest.mark.parametrize(
+    "feature",
+    [pytest.param(f, marks=pytest.mark.slow) if f in _SLOW_MODS else f for f in aot.SCORE_MODS],
+)
+def test_score_mod_variant_matches_float64_with_params_gradient(feature):
+    b, t, n, kh, h = 1, 32, 4, 2, 16
+    rng = np.random.default_rng(0)
+    q, ct = (jnp.asarray(rng.standard_normal((b, t, n, h)), jnp.float32) for _ in range(2))
+    k, v = (jnp.asarray(rng.standard_normal((b, t, kh, h)), jnp.float32) for _ in range(2))
+    mod = aot.score_mod_of(feature, n)
+    # Random params of the variant's shapes (its T5 table is zeros; a softcap
+    # of 2 bends these logits visibly).
+    leaves, tree = jax.tree.flatten(mod.params)
+    new = [jnp.asarray(0.5 * rng.standard_normal(jnp.shape(x)), jnp.float32) for x in leaves]
+    if feature == "softcap":
+        new = [jnp.asarray(2.0, jnp.float32)]
+    params = jax.tree.unflatten(tree, new)
+    fn = jax.jit(aot._variant_fn(feature, "split", interpret=True))
+    out, (dq, dk, dv, diff) = fn(q, k, v, ct, {"mod": params})
+    want_out, (wq, wk, wv, wparams) = _reference(q, k, v, ct, mod.__class__(mod.fn, params))
+    for got, want in ((out, want_out), (dq, wq), (dk, wk), (dv, wv)):
+        assert _err(got, want) <= 2e-5
+    got_p, want_p = jax.tree.leaves(diff["mod"]), jax.tree.leaves(wparams)
+    assert len(got_p) == len(want_p) == len(leaves)
+    floor = 0.01 * max(float(np.max(np.abs(w))) for w in want_p)  # leaves near 0
+    for g, w in zip(got_p, want_p, strict=True):
+        scale = max(float(np.max(np.abs(w))), floor, 1e-6)
+        assert float(np.max(np.abs(np.asarray(g) - w))) / scale <= 1e-4
