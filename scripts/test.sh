@@ -20,18 +20,20 @@ export LIBC_FATAL_STDERR_=1
 # pytest-xdist's controller can hang after a worker crashes (seen twice: the
 # crashed worker's test is reported, then the session never ends), so each
 # pytest run has a wall-clock limit and fails with a message past it instead
-# of running into CI's own limit. Override with JATTN_TEST_TIMEOUT (seconds).
-LIMIT=${JATTN_TEST_TIMEOUT:-3000}
+# of running into CI's own limit (90 min: 55 for the main suite, 25 for the
+# second jax, the rest for the installs). Override with JATTN_TEST_TIMEOUT
+# (seconds, for each run).
 run_pytest() {
-    local rc=0
-    timeout -k 60 "$LIMIT" "$@" || rc=$?
+    local limit=${JATTN_TEST_TIMEOUT:-$1} rc=0
+    shift
+    timeout -k 60 "$limit" "$@" || rc=$?
     if [ "$rc" -eq 124 ] || [ "$rc" -eq 137 ]; then
-        echo "scripts/test.sh: pytest ran past ${LIMIT} s and was stopped: $*" >&2
+        echo "scripts/test.sh: pytest ran past ${limit} s and was stopped: $*" >&2
     fi
     return "$rc"
 }
 # pytest exits 5 when it collects no test: that is a failure here too.
-run_pytest .venv/bin/python -m pytest -n 2 --dist loadfile -q "$@"
+run_pytest 3300 .venv/bin/python -m pytest -n 2 --dist loadfile -q "$@"
 
 # The second jax. The subset is what jattn promises on every jax it supports:
 # the core (attention implementations, masks, positions, dropout, memory
@@ -64,7 +66,7 @@ fi
 .venv-jax12/bin/python -m pip install -q -e ".[train,test]" "jax==0.12.*"
 .venv-jax12/bin/python -c 'import jax; print("second jax:", jax.__version__)'
 if [ "$#" -gt 0 ]; then
-    run_pytest .venv-jax12/bin/python -m pytest -n 2 --dist loadfile -q "$@"
+    run_pytest 1500 .venv-jax12/bin/python -m pytest -n 2 --dist loadfile -q "$@"
 else
-    run_pytest .venv-jax12/bin/python -m pytest -n 2 --dist loadfile -q "${SECOND_JAX_TESTS[@]}"
+    run_pytest 1500 .venv-jax12/bin/python -m pytest -n 2 --dist loadfile -q "${SECOND_JAX_TESTS[@]}"
 fi
