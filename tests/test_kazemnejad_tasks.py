@@ -115,19 +115,23 @@ def test_config_rows_hold_every_example_of_its_task(tasks, name):
     assert config.eval_decode_examples >= 1_000
 
 
-def test_decoder_only_experiment_waits_for_the_architecture():
-    """experiments/decoder_only.py runs Kazemnejad et al.'s tasks; without
-    `model.architecture` it refuses by name instead of training an encoder-decoder."""
+def test_the_decoder_only_experiment_is_kazemnejads_grid():
+    """experiments/decoder_only.py trains Kazemnejad et al.'s copy and reverse with
+    decoder-only models only, every scheme of its list, 3 seeds."""
     from jattn.analysis import grid  # noqa: PLC0415
-    from jattn.train.config import load_config, model_defaults  # noqa: PLC0415
+    from jattn.train.config import load_config  # noqa: PLC0415
 
-    if "architecture" not in model_defaults():
-        with pytest.raises(ValueError, match="architecture"):
-            load_config(f"{ROOT}/experiments/decoder_only.py")
-        return
     exp = load_config(f"{ROOT}/experiments/decoder_only.py")
     runs = grid.expand(exp, "/nonexistent")
-    assert len(runs) == 2 * 5 * 3
+    assert len(runs) == 2 * 6 * 3
     configs = [grid.training_config(exp, run, str(ROOT)) for run in runs]
     assert {c.dataset for c in configs} == {"kz_copy", "kz_reverse"}
+    assert {c.model.position for c in configs} == {
+        "none",
+        "t5",
+        "alibi",
+        "rope",
+        "sinusoidal",
+        "fire",
+    }
     assert {c.model.architecture for c in configs} == {"decoder_only"}
