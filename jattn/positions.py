@@ -433,26 +433,41 @@ def _gather_table_bwd(res, ct):
     the T5 score mod's time: 52 ms against ~9 ms for this form on a 512 x
     512 tile of 8 heads (`benchmarks/score_mod.py`, docs/benchmarks.md)."""
     table, head, index = res
+    laid = _heads_and_positions(ct, head, index, heads_first=False)
+    if laid is None:  # no [X, heads] layout
+        _, pull = jax.vjp(lambda tb: tb[head, index], table)
+        return pull(ct)[0], None, None
+    ctm, heads, at = laid  # [X, heads], [heads], [X]
+    rows = jnp.zeros((table.shape[1], ctm.shape[1]), ct.dtype).at[at].add(ctm)  # [R, heads]
+    d_table = jnp.zeros(table.shape, ct.dtype).at[heads].add(rows.T)  # [N, R]
+    return d_table.astype(table.dtype), None, None
+
+
+def _heads_and_positions(ct: Array, head: Array, position: Array, *, heads_first: bool):
+    """A score mod tile's cotangent `ct` as a `[heads, X]` (or `[X, heads]`)
+    matrix, with the head index of each row and the position argument of
+    each column, for the custom backwards of the table read and FIRE.
+
+    `head` and `position` broadcast against `ct` along their own axes; None
+    when they share an axis or `ct` varies along another (no such layout:
+    the caller falls back to autodiff)."""
     nd = ct.ndim
     hr = jnp.reshape(head, (1,) * (nd - jnp.ndim(head)) + jnp.shape(head))
-    xr = jnp.reshape(index, (1,) * (nd - jnp.ndim(index)) + jnp.shape(index))
+    xr = jnp.reshape(position, (1,) * (nd - jnp.ndim(position)) + jnp.shape(position))
     hv = [a for a in range(nd) if hr.shape[a] > 1]
     xv = [a for a in range(nd) if xr.shape[a] > 1]
     rest = [a for a in range(nd) if a not in hv and a not in xv]
-    if set(hv) & set(xv) or any(ct.shape[a] > 1 for a in rest):  # no [X, heads] layout
-        _, pull = jax.vjp(lambda tb: tb[head, index], table)
-        return pull(ct)[0], None, None
-    order = xv + hv + rest
+    if set(hv) & set(xv) or any(ct.shape[a] > 1 for a in rest):
+        return None
+    order = (hv + xv if heads_first else xv + hv) + rest
     nh = int(np.prod([ct.shape[a] for a in hv], dtype=np.int64))
 
     def lay_out(v, varying):  # broadcast over its varying axes, in `order`, flattened
         full = [ct.shape[a] if a in varying else 1 for a in range(nd)]
         return jnp.transpose(jnp.broadcast_to(v, full), order).reshape(-1)
 
-    ctm = jnp.transpose(ct, order).reshape(-1, nh)  # [X, heads]
-    rows = jnp.zeros((table.shape[1], nh), ct.dtype).at[lay_out(xr, xv)].add(ctm)  # [R, heads]
-    d_table = jnp.zeros(table.shape, ct.dtype).at[lay_out(hr, hv)].add(rows.T)  # [N, R]
-    return d_table.astype(table.dtype), None, None
+    ctm = jnp.transpose(ct, order).reshape((nh, -1) if heads_first else (-1, nh))
+    return ctm, lay_out(hr, hv), lay_out(xr, xv)
 
 
 _gather_table.defvjp(_gather_table_fwd, _gather_table_bwd)
@@ -693,25 +708,11 @@ def _fire_tile_bwd(res, ct):
     Autodiff of the unit loop costs 64 tile-sized reductions instead (8x the
     time and 5x the temporaries on a 512 x 512 tile of 8 heads, CPU)."""
     w1, b1, w2, b2, x, head = res
-    nd = ct.ndim
-    hr = jnp.reshape(head, (1,) * (nd - jnp.ndim(head)) + jnp.shape(head))
-    xr = jnp.reshape(x, (1,) * (nd - jnp.ndim(x)) + jnp.shape(x))
-    hv = [a for a in range(nd) if hr.shape[a] > 1]
-    xv = [a for a in range(nd) if xr.shape[a] > 1]
-    rest = [a for a in range(nd) if a not in hv and a not in xv]
-    if set(hv) & set(xv) or any(ct.shape[a] > 1 for a in rest):  # no [heads, X] layout
+    laid = _heads_and_positions(ct, head, x, heads_first=True)
+    if laid is None:  # no [heads, X] layout
         _, pull = jax.vjp(_fire_units, w1, b1, w2, b2, x, head)
         return pull(ct)[:5] + (None,)
-    order = hv + xv + rest
-    nh = int(np.prod([ct.shape[a] for a in hv], dtype=np.int64))
-
-    def lay_out(v, varying):  # broadcast over its varying axes, in `order`, flattened
-        full = [ct.shape[a] if a in varying else 1 for a in range(nd)]
-        return jnp.transpose(jnp.broadcast_to(v, full), order).reshape(-1)
-
-    ctm = jnp.transpose(ct, order).reshape(nh, -1)  # [heads, X]
-    xs = lay_out(xr, xv)  # [X]
-    idx = lay_out(hr, hv)  # [heads]
+    ctm, idx, xs = laid  # [heads, X], [heads], [X]
     hp = jax.lax.Precision.HIGHEST
     a = xs[:, None] * w1[None, :] + b1[None, :]  # [X, hidden]
     d_w2 = jnp.zeros_like(w2).at[idx].add(jnp.dot(ctm, jax.nn.relu(a), precision=hp))
