@@ -53,7 +53,7 @@ RAGGED = (2, 40, 36, 2, 2, 16)
 @pytest.fixture
 def no_triton(monkeypatch):
     """Pallas's Triton backend made unimportable, as in a jax build without it."""
-    for name in kb._TRITON_MODULES:
+    for name in kb.TRITON_MODULES:
         monkeypatch.setitem(sys.modules, name, None)  # import raises ImportError
 
 
@@ -88,10 +88,10 @@ def test_private_lowering_module_moved_is_not_a_failure(monkeypatch):
     # only the public module (or a failing dependency) decides. From jax 0.11
     # the public module imports the private one itself (and would fail with it
     # hidden), so it is imported first: the same state whatever ran before.
-    importlib.import_module(kb._TRITON_PUBLIC)
-    monkeypatch.setitem(sys.modules, kb._TRITON_PRIVATE, None)
+    importlib.import_module(kb.TRITON_PUBLIC)
+    monkeypatch.setitem(sys.modules, kb.TRITON_PRIVATE, None)
     kb.check_triton()
-    monkeypatch.setitem(sys.modules, kb._TRITON_PUBLIC, None)
+    monkeypatch.setitem(sys.modules, kb.TRITON_PUBLIC, None)
     with pytest.raises(kb.PallasBackendError, match="pallas.triton"):
         kb.check_triton()
 
@@ -379,12 +379,12 @@ def test_cached_block_maps_equal_per_call_maps(causal, window, dist, t, s, bq, b
         np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
     assert len(np.unique(np.asarray(static.classes))) >= 2  # not a trivial map
     # Cached: a second call builds nothing new.
-    before = blockmap._static_maps.cache_info().hits
+    before = blockmap.static_maps.cache_info().hits
     blockmap.static_tiling(
         batch=3, causal=causal, window=window, max_distance=dist, seq_q=t, seq_k=s,
         block_q=bq, block_k=bk, padded_q=pt, padded_k=ps,
     )  # fmt: skip
-    assert blockmap._static_maps.cache_info().hits == before + 1
+    assert blockmap.static_maps.cache_info().hits == before + 1
 
 
 def test_default_positions_flag_and_replace():

@@ -173,9 +173,7 @@ def test_kernel_parts_and_custom_vjp_match_reference(window, dropout_rate):
     kw = {f.name: getattr(nf, f.name) for f in dataclasses.fields(nf)}
     pre = fa.prepare(nf, block_q=16, block_k=32, backend="interpret")
     assert pre.fwd_cfg.use_qr and pre.fwd_cfg.use_pr
-    ins = fa._kernel_inputs(
-        pre.q, pre.k, pre.v, pre.qr, pre.bias, pre.fixed, pre.fixed.forward_maps
-    )
+    ins = fa.kernel_inputs(pre.q, pre.k, pre.v, pre.qr, pre.bias, pre.fixed, pre.fixed.forward_maps)
     o, lse, pr = jax.jit(functools.partial(triton_forward.flash_forward, pre.fwd_cfg))(ins)
     names = ("mask", "is_causal", "q_segment_ids", "kv_segment_ids", "q_positions")
     names += ("kv_positions", "max_distance", "scale", "window", "dropout_seed", "dropout_rate")
@@ -196,7 +194,7 @@ def test_kernel_parts_and_custom_vjp_match_reference(window, dropout_rate):
     cot_o = jnp.asarray(rng.standard_normal(o.shape), jnp.float32)
     cot_pr = jnp.asarray(rng.standard_normal(pr.shape), jnp.float32)
     # The core also returns the lse, a residual whose cotangent is ignored.
-    core = lambda *a: fa._flash_core(pre.fwd_cfg, pre.bwd_cfg, *a, pre.fixed)[::2]  # noqa: E731
+    core = lambda *a: fa.flash_core(pre.fwd_cfg, pre.bwd_cfg, *a, pre.fixed)[::2]  # noqa: E731
     vjp_of = lambda f, args, cots: jax.vjp(f, *args)[1](cots)  # noqa: E731
     primals = (pre.q, pre.k, pre.v, pre.qr, pre.bias)
     got = jax.jit(functools.partial(vjp_of, core))(primals, (cot_o, cot_pr))

@@ -1,7 +1,7 @@
 """The package's structure, read from the source with `ast` (nothing is imported).
 
 Three rules of DESIGN.md's house style, checked over jattn/, benchmarks/ and
-experiments/:
+experiments/ (the second also over tests/):
 
 - no import cycle between jattn modules. Every import counts, a deferred one
   (inside a function) as much as one at module level: a deferred import only
@@ -214,6 +214,14 @@ def test_no_import_cycle_between_jattn_modules(repo):
 def test_no_private_name_is_imported_across_modules(repo):
     found = private_imports(*repo)
     assert not found, "private names used outside their module:\n" + "\n".join(found)
+
+
+def test_the_tests_use_no_private_jattn_name():
+    """The tests hold jattn to its public names too (kernel-level ones such as
+    `flash_attention.flash_core` are public in their module), so a refactor
+    that keeps the public API keeps the tests."""
+    found = private_imports(*load(REPO, (*SCANNED, "tests")))
+    assert not found, "private jattn names used by tests:\n" + "\n".join(found)
 
 
 def test_the_core_imports_no_flax_optax_orbax_tfds_grain_or_ml_collections(repo):

@@ -42,6 +42,9 @@ __all__ = [
     "BACKENDS",
     "BACKWARD_VARIANTS",
     "PallasBackendError",
+    "TRITON_MODULES",
+    "TRITON_PRIVATE",
+    "TRITON_PUBLIC",
     "check_triton",
     "default_warps",
     "check_backward",
@@ -69,9 +72,9 @@ BACKWARD_VARIANTS = ("split", "fused")
 # The modules the Triton lowering needs: the public parameter class, and the
 # lowering registration (private; it imports jaxlib's Triton bindings, which a
 # jaxlib without GPU Triton support lacks).
-_TRITON_PUBLIC = "jax.experimental.pallas.triton"
-_TRITON_PRIVATE = "jax._src.pallas.triton.pallas_call_registration"
-_TRITON_MODULES = (_TRITON_PUBLIC, _TRITON_PRIVATE)
+TRITON_PUBLIC = "jax.experimental.pallas.triton"
+TRITON_PRIVATE = "jax._src.pallas.triton.pallas_call_registration"
+TRITON_MODULES = (TRITON_PUBLIC, TRITON_PRIVATE)
 
 
 class PallasBackendError(RuntimeError):
@@ -93,14 +96,14 @@ def check_triton() -> None:
 
     Cheap after the first call (imports are cached by Python).
     """
-    for name in _TRITON_MODULES:
+    for name in TRITON_MODULES:
         try:
             importlib.import_module(name)
         except ImportError as e:
             # A private module that merely moved in another jax version is no
             # evidence of a missing backend (its dependencies failing is).
             path_missing = isinstance(e, ModuleNotFoundError) and name.startswith(str(e.name))
-            if name == _TRITON_PRIVATE and path_missing:
+            if name == TRITON_PRIVATE and path_missing:
                 continue
             raise PallasBackendError(
                 'implementation="pallas" on a GPU runs jattn\'s Triton kernels, but '

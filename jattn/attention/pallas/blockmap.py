@@ -21,7 +21,7 @@ from jattn.attention.pallas.config import TileMaps
 
 Array = jax.Array
 
-__all__ = ["block_map", "run_bounds", "static_tiling", "tiling"]
+__all__ = ["block_map", "run_bounds", "static_maps", "static_tiling", "tiling"]
 
 
 def _mask_tiles(
@@ -97,7 +97,7 @@ def tiling(meta: dict, block_q: int, block_k: int, padded_q: int, padded_k: int)
 
 
 @functools.lru_cache(maxsize=256)
-def _static_maps(
+def static_maps(
     causal: bool,
     window: tuple[int, int] | None,
     max_distance: int | None,
@@ -109,7 +109,8 @@ def _static_maps(
     padded_k: int,
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """`tiling` of one batch row with positions `arange` and nothing else
-    data-dependent, evaluated once (numpy results, `[1, 1, ...]`)."""
+    data-dependent, evaluated once (numpy results, `[1, 1, ...]`; cached, so
+    the same arguments return the same arrays)."""
     with jax.ensure_compile_time_eval():
         q_pos = jnp.arange(seq_q, dtype=jnp.int32)[None]  # [1, T]
         kv_pos = jnp.arange(seq_k, dtype=jnp.int32)[None]  # [1, S]
@@ -146,7 +147,7 @@ def static_tiling(
     (positions `arange(T)` / `arange(S)`, no segment ids, no mask): built
     once per shape in numpy (cached) and embedded as constants, so a jitted
     step runs no block-map computation at all. Same result as `tiling`."""
-    maps = _static_maps(
+    maps = static_maps(
         causal, window, max_distance, seq_q, seq_k, block_q, block_k, padded_q, padded_k
     )
     return TileMaps(*(jnp.asarray(np.broadcast_to(x, (batch, *x.shape[1:]))) for x in maps))

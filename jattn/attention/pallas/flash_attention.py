@@ -105,6 +105,8 @@ __all__ = [
     "check_precision",
     "default_blocks",
     "flash_attention",
+    "flash_core",
+    "kernel_inputs",
     "matmul_precision_name",
     "prepare",
     "run_bounds",
@@ -141,8 +143,9 @@ def _kernels(cfg: KernelConfig):
     )
 
 
-def _kernel_inputs(q, k, v, qr, bias, fixed: FixedInputs, maps: TileMaps, mod=None) -> KernelInputs:
-    """The inputs of one kernel call, on the tiling of `maps`."""
+def kernel_inputs(q, k, v, qr, bias, fixed: FixedInputs, maps: TileMaps, mod=None) -> KernelInputs:
+    """The inputs of one kernel call, on the tiling of `maps` (kernel-level API:
+    with `prepare`'s outputs, what the kernels and their tests are called on)."""
     return KernelInputs(
         mod_params=mod,
         query=q,
@@ -162,14 +165,17 @@ def _kernel_inputs(q, k, v, qr, bias, fixed: FixedInputs, maps: TileMaps, mod=No
     )
 
 
-def _flash_core(fwd_cfg: KernelConfig, bwd_cfg: KernelConfig, q, k, v, qr, bias, fixed, mod=None):
-    """The kernels with their custom VJP; `mod` the score mod's leaves or None."""
+def flash_core(fwd_cfg: KernelConfig, bwd_cfg: KernelConfig, q, k, v, qr, bias, fixed, mod=None):
+    """The kernels with their custom VJP; `mod` the score mod's leaves or None.
+
+    Kernel-level API over `prepare`'s outputs: returns `(o, lse, pr)` and is
+    differentiable in q, k, v, qr, bias and `mod` (the lse's cotangent is ignored)."""
     return _flash_vjp(fwd_cfg, bwd_cfg, q, k, v, qr, bias, fixed, mod)
 
 
 @functools.partial(jax.custom_vjp, nondiff_argnums=(0, 1))
 def _flash_vjp(fwd_cfg: KernelConfig, bwd_cfg: KernelConfig, q, k, v, qr, bias, fixed, mod):
-    ins = _kernel_inputs(q, k, v, qr, bias, fixed, fixed.forward_maps, mod)
+    ins = kernel_inputs(q, k, v, qr, bias, fixed, fixed.forward_maps, mod)
     return _kernels(fwd_cfg)[0](fwd_cfg, ins)
 
 
@@ -185,7 +191,7 @@ def _flash_core_fwd(fwd_cfg, bwd_cfg, q, k, v, qr, bias, fixed, mod):
         lambda p: p.value, (q, k, v, qr, bias, mod, fixed), is_leaf=is_primal
     )
     forward = _kernels(fwd_cfg)[0]
-    ins = _kernel_inputs(q, k, v, qr, bias, fixed, fixed.forward_maps, mod)
+    ins = kernel_inputs(q, k, v, qr, bias, fixed, fixed.forward_maps, mod)
     o, lse, pr = forward(fwd_cfg, ins)
     flag = jnp.zeros((0,), jnp.float32) if want_dbias else None  # static via pytree structure
     mod_flag = jnp.zeros((0,), jnp.float32) if want_dmod else None
@@ -221,7 +227,7 @@ def _flash_core_bwd(fwd_cfg, bwd_cfg, res, cts):
     if pr is not None:
         dpr = dpr.astype(jnp.float32)
         delta = delta + jnp.einsum("BTNR,BTNR->BNT", pr, dpr)
-    ins = _kernel_inputs(q, k, v, qr, bias, fixed, fixed.backward_maps, mod)
+    ins = kernel_inputs(q, k, v, qr, bias, fixed, fixed.backward_maps, mod)
     ins = ins._replace(d_out=do.astype(q.dtype), lse=lse, delta=delta, d_value_mass=dpr)
     _, flash_dq, flash_dkv = _kernels(bwd_cfg)
     if bwd_cfg.backward == "fused":
@@ -362,7 +368,7 @@ def _flash_attention(
         num_warps=num_warps,
         precision=precision,
     )
-    o, lse, pr = _flash_core(
+    o, lse, pr = flash_core(
         pre.fwd_cfg, pre.bwd_cfg, pre.q, pre.k, pre.v, pre.qr, pre.bias, pre.fixed, pre.mod
     )
     out = o[:, :t, :, :hv].astype(jnp.float32)  # [B, T, N, Hv]
