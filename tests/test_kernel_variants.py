@@ -118,6 +118,8 @@ def test_triton_present_selects_triton(monkeypatch):
     assert "tf32x3" in shaw["precision"]
     shaw = kb.kernel_report(8192, 8192, 64, shaw=True, dtype=jnp.bfloat16)
     assert shaw["forward_blocks"] == (64, 64) and shaw["forward_warps"] == 8
+    mod = kb.kernel_report(8192, 8192, 64, score_mod=True, dtype=jnp.bfloat16)
+    assert mod["forward_blocks"] == (128, 64) and mod["backward_blocks"] == (16, 32)
     ieee = kb.kernel_report(8192, 8192, 64, dtype=jnp.float32, precision="ieee")
     assert "IEEE" in ieee["precision"] and ieee["backward_blocks"] == (16, 32)
     assert "Triton kernels" in kb.describe_backend()

@@ -179,6 +179,7 @@ def default_blocks(
     shaw: bool = False,
     head_dim: int = 64,
     dtype="bfloat16",
+    score_mod: bool = False,
 ) -> tuple[tuple[int, int], tuple[int, int]]:
     """Default `((block_q, block_k) forward, (block_q, block_k) backward)`.
 
@@ -189,7 +190,11 @@ def default_blocks(
       <= 64 without Shaw terms, else 32x32: the dk/dv kernels hold two
       `[bk, H]` float32 accumulators and the fused kernel both kernels'
       state, which at 64x64 and head dim 128 (or with the Shaw tiles at any
-      head dim) sit at ptxas's 255-register cap and spill.
+      head dim) sit at ptxas's 255-register cap and spill. With a score mod
+      the bfloat16 backward is 16x32: the dq and fused kernels also hold the
+      mod's vjp on the tile and its params' partial gradient (T5's table
+      through a 32-way select chain spilled 24-844 B at 64x64 and 32x32;
+      ALiBi 4 B in the h128 fused kernel); 16x32 spills none of them.
     - float32 (three TF32 passes on split operands: two copies of each
       operand live): forward 128x64 at head dim <= 64 (32x64 with Shaw
       terms), 32x32 above (16x32 with Shaw terms; a 64x64 tile there asks
@@ -214,7 +219,7 @@ def default_blocks(
         bwd = (16, 32)
     else:
         fwd = (64 if shaw else 128, 64)
-        bwd = (32, 32) if shaw or wide or f32 else (64, 64)
+        bwd = (16, 32) if score_mod else (32, 32) if shaw or wide else (64, 64)
     return (min(fwd[0], cap_t), min(fwd[1], cap_s)), (min(bwd[0], cap_t), min(bwd[1], cap_s))
 
 
@@ -291,6 +296,7 @@ def kernel_report(
     *,
     dtype="bfloat16",
     shaw: bool = False,
+    score_mod: bool = False,
     block_q: int | None = None,
     block_k: int | None = None,
     backward: str = "split",
@@ -303,7 +309,7 @@ def kernel_report(
     matmul precision and the backward variant. Raises `PallasBackendError`
     where the call itself would."""
     backend = resolve_backend(interpret)
-    (fq, fk), (bq, bk) = default_blocks(backend, t, s, shaw, head_dim, dtype)
+    (fq, fk), (bq, bk) = default_blocks(backend, t, s, shaw, head_dim, dtype, score_mod)
     if block_q is not None:
         fq = bq = check_block("block_q", block_q, backend, t)
     if block_k is not None:

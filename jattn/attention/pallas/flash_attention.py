@@ -404,7 +404,7 @@ def prepare(
     _, s, kh, hv = value.shape
     use_qr, use_pr = nf.rel_key is not None, nf.rel_value is not None
     (fwd_block_q, fwd_block_k), (bwd_block_q, bwd_block_k) = default_blocks(
-        backend, t, s, nf.shaw, max(h, hv), query.dtype
+        backend, t, s, nf.shaw, max(h, hv), query.dtype, score_mod=nf.score_mod is not None
     )
     if block_q is not None:
         fwd_block_q = bwd_block_q = check_block("block_q", block_q, backend, t)
