@@ -2,7 +2,8 @@
 
 Every registered scheme (and a toy one registered by this file, as a user's
 would be) must: decode with the KV cache exactly as the full forward pass
-(teacher forcing and greedy), give packed rows the outputs of
+(teacher forcing, greedy, and beam search against the recomputing oracle of
+tests/decode_oracle.py), give packed rows the outputs of
 unpacked ones, be causal in the decoder, see the order of the encoder's
 inputs (unless it declares itself order blind), be shift invariant where it
 declares it (and not where it does not), and name every parameter's logical
@@ -29,6 +30,7 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 import pytest
+from decode_oracle import beam_by_recomputation
 from jax import lax
 
 import jattn
@@ -89,6 +91,10 @@ TINY = dict(
     attention_impl="xla",
 )
 L = 8
+# The decoding checks' shapes: ROWS rows a recomputed full pass (greedy's
+# batch, and the beam oracle's B*W rows in chunks of it: one compile a scheme
+# for both), SOURCE source tokens, STEPS decoded ones.
+ROWS, SOURCE, STEPS = 3, 5, 6
 
 
 @pytest.fixture(scope="module", autouse=True)
@@ -224,21 +230,55 @@ def test_registry_is_the_one_list_of_names():
 def test_cached_decoding_equals_full_recomputation(zoo, case):
     b = zoo[case]
     rng = np.random.default_rng(1)
-    inputs = rng.integers(2, 13, (3, 5)).astype(np.int32)
+    inputs = rng.integers(2, 13, (ROWS, SOURCE)).astype(np.int32)
     inputs[1, 3:] = 0  # a padded source row
-    targets = rng.integers(0, 13, (3, 6)).astype(np.int32)
+    targets = rng.integers(0, 13, (ROWS, STEPS)).astype(np.int32)
     full, cached, greedy = map(np.asarray, b.decode(b.params, inputs, targets))
     np.testing.assert_allclose(cached, full, rtol=1e-5, atol=1e-5)  # teacher forcing
     # Greedy with the cache equals greedy that recomputes the full pass each step.
-    tokens, done = np.zeros((3, 6), np.int32), np.zeros(3, bool)
+    tokens, done = np.zeros((ROWS, STEPS), np.int32), np.zeros(ROWS, bool)
     iseg, ipos = unpacked(inputs)
     tseg, tpos = np.ones_like(tokens), unpacked(tokens)[1]
-    for t in range(6):
+    for t in range(STEPS):
         logits = b.fwd(inputs, tokens, iseg, tseg, ipos, tpos)  # the full pass, recomputed
         nxt = np.where(done, 0, logits[:, t].argmax(-1))
         tokens[:, t] = nxt
         done |= nxt == decoding.EOS
     np.testing.assert_array_equal(greedy, tokens)
+
+
+@pytest.mark.parametrize("case", CASES)
+def test_beam_search_equals_beam_search_by_recomputation(zoo, case):
+    """The KV-cache beam search returns the hypotheses (exactly) and scores
+    (to float32 rounding) of the same search with the full forward pass
+    recomputed at every step (tests/decode_oracle.py); source row 1 is padded."""
+    b = zoo[case]
+    rng = np.random.default_rng(2)
+    inputs = rng.integers(2, 13, (2, SOURCE)).astype(np.int32)
+    inputs[1, 3:] = 0
+    beams, alpha = 3, 0.6
+    seqs = decoding.beam_search(
+        b.model, b.params, inputs, max_length=STEPS, beam_size=beams, alpha=alpha
+    )  # the public entry point; the call below reuses its compiled search
+    _, scores, _ = decoding.beam_search_with_scores(
+        b.model, b.params, jnp.asarray(inputs), jnp.float32(alpha), STEPS, beams
+    )
+
+    def full(params, x, y):
+        """The uncached pass over the B*W rows, every target slot real, ROWS
+        rows a call: the shape the greedy check above compiled."""
+        out = []
+        for r in range(0, x.shape[0], ROWS):
+            xr, yr = x[r : r + ROWS], y[r : r + ROWS]
+            (seg, pos), tpos = unpacked(xr), unpacked(yr)[1]
+            out.append(np.asarray(b.run(params, xr, yr, seg, np.ones_like(yr), pos, tpos)[0]))
+        return np.concatenate(out)
+
+    want, want_scores = beam_by_recomputation(
+        full, b.params, inputs, max_length=STEPS, beam_size=beams, alpha=alpha
+    )
+    np.testing.assert_array_equal(np.asarray(seqs), want)
+    np.testing.assert_allclose(np.asarray(scores), want_scores, rtol=1e-5, atol=1e-5)
 
 
 @pytest.mark.parametrize("case", CASES)
