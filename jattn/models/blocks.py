@@ -140,6 +140,7 @@ class DecoderLayer(nn.Module):
         scheme_state: Any = None,
         cache_index: Array | None = None,
         train: bool = False,
+        cache_positions: Array | None = None,
     ) -> Array | None:
         """One decoder layer in one of `DECODER_MODES`.
 
@@ -157,6 +158,10 @@ class DecoderLayer(nn.Module):
           scheme_state: the scheme's parameters shared by the stack, or None.
           cache_index: int scalar, the slot a step writes.
           train: dropout, attention dropout included (needs a "dropout" rng).
+          cache_positions: int `[B, L]`, the positions of a step's L
+            self-attention cache slots (randomised positions at decoding);
+            None: the slots are at `arange(L)`. With them `segment_ids`
+            must be given (the query's, ones).
 
         Returns:
           `[B, T, D]`; None for "prefill".
@@ -167,6 +172,10 @@ class DecoderLayer(nn.Module):
         cross_attn = Attention(cfg, cross=True, decode=self.decode, name="cross_attention")
         if mode == "prefill":
             return cross_attn(None, encoded, mode="prefill")
+        self_cache = {}  # today's call unchanged where the slots are at arange(L)
+        if cache_positions is not None:
+            slot_segments = jnp.ones(cache_positions.shape, jnp.int32)  # [B, L], every slot real
+            self_cache = dict(cache_positions=cache_positions, cache_segment_ids=slot_segments)
         x = sublayer(
             cfg,
             x,
@@ -181,6 +190,7 @@ class DecoderLayer(nn.Module):
                 scheme_state=scheme_state,
                 cache_index=cache_index,
                 train=train,
+                **self_cache,
             ),
             layer_norm(cfg, "self_attention_norm"),
             train,

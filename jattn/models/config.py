@@ -100,8 +100,14 @@ class TransformerConfig:
       random_positions: Ruoss et al.'s randomised positions: 0 (off), or M:
         in training each segment's positions are a sorted random sample of
         `[0, M)` (M >= every training segment's length), for every scheme.
-      random_positions_eval: also randomise the positions of teacher-forced
-        evaluation (as Ruoss et al. evaluate); decoding keeps plain positions.
+      random_positions_eval: evaluate with random positions too (as Ruoss et
+        al. do), where `random_positions` = M > 0 (without M it changes
+        nothing): the teacher-forced metrics draw each segment's positions
+        as in training, and greedy and beam decoding (the exact-match
+        metrics, `jattn decode`) draw theirs up front per row
+        (`jattn.models.decoding.decoding_positions`), shared by a row's
+        beams; evaluation draws from the fixed key 0. False (the default):
+        evaluation and decoding use plain positions.
       layer_norm_epsilon: epsilon of every layer norm.
       dtype: compute dtype of activations ("float32", "bfloat16", ...).
       param_dtype: dtype of parameters.

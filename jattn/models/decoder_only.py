@@ -42,7 +42,11 @@ per layer `layer_i/self_attention/cached_{key,value}` `[B, L, K, H]`.
 "prefill" runs the stack once over the prompt (the inputs) and writes slots
 0..S-1 (padding slots carry segment 0, so nothing attends to them); each
 "step" then feeds one token (the separator first, as the encoder–decoder's
-first step feeds the start symbol) at slot S + k and position n + k.
+first step feeds the start symbol) at slot S + k and position n + k. With
+randomised positions at decoding (`jattn.models.decoding.decoding_positions`)
+the prefill is given every slot's position up front instead: one sorted
+sample per example for its n prompt tokens, the separator and the decoded
+tokens, so each step's position is known before its token is decoded.
 
 Shapes: B batch, S input length, T target length, L stream / cache length,
 D model width, V vocabulary.
@@ -60,6 +64,7 @@ from jattn.models.axes import constrain
 from jattn.models.blocks import sublayer, vocab_logits
 from jattn.models.config import TransformerConfig
 from jattn.models.inputs import (
+    check_ids,
     check_position_length,
     check_tokens,
     random_positions,
@@ -278,7 +283,10 @@ class DecoderOnly(nn.Module):
             ("step"), None ("prefill").
           mode: "full", "prefill" or "step".
           inputs_segment_ids, targets_segment_ids, inputs_positions,
-            targets_positions: as `Transformer.__call__` ("full" only).
+            targets_positions: as `Transformer.__call__` ("full"); for
+            "prefill" the positions are optional, both or neither: the
+            prompt's `[B, S]` and those of the slots after it `[B, L - S]`
+            (drawn before decoding: randomised positions).
           train: dropout (needs a "dropout" rng).
 
         Returns:
@@ -303,7 +311,7 @@ class DecoderOnly(nn.Module):
                 "(jattn.models.decoding.init_cache)"
             )
         if mode == "prefill":
-            return self._prefill(inputs)
+            return self._prefill(inputs, inputs_positions, targets_positions)
         return self._step(check_tokens("tokens", targets))
 
     # -- modes ---------------------------------------------------------------
@@ -341,9 +349,13 @@ class DecoderOnly(nn.Module):
         x = self._layers(tokens, seg, pos, train, mode="full", visible=visible)  # [B, L, D]
         return self._logits(x[:, s:])
 
-    def _prefill(self, inputs: Array) -> None:
+    def _prefill(self, inputs: Array, prompt_pos=None, after_pos=None) -> None:
         """The prompt's keys/values into slots 0..S-1; the slots' positions and
-        segments for every later step; index S."""
+        segments for every later step; index S.
+
+        The slots' positions are `prompt_pos` `[B, S]` then `after_pos`
+        `[B, L - S]` where given, else the prompt's `arange(S)` and, after
+        it, one a slot from one past the last real prompt token."""
         slot_pos = self.variable("cache", "slot_positions")
         slot_seg = self.variable("cache", "slot_segments")
         b, s = inputs.shape
@@ -356,10 +368,19 @@ class DecoderOnly(nn.Module):
         slots = jnp.arange(length, dtype=jnp.int32)[None, :]  # [1, L]
         offsets = prompt_offsets(inputs)[:, None]  # [B, 1]
         real = jnp.pad((inputs != 0).astype(jnp.int32), ((0, 0), (0, length - s)))
-        slot_pos.value = jnp.where(slots < s, slots, offsets + slots - s).astype(jnp.int32)
         slot_seg.value = jnp.where(slots < s, real, 1).astype(jnp.int32)  # [B, L]
         seg = (inputs != 0).astype(jnp.int32)  # [B, S]
-        pos = jnp.broadcast_to(jnp.arange(s, dtype=jnp.int32), (b, s))
+        if (prompt_pos is None) != (after_pos is None):
+            raise ValueError(
+                "DecoderOnly: prefill takes both positions (the prompt's, after it) or neither"
+            )
+        if prompt_pos is None:
+            slot_pos.value = jnp.where(slots < s, slots, offsets + slots - s).astype(jnp.int32)
+            pos = jnp.broadcast_to(jnp.arange(s, dtype=jnp.int32), (b, s))
+        else:
+            pos = check_ids("inputs_positions", prompt_pos, (b, s))  # [B, S]
+            after = check_ids("targets_positions", after_pos, (b, length - s))  # [B, L - S]
+            slot_pos.value = jnp.concatenate([pos, after], axis=1)  # [B, L]
         visible = (slots < s)[:, None, None, :] if self.config.prefix_lm else None
         self._layers(inputs, seg, pos, False, mode="step", visible=visible, index=0)
         self.variable("cache", "index").value = jnp.asarray(s, jnp.int32)

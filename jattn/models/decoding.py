@@ -36,6 +36,19 @@ the first S slots of every layer's self-attention cache (L = S + max_length
 slots), and step k feeds the previous token (the separator 0 first) at slot
 S + k; beam search tiles the prompt over the beams before the prefill.
 
+Randomised positions (Ruoss et al. 2023; `random_positions` = M with
+`random_positions_eval=True`, or `random_positions=True` here) are drawn
+once per call, before the loop (`decoding_positions`, from the caller's
+`rng`): so every step's position is known before its token is decoded. The
+encoder–decoder's steps are given all L slots' positions (the causal rule
+over these sorted positions hides the slots not yet written); the
+decoder-only prefill stores them as the cache's `slot_positions`. Beam
+search tiles a row's draw over its beams, which so share it. Evaluation
+(`jattn train`'s exact-match metrics, `jattn decode`) passes no rng and gets
+the fixed key 0, the key of the teacher-forced metrics' random positions:
+every evaluation of a run sees the same draw, and a change across steps is
+the model's.
+
 Token 0 is padding and the start symbol; token 1 (`EOS`) ends a sequence.
 Outputs are int32 `[B, max_length]`, with EOS kept and 0 after it.
 
@@ -54,6 +67,7 @@ import jax
 import jax.numpy as jnp
 from jax import lax
 
+from jattn.models.inputs import decoding_positions
 from jattn.models.transformer import Transformer
 
 Array = jax.Array
@@ -64,6 +78,7 @@ __all__ = [
     "beam_search",
     "beam_search_with_scores",
     "decode_step",
+    "decoding_positions",
     "gather_beams",
     "greedy",
     "greedy_search",
@@ -125,31 +140,67 @@ def prefill(model: Transformer, params: Any, encoded: Array, max_length: int) ->
     return variables["cache"]
 
 
-def prefill_prompt(model: Transformer, params: Any, inputs: Array, max_length: int) -> Any:
+def prefill_prompt(
+    model: Transformer,
+    params: Any,
+    inputs: Array,
+    max_length: int,
+    *,
+    positions: tuple[Array, Array] | None = None,
+) -> Any:
     """Decoder-only: the cache for decoding `max_length` steps after the prompt
     `inputs` `[B, S]` (unpacked, 0 = padding): one pass of the stack writes
-    the prompt's keys/values into slots 0..S-1; the index is S."""
+    the prompt's keys/values into slots 0..S-1; the index is S.
+
+    `positions`: None (the prompt at `arange(S)`, the separator one past its
+    last real token), or `(prompt [B, S], after [B, max_length])` from
+    `decoding_positions`, stored as the slots' positions."""
     b, s = inputs.shape
     cache = init_cache(model, b, max_length, source_length=s)
+    given = {} if positions is None else dict(zip(_POSITION_NAMES, positions, strict=True))
     _, variables = model.clone(use_cache=True).apply(
         {"params": _unwrap(params), "cache": cache},
         inputs,
         mutable=["cache"],
         method="prefill_prompt",
+        **given,
     )
     return variables["cache"]
 
 
-def _start(model, params, inputs, max_length: int, cross_cache: bool, beams: int):
+_POSITION_NAMES = ("inputs_positions", "targets_positions")
+
+
+def _decode_positions(model, inputs, max_length: int, rng, random_positions):
+    """The positions a decode call uses: None (plain), or `decoding_positions`
+    where `random_positions` (None: the config's `random_positions_eval`,
+    which acts only with `random_positions` = M > 0, as in teacher forcing)."""
+    cfg = model.config
+    if random_positions is None:
+        random_positions = bool(cfg.random_positions and cfg.random_positions_eval)
+    if not random_positions:
+        return None
+    return decoding_positions(cfg, jax.random.key(0) if rng is None else rng, inputs, max_length)
+
+
+def _start(model, params, inputs, max_length: int, cross_cache: bool, beams: int, positions):
     """The cache before the first step and what every step is given:
-    `(cache, step inputs [B*W, S], step encoded or None)`, W = `beams`."""
+    `(cache, step inputs [B*W, S], decode_step's keyword arguments)`, W =
+    `beams`. `positions` (`decoding_positions`'s, or None) are drawn per
+    source row and tiled over its beams, which so share them."""
     inputs_w = jnp.repeat(inputs, beams, axis=0)  # [B*W, S], row b*W + j
+    tiled = None if positions is None else tuple(jnp.repeat(p, beams, axis=0) for p in positions)
     if model.config.decoder_only:  # decoder-only hook: prefill the prompt, no encoder
-        return prefill_prompt(model, params, inputs_w, max_length), inputs_w, None
-    encoded = model.apply({"params": params}, inputs, method="encode")  # [B, S, D]
+        cache = prefill_prompt(model, params, inputs_w, max_length, positions=tiled)
+        return cache, inputs_w, {}  # the positions are in the cache
+    given = {} if positions is None else {"inputs_positions": positions[0]}
+    encoded = model.apply({"params": params}, inputs, method="encode", **given)  # [B, S, D]
     enc_w = jnp.repeat(encoded, beams, axis=0)  # [B*W, S, D]
     cache = _start_cache(model, params, enc_w, max_length, cross_cache)
-    return cache, inputs_w, None if cross_cache else enc_w
+    step = {"encoded": None if cross_cache else enc_w}
+    if tiled is not None:
+        step.update(zip(_POSITION_NAMES, tiled, strict=True))
+    return cache, inputs_w, step
 
 
 def decode_step(
@@ -160,6 +211,8 @@ def decode_step(
     tokens: Array,
     *,
     encoded: Array | None = None,
+    inputs_positions: Array | None = None,
+    targets_positions: Array | None = None,
 ) -> tuple[Array, Any]:
     """One cached decoder step.
 
@@ -173,10 +226,17 @@ def decode_step(
         encoder outputs `[B, S, D]` to project them again at this step (the
         uncached path, for comparisons; the cross-attention cache is then
         neither read nor written).
+      inputs_positions, targets_positions: encoder–decoder only, int
+        `[B, S]` and `[B, L]`: the positions the source was encoded with and
+        those of the L target slots (`decoding_positions`: randomised
+        positions); None: `arange`. A decoder-only model's are in its cache.
 
     Returns:
       float32 logits `[B, V]` for the next token, and the updated cache.
     """
+    given = {} if inputs_positions is None else {"inputs_positions": inputs_positions}
+    if targets_positions is not None:
+        given["targets_positions"] = targets_positions
     logits, variables = model.clone(use_cache=True).apply(
         {"params": _unwrap(params), "cache": cache},
         inputs,
@@ -184,6 +244,7 @@ def decode_step(
         encoded=encoded,
         mutable=["cache"],
         method="step",
+        **given,
     )
     return logits[:, 0].astype(jnp.float32), variables["cache"]
 
@@ -222,15 +283,21 @@ def _check(model, inputs, max_length: int) -> Array:
 
 @functools.partial(jax.jit, static_argnames=("model", "max_length", "cross_cache"))
 def _greedy(
-    model: Transformer, params, inputs: Array, max_length: int, cross_cache: bool = True
+    model: Transformer,
+    params,
+    inputs: Array,
+    max_length: int,
+    cross_cache: bool = True,
+    positions: tuple[Array, Array] | None = None,
 ) -> tuple[Array, Array]:
     """Greedy tokens `[B, L]` and the number of steps run.
 
     `cross_cache=False` projects the cross-attention keys/values at every step
     (the path before the cache; same tokens, kept for benchmarks and tests).
+    `positions`: `decoding_positions`'s draw, or None (plain positions).
     """
     b = inputs.shape[0]
-    cache, inputs, step_encoded = _start(model, params, inputs, max_length, cross_cache, 1)
+    cache, inputs, step = _start(model, params, inputs, max_length, cross_cache, 1, positions)
 
     def cond(state):
         i, _, _, done, _ = state
@@ -238,9 +305,7 @@ def _greedy(
 
     def body(state):
         i, tokens, last, done, cache = state
-        logits, cache = decode_step(
-            model, params, cache, inputs, last[:, None], encoded=step_encoded
-        )  # [B, V]
+        logits, cache = decode_step(model, params, cache, inputs, last[:, None], **step)  # [B, V]
         nxt = jnp.argmax(logits, axis=-1).astype(jnp.int32)  # [B]
         nxt = jnp.where(done, 0, nxt)
         tokens = lax.dynamic_update_slice(tokens, nxt[:, None], (0, i))
@@ -257,7 +322,15 @@ def _greedy(
     return tokens, steps
 
 
-def greedy(model: Transformer, params: Any, inputs: Array, *, max_length: int) -> Array:
+def greedy(
+    model: Transformer,
+    params: Any,
+    inputs: Array,
+    *,
+    max_length: int,
+    rng: Array | None = None,
+    random_positions: bool | None = None,
+) -> Array:
     """Greedy decoding with the KV cache, stopping once every row has emitted EOS.
 
     Args:
@@ -265,12 +338,18 @@ def greedy(model: Transformer, params: Any, inputs: Array, *, max_length: int) -
       params: its "params" collection (or `{"params": ...}`).
       inputs: int `[B, S]` source tokens, 0 = padding (unpacked rows).
       max_length: number of target tokens to produce at most.
+      rng: the key of the random positions (`decoding_positions`); None: the
+        fixed key 0 (what evaluation uses). Unused with plain positions.
+      random_positions: None: the config's choice (`random_positions_eval`,
+        acting where `random_positions` = M > 0); True: Ruoss et al.'s
+        random positions (an error without M); False: plain positions.
 
     Returns:
       int32 `[B, max_length]`: argmax tokens, EOS included, 0 after EOS.
     """
     inputs = _check(model, inputs, max_length)
-    return _greedy(model, _unwrap(params), inputs, max_length)[0]
+    positions = _decode_positions(model, inputs, max_length, rng, random_positions)
+    return _greedy(model, _unwrap(params), inputs, max_length, True, positions)[0]
 
 
 # -- beam search ---------------------------------------------------------------
@@ -310,7 +389,14 @@ def reorder_cache(cache: Any, origin: Array) -> Any:
 
 @functools.partial(jax.jit, static_argnames=("model", "max_length", "beam_size", "cross_cache"))
 def _beam_search(
-    model, params, inputs, alpha, max_length: int, beam_size: int, cross_cache: bool = True
+    model,
+    params,
+    inputs,
+    alpha,
+    max_length: int,
+    beam_size: int,
+    cross_cache: bool = True,
+    positions: tuple[Array, Array] | None = None,
 ):
     """Best sequences `[B, L]`, their scores `[B]` and the number of steps run.
 
@@ -318,9 +404,11 @@ def _beam_search(
     output tiled over the beams (`[B*W, S, K, H]` a layer): W copies a row,
     which keeps every cache leaf's leading axis B*W and the decoder unaware
     of beams. `cross_cache=False` projects them at every step instead.
+    `positions` (`decoding_positions`'s draw per source row, or None) are
+    tiled over the beams like the encoder output.
     """
     b, w, big_l = inputs.shape[0], beam_size, max_length
-    cache, inputs_w, step_encoded = _start(model, params, inputs, max_length, cross_cache, w)
+    cache, inputs_w, step = _start(model, params, inputs, max_length, cross_cache, w, positions)
     max_penalty = length_penalty(big_l, alpha)
 
     def cond(state):
@@ -334,7 +422,7 @@ def _beam_search(
     def body(state):
         i, live_seqs, live_logp, last, fin_seqs, fin_scores, fin_flags, cache = state
         logits, cache = decode_step(
-            model, params, cache, inputs_w, last.reshape(b * w, 1), encoded=step_encoded
+            model, params, cache, inputs_w, last.reshape(b * w, 1), **step
         )  # [B*W, V]
         v = logits.shape[-1]
         logp = jax.nn.log_softmax(logits).reshape(b, w, v)  # [B, W, V]
@@ -389,6 +477,8 @@ def beam_search(
     max_length: int,
     beam_size: int = 4,
     alpha: float = 0.6,
+    rng: Array | None = None,
+    random_positions: bool | None = None,
 ) -> Array:
     """Beam search with the KV cache and the GNMT length penalty.
 
@@ -403,6 +493,8 @@ def beam_search(
       max_length: most target tokens per hypothesis.
       beam_size: beams per row W.
       alpha: length-penalty exponent (>= 0; 0 = plain log-probability).
+      rng, random_positions: the random positions, as for `greedy`; a row's
+        draw is shared by its beams.
 
     Returns:
       int32 `[B, max_length]`, the best finished hypothesis of each row (the
@@ -416,8 +508,9 @@ def beam_search(
         raise ValueError(f"beam_search: beam_size must be a positive int, got {beam_size!r}")
     if not alpha >= 0:
         raise ValueError(f"beam_search: alpha must be >= 0, got {alpha!r}")
+    positions = _decode_positions(model, inputs, max_length, rng, random_positions)
     seqs, _, _ = _beam_search(
-        model, _unwrap(params), inputs, jnp.float32(alpha), max_length, beam_size
+        model, _unwrap(params), inputs, jnp.float32(alpha), max_length, beam_size, True, positions
     )
     return seqs
 
@@ -425,7 +518,8 @@ def beam_search(
 # The searches behind `greedy` and `beam_search`, for benchmarks and tests: they
 # take unchecked, unboxed params and `max_length` (and `alpha`, `beam_size`)
 # positionally, and `cross_cache` (False projects the cross-attention keys and
-# values at every step, the path before the cache: same outputs); they also
-# return the number of steps run (and the beams' scores).
+# values at every step, the path before the cache: same outputs) and `positions`
+# (`decoding_positions`'s draw, or None: plain); they also return the number of
+# steps run (and the beams' scores).
 greedy_search = _greedy
 beam_search_with_scores = _beam_search

@@ -10,6 +10,8 @@ Shapes: B batch, T length.
 
 from __future__ import annotations
 
+import functools
+
 import jax
 import jax.numpy as jnp
 from jax import lax
@@ -20,6 +22,7 @@ Array = jax.Array
 
 __all__ = [
     "check_ids",
+    "decoding_positions",
     "check_position_length",
     "positions_from_segments",
     "random_positions",
@@ -149,3 +152,63 @@ def random_positions(rng: Array, segment_ids: Array, max_position: int) -> Array
     # The (p+1)-th chosen value v is the number of values whose count is <= p.
     pos = jnp.sum(mine <= offset[..., None], axis=-1).astype(jnp.int32)  # [B, T]
     return jnp.where(segment_ids > 0, pos, 0)
+
+
+def decoding_positions(
+    config: TransformerConfig, rng: Array, inputs: Array, max_length: int
+) -> tuple[Array, Array]:
+    """Ruoss et al.'s randomised positions for decoding `max_length` tokens
+    after `inputs`, drawn up front so that the KV cache knows every step's
+    (`jattn.models.decoding` draws them when it decodes with random positions).
+
+    With M = `config.random_positions`: the encoder–decoder's source row of
+    n real tokens takes a sorted sample of n distinct positions of [0, M)
+    (key `fold_in(rng, 0)`), its L target slots a sorted sample of L
+    (`fold_in(rng, 1)`), step i the i-th. A decoder-only row takes one
+    sorted sample of n + L: the first n for its prompt, the rest for the
+    separator and the L - 1 tokens after it. Padding gets 0 (it is never
+    attended). The same `rng`, inputs and length give the same positions.
+
+    Args:
+      config: the model's config (`random_positions` = M > 0).
+      rng: a PRNG key.
+      inputs: int `[B, S]` source tokens or prompts, padded on the right.
+      max_length: L, the tokens to decode.
+
+    Returns:
+      int32 `(inputs_positions [B, S], targets_positions [B, L])`, each row
+      strictly increasing over its real tokens.
+
+    Raises:
+      ValueError: M is 0, or a row's sample would not fit in [0, M).
+    """
+    m, s = config.random_positions, jnp.shape(inputs)[1]
+    if not m:
+        raise ValueError(
+            "decoding: random positions need TransformerConfig.random_positions=M > 0 (the "
+            "range [0, M) they are drawn from); it is 0"
+        )
+    need = s + max_length if config.decoder_only else max(s, max_length)
+    if need > m:
+        raise ValueError(
+            f"decoding: random positions draw {need} positions a row "
+            f"({'S + max_length' if config.decoder_only else 'max(S, max_length)'}) from "
+            f"[0, random_positions={m})"
+        )
+    return _draw(rng, jnp.asarray(inputs), max_length, m, config.decoder_only)
+
+
+@functools.partial(jax.jit, static_argnums=(2, 3, 4))
+def _draw(rng, inputs, max_length: int, m: int, decoder_only: bool) -> tuple[Array, Array]:
+    """`decoding_positions` once checked (compiled per M and architecture, not per config)."""
+    b, s = inputs.shape
+    real = (inputs != 0).astype(jnp.int32)  # [B, S]
+    if decoder_only:  # one sample of n + L a row: its first n tokens, then the L slots
+        n = jnp.sum(real, axis=1)  # [B]
+        run = jnp.arange(s + max_length)[None, :] < (n + max_length)[:, None]  # [B, S+L]
+        drawn = random_positions(rng, run.astype(jnp.int32), m)  # [B, S+L], sample first
+        after = n[:, None] + jnp.arange(max_length)[None, :]  # [B, L] where the L slots' are
+        return drawn[:, :s] * real, jnp.take_along_axis(drawn, after, axis=1)
+    source = random_positions(jax.random.fold_in(rng, 0), real, m)  # [B, S]
+    after = jnp.ones((b, max_length), jnp.int32)  # [B, L]
+    return source, random_positions(jax.random.fold_in(rng, 1), after, m)  # [B, L]

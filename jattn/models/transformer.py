@@ -29,6 +29,7 @@ from jattn.models.blocks import DECODER_MODES, DecoderLayer, EncoderLayer, vocab
 from jattn.models.config import TransformerConfig
 from jattn.models.decoder_only import DecoderOnly
 from jattn.models.inputs import (
+    check_ids,
     check_position_length,
     check_tokens,
     positions_from_segments,
@@ -161,7 +162,11 @@ class Decoder(nn.Module):
           encoded_segment_ids: int `[B, S]` (0 = padding).
           encoded_positions: int `[B, S]`.
           segment_ids: int `[B, T]` ("full").
-          positions: int `[B, T]` ("full"; a step's is the cache index).
+          positions: int `[B, T]` ("full"). In a step: None (the L cache
+            slots are at `arange(L)`, the query at the cache index), or int
+            `[B, L]`, every slot's position, drawn before decoding
+            (randomised positions); the query's is the one at the index, and
+            the causal rule over these sorted positions hides later slots.
           train: dropout (needs a "dropout" rng).
 
         Returns:
@@ -173,16 +178,22 @@ class Decoder(nn.Module):
             for i in range(cfg.num_layers):
                 DecoderLayer(cfg, decode=True, name=f"layer_{i}")(None, encoded, mode="prefill")
             return None
-        cache_index = None
+        cache_index = slots = None
         if mode == "full":
             y = shift_right(targets, segment_ids)  # [B, T]
             if self.decode and self.is_initializing():
                 self.variable("cache", "index", lambda: jnp.zeros((), jnp.int32))
         else:
             y, cache_index = targets, self._next_index()
-            positions = jnp.full((targets.shape[0], 1), cache_index, jnp.int32)  # the query's
             segment_ids = None
+            if positions is None:  # the slots at arange(L): the query's is the index
+                positions = jnp.full((targets.shape[0], 1), cache_index, jnp.int32)
+            else:  # every slot's position [B, L] given (random positions): the query's
+                slots = positions.astype(jnp.int32)
+                positions = jax.lax.dynamic_slice_in_dim(slots, cache_index, 1, axis=1)
+                segment_ids = jnp.ones_like(positions)  # [B, 1]
             encoded_segment_ids = (encoded_segment_ids != 0).astype(jnp.int32)
+        stepping = {} if slots is None else dict(cache_positions=slots)
         x, state = stack_inputs(self, self.embed, y, positions, train=train, causal=True)
         for i in range(cfg.num_layers):
             x = DecoderLayer(cfg, decode=self.decode, name=f"layer_{i}")(
@@ -196,6 +207,7 @@ class Decoder(nn.Module):
                 scheme_state=state,
                 cache_index=cache_index,
                 train=train,
+                **stepping,
             )
         return self._logits(x)
 
@@ -328,7 +340,15 @@ class Transformer(nn.Module):
             train=train,
         )
 
-    def step(self, inputs: Array, tokens: Array, *, encoded: Array | None = None) -> Array:
+    def step(
+        self,
+        inputs: Array,
+        tokens: Array,
+        *,
+        encoded: Array | None = None,
+        inputs_positions: Array | None = None,
+        targets_positions: Array | None = None,
+    ) -> Array:
         """One cached decoder step: logits `[B, 1, V]` for the token after `tokens`.
 
         Needs `use_cache=True` and a "cache" collection from `prefill` (or a
@@ -343,6 +363,15 @@ class Transformer(nn.Module):
           encoded: None: cross-attention reads the prefilled keys/values
             (Decoder mode "step"). Given (`[B, S, D]`): it projects them again
             (mode "recompute", the uncached path, for comparisons).
+          inputs_positions: int `[B, S]`, the source positions the encoder
+            was run with (default `arange(S)`); cross-attention reads them
+            with `relative_cross`.
+          targets_positions: int `[B, L]`, the position of every one of the L
+            target slots, drawn before decoding (randomised positions,
+            `jattn.models.decoding.decoding_positions`); this step's token
+            takes the one at the cache index. Default: slot i at position i.
+            A decoder-only model keeps its positions in the cache
+            (`prefill_prompt`) and takes neither.
 
         Returns:
           float32 `[B, 1, V]`.
@@ -350,17 +379,26 @@ class Transformer(nn.Module):
         if not self.use_cache:
             raise ValueError("Transformer.step needs use_cache=True")
         if self.config.decoder_only:  # decoder-only hook: the prompt is in the cache
+            if inputs_positions is not None or targets_positions is not None:
+                raise ValueError(
+                    "Transformer.step: a decoder_only model's positions are in its cache; "
+                    "give them to prefill_prompt"
+                )
             return self.decoder(inputs, tokens, mode="step")
         inputs = check_tokens("inputs", inputs)
         tokens = check_tokens("tokens", tokens)
         self._check_encoded(encoded, inputs, tokens)
-        enc_seg, enc_pos = segments_and_positions(inputs, None, None, "inputs")
+        enc_seg, enc_pos = segments_and_positions(inputs, None, inputs_positions, "inputs")
+        if targets_positions is not None:  # [B, L]: every target slot's
+            shape = (tokens.shape[0], jnp.shape(targets_positions)[-1])
+            targets_positions = check_ids("targets_positions", targets_positions, shape)
         return self.decoder(
             encoded,
             tokens,
             mode="step" if encoded is None else "recompute",
             encoded_segment_ids=enc_seg,
             encoded_positions=enc_pos,
+            positions=targets_positions,
         )
 
     def prefill(self, encoded: Array) -> None:
@@ -382,12 +420,24 @@ class Transformer(nn.Module):
             )
         self.decoder(encoded, None, mode="prefill")
 
-    def prefill_prompt(self, inputs: Array) -> None:
+    def prefill_prompt(
+        self,
+        inputs: Array,
+        *,
+        inputs_positions: Array | None = None,
+        targets_positions: Array | None = None,
+    ) -> None:
         """Decoder-only: run the stack over the prompt `inputs` `[B, S]`
         (unpacked, 0 = padding) once and write its keys/values into cache
         slots 0..S-1 (`jattn.models.decoder_only`); the steps that follow
         start with the separator (token 0). Needs `use_cache=True`, a cache
-        from `jattn.models.decoding.init_cache` and `mutable=["cache"]`."""
+        from `jattn.models.decoding.init_cache` and `mutable=["cache"]`.
+
+        `inputs_positions` `[B, S]` and `targets_positions` `[B, L]` (both or
+        neither) are the positions of the prompt's slots and of the L slots
+        after it (the separator, then each decoded token), drawn before
+        decoding (randomised positions); by default the prompt is at
+        `arange(S)` and the separator at one past its last real token."""
         if not self.use_cache:
             raise ValueError("Transformer.prefill_prompt needs use_cache=True")
         if not self.config.decoder_only:
@@ -395,7 +445,13 @@ class Transformer(nn.Module):
                 "Transformer.prefill_prompt is for architecture='decoder_only'; an "
                 "encoder_decoder prefills its encoder output (Transformer.prefill)"
             )
-        self.decoder(inputs, None, mode="prefill")
+        self.decoder(
+            inputs,
+            None,
+            mode="prefill",
+            inputs_positions=inputs_positions,
+            targets_positions=targets_positions,
+        )
 
     def _encoder_decoder_only(self, method: str) -> None:
         """A one-line error for the encoder–decoder's methods on a decoder-only model."""
