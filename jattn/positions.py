@@ -24,7 +24,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from jattn.score_mod import ScoreMod
+from jattn.score_mod import ScoreMod, TileParts, with_tile_parts
 
 Array = jax.Array
 
@@ -736,6 +736,63 @@ def _fire(params, score, batch, head, i, j):
     return score + mlp(params["w1"], params["b1"], params["w2"], params["b2"], x, head)
 
 
+def _fire_views(params, batch, head, i, j):
+    """What FIRE's MLP reads on one Pallas tile: `w1`, `b1`, the head's row
+    `w2[head]`, `b2[head]` and the normalised distance `x` `[bq, bk]`."""
+    c = jax.nn.softplus(params["c"])
+    thr = jax.nn.softplus(params["L"])
+    d = jnp.abs(i - j).astype(jnp.float32)
+    x = jnp.log(c * d + 1.0) / jnp.log(c * jnp.maximum(thr, i.astype(jnp.float32)) + 1.0)
+    return params["w1"], params["b1"], params["w2"][head], params["b2"][head], x
+
+
+def _pick(v: Array, units: Array, h) -> Array:
+    """`v[h]` of a vector without slicing (Triton-safe): a one-hot sum."""
+    return jnp.sum(jnp.where(units == h, v, 0.0))
+
+
+def _fire_core(views):
+    """FIRE's MLP on a tile as a loop over the hidden units (`_fire_units`'s
+    sum, in the same order), for the kernels: one unit's pre-activation is
+    live at a time, and the kernel holds one loop body, not 32 copies."""
+    w1, b1, w2h, b2h, x = views
+    units = jax.lax.broadcasted_iota(jnp.int32, w1.shape, 0)
+
+    def unit(h, out):
+        a = x * _pick(w1, units, h) + _pick(b1, units, h)
+        return out + _pick(w2h, units, h) * jnp.maximum(a, 0.0)
+
+    return jax.lax.fori_loop(0, w1.shape[0], unit, jnp.zeros_like(x) + b2h)
+
+
+def _fire_core_vjp(views, ct):
+    """`_fire_core`'s backward, unit by unit, recomputing each pre-activation
+    (relu's derivative 0 at 0, as jax.nn.relu's): `d w2[head, h] = sum(ct
+    relu(a_h))`, `d a_h = ct w2[head, h] [a_h > 0]`, `d w1[h] = sum(d a_h x)`,
+    `d b1[h] = sum(d a_h)`, `d x = sum_h d a_h w1[h]`, `d b2[head] = sum(ct)`."""
+    w1, b1, w2h, b2h, x = views
+    units = jax.lax.broadcasted_iota(jnp.int32, w1.shape, 0)
+
+    def unit(h, carry):
+        dx, dw1, db1, dw2 = carry
+        w1h = _pick(w1, units, h)
+        a = x * w1h + _pick(b1, units, h)
+        da = jnp.where(a > 0, ct * _pick(w2h, units, h), 0.0)
+        hit = units == h
+        dw2 = dw2 + jnp.where(hit, jnp.sum(ct * jnp.maximum(a, 0.0)), 0.0)
+        dw1 = dw1 + jnp.where(hit, jnp.sum(da * x), 0.0)
+        db1 = db1 + jnp.where(hit, jnp.sum(da), 0.0)
+        return dx + da * w1h, dw1, db1, dw2
+
+    zeros = jnp.zeros_like(w1)
+    init = (jnp.zeros_like(x), zeros, zeros, jnp.zeros_like(w2h))
+    dx, dw1, db1, dw2 = jax.lax.fori_loop(0, w1.shape[0], unit, init)
+    return dw1, db1, dw2, jnp.sum(ct).astype(jnp.result_type(b2h)), dx
+
+
+with_tile_parts(_fire, TileParts(_fire_views, _fire_core, _fire_core_vjp))
+
+
 def fire_score_mod(params: dict):
     """FIRE (Li et al. 2023, "Functional Interpolation for Relative Positions
     Improves Long Context Transformers") as a score mod:
@@ -752,7 +809,10 @@ def fire_score_mod(params: dict):
     static indices (`w1[h]`) and `head` (`w2[head, h]`); no hidden axis is
     added to the tile. With an index-array `head` (xla, chunked) the same
     forward has a hand-written backward made of matmuls over the hidden axis
-    (`_fire_tile_bwd`); a scalar `head` (a Pallas program) gets plain autodiff.
+    (`_fire_tile_bwd`). The Pallas kernels run its `TileParts` instead
+    (`_fire_core`: the units as a loop, with a hand-written backward that
+    recomputes each unit), which keeps the dq kernels' registers from
+    spilling and their compile short (`jattn bench aot`, docs/gpu.md).
 
     Args:
       params: from `init_fire_params` (or trained).

@@ -31,7 +31,7 @@ import jax.numpy as jnp
 
 Array = jax.Array
 
-__all__ = ["ScoreMod", "apply_score_mod"]
+__all__ = ["ScoreMod", "TileParts", "apply_score_mod", "tile_parts", "with_tile_parts"]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -91,3 +91,49 @@ def apply_score_mod(
             f"{list(score.shape)}, got {list(out.shape)}"
         )
     return out.astype(jnp.float32)
+
+
+@dataclasses.dataclass(frozen=True)
+class TileParts:
+    """An optional second form of an additive score mod, for the Pallas kernels.
+
+    `fn(params, score, batch, head, q, kv) == score + core(views(params,
+    batch, head, q, kv))`, where `views` picks what the term reads (written
+    as `fn` is: indexing params, elementwise in the positions; the kernels
+    rewrite and differentiate it like `fn`), and `core` computes the term
+    from those views with its backward `core_vjp` written by hand. The
+    kernels then run `core` and `core_vjp` as written, loops included, so
+    they must be lowerable without the rewrite (no slicing of values: read
+    element `h` of a vector as `sum(where(iota == h, v, 0))`).
+
+    Why: autodiff of a term with many intermediates per logit (FIRE's MLP,
+    one `[bq, bk]` pre-activation per hidden unit) keeps every intermediate
+    of the tile live until the backward reaches it, which spills registers
+    in the dq kernels; a hand-written backward that loops over the units and
+    recomputes each one holds a few tiles only. The xla and chunked paths
+    always call `fn`.
+
+    Attributes:
+      views: `(params, batch, head, q_position, kv_position) -> tuple` of arrays.
+      core: `(views) -> term`, an array of the tile's shape.
+      core_vjp: `(views, ct) -> d_views`, a tuple like `views` (the
+        gradient of `sum(ct * core(views))` with respect to each view).
+    """
+
+    views: Callable[..., tuple]
+    core: Callable[[tuple], Array]
+    core_vjp: Callable[[tuple, Array], tuple]
+
+
+def with_tile_parts(fn: Callable[..., Array], parts: TileParts) -> Callable[..., Array]:
+    """Attach `parts` to `fn` (returned) for the Pallas kernels; `fn` must
+    equal `score + parts.core(parts.views(...))`, which the tests of the
+    mod should check against autodiff."""
+    fn.tile_parts = parts
+    return fn
+
+
+def tile_parts(fn: Callable[..., Array]) -> TileParts | None:
+    """The `TileParts` attached to `fn` by `with_tile_parts`, or None."""
+    parts = getattr(fn, "tile_parts", None)
+    return parts if isinstance(parts, TileParts) else None

@@ -120,9 +120,52 @@ def test_triton_present_selects_triton(monkeypatch):
     assert shaw["forward_blocks"] == (64, 64) and shaw["forward_warps"] == 8
     mod = kb.kernel_report(8192, 8192, 64, score_mod=True, dtype=jnp.bfloat16)
     assert mod["forward_blocks"] == (128, 64) and mod["backward_blocks"] == (16, 32)
+    assert mod["backward_warps"] == 4  # a heavy mod (T5's select chain)
+    light = kb.kernel_report(8192, 8192, 128, score_mod=True, light_mod=True, dtype=jnp.bfloat16)
+    assert light["forward_blocks"] == (64, 64) and light["forward_warps"] == 8
+    assert light["backward_blocks"] == (16, 32) and light["backward_warps"] == 2
     ieee = kb.kernel_report(8192, 8192, 64, dtype=jnp.float32, precision="ieee")
     assert "IEEE" in ieee["precision"] and ieee["backward_blocks"] == (16, 32)
     assert "Triton kernels" in kb.describe_backend()
+
+
+def test_a_score_mods_tiles_and_warps_follow_its_cost():
+    """`prepare` measures a score mod's tile backward (`backward_cost`) and
+    picks its GPU tiles and warps by it (what `jattn bench aot` compiles
+    without bf16 spills, docs/gpu.md): 16x32 backward tiles, 2 warps for a
+    light mod (ALiBi, FIRE's loop), 4 for a heavy one (T5's select chain);
+    at head dim 128 a 64x64 forward with 8 warps."""
+    from jattn import positions
+    from jattn.attention.pallas import score_mod_tiles as smt
+
+    inputs = _qkv(5, 1, 128, 128, 4, 2, 128)
+    q, k, v = (jnp.asarray(inputs[n], jnp.bfloat16) for n in ("query", "key", "value"))
+    mods = {
+        "alibi": positions.alibi_score_mod(positions.alibi_slopes(4), mode="causal"),
+        "fire": positions.fire_score_mod(positions.init_fire_params(jax.random.PRNGKey(0), 4)),
+        "t5": positions.t5_score_mod(jnp.zeros((4, 32)), bidirectional=False),
+    }
+    costs = {}
+    for name, mod in mods.items():
+        pre = fa.prepare(
+            jattn.normalise(q, k, v, is_causal=True, score_mod=mod),
+            block_q=None,
+            block_k=None,
+            backend="gpu",
+        )
+        spec = pre.fwd_cfg.score_mod
+        costs[name] = smt.backward_cost(spec, 16, 32)
+        assert (pre.fwd_cfg.block_q, pre.fwd_cfg.block_k, pre.fwd_cfg.num_warps) == (64, 64, 8)
+        light = costs[name] <= smt.LIGHT_MOD_COST
+        assert (pre.bwd_cfg.block_q, pre.bwd_cfg.block_k) == (16, 32), name
+        assert pre.bwd_cfg.num_warps == (2 if light else 4), name
+    assert costs["alibi"] <= smt.LIGHT_MOD_COST and costs["fire"] <= smt.LIGHT_MOD_COST
+    assert costs["t5"] > smt.LIGHT_MOD_COST
+    # Without a mod, nothing changes: 32x32 backward, 4 warps (head dim 128).
+    pre = fa.prepare(
+        jattn.normalise(q, k, v, is_causal=True), block_q=None, block_k=None, backend="gpu"
+    )
+    assert (pre.bwd_cfg.block_q, pre.bwd_cfg.num_warps, pre.fwd_cfg.block_q) == (32, 4, 128)
 
 
 def test_report_on_cpu_and_bad_options():

@@ -263,6 +263,54 @@ def test_triton_kernels_causal_match_float64(name):
     _compare(got, _reference(inputs, mod, cot, is_causal=True))
 
 
+def test_fire_tile_parts_equal_fn_and_its_autodiff_in_float64():
+    """FIRE's kernel form (`TileParts`: the views, the unit loop and its
+    hand-written backward) is `fn` with the gradient autodiff gives, on a
+    tile with positive and negative pre-activations, in float64."""
+    from jattn.score_mod import tile_parts
+
+    parts = tile_parts(positions.fire_score_mod(MODS["fire"].params).fn)
+    assert parts is not None
+    with jax.enable_x64(True):
+        params = jax.tree.map(lambda x: jnp.asarray(x, jnp.float64), MODS["fire"].params)
+        rng = np.random.default_rng(3)
+        s = jnp.asarray(rng.standard_normal((8, 16)))
+        ct = jnp.asarray(rng.standard_normal((8, 16)))
+        i = jnp.arange(8, dtype=jnp.int32)[:, None] + 5  # [bq, 1]
+        j = jnp.arange(16, dtype=jnp.int32)[None, :]  # [1, bk]
+        head = jnp.asarray(2, jnp.int32)
+
+        def by_parts(p, s):
+            return s + parts.core(parts.views(p, 0, head, i, j))
+
+        fn = lambda p, s: MODS["fire"].fn(p, s, 0, head, i, j)  # noqa: E731
+        np.testing.assert_allclose(by_parts(params, s), fn(params, s), rtol=1e-12, atol=1e-12)
+        views, pull = jax.vjp(lambda p: parts.views(p, 0, head, i, j), params)
+        a = views[4][..., None] * views[0][None, None] + views[1][None, None]  # [bq, bk, hidden]
+        assert np.any(np.asarray(a) > 0) and np.any(np.asarray(a) < 0)
+        (got,) = pull(tuple(parts.core_vjp(views, ct)))
+        want, _ = jax.vjp(fn, params, s)[1](ct)
+        for name in want:
+            np.testing.assert_allclose(got[name], want[name], rtol=1e-10, atol=1e-12, err_msg=name)
+
+
+def test_fire_with_an_odd_hidden_size_falls_back_to_autodiff():
+    """Triton gets a leaf whose size is not a power of two flattened, and
+    FIRE's loop uses `w1` whole: its kernel form is not used (autodiff of
+    `fn` is), and the kernels still match float64."""
+    from jattn.attention.pallas import score_mod_tiles as smt
+
+    params = positions.init_fire_params(jax.random.PRNGKey(4), N_HEADS, hidden=6)
+    params["L"] = jnp.asarray(3.0, jnp.float32)
+    mod = positions.fire_score_mod(params)
+    assert smt.usable_parts(smt.mod_spec(mod, "interpret")[0]) is None
+    assert smt.usable_parts(smt.mod_spec(MODS["fire"], "interpret")[0]) is not None
+    inputs = _causal_inputs()
+    cot = _cot(inputs)
+    got = _pallas(inputs, mod, cot, is_causal=True, backend="interpret")
+    _compare(got, _reference(inputs, mod, cot, is_causal=True))
+
+
 @pytest.mark.parametrize("name", sorted(MODS))
 def test_mosaic_kernels_packed_padded_match_float64(name):
     inputs, mod = _packed_padded_inputs(), _mod(name)

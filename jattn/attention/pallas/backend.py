@@ -148,7 +148,9 @@ def resolve_backend(interpret: bool | None) -> str:
     return "gpu"
 
 
-def default_warps(block_q: int, *, shaw_forward: bool = False) -> int:
+def default_warps(
+    block_q: int, *, shaw_forward: bool = False, mod_forward: bool = False, light_mod: bool = False
+) -> int:
     """Triton warps of a kernel by its tile rows: 4 warps (128 threads)
     cover 64 rows, 8 from 128 rows. jax's reference kernels use 4 below
     128x128 tiles: more warps on a 64-row tile split the rows of the dots
@@ -156,8 +158,15 @@ def default_warps(block_q: int, *, shaw_forward: bool = False) -> int:
     Shaw forward's 64-row tile (bf16) is the exception: it carries the
     `[bq, Rp]` value-term masses and the gathered key-term tile besides the
     output, 255 registers a thread at 4 warps (spilling at head dim 128,
-    `jattn bench aot`), so it gets 8."""
-    return 8 if block_q >= 128 or (shaw_forward and block_q >= 64) else 4
+    `jattn bench aot`), so it gets 8; so does a forward with a score mod
+    (`mod_forward`: FIRE's loop at head dim 128 spilled 96 B at 64x64 with
+    4 warps, none with 8). A light score mod's 16-row backward tiles
+    (`light_mod`, `score_mod_tiles.LIGHT_MOD_COST`) get 2 warps: at 4,
+    ALiBi's dk/dv kernel at head dim 64 spilled 8 B with 96 registers, and
+    none at 2; a heavy one (T5's select chain) keeps 4, where 2 spill."""
+    if block_q >= 128 or ((shaw_forward or mod_forward) and block_q >= 64):
+        return 8
+    return 2 if light_mod and block_q <= 16 else 4
 
 
 # --------------------------------------------------------------------------------------
@@ -194,7 +203,9 @@ def default_blocks(
       the bfloat16 backward is 16x32: the dq and fused kernels also hold the
       mod's vjp on the tile and its params' partial gradient (T5's table
       through a 32-way select chain spilled 24-844 B at 64x64 and 32x32;
-      ALiBi 4 B in the h128 fused kernel); 16x32 spills none of them.
+      ALiBi 4 B in the h128 fused kernel); 16x32 spills none of them. With
+      a score mod at head dim > 64 the bfloat16 forward is 64x64 (8 warps,
+      `default_warps`): FIRE's loop spilled 84 B at 128x64.
     - float32 (three TF32 passes on split operands: two copies of each
       operand live): forward 128x64 at head dim <= 64 (32x64 with Shaw
       terms), 32x32 above (16x32 with Shaw terms; a 64x64 tile there asks
@@ -218,7 +229,7 @@ def default_blocks(
         fwd = ((16, 32) if shaw else (32, 32)) if wide else ((32, 64) if shaw else (128, 64))
         bwd = (16, 32)
     else:
-        fwd = (64 if shaw else 128, 64)
+        fwd = (64 if shaw or (score_mod and wide) else 128, 64)
         bwd = (16, 32) if score_mod else (32, 32) if shaw or wide else (64, 64)
     return (min(fwd[0], cap_t), min(fwd[1], cap_s)), (min(bwd[0], cap_t), min(bwd[1], cap_s))
 
@@ -297,6 +308,7 @@ def kernel_report(
     dtype="bfloat16",
     shaw: bool = False,
     score_mod: bool = False,
+    light_mod: bool = False,
     block_q: int | None = None,
     block_k: int | None = None,
     backward: str = "split",
@@ -306,9 +318,12 @@ def kernel_report(
     """What `implementation="pallas"` would run for query length `t`, key
     length `s` and head dim `head_dim` here: a dict with the backend,
     versions, tile sizes, warps and stages (forward and backward), the
-    matmul precision and the backward variant. Raises `PallasBackendError`
-    where the call itself would."""
+    matmul precision and the backward variant. `score_mod`: a score mod is
+    applied; `light_mod`: and it is light (`score_mod_tiles.backward_cost`
+    at most `LIGHT_MOD_COST`, which the call itself measures). Raises
+    `PallasBackendError` where the call itself would."""
     backend = resolve_backend(interpret)
+    f32 = jnp.dtype(dtype) == jnp.float32
     (fq, fk), (bq, bk) = default_blocks(backend, t, s, shaw, head_dim, dtype, score_mod)
     if block_q is not None:
         fq = bq = check_block("block_q", block_q, backend, t)
@@ -322,8 +337,10 @@ def kernel_report(
         versions=_versions(),
         forward_blocks=(fq, fk),
         backward_blocks=(bq, bk),
-        forward_warps=default_warps(fq, shaw_forward=shaw) if gpu else None,
-        backward_warps=default_warps(bq) if gpu else None,
+        forward_warps=default_warps(fq, shaw_forward=shaw, mod_forward=score_mod) if gpu else None,
+        backward_warps=default_warps(bq, light_mod=score_mod and light_mod and not f32)
+        if gpu
+        else None,
         forward_stages=3 if gpu else None,
         backward_stages=2 if gpu else None,
         precision=matmul_precision_name(dtype, "ieee" if backend == "tpu" else precision),

@@ -532,17 +532,25 @@ def prepare(
         score_mod=spec,
         precision=precision,
     )
+    # A light score mod's 16-bit backward tiles take 2 warps (backend.default_warps).
+    light_mod = (
+        spec is not None
+        and query.dtype != jnp.float32
+        and score_mod_tiles.backward_cost(spec, bwd_block_q, bwd_block_k)
+        <= score_mod_tiles.LIGHT_MOD_COST
+    )
     fwd_cfg = KernelConfig(
         block_q=fwd_block_q,
         block_k=fwd_block_k,
-        num_warps=num_warps or default_warps(fwd_block_q, shaw_forward=nf.shaw),
+        num_warps=num_warps
+        or default_warps(fwd_block_q, shaw_forward=nf.shaw, mod_forward=spec is not None),
         num_stages=3,
         **common,
     )
     bwd_cfg = KernelConfig(
         block_q=bwd_block_q,
         block_k=bwd_block_k,
-        num_warps=num_warps or default_warps(bwd_block_q),
+        num_warps=num_warps or default_warps(bwd_block_q, light_mod=light_mod),
         num_stages=2,
         **common,
     )

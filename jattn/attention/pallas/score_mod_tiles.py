@@ -43,6 +43,7 @@ backend it emulates, so the CPU tests see what a GPU or TPU would.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import importlib
 import math
 from collections.abc import Callable
@@ -53,18 +54,21 @@ import jax.numpy as jnp
 from jax import lax
 from jax.extend import core as jex_core
 
-from jattn.score_mod import ScoreMod
+from jattn.score_mod import ScoreMod, TileParts, tile_parts
 
 Array = jax.Array
 
 __all__ = [
     "ModSpec",
+    "LIGHT_MOD_COST",
     "ScoreModLoweringError",
+    "backward_cost",
     "bind",
     "check_lowerable",
     "kernel_leaves",
     "mod_spec",
     "tile_backward",
+    "usable_parts",
 ]
 
 
@@ -320,41 +324,51 @@ def _eval(name: str, jaxpr, consts, args):
     return [read(v) for v in jaxpr.outvars]
 
 
+def _kernel_views(spec: ModSpec, leaves) -> list:
+    """Kernel-shaped leaves as `fn` sees them: reshaped to their true shapes,
+    or a `FlatLeaf` for a flattened one."""
+    return [
+        FlatLeaf(x, shape, spec.name) if flat else jnp.reshape(x, shape)
+        for x, shape, flat in zip(leaves, spec.shapes, spec.flat, strict=True)
+    ]
+
+
+def _rewritten(spec: ModSpec, func: Callable[..., Any], leaves, *args):
+    """`func(params, *args)` traced at the leaves' true shapes and evaluated
+    with the rewrites (`_eval`) on the kernel-shaped `leaves`; its output tree."""
+
+    def traced(leaves, *args):
+        return func(jax.tree.unflatten(spec.treedef, leaves), *args)
+
+    sds = jax.ShapeDtypeStruct
+    avals = [sds(shape, d) for shape, d in zip(spec.shapes, spec.dtypes, strict=True)]
+    avals = (avals, *(sds(jnp.shape(x), x.dtype) for x in args))
+    closed, out_shapes = jax.make_jaxpr(traced, return_shape=True)(*avals)
+    for c in closed.consts:
+        if jnp.ndim(c) > 0:
+            raise ScoreModLoweringError(
+                f"ScoreMod {spec.name!r} cannot run in the Pallas kernels: fn captures an "
+                f"array constant of shape {list(jnp.shape(c))}; pass it in params instead"
+            )
+    flat_args = jax.tree.leaves((_kernel_views(spec, leaves), *args))
+    outs = _eval(spec.name, closed.jaxpr, closed.consts, flat_args)
+    return jax.tree.unflatten(jax.tree.structure(out_shapes), outs)
+
+
 def lowerable(spec: ModSpec) -> Callable[..., Array]:
     """`f(leaves, s, batch, head, q_pos, kv_pos) -> s`: `spec.fn` on kernel-shaped
     leaves, with value slicing rewritten as one-hot sums (see the module
     docstring). Float32 in and out; the index arrays are int32."""
 
     def f(leaves, s, batch, head, q_pos, kv_pos):
-        leaves = [
-            FlatLeaf(x, shape, spec.name) if flat else jnp.reshape(x, shape)
-            for x, shape, flat in zip(leaves, spec.shapes, spec.flat, strict=True)
-        ]
         args = (
-            leaves,
             s.astype(jnp.float32),
             jnp.asarray(batch, jnp.int32),
             jnp.asarray(head, jnp.int32),
             jnp.asarray(q_pos, jnp.int32),
             jnp.asarray(kv_pos, jnp.int32),
         )
-
-        def traced(leaves, s, batch, head, q_pos, kv_pos):
-            params = jax.tree.unflatten(spec.treedef, leaves)
-            return spec.fn(params, s, batch, head, q_pos, kv_pos)
-
-        # Traced at the leaves' true shapes (a flat leaf is no array).
-        sds = jax.ShapeDtypeStruct
-        avals = [sds(shape, d) for shape, d in zip(spec.shapes, spec.dtypes, strict=True)]
-        avals = (avals, *(sds(jnp.shape(x), x.dtype) for x in args[1:]))
-        closed = jax.make_jaxpr(traced)(*avals)
-        for c in closed.consts:
-            if jnp.ndim(c) > 0:
-                raise ScoreModLoweringError(
-                    f"ScoreMod {spec.name!r} cannot run in the Pallas kernels: fn captures an "
-                    f"array constant of shape {list(jnp.shape(c))}; pass it in params instead"
-                )
-        (out,) = _eval(spec.name, closed.jaxpr, closed.consts, jax.tree.leaves(args))
+        out = _rewritten(spec, spec.fn, leaves, *args)
         out = jnp.asarray(out)
         if out.shape != s.shape:
             raise ValueError(
@@ -375,13 +389,52 @@ def bind(spec: ModSpec, leaves, batch, head, q_pos: Array, kv_pos: Array) -> Cal
       batch, head: int32 scalars of the program.
       q_pos, kv_pos: int32 `[bq, 1]`, `[1, bk]` positions of the tile.
     """
-    f = lowerable(spec)
+    index = (
+        jnp.asarray(batch, jnp.int32),
+        jnp.asarray(head, jnp.int32),
+        jnp.asarray(q_pos, jnp.int32),
+        jnp.asarray(kv_pos, jnp.int32),
+    )
+    parts = usable_parts(spec)
+    if parts is None:
+        f = lowerable(spec)
 
-    def mod(s, leaves=leaves):
-        return f(leaves, s, batch, head, q_pos, kv_pos)
+        def mod(s, leaves=leaves):
+            return f(leaves, s, *index)
+
+    else:
+
+        def mod(s, leaves=leaves):
+            views = _rewritten(spec, parts.views, leaves, *index)
+            return s.astype(jnp.float32) + parts.core(views).astype(jnp.float32)
 
     mod.leaves = tuple(leaves)
+    mod.index = index
     return mod
+
+
+def usable_parts(spec: ModSpec) -> TileParts | None:
+    """The mod's `TileParts` when the kernels can use them: attached to `fn`,
+    and no flattened leaf (`FlatLeaf`, Triton's non-power-of-two leaves) is
+    among the views, which `core` would use whole. Else None: `fn` with
+    autodiff."""
+    parts = tile_parts(spec.fn)
+    if parts is None or not any(spec.flat):
+        return parts
+    sds = jax.ShapeDtypeStruct
+    probe = jax.make_jaxpr(
+        lambda leaves: parts.views(
+            jax.tree.unflatten(spec.treedef, leaves),
+            0,
+            0,
+            jnp.zeros((1, 1), jnp.int32),
+            jnp.zeros((1, 1), jnp.int32),
+        )
+    )
+    closed = probe([sds(sh, d) for sh, d in zip(spec.shapes, spec.dtypes, strict=True)])
+    whole = {v for v in closed.jaxpr.outvars if v in set(closed.jaxpr.invars)}
+    flat_vars = {v for v, f in zip(closed.jaxpr.invars, spec.flat, strict=True) if f}
+    return None if whole & flat_vars else parts
 
 
 def tile_backward(
@@ -405,6 +458,24 @@ def tile_backward(
     """
     diff = spec.differentiable if with_params else (False,) * len(mod.leaves)
     wrt = tuple(x for x, d in zip(mod.leaves, diff, strict=True) if d)
+    parts = usable_parts(spec)
+    if parts is not None:  # additive: the score's gradient passes through
+        if not with_params:
+            return ds, None
+
+        def views_of(wrt_leaves):
+            it = iter(wrt_leaves)
+            leaves = tuple(next(it) if d else x for x, d in zip(mod.leaves, diff, strict=True))
+            return tuple(_rewritten(spec, parts.views, leaves, *mod.index))
+
+        views, pull = jax.vjp(views_of, wrt)
+        d_views = tuple(
+            jnp.asarray(g).astype(v.dtype)
+            for g, v in zip(parts.core_vjp(views, ds), views, strict=True)
+        )
+        (d_wrt,) = pull(d_views)
+        it = iter(d_wrt)
+        return ds, tuple(next(it).astype(jnp.float32) if d else None for d in diff)
 
     def f(wrt_leaves, s):
         it = iter(wrt_leaves)
@@ -453,6 +524,32 @@ def _primitives(jaxpr, found: set[str]) -> set[str]:
 
 
 _ALWAYS_OK = {"pjit", "jit", "custom_jvp_call", "stop_gradient"}
+
+
+# A mod whose traced tile backward has at most this many tile-valued
+# operations is "light" (`backward.default_warps`): ALiBi 8, softcap 14,
+# FIRE's loop 14, KERPLE 15, against T5's select chain 237 and Shaw's bias 232.
+LIGHT_MOD_COST = 64
+
+
+@functools.lru_cache(maxsize=64)
+def backward_cost(spec: ModSpec, block_q: int, block_k: int) -> int:
+    """Tile-valued operations of the mod's backward on a `[block_q, block_k]`
+    tile, the params' gradient included (top level: a loop body counts
+    once): a proxy for how many tiles its vjp keeps live in the dq kernels,
+    which decides their warps (`LIGHT_MOD_COST`)."""
+    sds = jax.ShapeDtypeStruct
+    leaves = tuple(sds(s, d) for s, d in zip(spec.kernel_shapes, spec.dtypes, strict=True))
+    tile = sds((block_q, block_k), jnp.float32)
+    i32 = lambda shape: sds(shape, jnp.int32)  # noqa: E731
+    idx = (i32(()), i32(()), i32((block_q, 1)), i32((1, block_k)))
+
+    def backward(leaves, s, ds, *idx):
+        return tile_backward(spec, bind(spec, leaves, *idx), s, ds, with_params=spec.grad)
+
+    jaxpr = jax.make_jaxpr(backward)(leaves, tile, tile, *idx).jaxpr
+    shape = (block_q, block_k)
+    return sum(1 for e in jaxpr.eqns for v in e.outvars if tuple(v.aval.shape) == shape)
 
 
 def check_lowerable(spec: ModSpec, backend: str, block_q: int, block_k: int) -> None:
