@@ -314,7 +314,12 @@ def cuda_target(device_kind: str = H100_KIND, num_cores: int = 132):
     device = jax.sharding.AbstractDevice(
         device_kind=device_kind, num_cores=num_cores, platform="cuda"
     )
-    mesh = jax.sharding.AbstractMesh((1,), ("cuda_target",), abstract_device=device)
+    # Auto, not the default Explicit: under an explicit mesh jax 0.12 gives
+    # traced values a sharding, and its Triton lowering of a reduction then
+    # keeps the input's spec for a lower-rank output (a score mod's params
+    # gradient) and fails.
+    auto = (jax.sharding.AxisType.Auto,)
+    mesh = jax.sharding.AbstractMesh((1,), ("cuda_target",), auto, abstract_device=device)
     return jax.sharding.use_abstract_mesh(mesh)
 
 
