@@ -21,12 +21,12 @@ import numpy as np
 import pytest
 from decode_oracle import beam_by_recomputation
 from jax import lax
+from model_params import fill_params
 
 from jattn.models import (
     SCHEMES,
     Transformer,
     TransformerConfig,
-    abstract_params,
     architecture_counts,
     architecture_line,
     count_params,
@@ -53,20 +53,6 @@ TINY = dict(
 )
 B, S, L, W = 3, 5, 6, 3  # batch, input length, decoded length, beams
 ALPHA = 0.6
-
-
-def fill_params(config: TransformerConfig, seed: int) -> dict:
-    """Random parameters drawn on the host (larger than init's, so that the
-    logits are far from ties)."""
-    rng = np.random.default_rng(seed)
-
-    def draw(path, leaf):
-        x = rng.normal(size=leaf.shape)
-        if path[-1].key == "scale":
-            return jnp.asarray(1.0 + 0.1 * x, leaf.dtype)
-        return jnp.asarray(0.5 * x, leaf.dtype)
-
-    return jax.tree_util.tree_map_with_path(draw, abstract_params(config))
 
 
 def full_logits(model, params, inputs, targets):

@@ -18,11 +18,11 @@ import numpy as np
 import optax
 import pytest
 from jax import lax
+from model_params import fill_params
 
 from jattn.models import (
     Transformer,
     TransformerConfig,
-    abstract_params,
     decoding,
     shift_right,
 )
@@ -42,20 +42,6 @@ TINY = dict(
     attention_impl="xla",
 )
 B, S, L = 3, 5, 6
-
-
-def fill_params(config: TransformerConfig, seed: int) -> dict:
-    """Generic random parameters drawn on the host (compiling `init` per scheme
-    costs seconds; tests/test_models.py checks the real initialiser)."""
-    rng = np.random.default_rng(seed)
-
-    def draw(path, leaf):
-        x = rng.normal(size=leaf.shape)
-        if path[-1].key == "scale":
-            return jnp.asarray(1.0 + 0.1 * x, leaf.dtype)
-        return jnp.asarray(0.5 * x, leaf.dtype)
-
-    return jax.tree_util.tree_map_with_path(draw, abstract_params(config))
 
 
 def full_logits(model, params, inputs, targets):

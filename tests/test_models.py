@@ -12,6 +12,7 @@ an encoder pass only once.
 from __future__ import annotations
 
 import dataclasses
+import functools
 
 import flax.linen as nn
 import jax
@@ -19,6 +20,7 @@ import jax.numpy as jnp
 import ml_collections
 import numpy as np
 import pytest
+from model_params import fill_params as _fill
 
 from jattn.models import (
     SCHEMES as REGISTRY,
@@ -68,23 +70,8 @@ def tiny(position: str, **overrides) -> TransformerConfig:
     return TransformerConfig(**{**TINY, "position": position, **overrides})
 
 
-def fill_params(config: TransformerConfig, seed: int) -> dict:
-    """Random parameters of the right structure, drawn on the host.
-
-    Compiling `model.init` costs seconds per scheme on the CPU (threefry for
-    every parameter); these tests only need generic weights, so they fill the
-    abstract parameter tree with numpy draws. `test_real_init_matches_structure`
-    checks the real initialiser against the same structure.
-    """
-    rng = np.random.default_rng(seed)
-
-    def draw(path, leaf):
-        x = rng.normal(size=leaf.shape)
-        if path[-1].key == "scale":  # layer norm gains near 1
-            return jnp.asarray(1.0 + 0.1 * x, leaf.dtype)
-        return jnp.asarray(0.3 * x, leaf.dtype)
-
-    return jax.tree_util.tree_map_with_path(draw, abstract_params(config, length=L))
+# Smaller weights than the default (0.3) and the tests' length.
+fill_params = functools.partial(_fill, scale=0.3, length=L)
 
 
 @dataclasses.dataclass

@@ -28,8 +28,9 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 from jax import lax
+from model_params import fill_params
 
-from jattn.models import SCHEMES, Transformer, TransformerConfig, abstract_params, decoding
+from jattn.models import SCHEMES, Transformer, TransformerConfig, decoding
 from jattn.models.transformer import shift_right
 
 M = 32  # positions are drawn from [0, M)
@@ -58,19 +59,6 @@ def config_of(position: str, architecture: str, **overrides) -> TransformerConfi
     return TransformerConfig(
         **{**TINY, "position": position, "architecture": architecture, **overrides}
     )
-
-
-def fill_params(config: TransformerConfig, seed: int) -> dict:
-    """Generic random parameters on the host (compiling `init` per scheme is slow)."""
-    rng = np.random.default_rng(seed)
-
-    def draw(path, leaf):
-        x = rng.normal(size=leaf.shape)
-        if path[-1].key == "scale":
-            return jnp.asarray(1.0 + 0.1 * x, leaf.dtype)
-        return jnp.asarray(0.5 * x, leaf.dtype)
-
-    return jax.tree_util.tree_map_with_path(draw, abstract_params(config))
 
 
 def source(seed: int) -> np.ndarray:

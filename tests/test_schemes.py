@@ -22,6 +22,7 @@ scheme and purpose (the `zoo` fixture).
 from __future__ import annotations
 
 import dataclasses
+import functools
 import pathlib
 
 import flax.linen as nn
@@ -32,10 +33,11 @@ import optax
 import pytest
 from decode_oracle import beam_by_recomputation
 from jax import lax
+from model_params import fill_params as _fill
 
 import jattn
 from jattn import positions as pos_lib
-from jattn.models import SCHEMES, Transformer, TransformerConfig, abstract_params, decoding
+from jattn.models import SCHEMES, Transformer, TransformerConfig, decoding
 from jattn.models.axes import AXIS_NAMES, param
 from jattn.models.inputs import random_positions
 from jattn.models.layers import Attention
@@ -110,17 +112,8 @@ def config_of(case: str, **overrides) -> TransformerConfig:
     return TransformerConfig(**{**TINY, **kw, **overrides})
 
 
-def fill_params(config: TransformerConfig, seed: int) -> dict:
-    """Generic random parameters on the host (compiling `init` per scheme is slow)."""
-    rng = np.random.default_rng(seed)
-
-    def draw(path, leaf):
-        x = rng.normal(size=leaf.shape)
-        if path[-1].key == "scale":
-            return jnp.asarray(1.0 + 0.1 * x, leaf.dtype)
-        return jnp.asarray(0.3 * x, leaf.dtype)
-
-    return jax.tree_util.tree_map_with_path(draw, abstract_params(config, length=L))
+# Smaller weights than the default (0.3) and the tests' length.
+fill_params = functools.partial(_fill, scale=0.3, length=L)
 
 
 @dataclasses.dataclass
