@@ -19,7 +19,12 @@ Evaluation decodes with plain positions (the config's default,
 ones, which `--config.train.model.random_positions_eval=true` gives for the
 teacher-forced metrics and for greedy and beam decoding alike.
 
-36 runs of 800 steps: about 20 minutes on 2 CPU cores. The report gives,
+36 runs of 800 steps: estimated at about 20 minutes on 2 CPU cores, but not
+met. The first full run took 30 min 17 s with other jobs on the machine, and
+the random arm alone (18 runs) took 19 min 8 s on the quiet machine: a
+randomised run trains at about half a plain run's steps per second. At 800
+steps the randomised runs have not learned the training lengths yet
+(validation 0.16-0.82; README, "Randomised positions"). The report gives,
 per group, the mean exact match with a 95% interval over the seeds and each
 run's k/N with a Wilson interval. `:arg`: "" (the grid), "tiny" (two
 schemes, one seed, a few steps: the tests).
