@@ -22,7 +22,8 @@ teacher-forced metrics and for greedy and beam decoding alike.
 36 runs of 800 steps: estimated at about 20 minutes on 2 CPU cores, but not
 met. The first full run took 30 min 17 s with other jobs on the machine, and
 the random arm alone (18 runs) took 19 min 8 s on the quiet machine: a
-randomised run trains at about half a plain run's steps per second. At 800
+randomised run trains at about 0.4x a plain run's steps per second (RoPE seed 0:
+4.9 against 13.0 steps/s; not explained yet). At 800
 steps the randomised runs have not learned the training lengths yet
 (validation 0.16-0.82; README, "Randomised positions"). The report gives,
 per group, the mean exact match with a 95% interval over the seeds and each
