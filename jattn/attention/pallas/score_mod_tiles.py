@@ -413,11 +413,12 @@ def bind(spec: ModSpec, leaves, batch, head, q_pos: Array, kv_pos: Array) -> Cal
     return mod
 
 
+@functools.lru_cache(maxsize=64)
 def usable_parts(spec: ModSpec) -> TileParts | None:
     """The mod's `TileParts` when the kernels can use them: attached to `fn`,
     and no flattened leaf (`FlatLeaf`, Triton's non-power-of-two leaves) is
     among the views, which `core` would use whole. Else None: `fn` with
-    autodiff."""
+    autodiff. Cached: every tile's `bind` and `tile_backward` asks."""
     parts = tile_parts(spec.fn)
     if parts is None or not any(spec.flat):
         return parts
@@ -533,21 +534,34 @@ LIGHT_MOD_COST = 64
 
 
 @functools.lru_cache(maxsize=64)
-def backward_cost(spec: ModSpec, block_q: int, block_k: int) -> int:
-    """Tile-valued operations of the mod's backward on a `[block_q, block_k]`
-    tile, the params' gradient included (top level: a loop body counts
-    once): a proxy for how many tiles its vjp keeps live in the dq kernels,
-    which decides their warps (`LIGHT_MOD_COST`)."""
+def _tile_jaxprs(spec: ModSpec, block_q: int, block_k: int):
+    """The mod's forward and backward (the params' gradient included when
+    `spec.grad`) traced on one `[block_q, block_k]` tile, after the rewrite:
+    what `check_lowerable` and `backward_cost` read (traced once for both)."""
     sds = jax.ShapeDtypeStruct
     leaves = tuple(sds(s, d) for s, d in zip(spec.kernel_shapes, spec.dtypes, strict=True))
     tile = sds((block_q, block_k), jnp.float32)
     i32 = lambda shape: sds(shape, jnp.int32)  # noqa: E731
     idx = (i32(()), i32(()), i32((block_q, 1)), i32((1, block_k)))
 
+    def forward(leaves, s, *idx):
+        return bind(spec, leaves, *idx)(s)
+
     def backward(leaves, s, ds, *idx):
         return tile_backward(spec, bind(spec, leaves, *idx), s, ds, with_params=spec.grad)
 
-    jaxpr = jax.make_jaxpr(backward)(leaves, tile, tile, *idx).jaxpr
+    return (
+        jax.make_jaxpr(forward)(leaves, tile, *idx),
+        jax.make_jaxpr(backward)(leaves, tile, tile, *idx),
+    )
+
+
+def backward_cost(spec: ModSpec, block_q: int, block_k: int) -> int:
+    """Tile-valued operations of the mod's backward on a `[block_q, block_k]`
+    tile, the params' gradient included (top level: a loop body counts
+    once): a proxy for how many tiles its vjp keeps live in the dq kernels,
+    which decides their warps (`LIGHT_MOD_COST`)."""
+    jaxpr = _tile_jaxprs(spec, block_q, block_k)[1].jaxpr
     shape = (block_q, block_k)
     return sum(1 for e in jaxpr.eqns for v in e.outvars if tuple(v.aval.shape) == shape)
 
@@ -559,22 +573,7 @@ def check_lowerable(spec: ModSpec, backend: str, block_q: int, block_k: int) -> 
     leaf whose size is not a power of two may only be indexed (`FlatLeaf`)."""
     triton = backend in ("gpu", "interpret")
     family = "Triton" if triton else "Mosaic (TPU)"
-    sds = jax.ShapeDtypeStruct
-    leaves = tuple(sds(s, d) for s, d in zip(spec.kernel_shapes, spec.dtypes, strict=True))
-    tile = sds((block_q, block_k), jnp.float32)
-    i32 = lambda shape: sds(shape, jnp.int32)  # noqa: E731
-    mod_args = (i32(()), i32(()), i32((block_q, 1)), i32((1, block_k)))
-
-    def forward(leaves, s, *idx):
-        return bind(spec, leaves, *idx)(s)
-
-    def backward(leaves, s, ds, *idx):
-        return tile_backward(spec, bind(spec, leaves, *idx), s, ds, with_params=spec.grad)
-
-    jaxprs = [
-        jax.make_jaxpr(forward)(leaves, tile, *mod_args),
-        jax.make_jaxpr(backward)(leaves, tile, tile, *mod_args),
-    ]
+    jaxprs = _tile_jaxprs(spec, block_q, block_k)
     rules = _rule_names(backend)
     if rules is None:
         return
