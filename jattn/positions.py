@@ -727,11 +727,16 @@ def _fire_tile_bwd(res, ct):
 _fire_tile.defvjp(_fire_tile_fwd, _fire_tile_bwd)
 
 
-def _fire(params, score, batch, head, i, j):
+def _fire_input(params, i, j):
+    """FIRE's MLP input `ψ(|i - j|) / ψ(max(L, i))`, `ψ(x) = log(c x + 1)`."""
     c = jax.nn.softplus(params["c"])
     thr = jax.nn.softplus(params["L"])
     d = jnp.abs(i - j).astype(jnp.float32)
-    x = jnp.log(c * d + 1.0) / jnp.log(c * jnp.maximum(thr, i.astype(jnp.float32)) + 1.0)
+    return jnp.log(c * d + 1.0) / jnp.log(c * jnp.maximum(thr, i.astype(jnp.float32)) + 1.0)
+
+
+def _fire(params, score, batch, head, i, j):
+    x = _fire_input(params, i, j)
     mlp = _fire_units if jnp.ndim(head) == 0 else _fire_tile  # a Pallas program, or all heads
     return score + mlp(params["w1"], params["b1"], params["w2"], params["b2"], x, head)
 
@@ -739,10 +744,7 @@ def _fire(params, score, batch, head, i, j):
 def _fire_views(params, batch, head, i, j):
     """What FIRE's MLP reads on one Pallas tile: `w1`, `b1`, the head's row
     `w2[head]`, `b2[head]` and the normalised distance `x` `[bq, bk]`."""
-    c = jax.nn.softplus(params["c"])
-    thr = jax.nn.softplus(params["L"])
-    d = jnp.abs(i - j).astype(jnp.float32)
-    x = jnp.log(c * d + 1.0) / jnp.log(c * jnp.maximum(thr, i.astype(jnp.float32)) + 1.0)
+    x = _fire_input(params, i, j)
     return params["w1"], params["b1"], params["w2"][head], params["b2"][head], x
 
 
