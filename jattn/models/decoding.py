@@ -157,18 +157,16 @@ def prefill_prompt(
     `decoding_positions`, stored as the slots' positions."""
     b, s = inputs.shape
     cache = init_cache(model, b, max_length, source_length=s)
-    given = {} if positions is None else dict(zip(_POSITION_NAMES, positions, strict=True))
+    prompt, after = (None, None) if positions is None else positions
     _, variables = model.clone(use_cache=True).apply(
         {"params": _unwrap(params), "cache": cache},
         inputs,
         mutable=["cache"],
         method="prefill_prompt",
-        **given,
+        inputs_positions=prompt,
+        targets_positions=after,
     )
     return variables["cache"]
-
-
-_POSITION_NAMES = ("inputs_positions", "targets_positions")
 
 
 def _decode_positions(model, inputs, max_length: int, rng, random_positions):
@@ -193,13 +191,15 @@ def _start(model, params, inputs, max_length: int, cross_cache: bool, beams: int
     if model.config.decoder_only:  # decoder-only hook: prefill the prompt, no encoder
         cache = prefill_prompt(model, params, inputs_w, max_length, positions=tiled)
         return cache, inputs_w, {}  # the positions are in the cache
-    given = {} if positions is None else {"inputs_positions": positions[0]}
-    encoded = model.apply({"params": params}, inputs, method="encode", **given)  # [B, S, D]
+    source = None if positions is None else positions[0]
+    encoded = model.apply(
+        {"params": params}, inputs, method="encode", inputs_positions=source
+    )  # [B, S, D]
     enc_w = jnp.repeat(encoded, beams, axis=0)  # [B*W, S, D]
     cache = _start_cache(model, params, enc_w, max_length, cross_cache)
     step = {"encoded": None if cross_cache else enc_w}
     if tiled is not None:
-        step.update(zip(_POSITION_NAMES, tiled, strict=True))
+        step.update(inputs_positions=tiled[0], targets_positions=tiled[1])
     return cache, inputs_w, step
 
 
@@ -234,9 +234,6 @@ def decode_step(
     Returns:
       float32 logits `[B, V]` for the next token, and the updated cache.
     """
-    given = {} if inputs_positions is None else {"inputs_positions": inputs_positions}
-    if targets_positions is not None:
-        given["targets_positions"] = targets_positions
     logits, variables = model.clone(use_cache=True).apply(
         {"params": _unwrap(params), "cache": cache},
         inputs,
@@ -244,7 +241,8 @@ def decode_step(
         encoded=encoded,
         mutable=["cache"],
         method="step",
-        **given,
+        inputs_positions=inputs_positions,
+        targets_positions=targets_positions,
     )
     return logits[:, 0].astype(jnp.float32), variables["cache"]
 
