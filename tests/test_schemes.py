@@ -450,6 +450,25 @@ def test_random_positions_are_a_sorted_sample_per_segment():
     assert not (draws[:, 0, :3] == draws[:, 0, 3:6]).all()  # segments drawn independently
 
 
+def test_random_positions_draw_every_subset_equally_often():
+    """Exactly uniform n-subsets, not only the right order-statistic means: the
+    10 subsets of 2 of [0, 5) over 4,000 draws pass a chi-square test (9 degrees
+    of freedom, 0.1% level 27.9), a segment as long as M takes all of [0, M), and
+    a long M still gives each of n tokens a distinct position."""
+    seg = jnp.asarray([[1, 1, 0, 2, 2, 2, 2, 2]], jnp.int32)
+    draws = np.asarray(
+        jax.vmap(lambda k: random_positions(k, seg, 5))(jax.random.split(jax.random.key(0), 4000))
+    )[:, 0]  # [draws, T]
+    pairs = draws[:, 0] * 5 + draws[:, 1]
+    counts = np.array([(pairs == a * 5 + b).sum() for a in range(5) for b in range(a + 1, 5)])
+    assert counts.sum() == 4000  # every draw a sorted pair of distinct values
+    chi2 = ((counts - 400.0) ** 2 / 400.0).sum()
+    assert chi2 < 27.9, counts
+    assert (draws[:, 3:] == np.arange(5)).all()  # n = M: the whole range, in order
+    long = np.asarray(random_positions(jax.random.key(1), jnp.ones((2, 64), jnp.int32), 1 << 20))
+    assert (np.diff(long, axis=1) > 0).all() and long.max() < 1 << 20
+
+
 def test_random_positions_in_training_plain_in_evaluation():
     plain_cfg = config_of("sinusoidal", dropout_rate=0.0)
     cfg = plain_cfg.replace(random_positions=32)
@@ -553,4 +572,18 @@ def test_every_scheme_is_a_config_variant_that_checks():
     config = load_config(f"{spec}:rope")
     config.model.random_positions = 32  # below the 64-token rows
     with pytest.raises(ConfigError, match="random_positions=32 must be >= max_len=64"):
+        check_config(config)
+    # A decoder-only example is one segment of inputs and targets, and with
+    # random_positions_eval evaluation and decoding draw too.
+    config.model.random_positions = 100
+    check_config(config)
+    config.model.architecture = "decoder_only"
+    too_short = "random_positions=100 must be >= max_input_len \\+ max_len=128"
+    with pytest.raises(ConfigError, match=too_short):
+        check_config(config)
+    config.model.random_positions = 128
+    check_config(config)
+    config.eval_max_len = 100
+    config.model.random_positions_eval = True
+    with pytest.raises(ConfigError, match="eval_max_input_len \\+ eval_max_len=132"):
         check_config(config)

@@ -494,11 +494,8 @@ def check_config(config: ml_collections.ConfigDict) -> None:
         )
     _check_seeds(config)
     model = build_model_config(config)  # unknown model keys and the model's own checks
-    if model.random_positions and model.random_positions < config.max_len:
-        raise ConfigError(
-            f"model.random_positions={model.random_positions} must be >= max_len="
-            f"{config.max_len}: a segment's positions are a sample of [0, random_positions)"
-        )
+    if model.random_positions:
+        _check_random_positions(config, model)
     if model.max_position is not None:
         # The scheme supports model.max_position positions (a learned table's
         # rows): every row length must fit it.
@@ -515,6 +512,35 @@ def check_config(config: ml_collections.ConfigDict) -> None:
                 f"model.position={model.position!r} has model.max_len={model.max_position} "
                 f"positions, but {name} resolves to {longest}: raise model.max_len"
             )
+
+
+def _check_random_positions(config: ml_collections.ConfigDict, model) -> None:
+    """Every segment a run draws random positions for fits in [0, M).
+
+    A segment of n tokens takes n distinct positions of [0, M), so n > M
+    cannot be drawn (in a jitted step it would repeat positions silently). A
+    decoder-only example is one segment of its input and target tokens; with
+    `random_positions_eval` evaluation and decoding draw them too.
+    """
+    train_in, eval_in = input_lengths(config)
+    decode_len = config.decode_max_len or config.eval_max_len
+    if model.decoder_only:
+        needs = {"max_input_len + max_len": train_in + config.max_len}
+        if model.random_positions_eval:
+            needs["eval_max_input_len + eval_max_len"] = eval_in + config.eval_max_len
+            needs["eval_max_input_len + decode_max_len"] = eval_in + decode_len
+    else:
+        needs = {"max_len": config.max_len, "max_input_len": train_in}
+        if model.random_positions_eval:
+            needs["eval_max_len"] = config.eval_max_len
+            needs["eval_max_input_len"] = eval_in
+            needs["decode_max_len"] = decode_len
+    name, need = max(needs.items(), key=lambda kv: kv[1])
+    if need > model.random_positions:
+        raise ConfigError(
+            f"model.random_positions={model.random_positions} must be >= {name}={need}: a "
+            "segment's positions are a sample of distinct values of [0, random_positions)"
+        )
 
 
 def _check_seeds(config: ml_collections.ConfigDict) -> None:
