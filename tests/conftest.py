@@ -7,6 +7,13 @@ default: no implicit rank promotion anywhere in jattn) and with
 NaN or an Inf, not even in a masked-out entry). The checks see eager calls
 and `jax.jit` outputs; the training loop's ahead-of-time compiled step is not
 checked (its divergence tests produce a NaN on purpose).
+
+XLA:CPU's LLVM backend runs at optimisation level 0 in the tests (and in
+the `jattn` commands they start, which inherit the environment): the suite
+is bound by compile time on tiny shapes, and level 0 compiles about 30%
+faster. XLA's own (HLO) passes, buffer assignment and so the memory counts
+are unchanged, and results match float64 to the same tolerances. An
+`--xla_backend_optimization_level` already in XLA_FLAGS is kept.
 """
 
 import gc
@@ -14,6 +21,10 @@ import os
 import sys
 
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
+if "--xla_backend_optimization_level" not in os.environ.get("XLA_FLAGS", ""):
+    os.environ["XLA_FLAGS"] = (
+        os.environ.get("XLA_FLAGS", "") + " --xla_backend_optimization_level=0"
+    ).strip()
 sys.path.insert(0, os.path.dirname(__file__))
 
 import jax  # noqa: E402

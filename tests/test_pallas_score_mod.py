@@ -106,6 +106,7 @@ def _mods() -> dict[str, jattn.ScoreMod]:
             slopes, mode="asymmetric", right_slopes=slopes[::-1]
         ),
         "t5": positions.t5_score_mod(f(N_HEADS, 12), max_distance=20),
+        "t5_causal": positions.t5_score_mod(f(N_HEADS, 12), max_distance=20, bidirectional=False),
         "shaw_bias": positions.shaw_bias_score_mod(f(N_HEADS, 9), 4),
         "fire": positions.fire_score_mod(fire),
         "kerple": positions.kerple_score_mod(jnp.abs(f(N_HEADS)) + 0.5, jnp.abs(f(N_HEADS)) + 0.1),
