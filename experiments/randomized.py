@@ -46,7 +46,9 @@ def get_config(arg=None):
     c.train.checkpoint_every_steps = 800
     c.train.progress_bar = True
     # The learned table must hold every position a randomised run can draw.
-    c.train.model = ml_collections.ConfigDict({"max_len": M})
+    # The random arm is evaluated at random positions too, as Ruoss et al. do
+    # (acts only where random_positions = M > 0: the plain arm is unchanged).
+    c.train.model = ml_collections.ConfigDict({"max_len": M, "random_positions_eval": True})
 
     c.grid = ml_collections.ConfigDict()
     c.grid.position = ml_collections.ConfigDict({"key": "model.position", "values": SCHEMES})

@@ -750,3 +750,41 @@ def test_a_reference_names_its_group_in_any_axis_order():
     assert match_group("position=rope,task=copy", names) == "position=rope,task=copy"
     assert match_group("task=copy", names) is None
     assert match_group("position=t5,task=reverse", names) is None
+
+
+def test_with_a_task_axis_each_group_is_compared_on_its_own_task():
+    """The comparison column of a grid over tasks: a reverse group against the
+    reference scheme on reverse, not on copy (an axis over `dataset` is one
+    the reference follows; `reference_within` names more)."""
+    import ml_collections
+
+    from jattn.analysis.report import Group, group_table, reference_of, reference_within
+
+    names = [f"task={t},position={p}" for t in ("copy", "reverse") for p in ("none", "t5")]
+    ref = "task=copy,position=none"
+    assert reference_of("task=reverse,position=t5", ref, ("task",), names) == names[2]
+    assert reference_of("task=reverse,position=t5", ref, (), names) == ref
+    assert reference_of("task=other,position=t5", ref, ("task",), names) is None
+    exp = ml_collections.ConfigDict(
+        {
+            "grid": {
+                "task": {"key": "dataset", "values": "copy,reverse"},
+                "position": {"key": "model.position", "values": "none,t5"},
+                "size": {"key": "model.d_model", "values": "32,64"},
+            },
+            "reference_within": "size",
+        }
+    )
+    assert reference_within(exp) == ("task", "size")
+    # copy: t5 equals none; reverse: t5 = none on reverse, far below none on copy.
+    em = {names[0]: [0.9, 0.92, 0.94], names[1]: [0.9, 0.92, 0.94],
+          names[2]: [0.1, 0.12, 0.14], names[3]: [0.1, 0.12, 0.14]}  # fmt: skip
+    metric = "eval/test_longer/exact_match"
+    groups = {n: Group(n, seeds=3, values={metric: v}) for n, v in em.items()}
+    table, notes = group_table(groups, [metric], ref, ("task",))
+    rows = {line.split(" | ")[0][2:]: line for line in table.splitlines()[2:]}
+    assert rows[names[2]].endswith("| reference |")  # none on reverse: its own reference
+    assert "within noise" in rows[names[3]]  # t5 on reverse against none on reverse
+    assert "same task" in table.splitlines()[0] and "the group's own task" in notes[1]
+    across, _ = group_table(groups, [metric], ref)  # without: reverse t5 against copy none
+    assert "within noise" not in across.splitlines()[5]

@@ -240,6 +240,33 @@ def match_group(requested: str, names) -> str | None:
     return None
 
 
+def _parts(name: str) -> dict[str, str]:
+    """``"task=copy,position=rope"`` -> ``{"task": "copy", "position": "rope"}``."""
+    return dict(part.strip().partition("=")[::2] for part in name.split(","))
+
+
+def reference_within(exp) -> tuple[str, ...]:
+    """The axes along which each group is compared with its own reference: every
+    axis over `dataset` (a comparison across tasks says nothing about a scheme)
+    and those the experiment's ``reference_within`` names ("task,size")."""
+    axes = [name for name, axis in exp.grid.items() if axis.key == "dataset"]
+    axes += [a.strip() for a in str(exp.get("reference_within") or "").split(",") if a.strip()]
+    return tuple(dict.fromkeys(axes))
+
+
+def reference_of(name: str, reference: str, within: tuple[str, ...], names) -> str | None:
+    """The group that group `name` is compared with: `reference` with the axes of
+    `within` set to `name`'s own values (the reference scheme on the same task),
+    or None when the grid has no such group."""
+    if not within:
+        return reference
+    wanted, own = _parts(reference), _parts(name)
+    for axis in within:
+        if axis in own:
+            wanted[axis] = own[axis]
+    return match_group(",".join(f"{k}={v}" for k, v in wanted.items()), names)
+
+
 def check_reference(exp, runs: list[grid_lib.Run]) -> None:
     """Raises ConfigError when the experiment's ``reference`` names no group
     of `runs` (call it before training, so a typo costs nothing)."""
@@ -268,9 +295,15 @@ def comparison_cell(ref: Group, g: Group, metric: str) -> str:
 
 
 def group_table(
-    groups: dict[str, Group], metrics: list[str], reference: str | None
+    groups: dict[str, Group],
+    metrics: list[str],
+    reference: str | None,
+    within: tuple[str, ...] = (),
 ) -> tuple[str, list[str]]:
     """The markdown table of groups and the lines that explain it.
+
+    With `within` (axis names), each group is compared with the reference
+    group that shares its values on those axes (`reference_of`).
 
     Returns:
       (table, notes): the notes say what the cells are, the comparison rule
@@ -280,7 +313,8 @@ def group_table(
     head = "| group | seeds | " + " | ".join(metrics)
     sep = "|---|---:|" + "---:|" * len(metrics)
     if compare_on:
-        head += f" | vs {reference} ({compare_on})"
+        same = f", same {', '.join(within)}" if within else ""
+        head += f" | vs {reference}{same} ({compare_on})"
         sep += "---|"
     lines, unproducible = [head + " |", sep], {}
     for g in groups.values():
@@ -293,7 +327,12 @@ def group_table(
             else:
                 cells.append(fmt_mean_ci(g.values.get(m, []), m))
         if compare_on:
-            cells.append(comparison_cell(groups[reference], g, compare_on))
+            ref = reference_of(g.name, reference, within, groups)
+            cells.append(
+                comparison_cell(groups[ref], g, compare_on)
+                if ref is not None
+                else f"- (no reference group with its {', '.join(within)})"
+            )
         lines.append(f"| {g.name} | {g.seeds} | " + " | ".join(cells) + " |")
     notes = [
         "Cells: mean over seeds [95% Student t interval, n − 1 degrees of freedom, clipped "
@@ -301,7 +340,9 @@ def group_table(
     ]
     if compare_on:
         notes.append(
-            f"Last column: {compare_on} against {reference}, Welch's t-test over seeds "
+            f"Last column: {compare_on} against {reference}"
+            + (f" with the group's own {', '.join(within)}" if within else "")
+            + ", Welch's t-test over seeds "
             f"(alpha {stats.ALPHA}); where both groups have zero variance over seeds, a pooled "
             "two-proportion z-test on the exact-match counts k/N summed over seeds "
             "(marked 'counts')."
@@ -417,7 +458,7 @@ def write_report(exp, runs, configs, workdir: str, *, status) -> dict[str, Any]:
     groups = groups_of(rows, metrics)
     first = metrics[0] if metrics else ""
     reference, why = choose_reference(groups, first, exp.get("reference") or None)
-    table, notes = group_table(groups, metrics, reference)
+    table, notes = group_table(groups, metrics, reference, reference_within(exp))
     finished = [r for r in rows if r["final"]]
     steps = sorted({r["final"]["step"] for r in finished})
     eval_splits = list(dict.fromkeys(m.split("/")[1] for m in metrics if m.startswith("eval/")))
