@@ -15,7 +15,9 @@ selected on any split, so the test splits never choose what is reported.
     Student t interval over seeds of the experiment's metrics that the runs
     have (a character-level task reports no BLEU), the seed count, and
     whether the group differs from a reference group beyond noise
-    (`jattn.analysis.stats.compare`). The exact match of a split whose
+    (`jattn.analysis.stats.compare`): the experiment's ``reference``, taken on
+    the group's own task (an axis over ``dataset``) and on the axes
+    ``reference_within`` names. The exact match of a split whose
     targets cannot all be produced reads "unproducible", never a 0;
   - one row per run and eval split: exact match as k of N decoded with its
     95% Wilson interval (0/N shows its upper bound).
