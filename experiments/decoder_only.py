@@ -16,8 +16,9 @@ seed, and exact match by length (`jattn.analysis.anchors`).
 Every run is `model.architecture = "decoder_only"`: one causal stack over
 the input, a separator and the target (`jattn.models.decoder_only`).
 
-`:arg` picks a preset: "" (copy and reverse, six schemes, 3 seeds), "tiny"
-(one task, two schemes, one seed, a few steps: the tests).
+`:arg` picks a preset: "" (copy and reverse, six schemes, 3 seeds), "long"
+(NoPE and T5 on copy at 3,600 steps: is NoPE's shortfall under-training?),
+"tiny" (one task, two schemes, one seed, a few steps: the tests).
 """
 
 import ml_collections
@@ -64,6 +65,15 @@ def get_config(arg=None):
         c.grid.position.values = "none,t5"
         c.grid.seed.values = "0"
         c.reference = "task=kz_copy/tiny,position=none"
+    elif arg == "long":
+        # Is NoPE's shortfall on copy under-training? NoPE and T5 (the paper's
+        # pair) at 3x the steps, the rest as the grid.
+        for key in ("num_train_steps", "eval_every_steps", "checkpoint_every_steps"):
+            c.train[key] = 3600
+        c.train.warmup_steps = 300
+        c.grid.task.values = "kz_copy"
+        c.grid.position.values = "none,t5"
+        c.reference = "task=kz_copy,position=t5"
     elif arg:
-        raise ValueError(f"experiments/decoder_only.py: unknown preset {arg!r} (tiny)")
+        raise ValueError(f"experiments/decoder_only.py: unknown preset {arg!r} (long, tiny)")
     return c

@@ -726,7 +726,8 @@ def test_intervals_are_clipped_to_where_a_metric_can_lie():
 
 @pytest.mark.parametrize(
     "spec",
-    ["decoder_only.py", "positional.py", "positional.py:duplicate", "positional_numbers.py",
+    ["decoder_only.py", "decoder_only.py:long", "positional.py", "positional.py:duplicate",
+     "positional_numbers.py",
      "randomized.py", "scan.py", "shaw_variants.py"],
 )  # fmt: skip
 def test_every_published_grid_starts(spec, tmp_path, capsys):
