@@ -23,15 +23,11 @@ from sinusoidal are within noise.
 
 Cost: 2,000 steps of 16 packed rows (4-5 commands a row: some 9 epochs of
 the 16,458 training commands), a 2+2-layer model of width 64, and all 1,828
-+ 2,624 evaluation commands decoded once, at the end. Estimated at about 11
-minutes for the 18 runs on the 2-core development machine, not measured on
-the whole grid: one run of the slowest scheme (Shaw) took 0.75 times the CPU
-time of the main job's Shaw run at 1,200 steps (56.6 s against 75.1 s, both
-timed on the same shared machine), of which 23 s were start-up, compilation
-and decoding (a 10-step run), so 2,000 steps cost about 1.06 times the main
-job's run; the six schemes' speeds (the main job's steps/s) add up to 0.735
-of its eight; and the main job's grid takes 14.2 minutes: 14.2 x 1.06 x
-0.735 = 11 minutes.
++ 2,624 evaluation commands decoded once, at the end. Measured: 21 min 13 s
+for the 18 runs on the quiet 2-core development machine (2026-12-01), over
+the 20-minute aim; the groups train at 7.8 (Shaw) to 14.2 (sinusoidal)
+steps/s, 2.5-4.5 minutes each with evaluation. (An estimate of 11 minutes,
+scaled from one Shaw run timed on a shared machine, was wrong by 2x.)
 
 `:arg` picks a preset: "" (cutoff 26, six schemes, 3 seeds), "length22"
 (the same grid on Lake and Baroni's original split: train at most 22
