@@ -229,22 +229,22 @@ def choose_reference(
     return best, why + f"the best mean {metric}"
 
 
+def _parts(name: str) -> dict[str, str]:
+    """``"task=copy,position=rope"`` -> ``{"task": "copy", "position": "rope"}``."""
+    return dict(part.strip().partition("=")[::2] for part in name.split(","))
+
+
 def match_group(requested: str, names) -> str | None:
     """The group of `names` that `requested` names, whatever the order of its
     ``axis=value`` parts ("task=copy,position=rope" names the group
     "position=rope,task=copy"), or None."""
     if requested in names:
         return requested
-    wanted = sorted(p.strip() for p in requested.split(","))
+    wanted = _parts(requested)
     for name in names:
-        if sorted(name.split(",")) == wanted:
+        if _parts(name) == wanted:
             return name
     return None
-
-
-def _parts(name: str) -> dict[str, str]:
-    """``"task=copy,position=rope"`` -> ``{"task": "copy", "position": "rope"}``."""
-    return dict(part.strip().partition("=")[::2] for part in name.split(","))
 
 
 def reference_within(exp) -> tuple[str, ...]:

@@ -499,14 +499,7 @@ def check_config(config: ml_collections.ConfigDict) -> None:
     if model.max_position is not None:
         # The scheme supports model.max_position positions (a learned table's
         # rows): every row length must fit it.
-        lengths = {
-            "max_len": config.max_len,
-            "max_input_len": input_lengths(config)[0],
-            "eval_max_len": config.eval_max_len,
-            "eval_max_input_len": input_lengths(config)[1],
-            "decode_max_len": config.decode_max_len or config.eval_max_len,
-        }
-        name, longest = max(lengths.items(), key=lambda kv: kv[1])
+        name, longest = max(_row_lengths(config).items(), key=lambda kv: kv[1])
         if longest > model.max_position:
             raise ConfigError(
                 f"model.position={model.position!r} has model.max_len={model.max_position} "
@@ -522,19 +515,20 @@ def _check_random_positions(config: ml_collections.ConfigDict, model) -> None:
     decoder-only example is one segment of its input and target tokens; with
     `random_positions_eval` evaluation and decoding draw them too.
     """
-    train_in, eval_in = input_lengths(config)
-    decode_len = config.decode_max_len or config.eval_max_len
-    if model.decoder_only:
-        needs = {"max_input_len + max_len": train_in + config.max_len}
+    rows = _row_lengths(config)
+    if model.decoder_only:  # (input, target) rows that form one segment
+        pairs = [("max_input_len", "max_len")]
         if model.random_positions_eval:
-            needs["eval_max_input_len + eval_max_len"] = eval_in + config.eval_max_len
-            needs["eval_max_input_len + decode_max_len"] = eval_in + decode_len
+            pairs += [
+                ("eval_max_input_len", "eval_max_len"),
+                ("eval_max_input_len", "decode_max_len"),
+            ]
+        needs = {f"{a} + {b}": rows[a] + rows[b] for a, b in pairs}
     else:
-        needs = {"max_len": config.max_len, "max_input_len": train_in}
+        names = ["max_len", "max_input_len"]
         if model.random_positions_eval:
-            needs["eval_max_len"] = config.eval_max_len
-            needs["eval_max_input_len"] = eval_in
-            needs["decode_max_len"] = decode_len
+            names += ["eval_max_len", "eval_max_input_len", "decode_max_len"]
+        needs = {n: rows[n] for n in names}
     name, need = max(needs.items(), key=lambda kv: kv[1])
     if need > model.random_positions:
         raise ConfigError(
@@ -569,6 +563,20 @@ def _check_seeds(config: ml_collections.ConfigDict) -> None:
             f"config.seed_mesh_axis={config.seed_mesh_axis!r}: choose '' (replicated), "
             "'data', 'fsdp' or 'tensor'"
         )
+
+
+def _row_lengths(config: ml_collections.ConfigDict) -> dict[str, int]:
+    """Every row length a run uses, resolved (0 means max_len / eval_max_len):
+    max_len, max_input_len (training), eval_max_len, eval_max_input_len,
+    decode_max_len."""
+    train_in, eval_in = input_lengths(config)
+    return {
+        "max_len": config.max_len,
+        "max_input_len": train_in,
+        "eval_max_len": config.eval_max_len,
+        "eval_max_input_len": eval_in,
+        "decode_max_len": config.decode_max_len or config.eval_max_len,
+    }
 
 
 def input_lengths(config: ml_collections.ConfigDict) -> tuple[int, int]:
