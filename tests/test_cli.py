@@ -415,36 +415,3 @@ def test_bench_attention_writes_under_runs_bench_by_default(tmp_path, capsys, mo
     table = (tmp_path / "runs" / "bench" / "bench_attention.csv").read_text()
     assert "jattn xla" in table
     assert "wrote runs/bench/bench_attention.csv" in capsys.readouterr().out
-
-
-def test_train_drops_only_closed_event_loop_tracebacks():
-    """`jattn train` drops the "Event loop is closed" tracebacks orbax's threads
-    leave after a failed save (unraisable, or uncaught in a thread), and
-    nothing else: another unraisable error and another thread's error still print."""
-    script = """
-import threading
-from jattn.cli.train import drop_closed_event_loop_tracebacks
-drop_closed_event_loop_tracebacks()
-
-class Raises:
-    def __init__(self, exc):
-        self.exc = exc
-    def __del__(self):
-        raise self.exc
-
-Raises(RuntimeError("Event loop is closed"))
-Raises(ValueError("kept unraisable"))
-for exc in (RuntimeError("Event loop is closed"), ValueError("kept in thread")):
-    def boom(exc=exc):
-        raise exc
-    t = threading.Thread(target=boom)
-    t.start()
-    t.join()
-print("done")
-"""
-    env = dict(os.environ, JAX_PLATFORMS="cpu")
-    env.pop("JATTN_ORBAX_LOGS", None)
-    out = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True)
-    assert out.returncode == 0 and out.stdout.strip() == "done", out.stderr
-    assert "kept unraisable" in out.stderr and "kept in thread" in out.stderr
-    assert "Event loop is closed" not in out.stderr

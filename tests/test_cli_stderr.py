@@ -3,8 +3,10 @@ tensorstore's write futures print after a failed checkpoint write
 (`jattn.cli.stderr`), and passes everything else through unchanged."""
 
 import io
+import os
 import subprocess
 import sys
+import threading
 
 from jattn.cli.stderr import ClosedLoopFilter
 
@@ -69,3 +71,67 @@ def test_the_jattn_command_installs_it_and_in_process_calls_do_not():
     before = sys.stderr
     main(["configs"])
     assert sys.stderr is before
+
+
+def test_tracebacks_of_two_threads_interleaved_are_read_apart():
+    """Threads print a piece of a line at a time: two tracebacks written at once
+    are read per thread, so the closed-loop ones are still dropped and another
+    comes out whole (in CI two interleaved ones got past a single-stream read)."""
+
+    def interleaved(a: str, b: str) -> str:
+        out = io.StringIO()
+        f = ClosedLoopFilter(out)
+        pa, pb = ([t[i : i + 7] for i in range(0, len(t), 7)] for t in (a, b))
+        n = max(len(pa), len(pb))
+        pieces = [p + [""] * (n - len(p)) for p in (pa, pb)]
+        turn = [threading.Semaphore(1), threading.Semaphore(0)]
+
+        def writer(me):
+            for piece in pieces[me]:
+                turn[me].acquire()
+                f.write(piece)
+                turn[1 - me].release()
+
+        threads = [threading.Thread(target=writer, args=(me,)) for me in (0, 1)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        f.write(LINE)
+        f.flush()
+        return out.getvalue()
+
+    assert interleaved(CLOSED, CLOSED) == LINE
+    assert interleaved(CLOSED, OTHER) == OTHER + LINE
+
+
+def test_the_closed_loop_error_is_dropped_at_pythons_hooks_too():
+    """`install` also drops the error where Python reports it itself (an
+    unraisable exception, an uncaught one in a thread), and nothing else:
+    another unraisable error and another thread's error still print."""
+    script = """
+import threading
+from jattn.cli.stderr import install
+install()
+
+class Raises:
+    def __init__(self, exc):
+        self.exc = exc
+    def __del__(self):
+        raise self.exc
+
+Raises(RuntimeError("Event loop is closed"))
+Raises(ValueError("kept unraisable"))
+for exc in (RuntimeError("Event loop is closed"), ValueError("kept in thread")):
+    def boom(exc=exc):
+        raise exc
+    t = threading.Thread(target=boom)
+    t.start()
+    t.join()
+print("done")
+"""
+    env = dict(os.environ, JAX_PLATFORMS="cpu")
+    out = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True)
+    assert out.returncode == 0 and out.stdout.strip() == "done", out.stderr
+    assert "kept unraisable" in out.stderr and "kept in thread" in out.stderr
+    assert "Event loop is closed" not in out.stderr

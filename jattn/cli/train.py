@@ -36,34 +36,9 @@ from jattn.cli.common import (
     parse_with_overrides,
 )
 
-__all__ = ["drop_closed_event_loop_tracebacks", "train_command"]
+__all__ = ["train_command"]
 
 PROG = "jattn train"
-
-
-def _is_closed_loop(exc: BaseException | None) -> bool:
-    return isinstance(exc, RuntimeError) and str(exc) == "Event loop is closed"
-
-
-def drop_closed_event_loop_tracebacks() -> None:
-    """After a failed save, orbax's background threads still call into an
-    asyncio loop that has closed, and Python prints each "Event loop is
-    closed" as a traceback (an unraisable exception or an uncaught one in a
-    thread) around the loop's one-line error (seen in CI on a full disk).
-    Those, and only those, are dropped; JATTN_ORBAX_LOGS=1 shows them."""
-    import threading  # noqa: PLC0415
-
-    unraisable, in_thread = sys.unraisablehook, threading.excepthook
-
-    def on_unraisable(u):
-        if not _is_closed_loop(u.exc_value):
-            unraisable(u)
-
-    def on_thread(args):
-        if not _is_closed_loop(args.exc_value):
-            in_thread(args)
-
-    sys.unraisablehook, threading.excepthook = on_unraisable, on_thread
 
 
 def make_parser() -> argparse.ArgumentParser:
@@ -161,7 +136,6 @@ def train_command(argv: Sequence[str]) -> int:
         # Orbax logs a failed background save as pages of tracebacks from each of its
         # threads; the loop reports it in one line (JATTN_ORBAX_LOGS=1 shows them).
         logging.getLogger("absl").setLevel(logging.CRITICAL)
-        drop_closed_event_loop_tracebacks()
 
     import jax  # noqa: PLC0415
 
