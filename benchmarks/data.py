@@ -16,6 +16,7 @@ from __future__ import annotations
 import argparse
 import os
 import platform
+import sys
 import tempfile
 
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
@@ -51,7 +52,7 @@ def main(argv: list[str] | None = None) -> str:
     parser.add_argument(
         "--num-batches", type=int, default=50, help="batches measured per row (default 50)"
     )
-    args = parser.parse_args(normalize_flags(argv))
+    args = parser.parse_args(normalize_flags(sys.argv[1:] if argv is None else argv))
     data_dir = args.data_dir or tempfile.mkdtemp(prefix="jattn_bench_data_")
 
     header = ["task", "max_len", "max_input_len", "pack"] + [title for _, title, _ in COLUMNS]

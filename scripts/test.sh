@@ -42,16 +42,17 @@ run_pytest 3300 .venv/bin/python -m pytest -n 2 --dist loadfile -q "$@"
 # models and decoding, and the drop-in contracts (jax.nn, flax's
 # attention_fn). Left out: the training loop, data pipelines, CLI,
 # experiments and fault tests, which depend on flax/orbax/grain more than on
-# jax's version, and would take CI past 30 minutes on a 2-core machine, and
-# tests/test_pallas_score_mod.py (it passes under 0.12.0.1: 67 tests, ~1 min
-# of CI time). Timings: docs/gpu.md, "Two jax versions in CI".
+# jax's version, and would take CI past 30 minutes on a 2-core machine. Every
+# test function of the subset runs, each parametrized one
+# on its first and last case (--param-sample, tests/conftest.py): the first
+# jax runs every case. Timings: docs/gpu.md, "Two jax versions in CI".
 SECOND_JAX_TESTS=(
     tests/test_attention.py tests/test_attention_contract.py tests/test_masks.py
     tests/test_positions.py
     tests/test_errors_and_import.py tests/test_chunked_window_dropout.py
     tests/test_dropout.py tests/test_memory.py
     tests/test_pallas.py tests/test_kernel_variants.py tests/test_pallas_tpu.py
-    tests/test_kernel_precision.py
+    tests/test_kernel_precision.py tests/test_pallas_score_mod.py
     tests/test_models.py tests/test_decoding.py
     tests/test_dropin_jax_nn.py tests/test_flax_adapter.py
 )
@@ -68,5 +69,5 @@ fi
 if [ "$#" -gt 0 ]; then
     run_pytest 1500 .venv-jax12/bin/python -m pytest -n 2 --dist loadfile -q "$@"
 else
-    run_pytest 1500 .venv-jax12/bin/python -m pytest -n 2 --dist loadfile -q "${SECOND_JAX_TESTS[@]}"
+    run_pytest 1500 .venv-jax12/bin/python -m pytest -n 2 --dist loadfile -q --param-sample "${SECOND_JAX_TESTS[@]}"
 fi

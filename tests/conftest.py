@@ -8,12 +8,10 @@ NaN or an Inf, not even in a masked-out entry). The checks see eager calls
 and `jax.jit` outputs; the training loop's ahead-of-time compiled step is not
 checked (its divergence tests produce a NaN on purpose).
 
-XLA:CPU's LLVM backend runs at optimisation level 0 in the tests (and in
-the `jattn` commands they start, which inherit the environment): the suite
-is bound by compile time on tiny shapes, and level 0 compiles about 30%
-faster. XLA's own (HLO) passes, buffer assignment and so the memory counts
-are unchanged, and results match float64 to the same tolerances. An
-`--xla_backend_optimization_level` already in XLA_FLAGS is kept.
+XLA:CPU compiles for speed of compilation in the tests (and in the `jattn`
+commands they start, which inherit the environment): LLVM at -O0 and, on
+jaxlib < 0.11, the older fusion emitters (tests/compile_flags.py says why
+and what each saves; a flag already in XLA_FLAGS is kept).
 """
 
 import gc
@@ -21,11 +19,11 @@ import os
 import sys
 
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
-if "--xla_backend_optimization_level" not in os.environ.get("XLA_FLAGS", ""):
-    os.environ["XLA_FLAGS"] = (
-        os.environ.get("XLA_FLAGS", "") + " --xla_backend_optimization_level=0"
-    ).strip()
 sys.path.insert(0, os.path.dirname(__file__))
+
+from compile_flags import suite_xla_flags  # noqa: E402
+
+os.environ["XLA_FLAGS"] = suite_xla_flags(os.environ.get("XLA_FLAGS", ""))
 
 import jax  # noqa: E402
 import pytest  # noqa: E402
@@ -92,3 +90,30 @@ def _compiled_functions_freed_per_file():
     yield
     jax.clear_caches()
     gc.collect()
+
+
+def pytest_addoption(parser):
+    parser.addoption(
+        "--param-sample",
+        action="store_true",
+        help="run each parametrized test function on its first and last case only "
+        "(scripts/test.sh's second jax: every test function, fewer repetitions)",
+    )
+
+
+def pytest_collection_modifyitems(config, items):
+    """With `--param-sample`, keep the first and the last case of each
+    parametrized test function (in collection order, so the same on every
+    xdist worker) and deselect the cases between: the second jax of
+    scripts/test.sh runs every test function of its subset, but not every
+    parameter combination the first jax already runs."""
+    if not config.getoption("--param-sample"):
+        return
+    cases: dict[str, list] = {}
+    for item in items:
+        cases.setdefault(item.nodeid.split("[")[0], []).append(item)
+    keep = {id(c[0]) for c in cases.values()} | {id(c[-1]) for c in cases.values()}
+    dropped = [item for item in items if id(item) not in keep]
+    if dropped:
+        config.hook.pytest_deselected(items=dropped)
+        items[:] = [item for item in items if id(item) in keep]

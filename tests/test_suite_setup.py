@@ -1,0 +1,64 @@
+"""The test harness's own switches: the XLA flags the suite compiles with
+(tests/compile_flags.py) and `--param-sample`, the second jax's selection
+(tests/conftest.py, scripts/test.sh)."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+
+from compile_flags import suite_xla_flags
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+O0 = "--xla_backend_optimization_level=0"
+OLD = "--xla_cpu_use_fusion_emitters=false"
+
+
+def test_older_fusion_emitters_only_where_jaxlib_has_them():
+    assert suite_xla_flags("", (0, 10)).split() == [O0, OLD]
+    # jaxlib 0.12 aborts on a flag it does not know: never passed from 0.11 on.
+    assert suite_xla_flags("", (0, 11)).split() == [O0]
+    assert suite_xla_flags("", (0, 12)).split() == [O0]
+    assert suite_xla_flags("", (1, 0)).split() == [O0]
+
+
+def test_flags_the_caller_set_are_kept_as_given():
+    given = "--xla_force_host_platform_device_count=8 --xla_backend_optimization_level=2"
+    assert suite_xla_flags(given, (0, 10)).split() == given.split() + [OLD]
+    given = "--xla_cpu_use_fusion_emitters=true"
+    assert suite_xla_flags(given, (0, 10)).split() == [given, O0]
+
+
+def test_this_process_compiles_with_the_suite_flags():
+    # conftest.py set them before jax was imported.
+    import jax
+
+    assert O0 in os.environ["XLA_FLAGS"]
+    jaxlib = tuple(int(x) for x in jax.__version__.split(".")[:2])  # jax and jaxlib pair up
+    assert (OLD in os.environ["XLA_FLAGS"]) == (jaxlib < (0, 11))
+
+
+def _collected(*args: str) -> list[str]:
+    out = subprocess.run(
+        [sys.executable, "-m", "pytest", "--collect-only", "-q", "-p", "no:cacheprovider", *args],
+        cwd=os.path.dirname(HERE),
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout
+    return [line for line in out.splitlines() if "::" in line]
+
+
+def test_param_sample_keeps_each_functions_first_and_last_case():
+    every = _collected("tests/test_stats.py", "tests/test_masks.py")
+    sample = _collected("--param-sample", "tests/test_stats.py", "tests/test_masks.py")
+    by_function: dict[str, list[str]] = {}
+    for nodeid in every:
+        by_function.setdefault(nodeid.split("[")[0], []).append(nodeid)
+    want = [
+        n for n in every if n in (by_function[n.split("[")[0]][0], by_function[n.split("[")[0]][-1])
+    ]
+    assert sample == want
+    assert {n.split("[")[0] for n in sample} == set(by_function)  # every function runs
+    assert len(sample) < len(every)  # and the middle cases of some do not
