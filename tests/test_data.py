@@ -3,6 +3,7 @@
 import collections
 import json
 import os
+import sys
 
 import jax.numpy as jnp
 import numpy as np
@@ -990,7 +991,7 @@ def test_errors(data_dir, tiny):
         make(shard_index=700, shard_count=800)
 
 
-def test_bench_data_script_reports_each_row_length(numbers, data_dir):
+def test_bench_data_script_reports_each_row_length(numbers, data_dir, monkeypatch):
     # benchmarks/data.py: one table row per (task, max_len, max_input_len,
     # pack); shorter input rows raise the inputs' share of real tokens.
     import importlib.util
@@ -1009,3 +1010,8 @@ def test_bench_data_script_reports_each_row_length(numbers, data_dir):
     ]  # fmt: skip
     inputs_real = {(r[2], r[3]): float(r[7]) for r in rows}
     assert inputs_real[("16", "yes")] > 2 * inputs_real[("64", "yes")]
+    # `jattn bench data` runs the script as __main__: main() reads sys.argv.
+    argv = ["data.py", "--data-dir", data_dir, "--tasks", "numbers", "--max-lens", "64",
+            "--max-input-lens", "16", "--num-batches", "2"]  # fmt: skip
+    monkeypatch.setattr(sys, "argv", argv)
+    assert "| numbers | 64 | 16 | yes |" in bench.main()
