@@ -42,10 +42,10 @@ run_pytest 3300 .venv/bin/python -m pytest -n 2 --dist loadfile -q "$@"
 # models and decoding, and the drop-in contracts (jax.nn, flax's
 # attention_fn). Left out: the training loop, data pipelines, CLI,
 # experiments and fault tests, which depend on flax/orbax/grain more than on
-# jax's version, and would take CI past 30 minutes on a 2-core machine. Every
-# test function of the subset runs, each parametrized one
-# on its first and last case (--param-sample, tests/conftest.py): the first
-# jax runs every case. Timings: docs/gpu.md, "Two jax versions in CI".
+# jax's version, and would take CI past 30 minutes on a 2-core machine.
+# Every test function of the subset runs, each parametrized one on its first
+# and last case (--param-sample, tests/conftest.py): the first jax runs every
+# case. Timings: docs/gpu.md, "Two jax versions in CI".
 SECOND_JAX_TESTS=(
     tests/test_attention.py tests/test_attention_contract.py tests/test_masks.py
     tests/test_positions.py

@@ -10,9 +10,11 @@ compile speed:
   counts are unchanged).
 - `--xla_cpu_use_fusion_emitters=false`, on jaxlib < 0.11 only: XLA:CPU's
   older elemental fusion emitters instead of the MLIR fusion emitters.
-  Measured on jaxlib 0.10.2 (2 cores, -O0 in both): the 55 float64-reference
-  cases of tests/test_score_mod.py 135 -> 72 s of CPU, four cached-decoding
-  cases of tests/test_decoder_only.py 38 -> 24 s. jaxlib 0.12 has only the
+  Measured on jaxlib 0.10.2 (2 cores, -O0 in both, each pair back to back
+  while another job ran): the 55 float64-reference cases of
+  tests/test_score_mod.py 135 -> 72 s of CPU, four cached-decoding cases of
+  tests/test_decoder_only.py 38 -> 24 s; the whole main suite 29 min 12 s ->
+  17 min 46 s on the quiet machine. jaxlib 0.12 has only the
   MLIR emitters and aborts on the flag ("Unknown flag in XLA_FLAGS"), so it
   is never passed there (0.11 is not known to have it either).
 

@@ -112,7 +112,7 @@ def pytest_collection_modifyitems(config, items):
     cases: dict[str, list] = {}
     for item in items:
         cases.setdefault(item.nodeid.split("[")[0], []).append(item)
-    keep = {id(c[0]) for c in cases.values()} | {id(c[-1]) for c in cases.values()}
+    keep = {id(c[end]) for c in cases.values() for end in (0, -1)}
     dropped = [item for item in items if id(item) not in keep]
     if dropped:
         config.hook.pytest_deselected(items=dropped)
