@@ -5,12 +5,15 @@ commands are the same runs."""
 from __future__ import annotations
 
 import csv
+import json
+import multiprocessing
 import os
 import pathlib
 
 import pytest
 
-from jattn.analysis import emit, expand, main_ablate, run_grid
+from jattn.analysis import emit, expand, main_ablate, parallel, run_grid
+from jattn.analysis.seed_groups import Job
 from jattn.cli.slurm import resources, slurm_script
 from jattn.train.config import ConfigError, apply_overrides, load_config
 
@@ -54,13 +57,30 @@ def test_emit_commands_and_slurm(tmp_path):
     assert "#SBATCH --array=0-1" in script and "--config.model.position=shaw" in script
 
 
-@pytest.mark.slow
-def test_tiny_ablation_writes_outputs_and_resumes(tmp_path, capsys):
-    workdir = tmp_path / "abl"
+@pytest.fixture(scope="module")
+def tiny_grid(tmp_path_factory):
+    """The tiny grid trained once, one job after another in this process."""
+    workdir = tmp_path_factory.mktemp("abl") / "abl"
     assert (
         main_ablate(TINY, str(workdir), [], emit_fmt=None, report_only=False, repo_root=str(ROOT))
         == 0
     )
+    return workdir
+
+
+def _run_results(workdir: pathlib.Path) -> dict[str, tuple[float, list[str]]]:
+    """Each run's final training loss and its decoded test_longer predictions."""
+    out = {}
+    for final in sorted(workdir.glob("runs/*/final_metrics.json")):
+        decoded = (final.parent / "decodes" / "test_longer.jsonl").read_text().splitlines()
+        preds = [json.loads(line)["prediction"] for line in decoded]
+        out[final.parent.name] = (json.loads(final.read_text())["train/loss"], preds)
+    return out
+
+
+@pytest.mark.slow
+def test_tiny_ablation_writes_outputs_and_resumes(tiny_grid, tmp_path, capsys):
+    workdir = tiny_grid
     for name in ("results.csv", "results.md", "loss_curves.png", "accuracy_by_length.png"):
         assert (workdir / name).stat().st_size > 0, name
     assert (workdir / "loss_curves.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
@@ -89,6 +109,84 @@ def test_tiny_ablation_writes_outputs_and_resumes(tmp_path, capsys):
     table = (out / "head_ablation.md").read_text()
     assert "| decoder/layer_0/cross_attention |" in table
     assert main(["probe", "--workdir", str(tmp_path), "--out", str(out)]) == 2  # not a run
+
+
+@pytest.mark.slow
+def test_jobs_side_by_side_train_the_same_runs_each_on_its_own_cpus(tiny_grid, tmp_path, capsys):
+    """`--jobs 2`: both runs train at once, each pinned to one CPU with its output in
+    its own log, and give the sequential grid's results (up to float32 rounding: a
+    pinned process has fewer XLA threads), then a rerun trains nothing."""
+    cpus = sorted(os.sched_getaffinity(0))
+    if len(cpus) < 2:
+        pytest.skip("needs 2 CPUs")  # CI and this project's machines have 2
+    workdir = tmp_path / "jobs"
+    args = (TINY, str(workdir), [])
+    kwargs = dict(emit_fmt=None, report_only=False, repo_root=str(ROOT), parallel_jobs=2)
+    assert main_ablate(*args, **kwargs) == 0
+    out = capsys.readouterr().out
+    slots = parallel.cpu_slots(2)
+    assert f"2 jobs at once, on CPUs {','.join(map(str, slots[0]))} | " in out
+    for name in ("position-sinusoidal_seed-0", "position-shaw_seed-0"):
+        log = (workdir / "logs" / f"{name}.log").read_text()
+        assert f"workdir: {workdir / 'runs' / name}" in log  # the job's own output
+        assert "step 6:" in log
+    assert out.count("done in") == 2 and "on CPU " in out
+    status = json.loads((workdir / "ablation_status.json").read_text())
+    assert set(status.values()) == {"finished"} and len(status) == 2
+    got, want = _run_results(workdir), _run_results(tiny_grid)
+    assert got.keys() == want.keys() and len(got) == 2
+    for name, (loss, preds) in want.items():
+        assert got[name][0] == pytest.approx(loss, rel=1e-5), name
+        assert got[name][1] == preds, name
+    assert main_ablate(*args, **kwargs) == 0
+    assert "2 already finished, 0 to train" in capsys.readouterr().out
+
+
+def test_cpu_slots_cut_the_cpus_into_contiguous_even_shares():
+    assert parallel.cpu_slots(2, [0, 1, 2, 3, 4]) == [(0, 1, 2), (3, 4)]
+    assert parallel.cpu_slots(2, [3, 1]) == [(1,), (3,)]
+    assert parallel.cpu_slots(1, [5, 7]) == [(5, 7)]
+    for bad in (0, 3):
+        with pytest.raises(ValueError, match=f"--jobs {bad}: must be between 1 and the 2 CPU"):
+            parallel.cpu_slots(bad, [0, 1])
+
+
+def test_a_failed_job_is_named_with_its_log(tmp_path):
+    """A job that raises ends as `JobFailed` naming it and its log, which holds the
+    traceback; nothing is left running."""
+    exp = load_config(TINY)
+    runs = expand(exp, str(tmp_path))
+    from jattn.analysis.grid import checked_configs
+
+    configs = checked_configs(exp, runs, str(ROOT))
+    with configs[0].unlocked():
+        configs[0].dataset = "no_such_dataset"
+    lines = []
+    with pytest.raises(parallel.JobFailed) as e:
+        parallel.train_jobs(
+            [Job((0,), False)], runs, configs, str(tmp_path),
+            slots=[(sorted(os.sched_getaffinity(0))[0],)], log=lines.append,
+            on_done=lambda status: pytest.fail(f"no job finished: {status}"),
+            progress=lambda number, done, what: f"[{number}] {what}",
+        )  # fmt: skip
+    message = str(e.value)
+    assert "position=sinusoidal,seed=0 (ConfigError" in message
+    assert "log: logs/position-sinusoidal_seed-0.log" in message
+    log = (tmp_path / "logs" / "position-sinusoidal_seed-0.log").read_text()
+    assert "Traceback" in log and "no_such_dataset" in log
+    assert any("FAILED" in line for line in lines)
+    assert not multiprocessing.active_children()
+
+
+def test_cli_jobs_flag_is_checked_before_anything_runs(tmp_path, capsys):
+    from jattn.cli import main
+
+    base = ["ablate", "--config", TINY, "--workdir", str(tmp_path / "w"), *NO_CACHE]
+    assert main([*base, "--jobs", "0"]) == 2
+    assert "--jobs 0: must be between 1 and the" in capsys.readouterr().err
+    assert main([*base, "--jobs", "2", "--emit", "commands"]) == 2
+    assert "--jobs: only when training" in capsys.readouterr().err
+    assert not (tmp_path / "w").exists()
 
 
 def test_cli_emit_and_bad_key(tmp_path, capsys):

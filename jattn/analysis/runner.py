@@ -1,7 +1,8 @@
 """Run an ablation grid on this machine, or print it for a cluster.
 
-`run_grid` trains the runs in this process, the seeds of a group in one
-vmapped program (`jattn.analysis.seed_groups`) and the rest one after another, skipping
+`run_grid` trains the runs, the seeds of a group in one vmapped program
+(`jattn.analysis.seed_groups`) and the jobs one after another in this process
+(or several at once, each in its own pinned process: `jattn.analysis.parallel`), skipping
 finished ones (their ``final_metrics.json`` says they reached
 ``num_train_steps``) and resuming interrupted ones (each run's workdir holds
 its own orbax checkpoints), then writes the report. A run that diverges is
@@ -22,7 +23,8 @@ from typing import Any
 import ml_collections
 
 from jattn.analysis import grid as grid_lib
-from jattn.analysis import report, seed_groups
+from jattn.analysis import parallel, report, seed_groups
+from jattn.analysis.parallel import fmt_duration as _fmt
 from jattn.train import workdir as files
 
 STATUS_FILE = "ablation_status.json"
@@ -32,9 +34,28 @@ def _final(run: grid_lib.Run, num_steps: int) -> dict[str, Any] | None:
     return files.finished_metrics(run.workdir, num_steps)
 
 
-def _fmt(seconds: float) -> str:
-    seconds = int(seconds)
-    return f"{seconds // 60}m{seconds % 60:02d}s"
+def _cpus(slot: tuple[int, ...]) -> str:
+    return ",".join(map(str, slot))
+
+
+def _train_in_turn(jobs, runs, configs, workdir, log, done, started) -> bool:
+    """The jobs one after another in this process; True when one was preempted."""
+    trained = 0
+    for number, job in enumerate(jobs, start=1):
+        log(started(number, trained, parallel.describe(job, runs)))
+        if job.note:
+            log(f"  one run per seed: {job.note}")
+        t0 = time.time()
+        job_status = seed_groups.train_job(job, runs, configs, workdir)
+        trained += len(job.runs)
+        for name, state in job_status.items():
+            if state.startswith("diverged"):
+                log(f"  {name} {state}")
+        log(f"  done in {_fmt(time.time() - t0)}")
+        done(job_status)
+        if any(state == "preempted" for state in job_status.values()):
+            return True
+    return False
 
 
 def run_grid(
@@ -44,6 +65,7 @@ def run_grid(
     repo_root: str,
     log=print,
     one_program: bool = True,
+    parallel_jobs: int = 1,
 ) -> dict[str, Any]:
     """Trains every run of the grid that is not finished, then reports.
 
@@ -55,10 +77,18 @@ def run_grid(
       log: where progress lines go.
       one_program: train the unfinished seeds of each group in one vmapped
         program (`jattn.analysis.seed_groups`); False: one run per seed.
+      parallel_jobs: train this many jobs at once, each in its own process
+        pinned to its share of the CPUs (`jattn.analysis.parallel`); 1: one
+        after another in this process.
 
     Returns:
       The report summary (see `jattn.analysis.report.write_report`).
+
+    Raises:
+      ValueError: `parallel_jobs` < 1 or above the CPUs this process may use.
+      JobFailed: a job failed while others trained in parallel (after they end).
     """
+    parallel.cpu_slots(parallel_jobs)  # a bad --jobs fails before anything runs
     runs = grid_lib.expand(exp, workdir)
     configs = grid_lib.checked_configs(exp, runs, repo_root)  # all checked first
     report.check_reference(exp, runs)
@@ -75,30 +105,32 @@ def run_grid(
         f"{len(todo)} to train -> {workdir}"
     )
     jobs = seed_groups.plan(exp, runs, configs, todo, one_program=one_program)
-    start, trained = time.time(), 0
-    for number, job in enumerate(jobs, start=1):
-        names = [runs[i].name for i in job.runs]
+    start = time.time()
+    status_path = os.path.join(workdir, STATUS_FILE)
+
+    def done(job_status: dict[str, str]) -> None:
+        status.update(job_status)
+        with open(status_path, "w") as f:
+            json.dump(status, f, indent=2)
+
+    def started(number: int, trained: int, what: str) -> str:
         elapsed = time.time() - start
         eta = "" if trained == 0 else f", ETA {_fmt(elapsed / trained * (len(todo) - trained))}"
-        what = names[0] if not job.program else f"{job.name}: {len(names)} runs"
-        what += " in one program" if job.program else ""
-        log(f"[{number}/{len(jobs)}] {what} (elapsed {_fmt(elapsed)}{eta})")
-        if job.note:
-            log(f"  one run per seed: {job.note}")
-        t0 = time.time()
-        job_status = seed_groups.train_job(job, runs, configs, workdir)
-        status.update(job_status)
-        trained += len(job.runs)
-        for name, state in job_status.items():
-            if state.startswith("diverged"):
-                log(f"  {name} {state}")
-        log(f"  done in {_fmt(time.time() - t0)}")
-        with open(os.path.join(workdir, STATUS_FILE), "w") as f:
-            json.dump(status, f, indent=2)
-        if any(state == "preempted" for state in job_status.values()):
-            log("ablation: preempted; rerun the same command to resume")
-            break
-    log(f"ablation: trained {len(todo)} runs in {_fmt(time.time() - start)}")
+        return f"[{number}/{len(jobs)}] {what} (elapsed {_fmt(elapsed)}{eta})"
+
+    if parallel_jobs > 1 and len(jobs) > 1:
+        slots = parallel.cpu_slots(min(parallel_jobs, len(jobs)))
+        log(f"ablation: {len(slots)} jobs at once, on CPUs {' | '.join(map(_cpus, slots))}")
+        parallel.prepare_data([configs[i] for i in todo])
+        preempted = parallel.train_jobs(
+            jobs, runs, configs, workdir, slots=slots, log=log, on_done=done, progress=started
+        )
+    else:
+        preempted = _train_in_turn(jobs, runs, configs, workdir, log, done, started)
+    if preempted:
+        log("ablation: preempted; rerun the same command to resume")
+    else:
+        log(f"ablation: trained {len(todo)} runs in {_fmt(time.time() - start)}")
     return report.write_report(exp, runs, configs, workdir, status=status)
 
 
@@ -134,6 +166,7 @@ def main_ablate(
     report_only: bool,
     repo_root: str,
     one_program: bool = True,
+    parallel_jobs: int = 1,
 ) -> int:
     """`jattn ablate` (see `jattn.cli.ablate`): runs, emits or reports the grid.
 
@@ -146,7 +179,7 @@ def main_ablate(
         is `jattn.cli.slurm`).
       report_only: only rebuild the report from the runs in `workdir`.
       repo_root: where relative base-config paths resolve.
-      one_program: see `run_grid`.
+      one_program, parallel_jobs: see `run_grid`.
 
     Returns:
       The exit status, 0 (errors are raised as ConfigError).
@@ -165,6 +198,8 @@ def main_ablate(
         configs = grid_lib.checked_configs(exp, runs, repo_root)
         summary = report.write_report(exp, runs, configs, workdir, status=None)
     else:
-        summary = run_grid(exp, workdir, repo_root=repo_root, one_program=one_program)
+        summary = run_grid(
+            exp, workdir, repo_root=repo_root, one_program=one_program, parallel_jobs=parallel_jobs
+        )
     print(summary["markdown"])
     return 0

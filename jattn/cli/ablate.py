@@ -5,6 +5,7 @@
     jattn ablate ... --emit slurm --slurm-gpus-per-node 1 --slurm-partition gpu
     jattn ablate ... --emit commands   # one `jattn train` line per run
     jattn ablate ... --report-only     # rebuild results from finished runs
+    jattn ablate ... --jobs 2          # two groups at once, each on its own CPUs
 
 Overrides address the experiment config, e.g. ``--config.grid.seed.values=0,1,2``;
 ``--config.train.KEY=VALUE`` sets any key of the training config for every
@@ -64,6 +65,14 @@ def make_parser() -> argparse.ArgumentParser:
         action="store_true",
         help="train every seed as its own run (default: the seeds of a group in one program)",
     )
+    parser.add_argument(
+        "--jobs",
+        type=int,
+        default=1,
+        help="train this many groups at once, each in its own process pinned to its share "
+        "of the CPUs, its output in DIR/logs/ (default 1: one after another; on a small CPU "
+        "2 is faster: one group does not keep every core busy)",
+    )
     slurm_arguments(parser)
     cache_argument(parser)
     return parser
@@ -85,6 +94,7 @@ def _emit_slurm(args, overrides, repo_root: str) -> int:
 
 def ablate_command(argv: Sequence[str]) -> int:
     """`jattn ablate`: returns the exit status."""
+    from jattn.analysis.parallel import JobFailed, cpu_slots  # noqa: PLC0415
     from jattn.analysis.runner import main_ablate  # noqa: PLC0415
     from jattn.train.config import ConfigError  # noqa: PLC0415
 
@@ -94,6 +104,12 @@ def ablate_command(argv: Sequence[str]) -> int:
         if given and args.emit != "slurm":
             flags = ", ".join("--slurm-" + k.replace("_", "-") for k in given)
             raise UsageError(f"{flags}: only with --emit slurm")
+        if args.jobs != 1 and (args.emit or args.report_only):
+            raise UsageError("--jobs: only when training (not with --emit or --report-only)")
+        try:
+            cpu_slots(args.jobs)
+        except ValueError as e:
+            raise UsageError(str(e)) from None
         if args.emit == "slurm":
             return _emit_slurm(args, overrides, _repo_root())
         if not args.emit:
@@ -106,6 +122,9 @@ def ablate_command(argv: Sequence[str]) -> int:
             report_only=args.report_only,
             repo_root=_repo_root(),
             one_program=not args.one_run_per_seed,
+            parallel_jobs=args.jobs,
         )
     except (ConfigError, UsageError) as e:
         return fail(PROG, str(e))
+    except JobFailed as e:
+        return fail(PROG, str(e), status=1)

@@ -1,0 +1,273 @@
+"""Jobs of a grid side by side: `jattn ablate --jobs N`.
+
+A grid's jobs (a group's program, or one run) are independent, and on a
+small CPU one job does not keep every core busy: XLA:CPU splits the tiny
+matrices of these models poorly across threads. So `--jobs N` trains N jobs
+at once, each in its own process pinned to its own share of the CPUs (before
+jax starts, so XLA sizes its thread pool to that share). The seeds of a
+group stay in one program, as without `--jobs`.
+
+What a user sees: one line when a job starts (its CPUs and its log file,
+``DIR/logs/<job>.log``, which holds everything the job prints) and one when
+it ends. What is kept on the way:
+
+- Data sets are prepared here, before any job starts, so two jobs never
+  build the same tfds data set at once.
+- SIGTERM or Ctrl-C stops new jobs and sends SIGTERM to the running ones,
+  which save a checkpoint at their next step and exit; rerunning the same
+  command resumes them (jobs ignore SIGINT themselves, so a Ctrl-C in the
+  terminal reaches them only through this process, as a SIGTERM). A job
+  whose parent dies is sent SIGTERM by the kernel (Linux).
+- A job that fails stops new jobs but not the running ones: they finish,
+  and then `JobFailed` names the failed jobs and their logs.
+
+A run's numbers depend on how many CPUs its process has, not on `--jobs`
+itself: XLA:CPU splits some reductions by thread, so a run pinned to one CPU
+rounds differently in float32 (about 1e-7 relative in the first steps, which
+a long run can amplify) than the same run on two, and equals the same run on
+a one-CPU machine (checked: `taskset -c 0 jattn ablate` gives byte-identical
+metrics). Compare runs made with the same CPUs per job.
+"""
+
+from __future__ import annotations
+
+import json
+import multiprocessing
+import multiprocessing.connection
+import os
+import signal
+import sys
+import time
+from collections.abc import Callable, Sequence
+from typing import Any
+
+__all__ = ["JobFailed", "cpu_slots", "describe", "fmt_duration", "job_label", "prepare_data", "train_jobs"]
+
+LOG_DIR = "logs"
+
+
+class JobFailed(RuntimeError):
+    """One or more jobs of a parallel grid raised or died; the message names their logs."""
+
+
+def cpu_slots(jobs: int, cpus: Sequence[int] | None = None) -> list[tuple[int, ...]]:
+    """This process's CPUs cut into `jobs` contiguous shares, as even as they go.
+
+    Raises:
+      ValueError: `jobs` < 1 or more jobs than CPUs.
+    """
+    cpus = sorted(os.sched_getaffinity(0) if cpus is None else cpus)
+    if jobs < 1 or jobs > len(cpus):
+        raise ValueError(
+            f"--jobs {jobs}: must be between 1 and the {len(cpus)} CPU(s) this process may use"
+        )
+    base, extra = divmod(len(cpus), jobs)
+    slots, start = [], 0
+    for k in range(jobs):
+        size = base + (k < extra)
+        slots.append(tuple(cpus[start : start + size]))
+        start += size
+    return slots
+
+
+def job_label(job, runs) -> str:
+    """A job's name for logs: its program's name, or its run's."""
+    return job.name if job.program else runs[job.runs[0]].name
+
+
+def describe(job, runs) -> str:
+    """A job as the progress lines name it."""
+    if not job.program:
+        return runs[job.runs[0]].name
+    return f"{job.name}: {len(job.runs)} runs in one program"
+
+
+def _log_name(label: str) -> str:
+    return "".join(c if c.isalnum() or c in "._-" else "_" for c in label.replace("=", "-")) + ".log"
+
+
+def _set_parent_death_signal() -> None:
+    """Linux: SIGTERM to this process when its parent dies (no orphaned training)."""
+    try:
+        import ctypes  # noqa: PLC0415
+
+        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
+    except (OSError, AttributeError):
+        pass
+
+
+def _worker(job, runs, configs, workdir, cpus, log_path, status_path, cache) -> None:
+    """A spawned process: pin, redirect output, train one job, write its status."""
+    os.sched_setaffinity(0, cpus)  # before jax starts: XLA sizes its threads to these
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C arrives from the parent as SIGTERM
+    _set_parent_death_signal()
+    fd = os.open(log_path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os.dup2(fd, 1)
+    os.dup2(fd, 2)
+    os.close(fd)
+    from jattn.train.allocator import tune_host_allocator  # noqa: PLC0415
+
+    tune_host_allocator()
+    if cache["dir"]:
+        import jax  # noqa: PLC0415
+
+        jax.config.update("jax_compilation_cache_dir", cache["dir"])
+        jax.config.update("jax_persistent_cache_min_compile_time_secs", cache["min_secs"])
+    from jattn.analysis import seed_groups  # noqa: PLC0415
+
+    try:
+        status = seed_groups.train_job(job, runs, configs, workdir)
+    except BaseException as e:
+        import traceback  # noqa: PLC0415
+
+        traceback.print_exc()
+        status = {"error": f"{type(e).__name__}: {e}".splitlines()[0]}
+    tmp = status_path + ".tmp"
+    with open(tmp, "w") as f:
+        json.dump(status, f)
+    os.replace(tmp, status_path)
+    sys.stdout.flush()
+    sys.stderr.flush()
+
+
+def _cache_settings() -> dict[str, Any]:
+    """This process's persistent compilation cache, for the jobs to use too."""
+    if "jax" not in sys.modules:
+        return {"dir": None, "min_secs": None}
+    import jax  # noqa: PLC0415
+
+    return {
+        "dir": jax.config.jax_compilation_cache_dir,
+        "min_secs": jax.config.jax_persistent_cache_min_compile_time_secs,
+    }
+
+
+def prepare_data(configs: Sequence[Any]) -> None:
+    """Prepares (once) every data set and vocabulary the configs use, here, so jobs
+    started together only read them."""
+    from jattn.train.restore import _TASK_KEYS, load_task  # noqa: PLC0415
+
+    seen = set()
+    for config in configs:
+        key = tuple(str(config.get(k)) for k in _TASK_KEYS)
+        if key not in seen:
+            seen.add(key)
+            load_task(config)
+
+
+def train_jobs(
+    jobs: Sequence[Any],
+    runs: Sequence[Any],
+    configs: Sequence[Any],
+    workdir: str,
+    *,
+    slots: Sequence[tuple[int, ...]],
+    log: Callable[[str], None],
+    on_done: Callable[[dict[str, str]], None],
+    progress: Callable[[int, int, str], str],
+) -> bool:
+    """Trains `jobs`, at most ``len(slots)`` at once, each pinned to one slot's CPUs.
+
+    Args:
+      jobs, runs, configs, workdir: as `jattn.analysis.seed_groups.train_job`.
+      slots: the CPUs of each concurrent job (`cpu_slots`).
+      log: where progress lines go.
+      on_done: called with each finished job's run statuses (as `train_job`'s).
+      progress: ``(job number, runs finished so far, description) -> line`` for a start.
+
+    Returns:
+      True when stopped by SIGTERM or Ctrl-C (the running jobs saved and exited).
+
+    Raises:
+      JobFailed: after the other jobs ended, naming each job that raised or died.
+    """
+    ctx = multiprocessing.get_context("spawn")
+    log_dir = os.path.join(workdir, LOG_DIR)
+    os.makedirs(log_dir, exist_ok=True)
+    cache = _cache_settings()
+    pending = list(enumerate(jobs, start=1))
+    free = list(range(len(slots)))
+    running: dict[Any, tuple] = {}  # sentinel -> (process, job, number, slot, t0, paths)
+    failed: list[str] = []
+    stop = {"now": False}
+    finished_runs = 0
+
+    def request_stop(signum=None, frame=None) -> None:  # noqa: ARG001
+        if not stop["now"]:
+            log("ablation: stopping: the running jobs save a checkpoint and exit")
+        stop["now"] = True
+        for proc, *_ in running.values():
+            if proc.is_alive():
+                os.kill(proc.pid, signal.SIGTERM)
+
+    previous = signal.signal(signal.SIGTERM, request_stop)
+    try:
+        while running or (pending and not stop["now"] and not failed):
+            while pending and free and not stop["now"] and not failed:
+                number, job = pending.pop(0)
+                slot = free.pop(0)
+                label = job_label(job, runs)
+                log_path = os.path.join(log_dir, _log_name(label))
+                status_path = log_path[: -len(".log")] + ".status.json"
+                if os.path.exists(status_path):
+                    os.remove(status_path)
+                log(progress(number, finished_runs, describe(job, runs)))
+                if job.note:
+                    log(f"  one run per seed: {job.note}")
+                cpus = ",".join(map(str, slots[slot]))
+                log(f"  on CPU {cpus}; log: {os.path.relpath(log_path, workdir)}")
+                proc = ctx.Process(
+                    target=_worker,
+                    args=(job, runs, configs, workdir, slots[slot], log_path, status_path, cache),
+                    name=f"jattn-job-{number}",
+                )
+                proc.start()
+                running[proc.sentinel] = (proc, job, number, slot, time.time(), label, status_path)
+            try:
+                ready = multiprocessing.connection.wait(list(running), timeout=5.0)
+            except KeyboardInterrupt:
+                request_stop()
+                continue
+            for sentinel in ready:
+                proc, job, number, slot, t0, label, status_path = running.pop(sentinel)
+                proc.join()
+                free.append(slot)
+                free.sort()
+                status = None
+                if os.path.exists(status_path):
+                    with open(status_path) as f:
+                        status = json.load(f)
+                    os.remove(status_path)
+                if status is None or "error" in status:
+                    why = status["error"] if status else f"exit code {proc.exitcode}"
+                    failed.append(f"{label} ({why}; log: {os.path.join(LOG_DIR, _log_name(label))})")
+                    log(f"[{number}/{len(jobs)}] {label} FAILED: {why}")
+                    continue
+                for name, state in status.items():
+                    if state.startswith("diverged"):
+                        log(f"  {name} {state}")
+                took = fmt_duration(time.time() - t0)
+                if any(state == "preempted" for state in status.values()):
+                    stop["now"] = True
+                    log(f"[{number}/{len(jobs)}] {label} saved and stopped after {took}")
+                else:
+                    log(f"[{number}/{len(jobs)}] {label} done in {took}")
+                    finished_runs += len(job.runs)
+                on_done(status)
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+        for proc, *_ in running.values():  # only after an unexpected error here
+            if proc.is_alive():
+                os.kill(proc.pid, signal.SIGTERM)
+                proc.join()
+    if failed:
+        raise JobFailed("jobs failed (the others finished): " + "; ".join(failed))
+    return stop["now"]
+
+
+def fmt_duration(seconds: float) -> str:
+    """``12m05s``."""
+    seconds = int(seconds)
+    return f"{seconds // 60}m{seconds % 60:02d}s"
