@@ -826,7 +826,7 @@ def test_intervals_are_clipped_to_where_a_metric_can_lie():
     "spec",
     ["decoder_only.py", "decoder_only.py:long", "positional.py", "positional.py:duplicate",
      "positional_numbers.py",
-     "randomized.py", "scan.py", "shaw_variants.py"],
+     "randomized.py", "scan.py", "scan.py:long", "shaw_variants.py"],
 )  # fmt: skip
 def test_every_published_grid_starts(spec, tmp_path, capsys):
     """Each grid of experiments/ (as the README runs it) passes the checks made before

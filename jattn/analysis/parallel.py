@@ -175,7 +175,9 @@ def train_jobs(
       slots: the CPUs of each concurrent job (`cpu_slots`).
       log: where progress lines go.
       on_done: called with each finished job's run statuses (as `train_job`'s).
-      progress: ``(job number, runs finished so far, description) -> line`` for a start.
+      progress: ``(job number, description, ETA in seconds or None) -> line`` for a
+        start; the ETA is the mean finished job's time for every job not finished,
+        less what the running ones have done, shared by the slots.
 
     Returns:
       True when stopped by SIGTERM or Ctrl-C (the running jobs saved and exited).
@@ -192,7 +194,7 @@ def train_jobs(
     running: dict[Any, tuple] = {}  # sentinel -> (process, job, number, slot, t0, paths)
     failed: list[str] = []
     stop = {"now": False}
-    finished_runs = 0
+    durations: list[float] = []
 
     def request_stop(signum=None, frame=None) -> None:  # noqa: ARG001
         if not stop["now"]:
@@ -213,7 +215,7 @@ def train_jobs(
                 status_path = log_path[: -len(".log")] + ".status.json"
                 if os.path.exists(status_path):
                     os.remove(status_path)
-                log(progress(number, finished_runs, describe(job, runs)))
+                log(progress(number, describe(job, runs), _eta(durations, pending, running, slots)))
                 if job.note:
                     log(f"  one run per seed: {job.note}")
                 cpus = ",".join(map(str, slots[slot]))
@@ -254,7 +256,7 @@ def train_jobs(
                     log(f"[{number}/{len(jobs)}] {label} saved and stopped after {took}")
                 else:
                     log(f"[{number}/{len(jobs)}] {label} done in {took}")
-                    finished_runs += len(job.runs)
+                    durations.append(time.time() - t0)
                 on_done(status)
     finally:
         signal.signal(signal.SIGTERM, previous)
@@ -265,6 +267,16 @@ def train_jobs(
     if failed:
         raise JobFailed("jobs failed (the others finished): " + "; ".join(failed))
     return stop["now"]
+
+
+def _eta(durations, pending, running, slots) -> float | None:
+    """Seconds left, from the mean finished job (None before one finished)."""
+    if not durations:
+        return None
+    mean, now = sum(durations) / len(durations), time.time()
+    left = mean * (len(pending) + 1)  # the job being started counts too
+    left += sum(max(mean - (now - item[4]), 0.0) for item in running.values())
+    return left / len(slots)
 
 
 def fmt_duration(seconds: float) -> str:

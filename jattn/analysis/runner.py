@@ -40,9 +40,10 @@ def _cpus(slot: tuple[int, ...]) -> str:
 
 def _train_in_turn(jobs, runs, configs, workdir, log, done, started) -> bool:
     """The jobs one after another in this process; True when one was preempted."""
-    trained = 0
+    start, trained, todo = time.time(), 0, sum(len(job.runs) for job in jobs)
     for number, job in enumerate(jobs, start=1):
-        log(started(number, trained, parallel.describe(job, runs)))
+        eta = (time.time() - start) / trained * (todo - trained) if trained else None
+        log(started(number, parallel.describe(job, runs), eta))
         if job.note:
             log(f"  one run per seed: {job.note}")
         t0 = time.time()
@@ -113,10 +114,9 @@ def run_grid(
         with open(status_path, "w") as f:
             json.dump(status, f, indent=2)
 
-    def started(number: int, trained: int, what: str) -> str:
-        elapsed = time.time() - start
-        eta = "" if trained == 0 else f", ETA {_fmt(elapsed / trained * (len(todo) - trained))}"
-        return f"[{number}/{len(jobs)}] {what} (elapsed {_fmt(elapsed)}{eta})"
+    def started(number: int, what: str, eta_s: float | None) -> str:
+        eta = "" if eta_s is None else f", ETA {_fmt(eta_s)}"
+        return f"[{number}/{len(jobs)}] {what} (elapsed {_fmt(time.time() - start)}{eta})"
 
     if parallel_jobs > 1 and len(jobs) > 1:
         slots = parallel.cpu_slots(min(parallel_jobs, len(jobs)))
