@@ -233,5 +233,6 @@ def test_teacher_forced_sequence_accuracy_per_seed(tmp_path):
     assert "| position=learned | 0.000 | 0.000 (1 seed) |" in lines
     assert any("Teacher-forced sequence accuracy" in line for line in anchors.section(rows))
     unproducible = dict(CHECK, test_longer={"examples": 9, "producible": 0.9})
-    assert anchors.teacher_forced_table(_rows(tmp_path / "u", {"position=t5,seed=0": {EM: 0}},
-                                              {"position=t5,seed=0": [right]}, unproducible)) == []
+    one = "position=t5,seed=0"
+    rows = _rows(tmp_path / "u", {one: {EM: 0}}, {one: [right]}, unproducible)
+    assert anchors.teacher_forced_table(rows) == []

@@ -28,9 +28,10 @@ from jattn.train import workdir as files
 from jattn.train.checkpoints import CHECKPOINT_DIR
 from jattn.train.config import ConfigError, default_config
 
-__all__ = ["TrainedRun", "checkpoint_steps", "load_run", "load_task"]
+__all__ = ["TASK_KEYS", "TrainedRun", "checkpoint_steps", "load_run", "load_task"]
 
-_TASK_KEYS = ("dataset", "data_dir", "tokenizer", "vocab_size", "source_key", "target_key")
+# The config keys that name a run's data (`load_task`).
+TASK_KEYS = ("dataset", "data_dir", "tokenizer", "vocab_size", "source_key", "target_key")
 
 
 def load_task(config: ml_collections.ConfigDict):
@@ -45,7 +46,7 @@ def load_task(config: ml_collections.ConfigDict):
     from jattn import data  # noqa: PLC0415
 
     defaults = default_config()
-    keys = {k: config.get(k, defaults[k]) for k in _TASK_KEYS}
+    keys = {k: config.get(k, defaults[k]) for k in TASK_KEYS}
     try:
         return data.load(keys.pop("dataset"), **keys)
     except ValueError as e:
