@@ -47,6 +47,7 @@ import multiprocessing.connection
 import os
 import signal
 import sys
+import threading
 import time
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -185,7 +186,7 @@ def train_jobs(
     slots: Sequence[tuple[int, ...]],
     log: Callable[[str], None],
     on_done: Callable[[dict[str, str]], None],
-    progress: Callable[[int, int, str], str],
+    progress: Callable[[int, str, float | None], str],
 ) -> bool:
     """Trains `jobs`, at most ``len(slots)`` at once, each pinned to one slot's CPUs.
 
@@ -210,7 +211,7 @@ def train_jobs(
     cache = _cache_settings()
     pending = list(enumerate(jobs, start=1))
     free = list(range(len(slots)))
-    running: dict[Any, tuple] = {}  # sentinel -> (process, job, number, slot, t0, paths)
+    running: dict[Any, tuple] = {}  # sentinel -> (process, job, number, slot, t0, label, status)
     failed: list[str] = []
     stop = {"now": False}
     durations: list[float] = []
@@ -223,7 +224,8 @@ def train_jobs(
             if proc.is_alive():
                 os.kill(proc.pid, signal.SIGTERM)
 
-    previous = signal.signal(signal.SIGTERM, request_stop)
+    main_thread = threading.current_thread() is threading.main_thread()
+    previous = signal.signal(signal.SIGTERM, request_stop) if main_thread else None
     try:
         while running or (pending and not stop["now"] and not failed):
             while pending and free and not stop["now"] and not failed:
@@ -279,7 +281,8 @@ def train_jobs(
                     durations.append(time.time() - t0)
                 on_done(status)
     finally:
-        signal.signal(signal.SIGTERM, previous)
+        if main_thread:
+            signal.signal(signal.SIGTERM, previous)
         for proc, *_ in running.values():  # only after an unexpected error here
             if proc.is_alive():
                 os.kill(proc.pid, signal.SIGTERM)
