@@ -5,17 +5,16 @@ trains N of them at once, each in its own process pinned to its own share of
 the CPUs (before jax starts, so XLA sizes its thread pool to that share). The
 seeds of a group stay in one program, as without `--jobs`.
 
-Whether it pays depends on how well one job uses its CPUs, and on this
-project's 2-core machine it mostly does not. Measured 2026-12-02 on the
-duplication grid (encoder-decoder, 2+2 layers of width 64): with two groups
-side by side, one core each, a group trained at 3.4 steps/s (sinusoidal)
-and 2.2 (Shaw) against 9.1 and 5.3 alone on both cores, so the grid ran
-about 15% slower than one group at a time (five groups timed, then
-stopped). The decoder-only grid's groups (4 layers, rows of 128 tokens)
-gained about 1.2x the same way (two pinned groups against the estimated
-sequential time). Time a few groups both ways
-before a long grid; on machines with more cores than one small job can
-use, more jobs should help more, but that has not been measured here.
+Whether it pays depends on how well one job uses its CPUs. Measured on this
+project's 2-core machine, 2026-12-02, a group (3 seeds, one program) alone
+on both cores against two groups side by side on one core each, the same
+hour (machine speed drifts by day: compare within a run of measurements):
+
+- duplication (encoder-decoder, 2+2 layers of width 64): 4.93 steps/s
+  alone, 3.59 and 3.55 side by side (1.45x the steps); 400-step groups
+  took 109 s alone and 158 s for two, 1.38x;
+- decoder-only copy (4 layers, rows of 128 tokens): 3.20 steps/s alone,
+  2.49 and 2.47 side by side (1.55x); 150 s alone, 197 s for two, 1.52x.
 
 What a user sees: one line when a job starts (its CPUs and its log file,
 ``DIR/logs/<job>.log``, which holds everything the job prints) and one when
