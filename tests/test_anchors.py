@@ -206,33 +206,3 @@ def test_exact_match_and_teacher_forced_accuracy_by_bucket(tmp_path):
     section = anchors.section(rows, 5)
     assert section[0] == "## As the anchors report"
     assert any("best of 10; here of up to 2" in line for line in section)
-
-
-def test_teacher_forced_sequence_accuracy_per_seed(tmp_path):
-    """Seeds with 2, 3 and 4 of 4 examples right at every teacher-forced token:
-    0.5, 0.75, 1.0; mean 0.75, s = 0.25, t_{0.975, 2} = 4.3027: 0.75 ± 0.6211 ->
-    [0.129, 1.0] clipped; best 1.0. An example one token short never counts."""
-
-    def ex(hits, tokens):
-        return {"target_tokens": tokens - 1, "correct": False, "tf_correct": hits,
-                "tf_tokens": tokens, "input_tokens": 9}  # fmt: skip
-
-    right, wrong = ex(28, 28), ex(27, 28)
-    decodes = {
-        f"position=t5,seed={s}": [right] * k + [wrong] * (4 - k) for s, k in enumerate((2, 3, 4))
-    }
-    decodes["position=learned,seed=0"] = [wrong, ex(0, 30)]
-    rows = _rows(tmp_path, {name: {EM: 0.0} for name in decodes}, decodes, CHECK)
-    got = anchors.teacher_forced_exact(rows)
-    assert got["position=t5"]["test_longer"] == {
-        "position=t5,seed=0": 0.5, "position=t5,seed=1": 0.75, "position=t5,seed=2": 1.0
-    }  # fmt: skip
-    lines = anchors.teacher_forced_table(rows)
-    assert lines[0] == "| group | test_longer best | test_longer mean |"
-    assert "| position=t5 | 1.000 | 0.750 [0.129, 1.000] |" in lines
-    assert "| position=learned | 0.000 | 0.000 (1 seed) |" in lines
-    assert any("Teacher-forced sequence accuracy" in line for line in anchors.section(rows))
-    unproducible = dict(CHECK, test_longer={"examples": 9, "producible": 0.9})
-    one = "position=t5,seed=0"
-    rows = _rows(tmp_path / "u", {one: {EM: 0}}, {one: [right]}, unproducible)
-    assert anchors.teacher_forced_table(rows) == []

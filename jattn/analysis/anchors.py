@@ -15,13 +15,6 @@ reader comparing with them needs those too:
   computed by `jattn.train.evaluation` over the examples whose targets are
   longer than every training target, and per length bucket from each
   decoded example's ``tf_correct`` / ``tf_tokens``;
-- teacher-forced sequence accuracy (Ontañón et al. 2022's score in their
-  released code: an example counts when every target token is the argmax
-  given the true prefix, with no decoding): `teacher_forced_table`, from
-  each decoded example's ``tf_correct == tf_tokens``. A greedy output equal
-  to the reference saw the reference's prefixes at every step, so this is
-  never below exact match (up to float near-ties between the two passes);
-  the gap is the examples a single early mistake derails;
 - exact match by length bucket (Kazemnejad et al. 2023 plot it against
   length): `length_buckets` pools each group's decoded examples over seeds
   and eval splits by target length (tokens before EOS: characters of copy
@@ -54,8 +47,6 @@ __all__ = [
     "length_buckets",
     "section",
     "seeds_table",
-    "teacher_forced_exact",
-    "teacher_forced_table",
     "train_length",
 ]
 
@@ -159,21 +150,6 @@ def _read_jsonl(path: str) -> list[dict[str, Any]]:
         return [json.loads(line) for line in f if line.strip()]
 
 
-def _final_decodes(r):
-    """`(split, example)` of a run's final step's decoded examples on its producible
-    eval splits (examples written before lengths were recorded are left out)."""
-    if not r["final"]:
-        return
-    folder = os.path.join(r["run"].workdir, "decodes")
-    names = sorted(os.listdir(folder)) if os.path.isdir(folder) else []
-    for split in (n.removesuffix(".jsonl") for n in names if n.endswith(".jsonl")):
-        if unproducible_share(r.get("check"), split) is not None:
-            continue
-        for e in _read_jsonl(os.path.join(folder, f"{split}.jsonl")):
-            if e.get("step") == r["final"].get("step") and "target_tokens" in e:
-                yield split, e
-
-
 def length_buckets(rows, width: int = DEFAULT_WIDTH):
     """Per group and length bucket: exact match and teacher-forced tokens of the
     final step's decoded examples, pooled over seeds and producible eval splits.
@@ -186,54 +162,26 @@ def length_buckets(rows, width: int = DEFAULT_WIDTH):
     table: dict[str, dict[tuple[int, int], dict[str, Any]]] = collections.OrderedDict()
     for r in rows:
         g = table.setdefault(r["run"].group, {})
-        for _, e in _final_decodes(r):
-            cell = g.setdefault(
-                bucket_of(int(e["target_tokens"]), width, edge), {"k": 0, "n": 0, "tf": {}}
-            )
-            cell["k"] += bool(e["correct"])
-            cell["n"] += 1
-            if "tf_tokens" in e:
-                tf = cell["tf"].setdefault(r["run"].name, [0, 0])
-                tf[0] += int(e["tf_correct"])
-                tf[1] += int(e["tf_tokens"])
+        if not r["final"]:
+            continue
+        folder = os.path.join(r["run"].workdir, "decodes")
+        names = sorted(os.listdir(folder)) if os.path.isdir(folder) else []
+        for split in (n.removesuffix(".jsonl") for n in names if n.endswith(".jsonl")):
+            if unproducible_share(r.get("check"), split) is not None:
+                continue
+            for e in _read_jsonl(os.path.join(folder, f"{split}.jsonl")):
+                if e.get("step") != r["final"].get("step") or "target_tokens" not in e:
+                    continue  # another step's, or written before lengths were recorded
+                cell = g.setdefault(
+                    bucket_of(int(e["target_tokens"]), width, edge), {"k": 0, "n": 0, "tf": {}}
+                )
+                cell["k"] += bool(e["correct"])
+                cell["n"] += 1
+                if "tf_tokens" in e:
+                    tf = cell["tf"].setdefault(r["run"].name, [0, 0])
+                    tf[0] += int(e["tf_correct"])
+                    tf[1] += int(e["tf_tokens"])
     return table, edge
-
-
-def teacher_forced_exact(rows) -> dict[str, dict[str, dict[str, float]]]:
-    """Per group, split and run: the share of the final step's decoded examples whose
-    every target token (EOS included) is right under teacher forcing."""
-    out: dict[str, dict[str, dict[str, float]]] = collections.OrderedDict()
-    for r in rows:
-        counts: dict[str, list[int]] = {}
-        for split, e in _final_decodes(r):
-            if "tf_tokens" in e:
-                c = counts.setdefault(split, [0, 0])
-                c[0] += int(e["tf_correct"]) == int(e["tf_tokens"])
-                c[1] += 1
-        group = out.setdefault(r["run"].group, collections.OrderedDict())
-        for split, (k, n) in counts.items():
-            group.setdefault(split, {})[r["run"].name] = k / n
-    return out
-
-
-def teacher_forced_table(rows) -> list[str]:
-    """Markdown: per group and split, the best seed and the mean [95% t interval] of
-    teacher-forced sequence accuracy; [] when no run recorded teacher-forced counts."""
-    table = teacher_forced_exact(rows)
-    splits = list(dict.fromkeys(s for g in table.values() for s in g))
-    if not splits:
-        return []
-    lines = [
-        "| group | " + " | ".join(f"{s} best | {s} mean" for s in splits) + " |",
-        "|---|" + "---:|---:|" * len(splits),
-    ]
-    for group, per_split in table.items():
-        cells = []
-        for split in splits:
-            got = list(per_split.get(split, {}).values())
-            cells += [f"{max(got):.3f}", _mean_ci(got)] if got else ["-", "-"]
-        lines.append(f"| {group} | " + " | ".join(cells) + " |")
-    return lines
 
 
 def _bucket_name(bucket: tuple[int, int]) -> str:
@@ -301,9 +249,8 @@ def section(rows, width: int = DEFAULT_WIDTH) -> list[str]:
     """The report's section "As the anchors report" (markdown lines), or [] when the
     runs have nothing for it."""
     seeds = seeds_table(rows)
-    forced = teacher_forced_table(rows)
     buckets = bucket_tables(rows, width)
-    if not seeds and not forced and not buckets:
+    if not seeds and not buckets:
         return []
     out = ["## As the anchors report", ""]
     if seeds:
@@ -314,15 +261,6 @@ def section(rows, width: int = DEFAULT_WIDTH) -> list[str]:
             "token accuracy over the examples longer than every training target.",
             "",
             *seeds,
-            "",
-        ]
-    if forced:
-        out += [
-            "Teacher-forced sequence accuracy (Ontañón et al.'s score in their code): the "
-            "share of decoded examples whose every target token, EOS included, is the "
-            "argmax given the reference prefix; best seed, then mean [95% t interval].",
-            "",
-            *forced,
             "",
         ]
     if buckets:
