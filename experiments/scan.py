@@ -27,7 +27,9 @@ the 16,458 training commands), a 2+2-layer model of width 64, and all 1,828
 for the 18 runs on the quiet 2-core development machine (2026-12-01), over
 the 20-minute aim; the groups train at 7.8 (Shaw) to 14.2 (sinusoidal)
 steps/s, 2.5-4.5 minutes each with evaluation. (An estimate of 11 minutes,
-scaled from one Shaw run timed on a shared machine, was wrong by 2x.)
+scaled from one Shaw run timed on a shared machine, was wrong by 2x.) With
+`--jobs 2` (two groups at once, one core each) it took 22 min 53 s on
+2026-12-02, a day the machine trained the same group about 1.2x slower.
 
 `:arg` picks a preset: "" (cutoff 26, six schemes, 3 seeds), "length22"
 (the same grid on Lake and Baroni's original split: train at most 22
