@@ -55,9 +55,12 @@ __all__ = [
     "JobFailed",
     "cpu_slots",
     "describe",
+    "fmt_cpus",
     "fmt_duration",
     "job_label",
+    "log_diverged",
     "prepare_data",
+    "preempted",
     "train_jobs",
 ]
 
@@ -96,8 +99,25 @@ def job_label(job, runs) -> str:
 def describe(job, runs) -> str:
     """A job as the progress lines name it."""
     if not job.program:
-        return runs[job.runs[0]].name
+        return job_label(job, runs)
     return f"{job.name}: {len(job.runs)} runs in one program"
+
+
+def fmt_cpus(slot: Sequence[int]) -> str:
+    """``0,1``: a slot's CPUs as the progress lines print them."""
+    return ",".join(map(str, slot))
+
+
+def log_diverged(status: dict[str, str], log: Callable[[str], None]) -> None:
+    """One line per run of a finished job's status that diverged."""
+    for name, state in status.items():
+        if state.startswith("diverged"):
+            log(f"  {name} {state}")
+
+
+def preempted(status: dict[str, str]) -> bool:
+    """Whether a job's runs stopped on SIGTERM (a rerun resumes them)."""
+    return any(state == "preempted" for state in status.values())
 
 
 def _log_name(label: str) -> str:
@@ -238,8 +258,7 @@ def train_jobs(
                 log(progress(number, describe(job, runs), _eta(durations, pending, running, slots)))
                 if job.note:
                     log(f"  one run per seed: {job.note}")
-                cpus = ",".join(map(str, slots[slot]))
-                log(f"  on CPU {cpus}; log: {os.path.relpath(log_path, workdir)}")
+                log(f"  on CPU {fmt_cpus(slots[slot])}; log: {os.path.relpath(log_path, workdir)}")
                 proc = ctx.Process(
                     target=_worker,
                     args=(job, runs, configs, workdir, slots[slot], log_path, status_path, cache),
@@ -268,16 +287,14 @@ def train_jobs(
                     failed.append(f"{label} ({why}; log: {where})")
                     log(f"[{number}/{len(jobs)}] {label} FAILED: {why}")
                     continue
-                for name, state in status.items():
-                    if state.startswith("diverged"):
-                        log(f"  {name} {state}")
-                took = fmt_duration(time.time() - t0)
-                if any(state == "preempted" for state in status.values()):
+                log_diverged(status, log)
+                took = time.time() - t0
+                end = "saved and stopped after" if preempted(status) else "done in"
+                log(f"[{number}/{len(jobs)}] {label} {end} {fmt_duration(took)}")
+                if preempted(status):
                     stop["now"] = True
-                    log(f"[{number}/{len(jobs)}] {label} saved and stopped after {took}")
                 else:
-                    log(f"[{number}/{len(jobs)}] {label} done in {took}")
-                    durations.append(time.time() - t0)
+                    durations.append(took)
                 on_done(status)
     finally:
         if main_thread:

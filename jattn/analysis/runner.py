@@ -24,7 +24,7 @@ import ml_collections
 
 from jattn.analysis import grid as grid_lib
 from jattn.analysis import parallel, report, seed_groups
-from jattn.analysis.parallel import fmt_duration as _fmt
+from jattn.analysis.parallel import fmt_cpus, fmt_duration
 from jattn.train import workdir as files
 
 STATUS_FILE = "ablation_status.json"
@@ -32,10 +32,6 @@ STATUS_FILE = "ablation_status.json"
 
 def _final(run: grid_lib.Run, num_steps: int) -> dict[str, Any] | None:
     return files.finished_metrics(run.workdir, num_steps)
-
-
-def _cpus(slot: tuple[int, ...]) -> str:
-    return ",".join(map(str, slot))
 
 
 def _train_in_turn(jobs, runs, configs, workdir, log, done, started) -> bool:
@@ -49,12 +45,10 @@ def _train_in_turn(jobs, runs, configs, workdir, log, done, started) -> bool:
         t0 = time.time()
         job_status = seed_groups.train_job(job, runs, configs, workdir)
         trained += len(job.runs)
-        for name, state in job_status.items():
-            if state.startswith("diverged"):
-                log(f"  {name} {state}")
-        log(f"  done in {_fmt(time.time() - t0)}")
+        parallel.log_diverged(job_status, log)
+        log(f"  done in {fmt_duration(time.time() - t0)}")
         done(job_status)
-        if any(state == "preempted" for state in job_status.values()):
+        if parallel.preempted(job_status):
             return True
     return False
 
@@ -115,12 +109,12 @@ def run_grid(
             json.dump(status, f, indent=2)
 
     def started(number: int, what: str, eta_s: float | None) -> str:
-        eta = "" if eta_s is None else f", ETA {_fmt(eta_s)}"
-        return f"[{number}/{len(jobs)}] {what} (elapsed {_fmt(time.time() - start)}{eta})"
+        eta = "" if eta_s is None else f", ETA {fmt_duration(eta_s)}"
+        return f"[{number}/{len(jobs)}] {what} (elapsed {fmt_duration(time.time() - start)}{eta})"
 
     if parallel_jobs > 1 and len(jobs) > 1:
         slots = parallel.cpu_slots(min(parallel_jobs, len(jobs)))
-        log(f"ablation: {len(slots)} jobs at once, on CPUs {' | '.join(map(_cpus, slots))}")
+        log(f"ablation: {len(slots)} jobs at once, on CPUs {' | '.join(map(fmt_cpus, slots))}")
         parallel.prepare_data([configs[i] for i in todo])
         preempted = parallel.train_jobs(
             jobs, runs, configs, workdir, slots=slots, log=log, on_done=done, progress=started
@@ -130,7 +124,7 @@ def run_grid(
     if preempted:
         log("ablation: preempted; rerun the same command to resume")
     else:
-        log(f"ablation: trained {len(todo)} runs in {_fmt(time.time() - start)}")
+        log(f"ablation: trained {len(todo)} runs in {fmt_duration(time.time() - start)}")
     return report.write_report(exp, runs, configs, workdir, status=status)
 
 
