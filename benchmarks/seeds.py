@@ -30,6 +30,7 @@ import time
 from pathlib import Path
 
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))  # benchmarks/_step.py
 
 import jax  # noqa: E402
 
@@ -100,27 +101,12 @@ def steady(spec: str, num_seeds: int, steps: int, rounds: int) -> dict:
     import statistics  # noqa: PLC0415
 
     import jax.numpy as jnp  # noqa: PLC0415
-    from flax import linen as nn  # noqa: PLC0415
+    from _step import build_step  # noqa: PLC0415
 
-    from jattn.models import Transformer  # noqa: PLC0415
-    from jattn.train import members, seeds, setup  # noqa: PLC0415
-    from jattn.train import steps as steps_lib  # noqa: PLC0415
-    from jattn.train.config import build_model_config  # noqa: PLC0415
-    from jattn.train.optim import make_optimizer  # noqa: PLC0415
-    from jattn.train.restore import load_task  # noqa: PLC0415
+    from jattn.train import seeds  # noqa: PLC0415
 
-    config = load_config(spec)
-    task = load_task(config)
-    model = Transformer(build_model_config(config, task.tokenizer.vocab_size))
-    tx, schedule = make_optimizer(config)
-    init_boxed = setup.make_init(model, tx, config, rows=1)
-    init = jax.jit(lambda r: nn.meta.unbox(init_boxed(r)))
-    states = [init(jax.random.key_data(jax.random.key(s))) for s in range(num_seeds)]
-    iters = [
-        iter(setup.train_loader(task, members.seed_config(config, s))) for s in range(num_seeds)
-    ]
-    batches = [[next(it) for it in iters] for _ in range(steps)]
-    step = steps_lib.make_train_step(model, tx, schedule, label_smoothing=config.label_smoothing)
+    built = build_step(load_config(spec), num_seeds, steps)
+    states, batches, step = built["states"], built["batches"], built["step"]
     one = jax.jit(step)
     programs = {k: jax.jit(seeds.over_seeds(step, k)) for k in ("map", "vmap")}
     stacked = [jax.tree.map(jnp.asarray, seeds.stack(b)) for b in batches]

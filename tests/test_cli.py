@@ -350,7 +350,9 @@ def _bench_parser(name, monkeypatch):
     return seen[0]
 
 
-@pytest.mark.parametrize("name", ["attention", "data", "decode", "gpu", "memory", "train"])
+@pytest.mark.parametrize(
+    "name", ["attention", "data", "decode", "gpu", "memory", "train", "variants"]
+)
 def test_bench_flags_are_dashed_with_help(name, monkeypatch):
     parser = _bench_parser(name, monkeypatch)
     for action in parser._actions:
@@ -359,6 +361,31 @@ def test_bench_flags_are_dashed_with_help(name, monkeypatch):
         assert action.help, f"bench {name} {action.dest} has no help"
         if action.dest == "out" and action.default is not None:
             assert action.default.startswith(os.path.join("runs", "bench", "")), action.default
+
+
+def test_bench_variants_times_each_arm_against_the_first(capsys):
+    """Two arms of the smoke config, the second with rows half as long and twice
+    as many: the table has both, the first at 1.00x of itself, and the second's
+    rows and tokens as its overrides make them."""
+    main = _bench_module("variants")["main"]
+    spec = str(REPO / "configs" / "smoke.py")
+    arms = ["base:", "short:max_len=8,max_input_len=8,batch_size=16"]
+    assert main(["--config", spec, *arms, "--steps", "2", "--rounds", "2"]) == 0
+    out = capsys.readouterr().out
+    rows = {line.split("|")[1].strip(): line for line in out.splitlines() if line.startswith("| ")}
+    assert set(rows) == {"arm", "base", "short"}
+    assert rows["base"].rstrip().endswith("| 1.00x | 1.00x |")
+    assert "16x(8+8)" in rows["short"]
+    assert out.count("round ") == 2
+
+
+def test_bench_variants_refuses_a_malformed_arm(capsys):
+    main = _bench_module("variants")["main"]
+    spec = str(REPO / "configs" / "smoke.py")
+    with pytest.raises(SystemExit) as e:
+        main(["--config", spec, "base:", "bad:max_len"])
+    assert e.value.code == 2
+    assert "override 'max_len' is not key=value" in capsys.readouterr().err
 
 
 def test_bench_data_takes_old_underscore_flags(monkeypatch):
