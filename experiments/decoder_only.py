@@ -17,7 +17,10 @@ Every run is `model.architecture = "decoder_only"`: one causal stack over
 the input, a separator and the target (`jattn.models.decoder_only`).
 
 `:arg` picks a preset: "" (copy and reverse, six schemes, 3 seeds), "long"
-(NoPE and T5 on copy at 3,600 steps: is NoPE's shortfall under-training?),
+(NoPE and T5 on copy at 3,600 steps: is NoPE's shortfall under-training?
+`--config.grid.position.values=alibi,rope
+--config.reference=task=kz_copy,position=alibi` runs the same for ALiBi and
+RoPE, as the README's second check did),
 "tiny" (one task, two schemes, one seed, a few steps: the tests).
 """
 
