@@ -189,6 +189,23 @@ def test_cli_jobs_flag_is_checked_before_anything_runs(tmp_path, capsys):
     assert not (tmp_path / "w").exists()
 
 
+def test_cli_refuses_a_grid_another_ablate_is_training(tmp_path, capsys):
+    """The grid directory's lock (the one `jattn train` takes on a run's) is held
+    here as a second `jattn ablate` would find it: refused in one line naming
+    the holder, before any run directory or data is written."""
+    from jattn.cli import main
+    from jattn.train.workdir_lock import WorkdirLock
+
+    grid = tmp_path / "grid"
+    with WorkdirLock(str(grid)):
+        status = main(["ablate", "--config", TINY, "--workdir", str(grid), *NO_CACHE])
+        err = capsys.readouterr().err
+    assert status == 3  # as `jattn train` on a locked run (docs/reliability.md)
+    assert f"workdir {grid} is in use by pid {os.getpid()}" in err
+    assert err.count("\n") == 1
+    assert not (grid / "runs").exists() and not (grid / "experiment.json").exists()
+
+
 def test_cli_emit_and_bad_key(tmp_path, capsys):
     from jattn.cli import main
 

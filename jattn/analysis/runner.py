@@ -26,6 +26,7 @@ from jattn.analysis import grid as grid_lib
 from jattn.analysis import parallel, report, seed_groups
 from jattn.analysis.parallel import fmt_cpus, fmt_duration
 from jattn.train import workdir as files
+from jattn.train.workdir_lock import WorkdirLock
 
 STATUS_FILE = "ablation_status.json"
 
@@ -82,12 +83,21 @@ def run_grid(
     Raises:
       ValueError: `parallel_jobs` < 1 or above the CPUs this process may use.
       JobFailed: a job failed while others trained in parallel (after they end).
+      WorkdirLockedError: another `jattn ablate` is training this grid
+        (``workdir/.lock``, `jattn.train.workdir_lock`).
     """
     parallel.cpu_slots(parallel_jobs)  # a bad --jobs fails before anything runs
     runs = grid_lib.expand(exp, workdir)
     configs = grid_lib.checked_configs(exp, runs, repo_root)  # all checked first
     report.check_reference(exp, runs)
-    os.makedirs(workdir, exist_ok=True)
+    # One grid per directory: a second `jattn ablate` on it (the same command in
+    # another terminal) would train the same jobs and race on every file.
+    with WorkdirLock(workdir):
+        return _train_and_report(exp, runs, configs, workdir, log, one_program, parallel_jobs)
+
+
+def _train_and_report(exp, runs, configs, workdir, log, one_program, parallel_jobs):
+    """`run_grid` once the grid is checked and its directory locked."""
     with open(os.path.join(workdir, "experiment.json"), "w") as f:
         f.write(exp.to_json_best_effort(indent=2, sort_keys=True))
     status: dict[str, str] = {}

@@ -97,7 +97,9 @@ def ablate_command(argv: Sequence[str]) -> int:
     """`jattn ablate`: returns the exit status."""
     from jattn.analysis.parallel import JobFailed, cpu_slots  # noqa: PLC0415
     from jattn.analysis.runner import main_ablate  # noqa: PLC0415
+    from jattn.cli.train import EXIT_LOCKED  # noqa: PLC0415
     from jattn.train.config import ConfigError  # noqa: PLC0415
+    from jattn.train.workdir_lock import WorkdirLockedError  # noqa: PLC0415
 
     try:
         args, overrides = parse_with_overrides(make_parser(), argv)
@@ -129,3 +131,5 @@ def ablate_command(argv: Sequence[str]) -> int:
         return fail(PROG, str(e))
     except JobFailed as e:
         return fail(PROG, str(e), status=1)
+    except WorkdirLockedError as e:
+        return fail(PROG, str(e), status=EXIT_LOCKED)
