@@ -20,7 +20,7 @@ the input, a separator and the target (`jattn.models.decoder_only`).
 (NoPE and T5 on copy at 3,600 steps: is NoPE's shortfall under-training?
 `--config.grid.position.values=alibi,rope
 --config.reference=task=kz_copy,position=alibi` runs the same for ALiBi and
-RoPE, as the README's second check did),
+RoPE, as the README's second check did, and `=sinusoidal` its third),
 "tiny" (one task, two schemes, one seed, a few steps: the tests).
 """
 
