@@ -30,7 +30,7 @@ steps/s, 2.5-4.5 minutes each with evaluation. (An estimate of 11 minutes,
 scaled from one Shaw run timed on a shared machine, was wrong by 2x.) With
 `--jobs 2` (two groups at once, one core each) it took 22 min 53 s on
 2026-12-02, a day the machine trained the same group about 1.2x slower,
-and 24 min 30 s again that day (a test run beside it for 3 minutes), with
+and 24 min 30 s again that day (test runs beside it for ~5 minutes), with
 every metric of the 18 runs equal to the first `--jobs 2` run's.
 
 `:arg` picks a preset: "" (cutoff 26, six schemes, 3 seeds), "length22"
