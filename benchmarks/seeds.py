@@ -101,7 +101,7 @@ def steady(spec: str, num_seeds: int, steps: int, rounds: int) -> dict:
     import statistics  # noqa: PLC0415
 
     import jax.numpy as jnp  # noqa: PLC0415
-    from _step import build_step  # noqa: PLC0415
+    from _step import build_step, device_batch  # noqa: PLC0415
 
     from jattn.train import seeds  # noqa: PLC0415
 
@@ -109,7 +109,7 @@ def steady(spec: str, num_seeds: int, steps: int, rounds: int) -> dict:
     states, batches, step = built["states"], built["batches"], built["step"]
     one = jax.jit(step)
     programs = {k: jax.jit(seeds.over_seeds(step, k)) for k in ("map", "vmap")}
-    stacked = [jax.tree.map(jnp.asarray, seeds.stack(b)) for b in batches]
+    stacked = [device_batch(seeds.stack(b)) for b in batches]
 
     def time_single() -> float:
         sts = list(states)

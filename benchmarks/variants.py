@@ -17,7 +17,7 @@ The table is printed last.
 
 What it answers: which row shape, dtype or model option makes a grid's runs
 cheaper per example, before any grid is rerun on it (docs/benchmarks.md,
-"Making runs cheaper").
+"Making a grid's runs cheaper").
 """
 
 from __future__ import annotations
@@ -59,10 +59,12 @@ def tokens(batch) -> int:
     return int((batch["inputs"] > 0).sum() + (batch["targets"] > 0).sum())
 
 
-def time_arms(spec: str, arms: list[str], steps: int, rounds: int) -> list[dict]:
+def time_arms(
+    spec: str, arms: list[tuple[str, list[tuple[str, str]]]], steps: int, rounds: int
+) -> list[dict]:
+    """Each arm (`parse_arm`'s name and overrides) compiled, then timed in rounds."""
     built = []
-    for text in arms:
-        name, overrides = parse_arm(text)
+    for name, overrides in arms:
         config = apply_overrides(load_config(spec), overrides)
         b = build_step(config, 1, steps)
         batches = [device_batch(seeds[0]) for seeds in b["batches"]]
@@ -135,7 +137,7 @@ def main(argv=None) -> int:
         parser.error(str(e))
     if len({name for name, _ in arms}) != len(arms):
         parser.error("arm names must differ")
-    built = time_arms(args.config, args.arms, args.steps, args.rounds)
+    built = time_arms(args.config, arms, args.steps, args.rounds)
     print()
     print(table(args.config, built))
     return 0

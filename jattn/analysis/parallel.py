@@ -288,10 +288,10 @@ def train_jobs(
                     log(f"[{number}/{len(jobs)}] {label} FAILED: {why}")
                     continue
                 log_diverged(status, log)
-                took = time.time() - t0
-                end = "saved and stopped after" if preempted(status) else "done in"
+                took, stopped = time.time() - t0, preempted(status)
+                end = "saved and stopped after" if stopped else "done in"
                 log(f"[{number}/{len(jobs)}] {label} {end} {fmt_duration(took)}")
-                if preempted(status):
+                if stopped:
                     stop["now"] = True
                 else:
                     durations.append(took)
