@@ -39,7 +39,7 @@ def child(spec: str, steps: int, rounds: int) -> dict:
     from jattn.train.allocator import describe  # noqa: PLC0415
     from jattn.train.config import build_model_config  # noqa: PLC0415
     from jattn.train.optim import make_optimizer  # noqa: PLC0415
-    from jattn.train.restore import load_task  # noqa: PLC0415
+    from jattn.train.load import load_task  # noqa: PLC0415
 
     config = load_config(spec)
     task = load_task(config)

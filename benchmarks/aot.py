@@ -36,6 +36,8 @@ How, on a CPU-only host:
     python benchmarks/aot.py --variants '*-bfloat16-*' --timeout-s 120
     python benchmarks/aot.py --variants 't5-bfloat16-*' --block-q 16 --block-k 32
     python benchmarks/aot.py --list
+    python benchmarks/aot.py --target tpu                     # the Mosaic kernels
+                                                              # (benchmarks/_tpu_aot.py)
 """
 
 from __future__ import annotations
@@ -158,10 +160,12 @@ def _variant_fn(
     precision: str | None = None,
     interpret: bool = False,
     tiles: dict | None = None,
+    backend: str | None = None,
 ):
     """`f(q, k, v, ct, extra) -> (out, grads)` of one variant: the forward and
     its vjp through `flash_attention(..., interpret=False)` (the Triton
-    kernels, as on a GPU) at the kernels' float32 `precision` (None: their
+    kernels, as on a GPU; `backend="tpu"`: the Mosaic kernels, as on a TPU,
+    `benchmarks/_tpu_aot.py`) at the kernels' float32 `precision` (None: their
     default, "tf32x3"; "ieee" the IEEE FMAs). The vjp is taken with respect
     to q, k, v and the `extra` entries named `rel_*` (Shaw tables) and `mod`
     (the score mod's params); `interpret=True` runs the same function in
@@ -191,8 +195,9 @@ def _variant_fn(
             mod = score_mod_of(feature, q.shape[2])
             kw["score_mod"] = dataclasses.replace(mod, params=extra["mod"])
         nf = jattn.normalise(q, k, v, **kw)
+        mode = dict(backend=backend) if backend else dict(interpret=interpret)
         return fa.flash_attention(
-            nf, interpret=interpret, backward=backward, precision=precision, **(tiles or {})
+            nf, backward=backward, precision=precision, **mode, **(tiles or {})
         )[0]
 
     def differentiable(name):
@@ -207,23 +212,12 @@ def _variant_fn(
     return jattn_aot_variant
 
 
-def child_main(
-    name: str, target_config: str, precision: str | None = None, tiles: dict | None = None
-) -> int:
+def variant_inputs(spec: dict, sds) -> tuple:
+    """`(q, k, v, ct, extra)` of a variant as `sds(shape, dtype)` (sharded
+    `ShapeDtypeStruct`s on the compile-only device): `q`, `ct` `[B, T, N, H]`,
+    `k`, `v` `[B, T, K, H]`, and the feature's extra inputs."""
     import jax
     import jax.numpy as jnp
-    import jaxlib
-    from jax.experimental import topologies
-
-    spec = parse_variant(name)
-    topology = topologies.get_topology_desc(
-        platform="cuda", target_config=target_config, topology="1x1x1"
-    )
-    device = topology.devices[0]
-    sharding = jax.sharding.SingleDeviceSharding(device)
-
-    def sds(shape, dtype):
-        return jax.ShapeDtypeStruct(shape, dtype, sharding=sharding)
 
     b, t, n, kh, h = SHAPE["b"], SHAPE["t"], SHAPE["n"], SHAPE["kh"], spec["head_dim"]
     dtype = jnp.dtype(spec["dtype"])
@@ -241,9 +235,29 @@ def child_main(
     elif spec["feature"] in SCORE_MODS:
         params = score_mod_of(spec["feature"], n).params
         extra["mod"] = jax.tree.map(lambda x: sds(jnp.shape(x), jnp.result_type(x)), params)
+    return q, k, v, ct, extra
+
+
+def child_main(
+    name: str, target_config: str, precision: str | None = None, tiles: dict | None = None
+) -> int:
+    import jax
+    import jaxlib
+    from jax.experimental import topologies
+
+    spec = parse_variant(name)
+    topology = topologies.get_topology_desc(
+        platform="cuda", target_config=target_config, topology="1x1x1"
+    )
+    device = topology.devices[0]
+    sharding = jax.sharding.SingleDeviceSharding(device)
+
+    def sds(shape, dtype):
+        return jax.ShapeDtypeStruct(shape, dtype, sharding=sharding)
+
     fn = jax.jit(_variant_fn(spec["feature"], spec["backward"], precision, tiles=tiles))
     start = time.perf_counter()
-    lowered = fn.trace(q, k, v, ct, extra).lower()
+    lowered = fn.trace(*variant_inputs(spec, sds)).lower()
     lowered_at = time.perf_counter()
     lowered.compile()
     done = time.perf_counter()
@@ -451,8 +465,32 @@ def _tiles(args) -> dict:
     return {n: getattr(args, n) for n in names if getattr(args, n) is not None}
 
 
+TARGETS = ("cuda", "tpu")
+
+
+def split_target(argv) -> tuple[str, list[str]]:
+    """`--target` and the other arguments (those of the target's own parser)."""
+    pre = argparse.ArgumentParser(add_help=False)
+    pre.add_argument("--target", choices=TARGETS, default="cuda")
+    known, rest = pre.parse_known_args(argv)
+    return known.target, rest
+
+
 def main(argv=None) -> int:
+    target, argv = split_target(argv)
+    if target == "tpu":  # the Mosaic kernels for TPU v5e / v6e: their own options
+        sys.path.insert(0, HERE)
+        import _tpu_aot
+
+        return _tpu_aot.main(argv)
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument(
+        "--target",
+        choices=TARGETS,
+        default="cuda",
+        help="cuda: an H100, sm_90a (these options); tpu: TPU v5e and v6e "
+        "(benchmarks/_tpu_aot.py; see --target tpu --help)",
+    )
     parser.add_argument("--variants", nargs="*", default=["*"], help="names or globs (--list)")
     parser.add_argument("--timeout-s", type=float, default=300.0, help="per variant")
     parser.add_argument("--out", default=os.path.join("runs", "bench", "aot.md"))

@@ -1,8 +1,8 @@
 """Benchmark: a whole model's compiled temporary memory, one positional scheme
 against another, forward and backward.
 
-    python benchmarks/model_memory.py --length 4096
-    jattn bench model_memory --length 4096 --positions none alibi t5 --out runs/bench/mm.md
+    python benchmarks/model_memory.py --lengths 4096
+    jattn bench model_memory --lengths 2048 4096 --positions none alibi t5 --out runs/bench/mm.md
 
 The encoder-decoder Transformer (1+1 layers, d_model 256, 8 heads, d_ff
 1024, vocabulary 1024 by default; no dropout) on `[1, L]` sources and
@@ -15,7 +15,7 @@ change it and large L costs only compile time), and its ratio to
 
 The peer row "t5, bias materialised" is the T5 scheme as the models built it
 before score mods: its bias `[N, L, L]` computed in full
-(`t5_bias(table, t5_buckets(...))` over every position pair) and read inside
+(the table read at every position pair's bucket) and read inside
 attention, so it and its gradient are `[T, S]`-sized arrays. It shows what the score
 mods save (`--no-materialised` leaves it out), and the fast test in
 tests/test_model_memory.py uses it to show that its measure sees such an
@@ -51,17 +51,20 @@ def _read_bias(bias, score, batch, head, i, j):
 
 @dataclasses.dataclass(frozen=True)
 class MaterialisedT5(T5):
-    """T5 with its bias built as a `[N, max_len, max_len]` array by
-    `t5_bias(table, t5_buckets(...))`, as the models did before score mods
+    """T5 with its bias built as a `[N, max_len, max_len]` array, its table
+    read at every position pair's bucket, as the models did before score mods
     (the same values as T5's score mod), and read per logit."""
 
     def score_mod(self, module, cfg, site, state):
-        table = super().score_mod(module, cfg, site, state).params.T  # [buckets, N]
-        pos = jnp.arange(cfg.max_len, dtype=jnp.int32)[None]  # [1, L]
-        buckets = pos_lib.t5_buckets(
-            pos, pos, cfg.t5_num_buckets, cfg.t5_max_distance, bidirectional=not site.causal
-        )  # [1, L, L]
-        bias = pos_lib.t5_bias(table, buckets)[0]  # [N, L, L], as the models built it
+        table = super().score_mod(module, cfg, site, state).params  # [N, buckets]
+        pos = jnp.arange(cfg.max_len, dtype=jnp.int32)
+        buckets = pos_lib.t5_relative_bucket(
+            pos[None, :] - pos[:, None],  # kv - q
+            cfg.t5_num_buckets,
+            cfg.t5_max_distance,
+            bidirectional=not site.causal,
+        )  # [L, L]
+        bias = jnp.take(table, buckets, axis=1)  # [N, L, L], as the models built it
         return ScoreMod(_read_bias, bias, MATERIALISED)
 
 

@@ -5,13 +5,18 @@ forward+backward (gradients to query, key, value and the positional
 parameters), in one run on the same inputs:
 
 - chunked, plain (no positional term): the baseline;
-- chunked + the T5 score mod (`jattn.positions.t5_score_mod`, 32 buckets);
-- chunked + the same T5 term read as `table[head, bucket]` with the gather's
+- chunked + every score mod the built-in schemes of `jattn.models.SCHEMES`
+  build in a causal (or, with --no-causal, a bidirectional) layer of
+  `--heads` heads at the config's defaults (T5: 32 buckets; FIRE: 32 hidden
+  units), parameters from each scheme's initialisers: the catalogue
+  tests/registry_mods.py, which the kernel tests run too, so a new scheme
+  is timed with no edit here;
+- chunked + the T5 term read as `table[head, bucket]` with the gather's
   own autodiff backward (a scatter-add of every element), which the T5 mod
   used before its table read got a row-scatter backward;
 - chunked + the T5 bias materialised as `[1, N, T, S]` (what the models did
-  before score mods: `t5_bias(table, t5_buckets(...))` handed over as `bias`);
-- chunked + the ALiBi and FIRE score mods;
+  before score mods: the table read at every position pair's bucket, handed
+  over as `bias`);
 - xla, plain and with the T5 score mod, where its compiled temporaries fit
   in --max-gib.
 
@@ -30,7 +35,9 @@ from __future__ import annotations
 
 import argparse
 import csv
+import importlib.util
 import os
+import pathlib
 import statistics
 import sys
 import time
@@ -42,60 +49,57 @@ import numpy as np
 import jattn
 from jattn import positions
 from jattn.cli.common import normalize_flags
+from jattn.score_mod import with_settings
 
 MIB = 2**20
+ROOT = pathlib.Path(__file__).resolve().parent.parent
+
+
+def registry_mods():
+    """tests/registry_mods.py, the catalogue of the registry's score mods."""
+    if "registry_mods" not in sys.modules:  # its dataclass needs it registered
+        path = ROOT / "tests" / "registry_mods.py"
+        spec = importlib.util.spec_from_file_location("registry_mods", path)
+        sys.modules["registry_mods"] = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(sys.modules["registry_mods"])
+    return sys.modules["registry_mods"]
+
+
+def _t5_autodiff(tab, score, batch, head, i, j, *, bidirectional):
+    """The T5 term with the gather's own autodiff backward (the same values)."""
+    return score + tab[head, positions.t5_relative_bucket(j - i, 32, 128, bidirectional)]
 
 
 def cells(num_heads: int, causal: bool) -> dict:
     """name -> (implementation, params, fn(params, q_pos, kv_pos) -> (bias, score_mod))."""
-    rng = np.random.default_rng(1)
-    t5_table = jnp.asarray(rng.normal(size=(num_heads, 32)), jnp.float32)  # [N, buckets]
-    fire = positions.init_fire_params(jax.random.PRNGKey(2), num_heads, hidden=32)
-    slopes = positions.alibi_slopes(num_heads)
+    mods = registry_mods().builtin_mods(sites=(causal,), num_heads=num_heads)
+    t5 = next(b.mod for b in mods.values() if b.mod.name == "t5")  # 32 buckets, [N, 32]
     bidirectional = not causal
 
     def plain(p, qp, kp):
         return None, None
 
-    def t5_mod(table, qp, kp):
-        return None, positions.t5_score_mod(table, bidirectional=bidirectional)
+    def with_params(mod):  # the mod with the cell's (differentiated) parameters
+        return lambda p, qp, kp: (None, jattn.ScoreMod(mod.fn, p, mod.name))
 
-    def t5_autodiff(table, qp, kp):  # the same values, the gather's own backward
-        def fn(tab, score, batch, head, i, j):
-            bucket = positions.t5_relative_bucket(j - i, 32, 128, bidirectional)
-            return score + tab[head, bucket]
-
-        fn.__name__ = f"t5_autodiff_{bidirectional}"
-        return None, jattn.ScoreMod(_cached(fn), table, "t5_autodiff")
+    def t5_autodiff(table, qp, kp):
+        fn = with_settings(_t5_autodiff, bidirectional=bidirectional)
+        return None, jattn.ScoreMod(fn, table, "t5_autodiff")
 
     def t5_bias(table, qp, kp):
-        buckets = positions.t5_buckets(qp, kp, 32, 128, bidirectional)  # [1, T, S]
-        return positions.t5_bias(table.T, buckets), None  # [1, N, T, S]
+        rel = kp[:, None, :] - qp[:, :, None]  # [1, T, S]
+        buckets = positions.t5_relative_bucket(rel, 32, 128, bidirectional)
+        bias = jnp.take(table, buckets, axis=1)  # [N, 1, T, S]
+        return jnp.transpose(bias, (1, 0, 2, 3)), None  # [1, N, T, S]
 
-    def alibi(s, qp, kp):
-        return None, positions.alibi_score_mod(s, mode="causal" if causal else "symmetric")
-
-    def fire_mod(p, qp, kp):
-        return None, positions.fire_score_mod(p)
-
-    return {
-        "chunked plain": ("chunked", None, plain),
-        "chunked + T5 score mod": ("chunked", t5_table, t5_mod),
-        "chunked + T5 score mod, autodiff scatter": ("chunked", t5_table, t5_autodiff),
-        "chunked + T5 bias [1,N,T,S]": ("chunked", t5_table, t5_bias),
-        "chunked + ALiBi score mod": ("chunked", slopes, alibi),
-        "chunked + FIRE score mod": ("chunked", fire, fire_mod),
-        "xla plain": ("xla", None, plain),
-        "xla + T5 score mod": ("xla", t5_table, t5_mod),
-    }
-
-
-_FNS: dict = {}
-
-
-def _cached(fn):
-    """One function object per name, so equal cells share a compilation."""
-    return _FNS.setdefault(fn.__name__, fn)
+    out = {"chunked plain": ("chunked", None, plain)}
+    for label, built in mods.items():
+        out[f"chunked + {label} score mod"] = ("chunked", built.mod.params, with_params(built.mod))
+    out["chunked + t5 score mod, autodiff scatter"] = ("chunked", t5.params, t5_autodiff)
+    out["chunked + t5 bias [1,N,T,S]"] = ("chunked", t5.params, t5_bias)
+    out["xla plain"] = ("xla", None, plain)
+    out["xla + t5 score mod"] = ("xla", t5.params, with_params(t5))
+    return out
 
 
 def cell_fn(impl: str, term, causal: bool):

@@ -7,7 +7,7 @@
 For each count N of `--seeds`, in this one process: N sequential runs of the
 config (seeds 0 ... N-1, each a fresh `jattn train`: build, compile, train,
 final checkpoint), then one run with ``seeds=0,...,N-1`` (every seed in one
-vmapped program, `jattn.train.seed_program`). Both use a persistent compilation
+vmapped program, `jattn.train.members`). Both use a persistent compilation
 cache, as `jattn ablate` does, so a sequential run after the first skips most
 of its compilation. Reported: wall time of each side and their ratio, steps a
 second (the steady rate, compilation left out) of one run and of the program,
@@ -74,7 +74,7 @@ def bench(spec: str, num_seeds: int, steps: int, evaluate: bool, root: Path, pro
     prog = train_and_evaluate(config, str(prog_dir))
     t_prog = time.perf_counter() - t0
     rel = max(
-        abs(prog["seeds"][s]["train/loss"] - seq[s]["train/loss"]) / abs(seq[s]["train/loss"])
+        abs(prog["members"][s]["train/loss"] - seq[s]["train/loss"]) / abs(seq[s]["train/loss"])
         for s in range(num_seeds)
     )
     same = all(
@@ -87,7 +87,7 @@ def bench(spec: str, num_seeds: int, steps: int, evaluate: bool, root: Path, pro
         "program_s": t_prog,
         "ratio": t_prog / t_seq,
         "run_steps_per_s": sum(r["train/steps_per_sec"] or 0 for r in seq) / num_seeds,
-        "program_steps_per_s": prog["seeds"][0]["train/steps_per_sec"],
+        "program_steps_per_s": prog["members"][0]["train/steps_per_sec"],
         "max_rel_loss_diff": rel,
         "decodes_equal": same if evaluate else None,
     }
@@ -103,13 +103,13 @@ def steady(spec: str, num_seeds: int, steps: int, rounds: int) -> dict:
     import jax.numpy as jnp  # noqa: PLC0415
     from _step import build_step, device_batch  # noqa: PLC0415
 
-    from jattn.train import seeds  # noqa: PLC0415
+    from jattn.train import members  # noqa: PLC0415
 
     built = build_step(load_config(spec), num_seeds, steps)
     states, batches, step = built["states"], built["batches"], built["step"]
     one = jax.jit(step)
-    programs = {k: jax.jit(seeds.over_seeds(step, k)) for k in ("map", "vmap")}
-    stacked = [device_batch(seeds.stack(b)) for b in batches]
+    programs = {k: jax.jit(members.over_members(step, k)) for k in ("map", "vmap")}
+    stacked = [device_batch(members.stack(b)) for b in batches]
 
     def time_single() -> float:
         sts = list(states)
@@ -121,7 +121,7 @@ def steady(spec: str, num_seeds: int, steps: int, rounds: int) -> dict:
         return (time.perf_counter() - t0) / steps
 
     def time_program(kind) -> float:
-        st = jax.tree.map(jnp.asarray, seeds.stack(states))
+        st = jax.tree.map(jnp.asarray, members.stack(states))
         t0 = time.perf_counter()
         for b in stacked:
             st, m = programs[kind](st, b)

@@ -19,7 +19,12 @@ comma-separated list: a task ("copy", the default, "reverse", "addition")
 and the variants of `jattn.train.apply_variant` (a positional scheme, ...).
 """
 
-from jattn.train.config import apply_variant, default_config
+import pathlib
+import runpy
+
+from jattn.train.config import apply_variant
+
+small_task = runpy.run_path(str(pathlib.Path(__file__).with_name("_small_task.py")))["small_task"]
 
 TASKS = {"copy": "kz_copy", "reverse": "kz_reverse", "addition": "kz_addition"}
 
@@ -30,40 +35,16 @@ def get_config(arg=None):
     if len(tasks) > 1:
         raise ValueError(f"configs/kazemnejad.py: one task at most, got {tasks}")
     task = tasks[0] if tasks else "copy"
-
-    c = default_config()
-    c.dataset = TASKS[task]
-    c.tokenizer = "char"
-    c.max_len = 64
-    c.max_input_len = 64 if task != "addition" else 96
-    c.pack = True
-
-    c.batch_size = 16
-    c.num_train_steps = 1200
-    c.schedule = "cosine"
-    c.learning_rate = 3e-3
-    c.warmup_steps = 100
-    c.label_smoothing = 0.0
-    c.grad_clip_norm = 1.0
-
-    c.eval_every_steps = 1200
-    c.eval_batch_size = 512
-    c.eval_max_len = 48  # the longest test_longer target: 42 tokens
-    c.eval_max_input_len = 48 if task != "addition" else 88
-    c.eval_max_batches = 2  # 2 x 512 rows: all 1,000 examples of each split
-    c.eval_decode_examples = 1000
-    c.decode = "greedy"
-    c.best_metric = ""  # the final step is evaluated, nothing is selected on validation
-    c.checkpoint_every_steps = 1200
-    c.keep_checkpoints = 1
-    c.log_every_steps = 50
-
-    c.model.d_model = 64
-    c.model.num_heads = 4
-    c.model.num_layers = 2
-    c.model.d_ff = 256
-    c.model.dropout_rate = 0.1
-    c.model.max_len = 96 if task != "addition" else 128
-    c.model.max_relative_distance = 20  # the longest training length
-    c.model.position = "sinusoidal"
+    addition = task == "addition"  # inputs "a+b": about twice as long
+    c = small_task(
+        dataset=TASKS[task],
+        tokenizer="char",
+        max_input_len=96 if addition else 64,
+        num_train_steps=1200,
+        eval_max_len=48,  # the longest test_longer target: 42 tokens
+        eval_max_input_len=88 if addition else 48,
+        eval_decode_examples=1000,  # 2 x 512 rows: all 1,000 examples of each split
+        model_max_len=128 if addition else 96,
+        max_relative_distance=20,  # the longest training length
+    )
     return apply_variant(c, ",".join(s for s in items if s not in TASKS))

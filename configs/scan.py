@@ -21,43 +21,24 @@ distance in a training target. `:arg` takes the variants of
 `jattn.train.apply_variant`.
 """
 
-from jattn.train.config import apply_variant, default_config
+import pathlib
+import runpy
+
+from jattn.train.config import apply_variant
+
+small_task = runpy.run_path(str(pathlib.Path(__file__).with_name("_small_task.py")))["small_task"]
 
 
 def get_config(arg=None):
-    c = default_config()
-    c.dataset = "scan/length_cutoff26"
-    c.tokenizer = "word"
-    c.max_len = 64
-    c.max_input_len = 40
-    c.pack = True
-
-    c.batch_size = 16
-    c.num_train_steps = 2000
-    c.schedule = "cosine"
-    c.learning_rate = 3e-3
-    c.warmup_steps = 100
-    c.label_smoothing = 0.0
-    c.grad_clip_norm = 1.0
-
-    c.eval_every_steps = 2000
-    c.eval_batch_size = 512
-    c.eval_max_len = 64
-    c.eval_max_input_len = 16
-    c.eval_max_batches = 2
-    c.eval_decode_examples = 1024
-    c.decode = "greedy"
-    c.best_metric = ""  # the final step is evaluated, nothing is selected on validation
-    c.checkpoint_every_steps = 2000
-    c.keep_checkpoints = 1
-    c.log_every_steps = 50
-
-    c.model.d_model = 64
-    c.model.num_heads = 4
-    c.model.num_layers = 2
-    c.model.d_ff = 256
-    c.model.dropout_rate = 0.1
-    c.model.max_len = 64
-    c.model.max_relative_distance = 26
-    c.model.position = "sinusoidal"
+    c = small_task(
+        dataset="scan/length_cutoff26",
+        tokenizer="word",
+        max_input_len=40,
+        num_train_steps=2000,
+        eval_max_len=64,
+        eval_max_input_len=16,
+        eval_decode_examples=1024,
+        model_max_len=64,
+        max_relative_distance=26,
+    )
     return apply_variant(c, arg)

@@ -20,59 +20,40 @@ the input, a separator and the target (`jattn.models.decoder_only`).
 (NoPE and T5 on copy at 3,600 steps: is NoPE's shortfall under-training?
 `--config.grid.position.values=alibi,rope
 --config.reference=task=kz_copy,position=alibi` runs the same for ALiBi and
-RoPE, as the README's second check did, and `=sinusoidal` its third),
+RoPE, as docs/results.md's second check did, and `=sinusoidal` its third),
 "tiny" (one task, two schemes, one seed, a few steps: the tests).
 """
 
+import pathlib
+import runpy
+
 import ml_collections
+
+_presets = runpy.run_path(str(pathlib.Path(__file__).with_name("_presets.py")))
+grid_experiment, length_metrics, tiny, train_steps = (
+    _presets[n] for n in ("grid_experiment", "length_metrics", "tiny", "train_steps")
+)
 
 SCHEMES = "none,t5,alibi,rope,sinusoidal,fire"
 
 
 def get_config(arg=None):
-    c = ml_collections.ConfigDict()
-    c.base = "configs/kazemnejad.py"
-    c.train = ml_collections.ConfigDict()
-    c.train.num_train_steps = 1200
-    c.train.eval_every_steps = 1200
-    c.train.checkpoint_every_steps = 1200
-    c.train.progress_bar = True
-    c.train.model = ml_collections.ConfigDict({"architecture": "decoder_only"})
-
-    c.grid = ml_collections.ConfigDict()
-    c.grid.task = ml_collections.ConfigDict({"key": "dataset", "values": "kz_copy,kz_reverse"})
-    c.grid.position = ml_collections.ConfigDict({"key": "model.position", "values": SCHEMES})
-    c.grid.seed = ml_collections.ConfigDict({"key": "seed", "values": "0,1,2"})
-    c.reference = "task=kz_copy,position=sinusoidal"
-
-    c.metrics = (
-        "eval/test_longer/exact_match",
-        "eval/validation/exact_match",
-        "eval/test_longer/length_match",
-        "eval/test_longer/beyond_train/accuracy",
-        "train/loss",
-        "num_params",
-        "train/steps_per_sec",
+    c = grid_experiment(
+        "configs/kazemnejad.py",
+        steps=1200,
+        reference="task=kz_copy,position=sinusoidal",
+        metrics=length_metrics("beyond_train/accuracy"),
+        task=("dataset", "kz_copy,kz_reverse"),
+        position=("model.position", SCHEMES),
     )
-
+    c.train.model = ml_collections.ConfigDict({"architecture": "decoder_only"})
     if arg == "tiny":
-        c.train.dataset = "kz_copy/tiny"
-        c.train.num_train_steps = 6
-        c.train.eval_every_steps = 6
-        c.train.checkpoint_every_steps = 3
-        c.train.eval_decode_examples = 8
-        c.train.eval_max_batches = 1
-        c.train.eval_batch_size = 16
-        c.train.progress_bar = False
-        c.grid.task.values = "kz_copy/tiny"
-        c.grid.position.values = "none,t5"
-        c.grid.seed.values = "0"
+        tiny(c, dataset="kz_copy/tiny", task="kz_copy/tiny", position="none,t5")
         c.reference = "task=kz_copy/tiny,position=none"
     elif arg == "long":
         # Is NoPE's shortfall on copy under-training? NoPE and T5 (the paper's
         # pair) at 3x the steps, the rest as the grid.
-        for key in ("num_train_steps", "eval_every_steps", "checkpoint_every_steps"):
-            c.train[key] = 3600
+        train_steps(c, 3600)
         c.train.warmup_steps = 300
         c.grid.task.values = "kz_copy"
         c.grid.position.values = "none,t5"

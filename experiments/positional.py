@@ -21,66 +21,47 @@ against input length with the training lengths shaded.
 
 `:arg` picks a preset: "" (reversing, every scheme, 3 seeds), "duplicate"
 (the same grid on duplication, rows of 96 tokens: 25 min 38 s here, over the
-20-minute aim; only T5 extrapolates, README "Duplication"), "quick" (fewer
+20-minute aim; only T5 extrapolates, docs/results.md "Duplication"), "quick" (fewer
 steps and seeds, for a fast look), "tiny" (two schemes, one seed, a few steps: the tests). The Shaw
 variants of Ontañón et al. (key/bias terms, rel2) are `experiments/shaw_variants.py`;
 the earlier grid on German number words is `experiments/positional_numbers.py`.
 """
 
+import pathlib
+import runpy
+
 import ml_collections
+
+_presets = runpy.run_path(str(pathlib.Path(__file__).with_name("_presets.py")))
+grid_experiment, length_metrics, tiny, train_steps = (
+    _presets[n] for n in ("grid_experiment", "length_metrics", "tiny", "train_steps")
+)
 
 SCHEMES = "none,sinusoidal,learned,shaw,sinusoidal+shaw,rope,alibi,t5"
 
 
 def get_config(arg=None):
-    c = ml_collections.ConfigDict()
-    c.base = "configs/reverse_digits.py"
     # Evaluation and row lengths as tuned in configs/reverse_digits.py; `train`
     # overrides them for every run. 1,200 steps (the config trains 1,500) keep
     # the main job within 20 minutes on 2 CPU cores.
-    c.train = ml_collections.ConfigDict()
-    c.train.num_train_steps = 1200
-    c.train.eval_every_steps = 1200
-    c.train.checkpoint_every_steps = 1200
-    c.train.progress_bar = True
-
-    c.grid = ml_collections.ConfigDict()
-    c.grid.position = ml_collections.ConfigDict({"key": "model.position", "values": SCHEMES})
-    c.grid.seed = ml_collections.ConfigDict({"key": "seed", "values": "0,1,2"})
-    # Differences are tested against this group ("within noise" or not).
-    c.reference = "position=sinusoidal"
-
-    c.metrics = (
-        "eval/test_longer/exact_match",
-        "eval/validation/exact_match",
-        "eval/test_longer/length_match",
-        "eval/test_longer/accuracy",
-        "train/loss",
-        "num_params",
-        "train/steps_per_sec",
+    c = grid_experiment(
+        "configs/reverse_digits.py",
+        steps=1200,
+        # Differences are tested against this group ("within noise" or not).
+        reference="position=sinusoidal",
+        metrics=length_metrics("accuracy"),
+        position=("model.position", SCHEMES),
     )
-
     if arg == "duplicate":
         c.train.dataset = "duplicate_digits"
         c.train.max_len = 96  # targets are twice the inputs: up to 33 tokens in training
         c.train.eval_max_len = 64
         c.train.model = ml_collections.ConfigDict({"max_len": 96})
     elif arg == "quick":
-        c.train.num_train_steps = 600
-        c.train.eval_every_steps = 600
-        c.train.checkpoint_every_steps = 600
+        train_steps(c, 600)
         c.grid.seed.values = "0"
     elif arg == "tiny":
-        c.train.dataset = "reverse_digits/tiny"
-        c.train.num_train_steps = 6
-        c.train.eval_every_steps = 6
-        c.train.checkpoint_every_steps = 3
-        c.train.eval_decode_examples = 8
-        c.train.eval_max_batches = 1
-        c.train.eval_batch_size = 16
-        c.train.progress_bar = False
-        c.grid.position.values = "sinusoidal,shaw"
-        c.grid.seed.values = "0"
+        tiny(c, dataset="reverse_digits/tiny", position="sinusoidal,shaw")
     elif arg:
         raise ValueError(
             f"experiments/positional.py: unknown preset {arg!r} (duplicate, quick, tiny)"

@@ -29,7 +29,7 @@ the 20-minute aim; the groups train at 7.8 (Shaw) to 14.2 (sinusoidal)
 steps/s, 2.5-4.5 minutes each with evaluation. (An estimate of 11 minutes,
 scaled from one Shaw run timed on a shared machine, was wrong by 2x.) With
 `--jobs 2` (two groups at once, one core each) it took 22 min 53 s on
-2026-12-02, a day the machine trained the same group about 1.2x slower,
+2026-12-02, a day the machine trained the same group about 1.6x slower,
 and 24 min 30 s again that day (test runs beside it for ~5 minutes), with
 every metric of the 18 runs equal to the first `--jobs 2` run's.
 
@@ -40,37 +40,27 @@ budget why Csordás et al.'s result does not reproduce?), "tiny" (two
 schemes, one seed, a few steps on `scan/tiny`: the tests).
 """
 
-import ml_collections
+import pathlib
+import runpy
+
+_presets = runpy.run_path(str(pathlib.Path(__file__).with_name("_presets.py")))
+grid_experiment, length_metrics, tiny, train_steps = (
+    _presets[n] for n in ("grid_experiment", "length_metrics", "tiny", "train_steps")
+)
 
 SCHEMES = "sinusoidal,learned,shaw,rope,t5,alibi"
 
 
 def get_config(arg=None):
-    c = ml_collections.ConfigDict()
-    c.base = "configs/scan.py"
-    c.train = ml_collections.ConfigDict()
-    c.train.num_train_steps = 2000
-    c.train.eval_every_steps = 2000
-    c.train.checkpoint_every_steps = 2000
+    c = grid_experiment(
+        "configs/scan.py",
+        steps=2000,
+        reference="position=sinusoidal",
+        metrics=length_metrics("beyond_train/accuracy"),
+        position=("model.position", SCHEMES),
+    )
     c.train.eval_max_batches = 6  # 6 x 512 rows: every example of both splits
     c.train.eval_decode_examples = 3000
-    c.train.progress_bar = True
-
-    c.grid = ml_collections.ConfigDict()
-    c.grid.position = ml_collections.ConfigDict({"key": "model.position", "values": SCHEMES})
-    c.grid.seed = ml_collections.ConfigDict({"key": "seed", "values": "0,1,2"})
-    c.reference = "position=sinusoidal"
-
-    c.metrics = (
-        "eval/test_longer/exact_match",
-        "eval/validation/exact_match",
-        "eval/test_longer/length_match",
-        "eval/test_longer/beyond_train/accuracy",
-        "train/loss",
-        "num_params",
-        "train/steps_per_sec",
-    )
-
     if arg == "length22":
         c.train.dataset = "scan/length"
         c.train.eval_max_batches = 8  # 3,920 test_longer commands
@@ -79,20 +69,10 @@ def get_config(arg=None):
         # Is the gap to Csordás et al. the training budget? Their runs are 50,000
         # steps of 256 commands; these are 2,000 of about 72. An absolute scheme
         # against the relative one with the best seed, at 3x the steps.
-        for key in ("num_train_steps", "eval_every_steps", "checkpoint_every_steps"):
-            c.train[key] = 6000
+        train_steps(c, 6000)
         c.grid.position.values = "sinusoidal,rope"
     elif arg == "tiny":
-        c.train.dataset = "scan/tiny"
-        c.train.num_train_steps = 6
-        c.train.eval_every_steps = 6
-        c.train.checkpoint_every_steps = 3
-        c.train.eval_decode_examples = 8
-        c.train.eval_max_batches = 1
-        c.train.eval_batch_size = 16
-        c.train.progress_bar = False
-        c.grid.position.values = "sinusoidal,t5"
-        c.grid.seed.values = "0"
+        tiny(c, dataset="scan/tiny", position="sinusoidal,t5")
     elif arg:
         raise ValueError(f"experiments/scan.py: unknown preset {arg!r} (length22, long, tiny)")
     return c

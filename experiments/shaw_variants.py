@@ -16,31 +16,25 @@ plain "shaw" in `experiments/positional.py`.
 `:arg`: "" (reversing), "duplicate" (duplication), "tiny" (the tests).
 """
 
+import pathlib
+import runpy
+
 import ml_collections
+
+_presets = runpy.run_path(str(pathlib.Path(__file__).with_name("_presets.py")))
+grid_experiment, length_metrics, tiny, train_steps = (
+    _presets[n] for n in ("grid_experiment", "length_metrics", "tiny", "train_steps")
+)
 
 
 def get_config(arg=None):
-    c = ml_collections.ConfigDict()
-    c.base = "configs/reverse_digits.py:shaw"
-    c.train = ml_collections.ConfigDict()
-    c.train.progress_bar = True
-
-    c.grid = ml_collections.ConfigDict()
-    c.grid.terms = ml_collections.ConfigDict(
-        {"key": "model.shaw_terms", "values": "key,bias,key+bias"}
-    )
-    c.grid.rel2 = ml_collections.ConfigDict({"key": "model.relative_cross", "values": "false,true"})
-    c.grid.seed = ml_collections.ConfigDict({"key": "seed", "values": "0,1,2"})
-    # Group names list the axes alphabetically: "rel2=...,terms=...".
-    c.reference = "rel2=false,terms=key"
-
-    c.metrics = (
-        "eval/test_longer/exact_match",
-        "eval/validation/exact_match",
-        "eval/test_longer/length_match",
-        "eval/test_longer/accuracy",
-        "train/loss",
-        "num_params",
+    c = grid_experiment(
+        "configs/reverse_digits.py:shaw",
+        # Group names list the axes alphabetically: "rel2=...,terms=...".
+        reference="rel2=false,terms=key",
+        metrics=length_metrics("accuracy", speed=False),
+        terms=("model.shaw_terms", "key,bias,key+bias"),
+        rel2=("model.relative_cross", "false,true"),
     )
     if arg == "duplicate":
         c.train.dataset = "duplicate_digits"
@@ -48,17 +42,14 @@ def get_config(arg=None):
         c.train.eval_max_len = 64
         c.train.model = ml_collections.ConfigDict({"max_len": 96})
     elif arg == "tiny":
-        c.train.dataset = "reverse_digits/tiny"
-        c.train.num_train_steps = 4
-        c.train.eval_every_steps = 4
-        c.train.checkpoint_every_steps = 4
-        c.train.eval_decode_examples = 8
-        c.train.eval_max_batches = 1
-        c.train.eval_batch_size = 16
-        c.train.progress_bar = False
-        c.grid.terms.values = "bias,key+bias"
-        c.grid.rel2.values = "true"
-        c.grid.seed.values = "0"
+        tiny(
+            c,
+            dataset="reverse_digits/tiny",
+            steps=4,
+            checkpoint_every=4,
+            terms="bias,key+bias",
+            rel2="true",
+        )
     elif arg:
         raise ValueError(f"experiments/shaw_variants.py: unknown preset {arg!r} (duplicate, tiny)")
     return c

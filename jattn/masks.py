@@ -6,6 +6,13 @@ its neighbour. Each function here builds one rule from positions or ids, so the
 rules compose by logical AND (`combine`) and every implementation of attention
 can rebuild the same rule per tile without materialising `[T, S]` in memory.
 
+Segment id 0 is padding (docs/design.md): a padding token is no segment, so it
+sees no key and no key sees it. `mark_padding` gives padding an id that
+equals nothing (`PAD_Q` on the query side, `PAD_KV` on the key side, and
+sequence lengths fold into the same ids), so the rule stays one equality
+and padding is one more case of "different segments" in every
+implementation, tile skipping included.
+
 Shapes: B batch, T query length, S key length. Results broadcast against
 `[B, N, T, S]` logits once a head axis is inserted (`as_logits_mask`).
 """
@@ -19,16 +26,41 @@ import numpy as np
 Array = jax.Array
 
 __all__ = [
+    "PAD_KV",
+    "PAD_Q",
     "as_logits_mask",
     "causal",
     "combine",
+    "mark_padding",
     "padding",
     "padding_from_lengths",
     "segment",
-    "sliding_window",
     "visible",
     "window_pair",
 ]
+
+
+# Segment ids of padding (id 0, or past a sequence length) once marked:
+# equal to no real id and not to each other, at the bottom of the int32
+# range so per-tile min/max of real ids stay tight and a tile whose largest
+# id is one of these holds nothing but padding.
+PAD_Q = int(np.iinfo(np.int32).min) + 1
+PAD_KV = int(np.iinfo(np.int32).min)
+
+
+def mark_padding(ids: Array, pad: int) -> Array:
+    """Segment ids with padding (id 0) replaced by `pad` (`PAD_Q` for query
+    ids, `PAD_KV` for key ids), which `visible`'s equality never matches.
+
+    Args:
+      ids: int `[..., L]` segment ids, >= 1 for real tokens, 0 for padding.
+      pad: `PAD_Q` or `PAD_KV`.
+
+    Returns:
+      int32 `[..., L]`.
+    """
+    ids = jnp.asarray(ids, jnp.int32)
+    return jnp.where(ids == 0, jnp.int32(pad), ids)
 
 
 def window_pair(local_window_size: int | tuple[int, int] | None) -> tuple[int, int] | None:
@@ -73,7 +105,9 @@ def visible(
     - window `(left, right)`: `q_pos - left <= kv_pos <= q_pos + right`
       (jax.nn's `local_window_size`, on positions, so packed rows get a
       window per segment);
-    - segments: `q_seg == kv_seg`.
+    - segments: `q_seg == kv_seg`, on ids whose padding is marked
+      (`mark_padding`), so a padding token sees nothing and is seen by
+      nothing.
 
     Returns:
       bool of the broadcast shape, or None when no rule applies ("all visible").
@@ -107,28 +141,9 @@ def causal(q_positions: Array, kv_positions: Array) -> Array:
     return visible(q_positions[..., :, None], kv_positions[..., None, :], is_causal=True)
 
 
-def sliding_window(
-    q_positions: Array, kv_positions: Array, local_window_size: int | tuple[int, int]
-) -> Array:
-    """Key visible iff `q - left <= kv <= q + right` (jax.nn's local window).
-
-    Args:
-      q_positions: int `[..., T]`.
-      kv_positions: int `[..., S]`.
-      local_window_size: an int (symmetric) or `(left, right)`.
-
-    Returns:
-      bool `[..., T, S]`.
-    """
-    return visible(
-        q_positions[..., :, None],
-        kv_positions[..., None, :],
-        window=window_pair(local_window_size),
-    )
-
-
 def segment(q_segment_ids: Array, kv_segment_ids: Array) -> Array:
-    """Attend iff the query's and key's segment ids are equal (packed rows).
+    """Attend iff the query's and key's segment ids are equal and not 0
+    (packed rows; id 0 is padding, which attends to nothing).
 
     Args:
       q_segment_ids: int `[..., T]`.
@@ -137,9 +152,9 @@ def segment(q_segment_ids: Array, kv_segment_ids: Array) -> Array:
     Returns:
       bool `[..., T, S]`.
     """
-    return visible(
-        None, None, q_seg=q_segment_ids[..., :, None], kv_seg=kv_segment_ids[..., None, :]
-    )
+    q_seg = mark_padding(q_segment_ids, PAD_Q)[..., :, None]
+    kv_seg = mark_padding(kv_segment_ids, PAD_KV)[..., None, :]
+    return visible(None, None, q_seg=q_seg, kv_seg=kv_seg)
 
 
 def padding(q_valid: Array, kv_valid: Array) -> Array:

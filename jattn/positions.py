@@ -3,8 +3,7 @@
 Absolute schemes produce vectors added to embeddings (`sinusoidal`); rotary
 embeddings rotate queries and keys (`rope`, its scalings `rope_frequencies`,
 and the decaying `xpos`); relative schemes produce either
-tables read inside attention (`ShawRelative`, `relative_ids`) or an additive
-bias on the logits (`alibi_bias`, `t5_bias`), or score mods (`jattn.ScoreMod`:
+tables read inside attention (`ShawRelative`, `relative_ids`) or score mods (`jattn.ScoreMod`:
 ALiBi, T5 buckets, Shaw's bias term, FIRE, KERPLE, soft-capping) applied inside
 the attention tiles. Every function takes explicit
 integer positions so packed rows (positions restarting at each segment) and
@@ -18,20 +17,21 @@ R = 2k + 1 relative distances for Shaw with clip distance k.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import math
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 
-from jattn.score_mod import ScoreMod, TileParts, with_tile_parts
+from jattn.score_mod import ScoreMod, TileParts, with_settings, with_tile_parts
 
 Array = jax.Array
 
 __all__ = [
+    "transformer_xl_tables",
     "ALIBI_MODES",
     "ShawRelative",
-    "alibi_bias",
     "alibi_score_mod",
     "alibi_slopes",
     "fire_score_mod",
@@ -39,16 +39,18 @@ __all__ = [
     "kerple_score_mod",
     "relative_ids",
     "ROPE_SCALINGS",
+    "YARN_CONVENTIONS",
+    "YarnOptions",
     "rope",
     "rope_frequencies",
     "shaw_bias_score_mod",
     "sinusoidal",
     "softcap_score_mod",
-    "t5_bias",
-    "t5_buckets",
     "t5_relative_bucket",
     "t5_score_mod",
     "xpos",
+    "xpos_max_span",
+    "xpos_reference",
 ]
 
 
@@ -129,6 +131,7 @@ def rope(
     scaling: str = "none",
     scaling_factor: float = 1.0,
     original_length: int | None = None,
+    yarn: YarnOptions | None = None,
 ) -> Array:
     """Rotary position embedding (Su et al.), rotate-half convention.
 
@@ -147,6 +150,8 @@ def rope(
       scaling_factor: the context extension s >= 1 of "pi", "ntk", "yarn".
       original_length: the training length "yarn" keeps the short
         wavelengths of (required for "yarn").
+      yarn: YaRN's convention and parameters (None: `YarnOptions()`, the
+        paper's ramp).
 
     Returns:
       `[B, T, N, H]`, dtype of `x`.
@@ -156,7 +161,12 @@ def rope(
     if rot == 0:
         return x
     inv_freq, magnitude = rope_frequencies(
-        rot, max_timescale, scaling=scaling, factor=scaling_factor, original_length=original_length
+        rot,
+        max_timescale,
+        scaling=scaling,
+        factor=scaling_factor,
+        original_length=original_length,
+        yarn=yarn,
     )
     return _rotate_half(x, positions, inv_freq, rot, magnitude)
 
@@ -185,6 +195,92 @@ def _rotate_half(x: Array, positions: Array, inv_freq, rot: int, magnitude=None)
 # RoPE's extensions to longer inputs than training showed (`rope_frequencies`).
 ROPE_SCALINGS = ("none", "pi", "ntk", "yarn")
 
+# Where YaRN's ramp between kept and interpolated frequencies runs (`YarnOptions`).
+YARN_CONVENTIONS = ("paper", "hf")
+
+
+@dataclasses.dataclass(frozen=True)
+class YarnOptions:
+    """How YaRN (`rope_frequencies(scaling="yarn")`) blends each pair's kept
+    frequency `θ_i` with its interpolated one `θ_i / s`.
+
+    Both conventions measure a pair by `r_i = L θ_i / 2π`, the turns it makes
+    over the training length L: pairs turning more than `beta_fast` times
+    keep `θ_i`, pairs turning fewer than `beta_slow` times get `θ_i / s`, and
+    a linear ramp blends the band between. They differ in what the ramp is
+    linear in:
+
+    - "paper" (Peng et al. 2023, "YaRN", eq. 17-18; the default): linear in
+      `r_i` itself, `keep_i = clip((r_i - beta_slow) / (beta_fast -
+      beta_slow), 0, 1)`.
+    - "hf" (Hugging Face transformers' `rope_type="yarn"`, and the YaRN
+      reference code it follows): linear in the pair index `i`, between the
+      (fractional) indices where `r_i = beta_fast` and `r_i = beta_slow`,
+      rounded outwards to whole pairs (floor, ceil). Since `r_i` falls
+      exponentially in `i`, the two ramps differ inside the band (at rot 64,
+      L 2048, s 4 HF's frequency is up to 1.8 times the paper's, at pair 15
+      of 32: 0.60 θ against 0.33 θ); outside it they agree.
+
+    The attention factor (both conventions): queries and keys multiplied by
+    `m(s, mscale) / m(s, mscale_all_dim)` where both are nonzero (DeepSeek's
+    form, as HF reads it), else by the paper's `m(s, 1) = 0.1 ln s + 1`;
+    `m(s, c) = 0.1 c ln s + 1`.
+
+    Attributes:
+      convention: one of `YARN_CONVENTIONS`.
+      beta_fast: turns above which a pair keeps its frequency (the paper's β, 32).
+      beta_slow: turns below which a pair is interpolated (the paper's α, 1).
+      mscale, mscale_all_dim: HF's attention-factor options (0: unset).
+    """
+
+    convention: str = "paper"
+    beta_fast: float = 32.0
+    beta_slow: float = 1.0
+    mscale: float = 0.0
+    mscale_all_dim: float = 0.0
+
+    def __post_init__(self):
+        if self.convention not in YARN_CONVENTIONS:
+            raise ValueError(
+                f"yarn: convention={self.convention!r}; choose one of {YARN_CONVENTIONS}"
+            )
+        if not 0.0 < float(self.beta_slow) < float(self.beta_fast):
+            raise ValueError(
+                f"yarn: need 0 < beta_slow < beta_fast, got beta_slow={self.beta_slow!r}, "
+                f"beta_fast={self.beta_fast!r}"
+            )
+        if not (float(self.mscale) >= 0.0 and float(self.mscale_all_dim) >= 0.0):
+            raise ValueError(
+                f"yarn: mscale and mscale_all_dim must be >= 0, got {self.mscale!r}, "
+                f"{self.mscale_all_dim!r}"
+            )
+
+    def attention_factor(self, factor: float) -> float:
+        """The magnitude YaRN multiplies queries and keys by at extension `factor`."""
+
+        def m(c: float) -> float:
+            return 1.0 if factor <= 1.0 else 0.1 * c * math.log(factor) + 1.0
+
+        if self.mscale and self.mscale_all_dim:
+            return m(self.mscale) / m(self.mscale_all_dim)
+        return m(1.0)
+
+    def keep(self, inv_freq: np.ndarray, rot: int, max_timescale: float, length: int):
+        """`keep_i` in [0, 1] per pair `[rot/2]` (1: `θ_i` kept, 0: `θ_i / s`)."""
+        lo, hi = float(self.beta_slow), float(self.beta_fast)
+        if self.convention == "paper":
+            turns = length * inv_freq / (2 * math.pi)  # r_i
+            return np.clip((turns - lo) / (hi - lo), 0.0, 1.0)
+
+        def index(turns: float) -> float:  # solves r_i = turns for i
+            return rot * math.log(length / (2 * math.pi * turns)) / (2 * math.log(max_timescale))
+
+        first = max(math.floor(index(hi)), 0)  # last pair kept whole
+        last = min(math.ceil(index(lo)), rot - 1)  # first pair interpolated whole
+        width = (last - first) or 1e-3  # HF's guard against a zero-width band
+        pairs = np.arange(rot // 2, dtype=np.float64)
+        return 1.0 - np.clip((pairs - first) / width, 0.0, 1.0)
+
 
 def rope_frequencies(
     rot: int,
@@ -193,8 +289,7 @@ def rope_frequencies(
     scaling: str = "none",
     factor: float = 1.0,
     original_length: int | None = None,
-    yarn_alpha: float = 1.0,
-    yarn_beta: float = 32.0,
+    yarn: YarnOptions | None = None,
 ) -> tuple[np.ndarray, float | None]:
     """RoPE's inverse frequencies `[rot/2]` and the magnitude of the rotated
     features, for a scaling that extends a trained RoPE by `factor` = s.
@@ -205,9 +300,10 @@ def rope_frequencies(
     - "ntk": NTK-aware scaling (bloc97, 2023): base `b * s^(rot/(rot-2))`, so
       the highest frequency is unchanged and the lowest is divided by s.
     - "yarn": Peng et al. 2023: per frequency, wavelengths longer than the
-      training length L / alpha are interpolated (/ s), those shorter than
-      L / beta kept, a linear ramp between; queries and keys are multiplied
-      by `0.1 ln s + 1` (their attention temperature).
+      training length L / beta_slow are interpolated (/ s), those shorter
+      than L / beta_fast kept, a linear ramp between (in the paper's or
+      Hugging Face's convention, `YarnOptions`); queries and keys are
+      multiplied by the attention factor (`0.1 ln s + 1` by default).
 
     Returns:
       (float64 numpy `[rot/2]`, None or the float magnitude).
@@ -227,10 +323,21 @@ def rope_frequencies(
         return inv_freq, None
     if not original_length or original_length < 1:
         raise ValueError(f"rope: yarn needs original_length >= 1, got {original_length!r}")
-    ratio = original_length * inv_freq / (2 * math.pi)  # training length / wavelength
-    keep = np.clip((ratio - yarn_alpha) / (yarn_beta - yarn_alpha), 0.0, 1.0)  # 1: unchanged
+    yarn = YarnOptions() if yarn is None else yarn
+    keep = yarn.keep(inv_freq, rot, max_timescale, original_length)  # [rot/2], 1: unchanged
     inv_freq = (1.0 - keep) * inv_freq / factor + keep * inv_freq
-    return inv_freq, 0.1 * math.log(factor) + 1.0
+    return inv_freq, yarn.attention_factor(factor)
+
+
+# xPos's decay rates: pair i of a rotation of `rot` features decays as zeta_i^distance.
+def _xpos_zeta(rot: int) -> np.ndarray:
+    return (np.arange(rot // 2, dtype=np.float64) * 2.0 / rot + 0.4) / 1.4  # [rot/2] in [0.29, 1)
+
+
+# The largest |exponent| of the decay a logit may carry (`xpos_max_span`):
+# e^80 ~ 5.5e34 leaves float32 (3.4e38) a margin of 6e3 for |q·k|, and the
+# query's and key's own factors stay within e^±40 of 1 about the row's centre.
+_XPOS_MAX_EXPONENT = 80.0
 
 
 def xpos(
@@ -238,6 +345,7 @@ def xpos(
     positions: Array,
     *,
     key: bool,
+    reference: Array | None = None,
     max_timescale: float = 10_000.0,
     scale_base: float = 512.0,
 ) -> Array:
@@ -249,10 +357,23 @@ def xpos(
     (for keys behind the query, as in causal attention) smaller the further
     back the key is, the faster the higher the frequency.
 
+    The factors themselves are not shift invariant: at absolute positions in
+    float32 the query's underflows and the key's overflows from n ~ 36k
+    (`zeta_0^(n/512)` < 1e-38 at scale_base 512; the logit reads NaN). So
+    positions are measured from `reference`, a position per row shared by
+    every query and key that meet in a logit: `n - r` and `m - r` replace n
+    and m in the angles and the factors, which changes nothing in `q·k`
+    (the rotation and the decay depend on `n - m` only) and keeps both
+    finite and exact at any absolute position, for rows spanning up to
+    `xpos_max_span` positions (`xpos_reference`: the row's centre).
+
     Args:
       x: `[B, T, N, H]` queries (`key=False`) or keys (`key=True`); H even.
       positions: int `[B, T]`.
       key: scale as keys (`zeta^-m`) rather than queries (`zeta^n`).
+      reference: int `[B, 1]` (or broadcastable to `positions`), the same
+        for the queries and the keys of a logit; None: 0 (the paper's
+        absolute form, finite below ~36k only).
       max_timescale: RoPE's base wavelength.
       scale_base: the decay's length scale (the paper's 512).
 
@@ -262,16 +383,51 @@ def xpos(
     rot = x.shape[-1] // 2 * 2
     if rot == 0:
         return x
-    half = rot // 2
     inv_freq, _ = rope_frequencies(rot, max_timescale)
-    zeta = (np.arange(half, dtype=np.float64) * 2.0 / rot + 0.4) / 1.4  # [H/2] in [0.29, 1)
-    positions = jnp.asarray(positions, jnp.float32)
+    positions = jnp.asarray(positions)
+    if reference is not None:  # exact in integers, before any rounding
+        positions = positions - jnp.asarray(reference, positions.dtype)
+    positions = positions.astype(jnp.float32)
     power = positions[..., None] / scale_base  # [B, T, 1]
     if key:
         power = -power
-    log_zeta = jnp.asarray(np.log(zeta), jnp.float32).reshape((1,) * positions.ndim + (-1,))
-    magnitude = jnp.exp(power * log_zeta)  # [B, T, H/2]
+    log_zeta = jnp.asarray(np.log(_xpos_zeta(rot)), jnp.float32)
+    magnitude = jnp.exp(power * log_zeta.reshape((1,) * positions.ndim + (-1,)))  # [B, T, H/2]
     return _rotate_half(x, positions, inv_freq, rot, magnitude)
+
+
+def xpos_reference(*positions: Array) -> Array:
+    """The reference `xpos` measures a row from: the centre `(lo + hi) // 2`
+    of the lowest and highest position in the row across `positions`.
+
+    The centre, not the first position, halves the largest factor: a row
+    spanning D positions puts every query and key within D/2 of it.
+
+    Args:
+      positions: int arrays `[B, ...]` (e.g. the queries' `[B, T]` and the
+        keys' `[B, S]`), one row per batch row.
+
+    Returns:
+      int32 `[B, 1]`.
+    """
+    rows = [jnp.asarray(p, jnp.int32).reshape(p.shape[0], -1) for p in positions]  # [B, *]
+    lo = functools.reduce(jnp.minimum, [r.min(axis=1) for r in rows])  # [B]
+    hi = functools.reduce(jnp.maximum, [r.max(axis=1) for r in rows])
+    return (lo + (hi - lo) // 2)[:, None]
+
+
+def xpos_max_span(scale_base: float = 512.0) -> int:
+    """The widest row (highest minus lowest position) whose every xPos logit
+    stays finite and exact in float32: 32,695 at the paper's scale_base 512.
+
+    A key D positions ahead of its query multiplies their logit by
+    `zeta_0^(-D/scale_base)` (xPos grows to the right): the formula's own
+    size, whatever the factorisation, bounded here by e^80. Causal layers
+    compute these logits too before masking them, so the bound is the same
+    for them. Within it, `xpos_reference`'s centre keeps every query's and
+    key's factor within e^±40 of 1, far from float32's subnormals.
+    """
+    return int(_XPOS_MAX_EXPONENT * scale_base / -math.log(_xpos_zeta(2)[0]))
 
 
 def alibi_slopes(num_heads: int) -> Array:
@@ -296,81 +452,6 @@ def alibi_slopes(num_heads: int) -> Array:
     if closest < num_heads:
         slopes += pow2(2 * closest)[0::2][: num_heads - closest]
     return jnp.asarray(slopes, jnp.float32)
-
-
-def alibi_bias(slopes: Array, q_positions: Array, kv_positions: Array) -> Array:
-    """ALiBi additive bias `-slope_n * |kv_pos - q_pos|`.
-
-    Symmetric, so it serves encoder self-attention as well as the decoder
-    (where the causal mask hides the other half).
-
-    Args:
-      slopes: `[N]`.
-      q_positions: int `[B, T]`.
-      kv_positions: int `[B, S]`.
-
-    Returns:
-      float32 `[B, N, T, S]`.
-    """
-    d = jnp.abs(
-        kv_positions[:, None, :].astype(jnp.float32) - q_positions[:, :, None].astype(jnp.float32)
-    )  # [B, T, S]
-    return -slopes[None, :, None, None] * d[:, None, :, :]
-
-
-def t5_buckets(
-    q_positions: Array,
-    kv_positions: Array,
-    num_buckets: int = 32,
-    max_distance: int = 128,
-    bidirectional: bool = True,
-) -> Array:
-    """T5's log-bucketed relative distances (Raffel et al.).
-
-    Half the buckets (per direction when bidirectional) hold exact small
-    distances; the rest grow logarithmically up to `max_distance`, beyond
-    which everything shares the last bucket.
-
-    Args:
-      q_positions: int `[B, T]`.
-      kv_positions: int `[B, S]`.
-      num_buckets: total buckets.
-      max_distance: distance at which buckets saturate.
-      bidirectional: separate buckets for keys before and after the query.
-
-    Returns:
-      int32 `[B, T, S]` in `[0, num_buckets)`.
-    """
-    rel = kv_positions[:, None, :].astype(jnp.int32) - q_positions[:, :, None].astype(jnp.int32)
-    n = num_buckets
-    ret = jnp.zeros_like(rel)
-    if bidirectional:
-        n //= 2
-        ret = ret + (rel > 0).astype(jnp.int32) * n
-        dist = jnp.abs(rel)
-    else:
-        dist = jnp.maximum(-rel, 0)
-    max_exact = n // 2
-    is_small = dist < max_exact
-    safe = jnp.maximum(dist, 1).astype(jnp.float32)
-    large = max_exact + (
-        jnp.log(safe / max_exact) / math.log(max_distance / max_exact) * (n - max_exact)
-    ).astype(jnp.int32)
-    large = jnp.minimum(large, n - 1)
-    return ret + jnp.where(is_small, dist, large)
-
-
-def t5_bias(table: Array, buckets: Array) -> Array:
-    """Look up a learned T5 bias.
-
-    Args:
-      table: `[num_buckets, N]`.
-      buckets: int `[B, T, S]` from `t5_buckets`.
-
-    Returns:
-      `[B, N, T, S]`, dtype of `table`.
-    """
-    return jnp.transpose(jnp.take(table, buckets, axis=0), (0, 3, 1, 2))
 
 
 # --- score mods -------------------------------------------------------------------
@@ -504,8 +585,8 @@ def alibi_score_mod(slopes: Array, *, mode: str, offset=None, right_slopes=None)
 
     - `"causal"`: `score - m * (i - j)`, the paper's decoder form (keys after
       the query are hidden by the causal mask).
-    - `"symmetric"`: `score - m * |i - j|`, jattn's encoder ALiBi so far
-      (equal to `alibi_bias`). It cannot tell a key `d` to the left from one
+    - `"symmetric"`: `score - m * |i - j|`, jattn's encoder ALiBi so far.
+      It cannot tell a key `d` to the left from one
       `d` to the right, so an encoder using it is blind to input order.
     - `"offset"`: `score - m * |i - j| - offset[head] * [j > i]`: the
       symmetric form plus a constant penalty on one triangle (keys after the
@@ -548,10 +629,12 @@ def alibi_score_mod(slopes: Array, *, mode: str, offset=None, right_slopes=None)
 def t5_relative_bucket(
     relative: Array, num_buckets: int = 32, max_distance: int = 128, bidirectional: bool = True
 ) -> Array:
-    """`t5_buckets` elementwise: the bucket of `relative = kv_pos - q_pos`.
+    """T5's log bucket (Raffel et al.) of `relative = kv_pos - q_pos`.
 
-    The same arithmetic, in the same order, as `t5_buckets` (so the two agree
-    exactly), on any integer array; elementwise, so it runs inside a tile.
+    Half the buckets (per direction when bidirectional) hold exact small
+    distances; the rest grow logarithmically up to `max_distance`, beyond
+    which everything shares the last bucket. Elementwise on any integer
+    array, so it runs inside a tile.
 
     Returns:
       int32 array of `relative`'s shape in `[0, num_buckets)`.
@@ -579,8 +662,7 @@ def t5_score_mod(table: Array, *, max_distance: int = 128, bidirectional: bool =
     """T5's bucketed relative bias (Raffel et al. 2020) as a score mod.
 
     `score + table[head, bucket(j - i)]` with `bucket = t5_relative_bucket`
-    (log-spaced buckets, `num_buckets = table.shape[1]`); equal to adding
-    `t5_bias(table.T, t5_buckets(...))`.
+    (log-spaced buckets, `num_buckets = table.shape[1]`).
 
     Triton-safe: with a scalar `head` (the kernels) the table is read as a
     compare-and-select chain over its static bucket axis, indexed by `head`
@@ -588,7 +670,7 @@ def t5_score_mod(table: Array, *, max_distance: int = 128, bidirectional: bool =
     gather of the same values.
 
     Args:
-      table: float `[N, num_buckets]` (note: heads first, unlike `t5_bias`).
+      table: float `[N, num_buckets]` (heads first).
       max_distance: distance at which buckets saturate.
       bidirectional: separate buckets for keys after the query (encoders);
         False for causal self-attention.
@@ -597,14 +679,17 @@ def t5_score_mod(table: Array, *, max_distance: int = 128, bidirectional: bool =
       a `jattn.ScoreMod` with params `table`.
     """
 
-    num_buckets = int(jnp.shape(table)[1])
+    settings = dict(
+        num_buckets=int(jnp.shape(table)[1]),
+        max_distance=int(max_distance),
+        bidirectional=bool(bidirectional),
+    )
+    return ScoreMod(with_settings(_t5, **settings), table, "t5")
 
-    def t5(tab, score, batch, head, i, j):
-        bucket = t5_relative_bucket(j - i, num_buckets, max_distance, bidirectional)
-        return score + _select_table(tab, head, bucket)
 
-    t5.__name__ = f"t5_{num_buckets}_{max_distance}_{'bi' if bidirectional else 'uni'}"
-    return ScoreMod(_cached_fn(t5), table, "t5")
+def _t5(tab, score, batch, head, i, j, *, num_buckets, max_distance, bidirectional):
+    bucket = t5_relative_bucket(j - i, num_buckets, max_distance, bidirectional)
+    return score + _select_table(tab, head, bucket)
 
 
 def shaw_bias_score_mod(table: Array, max_distance: int):
@@ -630,12 +715,49 @@ def shaw_bias_score_mod(table: Array, max_distance: int):
             f"got {list(jnp.shape(table))}"
         )
 
-    def shaw_bias(tab, score, batch, head, i, j):
-        r = jnp.clip(j - i, -k, k) + k
-        return score + _select_table(tab, head, r)
+    return ScoreMod(with_settings(_shaw_bias, k=k), table, "shaw_bias")
 
-    shaw_bias.__name__ = f"shaw_bias_{k}"
-    return ScoreMod(_cached_fn(shaw_bias), table, "shaw_bias")
+
+def _shaw_bias(tab, score, batch, head, i, j, *, k):
+    r = jnp.clip(j - i, -k, k) + k
+    return score + _select_table(tab, head, r)
+
+
+def transformer_xl_tables(
+    w_r: Array, u: Array, v: Array, max_distance: int, scale: float
+) -> tuple[Array, Array]:
+    """Dai et al.'s (Transformer-XL) relative attention as Shaw's per-head key
+    table plus a per-head distance bias.
+
+    Their logit of query i and key j is `(q_i + u)·k_j + (q_i + v)·W_R R(i - j)`
+    (times `scale`), with R the sinusoidal embedding of the distance and
+    per-head u, v `[N, H]`, W_R `[D, N, H]`. Splitting
+    `(q + v)·W_R R = (q + u)·W_R R + (v - u)·W_R R`, attention over the
+    queries `q + u` with Shaw's key table `W_R R(i - j)` `[N, 2k+1, H]`
+    gives the first two terms, and the last, a function of (head, distance)
+    alone, is a Shaw bias table `[N, 2k+1]` (already scaled, as score mods
+    act on scaled logits). Nothing is `[T, S]`: the tables are O(k).
+
+    Distances are clipped at k (Shaw's id `r = clip(j - i, -k, k) + k`, so
+    `i - j = k - r`).
+
+    Args:
+      w_r: `[D, N, H]`, the projection of the relative embedding.
+      u, v: `[N, H]`, the content and position biases.
+      max_distance: the clip distance k.
+      scale: the logits' scale (`1/sqrt(H)`).
+
+    Returns:
+      float32 `(key_table [N, 2k+1, H], bias_table [N, 2k+1])`.
+    """
+    k = int(max_distance)
+    d = w_r.shape[0]
+    w_r, u, v = _f32(w_r), _f32(u), _f32(v)
+    distances = k - jnp.arange(2 * k + 1)  # [R]: i - j of relative id r
+    rel = sinusoidal(distances, d)  # [R, D]
+    key_table = jnp.einsum("RD,DNH->NRH", rel, w_r)  # [N, R, H]
+    bias = scale * jnp.einsum("NH,NRH->NR", v - u, key_table)  # [N, R]
+    return key_table, bias
 
 
 def kerple_score_mod(r1: Array, r2: Array):
@@ -843,12 +965,3 @@ def softcap_score_mod(cap: float):
     """
 
     return ScoreMod(_softcap, _f32(cap), "softcap")
-
-
-_FN_CACHE: dict = {}
-
-
-def _cached_fn(fn):
-    """One function object per configuration (name): the same static `fn` for
-    equal settings, so jit reuses the compilation across calls."""
-    return _FN_CACHE.setdefault(fn.__name__, fn)

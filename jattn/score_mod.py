@@ -23,6 +23,7 @@ Shapes: B batch, N query heads, T queries, S keys.
 from __future__ import annotations
 
 import dataclasses
+import functools
 from collections.abc import Callable
 from typing import Any
 
@@ -31,7 +32,14 @@ import jax.numpy as jnp
 
 Array = jax.Array
 
-__all__ = ["ScoreMod", "TileParts", "apply_score_mod", "tile_parts", "with_tile_parts"]
+__all__ = [
+    "ScoreMod",
+    "TileParts",
+    "apply_score_mod",
+    "tile_parts",
+    "with_settings",
+    "with_tile_parts",
+]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -91,6 +99,41 @@ def apply_score_mod(
             f"{list(score.shape)}, got {list(out.shape)}"
         )
     return out.astype(jnp.float32)
+
+
+_WITH_SETTINGS: dict = {}
+
+
+def with_settings(fn: Callable[..., Array], **settings) -> Callable[..., Array]:
+    """`fn` with keyword `settings` fixed, one function object per `(fn, settings)`.
+
+    Why: `ScoreMod.fn` is static, part of the jit cache key, so a mod's
+    settings that are not parameters (T5's bucket count and direction, a
+    clip distance) must come with the same function object whenever they
+    are equal, or each new `ScoreMod` compiles again. Write the term once,
+    at module level, with its settings as keyword arguments, and fix them
+    here:
+
+        def _clipped(table, score, batch, head, i, j, *, k):
+            return score + table[head, jnp.clip(j - i, -k, k) + k]
+
+        mod = ScoreMod(with_settings(_clipped, k=4), table)  # same fn for k=4
+
+    Args:
+      fn: `fn(params, score, batch, head, q_position, kv_position, **settings)`.
+      **settings: hashable values (ints, floats, bools, strings, tuples).
+
+    Returns:
+      a callable of the `ScoreMod.fn` signature, named `fn`'s name followed
+      by the settings (shown in errors and kernel reports).
+    """
+    key = (fn, tuple(sorted(settings.items())))
+    if key not in _WITH_SETTINGS:
+        fixed = functools.partial(fn, **settings)
+        name = getattr(fn, "__name__", "score_mod").lstrip("_")
+        fixed.__name__ = "_".join([name, *(f"{k}={v}" for k, v in key[1])])
+        _WITH_SETTINGS[key] = fixed
+    return _WITH_SETTINGS[key]
 
 
 @dataclasses.dataclass(frozen=True)

@@ -13,6 +13,15 @@ PY=${PYTHON:-python3}
 .venv/bin/python -m pip install -q -e ".[train,test]"
 .venv/bin/ruff check jattn tests experiments benchmarks configs
 .venv/bin/ruff format --check jattn tests experiments benchmarks configs
+# The Mosaic (TPU) kernels compiled by libtpu for a compile-only TPU v5e (no
+# TPU needed): CI's subset of `jattn bench aot --target tpu` (plain, Shaw and
+# ALiBi; bfloat16, head dim 128; forward + vjp), in .venv-tpu (libtpu pins
+# jax), so a kernel change that Mosaic cannot compile fails here. About 2
+# minutes with the install (docs/tpu.md).
+[ -x .venv-tpu/bin/python ] || "$PY" -m venv .venv-tpu
+.venv-tpu/bin/python -m pip install -q -e ".[aot-tpu]"
+timeout -k 30 600 .venv-tpu/bin/python benchmarks/aot.py --target tpu --ci \
+    --out "$(mktemp -d)/aot_tpu.md"
 export JAX_PLATFORMS=cpu
 # glibc's own fatal messages (heap corruption, ...) to stderr, not the tty, so
 # a crashed xdist worker says why in the log.

@@ -1,4 +1,4 @@
-"""The contracts of DESIGN.md every attention implementation must meet, written
+"""The contracts of docs/design.md every attention implementation must meet, written
 once as a test base and run once per implementation (tokamax's pattern).
 
 `AttentionContract` holds one test method per contract; a subclass in
@@ -109,6 +109,13 @@ def _cases() -> dict[str, Case]:
     arrays = dict(_qkv(rng, T, S, 4, 2, HV), mask=mask, bias=rng.standard_normal((B, 4, T, S)))
     arrays["bias"] = arrays["bias"].astype(np.float32)
     cases["dead_rows"] = Case(dict(arrays, **_shaw(rng, 4, 1, key=False)), max_distance=1)
+    # Rows with no visible key by bias alone: all -inf (no mask, no causal
+    # rule, so nothing but the bias says so; jax.nn's xla path gives NaN),
+    # and scattered -inf keys elsewhere.
+    bias = rng.standard_normal((B, 4, T, S)).astype(np.float32)
+    bias[:, :, DEAD_ROWS] = -np.inf
+    bias[:, 1, :, ::7] = -np.inf
+    cases["bias_dead_rows"] = Case(dict(_qkv(rng, T, S, 4, 2, HV), bias=bias))
     # MQA cross attention with padding (segment 0) on both sides and a query
     # segment (3) that has no key at all: its rows are 0.
     qseg = np.tile(np.int32([1] * 8 + [2] * 8 + [3] * 4 + [0] * 4), (B, 1))
@@ -170,6 +177,55 @@ def vjp_fn(attend: Callable, static: tuple):
     return jax.jit(f)
 
 
+@functools.cache
+def scale_vjp_fn(attend: Callable):
+    """Jitted `(out, grads, d scale)` of `attend` on a causal call whose
+    scale is a traced argument."""
+
+    def f(arrays, scale, ct):
+        def g(arrays, scale):
+            nf = jattn.normalise(
+                arrays["query"],
+                arrays["key"],
+                arrays["value"],
+                arrays["bias"],
+                scale=scale,
+                is_causal=True,
+            )
+            return attend(nf)[0]
+
+        out, pull = jax.vjp(g, arrays, scale)
+        grads, d_scale = pull(ct.astype(out.dtype))
+        return out, grads, d_scale
+
+    return jax.jit(f)
+
+
+def _padding_as_lengths(case: Case) -> Case:
+    """`padding_mqa` with its padding (id 0) given as sequence lengths over
+    ids that would otherwise be real (1: a segment with keys)."""
+    qseg, kvseg = case.arrays["q_segment_ids"].copy(), case.arrays["kv_segment_ids"].copy()
+    q_len, kv_len = int(np.argmin(qseg[0] != 0)), int(np.argmin(kvseg[0] != 0))
+    qseg[:, q_len:], kvseg[:, kv_len:] = 1, 1
+    return case.replace(
+        q_segment_ids=qseg,
+        kv_segment_ids=kvseg,
+        query_seq_lengths=np.full(B, q_len, np.int32),
+        key_value_seq_lengths=np.full(B, kv_len, np.int32),
+    )
+
+
+def _non_finite_at(case: Case, keys: list[int], rows=slice(None)) -> dict:
+    """Key and value arrays of `case` with NaN, +Inf and -Inf written into
+    the given keys (of the given batch rows)."""
+    k, v = case.arrays["key"].copy(), case.arrays["value"].copy()
+    for i, s in enumerate(keys):
+        v[rows, s, :, i % v.shape[-1]] = np.nan
+        k[rows, s, :, 0] = np.inf if i % 2 else -np.inf
+        v[rows, s, :, -1] = np.inf
+    return dict(key=k, value=v)
+
+
 def cotangent(case: Case, seed: int = 3) -> np.ndarray:
     q, v = case.arrays["query"], case.arrays["value"]
     return (
@@ -209,7 +265,7 @@ def reference(case: str):
 
 
 class AttentionContract:
-    """DESIGN.md's attention contracts; subclass with `attend` (and `name`
+    """docs/design.md's attention contracts; subclass with `attend` (and `name`
     where the public entry point reaches the implementation by name)."""
 
     attend: Callable  # NormalForm -> (out, lse); a module-level function (cache key)
@@ -312,9 +368,112 @@ class AttentionContract:
         assert np.all(grads["query"][:, DEAD_ROWS] == 0.0)
         assert np.all(grads["bias"][:, :, DEAD_ROWS] == 0.0)
 
-    def test_padding_and_a_segment_without_keys(self):
-        """Padding (segment 0) attends only padding and stays finite; a query
-        segment with no key returns exactly 0 and takes no gradient."""
+    def test_padding_is_segment_0_as_with_lengths(self):
+        """DESIGN.md: a padding token (id 0) is no segment: it sees no key and
+        no key sees it, as with sequence lengths. Padded queries return
+        exactly 0 with no gradient, padded keys take none, in cross attention
+        and in a packed self-attention row (whose three padding tokens would
+        otherwise attend each other), and the same padding given as lengths
+        (over ids that would otherwise be real) is bit-identical."""
+        c = CASES["padding_mqa"]
+        out, grads, _ = self.run(c)
+        assert np.all(out[:, 20:] == 0.0) and np.all(grads["query"][:, 20:] == 0.0)
+        assert np.all(grads["key"][:, 16:] == 0.0) and np.all(grads["value"][:, 16:] == 0.0)
+        out2, grads2, _ = self.run(_padding_as_lengths(c))
+        np.testing.assert_array_equal(out2, out)
+        for name in ("query", "key", "value"):
+            np.testing.assert_array_equal(grads2[name], grads[name], err_msg=name)
+        out, grads, _ = self.run(CASES["shaw_packed_causal_bias"])
+        pad = slice(sum(PACKED_LENGTHS[0]), T)  # row 0's padding tokens
+        assert np.all(out[0, pad] == 0.0)
+        for name in ("query", "key", "value"):
+            assert np.all(grads[name][0, pad] == 0.0), name
+
+    def test_a_row_of_minus_inf_bias_is_zero_with_no_gradient(self):
+        """A row whose bias is -inf everywhere has no visible key: exactly 0,
+        no gradient to the query or the bias (never NaN, in every
+        implementation; jax.nn's xla path gives NaN). The other rows, with
+        some -inf keys, match the float64 oracle (test_matches_...)."""
+        out, grads, _ = self.run(CASES["bias_dead_rows"])
+        assert np.all(out[:, DEAD_ROWS] == 0.0)
+        assert np.all(np.abs(np.delete(out, DEAD_ROWS, axis=1)).sum(-1) > 0)
+        assert np.all(grads["query"][:, DEAD_ROWS] == 0.0)
+        assert np.all(grads["bias"][:, :, DEAD_ROWS] == 0.0)
+
+    @pytest.mark.parametrize("rule", ["segment_0", "lengths", "mask"])
+    def test_non_finite_hidden_keys_never_reach_the_output(self, rule):
+        """NaN and Inf in the keys and values of keys no query may see
+        (padding as segment 0 or lengths, a mask column) leave every output
+        and gradient bit-identical: hidden keys are selected away, never
+        multiplied by a 0 weight (0 · NaN = NaN, as in jax.nn)."""
+        c = CASES["padding_mqa"] if rule != "mask" else CASES["gqa_mask_bias"]
+        hidden = [16, 17, 18, 19]  # the padded keys
+        if rule == "lengths":
+            c = _padding_as_lengths(c)
+        if rule == "mask":
+            hidden = [4, 8]
+            mask = c.arrays["mask"].copy()
+            mask[..., hidden] = False
+            c = c.replace(mask=mask)
+        out, grads, _ = self.run(c)
+        bad = _non_finite_at(c, hidden)
+        out2, grads2, _ = self.run(c.replace(**bad))
+        np.testing.assert_array_equal(out2, out)
+        for name in ("query", "key", "value", "bias"):
+            if grads[name] is not None:
+                np.testing.assert_array_equal(grads2[name], grads[name], err_msg=name)
+        assert np.all(grads2["key"][:, hidden] == 0.0) and np.all(grads2["value"][:, hidden] == 0)
+
+    @pytest.mark.parametrize("case", ["causal", "shaw_packed_causal_bias"])
+    def test_non_finite_keys_reach_only_the_queries_that_see_them(self, case):
+        """A NaN or Inf key seen by some queries (causal: the later ones;
+        packing: its own sequence's) makes exactly those rows NaN, as jax.nn
+        would, and no other: the other rows and their query gradients are
+        bit-identical, a masked NaN stays out."""
+        c = CASES[case]
+        if case == "causal":
+            hidden_from, sees = np.s_[:, :11], np.s_[:, 11:]
+            bad = _non_finite_at(c, [11, 13])
+        else:  # row 0's second sequence (7..15), keys 9 and 12 (causal within it)
+            hidden_from, sees = np.r_[0:9, 16:T], np.s_[0, 9:16]
+            bad = _non_finite_at(c, [9, 12], rows=[0])
+        ct = cotangent(c)
+        ct[sees] = 0.0  # the loss reads only rows that see no bad key
+        out, grads, _ = self.run(c, ct)
+        with jax.debug_nans(False), jax.debug_infs(False):
+            out2, grads2, _ = self.run(c.replace(**bad), ct)
+        assert np.all(np.isnan(out2[sees]))
+        if case == "causal":
+            np.testing.assert_array_equal(out2[hidden_from], out[hidden_from])
+            np.testing.assert_array_equal(grads2["query"][hidden_from], grads["query"][hidden_from])
+        else:
+            np.testing.assert_array_equal(out2[0, hidden_from], out[0, hidden_from])
+            np.testing.assert_array_equal(out2[1], out[1])
+            q0, q1 = grads2["query"][0], grads["query"][0]
+            np.testing.assert_array_equal(q0[hidden_from], q1[hidden_from])
+            np.testing.assert_array_equal(grads2["query"][1], grads["query"][1])
+
+    def test_a_traced_scale(self):
+        """`scale` may be traced (jax.jit over it, as jax.nn allows): output
+        and gradients, the scale's own included, match the float64 oracle
+        (the scale's gradient by a central difference of the oracle)."""
+        c = CASES["causal"]
+        ct = cotangent(c)
+        arrays = {n: jnp.asarray(c.arrays[n]) for n in ("query", "key", "value", "bias")}
+        out, grads, d_scale = scale_vjp_fn(type(self).attend)(arrays, c.scale, jnp.asarray(ct))
+        ref, ref_grads = reference("causal")
+        close("out", out, ref, self.tol)
+        for name in ("query", "key", "value", "bias"):
+            close(f"d{name}", grads[name], ref_grads[name], self.tol)
+        h = 1e-4
+        plus, minus = (want(dataclasses.replace(c, scale=c.scale + d))[0] for d in (h, -h))
+        fd = np.sum(ct * (plus - minus)) / (2 * h)
+        close("dscale", np.asarray(d_scale)[None], np.asarray([fd]), 10 * self.tol)
+
+    def test_a_segment_without_keys(self):
+        """A query segment with no key returns exactly 0 and takes no
+        gradient (padding, segment 0, is no segment at all: see
+        test_padding_is_segment_0_as_with_lengths)."""
         out, grads, _ = self.run(CASES["padding_mqa"])
         assert np.all(np.isfinite(out))
         assert np.all(out[:, 16:20] == 0.0)

@@ -49,7 +49,8 @@ def _attend(
     if is_causal:
         vis = vis & (kvpos[:, None, None, :] <= qpos[:, None, :, None])
     if qseg is not None:
-        vis = vis & (qseg[:, None, :, None] == kvseg[:, None, None, :])
+        same = qseg[:, None, :, None] == kvseg[:, None, None, :]
+        vis = vis & same & (qseg[:, None, :, None] != 0)  # id 0 is padding: no segment
     r = None
     if rel_k is not None or rel_v is not None:
         r = np.clip(kvpos[:, None, :] - qpos[:, :, None], -dist, dist) + dist  # [B,T,S]
@@ -204,3 +205,34 @@ def attention_and_grads(
             if mod_params is not None:
                 grads["score_mod"] = jax.tree.map(np.asarray, g[6])
         return np.asarray(out), grads
+
+
+# --- positional biases materialised, as the models added them before score mods -------
+#
+# Dense `[B, N, T, S]` biases: the score mods of `jattn.positions` must equal
+# them exactly (tests/test_score_mod.py, tests/test_schemes.py). Shapes: B batch,
+# N heads, T queries, S keys.
+
+
+def alibi_bias(slopes, q_positions, kv_positions):
+    """ALiBi's symmetric bias `-slope_n |kv_pos - q_pos|`: float32 `[B, N, T, S]`
+    from slopes `[N]` and int positions `[B, T]`, `[B, S]`."""
+    q = jnp.asarray(q_positions).astype(jnp.float32)
+    kv = jnp.asarray(kv_positions).astype(jnp.float32)
+    d = jnp.abs(kv[:, None, :] - q[:, :, None])  # [B, T, S]
+    return -jnp.asarray(slopes)[None, :, None, None] * d[:, None, :, :]
+
+
+def t5_buckets(q_positions, kv_positions, num_buckets=32, max_distance=128, bidirectional=True):
+    """T5's bucket of every (query, key) pair: int32 `[B, T, S]` (the elementwise
+    `jattn.positions.t5_relative_bucket` of `kv_pos - q_pos`)."""
+    from jattn.positions import t5_relative_bucket  # noqa: PLC0415 (jattn-free at the top)
+
+    rel = jnp.asarray(kv_positions)[:, None, :] - jnp.asarray(q_positions)[:, :, None]
+    return t5_relative_bucket(rel, num_buckets, max_distance, bidirectional)
+
+
+def t5_bias(table, buckets):
+    """T5's learned bias looked up densely: `[B, N, T, S]` from a table
+    `[num_buckets, N]` and int buckets `[B, T, S]` (`t5_buckets`)."""
+    return jnp.transpose(jnp.take(table, buckets, axis=0), (0, 3, 1, 2))

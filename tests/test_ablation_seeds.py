@@ -136,4 +136,24 @@ def test_a_learning_rate_sweep_trains_as_one_program_into_the_grids_run_dirs(tmp
         assert finals[run.name]["step"] == config["num_train_steps"]
     losses = [f["train/loss"] for f in finals.values()]
     assert len(set(losses)) == 2, losses
-    assert (tmp_path / "groups" / "position-sinusoidal" / "checkpoints").is_dir()
+    # Each member's workdir is its only checkpoint layout: no stacked one.
+    assert not (tmp_path / "groups").exists()
+    for run in expand(exp, str(tmp_path)):
+        assert (pathlib.Path(run.workdir) / "checkpoints" / "6").is_dir(), run.name
+
+
+def test_a_grid_with_the_old_groups_layout_is_refused_in_one_line(tmp_path):
+    """Seed programs of an earlier jattn kept stacked checkpoints in DIR/groups/: a
+    grid with runs left to train is refused (they would restart from step 0), with
+    how to finish it; nothing is trained."""
+    from jattn.train import ConfigError  # noqa: PLC0415
+
+    (tmp_path / "groups" / "position-sinusoidal" / "checkpoints" / "3").mkdir(parents=True)
+    with pytest.raises(ConfigError) as e:
+        main_ablate(
+            TINY, str(tmp_path), [("grid.seed.values", "0,1")], emit_fmt=None,
+            report_only=False, repo_root=str(ROOT),
+        )  # fmt: skip
+    assert "groups" in str(e.value) and "git checkout" in str(e.value)
+    assert "\n" not in str(e.value)
+    assert not (tmp_path / "runs").exists() or not list((tmp_path / "runs").rglob("metrics.jsonl"))

@@ -10,10 +10,16 @@ index maps), both with 16-row query tiles.
 
 from __future__ import annotations
 
+import jax
+import numpy as np
 from attention_contract import AttentionContract
 
+import jattn
 from jattn.attention import IMPLEMENTATIONS
+from jattn.attention.chunked_problem import plan_tiles
 from jattn.attention.pallas import flash_attention as fa
+from jattn.attention.pallas.blockmap import block_map
+from jattn.attention.tiles import SKIP
 
 
 def _xla(nf):
@@ -52,3 +58,54 @@ class TestPallas(AttentionContract):
 
 class TestPallasTpuInterpret(AttentionContract):
     attend = _pallas_tpu
+
+
+def test_padded_tiles_are_skipped():
+    """A tile of padding only, given as segment id 0 or as lengths, is
+    SKIP in the chunked plan and in the kernels' block map (DESIGN.md:
+    "padded tiles are skipped"); a tile with one real token is not."""
+    b, t, bq = 2, 48, 16
+    x = np.zeros((b, t, 1, 8), np.float32)
+    ids = np.where(np.arange(t) < 20, 1, 0)[None].repeat(b, 0).astype(np.int32)  # tile 2 padding
+    ones = np.ones_like(ids)
+    lengths = np.full(b, 20, np.int32)
+    for padding in (
+        dict(q_segment_ids=ids, kv_segment_ids=ids),
+        dict(
+            q_segment_ids=ones,
+            kv_segment_ids=ones,
+            query_seq_lengths=lengths,
+            key_value_seq_lengths=lengths,
+        ),
+    ):
+        nf = jattn.normalise(x, x, x, **padding)
+        plan = np.asarray(plan_tiles(nf, bq, bq).cls)  # [nT, nS]
+        classes = np.asarray(
+            block_map(
+                q_pos=None,
+                kv_pos=None,
+                q_seg=nf.q_segment_ids,
+                kv_seg=nf.kv_segment_ids,
+                mask=None,
+                causal=False,
+                max_distance=None,
+                seq_k=t,
+                block_q=bq,
+                block_k=bq,
+                padded_q=t,
+                padded_k=t,
+                batch=b,
+            )
+        )  # [B, 1, nT, nS]
+        for cls in (plan, classes[0, 0], classes[1, 0]):
+            assert np.all(cls[2, :] == SKIP) and np.all(cls[:, 2] == SKIP), cls
+            assert np.all(cls[:2, :2] != SKIP), cls
+
+
+def test_the_public_call_takes_a_traced_scale():
+    """The call of issue 38 (jax.jit over the scale, as jax.nn allows)."""
+    q = np.random.default_rng(0).standard_normal((1, 5, 2, 4)).astype(np.float32)
+    f = jax.jit(lambda q, k, v, s: jattn.dot_product_attention(q, k, v, scale=s))
+    np.testing.assert_allclose(
+        f(q, q, q, 0.7), jattn.dot_product_attention(q, q, q, scale=0.7), rtol=1e-6, atol=1e-6
+    )

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import importlib.util
 import pathlib
+import sys
 
 import jax
 import jax.numpy as jnp
@@ -171,3 +172,143 @@ def test_score_mod_variant_matches_float64_with_params_gradient(feature):
     for g, w in zip(got_p, want_p, strict=True):
         scale = max(float(np.max(np.abs(w))), floor, 1e-6)
         assert float(np.max(np.abs(np.asarray(g) - w))) / scale <= 1e-4
+
+
+# --------------------------------------------------------------------------------------
+# `--target tpu` (benchmarks/_tpu_aot.py) without libtpu: the grid, the
+# readers of what libtpu writes (a compiled module's text and a Mosaic dump,
+# in the formats libtpu 0.0.42.1 writes, as seen in a real run), the rows,
+# and the variant's function on the Mosaic kernels in interpret mode.
+
+tspec = importlib.util.spec_from_file_location("bench_tpu_aot", ROOT / "benchmarks" / "_tpu_aot.py")
+tpu = importlib.util.module_from_spec(tspec)
+tspec.loader.exec_module(tpu)
+
+# One custom call of a compiled module (its serialized Mosaic body shortened).
+HLO = """\
+  %pad_bitcast_fusion = bf16[1,4,256,128]{3,2,1,0:T(8,128)(2,1)S(1)} fusion(%copy.8), kind=kLoop, calls=%fused_computation.1, metadata={op_name="jit(f)/jvp()/transpose" stack_frame_id=14}
+  %jvp_jattn_flash_fwd_tpu_.1 = (bf16[1,4,256,128]{3,2,1,0:T(8,128)(2,1)S(1)}, f32[1,4,256,1]{3,2,1,0:T(8,128)S(1)}) custom-call(%copy-done.3, %copy-done.5), custom_call_target="tpu_custom_call", frontend_attributes={kernel_metadata={}}, metadata={op_name="jit(f)/jvp(jattn_flash_fwd_tpu)/pallas_call" stack_frame_id=33}, backend_config={"flag_configs":[],"scoped_memory_configs":[],"custom_call_config":{"body":"TUzvUgFNTElS","needs_layout_passes":true},"used_scoped_memory_configs":[{"memory_space":"1","offset":"0","size":"196608"}],"retry_config":{"retry_count":"0"}}
+  %transpose_jvp_jattn_flash_dq_tpu__.1 = bf16[1,4,256,128]{3,2,1,0:T(8,128)(2,1)S(1)} custom-call(%copy-done.3), custom_call_target="tpu_custom_call", metadata={op_name="jit(f)/transpose(jvp(jattn_flash_dq_tpu))/pallas_call" stack_frame_id=7}, backend_config={"custom_call_config":{"body":"TUzv"},"used_scoped_memory_configs":[{"memory_space":"1","offset":"0","size":"65536"},{"memory_space":"1","offset":"65536","size":"512"}]}
+  %cc = f32[4]{0} custom-call(%p), custom_call_target="SomethingElse"
+"""  # noqa: E501
+
+# The forward kernel's signature after Mosaic's memref layout inference
+# (T = S = 200 bf16, h128, causal: 128x128 tiles, positions as columns / rows).
+MOSAIC_FUNC = """\
+func.func @jattn_flash_fwd_tpu(%arg0: i32
+, %arg1: i32
+, %arg2: i32
+, %arg3: i32
+, %arg4: memref<4xi32, #tpu.tiled<(128),[1]>, #tpu.memory_space<smem>>
+, %arg5: memref<8xi32, #tpu.tiled<(128),[1]>, #tpu.memory_space<smem>>
+, %arg6: memref<2xi32, #tpu.tiled<(128),[1]>, #tpu.memory_space<smem>>
+, %arg7: memref<1x1x128x128xbf16, #tpu.tiled<(8,128)(2,1),[16,16,1,1]>, #tpu.memory_space<vmem>>
+, %arg8: memref<1x1x128x128xbf16, #tpu.tiled<(8,128)(2,1),[16,16,1,1]>, #tpu.memory_space<vmem>>
+, %arg9: memref<1x1x128x128xbf16, #tpu.tiled<(8,128)(2,1),[16,16,1,1]>, #tpu.memory_space<vmem>>
+, %arg10: memref<1x128x1xi32, #tpu.tiled<(8,128),[16,1,1]>, #tpu.memory_space<vmem>>
+, %arg11: memref<1x1x128xi32, #tpu.tiled<(1,128),[1,1,1]>, #tpu.memory_space<vmem>>
+, %arg12: memref<1x1x128x128xbf16, #tpu.tiled<(8,128)(2,1),[16,16,1,1]>, #tpu.memory_space<vmem>>
+, %arg13: memref<1x1x128x1xf32, #tpu.tiled<(8,128),[16,16,1,1]>, #tpu.memory_space<vmem>>
+, %arg14: memref<128x1xf32, #tpu.tiled<(8,128),[1,1]>, #tpu.memory_space<vmem>>
+, %arg15: memref<128x1xf32, #tpu.tiled<(8,128),[1,1]>, #tpu.memory_space<vmem>>
+, %arg16: memref<128x128xf32, #tpu.tiled<(8,128),[1,1]>, #tpu.memory_space<vmem>>)
+ attributes {dimension_semantics = [#tpu.dimension_semantics<parallel>, #tpu.dimension_semantics<parallel>, #tpu.dimension_semantics<parallel>, #tpu.dimension_semantics<arbitrary>], iteration_bounds = array<i64: 1, 4, 2, 2>, scalar_prefetch = 3 : i64, scratch_operands = 3 : i64, tpu.core_type = #tpu.core_type<tc>
+, window_params = [{transform_indices = @transform_0, window_bounds = array<i64: 1, 1, 128, 128>}, {transform_indices = @transform_1, window_bounds = array<i64: 1, 1, 128, 128>}, {transform_indices = @transform_2, window_bounds = array<i64: 1, 1, 128, 128>}, {transform_indices = @transform_3, window_bounds = array<i64: 1, 128, 1>}, {transform_indices = @transform_4, window_bounds = array<i64: 1, 1, 128>}, {transform_indices = @transform_5, window_bounds = array<i64: 1, 1, 128, 128>}, {transform_indices = @transform_6, window_bounds = array<i64: 1, 1, 128, 1>}]} {
+""".replace("\n", "")  # noqa: E501
+
+
+def test_tpu_variant_grid_both_chips_split_backward_only():
+    names = tpu.variants()
+    assert len(names) == len(set(names)) == 9 * 2 * 2 * 2
+    assert "t5-float32-h64-split-v6e" in names and "shaw-bfloat16-h128-split-v5e" in names
+    assert not any("fused" in n for n in names)  # the Mosaic family has no fused backward
+    assert set(tpu.CI_SUBSET) <= set(names)
+    assert tpu.parse_variant("window-float32-h64-split-v6e") == dict(
+        feature="window", dtype="float32", head_dim=64, backward="split", chip="v6e"
+    )
+    for bad in ("window-float32-h64-fused-v5e", "window-float32-h64-split-v4", "plain-bf16"):
+        with pytest.raises(ValueError, match="unknown variant"):
+            tpu.parse_variant(bad)
+
+
+def test_target_flag_routes_and_keeps_cuda_default():
+    assert aot.split_target(["--variants", "x*"]) == ("cuda", ["--variants", "x*"])
+    assert aot.split_target(["--target", "tpu", "--ci"]) == ("tpu", ["--ci"])
+    with pytest.raises(SystemExit):
+        aot.split_target(["--target", "rocm"])
+
+
+def test_custom_calls_and_scoped_vmem_of_each_kernel():
+    kernels, targets = tpu.parse_custom_calls(HLO)
+    assert targets == ["SomethingElse", "tpu_custom_call"]
+    assert kernels == {
+        "jattn_flash_fwd_tpu": dict(custom_call="tpu_custom_call", scoped_vmem=196608),
+        "jattn_flash_dq_tpu": dict(custom_call="tpu_custom_call", scoped_vmem=65536 + 512),
+    }
+
+
+def test_block_vmem_in_mosaic_tiled_layouts():
+    # bf16 128x128 blocks: 32 KiB; an int32 [128, 1] column pads to 128 lanes
+    # (64 KiB); an int32 [1, 128] row to one (1, 128) tile; float32 [128, 1] as
+    # the column. Windows: q, k, v, q positions, kv positions, out, lse.
+    assert tpu.memref_bytes([1, 1, 128, 128], "bf16", [8, 128]) == 128 * 128 * 2
+    assert tpu.memref_bytes([1, 128, 1], "i32", [8, 128]) == 128 * 128 * 4
+    assert tpu.memref_bytes([1, 1, 128], "i32", [1, 128]) == 128 * 4
+    assert tpu.memref_bytes([4], "i32", [128]) == 128 * 4
+    assert tpu.memref_bytes([12, 33], "f32", [8, 128]) == 16 * 128 * 4
+    k = tpu.parse_mosaic_kernel("module {\n  " + MOSAIC_FUNC + "\n}")
+    windows = 4 * 32768 + 65536 + 512 + 65536  # q, k, v, out; q pos; kv pos; lse
+    scratch = 65536 + 65536 + 65536  # running max and sum [128, 1], accumulator [128, 128]
+    assert k == dict(
+        name="jattn_flash_fwd_tpu", grid="1x4x2x2", block_vmem=2 * windows, scratch_vmem=scratch
+    )
+    assert tpu.parse_mosaic_kernel("no kernel here") is None
+
+
+def test_rows_per_kernel_failure_row_and_vmem_limit():
+    result = dict(
+        kernels={
+            "jattn_flash_dq_tpu": dict(custom_call="tpu_custom_call", scoped_vmem=10),
+            "jattn_flash_fwd_tpu": dict(custom_call="tpu_custom_call", scoped_vmem=20),
+        },
+        compile_s=1.5,
+        hbm_peak=99,
+    )
+    mosaic = {"jattn_flash_fwd_tpu": dict(grid="1x4x2x2", block_vmem=100)}
+    rows = tpu.kernel_rows("plain-bfloat16-h64-split-v5e", "ok", result, mosaic, 9.0)
+    assert [r["kernel"] for r in rows] == ["jattn_flash_fwd_tpu", "jattn_flash_dq_tpu"]
+    assert rows[0]["vmem"] == 120 and rows[1]["vmem"] == "" and rows[0]["chip"] == "v5e"
+    assert all(r["compiled"] == "yes" and r["compile_s"] == 1.5 for r in rows)
+    assert tpu.over_limit(rows) == []
+    rows[0]["vmem"] = tpu.SCOPED_VMEM_LIMIT["v5e"] + 1
+    assert tpu.over_limit(rows) == ["plain-bfloat16-h64-split-v5e jattn_flash_fwd_tpu"]
+    failed = tpu.kernel_rows("t5-float32-h64-split-v6e", "exit 1: boom", {}, {}, 3.25)
+    assert len(failed) == 1 and failed[0]["compiled"] == "no" and failed[0]["compile_s"] == 3.2
+    assert failed[0]["status"] == "exit 1: boom" and set(failed[0]) == set(tpu.COLUMNS)
+
+
+def test_tpu_refuses_without_libtpu_or_its_venv(capsys, monkeypatch):
+    if tpu.has_libtpu():
+        pytest.skip("libtpu is installed in this interpreter: the refusal cannot be seen")
+    monkeypatch.setattr(tpu, "VENV_PYTHON", "/nonexistent/.venv-tpu/bin/python")
+    monkeypatch.setitem(sys.modules, "_tpu_aot", tpu)  # what aot.main imports
+    assert tpu.child_python(None) is None and tpu.child_python("/x/python") == "/x/python"
+    assert aot.main(["--target", "tpu", "--variants", "plain-bfloat16-h64-split-v5e"]) == 2
+    assert 'pip install -e ".[aot-tpu]"' in capsys.readouterr().err
+    assert aot.main(["--target", "tpu", "--variants", "nothing*"]) == 2
+
+
+def test_tpu_variant_function_matches_float64_in_interpret_mode():
+    # What the TPU children compile (backend="tpu"), run on the Mosaic
+    # kernels in interpret mode: causal GQA attention and its vjp.
+    b, t, n, kh, h = 1, 24, 4, 2, 16
+    rng = np.random.default_rng(1)
+    q, ct = (jnp.asarray(rng.standard_normal((b, t, n, h)), jnp.float32) for _ in range(2))
+    k, v = (jnp.asarray(rng.standard_normal((b, t, kh, h)), jnp.float32) for _ in range(2))
+    fn = jax.jit(aot._variant_fn("plain", "split", backend="tpu_interpret"))
+    out, (dq, dk, dv, diff) = fn(q, k, v, ct, {})
+    identity = type("Identity", (), dict(fn=staticmethod(lambda p, s, *_: s), params={}))
+    want_out, (wq, wk, wv, _) = _reference(q, k, v, ct, identity)
+    assert diff == {}
+    for got, want in ((out, want_out), (dq, wq), (dk, wk), (dv, wv)):
+        assert _err(got, want) <= 2e-5

@@ -510,7 +510,7 @@ def test_bench_decode_script_runs(capsys):
 
 
 def test_jattn_decoding_is_the_models_module():
-    """`jattn.decoding` (DESIGN.md's public name) resolves to jattn.models.decoding."""
+    """`jattn.decoding` (docs/design.md's public name) resolves to jattn.models.decoding."""
     import jattn
     from jattn import decoding as public
 

@@ -135,3 +135,93 @@ def test_the_decoder_only_experiment_is_kazemnejads_grid():
         "fire",
     }
     assert {c.model.architecture for c in configs} == {"decoder_only"}
+
+
+# -- copy with repeated tokens (their make_copy_dataset.py: rsc, rsc2x, rdc) -------------
+
+REPEAT = {"kz_copy_rsc": "rsc", "kz_copy_rsc2x": "rsc2x", "kz_copy_rdc": "rdc"}
+
+
+def repeat_rule(variant: str, inputs: str) -> tuple[int, str]:
+    """(n, the correct target) of a repeated-token input, written from their definitions."""
+    if variant == "rdc":  # "Replace a with b in a a a" -> "b b b"
+        a, arrow, b, colon, body = inputs[0], inputs[1], inputs[2], inputs[3], inputs[4:]
+        assert (arrow, colon) == (">", ":") and a != b and body == a * len(body)
+        return len(body), b * len(body)
+    assert len(set(inputs)) == 1 and inputs[0] not in ">:"
+    return len(inputs), inputs * (2 if variant == "rsc2x" else 1)
+
+
+def test_repeat_rule_by_hand():
+    assert repeat_rule("rsc", "kkk") == (3, "kkk")
+    assert repeat_rule("rsc2x", "77") == (2, "7777")
+    assert repeat_rule("rdc", "6>Z:666") == (3, "ZZZ")
+    with pytest.raises(AssertionError):
+        repeat_rule("rsc", "kkj")
+
+
+@pytest.fixture(scope="module")
+def repeat_default_splits():
+    (config,) = [c for c in kazemnejad.REPEAT_CONFIGS if c.name == "default"]
+    return {v: kazemnejad.repeat_splits(config, v) for v in kazemnejad.REPEAT_TASKS}
+
+
+@pytest.mark.parametrize("variant", ["rsc", "rsc2x", "rdc"])
+def test_repeat_splits_follow_their_definition(repeat_default_splits, variant):
+    """Every example follows the rule; train and validation hold every example
+    of each length 1-20 (rsc: all 500 tokens; rdc: all 22 x 21 ordered pairs)
+    once, split 1,000 for validation; test_longer has 50 of each length 21-40,
+    distinct, made of tokens training shows."""
+    splits = repeat_default_splits[variant]
+    assert (len(splits["validation"]), len(splits["test_longer"])) == (1_000, 1_000)
+    by_length: dict[int, set[str]] = {}
+    train_tokens = set()
+    for split in ("train", "validation"):
+        for _, ex in splits[split]:
+            n, target = repeat_rule(variant, ex["inputs"])
+            assert ex["targets"] == target and 1 <= n <= 20
+            by_length.setdefault(n, set()).add(ex["inputs"])
+            if split == "train":
+                train_tokens |= set(target)
+    per_length = 500 if variant != "rdc" else 22 * 21
+    assert sorted(by_length) == list(range(1, 21))
+    assert {len(v) for v in by_length.values()} == {per_length}
+    assert len(splits["train"]) + 1_000 == 20 * per_length  # each example once
+    test_lengths = []
+    for _, ex in splits["test_longer"]:
+        n, target = repeat_rule(variant, ex["inputs"])
+        assert ex["targets"] == target and 21 <= n <= 40 and set(target) <= train_tokens
+        test_lengths.append(n)
+    assert {test_lengths.count(n) for n in range(21, 41)} == {50}
+    assert len({ex["inputs"] for _, ex in splits["test_longer"]}) == 1_000
+    # The token list: digits and letters first, as their T5 pieces, then one character each.
+    assert kazemnejad.repeat_alphabet(64)[:12] == "0123456789ab"
+    assert len(set(kazemnejad.repeat_alphabet(500))) == 500
+
+
+def test_repeat_splits_are_pure_and_check_their_sizes():
+    (tiny,) = [c for c in kazemnejad.REPEAT_CONFIGS if c.name == "tiny"]
+    assert kazemnejad.repeat_splits(tiny, "rdc") == kazemnejad.repeat_splits(tiny, "rdc")
+    with pytest.raises(ValueError, match="unknown repeated-token variant 'rsd'"):
+        kazemnejad.repeat_splits(tiny, "rsd")
+    too_many = kazemnejad.RepeatConfig(
+        name="t", examples_per_length=2, num_validation=10, num_test_longer=100
+    )
+    with pytest.raises(ValueError, match="5 examples of length 21 asked of 2"):
+        kazemnejad.repeat_splits(too_many, "rsc")
+    no_train = kazemnejad.RepeatConfig(name="t", examples_per_length=2, num_validation=40)
+    with pytest.raises(ValueError, match="leaves no training example"):
+        kazemnejad.repeat_splits(no_train, "rsc")
+
+
+def test_a_repeat_variant_builds_through_tfds_producibly(data_dir):
+    task = data.load("kz_copy_rsc2x/tiny", data_dir=data_dir)
+    assert task.full_name == "jattn_kz_copy_rsc2x/tiny/1.0.0"
+    assert task.metrics == ("exact_match", "chrf")
+    assert tuple(len(task.source(s)) for s in task.splits) == (550, 50, 40)
+    for split in task.splits:
+        for ex in task.source(split):
+            assert ex["targets"] == repeat_rule("rsc2x", ex["inputs"])[1]
+    result = producibility.check(task, ["validation", "test_longer"])
+    assert result["test_longer"]["producible"] == 1.0
+    assert result["test_longer"]["longer_than_train"] == 1.0

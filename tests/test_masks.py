@@ -27,7 +27,8 @@ def test_segment_mask_is_symmetric_equality(q, kv):
     m = np.asarray(masks.segment(jnp.array(q), jnp.array(kv)))
     mt = np.asarray(masks.segment(jnp.array(kv), jnp.array(q)))
     np.testing.assert_array_equal(m, mt.T)
-    assert all(m[t, s] == (q[t] == kv[s]) for t in range(len(q)) for s in range(len(kv)))
+    # id 0 is padding: it sees nothing and is seen by nothing
+    assert all(m[t, s] == (q[t] == kv[s] != 0) for t in range(len(q)) for s in range(len(kv)))
 
 
 @given(seg=ids, data=st.data())

@@ -1,6 +1,6 @@
 """A model's memory with each positional scheme: no `[T, S]` array.
 
-DESIGN.md: a model's positional bias goes through score mods, applied per
+docs/design.md: a model's positional bias goes through score mods, applied per
 tile, so "no scheme materialises `[B, N, T, S]`". Read at the model level:
 XLA's compiled temporaries of the whole encoder-decoder's forward and
 backward through `attention_impl="chunked"` grow at most linearly in L for
@@ -12,6 +12,10 @@ well below a `[T, S]` row's 4096 floats a token; both lengths are above the
 512-row tiles, so the tiles themselves are a constant. The measure is `model_temp_bytes` of
 benchmarks/model_memory.py (what `jattn bench model_memory` prints),
 compiled and never run.
+
+Every built-in scheme that acts inside attention (`Scheme.relative`) is
+measured, at the first of its settings in tests/registry_mods.py (Shaw with
+its bias term too), so a new one is covered with no edit here.
 
 (A check on the ratio of successive increments, linear 2x against quadratic
 4x, was tried first and dropped: XLA's buffer packing moves small
@@ -25,6 +29,7 @@ import importlib.util
 import pathlib
 
 import pytest
+import registry_mods
 
 from jattn.models import SCHEMES
 
@@ -48,7 +53,9 @@ BENCH = _bench()
 
 @functools.cache
 def temp_bytes(position: str, length: int) -> int:
-    return BENCH.model_temp_bytes(BENCH.model_config(position, length, **SIZES), length)
+    setting = registry_mods.settings_of(position)[0]
+    cfg = BENCH.model_config(position, length, **SIZES, **setting)
+    return BENCH.model_temp_bytes(cfg, length)
 
 
 def growth(position: str) -> int:
@@ -62,17 +69,18 @@ TS_GROWTH = 4 * (LENGTHS[1] ** 2 - LENGTHS[0] ** 2)
 LIMIT = TS_GROWTH // 2
 
 
-_SLOW = pytest.mark.slow
-SCHEMES_UNDER_TEST = [
-    "alibi",
-    "t5",
-    "fire",
-    pytest.param("none", marks=_SLOW),
-    pytest.param("rope", marks=_SLOW),
-    pytest.param("shaw", marks=_SLOW),
-    pytest.param("kerple", marks=_SLOW),
-    pytest.param("xpos", marks=_SLOW),
-]
+def _schemes_under_test() -> list:
+    """Every built-in scheme acting inside attention; those with a score mod
+    run by default, the rest (rotations, Shaw's tables alone) are marked slow."""
+    with_mod = {built.scheme for built in registry_mods.small_mods().values()}
+    return [
+        pytest.param(name, marks=() if name in with_mod else pytest.mark.slow)
+        for name, scheme in sorted(SCHEMES.items())
+        if scheme.relative and type(scheme).__module__.startswith("jattn.")
+    ]
+
+
+SCHEMES_UNDER_TEST = _schemes_under_test()
 
 
 @pytest.mark.parametrize("position", SCHEMES_UNDER_TEST)

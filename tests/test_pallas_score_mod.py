@@ -1,13 +1,15 @@
 """Score mods inside the Pallas kernels (interpret mode), against float64.
 
-The contract (DESIGN.md, `jattn.ScoreMod`): the kernels apply
+The contract (docs/design.md, `jattn.ScoreMod`): the kernels apply
 `fn(params, score, batch, head, q_position, kv_position)` per tile to the
 scaled logits, forward and backward, and the result equals attention on the
 materialised modified logits; gradients reach query, key, value and every
-params leaf. Checked for every built-in mod of `jattn.positions` (ALiBi causal /
-symmetric / offset / asymmetric, T5 buckets, Shaw's bias, FIRE, KERPLE,
-softcap), two more styles (a one-hot over a bucket axis, an MLP over a
-hidden axis) and one that reads `batch`, in both kernel families (Triton-style
+params leaf. Checked for every score mod the registered schemes build
+(tests/registry_mods.py: each scheme's own hooks and initialisers, so a new
+scheme is covered with no edit here), the forms of `jattn.positions` no
+scheme builds (ALiBi's asymmetric form, softcap), two more styles (a one-hot
+over a bucket axis, an MLP over a hidden axis) and one that reads `batch`,
+in both kernel families (Triton-style
 `interpret`, Mosaic `tpu_interpret`), across several tiles, causal and
 packed with padding; fully masked rows stay 0 with no gradient; the fused
 backward; composition with Shaw terms, GQA, windows and dropout (against the
@@ -24,6 +26,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+import registry_mods
 from flash_harness import F32_TOL, _close, _packed, _qkv, cuda_target
 
 import jattn
@@ -35,7 +38,7 @@ from jattn.attention.pallas.score_mod_tiles import ScoreModLoweringError
 # Score mods written in the styles of jattn.positions: params indexed by `head`
 # (or `batch`) or a static index, tables looked up by one-hot compare-and-sum.
 
-N_HEADS = 4
+N_HEADS = registry_mods.SMALL["num_heads"]
 
 
 def _dist(q, k, dtype):
@@ -89,27 +92,18 @@ def per_batch(p, s, b, h, q, k):
 
 
 def _mods() -> dict[str, jattn.ScoreMod]:
-    """The built-in mods of `jattn.positions` (tables of 2k + 1 = 9 and 12
-    entries: not powers of two, so Triton gets them flattened and padded),
-    two more styles and the per-batch mod written here."""
+    """The registry's mods (tables of 2k + 1 = 9 and 12 entries: not powers
+    of two, so Triton gets them flattened and padded), the forms of
+    `jattn.positions` no scheme builds, two more styles and the per-batch mod
+    written here."""
     rng = np.random.default_rng(0)
     f = lambda *shape: jnp.asarray(rng.standard_normal(shape), jnp.float32)  # noqa: E731
     slopes = positions.alibi_slopes(N_HEADS)
-    fire = positions.init_fire_params(jax.random.PRNGKey(1), N_HEADS, hidden=8)
-    fire["L"] = jnp.asarray(3.0, jnp.float32)  # threshold inside the tested lengths
-    fire["b2"] = f(N_HEADS)
-    return {
-        "alibi_causal": positions.alibi_score_mod(slopes, mode="causal"),
-        "alibi_symmetric": positions.alibi_score_mod(slopes, mode="symmetric"),
-        "alibi_offset": positions.alibi_score_mod(slopes, mode="offset", offset=f(N_HEADS)),
+    mods = {label: built.mod for label, built in registry_mods.small_mods().items()}
+    return mods | {
         "alibi_asymmetric": positions.alibi_score_mod(
             slopes, mode="asymmetric", right_slopes=slopes[::-1]
         ),
-        "t5": positions.t5_score_mod(f(N_HEADS, 12), max_distance=20),
-        "t5_causal": positions.t5_score_mod(f(N_HEADS, 12), max_distance=20, bidirectional=False),
-        "shaw_bias": positions.shaw_bias_score_mod(f(N_HEADS, 9), 4),
-        "fire": positions.fire_score_mod(fire),
-        "kerple": positions.kerple_score_mod(jnp.abs(f(N_HEADS)) + 0.5, jnp.abs(f(N_HEADS)) + 0.1),
         "softcap": positions.softcap_score_mod(2.5),
         "t5_one_hot": jattn.ScoreMod(t5_one_hot, {"table": f(N_HEADS, 16)}),
         "fire_hidden_axis": jattn.ScoreMod(
@@ -127,7 +121,19 @@ def _mods() -> dict[str, jattn.ScoreMod]:
     }
 
 
+def _fire_short() -> jattn.ScoreMod:
+    """FIRE with its threshold L inside the tested lengths (its initial L is
+    512) and a per-head offset, for the tests of its kernel form."""
+    params = positions.init_fire_params(jax.random.PRNGKey(1), N_HEADS, hidden=8)
+    params["L"] = jnp.asarray(3.0, jnp.float32)
+    params["b2"] = jnp.asarray(np.random.default_rng(2).standard_normal(N_HEADS), jnp.float32)
+    return positions.fire_score_mod(params)
+
+
 MODS = _mods()
+FIRE_SHORT = _fire_short()
+SHAW_BIAS = registry_mods.label_of("shaw_bias")
+FIRE = registry_mods.label_of("fire")
 
 
 def _mod(name: str) -> jattn.ScoreMod:
@@ -151,6 +157,7 @@ def _reference(inputs: dict, mod: jattn.ScoreMod, cot, *, is_causal: bool):
     if inputs.get("q_segment_ids") is not None:
         qs, ks = inputs["q_segment_ids"], inputs["kv_segment_ids"]
         vis &= qs[:, None, :, None] == ks[:, None, None, :]
+        vis &= qs[:, None, :, None] != 0  # segment id 0 is padding: it sees no key
     if inputs.get("mask") is not None:
         vis &= np.asarray(inputs["mask"])
     f64 = lambda x: jnp.asarray(np.asarray(x, np.float64))  # noqa: E731
@@ -270,10 +277,10 @@ def test_fire_tile_parts_equal_fn_and_its_autodiff_in_float64():
     tile with positive and negative pre-activations, in float64."""
     from jattn.score_mod import tile_parts
 
-    parts = tile_parts(positions.fire_score_mod(MODS["fire"].params).fn)
+    parts = tile_parts(FIRE_SHORT.fn)
     assert parts is not None
     with jax.enable_x64(True):
-        params = jax.tree.map(lambda x: jnp.asarray(x, jnp.float64), MODS["fire"].params)
+        params = jax.tree.map(lambda x: jnp.asarray(x, jnp.float64), FIRE_SHORT.params)
         rng = np.random.default_rng(3)
         s = jnp.asarray(rng.standard_normal((8, 16)))
         ct = jnp.asarray(rng.standard_normal((8, 16)))
@@ -284,7 +291,7 @@ def test_fire_tile_parts_equal_fn_and_its_autodiff_in_float64():
         def by_parts(p, s):
             return s + parts.core(parts.views(p, 0, head, i, j))
 
-        fn = lambda p, s: MODS["fire"].fn(p, s, 0, head, i, j)  # noqa: E731
+        fn = lambda p, s: FIRE_SHORT.fn(p, s, 0, head, i, j)  # noqa: E731
         np.testing.assert_allclose(by_parts(params, s), fn(params, s), rtol=1e-12, atol=1e-12)
         views, pull = jax.vjp(lambda p: parts.views(p, 0, head, i, j), params)
         a = views[4][..., None] * views[0][None, None] + views[1][None, None]  # [bq, bk, hidden]
@@ -305,7 +312,7 @@ def test_fire_with_an_odd_hidden_size_falls_back_to_autodiff():
     params["L"] = jnp.asarray(3.0, jnp.float32)
     mod = positions.fire_score_mod(params)
     assert smt.usable_parts(smt.mod_spec(mod, "interpret")[0]) is None
-    assert smt.usable_parts(smt.mod_spec(MODS["fire"], "interpret")[0]) is not None
+    assert smt.usable_parts(smt.mod_spec(MODS[FIRE], "interpret")[0]) is not None
     inputs = _causal_inputs()
     cot = _cot(inputs)
     got = _pallas(inputs, mod, cot, is_causal=True, backend="interpret")
@@ -321,7 +328,7 @@ def test_mosaic_kernels_packed_padded_match_float64(name):
     _compare(got, _reference(inputs, mod, cot, is_causal=False))
 
 
-@pytest.mark.parametrize("name", ["shaw_bias", "fire", "per_batch"])
+@pytest.mark.parametrize("name", [SHAW_BIAS, FIRE, "per_batch"])
 def test_triton_packed_padded_and_fused_backward(name):
     inputs, mod = _packed_padded_inputs(), _mod(name)
     cot = _cot(inputs)
@@ -333,7 +340,7 @@ def test_triton_packed_padded_and_fused_backward(name):
 
 @pytest.mark.parametrize("backend", ["interpret", "tpu_interpret"])
 def test_fully_masked_rows_are_zero_with_no_gradient(backend):
-    inputs, mod = _causal_inputs(), _mod("alibi_offset")
+    inputs, mod = _causal_inputs(), _mod(registry_mods.label_of("alibi_offset"))
     rng = np.random.default_rng(11)
     mask = rng.random((2, 1, 64, 64)) > 0.3
     dead = [0, 17, 40]
@@ -392,7 +399,7 @@ def _public(inputs, mod, impl, **kw):
     ids=["causal_window", "dropout"],
 )
 def test_composes_with_shaw_gqa_window_dropout_residual(kw):
-    inputs, mod = _packed_padded_inputs(), _mod("t5")
+    inputs, mod = _packed_padded_inputs(), _mod(registry_mods.label_of("t5", "bidirectional"))
     got = jax.jit(lambda x, m: _public(x, m, "pallas", **kw))(inputs, mod)
     want = jax.jit(lambda x, m: _public(x, m, "xla", **kw))(inputs, mod)
     as64 = lambda x: np.asarray(x, np.float64)  # noqa: E731
@@ -541,7 +548,7 @@ def test_triton_kernels_lower_for_cuda(name):
 
 
 def test_fused_backward_lowers_for_cuda():
-    text = _lower("cuda", "gpu", "shaw_bias", t=200, h=64, backward="fused")
+    text = _lower("cuda", "gpu", SHAW_BIAS, t=200, h=64, backward="fused")
     assert "jattn_flash_bwd_fused" in text
 
 

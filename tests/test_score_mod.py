@@ -1,12 +1,15 @@
-"""Contracts of `jattn.ScoreMod` (DESIGN.md): a score mod gives the float64
+"""Contracts of `jattn.ScoreMod` (docs/design.md): a score mod gives the float64
 answer of the materialised modified logits, forward and backward (query, key,
 value and every parameter leaf), in every implementation; it composes with
 causal, packing and padding, windows, GQA/MQA, dropout, Shaw terms, rank 3,
 jit and vmap; it changes values, never visibility.
 
-The built-in mods of `jattn.positions` and one written here (a per-batch term,
-so `batch` is exercised) run through `IMPLEMENTATIONS_UNDER_TEST`; chunked
-tiles are 16 x 16 so every case crosses several tiles and a ragged last one.
+Every score mod the registered schemes build (tests/registry_mods.py: each
+scheme's own hooks and initialisers, so a new scheme is covered with no edit
+here), the forms of `jattn.positions` no scheme builds (ALiBi's asymmetric
+form, soft-capping) and one written here (a per-batch term, so `batch` is
+exercised) run through `IMPLEMENTATIONS_UNDER_TEST`; chunked tiles are 16 x 16
+so every case crosses several tiles and a ragged last one.
 """
 
 from __future__ import annotations
@@ -18,17 +21,19 @@ import jax.numpy as jnp
 import numpy as np
 import oracle
 import pytest
+import registry_mods
 from attention_cases import implementation, make_problem, packed_ids, packed_positions
 
 import jattn
 from jattn import positions
 from jattn.attention.chunked import forward
 from jattn.attention.chunked_problem import TiledProblem
-from jattn.score_mod import apply_score_mod
+from jattn.score_mod import apply_score_mod, tile_parts
 
 IMPLEMENTATIONS_UNDER_TEST = ("xla", "chunked", "pallas")
 OPTIONS = {"chunked": (("block_k", 16), ("block_q", 16))}
-B, L, N, K, H = 2, 40, 4, 2, 8  # GQA: 2 query heads per kv head; 40 = 2.5 tiles
+B, L, K, H = 2, 40, 2, 8  # GQA: 2 query heads per kv head; 40 = 2.5 tiles
+N = registry_mods.SMALL["num_heads"]
 
 
 def _per_batch(params, score, batch, head, i, j):
@@ -39,31 +44,44 @@ def _per_batch(params, score, batch, head, i, j):
 
 
 def _mods() -> dict:
+    """The registry's mods, then the forms and styles no scheme builds."""
     rng = np.random.default_rng(3)
     normal = lambda *shape: jnp.asarray(rng.normal(size=shape), jnp.float32)  # noqa: E731
     slopes = positions.alibi_slopes(N)
-    fire = positions.init_fire_params(jax.random.PRNGKey(1), N, hidden=8)
-    fire["L"] = jnp.asarray(3.0, jnp.float32)  # threshold inside the tested lengths
-    return {
-        "alibi_causal": positions.alibi_score_mod(slopes, mode="causal"),
-        "alibi_symmetric": positions.alibi_score_mod(slopes, mode="symmetric"),
-        "alibi_offset": positions.alibi_score_mod(slopes, mode="offset", offset=normal(N)),
+    mods = {label: built.mod for label, built in registry_mods.small_mods().items()}
+    return mods | {
         "alibi_asymmetric": positions.alibi_score_mod(
             slopes, mode="asymmetric", right_slopes=slopes[::-1]
         ),
-        "t5": positions.t5_score_mod(normal(N, 16), max_distance=20),
-        "t5_causal": positions.t5_score_mod(normal(N, 16), max_distance=20, bidirectional=False),
-        "shaw_bias": positions.shaw_bias_score_mod(normal(N, 9), 4),
-        "fire": positions.fire_score_mod(fire),
-        "kerple": positions.kerple_score_mod(jnp.abs(normal(N)) + 0.5, jnp.abs(normal(N)) + 0.1),
         "softcap": positions.softcap_score_mod(1.5),
         "per_batch": jattn.ScoreMod(_per_batch, {"row": normal(B), "head": normal(N)}),
     }
 
 
 MODS = _mods()
-# The mods that depend on positions only through i - j (FIRE also reads i).
-SHIFT_INVARIANT = tuple(name for name in MODS if name != "fire")
+REGISTRY = registry_mods.small_mods()
+# The mods that depend on positions only through i - j (FIRE also reads i),
+# as each scheme declares.
+SHIFT_INVARIANT = tuple(n for n in MODS if n not in REGISTRY or REGISTRY[n].shift_invariant)
+# The mods some tests need by name.
+T5 = registry_mods.label_of("t5", "bidirectional")
+ALIBI_CAUSAL = registry_mods.label_of("alibi_causal")
+ALIBI_SYMMETRIC = registry_mods.label_of("alibi_symmetric")
+ALIBI_OFFSET = registry_mods.label_of("alibi_offset")
+SHAW_BIAS = registry_mods.label_of("shaw_bias")
+FIRE = registry_mods.label_of("fire")
+KERPLE = registry_mods.label_of("kerple_log")
+
+
+def _fire_short():
+    """FIRE with its threshold L inside the tested lengths (its initial L is
+    512), so the normaliser psi(max(L, i)) reads the query position."""
+    params = positions.init_fire_params(jax.random.PRNGKey(1), N, hidden=8)
+    params["L"] = jnp.asarray(3.0, jnp.float32)
+    return positions.fire_score_mod(params)
+
+
+FIRE_SHORT = _fire_short()
 
 
 @functools.cache
@@ -163,7 +181,7 @@ def test_matches_float64_reference_forward_and_backward(impl, mod_name, layout):
 # --- visibility contracts with a score mod -------------------------------------------------
 
 
-@pytest.mark.parametrize("mod_name", ["per_batch", "t5"])
+@pytest.mark.parametrize("mod_name", ["per_batch", T5])
 @pytest.mark.parametrize("impl", IMPLEMENTATIONS_UNDER_TEST)
 def test_packed_sequences_stay_isolated(impl, mod_name):
     q, k, v = make_problem(1, B, L, L, N, K, H)
@@ -180,7 +198,7 @@ def test_packed_sequences_stay_isolated(impl, mod_name):
         np.testing.assert_allclose(got[others], ref[others], rtol=0, atol=1e-6, err_msg=name)
 
 
-@pytest.mark.parametrize("mod_name", ["per_batch", "fire", "t5"])
+@pytest.mark.parametrize("mod_name", ["per_batch", FIRE, T5])
 @pytest.mark.parametrize("impl", IMPLEMENTATIONS_UNDER_TEST)
 def test_fully_masked_rows_are_zero_with_zero_finite_gradient(impl, mod_name):
     q, k, v = make_problem(3, B, L, L, N, K, H)
@@ -215,9 +233,9 @@ def test_fire_reads_the_query_position_beyond_its_threshold():
     """FIRE's normaliser psi(max(L, i)) makes it depend on i, not only i - j."""
     q, k, v = make_problem(4, B, L, L, N, K, H)
     pos = np.broadcast_to(np.arange(L, dtype=np.int32), (B, L))
-    base = run("xla", q, k, v, MODS["fire"], is_causal=True, q_positions=pos, kv_positions=pos)
+    base = run("xla", q, k, v, FIRE_SHORT, is_causal=True, q_positions=pos, kv_positions=pos)
     moved = run(
-        "xla", q, k, v, MODS["fire"], is_causal=True, q_positions=pos + 50, kv_positions=pos + 50
+        "xla", q, k, v, FIRE_SHORT, is_causal=True, q_positions=pos + 50, kv_positions=pos + 50
     )
     assert np.max(np.abs(moved[0] - base[0])) > 1e-3
 
@@ -225,7 +243,7 @@ def test_fire_reads_the_query_position_beyond_its_threshold():
 def test_a_score_mod_changes_values_not_the_tile_plan():
     q, k, v = make_problem(5, B, 64, 64, N, K, H)
     plain = jattn.normalise(q, k, v, is_causal=True)
-    with_mod = jattn.normalise(q, k, v, is_causal=True, score_mod=MODS["t5"])
+    with_mod = jattn.normalise(q, k, v, is_causal=True, score_mod=MODS[T5])
     trips = [np.asarray(forward(TiledProblem(nf, 16, 16)).trips) for nf in (plain, with_mod)]
     np.testing.assert_array_equal(trips[0], trips[1])
     # Causal: query tile i visits key tiles 0..i, the ones above the diagonal are skipped.
@@ -238,11 +256,11 @@ def test_a_score_mod_changes_values_not_the_tile_plan():
 @pytest.mark.parametrize("impl", IMPLEMENTATIONS_UNDER_TEST)
 def test_mqa_matches_reference(impl):
     q, k, v = make_problem(6, B, L, L, N, 1, H)
-    got = run(impl, q, k, v, MODS["t5"], is_causal=True)
-    assert_matches_reference(got, reference(q, k, v, MODS["t5"], got[3], is_causal=True))
+    got = run(impl, q, k, v, MODS[T5], is_causal=True)
+    assert_matches_reference(got, reference(q, k, v, MODS[T5], got[3], is_causal=True))
 
 
-@pytest.mark.parametrize("mod_name", ["per_batch", "shaw_bias"])
+@pytest.mark.parametrize("mod_name", ["per_batch", SHAW_BIAS])
 @pytest.mark.parametrize("impl", IMPLEMENTATIONS_UNDER_TEST)
 def test_with_shaw_key_and_value_terms(impl, mod_name):
     q, k, v = make_problem(7, B, L, L, N, K, H)
@@ -264,13 +282,13 @@ def test_with_shaw_key_and_value_terms(impl, mod_name):
 def test_with_a_sliding_window(impl):
     q, k, v = make_problem(9, B, L, L, N, K, H)
     window = (5, 3)
-    got = run(impl, q, k, v, MODS["kerple"], local_window_size=window)
+    got = run(impl, q, k, v, MODS[KERPLE], local_window_size=window)
     i, j = np.arange(L)[:, None], np.arange(L)[None, :]
     mask = (j >= i - window[0]) & (j <= i + window[1])
-    assert_matches_reference(got, reference(q, k, v, MODS["kerple"], got[3], mask=mask))
+    assert_matches_reference(got, reference(q, k, v, MODS[KERPLE], got[3], mask=mask))
 
 
-@pytest.mark.parametrize("mod_name", ["per_batch", "alibi_offset"])
+@pytest.mark.parametrize("mod_name", ["per_batch", ALIBI_OFFSET])
 def test_dropout_drops_the_same_weights_as_xla(mod_name):
     q, k, v = make_problem(10, B, L, L, N, K, H)
     kw = dict(is_causal=True, dropout_rate=0.3, dropout_rng=jax.random.PRNGKey(4))
@@ -287,14 +305,14 @@ def test_dropout_drops_the_same_weights_as_xla(mod_name):
 def test_return_residual_lse_matches_xla(impl):
     q, k, v = make_problem(11, B, L, L, N, K, H)
     kw = _layout("packed")
-    got, ref = run(impl, q, k, v, MODS["t5"], **kw), run("xla", q, k, v, MODS["t5"], **kw)
+    got, ref = run(impl, q, k, v, MODS[T5], **kw), run("xla", q, k, v, MODS[T5], **kw)
     np.testing.assert_allclose(got[1], ref[1], rtol=2e-5, atol=2e-5)
 
 
 @pytest.mark.parametrize("impl", IMPLEMENTATIONS_UNDER_TEST)
 def test_rank_3_inputs_through_the_public_entry_point(impl):
     q, k, v = make_problem(12, 1, L, L, N, K, H)
-    mod = MODS["alibi_causal"]
+    mod = MODS[ALIBI_CAUSAL]
     call = functools.partial(
         jattn.dot_product_attention, is_causal=True, score_mod=mod, implementation=impl
     )
@@ -353,26 +371,22 @@ def _term(mod, t=L, s=L):
     return np.asarray(apply_score_mod(mod, jnp.zeros((B, N, t, s)), *_grid(t, s)))
 
 
-def test_symmetric_alibi_is_todays_alibi_bias_exactly():
+def test_symmetric_alibi_is_the_materialised_alibi_bias_exactly():
     slopes = positions.alibi_slopes(N)
     pos = jnp.broadcast_to(jnp.arange(L), (B, L))
-    want = np.asarray(positions.alibi_bias(slopes, pos, pos))
-    np.testing.assert_array_equal(_term(MODS["alibi_symmetric"]), want)
+    want = np.asarray(oracle.alibi_bias(slopes, pos, pos))
+    np.testing.assert_array_equal(_term(MODS[ALIBI_SYMMETRIC]), want)
     # Causal ALiBi equals it wherever the causal mask lets a key through.
     lower = np.tril(np.ones((L, L), bool))
-    np.testing.assert_array_equal(_term(MODS["alibi_causal"])[..., lower], want[..., lower])
+    np.testing.assert_array_equal(_term(MODS[ALIBI_CAUSAL])[..., lower], want[..., lower])
 
 
-def test_t5_mod_is_todays_t5_bias_exactly():
+def test_t5_mod_is_the_materialised_t5_bias_exactly():
     pos = jnp.broadcast_to(jnp.arange(L), (B, L)) * 3  # distances past max_distance too
     for bidirectional in (True, False):
         table = jnp.asarray(np.random.default_rng(15).normal(size=(N, 32)), jnp.float32)
         mod = positions.t5_score_mod(table, max_distance=64, bidirectional=bidirectional)
-        buckets = positions.t5_buckets(pos, pos, 32, 64, bidirectional)
-        np.testing.assert_array_equal(
-            positions.t5_relative_bucket(pos[:, None, :] - pos[:, :, None], 32, 64, bidirectional),
-            buckets,
-        )
+        buckets = oracle.t5_buckets(pos, pos, 32, 64, bidirectional)
         got = apply_score_mod(
             mod,
             jnp.zeros((B, N, L, L)),
@@ -380,7 +394,7 @@ def test_t5_mod_is_todays_t5_bias_exactly():
             pos[:, None, :, None],
             pos[:, None, None, :],
         )
-        want = positions.t5_bias(table.T, buckets)
+        want = oracle.t5_bias(table.T, buckets)
         np.testing.assert_array_equal(np.asarray(got), np.asarray(want))
 
 
@@ -396,14 +410,14 @@ def test_shaw_bias_mod_is_todays_rel_b_exactly():
 def test_order_aware_alibi_tells_left_from_right():
     d = 3
     i = L // 2
-    for name in ("alibi_offset", "alibi_asymmetric"):
+    for name in (ALIBI_OFFSET, "alibi_asymmetric"):
         term = _term(MODS[name])
         assert np.all(term[:, :, i, i - d] != term[:, :, i, i + d]), name
-    sym = _term(MODS["alibi_symmetric"])
+    sym = _term(MODS[ALIBI_SYMMETRIC])
     np.testing.assert_array_equal(sym[:, :, i, i - d], sym[:, :, i, i + d])
-    off = MODS["alibi_offset"].params
+    off = MODS[ALIBI_OFFSET].params
     want = -off["slopes"] * d - off["offset"]  # a key d to the right
-    np.testing.assert_allclose(_term(MODS["alibi_offset"])[0, :, i, i + d], want, rtol=1e-6)
+    np.testing.assert_allclose(_term(MODS[ALIBI_OFFSET])[0, :, i, i + d], want, rtol=1e-6)
 
 
 def test_kerple_fire_and_softcap_formulas_by_hand():
@@ -415,13 +429,13 @@ def test_kerple_fire_and_softcap_formulas_by_hand():
     got = apply_score_mod(cap, jnp.full((1,), 100.0), 0, 0, 0, 0)
     assert float(got[0]) == pytest.approx(50.0 * np.tanh(2.0), rel=1e-6)
     # FIRE: f(psi(|i-j|) / psi(max(L, i))), psi(x) = log(c x + 1), f an MLP (NumPy, hidden axis).
-    p = {n: np.asarray(x, np.float64) for n, x in MODS["fire"].params.items()}
+    p = {n: np.asarray(x, np.float64) for n, x in FIRE_SHORT.params.items()}
     c, thr = np.log1p(np.exp(p["c"])), np.log1p(np.exp(p["L"]))
     i, j = np.arange(L)[:, None], np.arange(L)[None, :]
     x = np.log(c * np.abs(i - j) + 1) / np.log(c * np.maximum(thr, i) + 1)  # [T, S]
     hidden = np.maximum(x[..., None] * p["w1"] + p["b1"], 0.0)  # [T, S, hidden]
     want = np.einsum("tsh,nh->nts", hidden, p["w2"]) + p["b2"][:, None, None]
-    np.testing.assert_allclose(_term(MODS["fire"])[0], want, rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(_term(FIRE_SHORT)[0], want, rtol=1e-5, atol=1e-6)
 
 
 # --- errors at the boundary -----------------------------------------------------------------
@@ -443,14 +457,15 @@ def test_a_fn_that_is_not_callable_or_a_bare_function_is_a_clear_error():
         jattn.dot_product_attention(q, k, v, score_mod=_per_batch)
 
 
-@pytest.mark.parametrize("mod_name", ["t5", "t5_causal", "shaw_bias", "fire"])
+@pytest.mark.parametrize("mod_name", list(REGISTRY))
 def test_mods_give_the_same_values_and_gradients_per_program_and_per_tile(mod_name):
     """With a scalar `head` (a Pallas program) the table mods use the
     compare-and-select chain and FIRE plain autodiff of its unit loop; with
     an index array (xla, chunked) the table mods a gather and FIRE its
     matmul backward. Same values, same parameter gradients (the float64
     reference calls fn with an index array too, so this is what ties the
-    hand-written backward to autodiff)."""
+    hand-written backward to autodiff). Every mod of the registry, so a new
+    one's two forms are held to each other too."""
     mod = MODS[mod_name]
     _, heads, qi, kj = _grid(L, L)
     qi, kj = qi[0, 0], kj[0, 0]  # [T, 1], [1, S]
@@ -465,10 +480,25 @@ def test_mods_give_the_same_values_and_gradients_per_program_and_per_tile(mod_na
 
     (a, pull_a), (b, pull_b) = jax.vjp(per_tile, mod.params), jax.vjp(per_program, mod.params)
     np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=1e-6, atol=1e-6)
-    if mod_name != "fire":  # a table read selects the entry itself: exact
+    if tile_parts(mod.fn) is None:  # a table read selects the entry itself: exact
         np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
     got, want = pull_a(ct)[0], pull_b(ct)[0]
     for (path, g), w in zip(
         jax.tree_util.tree_leaves_with_path(got), jax.tree.leaves(want), strict=True
     ):
         assert_close(g, w, f"d params{jax.tree_util.keystr(path)}", rtol=1e-5)
+
+
+def test_with_settings_gives_one_fn_per_settings_so_jit_compiles_once():
+    """`with_settings` (how a mod fixes settings that are not parameters) hands
+    out one function object per settings: two T5 mods with equal settings
+    share a compilation, other settings are another function."""
+    q, k, v = make_problem(20, 1, 16, 16, N, K, H)
+    table = jnp.asarray(np.random.default_rng(21).normal(size=(N, 12)), jnp.float32)
+    a, b = (positions.t5_score_mod(table * s, max_distance=20) for s in (1.0, 2.0))
+    other = positions.t5_score_mod(table, max_distance=30)
+    assert a.fn is b.fn and a.fn is not other.fn
+    call = jax.jit(lambda q, mod: jattn.dot_product_attention(q, k, v, score_mod=mod))
+    outs = [call(jnp.asarray(q), mod) for mod in (a, b)]
+    assert call._cache_size() == 1
+    assert np.max(np.abs(np.asarray(outs[0]) - np.asarray(outs[1]))) > 1e-3  # params did change

@@ -46,7 +46,7 @@ def sweep(tmp_path_factory):
 
 def test_every_member_is_written_as_its_single_run(sweep):
     workdir, result = sweep
-    assert sorted(result["seeds"]) == sorted(NAMES) and not result["diverged"]
+    assert sorted(result["members"]) == sorted(NAMES) and not result["diverged"]
     for name in NAMES:
         config = json.loads((workdir / name / "config.json").read_text())
         lr, warmup, seed = _values(name)
@@ -55,8 +55,8 @@ def test_every_member_is_written_as_its_single_run(sweep):
             warmup,
             seed,
         )
-        assert config["seeds"] == [] and config["sweep_learning_rate"] == []
-    finals = [result["seeds"][n]["train/loss"] for n in NAMES]
+        assert config["members"] == [] and config["sweep_learning_rate"] == []
+    finals = [result["members"][n]["train/loss"] for n in NAMES]
     assert len({round(v, 5) for v in finals}) == len(NAMES), finals  # they all differ
 
 

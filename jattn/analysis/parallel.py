@@ -186,7 +186,7 @@ def _cache_settings() -> dict[str, Any]:
 def prepare_data(configs: Sequence[Any]) -> None:
     """Prepares (once) every data set and vocabulary the configs use, here, so jobs
     started together only read them."""
-    from jattn.train.restore import TASK_KEYS, load_task  # noqa: PLC0415
+    from jattn.train.load import TASK_KEYS, load_task  # noqa: PLC0415
 
     seen = set()
     for config in configs:

@@ -6,7 +6,6 @@ route around a head. So next to capturing per-layer, per-head weights this
 module changes the computation and measures what the output does:
 
 - hide key positions from an attention layer (`hide_keys`),
-- replace the value payload at key positions (`replace_values`),
 - ablate heads (`ablate_heads`),
 
 each reported as the change in the log-probability of the reference and in
@@ -52,7 +51,6 @@ __all__ = [
     "plot_weight_vs_effect",
     "quiet_checkpoint_metadata",
     "reference_scores",
-    "replace_values",
     "source_position_effects",
     "weight_effect_correlation",
     "weight_vs_effect_title",
@@ -83,20 +81,6 @@ def hide_keys(path: Path, visible: Array) -> dict:
       visible: bool `[B, S]`; False hides that key from every query and head.
     """
     return _nest(path, {"key_visible": jnp.asarray(visible, bool)})
-
-
-def replace_values(path: Path, where: Array, replacement: Array) -> dict:
-    """Replace the value vectors (after projection) at some key positions.
-
-    Args:
-      path: module path of an attention layer.
-      where: bool `[B, S]`.
-      replacement: `[B, S, K, H]` (only positions in `where` are used).
-    """
-    return _nest(
-        path,
-        {"value_where": jnp.asarray(where, bool), "value_replacement": jnp.asarray(replacement)},
-    )
 
 
 def ablate_heads(path: Path, num_heads: int, heads: Sequence[int]) -> dict:
@@ -180,13 +164,14 @@ def _source_layers(model: Transformer, weights: dict, inputs: Array, targets: Ar
     read their weights as target-on-source `[B, T, S]`.
 
     Encoder-decoder: the cross-attention layers, whose weights are already
-    `[B, N, T, S]`. Decoder-only: every self-attention layer of the one stack,
-    whose weights are over the stream `[inputs | shifted targets]` (`[B, N,
-    S+T, S+T]`, `jattn.models.decoder_only`): the target-side queries' rows
-    on the input keys' columns.
+    `[B, N, T, S]`. One-stream models (decoder-only, encoder-only): every
+    self-attention layer of the one stack, whose weights are over the stream
+    `[inputs | target side]` (`[B, N, S+T, S+T]`, `jattn.models.decoder_only`,
+    `jattn.models.encoder_only`): the target-side queries' rows on the input
+    keys' columns.
     """
     s = inputs.shape[1]
-    if model.config.architecture == "decoder_only":
+    if model.architecture.joined:
         paths = [p for p in weights if p[-1] == "self_attention"]
         return paths, (lambda w: w[:, :, s:, :s]), s + targets.shape[1]
     return [p for p in weights if p[-1] == "cross_attention"], (lambda w: w), s

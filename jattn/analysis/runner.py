@@ -109,6 +109,7 @@ def _train_and_report(exp, runs, configs, workdir, log, one_program, parallel_jo
         f"ablation: {len(runs)} runs, {len(runs) - len(todo)} already finished, "
         f"{len(todo)} to train -> {workdir}"
     )
+    seed_groups.check_layout(workdir, todo)
     jobs = seed_groups.plan(exp, runs, configs, todo, one_program=one_program)
     start = time.time()
     status_path = os.path.join(workdir, STATUS_FILE)

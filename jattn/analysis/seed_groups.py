@@ -3,12 +3,12 @@
 Runs that differ only by their seed and by the optimiser values a program can
 sweep (`jattn.train.optim.SWEEPABLE`: the learning rate and warmup) are one
 program's members (`jattn.train.members`): `jattn ablate` trains the
-unfinished ones in one program (`jattn.train.loop.train_seeds`), whose
-member workdirs are the grid's own run workdirs (``DIR/runs/<name>/``), so the
-report reads them as it reads single runs. So a grid's seed axis is one program
-per group, and a learning-rate axis joins its groups into one program too.
-The program's stacked checkpoints live in ``DIR/groups/<program>/``, named by
-the grid's other axes.
+unfinished ones in one program (`jattn.train.run.train_and_evaluate` with
+`members`), whose member workdirs are the grid's own run workdirs
+(``DIR/runs/<name>/``, each with its own checkpoints), so the report reads
+them as it reads single runs. So a grid's seed axis is one program per group,
+and a learning-rate axis joins its groups into one program too; a run that
+trains alone is a program of one member.
 
 A program falls back to one run per member, and the log says why, when
 
@@ -16,7 +16,7 @@ A program falls back to one run per member, and the log says why, when
   one of its runs is left to train;
 - its runs differ in more than those (an axis whose key varies inside the
   program without being one of them);
-- the config cannot vmap (`jattn.train.seeds.vmap_blockers`: custom attention
+- the config cannot vmap (`jattn.train.members.vmap_blockers`: custom attention
   kernels, Weights & Biases);
 - the config already sets `seeds` or a sweep, or one program per group was
   turned off (``jattn ablate --one-run-per-seed``).
@@ -26,7 +26,6 @@ from __future__ import annotations
 
 import dataclasses
 import os
-import re
 from collections.abc import Sequence
 from typing import Any
 
@@ -34,7 +33,7 @@ import ml_collections
 
 from jattn.train.config import config_to_dict
 
-__all__ = ["Job", "group_workdir", "plan", "program_members", "train_job"]
+__all__ = ["Job", "check_layout", "plan", "program_members", "train_job"]
 
 MEMBER_KEYS = ("seed", "learning_rate", "warmup_steps")  # what members of a program may vary
 
@@ -76,7 +75,7 @@ def _shared(config: ml_collections.ConfigDict) -> dict[str, Any]:
 
 
 def _blockers(exp, configs, indices: Sequence[int]) -> list[str]:
-    from jattn.train.seeds import vmap_blockers  # noqa: PLC0415
+    from jattn.train.members import vmap_blockers  # noqa: PLC0415
 
     why = []
     if not _member_axes(exp):
@@ -131,39 +130,47 @@ def plan(
     return jobs
 
 
-def group_workdir(workdir: str, group: str) -> str:
-    """``DIR/groups/<group>``: where a group's program keeps its stacked checkpoints."""
-    safe = re.sub(r"[^A-Za-z0-9_.=,+-]", "_", group).replace("=", "-").replace(",", "_")
-    return os.path.join(workdir, "groups", safe)
+def check_layout(workdir: str, todo: Sequence[int]) -> None:
+    """Refuses (one line) a grid with runs left to train whose seed programs an
+    earlier jattn kept in ``DIR/groups/<program>/`` as stacked checkpoints: each
+    member's workdir is now its only checkpoint layout, so they would not resume.
+
+    Raises:
+      ConfigError: ``DIR/groups/`` exists and `todo` is not empty.
+    """
+    from jattn.train.config import ConfigError  # noqa: PLC0415
+    from jattn.train.run import OLD_LAYOUT  # noqa: PLC0415
+
+    groups = os.path.join(workdir, "groups")
+    if todo and os.path.isdir(groups) and os.listdir(groups):
+        raise ConfigError(
+            f"{groups} holds the stacked checkpoints of seed programs of an earlier jattn, "
+            f"which this one does not resume: {OLD_LAYOUT}"
+        )
 
 
 def train_job(job: Job, runs, configs, workdir: str) -> dict[str, str]:
-    """Trains one job; returns each of its runs' status ("finished", "preempted" or
-    "diverged: ...") as `jattn.analysis.runner` records it."""
-    from jattn.train import loop  # noqa: PLC0415 -- training, only when a job runs
+    """Trains one job (one program; a run alone is a program of one member); returns
+    each of its runs' status ("finished", "preempted" or "diverged: ...") as
+    `jattn.analysis.runner` records it."""
+    from jattn.train.loop import TrainingDivergedError  # noqa: PLC0415
+    from jattn.train.run import train_and_evaluate  # noqa: PLC0415 -- only when a job runs
 
-    if not job.program:
-        run = runs[job.runs[0]]
-        try:
-            final = loop.train_and_evaluate(configs[job.runs[0]], run.workdir)
-        except loop.TrainingDivergedError as e:
-            return {run.name: f"diverged: {e}"}
-        return {run.name: "preempted" if final.get("preempted") else "finished"}
-    members = program_members(configs, job.runs)
-    config = configs[job.runs[0]].copy_and_resolve_references()
-    with config.unlocked():
-        config.seeds = tuple(sorted({m.seed for m in members}))
-    result = loop.train_seeds(
-        config,
-        group_workdir(workdir, job.name),
-        [runs[i].workdir for i in job.runs],
-        members=members,
-        raise_on_divergence=False,
-    )
+    members = [
+        dataclasses.replace(m, workdir=runs[i].workdir)
+        for i, m in zip(job.runs, program_members(configs, job.runs), strict=True)
+    ]
+    try:
+        result = train_and_evaluate(
+            configs[job.runs[0]], os.path.join(workdir, "runs"), members=members
+        )
+        diverged, preempted = result["diverged"], result["preempted"]
+    except TrainingDivergedError as e:
+        diverged, preempted = e.diverged or {members[0].key: str(e)}, False
     status = {}
     for i, member in zip(job.runs, members, strict=True):
-        if member.key in result["diverged"]:
-            status[runs[i].name] = f"diverged: {result['diverged'][member.key]}"
+        if member.key in diverged:
+            status[runs[i].name] = f"diverged: {diverged[member.key]}"
         else:
-            status[runs[i].name] = "preempted" if result["preempted"] else "finished"
+            status[runs[i].name] = "preempted" if preempted else "finished"
     return status

@@ -70,9 +70,10 @@ def default_implementation(t: int, s: int, backend: str | None = None) -> str:
     On NVIDIA/AMD GPUs the Pallas kernel (Triton); on the CPU and on TPU the
     xla path for small problems (fewer dispatch overheads) and the chunked
     path once the logits would be large. The kernel's Mosaic (TPU) variant is
-    reached with `implementation="pallas"`; it is lowered and checked in
-    interpret mode, but has never been compiled or timed on a TPU, so it is
-    not the default there.
+    reached with `implementation="pallas"`; it is checked in interpret mode
+    and compiled by libtpu for compile-only TPU v5e and v6e devices (every
+    variant, `jattn bench aot --target tpu`, docs/tpu.md; a subset in CI),
+    but has never run or been timed on a TPU, so it is not the default there.
     """
     backend = backend or jax.default_backend()
     if backend in ("gpu", "cuda", "rocm"):
@@ -145,7 +146,8 @@ def dot_product_attention(
       value: `[B, S, K, Hv]` or `[S, K, Hv]`.
       bias: float, broadcastable to `[B, N, T, S]`; added to the scaled logits.
       mask: bool, broadcastable to `[B, N, T, S]`; True = may attend.
-      scale: logit scale, default `1/sqrt(H)`.
+      scale: logit scale, default `1/sqrt(H)`; may be traced (under jit it
+        is multiplied into the query, see `jattn.attention.normal_form`).
       is_causal: a key is visible iff `kv_position <= q_position`.
       query_seq_lengths: int `[B]`; queries at or past the length attend to
         nothing and return 0 (as jax.nn).
@@ -160,7 +162,9 @@ def dot_product_attention(
       return_residual: also return the log-sum-exp `[B, T, N]` of each row's
         scaled, biased logits (as jax.nn: a residual, its cotangent ignored;
         `EMPTY_ROW_LSE` for a row with no visible key).
-      q_segment_ids: int `[B, T]`; attend iff q and kv segment ids are equal.
+      q_segment_ids: int `[B, T]`; attend iff q and kv segment ids are equal
+        and not 0: id 0 is padding, which sees no key and is seen by none
+        (its query returns 0, as past `query_seq_lengths`).
       kv_segment_ids: int `[B, S]`; required with `q_segment_ids`.
       q_positions: int `[B, T]`; default `arange(T)`; used by causal, window
         and relative terms (packed rows restart them per segment; decoding
@@ -181,7 +185,11 @@ def dot_product_attention(
     Returns:
       `[B, T, N, Hv]` (`[T, N, Hv]` for rank-3 inputs) in the dtype of
       `query`, and with `return_residual` also the lse `[B, T, N]` (`[T, N]`).
-      A query row with no visible key returns exactly 0 and passes no gradient.
+      A query row with no visible key (by mask, bias, causal, window,
+      segments, padding or lengths) returns exactly 0 and passes no
+      gradient, and a NaN or Inf in the key or value of a key a query cannot
+      see never reaches it (docs/reliability.md lists where this differs
+      from jax.nn).
     """
     ndim = np.ndim(query)
     ranks = (ndim, np.ndim(key), np.ndim(value))

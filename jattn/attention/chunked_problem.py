@@ -176,7 +176,9 @@ class TiledProblem:
     tp, sp and `num_rel` = R):
       nf: the normal form.
       q: `[nq, B, K, G, t, H]`; k: `[nk, B, K, s, H]`; v: `[nk, B, K, s, Hv]`
-        (input dtypes).
+        (input dtypes; non-finite entries zeroed, see `scores.finite_keys`).
+      poison: float32 `[nk, B, K, s, 1]`, NaN at keys that had a non-finite
+        entry (added to their logits before the visibility rule), else 0.
       qpos, qseg: int32 `[nq, B, t]`; kvpos, kvseg: int32 `[nk, B, s]`
         (padding repeats the last entry, so relative ids stay in range).
       kv_valid: bool `[nk, 1, s]` (False on padded keys) or None.
@@ -197,8 +199,10 @@ class TiledProblem:
         self.nq, self.nk = math.ceil(t / self.bq), math.ceil(s / self.bk)
         self.tp, self.sp = self.nq * self.bq, self.nk * self.bk
         self.q = self.tile_q(nf.query)
-        self.k = self._tile_kv(nf.key)
-        self.v = self._tile_kv(nf.value)
+        key, value, poison = scores.finite_keys(nf.key, nf.value)  # poison [B, S, K]
+        self.k = self._tile_kv(key)
+        self.v = self._tile_kv(value)
+        self.poison = self._tile_kv(poison[..., None])
         self.qpos = split_tiles(pad_axis(nf.q_positions, 1, self.tp, "edge"), 1, self.nq, self.bq)
         self.kvpos = split_tiles(pad_axis(nf.kv_positions, 1, self.sp, "edge"), 1, self.nk, self.bk)
         self.qseg = self.kvseg = None
@@ -328,6 +332,8 @@ def tile_logits(
         else:
             s = scores.apply_grouped_score_mod(nf.score_mod, s, *where)
         s = s.astype(pb.dtype)
+    # NaN at keys that are not finite, then selected away where invisible.
+    s = s + pb.poison[j][:, :, None, None, :, 0].astype(s.dtype)
     if not body.full:
         vis = pb.visibility(i, j)
         if vis is not None:

@@ -9,7 +9,7 @@ literal of those packages from the source and fails on a letter missing from
 `EINSUM_LETTERS`.
 
 Upper case is a whole dimension; lower case is a tile of one (a query tile of
-`t` rows out of `T`) or a count of tiles. DESIGN.md names the value head dim
+`t` rows out of `T`) or a count of tiles. docs/design.md names the value head dim
 `Hv`; shape comments and docstrings keep that name (`[B, S, K, Hv]`), and
 einsum strings, which cannot spell two letters for one axis, write it `E`.
 The value head dim and the vocabulary are different dimensions: `E` and `V`.
@@ -31,7 +31,7 @@ EINSUM_LETTERS: dict[str, str] = {
     "K": "key / value heads (K divides N: MHA, GQA, MQA)",
     "G": "query heads per key / value head, N = K * G",
     "H": "query / key head dim",
-    "E": "value head dim (Hv in shape comments and DESIGN.md)",
+    "E": "value head dim (Hv in shape comments and docs/design.md)",
     "R": "Shaw relative ids, 2k + 1 for clip distance k",
     "D": "model width (d_model)",
     "F": "MLP hidden width (d_ff)",

@@ -13,11 +13,15 @@ What normalising does:
 - bias and mask are rank 4, each axis 1 or full (`[B|1, N|1, T|1, S|1]`);
   the mask is boolean;
 - positions are always present, int32 `[B, T]` and `[B, S]`;
-- sequence lengths are folded into segment ids: a query past its row's
-  length gets segment `PAD_Q`, a key past its length `PAD_KV`, which equal
-  no other id, so padding is one more case of "different segments" and every
+- padding gets segment ids that equal nothing (`jattn.masks.mark_padding`):
+  segment id 0, a query past its row's length (`PAD_Q`) and a key past its
+  length (`PAD_KV`) alike, so padding is one more case of "different
+  segments", lengths and segment id 0 give the same result, and every
   implementation skips padded tiles the way it skips other segments' tiles;
   segment ids are both present or both None;
+- a traced `scale` (under jit) is folded into the query (`scale * q`, the
+  same logits up to rounding, with its gradient by autodiff) and the static
+  scale is 1, so the kernels keep a compile-time constant;
 - `local_window_size` is a static `(left, right)` pair or None;
 - Shaw tables are per head, `[N, 2k+1, H]` and `[N, 2k+1, Hv]`, or None;
 - dropout is a static rate and an int32 `[2]` seed (None when off);
@@ -36,19 +40,13 @@ import jax.numpy as jnp
 import numpy as np
 
 from jattn import dropout as dropout_lib
-from jattn.masks import window_pair
+from jattn.masks import PAD_KV, PAD_Q, mark_padding, window_pair
 from jattn.positions import ShawRelative
 from jattn.score_mod import ScoreMod
 
 Array = jax.Array
 
 __all__ = ["EMPTY_ROW_LSE", "PAD_KV", "PAD_Q", "NormalForm", "normalise"]
-
-# Segment ids of queries / keys past their row's sequence length: equal to no
-# real id (and not to each other), at the bottom of the int32 range so tile
-# min/max of real ids stay tight.
-PAD_Q = int(np.iinfo(np.int32).min) + 1
-PAD_KV = int(np.iinfo(np.int32).min)
 
 # The log-sum-exp reported for a query row with no visible key: jax.nn's value
 # in float32 (a large finite negative, so `exp(lse)` is 0 and nothing is Inf).
@@ -65,8 +63,10 @@ class NormalForm:
       value: `[B, S, K, Hv]`.
       bias: float `[B|1, N|1, T|1, S|1]` or None; added to the scaled logits.
       mask: bool `[B|1, N|1, T|1, S|1]` or None; True = may attend.
-      q_segment_ids: int32 `[B, T]` or None (sequence lengths folded in).
-      kv_segment_ids: int32 `[B, S]` or None (None iff `q_segment_ids` is).
+      q_segment_ids: int32 `[B, T]` or None (padding, id 0 or past the
+        sequence length, marked `PAD_Q`).
+      kv_segment_ids: int32 `[B, S]` or None (None iff `q_segment_ids` is;
+        padding marked `PAD_KV`).
       q_positions: int32 `[B, T]`.
       kv_positions: int32 `[B, S]`.
       rel_key: Shaw key table `[N, 2k+1, H]` or None.
@@ -220,8 +220,29 @@ def _fold_lengths(seg, lengths, length: int, batch: int, pad: int) -> Array | No
     if lengths is None:
         return seg
     valid = jnp.arange(length, dtype=jnp.int32)[None, :] < lengths[:, None]  # [B, L]
-    base = jnp.zeros((batch, length), jnp.int32) if seg is None else seg
+    base = jnp.ones((batch, length), jnp.int32) if seg is None else seg
     return jnp.where(valid, base, jnp.int32(pad))
+
+
+def _static_scale(query: Array, scale, head_dim: int) -> tuple[Array, float]:
+    """`(query, scale)` with a Python float scale.
+
+    A traced scale (jax.nn accepts one under jit) cannot be a static field:
+    it is multiplied into the query instead, `(s·q)·k = s·(q·k)`, which also
+    scales the Shaw key term `q·key_rel` as the scale must, and its gradient
+    follows by autodiff outside every implementation's custom VJP.
+    """
+    if scale is None:
+        return query, float(1.0 / np.sqrt(head_dim))
+    if isinstance(scale, jax.core.Tracer):
+        if np.ndim(scale) != 0:
+            raise ValueError(
+                f"dot_product_attention: scale must be a scalar, got shape {list(np.shape(scale))}"
+            )
+        compute = jnp.promote_types(query.dtype, jnp.float32)
+        scaled = query.astype(compute) * jnp.asarray(scale, compute)
+        return scaled.astype(query.dtype), 1.0
+    return query, float(scale)
 
 
 def normalise(
@@ -303,8 +324,8 @@ def normalise(
         missing = "kv_segment_ids" if kv_segment_ids is None else "q_segment_ids"
         raise ValueError(f"dot_product_attention: segment ids come in pairs; {missing} is missing")
     if q_segment_ids is not None:
-        q_segment_ids = _int_ids(q_segment_ids, "q_segment_ids", b, t, "T")
-        kv_segment_ids = _int_ids(kv_segment_ids, "kv_segment_ids", b, s, "S")
+        q_segment_ids = mark_padding(_int_ids(q_segment_ids, "q_segment_ids", b, t, "T"), PAD_Q)
+        kv_segment_ids = mark_padding(_int_ids(kv_segment_ids, "kv_segment_ids", b, s, "S"), PAD_KV)
     if query_seq_lengths is not None or key_value_seq_lengths is not None:
         q_len = None
         kv_len = None
@@ -315,9 +336,9 @@ def normalise(
         q_segment_ids = _fold_lengths(q_segment_ids, q_len, t, b, PAD_Q)
         kv_segment_ids = _fold_lengths(kv_segment_ids, kv_len, s, b, PAD_KV)
         if q_segment_ids is None:
-            q_segment_ids = jnp.zeros((b, t), jnp.int32)
+            q_segment_ids = jnp.ones((b, t), jnp.int32)
         if kv_segment_ids is None:
-            kv_segment_ids = jnp.zeros((b, s), jnp.int32)
+            kv_segment_ids = jnp.ones((b, s), jnp.int32)
     q_pos = (
         jnp.broadcast_to(jnp.arange(t, dtype=jnp.int32), (b, t))
         if q_positions is None
@@ -362,6 +383,7 @@ def normalise(
                 "(a jax.random key)"
             )
         seed = dropout_lib.seed_words(dropout_rng)
+    query, scale = _static_scale(query, scale, h)
     return NormalForm(
         query=query,
         key=key,
@@ -380,7 +402,7 @@ def normalise(
         window=window_pair(local_window_size),
         max_distance=max_distance,
         default_positions=q_positions is None and kv_positions is None,
-        scale=float(1.0 / np.sqrt(h) if scale is None else scale),
+        scale=scale,
         dropout_rate=dropout_rate if seed is not None else 0.0,
         dropout_broadcast_batch=bool(dropout_broadcast_batch),
     )

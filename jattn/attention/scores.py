@@ -197,6 +197,37 @@ def grouped_score_mod_vjp(
 NEG = float(-0.7 * jnp.finfo(jnp.float32).max)
 
 
+def finite_keys(key: Array, value: Array) -> tuple[Array, Array, Array]:
+    """Keys and values whose non-finite entries cannot leak through a zero weight.
+
+    A hidden key has weight exactly 0, but `0 · NaN = NaN`, so a NaN or Inf
+    in the value (or key) of a key that a query cannot see would still reach
+    that query's output and gradients through the matmuls. Selecting, not
+    multiplying: non-finite entries become 0 in the operands of every
+    matmul, and a key that had one gets a NaN `poison` added to its logits
+    before the visibility rule, so a query that *sees* it still returns NaN
+    (as jax.nn would) while one that does not never meets it.
+
+    Args:
+      key: `[..., S, H]`.
+      value: `[..., S, Hv]` (same leading axes).
+
+    Returns:
+      `(key, value, poison)`: the cleaned operands (same shapes and dtypes)
+      and float32 `[..., S]`, 0 for a finite key and NaN otherwise (no
+      gradient).
+    """
+
+    def clean(x):
+        ok = jnp.isfinite(x)
+        return jnp.where(ok, x, jnp.zeros((), x.dtype)), jnp.all(ok, axis=-1)
+
+    key, key_ok = clean(key)
+    value, value_ok = clean(value)
+    poison = jnp.where(key_ok & value_ok, 0.0, jnp.nan).astype(jnp.float32)
+    return key, value, jax.lax.stop_gradient(poison)
+
+
 def masked_softmax_parts(s: Array, vis: Array | None) -> tuple[Array, Array]:
     """Row max and unnormalised weights of a block of logits.
 
@@ -208,13 +239,11 @@ def masked_softmax_parts(s: Array, vis: Array | None) -> tuple[Array, Array]:
       `m [..., 1]`, the row max over visible entries (0 for a row with
       nothing visible; no gradient), and `p = exp(s - m)`, exactly 0 where
       invisible. Subtracting the max is a stabilisation, not a change of
-      distribution; a row with no visible key gets weights 0, so it yields
-      output 0 and no gradient instead of NaN.
+      distribution; a row with no visible key (every key hidden, or every
+      logit -inf, e.g. from a bias) gets weights 0, so it yields output 0
+      and no gradient instead of NaN.
     """
-    if vis is None:
-        m = jax.lax.stop_gradient(jnp.max(s, axis=-1, keepdims=True))
-        return m, jnp.exp(s - m)
-    sv = jnp.where(vis, s, jnp.asarray(NEG, s.dtype))
+    sv = s if vis is None else jnp.where(vis, s, jnp.asarray(NEG, s.dtype))
     m = jnp.max(sv, axis=-1, keepdims=True)
     m = jax.lax.stop_gradient(jnp.where(m > NEG / 2, m, 0.0))
     return m, jnp.exp(sv - m)  # exactly 0 where invisible: exp(NEG - m) underflows

@@ -8,7 +8,8 @@ which of four classes the tile is in:
 
 - ``SKIP``: provably nothing visible (causal: every key after every query;
   window: every key outside every query's window; segments: the id ranges
-  do not overlap; mask: all False). Not computed.
+  do not overlap, or either tile is all padding; mask: all False). Not
+  computed.
 - ``PARTIAL``: anything else that is not provably FULL: per-element
   visibility and per-element Shaw relative ids.
 - ``FULL_LEFT``: provably everything visible and, with Shaw terms, every
@@ -29,6 +30,8 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 import numpy as np
+
+from jattn.masks import PAD_KV, PAD_Q
 
 Array = jax.Array
 
@@ -117,6 +120,9 @@ def classify(
     if q_seg is not None:
         (qs_lo, qs_hi), (ks_lo, ks_hi) = q_seg, kv_seg
         skip |= (row(ks_hi) < col(qs_lo)) | (row(ks_lo) > col(qs_hi))
+        # Padding ids are the smallest ints: a tile whose largest id is one
+        # holds only padding, which sees nothing and is seen by nothing.
+        skip |= (col(qs_hi) <= PAD_Q) | (row(ks_hi) <= PAD_KV)
         same = (qs_lo == qs_hi)[:, None, :, None] & (ks_lo == ks_hi)[:, None, None, :]
         full &= same & (col(qs_lo) == row(ks_lo))
     if kv_ragged:

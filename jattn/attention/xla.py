@@ -21,10 +21,11 @@ from jattn.positions import relative_ids
 Array = jax.Array
 
 
-def _grouped_weights(nf: NormalForm, q: Array, kk: Array):
+def _grouped_weights(nf: NormalForm, q: Array, kk: Array, poison: Array):
     """Unnormalised weights `[B,K,G,T,S]`, their row max and sums `[B,K,G,T,1]`
     and the relative ids `[B,T,S]` (or None). `q` is `[B,K,G,T,H]` and `kk`
-    `[B,K,S,H]`, both in the compute dtype."""
+    `[B,K,S,H]`, both in the compute dtype; `poison` `[B,K,S]` is NaN at keys
+    with a non-finite entry (`scores.finite_keys`)."""
     _, k, g, _, h = q.shape
     num_rel = 2 * nf.max_distance + 1
     r = qr = None
@@ -39,7 +40,7 @@ def _grouped_weights(nf: NormalForm, q: Array, kk: Array):
         logits = scores.apply_grouped_score_mod(
             nf.score_mod, logits, jnp.arange(nf.query.shape[0]), 0, nf.q_positions, nf.kv_positions
         )
-    logits = logits.astype(q.dtype)  # [B,K,G,T,S]
+    logits = logits.astype(q.dtype) + poison[:, :, None, None, :].astype(q.dtype)  # [B,K,G,T,S]
     vis = scores.visibility(
         q_pos=nf.q_positions,
         kv_pos=nf.kv_positions,
@@ -55,12 +56,17 @@ def _grouped_weights(nf: NormalForm, q: Array, kk: Array):
 
 
 def _grouped_inputs(nf: NormalForm):
+    """`q [B,K,G,T,H]`, keys `[B,K,S,H]` and values `[B,K,S,Hv]` in the
+    compute dtype, non-finite entries zeroed, the keys' `poison [B,K,S]`
+    (see `scores.finite_keys`) and the compute dtype."""
     b, t, n, h = nf.query.shape
     k = nf.key.shape[2]
     compute = jnp.promote_types(nf.query.dtype, jnp.float32)
     q = nf.query.astype(compute).reshape(b, t, k, n // k, h).transpose(0, 2, 3, 1, 4)
     kk = nf.key.astype(compute).transpose(0, 2, 1, 3)  # [B,K,S,H]
-    return q, kk, compute
+    vv = nf.value.astype(compute).transpose(0, 2, 1, 3)  # [B,K,S,Hv]
+    kk, vv, poison = scores.finite_keys(kk, vv)
+    return q, kk, vv, poison, compute
 
 
 def dropout_keep(nf: NormalForm, k: int, g: int, t: int, s: int) -> Array:
@@ -83,9 +89,8 @@ def attention_xla(nf: NormalForm) -> tuple[Array, Array]:
     b, t, n, _ = nf.query.shape
     _, s, k, hv = nf.value.shape
     g = n // k
-    q, kk, compute = _grouped_inputs(nf)
-    vv = nf.value.astype(compute).transpose(0, 2, 1, 3)  # [B,K,S,Hv]
-    p, m, denom, r = _grouped_weights(nf, q, kk)
+    q, kk, vv, poison, compute = _grouped_inputs(nf)
+    p, m, denom, r = _grouped_weights(nf, q, kk, poison)
     safe = jnp.where(denom == 0, 1.0, denom)
     lse = jnp.where(denom == 0, EMPTY_ROW_LSE, m + jnp.log(safe))[..., 0]  # [B,K,G,T]
     if nf.dropout:
@@ -107,7 +112,7 @@ def attention_weights_xla(nf: NormalForm) -> Array:
     """The softmax weights `[B, N, T, S]` (float32, before dropout) the xla
     path mixes values with; rows with no visible key are all zeros."""
     b, t, n, _ = nf.query.shape
-    q, kk, _ = _grouped_inputs(nf)
-    p, _, denom, _ = _grouped_weights(nf, q, kk)
+    q, kk, _, poison, _ = _grouped_inputs(nf)
+    p, _, denom, _ = _grouped_weights(nf, q, kk, poison)
     p = p / jnp.where(denom == 0, 1.0, denom)  # [B,K,G,T,S]
     return p.reshape(b, n, t, p.shape[-1])

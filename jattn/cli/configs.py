@@ -52,7 +52,7 @@ def _config_lines(root: Path) -> list[str]:
     from jattn.train.config import ConfigError, load_config  # noqa: PLC0415
 
     lines = ["configs  (jattn train --config FILE[:VARIANT,...]):"]
-    files = sorted((root / "configs").glob("*.py"))
+    files = sorted(p for p in (root / "configs").glob("*.py") if not p.name.startswith("_"))
     for path in files:
         try:
             c = load_config(str(path))

@@ -88,7 +88,7 @@ def decode_command(argv: Sequence[str]) -> int:
         if value is not None and value < 1:
             return fail(PROG, f"--{name.replace('_', '-')} must be >= 1, got {value}")
 
-    from jattn.train.restore import load_run  # noqa: PLC0415
+    from jattn.train.load import load_run  # noqa: PLC0415
 
     try:
         run = load_run(args.workdir, args.step)

@@ -66,7 +66,7 @@ def probe_command(argv: Sequence[str]) -> int:
     import numpy as np  # noqa: PLC0415
 
     from jattn.analysis import probe  # noqa: PLC0415
-    from jattn.train.restore import load_run  # noqa: PLC0415
+    from jattn.train.load import load_run  # noqa: PLC0415
 
     args = make_parser().parse_args(normalize_flags(argv))
     try:

@@ -65,10 +65,10 @@ def make_parser() -> argparse.ArgumentParser:
 
 
 def _summary(final: dict) -> str:
-    if "seeds" in final:  # several seeds in one program (config.seeds)
+    if "members" in final:  # several members in one program (config.seeds, a sweep)
         return "\n".join(
             (f"seed {key}" if isinstance(key, int) else key) + ": " + _summary(result)
-            for key, result in sorted(final["seeds"].items())
+            for key, result in sorted(final["members"].items())
         )
     state = "preempted" if final.get("preempted") else "done"
     shown = {k: v for k, v in final.items() if k.startswith("eval/") or k == "train/loss"}
@@ -142,7 +142,8 @@ def train_command(argv: Sequence[str]) -> int:
     from jattn.data.integrity import DataIntegrityError  # noqa: PLC0415
     from jattn.train.distributed import Terminated  # noqa: PLC0415
     from jattn.train.filesystem import WorkdirIOError  # noqa: PLC0415
-    from jattn.train.loop import TrainingDivergedError, train_and_evaluate  # noqa: PLC0415
+    from jattn.train.loop import TrainingDivergedError  # noqa: PLC0415
+    from jattn.train.run import train_and_evaluate  # noqa: PLC0415
     from jattn.train.workdir_lock import WorkdirLockedError  # noqa: PLC0415
 
     try:

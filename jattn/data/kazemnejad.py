@@ -9,7 +9,14 @@ scoring sequence exact match by length. Here:
   over the first `alphabet_size` lowercase letters (16), one letter a token;
 - ``kz_addition``: "0123+4567" -> "04690": two operands of n digits each
   (leading zeros allowed, so every n-digit string is an operand) and their
-  sum written with n + 1 digits; the length is n.
+  sum written with n + 1 digits; the length is n;
+- their copy variants with repeated tokens (`repeat_splits`, the
+  ``copy_task_type``s of their ``scripts/dataset_builders/make_copy_dataset.py``,
+  the splits ``rsc``, ``rsc2x``, ``rdc`` of their ``results/sanity_check.jsonl``):
+  ``kz_copy_rsc`` "aaa" -> "aaa" (one token repeated n times, copied),
+  ``kz_copy_rsc2x`` "aaa" -> "aaaaaa" (copied twice), ``kz_copy_rdc``
+  "a>b:aaa" -> "bbb" (their prompt "Replace a with b in a a a": every a
+  replaced by b; the length is n, the repeats).
 
 Lengths: ``train`` and ``validation`` draw lengths uniformly from 1-20 (as
 evenly as the distinct strings of each length allow: there are only 16
@@ -30,14 +37,26 @@ the run's data check verifies.
 from __future__ import annotations
 
 import dataclasses
+import itertools
+import math
 import string
 
 import numpy as np
 import tensorflow_datasets as tfds
 
-from jattn.data.builders import GeneratedBuilder, length_splits
+from jattn.data.builders import GeneratedBuilder, even_allocation, length_splits
 
-__all__ = ["BUILDERS", "KazemnejadConfig", "addition_splits", "string_splits"]
+__all__ = [
+    "BUILDERS",
+    "KazemnejadConfig",
+    "REPEAT_CONFIGS",
+    "REPEAT_TASKS",
+    "RepeatConfig",
+    "addition_splits",
+    "repeat_alphabet",
+    "repeat_splits",
+    "string_splits",
+]
 
 TRAIN_LENGTHS = (1, 20)  # L = 20
 TEST_LENGTHS = (21, 40)  # up to 2L
@@ -156,9 +175,174 @@ class JattnKzAddition(_KazemnejadBuilder):
     _TASK = "addition"
 
 
+# -- copy with repeated tokens ----------------------------------------------------------
+
+
+@dataclasses.dataclass(eq=False)
+class RepeatConfig(tfds.core.BuilderConfig):
+    """Config of a copy variant with repeated tokens (Kazemnejad et al.'s data script).
+
+    Attributes:
+      examples_per_length: their ``num_examples_per_bin``: how many examples
+        of each length their script generates for train and validation
+        together. ``rsc``/``rsc2x`` use that many tokens, one example each
+        (capped by the alphabet); ``rdc`` uses the k tokens with
+        k = int((1 + sqrt(1 + 4 n)) / 2) and all their k (k - 1) ordered pairs.
+      train_lengths: (min, max) repeats n of train and validation, inclusive.
+      test_lengths: (min, max) repeats n of ``test_longer``, inclusive.
+      num_validation: examples of train and validation's pool held out for
+        validation (the rest is train).
+      num_test_longer: examples of ``test_longer``, the same number from every
+        length (their ``num_test``), drawn from the same tokens (or pairs).
+      seed: seed of the generator; the data is a pure function of the config.
+    """
+
+    examples_per_length: int = 500
+    train_lengths: tuple[int, int] = TRAIN_LENGTHS
+    test_lengths: tuple[int, int] = TEST_LENGTHS
+    num_validation: int = 1_000
+    num_test_longer: int = 1_000
+    seed: int = 0
+
+
+REPEAT_CONFIGS = [
+    RepeatConfig(
+        name="default",
+        description="Lengths 1-20, test_longer 21-40 (1,000); 500 examples a length "
+        "(rsc: 500 tokens, rdc: all ordered pairs of 22).",
+    ),
+    RepeatConfig(
+        name="tiny",
+        examples_per_length=30,
+        num_validation=50,
+        num_test_longer=40,
+        description="Tiny: for tests and smoke runs.",
+    ),
+]
+
+# Tokens of the repeated variants: one character each, not the separators ">" ":".
+_REPEAT_CJK = 0x4E00  # after 0-9a-zA-Z: CJK ideographs, printable and one character each
+
+
+def repeat_alphabet(size: int) -> str:
+    """The first `size` tokens: the 62 digits and letters, then CJK ideographs
+    (Kazemnejad et al. use T5 pieces that are one token each, digits and letters first)."""
+    base = string.digits + string.ascii_lowercase + string.ascii_uppercase
+    return (base + "".join(chr(_REPEAT_CJK + i) for i in range(max(0, size - len(base)))))[:size]
+
+
+def _repeat_pool(task: str, n: int, per_length: int) -> list[tuple[str, dict[str, str]]]:
+    """Every example their script makes at length `n`: (token, example) pairs."""
+    if task == "rdc":
+        k = int((1 + math.sqrt(1 + 4 * per_length)) / 2)
+        tokens = repeat_alphabet(k)
+        return [
+            (a + b, {"inputs": f"{a}>{b}:{a * n}", "targets": b * n})
+            for a, b in itertools.permutations(tokens, 2)
+        ]
+    factor = 2 if task == "rsc2x" else 1
+    return [
+        (t, {"inputs": t * n, "targets": t * (factor * n)}) for t in repeat_alphabet(per_length)
+    ]
+
+
+def repeat_splits(config: RepeatConfig, task: str) -> dict[str, list]:
+    """The examples of every split of a repeated-token copy variant.
+
+    As their script: train and validation are every example of each training
+    length (`_repeat_pool`), shuffled and split (``num_validation`` held
+    out); ``test_longer`` samples ``num_test_longer / len(test lengths)``
+    examples of each test length from its pool, without replacement.
+
+    Raises:
+      ValueError: an unknown variant, lengths that are not 1 <= train < test,
+        or more examples asked of a split than its pool holds.
+    """
+    if task not in REPEAT_TASKS:
+        raise ValueError(f"unknown repeated-token variant {task!r}; variants: {REPEAT_TASKS}")
+    lo, hi = config.train_lengths
+    tlo, thi = config.test_lengths
+    if not 1 <= lo <= hi < tlo <= thi:
+        raise ValueError(
+            f"need 1 <= train_lengths < test_lengths, got {config.train_lengths} and "
+            f"{config.test_lengths}"
+        )
+    rng = np.random.default_rng(config.seed)
+    short = [
+        ex for n in range(lo, hi + 1) for _, ex in _repeat_pool(task, n, config.examples_per_length)
+    ]
+    if config.num_validation >= len(short):
+        raise ValueError(
+            f"num_validation {config.num_validation} leaves no training example of the "
+            f"{len(short)} of {task!r}"
+        )
+    short = [short[i] for i in rng.permutation(len(short))]
+    lengths = range(tlo, thi + 1)
+    per_length = even_allocation(config.num_test_longer, [config.num_test_longer] * len(lengths))
+    longer = []
+    for n, count in zip(lengths, per_length, strict=True):
+        pool = _repeat_pool(task, n, config.examples_per_length)
+        if count > len(pool):
+            raise ValueError(f"{count} examples of length {n} asked of {len(pool)} for {task!r}")
+        longer.extend(pool[i][1] for i in rng.choice(len(pool), size=count, replace=False))
+    longer = [longer[i] for i in rng.permutation(len(longer))]
+    parts = {
+        "train": short[config.num_validation :],
+        "validation": short[: config.num_validation],
+        "test_longer": longer,
+    }
+    return {split: list(enumerate(examples)) for split, examples in parts.items()}
+
+
+REPEAT_TASKS = ("rsc", "rsc2x", "rdc")
+
+
+class _RepeatBuilder(GeneratedBuilder, skip_registration=True):
+    VERSION = tfds.core.Version("1.0.0")
+    RELEASE_NOTES = {"1.0.0": "Initial release."}
+    BUILDER_CONFIGS = REPEAT_CONFIGS
+    _TASK = ""
+
+    def _splits(self):
+        return repeat_splits(self.builder_config, self._TASK)
+
+
+class JattnKzCopyRsc(_RepeatBuilder):
+    """Copy one token repeated n times, n 1-20, test 21-40 (``rsc``): "aaa" -> "aaa".
+
+    Lengths: train and validation 1-20, ``test_longer`` 21-40 (1,000
+    examples, 50 a length). Tokens: 500, one example of each at every length.
+    """
+
+    _TASK = "rsc"
+
+
+class JattnKzCopyRsc2x(_RepeatBuilder):
+    """Copy one token repeated n times twice, n 1-20, test 21-40 (``rsc2x``): "aa" -> "aaaa".
+
+    Lengths: train and validation 1-20, ``test_longer`` 21-40 (1,000
+    examples, 50 a length). Tokens: 500, one example of each at every length.
+    """
+
+    _TASK = "rsc2x"
+
+
+class JattnKzCopyRdc(_RepeatBuilder):
+    """Replace a repeated token by another, n 1-20, test 21-40 (``rdc``): "a>b:aaa" -> "bbb".
+
+    Lengths (n, the repeats): train and validation 1-20, ``test_longer`` 21-40
+    (1,000 examples, 50 a length). Tokens: 22, every ordered pair at every length.
+    """
+
+    _TASK = "rdc"
+
+
 # The task names `jattn.data.load` knows from this module, with the default config.
 BUILDERS = {
     "kz_copy": (JattnKzCopy, "default"),
     "kz_reverse": (JattnKzReverse, "default"),
     "kz_addition": (JattnKzAddition, "default"),
+    "kz_copy_rsc": (JattnKzCopyRsc, "default"),
+    "kz_copy_rsc2x": (JattnKzCopyRsc2x, "default"),
+    "kz_copy_rdc": (JattnKzCopyRdc, "default"),
 }

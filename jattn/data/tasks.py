@@ -23,6 +23,7 @@ from tensorflow_datasets.proto import tf_example_pb2
 
 from jattn.data import integrity
 from jattn.data import tokenizers as tokenizers_lib
+from jattn.data.chomsky import TASKS as CHOMSKY_TASKS
 from jattn.data.registry import BUILDERS
 
 _SPLIT_ORDER = ("train", "validation", "test", "test_longer")
@@ -44,7 +45,11 @@ TASK_METRICS: dict[str, tuple[str, ...]] = {
     "kz_copy": CHAR_METRICS,
     "kz_reverse": CHAR_METRICS,
     "kz_addition": CHAR_METRICS,
+    "kz_copy_rsc": CHAR_METRICS,
+    "kz_copy_rsc2x": CHAR_METRICS,
+    "kz_copy_rdc": CHAR_METRICS,
     "scan": ("exact_match",),  # the papers' metric; chrF of action words adds nothing
+    **dict.fromkeys(CHOMSKY_TASKS, CHAR_METRICS),  # Delétang et al.'s (`chomsky.py`)
 }
 
 

@@ -1,11 +1,18 @@
-"""The Transformer's layers: an encoder layer and a decoder layer, each a
-stack of residual blocks around `jattn.models.layers`' attention and MLP.
+"""The Transformer's layers and stacks: one residual `Block` for every layer
+(self-attention, cross-attention when `cross`, MLP), the `Encoder` and
+`Decoder` stacks of the encoder–decoder (the encoder is also the
+encoder-only model's stack), and `shared_layers`.
 
-A decoder layer names its mode (`DECODER_MODES`): teacher forcing over a
-whole target, one cached step, a step recomputing cross-attention, or the
+A block names its mode (`DECODER_MODES`): teacher forcing over a whole
+sequence, one cached step, a step recomputing cross-attention, or the
 prefill of the cross-attention cache. The positional scheme's per-stack
 parameters (`Scheme.stack_state`) arrive as `scheme_state` and go to every
 attention layer unchanged.
+
+With `TransformerConfig.shared_layers` a stack has one block, "shared_layer",
+called at every depth (Dehghani et al.'s Universal Transformer): one set of
+parameters, each call its own dropout draws and, when decoding, its own KV
+cache (`cache_slot`).
 
 Shapes: B batch, S input length, T target length, D model width.
 """
@@ -18,13 +25,21 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
-from jattn.models.axes import constrain
+from jattn.models.axes import constrain, param
 from jattn.models.config import TransformerConfig
-from jattn.models.layers import MLP, Attention, layer_norm
+from jattn.models.layers import MLP, AbsolutePositions, Attention, layer_norm
 
 Array = jax.Array
 
-__all__ = ["DECODER_MODES", "DecoderLayer", "EncoderLayer", "sublayer", "vocab_logits"]
+__all__ = [
+    "DECODER_MODES",
+    "Block",
+    "Encoder",
+    "stack_blocks",
+    "stack_inputs",
+    "sublayer",
+    "vocab_logits",
+]
 
 
 def vocab_logits(cfg: TransformerConfig, embed: nn.Module, x: Array) -> Array:
@@ -56,56 +71,9 @@ def sublayer(cfg: TransformerConfig, x: Array, f, norm: nn.Module, train: bool) 
     return y if cfg.pre_norm else norm(y)
 
 
-class EncoderLayer(nn.Module):
-    """Self-attention then MLP, each in a residual block."""
-
-    config: TransformerConfig
-
-    @nn.compact
-    def __call__(
-        self,
-        x: Array,
-        *,
-        segment_ids: Array,
-        positions: Array,
-        scheme_state: Any,
-        train: bool,
-    ) -> Array:
-        """One encoder layer.
-
-        Args:
-          x: `[B, S, D]`.
-          segment_ids: int `[B, S]` (0 = padding).
-          positions: int `[B, S]`.
-          scheme_state: the scheme's parameters shared by the stack, or None.
-          train: dropout, attention dropout included (needs a "dropout" rng).
-
-        Returns:
-          `[B, S, D]`.
-        """
-        cfg = self.config
-        attn = Attention(cfg, name="self_attention")
-        x = sublayer(
-            cfg,
-            x,
-            lambda h: attn(
-                h,
-                h,
-                q_segment_ids=segment_ids,
-                kv_segment_ids=segment_ids,
-                q_positions=positions,
-                kv_positions=positions,
-                scheme_state=scheme_state,
-                train=train,
-            ),
-            layer_norm(cfg, "self_attention_norm"),
-            train,
-        )
-        return sublayer(cfg, x, MLP(cfg, name="mlp"), layer_norm(cfg, "mlp_norm"), train)
-
-
-# Decoder mode -> (self-attention mode, cross-attention mode) in every layer
-# (`Attention` has the modes "full", "step" and "prefill").
+# Block mode -> (self-attention mode, cross-attention mode) in every layer
+# (`Attention` has the modes "full", "step" and "prefill"). A block without
+# cross-attention has "full" and "step" only.
 DECODER_MODES: dict[str, tuple[str | None, str]] = {
     "full": ("full", "full"),  # teacher forcing over targets [B, T]
     "step": ("step", "step"),  # one token; cross-attention reads the prefilled cache
@@ -114,23 +82,31 @@ DECODER_MODES: dict[str, tuple[str | None, str]] = {
 }
 
 
-class DecoderLayer(nn.Module):
-    """Causal self-attention, cross-attention, MLP, each in a residual block.
+class Block(nn.Module):
+    """Self-attention, cross-attention (when `cross`), MLP, each in a residual block.
+
+    Every layer of every architecture is one: an encoder layer (bidirectional,
+    no cross), a decoder layer (`causal`, `cross`), a decoder-only layer
+    (`causal`) and an encoder-only layer (as the encoder's).
 
     Attributes:
       config: the model config.
-      decode: both attentions keep a "cache" (see `Attention`), for the
-        modes "step", "recompute" and "prefill" of `DECODER_MODES`.
+      cross: a cross-attention sub-layer over `encoded` after self-attention.
+      causal: causal self-attention (a caller's `visible` replaces the rule).
+      decode: the attentions keep a "cache" (see `Attention`), for the modes
+        "step", "recompute" and "prefill" of `DECODER_MODES`.
     """
 
     config: TransformerConfig
+    cross: bool = False
+    causal: bool = False
     decode: bool = False
 
     @nn.compact
     def __call__(
         self,
         x: Array | None,
-        encoded: Array | None,
+        encoded: Array | None = None,
         *,
         mode: str = "full",
         segment_ids: Array | None = None,
@@ -140,15 +116,18 @@ class DecoderLayer(nn.Module):
         scheme_state: Any = None,
         cache_index: Array | None = None,
         train: bool = False,
+        visible: Array | None = None,
         cache_positions: Array | None = None,
+        cache_segment_ids: Array | None = None,
+        cache_slot: str = "",
     ) -> Array | None:
-        """One decoder layer in one of `DECODER_MODES`.
+        """One layer in one of `DECODER_MODES`.
 
         Args:
-          x: `[B, T, D]` (T = 1 in "step" and "recompute"); None for "prefill",
+          x: `[B, T, D]` (T = 1 in a decoder's "step"); None for "prefill",
             where the encoder output enters only through cross-attention's
             keys/values.
-          encoded: the encoder output `[B, S, D]`; None for "step".
+          encoded: the encoder output `[B, S, D]` (cross only); None for "step".
           mode: "full", "step", "recompute" or "prefill".
           segment_ids: int `[B, T]`, or None while decoding (the query then
             belongs to the row's only segment).
@@ -158,24 +137,30 @@ class DecoderLayer(nn.Module):
           scheme_state: the scheme's parameters shared by the stack, or None.
           cache_index: int scalar, the slot a step writes.
           train: dropout, attention dropout included (needs a "dropout" rng).
-          cache_positions: int `[B, L]`, the positions of a step's L
-            self-attention cache slots (randomised positions at decoding);
-            None: the slots are at `arange(L)`. With them `segment_ids`
-            must be given (the query's, ones).
+          visible: bool broadcastable to `[B, 1, T, S]`, replacing the causal
+            rule (a prefix LM's), or None.
+          cache_positions, cache_segment_ids: int `[B, L]`, the positions and
+            segment ids of a step's self-attention cache slots; None: the
+            slots are at `arange(L)`, no segments.
+          cache_slot: suffix of this call's cache entries (a shared block
+            keeps one cache per depth).
 
         Returns:
           `[B, T, D]`; None for "prefill".
         """
         cfg = self.config
+        if mode not in DECODER_MODES or (not self.cross and mode in ("recompute", "prefill")):
+            modes = sorted(DECODER_MODES) if self.cross else ["full", "step"]
+            raise ValueError(
+                f"Block(cross={self.cross}): mode must be one of {modes}, got {mode!r}"
+            )
         self_mode, cross_mode = DECODER_MODES[mode]
-        self_attn = Attention(cfg, causal=True, decode=self.decode, name="self_attention")
-        cross_attn = Attention(cfg, cross=True, decode=self.decode, name="cross_attention")
+        self_attn = Attention(cfg, causal=self.causal, decode=self.decode, name="self_attention")
+        cross_attn = None
+        if self.cross:
+            cross_attn = Attention(cfg, cross=True, decode=self.decode, name="cross_attention")
         if mode == "prefill":
-            return cross_attn(None, encoded, mode="prefill")
-        self_cache = {}  # today's call unchanged where the slots are at arange(L)
-        if cache_positions is not None:
-            slot_segments = jnp.ones(cache_positions.shape, jnp.int32)  # [B, L], every slot real
-            self_cache = dict(cache_positions=cache_positions, cache_segment_ids=slot_segments)
+            return cross_attn(None, encoded, mode="prefill", cache_slot=cache_slot)
         x = sublayer(
             cfg,
             x,
@@ -190,28 +175,121 @@ class DecoderLayer(nn.Module):
                 scheme_state=scheme_state,
                 cache_index=cache_index,
                 train=train,
-                **self_cache,
+                visible=visible,
+                cache_positions=cache_positions,
+                cache_segment_ids=cache_segment_ids,
+                cache_slot=cache_slot,
             ),
             layer_norm(cfg, "self_attention_norm"),
             train,
         )
-        # While decoding one token there are no target segment ids: the query
-        # belongs to the row's only segment, and the encoder's real tokens are 1.
-        cross_q_segments = jnp.ones(x.shape[:2], jnp.int32) if segment_ids is None else segment_ids
-        x = sublayer(
-            cfg,
-            x,
-            lambda h: cross_attn(
-                h,
-                encoded,
-                mode=cross_mode,
-                q_segment_ids=cross_q_segments,
-                kv_segment_ids=encoded_segment_ids,
-                q_positions=positions,
-                kv_positions=encoded_positions,
-                train=train,
-            ),
-            layer_norm(cfg, "cross_attention_norm"),
-            train,
-        )
+        if self.cross:
+            # While decoding one token there are no target segment ids: the query
+            # belongs to the row's only segment, and the encoder's real tokens are 1.
+            cross_q = jnp.ones(x.shape[:2], jnp.int32) if segment_ids is None else segment_ids
+            x = sublayer(
+                cfg,
+                x,
+                lambda h: cross_attn(
+                    h,
+                    encoded,
+                    mode=cross_mode,
+                    q_segment_ids=cross_q,
+                    kv_segment_ids=encoded_segment_ids,
+                    q_positions=positions,
+                    kv_positions=encoded_positions,
+                    train=train,
+                    cache_slot=cache_slot,
+                ),
+                layer_norm(cfg, "cross_attention_norm"),
+                train,
+            )
         return sublayer(cfg, x, MLP(cfg, name="mlp"), layer_norm(cfg, "mlp_norm"), train)
+
+
+def stack_blocks(config: TransformerConfig, depth: int, **kinds) -> list[tuple[Block, str]]:
+    """The `depth` blocks of a stack, each with its cache slot suffix: blocks
+    "layer_0".."layer_{depth-1}", or one block "shared_layer" at every depth
+    (`shared_layers`, each depth its own cache slot "_i"). Call from a compact
+    method: the blocks belong to the calling stack. `kinds`: `Block`'s
+    `cross`, `causal`, `decode`."""
+    if config.shared_layers:
+        shared = Block(config, name="shared_layer", **kinds)
+        return [(shared, f"_{i}") for i in range(depth)]
+    return [(Block(config, name=f"layer_{i}", **kinds), "") for i in range(depth)]
+
+
+def stack_inputs(
+    module: nn.Module, embed: nn.Module, tokens: Array, positions: Array, *, train: bool,
+    causal: bool, tape: Array | None = None,
+) -> tuple[Array, Any]:  # fmt: skip
+    """What every stack starts from: embeddings `[B, L, D]` plus the scheme's
+    absolute vectors (if any), with dropout, and the scheme's parameters
+    shared by the stack's layers (`Scheme.stack_state`, declared on `module`).
+
+    `tape`: bool `[B, L]`, the blank cells of an output tape (encoder-only),
+    whose embedding is the learned vector "tape_blank" `[D]` of `module`
+    instead of their token's.
+    """
+    cfg = module.config
+    x = embed(tokens)  # [B, L, D]
+    if tape is not None:
+        init = nn.initializers.normal(stddev=cfg.d_model**-0.5)  # as a token's embedding
+        blank = param(module, "tape_blank", init, (cfg.d_model,), ("embed",), cfg.params_dtype)
+        x = jnp.where(tape[..., None], blank.astype(x.dtype)[None, None], x)  # [B, L, D]
+    if cfg.scheme.absolute:
+        x = AbsolutePositions(cfg, name="positions")(x, positions)
+    x = nn.Dropout(cfg.dropout_rate)(x, deterministic=not train)
+    state = cfg.scheme.stack_state(module, cfg, causal=causal)
+    return constrain(x, ("batch", "length", "embed")), state
+
+
+class Encoder(nn.Module):
+    """Embeddings + positions, `depth` bidirectional blocks (+ final norm if pre-norm).
+
+    The encoder–decoder's encoder (`depth` None: `num_layers`) and the
+    encoder-only model's stack (`2 * num_layers`, with an output tape).
+    """
+
+    config: TransformerConfig
+    embed: nn.Module
+    depth: int | None = None
+
+    @nn.compact
+    def __call__(
+        self,
+        inputs: Array,
+        *,
+        segment_ids: Array,
+        positions: Array,
+        train: bool = False,
+        tape: Array | None = None,
+    ) -> Array:
+        """Encode tokens.
+
+        Args:
+          inputs: int `[B, S]`.
+          segment_ids: int `[B, S]` (0 = padding).
+          positions: int `[B, S]`.
+          train: dropout (needs a "dropout" rng).
+          tape: bool `[B, S]`: output tape cells (see `stack_inputs`), or None.
+
+        Returns:
+          `[B, S, D]`.
+        """
+        cfg = self.config
+        x, state = stack_inputs(
+            self, self.embed, inputs, positions, train=train, causal=False, tape=tape
+        )
+        for block, slot in stack_blocks(cfg, self.depth or cfg.num_layers):
+            x = block(
+                x,
+                segment_ids=segment_ids,
+                positions=positions,
+                scheme_state=state,
+                train=train,
+                cache_slot=slot,
+            )
+        if cfg.pre_norm:
+            x = layer_norm(cfg, "final_norm")(x)
+        return constrain(x, ("batch", "length", "embed"))

@@ -15,8 +15,9 @@ from typing import Any
 import jax.numpy as jnp
 
 from jattn.attention import IMPLEMENTATIONS
+from jattn.models.architectures import ARCHITECTURES, Architecture, get_architecture
 from jattn.models.schemes import Scheme, get_scheme
-from jattn.positions import ROPE_SCALINGS
+from jattn.positions import ROPE_SCALINGS, YARN_CONVENTIONS
 
 __all__ = ["ARCHITECTURES", "SHAW_TERMS", "TransformerConfig"]
 
@@ -27,10 +28,6 @@ __all__ = ["ARCHITECTURES", "SHAW_TERMS", "TransformerConfig"]
 # "bias": a learned scalar per clipped distance and head added to the logits
 #   (Ontañón et al. 2022's "rel-b"; with "key" their "rel-eb").
 SHAW_TERMS = ("key", "value", "bias")
-
-# `TransformerConfig.architecture`: Vaswani et al.'s encoder–decoder, or one
-# causal stack over inputs, a separator and targets (`jattn.models.decoder_only`).
-ARCHITECTURES = ("encoder_decoder", "decoder_only")
 
 
 def _positive_int(name: str, value: Any) -> None:
@@ -90,6 +87,16 @@ class TransformerConfig:
       rope_scaling_factor: the extension factor s >= 1 of `rope_scaling`.
       rope_original_length: the training length YaRN keeps the short
         wavelengths of (0: `max_len`).
+      rope_yarn_convention: where YaRN's ramp runs, "paper" (linear in the
+        turns over the training length, Peng et al.; the default) or "hf"
+        (linear in the pair index between rounded bounds, as Hugging Face
+        transformers' `rope_type="yarn"`); `jattn.positions.YarnOptions`.
+      rope_yarn_beta_fast, rope_yarn_beta_slow: YaRN's band: pairs turning
+        more than beta_fast times over the training length keep their
+        frequency, fewer than beta_slow are interpolated (32 and 1).
+      rope_yarn_mscale, rope_yarn_mscale_all_dim: YaRN's attention factor as
+        HF configures it: both nonzero, `(0.1 mscale ln s + 1) / (0.1
+        mscale_all_dim ln s + 1)`; else (0, the default) `0.1 ln s + 1`.
       xpos_scale_base: xPos's decay length scale (Sun et al.'s 512).
       alibi_mode: ALiBi in bidirectional layers (the encoder; cross-attention
         with `relative_cross`): "symmetric" (`-m|i - j|`, blind to the order
@@ -111,10 +118,19 @@ class TransformerConfig:
       layer_norm_epsilon: epsilon of every layer norm.
       dtype: compute dtype of activations ("float32", "bfloat16", ...).
       param_dtype: dtype of parameters.
-      architecture: one of `ARCHITECTURES`: "encoder_decoder" (default), or
-        "decoder_only": one causal stack over `inputs`, a separator (the
-        start symbol 0) and `targets`, returning logits for the targets only
-        (`jattn.models.decoder_only` documents the layout and positions).
+      architecture: a name registered in `jattn.models.ARCHITECTURES`:
+        "encoder_decoder" (default); "decoder_only": one causal stack over
+        `inputs`, a separator (the start symbol 0) and `targets`, returning
+        logits for the targets only (`jattn.models.decoder_only` documents
+        the layout and positions); "encoder_only": one bidirectional stack
+        over `inputs` and an output tape of blank cells, every target
+        predicted at once (`jattn.models.encoder_only`).
+      xl_max_distance: "transformer_xl"'s clip distance of `i - j` (0: the
+        longest row the config allows, `max(max_len, random_positions) - 1`,
+        so unclipped there).
+      shared_layers: one layer's parameters used at every layer of a stack
+        (Dehghani et al.'s Universal Transformer; Csordás et al. and
+        Ontañón et al. compare it); the depth stays `num_layers` per stack.
       prefix_lm: decoder-only: attention over the inputs is bidirectional
         (each input token sees every input token of its example), the
         separator and targets stay causal.
@@ -148,6 +164,11 @@ class TransformerConfig:
     rope_scaling: str = "none"
     rope_scaling_factor: float = 1.0
     rope_original_length: int = 0
+    rope_yarn_convention: str = "paper"
+    rope_yarn_beta_fast: float = 32.0
+    rope_yarn_beta_slow: float = 1.0
+    rope_yarn_mscale: float = 0.0
+    rope_yarn_mscale_all_dim: float = 0.0
     xpos_scale_base: float = 512.0
     alibi_mode: str = "symmetric"
     fire_hidden: int = 32
@@ -159,6 +180,8 @@ class TransformerConfig:
     capture_attention: bool = False
     architecture: str = "encoder_decoder"
     prefix_lm: bool = False
+    shared_layers: bool = False
+    xl_max_distance: int = 0
 
     def __post_init__(self):
         if self.num_kv_heads is None:
@@ -203,10 +226,11 @@ class TransformerConfig:
                 f"TransformerConfig.relative_cross=True needs a relative scheme; position="
                 f"{self.position!r} has none"
             )
-        if scheme.causal_only and self.architecture != "decoder_only":  # (decoder-only: below)
+        arch = get_architecture(self.architecture)
+        if scheme.causal_only and not arch.causal:  # (prefix_lm: `_check_architecture`)
             raise ValueError(
                 f"TransformerConfig.position={self.position!r} is causal-only; the "
-                "encoder-decoder's encoder attends bidirectionally"
+                f"{self.architecture} model attends bidirectionally over its inputs"
             )
         self._check_extensions()
         self._check_architecture(scheme)
@@ -240,6 +264,21 @@ class TransformerConfig:
                 f"TransformerConfig.rope_scaling_factor must be >= 1, got "
                 f"{self.rope_scaling_factor!r}"
             )
+        if self.rope_yarn_convention not in YARN_CONVENTIONS:
+            raise ValueError(
+                f"TransformerConfig.rope_yarn_convention={self.rope_yarn_convention!r}; "
+                f"choose one of {YARN_CONVENTIONS}"
+            )
+        if not 0.0 < float(self.rope_yarn_beta_slow) < float(self.rope_yarn_beta_fast):
+            raise ValueError(
+                f"TransformerConfig: need 0 < rope_yarn_beta_slow < rope_yarn_beta_fast, got "
+                f"{self.rope_yarn_beta_slow!r} and {self.rope_yarn_beta_fast!r}"
+            )
+        for name in ("rope_yarn_mscale", "rope_yarn_mscale_all_dim"):
+            if not float(getattr(self, name)) >= 0.0:
+                raise ValueError(
+                    f"TransformerConfig.{name} must be >= 0, got {getattr(self, name)!r}"
+                )
         if self.alibi_mode not in ("symmetric", "offset"):
             raise ValueError(
                 f"TransformerConfig.alibi_mode={self.alibi_mode!r}; choose 'symmetric' or 'offset'"
@@ -254,39 +293,39 @@ class TransformerConfig:
             )
 
     def _check_architecture(self, scheme: Scheme) -> None:
-        """`architecture` and `prefix_lm`."""
-        if self.architecture not in ARCHITECTURES:
+        """`architecture`, `prefix_lm`, `relative_cross` and `shared_layers`,
+        by the registered architecture's properties."""
+        arch = get_architecture(self.architecture)
+        for name in ("prefix_lm", "shared_layers"):
+            if not isinstance(getattr(self, name), bool):
+                raise ValueError(
+                    f"TransformerConfig.{name} must be a bool, got {getattr(self, name)!r}"
+                )
+        if self.prefix_lm and not arch.prefix_lm:
+            allowed = sorted(a.name for a in ARCHITECTURES.values() if a.prefix_lm)
             raise ValueError(
-                f"TransformerConfig.architecture={self.architecture!r}; choose one of "
-                f"{ARCHITECTURES}"
-            )
-        if not isinstance(self.prefix_lm, bool):
-            raise ValueError(f"TransformerConfig.prefix_lm must be a bool, got {self.prefix_lm!r}")
-        decoder_only = self.architecture == "decoder_only"
-        if self.prefix_lm and not decoder_only:
-            raise ValueError(
-                "TransformerConfig.prefix_lm=True needs architecture='decoder_only' (the "
-                "encoder of an encoder_decoder is bidirectional already)"
+                f"TransformerConfig.prefix_lm=True needs architecture in {allowed}; "
+                f"{self.architecture!r} has no causal prefix to make bidirectional"
             )
         if self.prefix_lm and scheme.causal_only:
             raise ValueError(
                 f"TransformerConfig.prefix_lm=True attends bidirectionally over the inputs; "
                 f"position={self.position!r} is for causal attention only"
             )
-        if decoder_only and self.relative_cross:
+        if self.relative_cross and not arch.cross:
             raise ValueError(
-                "TransformerConfig.relative_cross=True needs architecture='encoder_decoder' "
-                "(a decoder-only model has no cross-attention)"
+                f"TransformerConfig.relative_cross=True needs cross-attention; an "
+                f"{self.architecture!r} model has none"
             )
 
     @property
-    def decoder_only(self) -> bool:
-        """Whether `architecture` is "decoder_only"."""
-        return self.architecture == "decoder_only"
+    def arch(self) -> Architecture:
+        """The registered `Architecture` of `architecture` (its model and properties)."""
+        return get_architecture(self.architecture)
 
     @property
     def stack_layers(self) -> int:
-        """Layers of the decoder-only stack (`2 * num_layers`)."""
+        """Layers of a one-stack model (decoder-only, encoder-only): `2 * num_layers`."""
         return 2 * self.num_layers
 
     # -- derived ---------------------------------------------------------------

@@ -54,14 +54,13 @@ D model width, V vocabulary.
 
 from __future__ import annotations
 
-from typing import Any
-
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
+from jattn.models.architectures import register
 from jattn.models.axes import constrain
-from jattn.models.blocks import sublayer, vocab_logits
+from jattn.models.blocks import stack_blocks, stack_inputs, vocab_logits
 from jattn.models.config import TransformerConfig
 from jattn.models.inputs import (
     check_ids,
@@ -71,14 +70,15 @@ from jattn.models.inputs import (
     segments_and_positions,
     shift_right,
 )
-from jattn.models.layers import MLP, AbsolutePositions, Attention, layer_norm
+from jattn.models.layers import Embed, layer_norm
+from jattn.models.transformer import Transformer
 
 Array = jax.Array
 
 __all__ = [
     "DECODER_ONLY_MODES",
     "DecoderOnly",
-    "DecoderOnlyLayer",
+    "DecoderOnlyStack",
     "prefix_visibility",
     "prompt_offsets",
     "stream_layout",
@@ -175,77 +175,8 @@ def prefix_visibility(positions: Array, is_input: Array) -> Array:
 # -- modules --------------------------------------------------------------------------
 
 
-class DecoderOnlyLayer(nn.Module):
-    """Causal (or prefix-LM) self-attention then MLP, each in a residual block.
-
-    Attributes:
-      config: the model config.
-      decode: the self-attention keeps a KV cache (`Attention`'s "cache").
-    """
-
-    config: TransformerConfig
-    decode: bool = False
-
-    @nn.compact
-    def __call__(
-        self,
-        x: Array,
-        *,
-        mode: str,
-        segment_ids: Array,
-        positions: Array,
-        scheme_state: Any,
-        visible: Array | None = None,
-        cache_index: Array | None = None,
-        cache_positions: Array | None = None,
-        cache_segment_ids: Array | None = None,
-        train: bool = False,
-    ) -> Array:
-        """One layer.
-
-        Args:
-          x: `[B, T, D]` (the stream in "full", the prompt in "prefill", one
-            token in "step").
-          mode: `Attention`'s "full" or "step" (a block write for prefill).
-          segment_ids, positions: int `[B, T]` of the queries.
-          scheme_state: the scheme's parameters shared by the stack, or None.
-          visible: bool broadcastable to `[B, 1, T, S]`, replacing the causal
-            rule (prefix LM), or None.
-          cache_index: int scalar, the first slot written ("step").
-          cache_positions, cache_segment_ids: int `[B, L]` of the cache slots.
-          train: dropout (needs a "dropout" rng).
-
-        Returns:
-          `[B, T, D]`.
-        """
-        cfg = self.config
-        attn = Attention(cfg, causal=True, decode=self.decode, name="self_attention")
-        x = sublayer(
-            cfg,
-            x,
-            lambda h: attn(
-                h,
-                h,
-                mode=mode,
-                q_segment_ids=segment_ids,
-                kv_segment_ids=segment_ids,
-                q_positions=positions,
-                kv_positions=positions,
-                scheme_state=scheme_state,
-                cache_index=cache_index,
-                train=train,
-                visible=visible,
-                cache_positions=cache_positions,
-                cache_segment_ids=cache_segment_ids,
-            ),
-            layer_norm(cfg, "self_attention_norm"),
-            train,
-        )
-        return sublayer(cfg, x, MLP(cfg, name="mlp"), layer_norm(cfg, "mlp_norm"), train)
-
-
-class DecoderOnly(nn.Module):
-    """Embeddings + positions, `2 * num_layers` layers, logits of the target side.
+class DecoderOnlyStack(nn.Module):
+    """Embeddings + positions, `2 * num_layers` causal blocks, logits of the target side.
 
     Attributes:
       config: the model config (`architecture="decoder_only"`).
@@ -402,12 +333,9 @@ class DecoderOnly(nn.Module):
     def _layers(self, tokens, seg, pos, train: bool, *, mode: str, visible, index=None) -> Array:
         """Embeddings (+ the scheme's absolute vectors) through every layer, `[B, L, D]`."""
         cfg = self.config
-        x = self.embed(tokens)  # [B, L, D]
-        if cfg.scheme.absolute:
-            x = AbsolutePositions(cfg, name="positions")(x, pos)
-        x = nn.Dropout(cfg.dropout_rate)(x, deterministic=not train)
-        x = constrain(x, ("batch", "length", "embed"))
-        state = cfg.scheme.stack_state(self, cfg, causal=not cfg.prefix_lm)
+        x, state = stack_inputs(
+            self, self.embed, tokens, pos, train=train, causal=not cfg.prefix_lm
+        )
         cached = {}
         if mode == "step":
             cached = dict(
@@ -415,10 +343,11 @@ class DecoderOnly(nn.Module):
                 cache_positions=self.get_variable("cache", "slot_positions"),
                 cache_segment_ids=self.get_variable("cache", "slot_segments"),
             )
-        for i in range(cfg.stack_layers):
-            x = DecoderOnlyLayer(cfg, decode=self.decode, name=f"layer_{i}")(
+        for block, slot in stack_blocks(cfg, cfg.stack_layers, causal=True, decode=self.decode):
+            x = block(
                 x,
                 mode=mode,
+                cache_slot=slot,
                 segment_ids=seg,
                 positions=pos,
                 scheme_state=state,
@@ -433,3 +362,97 @@ class DecoderOnly(nn.Module):
     def _logits(self, x: Array) -> Array:
         """`[B, T, D]` -> float32 logits `[B, T, V]`."""
         return vocab_logits(self.config, self.embed, x)
+
+
+@register("decoder_only")
+class DecoderOnly(Transformer):
+    """One causal stack over `[inputs | shift_right(targets)]`: `Transformer(config)`
+    with `architecture="decoder_only"` (see the module docstring).
+
+    Parameters: "embed" (the token embedding, also the output projection when
+    `share_embeddings`) and the stack "decoder" (`DecoderOnlyStack`).
+    Decoding: `prefill_prompt` writes the prompt into the cache, then
+    `step` feeds one token at a time (the separator first).
+    """
+
+    def setup(self):
+        self._check_config()
+        self.embed = Embed(self.config)
+        self.decoder = DecoderOnlyStack(self.config, embed=self.embed, decode=self.use_cache)
+
+    def __call__(
+        self,
+        inputs: Array,
+        targets: Array,
+        *,
+        inputs_segment_ids: Array | None = None,
+        targets_segment_ids: Array | None = None,
+        inputs_positions: Array | None = None,
+        targets_positions: Array | None = None,
+        train: bool = False,
+    ) -> Array:
+        """Next-token logits `[B, T, V]` (float32) of the target side of the stream.
+
+        Args: as `jattn.models.EncoderDecoder.__call__` (inputs `[B, S]`,
+        targets `[B, T]`, segment ids and positions for packed rows, train).
+        """
+        return self.decoder(
+            inputs,
+            targets,
+            mode="full",
+            inputs_segment_ids=inputs_segment_ids,
+            targets_segment_ids=targets_segment_ids,
+            inputs_positions=inputs_positions,
+            targets_positions=targets_positions,
+            train=train,
+        )
+
+    def step(
+        self,
+        inputs: Array,
+        tokens: Array,
+        *,
+        encoded: Array | None = None,
+        inputs_positions: Array | None = None,
+        targets_positions: Array | None = None,
+    ) -> Array:
+        """One cached step: logits `[B, 1, V]` for the token after `tokens` `[B, 1]`.
+
+        The prompt and every slot's position are in the cache
+        (`prefill_prompt`); `encoded` and the positions must be None.
+        """
+        if not self.use_cache:
+            raise ValueError("Transformer.step needs use_cache=True")
+        if encoded is not None or inputs_positions is not None or targets_positions is not None:
+            raise ValueError(
+                "Transformer.step: a decoder_only model has no encoder and keeps its positions "
+                "in its cache; give them to prefill_prompt"
+            )
+        return self.decoder(inputs, tokens, mode="step")
+
+    def prefill_prompt(
+        self,
+        inputs: Array,
+        *,
+        inputs_positions: Array | None = None,
+        targets_positions: Array | None = None,
+    ) -> None:
+        """Run the stack over the prompt `inputs` `[B, S]` (unpacked, 0 = padding)
+        once and write its keys/values into cache slots 0..S-1; the steps that
+        follow start with the separator (token 0). Needs `use_cache=True`, a
+        cache from `jattn.models.decoding.init_cache` and `mutable=["cache"]`.
+
+        `inputs_positions` `[B, S]` and `targets_positions` `[B, L]` (both or
+        neither) are the positions of the prompt's slots and of the L slots
+        after it (the separator, then each decoded token), drawn before
+        decoding (randomised positions); by default the prompt is at
+        `arange(S)` and the separator at one past its last real token."""
+        if not self.use_cache:
+            raise ValueError("Transformer.prefill_prompt needs use_cache=True")
+        self.decoder(
+            inputs,
+            None,
+            mode="prefill",
+            inputs_positions=inputs_positions,
+            targets_positions=targets_positions,
+        )

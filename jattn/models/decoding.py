@@ -29,6 +29,10 @@ beams only ever moves a row to another beam of the same source, whose
 cross-attention keys/values are the same, so the cross entries are left
 out of the reorder (the self-attention entries follow it).
 
+An encoder-only model (`architecture="encoder_only"`, not autoregressive)
+has no loop: `greedy` and `beam_search` read a tape of `max_length` cells
+(or `tape_lengths`) in one call and take each cell's argmax.
+
 A decoder-only model (`TransformerConfig.architecture="decoder_only"`) runs
 the same loops: instead of encoding and prefilling the cross-attention, one
 pass over the prompt (`prefill_prompt`) writes the inputs' keys/values into
@@ -188,7 +192,7 @@ def _start(model, params, inputs, max_length: int, cross_cache: bool, beams: int
     source row and tiled over its beams, which so share them."""
     inputs_w = jnp.repeat(inputs, beams, axis=0)  # [B*W, S], row b*W + j
     tiled = None if positions is None else tuple(jnp.repeat(p, beams, axis=0) for p in positions)
-    if model.config.decoder_only:  # decoder-only hook: prefill the prompt, no encoder
+    if model.architecture.joined:  # one stream: prefill the prompt, no encoder
         cache = prefill_prompt(model, params, inputs_w, max_length, positions=tiled)
         return cache, inputs_w, {}  # the positions are in the cache
     source = None if positions is None else positions[0]
@@ -266,14 +270,47 @@ def _check(model, inputs, max_length: int) -> Array:
     if isinstance(max_length, bool) or not isinstance(max_length, int) or max_length < 1:
         raise ValueError(f"decoding: max_length must be a positive int, got {max_length!r}")
     cfg = model.config
-    longest = max_length + (inputs.shape[1] if cfg.decoder_only else 0)  # a decoder-only row
+    joined = model.architecture.joined  # a row is the prompt and its outputs
+    longest = max_length + (inputs.shape[1] if joined else 0)
     if cfg.max_position is not None and longest > cfg.max_position:
         raise ValueError(
             f"decoding: max_length={max_length}"
-            + (f" + {inputs.shape[1]} input tokens" if cfg.decoder_only else "")
+            + (f" + {inputs.shape[1]} input tokens" if joined else "")
             + f" exceeds max_len={cfg.max_position} of the {cfg.position!r} positions"
         )
     return inputs.astype(jnp.int32)
+
+
+# -- an output tape (not autoregressive) ------------------------------------------
+
+
+def _tape_lengths(tape_lengths, batch: int, max_length: int) -> Array | None:
+    """Checked `tape_lengths` (int `[B]`, each in [1, max_length]) or None."""
+    if tape_lengths is None:
+        return None
+    lengths = jnp.asarray(tape_lengths)
+    if lengths.shape != (batch,) or not jnp.issubdtype(lengths.dtype, jnp.integer):
+        raise ValueError(
+            f"decoding: tape_lengths must be int [{batch}], got {lengths.dtype} "
+            f"{list(lengths.shape)}"
+        )
+    return lengths.astype(jnp.int32)
+
+
+@functools.partial(jax.jit, static_argnames=("model", "max_length"))
+def _tape(model, params, inputs: Array, max_length: int, lengths, rng) -> Array:
+    """An encoder-only model's outputs: one call over a tape of `lengths`
+    cells a row (None: `max_length`), the argmax of each cell, 0 after the
+    first EOS and past the tape. int32 `[B, max_length]`."""
+    b = inputs.shape[0]
+    lengths = jnp.full((b,), max_length, jnp.int32) if lengths is None else lengths
+    cells = (jnp.arange(max_length)[None, :] < lengths[:, None]).astype(jnp.int32)  # [B, L]
+    rngs = {} if rng is None else {"dropout": rng}  # only random positions read it
+    logits = model.apply({"params": params}, inputs, cells, rngs=rngs)  # [B, L, V]
+    tokens = jnp.argmax(logits, axis=-1).astype(jnp.int32) * cells  # [B, L]
+    eos = (tokens == EOS).astype(jnp.int32)
+    after_eos = (jnp.cumsum(eos, axis=1) - eos) > 0  # [B, L], past the first EOS
+    return jnp.where(after_eos, 0, tokens)
 
 
 # -- greedy --------------------------------------------------------------------
@@ -328,6 +365,7 @@ def greedy(
     max_length: int,
     rng: Array | None = None,
     random_positions: bool | None = None,
+    tape_lengths: Array | None = None,
 ) -> Array:
     """Greedy decoding with the KV cache, stopping once every row has emitted EOS.
 
@@ -341,11 +379,20 @@ def greedy(
       random_positions: None: the config's choice (`random_positions_eval`,
         acting where `random_positions` = M > 0); True: Ruoss et al.'s
         random positions (an error without M); False: plain positions.
+      tape_lengths: encoder-only models (`Architecture.autoregressive`
+        False): int `[B]`, each row's tape cells, the output length it is
+        told (Delétang et al.); None: `max_length` cells. The tape is read
+        in one call (no steps); its random positions are the model's own
+        draw (the teacher-forced one), from `rng` where given. Autoregressive
+        models ignore it.
 
     Returns:
       int32 `[B, max_length]`: argmax tokens, EOS included, 0 after EOS.
     """
     inputs = _check(model, inputs, max_length)
+    if not model.architecture.autoregressive:
+        lengths = _tape_lengths(tape_lengths, inputs.shape[0], max_length)
+        return _tape(model, _unwrap(params), inputs, max_length, lengths, rng)
     positions = _decode_positions(model, inputs, max_length, rng, random_positions)
     return _greedy(model, _unwrap(params), inputs, max_length, True, positions)[0]
 
@@ -477,6 +524,7 @@ def beam_search(
     alpha: float = 0.6,
     rng: Array | None = None,
     random_positions: bool | None = None,
+    tape_lengths: Array | None = None,
 ) -> Array:
     """Beam search with the KV cache and the GNMT length penalty.
 
@@ -493,6 +541,8 @@ def beam_search(
       alpha: length-penalty exponent (>= 0; 0 = plain log-probability).
       rng, random_positions: the random positions, as for `greedy`; a row's
         draw is shared by its beams.
+      tape_lengths: as for `greedy`: an encoder-only model's cells are
+        predicted independently, so its beam search is `greedy`'s argmax.
 
     Returns:
       int32 `[B, max_length]`, the best finished hypothesis of each row (the
@@ -506,6 +556,9 @@ def beam_search(
         raise ValueError(f"beam_search: beam_size must be a positive int, got {beam_size!r}")
     if not alpha >= 0:
         raise ValueError(f"beam_search: alpha must be >= 0, got {alpha!r}")
+    if not model.architecture.autoregressive:
+        lengths = _tape_lengths(tape_lengths, inputs.shape[0], max_length)
+        return _tape(model, _unwrap(params), inputs, max_length, lengths, rng)
     positions = _decode_positions(model, inputs, max_length, rng, random_positions)
     seqs, _, _ = _beam_search(
         model, _unwrap(params), inputs, jnp.float32(alpha), max_length, beam_size, True, positions

@@ -203,22 +203,23 @@ def decoding_positions(
             "decoding: random positions need TransformerConfig.random_positions=M > 0 (the "
             "range [0, M) they are drawn from); it is 0"
         )
-    need = s + max_length if config.decoder_only else max(s, max_length)
+    joined = config.arch.joined  # inputs and targets are one stream
+    need = s + max_length if joined else max(s, max_length)
     if need > m:
         raise ValueError(
             f"decoding: random positions draw {need} positions a row "
-            f"({'S + max_length' if config.decoder_only else 'max(S, max_length)'}) from "
+            f"({'S + max_length' if joined else 'max(S, max_length)'}) from "
             f"[0, random_positions={m})"
         )
-    return _draw(rng, jnp.asarray(inputs), max_length, m, config.decoder_only)
+    return _draw(rng, jnp.asarray(inputs), max_length, m, joined)
 
 
 @functools.partial(jax.jit, static_argnums=(2, 3, 4))
-def _draw(rng, inputs, max_length: int, m: int, decoder_only: bool) -> tuple[Array, Array]:
-    """`decoding_positions` once checked (compiled per M and architecture, not per config)."""
+def _draw(rng, inputs, max_length: int, m: int, joined: bool) -> tuple[Array, Array]:
+    """`decoding_positions` once checked (compiled per M and stream layout, not per config)."""
     b, s = inputs.shape
     real = (inputs != 0).astype(jnp.int32)  # [B, S]
-    if decoder_only:  # one sample of n + L a row: its first n tokens, then the L slots
+    if joined:  # one sample of n + L a row: its first n tokens, then the L slots
         n = jnp.sum(real, axis=1)  # [B]
         run = jnp.arange(s + max_length)[None, :] < (n + max_length)[:, None]  # [B, S+L]
         drawn = random_positions(rng, run.astype(jnp.int32), m)  # [B, S+L], sample first

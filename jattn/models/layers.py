@@ -230,6 +230,7 @@ class Attention(nn.Module):
         visible: Array | None = None,
         cache_positions: Array | None = None,
         cache_segment_ids: Array | None = None,
+        cache_slot: str = "",
     ) -> Array | None:
         """Attend from `x` to `kv` in the given mode (see the class docstring).
 
@@ -246,12 +247,15 @@ class Attention(nn.Module):
           cache_index: int scalar, the slot a causal "step" writes.
           train: attention dropout at `config.attention_dropout_rate` (needs
             a "dropout" rng).
-          visible, cache_positions, cache_segment_ids: the decoder-only hook
-            (`jattn.models.decoder_only`). `visible`: bool broadcastable to
-            `[B, 1, T, S]`, replacing a causal layer's causal rule (a prefix
-            LM's). `cache_*`: int `[B, L]`, the positions and segment ids of a
-            causal step's cache slots (default `arange(L)`, no segments); with
-            them a step may write a block of T tokens at `cache_index`.
+          visible: bool broadcastable to `[B, 1, T, S]`, replacing a causal
+            layer's causal rule (a prefix LM's, `jattn.models.decoder_only`).
+          cache_positions, cache_segment_ids: int `[B, L]`, the positions and
+            segment ids of a causal step's cache slots (default `arange(L)`,
+            no segments); with them a step may write a block of T tokens at
+            `cache_index` (a decoder-only prompt's prefill).
+          cache_slot: suffix of this call's cache entries ("cached_key" +
+            suffix): a block shared by every depth (`shared_layers`) keeps
+            one cache per depth.
 
         Returns:
           `[B, T, D]` in the compute dtype; None for "prefill".
@@ -260,23 +264,33 @@ class Attention(nn.Module):
         reads_cache = self.cross and mode == "step"
         w = self._weights(queries=mode != "prefill", keys=not reads_cache)
         if mode == "prefill":
-            return self._write_cross_cache(*self._project_kv(kv, w))  # None
+            return self._write_cross_cache(*self._project_kv(kv, w), cache_slot)  # None
         q = constrain(self._project_q(x, w), _HEADS)  # [B, T, N, H]
         key, value = (
-            self._read_cross_cache(kv_segment_ids) if reads_cache else self._project_kv(kv, w)
+            self._read_cross_cache(kv_segment_ids, cache_slot)
+            if reads_cache
+            else self._project_kv(kv, w)
         )
         key, value = constrain(key, _HEADS), constrain(value, _HEADS)  # [B, S, K, H]
-        site = Site(causal=self.causal and not self.config.prefix_lm, cross=self.cross, train=train)
+        site = Site(
+            causal=self.causal and not self.config.prefix_lm,
+            cross=self.cross,
+            train=train,
+            cache_positions=self._slot_positions(mode, cache_positions, cache_slot),
+        )
         if self._relative:
             q, key = self.config.scheme.rotate(self.config, q, key, q_positions, kv_positions, site)
+            q = self.config.scheme.shift_queries(self, self.config, site, q)  # [B, T, N, H]
         value = self._replace_values(value)
         if self.decode and self.is_initializing():
-            self._create_cache(key, value)
+            self._create_cache(key, value, cache_slot)
         if self.causal and mode == "step":
-            key, value, kv_positions = self._write_step(key, value, cache_index, cache_positions)
+            key, value, kv_positions = self._write_step(
+                key, value, cache_index, cache_positions, cache_slot
+            )
             if cache_positions is None:  # [B, L, K, H], slots at positions arange(L)
                 q_segment_ids = kv_segment_ids = None
-            else:  # decoder-only hook: the slots' own positions and segments
+            else:  # the slots' own positions and segments (a decoder-only stream)
                 kv_positions, kv_segment_ids = cache_positions, cache_segment_ids
         mod = None
         if self._relative:  # the score mod's parameters, declared before Shaw's tables
@@ -284,7 +298,7 @@ class Attention(nn.Module):
         ids = dict(q_segment_ids=q_segment_ids, kv_segment_ids=kv_segment_ids)
         ids.update(q_positions=q_positions, kv_positions=kv_positions)
         mask = self._key_mask()
-        if visible is not None:  # decoder-only hook: the caller's rule replaces the causal one
+        if visible is not None:  # the caller's rule (a prefix LM's) replaces the causal one
             mask = visible if mask is None else mask & visible
         causal = self.causal and visible is None
         out = self._attend(q, key, value, mod, mask=mask, causal=causal, train=train, **ids)
@@ -437,24 +451,28 @@ class Attention(nn.Module):
 
     # -- cache read and write ------------------------------------------------
 
-    def _create_cache(self, key: Array, value: Array) -> None:
-        """At init: zero "cached_key"/"cached_value" shaped like `key`/`value`
-        (`[B, L, K, H]` for causal self-attention, `[B, S, K, H]` for cross)."""
-        self.variable("cache", "cached_key", jnp.zeros, key.shape, key.dtype)
-        self.variable("cache", "cached_value", jnp.zeros, value.shape, value.dtype)
+    def _create_cache(self, key: Array, value: Array, slot: str) -> None:
+        """At init: zero "cached_key"/"cached_value" (+ `slot`) shaped like
+        `key`/`value` (`[B, L, K, H]` for causal self-attention, `[B, S, K, H]`
+        for cross)."""
+        self.variable("cache", "cached_key" + slot, jnp.zeros, key.shape, key.dtype)
+        self.variable("cache", "cached_value" + slot, jnp.zeros, value.shape, value.dtype)
 
-    def _cache(self, what: str) -> tuple[nn.Variable, nn.Variable]:
+    def _cache(self, what: str, slot: str) -> tuple[nn.Variable, nn.Variable]:
         """The cache's key and value variables; fails clearly if there is none."""
-        if not self.has_variable("cache", "cached_key"):
+        if not self.has_variable("cache", "cached_key" + slot):
             raise ValueError(
                 f"Attention: no cache to {what}; start from jattn.models.decoding.init_cache "
                 "(or prefill, which fills the cross-attention entries)"
             )
-        return self.variable("cache", "cached_key"), self.variable("cache", "cached_value")
+        return (
+            self.variable("cache", "cached_key" + slot),
+            self.variable("cache", "cached_value" + slot),
+        )
 
-    def _write_cross_cache(self, key: Array, value: Array) -> None:
+    def _write_cross_cache(self, key: Array, value: Array, slot: str) -> None:
         """Prefill: store the encoder's keys/values `[B, S, K, H]`; returns None."""
-        cached_key, cached_value = self._cache("prefill")
+        cached_key, cached_value = self._cache("prefill", slot)
         if cached_key.value.shape != key.shape:
             raise ValueError(
                 f"Attention: cross-attention keys {list(key.shape)} do not fit the cache "
@@ -462,9 +480,9 @@ class Attention(nn.Module):
             )
         cached_key.value, cached_value.value = key, value
 
-    def _read_cross_cache(self, kv_segment_ids: Array | None) -> tuple[Array, Array]:
+    def _read_cross_cache(self, kv_segment_ids: Array | None, slot: str) -> tuple[Array, Array]:
         """A cross-attention step: the prefilled keys/values `[B, S, K, H]`."""
-        cached_key, cached_value = self._cache("read")
+        cached_key, cached_value = self._cache("read", slot)
         key, value = cached_key.value, cached_value.value
         if kv_segment_ids is not None and kv_segment_ids.shape[1] != key.shape[1]:
             raise ValueError(
@@ -474,7 +492,7 @@ class Attention(nn.Module):
         return key, value
 
     def _write_step(
-        self, key: Array, value: Array, index: Array, slots: Array | None = None
+        self, key: Array, value: Array, index: Array, slots: Array | None, slot: str
     ) -> tuple[Array, Array, Array]:
         """A causal step: write `key`/`value` `[B, 1, K, H]` at slot `index`
         (a block `[B, T, K, H]` at slots `index...` when the caller gives the
@@ -484,7 +502,7 @@ class Attention(nn.Module):
           The whole cache's keys and values `[B, L, K, H]` and their
           positions int32 `[B, L]` (`arange(L)`).
         """
-        cached_key, cached_value = self._cache("step")
+        cached_key, cached_value = self._cache("step", slot)
         b, t = key.shape[:2]
         if t != 1 and slots is None:
             raise ValueError(f"Attention(decode=True): one token a step, got length {t}")
@@ -494,3 +512,14 @@ class Attention(nn.Module):
         length = cached_key.value.shape[1]
         positions = jnp.broadcast_to(jnp.arange(length, dtype=jnp.int32), (b, length))
         return cached_key.value, cached_value.value, positions
+
+    def _slot_positions(self, mode: str, slots: Array | None, slot: str) -> Array | None:
+        """`Site.cache_positions`: a causal step's cache slot positions `[B, L]`
+        (`slots`, or `_write_step`'s `arange(L)`); None in any other call, and
+        at init (no cache yet)."""
+        if not (self.causal and mode == "step"):
+            return None
+        if slots is not None or not self.has_variable("cache", "cached_key" + slot):
+            return slots
+        b, length = self.get_variable("cache", "cached_key" + slot).shape[:2]
+        return jnp.broadcast_to(jnp.arange(length, dtype=jnp.int32), (b, length))

@@ -58,11 +58,17 @@ class Site:
       causal: a causal (decoder self-attention) layer; else bidirectional.
       cross: decoder-to-encoder attention (only with `relative_cross`).
       train: a training call (dropout on); RoPE scalings act when False.
+      cache_positions: a causal decoding step's: int `[B, L]`, the positions
+        of every slot of the row's KV cache (the keys earlier steps cached
+        and those later steps will), so a scheme that measures a row's
+        positions from a reference (xPos) picks the one of the whole decode;
+        None in every other call (then the call's own positions are the row's).
     """
 
     causal: bool = False
     cross: bool = False
     train: bool = False
+    cache_positions: Array | None = dataclasses.field(default=None, compare=False)
 
 
 def _positive_int(name: str, value: Any) -> None:
@@ -115,6 +121,15 @@ class Scheme:
     ) -> tuple[Array, Array]:
         """Queries `[B, T, N, H]` and keys `[B, S, K, H]` after a rotation (RoPE, xPos)."""
         return q, k
+
+    def shift_queries(
+        self, module: nn.Module, cfg: TransformerConfig, site: Site, q: Array
+    ) -> Array:
+        """Queries `[B, T, N, H]` after a learned shift (Transformer-XL's u),
+        its parameters declared on `module`; called once per attention layer
+        before `score_mod` and `shaw`, so a scheme may declare there the
+        parameters those two read back (`layer_params`)."""
+        return q
 
     def score_mod(
         self, module: nn.Module, cfg: TransformerConfig, site: Site, state: Any
@@ -270,19 +285,119 @@ class Rope(Scheme):
                 scaling=cfg.rope_scaling,
                 scaling_factor=cfg.rope_scaling_factor,
                 original_length=cfg.rope_original_length or cfg.max_len,
+                yarn=pos_lib.YarnOptions(
+                    convention=cfg.rope_yarn_convention,
+                    beta_fast=cfg.rope_yarn_beta_fast,
+                    beta_slow=cfg.rope_yarn_beta_slow,
+                    mscale=cfg.rope_yarn_mscale,
+                    mscale_all_dim=cfg.rope_yarn_mscale_all_dim,
+                ),
             )
         return pos_lib.rope(q, q_pos, **scaling), pos_lib.rope(k, kv_pos, **scaling)
 
 
 @dataclasses.dataclass(frozen=True)
 class XPos(Rope):
-    """Sun et al.'s xPos: RoPE with a per-frequency exponential decay."""
+    """Sun et al.'s xPos: RoPE with a per-frequency exponential decay.
+
+    Queries and keys are measured from a per-row reference, the centre of the
+    row's positions (`jattn.positions.xpos_reference`), which cancels in
+    `q·k` and keeps the decay factors finite at any absolute position. In a
+    causal decoding step the row is the cache's slots (`Site.cache_positions`),
+    so every step and the keys earlier steps cached share one reference; a
+    full pass takes its own queries' and keys' positions. The two references
+    differ, the logits do not (to float32 rounding). `check` refuses a config
+    whose rows can span more than `jattn.positions.xpos_max_span`.
+    """
+
+    def check(self, cfg):
+        super().check(cfg)
+        limit = pos_lib.xpos_max_span(float(cfg.xpos_scale_base))
+        span = max(cfg.max_len, cfg.random_positions)  # the widest row the config allows
+        if span > limit:
+            raise ValueError(
+                f"TransformerConfig: xpos keeps rows of at most {limit} positions finite in "
+                f"float32 at xpos_scale_base={cfg.xpos_scale_base}, got "
+                f"max(max_len, random_positions)={span}; raise xpos_scale_base"
+            )
 
     def rotate(self, cfg, q, k, q_pos, kv_pos, site):
-        base = dict(max_timescale=cfg.rope_max_timescale, scale_base=cfg.xpos_scale_base)
+        row = (q_pos, kv_pos) if site.cache_positions is None else (site.cache_positions,)
+        base = dict(
+            max_timescale=cfg.rope_max_timescale,
+            scale_base=cfg.xpos_scale_base,
+            reference=pos_lib.xpos_reference(*row),  # [B, 1]
+        )
         return (
             pos_lib.xpos(q, q_pos, key=False, **base),
             pos_lib.xpos(k, kv_pos, key=True, **base),
+        )
+
+
+def layer_params(module: nn.Module, *names: str) -> list[Array]:
+    """Parameters a scheme declared on `module` in an earlier hook of the same
+    call (a parameter is declared once), unboxed."""
+    return [nn.unbox(module.get_variable("params", name)) for name in names]
+
+
+@dataclasses.dataclass(frozen=True)
+class TransformerXL(Scheme):
+    """Dai et al. 2019's relative attention, as Csordás et al. 2021 use it:
+    `(q + u)·k + (q + v)·W_R R(i - j)` with R the sinusoidal embedding of the
+    distance (width D), learned per-layer u, v `[N, H]` and W_R `[D, N, H]`,
+    no absolute positions. Distances are clipped at `xl_max_distance` (0:
+    the longest row the config allows, so unclipped there).
+
+    Built from jattn's pieces (`jattn.positions.transformer_xl_tables`): the
+    queries shifted by u, Shaw's per-head key table `W_R R` and a Shaw bias
+    table `(v - u)·W_R R`; memory is O(k), never `[T, S]`.
+    """
+
+    relative: bool = True
+    shift_invariant: bool = True
+
+    def check(self, cfg):
+        if isinstance(cfg.xl_max_distance, bool) or not isinstance(cfg.xl_max_distance, int):
+            raise ValueError(
+                f"TransformerConfig.xl_max_distance must be an int >= 0, got "
+                f"{cfg.xl_max_distance!r}"
+            )
+        if cfg.xl_max_distance < 0:
+            raise ValueError(
+                f"TransformerConfig.xl_max_distance must be >= 0, got {cfg.xl_max_distance}"
+            )
+        if cfg.d_model % 2:
+            raise ValueError(
+                f"TransformerConfig: transformer_xl's sinusoidal R needs an even d_model, "
+                f"got {cfg.d_model}"
+            )
+
+    @staticmethod
+    def clip(cfg) -> int:
+        """The clip distance k: `xl_max_distance`, or the widest row's span."""
+        return cfg.xl_max_distance or max(cfg.max_len, cfg.random_positions) - 1
+
+    def shift_queries(self, module, cfg, site, q):
+        n, h, d = cfg.num_heads, cfg.head_dim, cfg.d_model
+        zeros, pdt = nn.initializers.zeros, cfg.params_dtype
+        u = param(module, "xl_u", zeros, (n, h), ("heads", "kv"), pdt)  # [N, H]
+        param(module, "xl_v", zeros, (n, h), ("heads", "kv"), pdt)
+        param(module, "xl_r", _xavier(in_axis=0, out_axis=(1, 2)), (d, n, h),
+              ("embed", "heads", "kv"), pdt)  # fmt: skip
+        return q + u.astype(q.dtype)[None, None]  # [B, T, N, H]
+
+    def _tables(self, module, cfg):
+        w_r, u, v = layer_params(module, "xl_r", "xl_u", "xl_v")
+        return pos_lib.transformer_xl_tables(w_r, u, v, self.clip(cfg), cfg.head_dim**-0.5)
+
+    def score_mod(self, module, cfg, site, state):
+        _, bias = self._tables(module, cfg)  # [N, 2k+1]
+        return pos_lib.shaw_bias_score_mod(bias, self.clip(cfg))
+
+    def shaw(self, module, cfg):
+        key_table, _ = self._tables(module, cfg)  # [N, 2k+1, H]
+        return ShawRelative(
+            key=key_table.astype(cfg.compute_dtype), value=None, max_distance=self.clip(cfg)
         )
 
 
@@ -446,5 +561,6 @@ for _scheme in (
     XPos("xpos"),
     Fire("fire"),
     Kerple("kerple"),
+    TransformerXL("transformer_xl"),
 ):
     register(_scheme)

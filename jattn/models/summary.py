@@ -15,6 +15,7 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
+from jattn.models.architectures import ARCHITECTURES
 from jattn.models.config import TransformerConfig
 from jattn.models.transformer import Transformer
 
@@ -41,39 +42,48 @@ def abstract_params(config: TransformerConfig, *, length: int = 8) -> dict[str, 
 
 
 def architecture_counts(config: TransformerConfig) -> dict[str, int]:
-    """Parameter counts of `config` as an encoder–decoder and as a decoder-only
-    model (everything else equal; abstract, nothing allocated).
+    """Parameter counts of `config` as every registered architecture
+    (everything else equal; abstract, nothing allocated).
 
-    A decoder-only stack has `2 * num_layers` layers (as many as encoder plus
-    decoder) and one token embedding, so the two differ by the
-    cross-attention projections (`4 D^2` a decoder layer, plus its norm) and,
-    without `share_embeddings`, by the second input embedding.
+    A one-stack model has `2 * num_layers` layers (as many as encoder plus
+    decoder) and one token embedding, so a decoder-only model differs from
+    the encoder–decoder by the cross-attention projections (`4 D^2` a
+    decoder layer, plus its norm) and, without `share_embeddings`, by the
+    second input embedding; an encoder-only one also by its tape's blank
+    vector `[D]`.
 
     Returns:
-      `{"encoder_decoder": n, "decoder_only": m}`.
+      `{architecture: count}` for every name in `ARCHITECTURES`.
     """
     return {
-        arch: count_params(
+        name: count_params(
             abstract_params(
-                config.replace(architecture=arch, prefix_lm=False, relative_cross=False)
+                config.replace(architecture=name, prefix_lm=False, relative_cross=False)
             )
         )
-        for arch in ("encoder_decoder", "decoder_only")
+        for name in ARCHITECTURES
     }
 
 
 def architecture_line(config: TransformerConfig) -> str:
-    """One start-up line: this model's count beside the other architecture's
+    """One start-up line: this model's count beside the other architectures'
     at the same width, e.g. "parameters: 17,600 (decoder_only, 2 layers;
-    encoder_decoder at the same width: 21,984, 1+1 layers)"."""
+    at the same width: encoder_decoder 21,984, 1+1 layers; encoder_only
+    17,616, 2 layers)"; "shared layers" where one block serves every depth."""
     counts = architecture_counts(config)
-    n = config.num_layers
-    layers = {"decoder_only": f"{2 * n} layers", "encoder_decoder": f"{n}+{n} layers"}
-    other = "encoder_decoder" if config.decoder_only else "decoder_only"
+    n, shared = config.num_layers, "shared " if config.shared_layers else ""
+
+    def layers(name: str) -> str:
+        return ARCHITECTURES[name].layers(n).replace("layers", shared + "layers")
+
+    others = "; ".join(
+        f"{name} {counts[name]:,}, {layers(name)}"
+        for name in ARCHITECTURES
+        if name != config.architecture
+    )
     return (
         f"parameters: {counts[config.architecture]:,} ({config.architecture}, "
-        f"{layers[config.architecture]}; {other} at the same width: {counts[other]:,}, "
-        f"{layers[other]})"
+        f"{layers(config.architecture)}; at the same width: {others})"
     )
 
 

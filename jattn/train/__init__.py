@@ -20,9 +20,10 @@ from jattn.train.config import (
     load_config,
     split_overrides,
 )
-from jattn.train.loop import TrainingDivergedError, train_and_evaluate
+from jattn.train.load import TrainedRun, checkpoint_steps, load_run, load_task
+from jattn.train.loop import TrainingDivergedError
 from jattn.train.metrics import read_metrics
-from jattn.train.restore import TrainedRun, checkpoint_steps, load_run, load_task
+from jattn.train.run import train_and_evaluate
 
 __all__ = [
     "ConfigError",

@@ -23,9 +23,11 @@ restore.
 from __future__ import annotations
 
 import json
+import math
 import os
 from typing import Any
 
+import jax
 import ml_collections
 import orbax.checkpoint as ocp
 from orbax.checkpoint import checkpoint_managers as cm
@@ -44,7 +46,9 @@ __all__ = [
     "make_manager",
     "restore",
     "save",
+    "save_bytes",
     "signature",
+    "state_bytes",
 ]
 
 CHECKPOINT_DIR = files.CHECKPOINTS
@@ -238,15 +242,20 @@ def save(
     config: ml_collections.ConfigDict,
     metrics: dict[str, float] | None = None,
     vocab: str | None = None,
+    diverged: dict[str, str] | None = None,
 ) -> None:
     """Starts an (async) save of `state` and the data iterator at `step`.
 
     `metrics` are what retention ranks by (`best_metric`, `SANE_STEP_METRIC`);
-    `vocab` (the tokenizer's vocabulary hash) is recorded in ``meta``.
+    `vocab` (the tokenizer's vocabulary hash) is recorded in ``meta``, and so
+    are the members of the program that diverged by `step` (``{str(key):
+    message}``, `jattn.train.recovery.restore_members`), when there are any.
     """
     meta = {"config": config_to_dict(config), "signature": signature(config), "step": int(step)}
     if vocab is not None:
         meta["vocab_sha256"] = vocab
+    if diverged:
+        meta["diverged"] = dict(diverged)
     mngr.save(
         step,
         args=ocp.args.Composite(
@@ -285,3 +294,13 @@ def restore(mngr: ocp.CheckpointManager, step: int, abstract_state: Any, data_it
             ) from None
         raise
     return restored.state
+
+
+def state_bytes(abstract) -> int:
+    """Bytes of a checkpoint's state (parameters, optimiser state), a save's size."""
+    return sum(math.prod(x.shape) * x.dtype.itemsize for x in jax.tree.leaves(abstract))
+
+
+def save_bytes(abstract) -> int:
+    """The free space a save of `abstract` asks for: its bytes, a fifth more, and 1 MiB."""
+    return int(1.2 * state_bytes(abstract)) + (1 << 20)

@@ -98,18 +98,17 @@ def model_defaults() -> ml_collections.ConfigDict:
     return ml_collections.ConfigDict(model)
 
 
-def default_config() -> ml_collections.ConfigDict:
-    """All keys, unlocked, with defaults suited to nothing in particular."""
-    c = ml_collections.ConfigDict()
+def _member_keys(c: ml_collections.ConfigDict) -> None:
+    """The keys of a program's members (`jattn.train.members`): seeds and sweeps."""
     c.seed = 0
-    # Several seeds in one jitted program (jattn.train.seed_program): e.g. (0, 1, 2); each
+    # Several seeds in one jitted program (jattn.train.members): e.g. (0, 1, 2); each
     # seed's run goes to WORKDIR/seed-<s>/. Empty: one run with `seed`.
     c.seeds = ()
     # The mesh axis the seed axis is sharded over ("" replicates it; "data": one
     # seed group per data-parallel slice, rows then split over "fsdp" only).
     c.seed_mesh_axis = ""
     # How the program runs its seeds: "map" (lax.map: one seed after another inside
-    # the program, bit for bit a single run's numbers), "vmap" (batched: fills a
+    # the program, a single run's numbers up to the last bit), "vmap" (batched: fills a
     # GPU/TPU, equal up to rounding), "auto" (vmap on accelerators or with a
     # seed_mesh_axis, map on the CPU).
     c.seed_program = "auto"
@@ -118,6 +117,12 @@ def default_config() -> ml_collections.ConfigDict:
     # program, each written as the single run with that seed and learning rate.
     c.sweep_learning_rate = ()
     c.sweep_warmup_steps = ()
+
+
+def default_config() -> ml_collections.ConfigDict:
+    """All keys, unlocked, with defaults suited to nothing in particular."""
+    c = ml_collections.ConfigDict()
+    _member_keys(c)
 
     # Data (jattn.data.load / make_loader).
     c.dataset = "numbers"  # jattn task name or a tfds translation data set
@@ -516,7 +521,7 @@ def _check_random_positions(config: ml_collections.ConfigDict, model) -> None:
     `random_positions_eval` evaluation and decoding draw them too.
     """
     rows = _row_lengths(config)
-    if model.decoder_only:  # (input, target) rows that form one segment
+    if model.arch.joined:  # (input, target) rows that form one segment
         pairs = [("max_input_len", "max_len")]
         if model.random_positions_eval:
             pairs += [

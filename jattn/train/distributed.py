@@ -19,11 +19,12 @@ from __future__ import annotations
 
 import os
 import signal
+import sys
 import threading
 
 import jax
 
-__all__ = ["PreemptionWatch", "Terminated", "cluster_detected", "initialize"]
+__all__ = ["PreemptionWatch", "Terminated", "cluster_detected", "initialize", "warn"]
 
 
 def cluster_detected(env: dict[str, str] | None = None) -> bool:
@@ -156,3 +157,9 @@ class PreemptionWatch:
         if self._previous is not None:
             signal.signal(signal.SIGTERM, self._previous)
             self._previous = None
+
+
+def warn(line: str) -> None:
+    """One line on stderr (process 0 only): a skipped checkpoint, archived metrics, ..."""
+    if jax.process_index() == 0:
+        print(line, file=sys.stderr, flush=True)

@@ -36,19 +36,30 @@ reverse) have no BLEU, which needs 4-grams and reads 0 on one-word outputs.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import json
 import os
 from collections.abc import Callable, Sequence
 from typing import Any
 
 import jax
+import ml_collections
 import numpy as np
 
 from jattn.data import producibility
 from jattn.train import workdir as files
 from jattn.train.config import ConfigError, input_lengths
 
-__all__ = ["EvalSet", "evaluate", "ids_to_text", "load_eval_sets", "write_decodes"]
+__all__ = [
+    "EvalSet",
+    "decode_fn",
+    "evaluate",
+    "format_eval",
+    "ids_to_text",
+    "load_eval_sets",
+    "metric_names",
+    "write_decodes",
+]
 
 EOS_ID, PAD_ID = 1, 0
 DECODED_METRICS = ("exact_match", "bleu", "chrf")  # every one `evaluate` knows
@@ -191,8 +202,6 @@ def evaluate(
       target_tokens, output_tokens, and where the step gives them ``tf_correct``
       and ``tf_tokens``: the example's teacher-forced hits and tokens, EOS included).
     """
-    import sacrebleu  # noqa: PLC0415 -- heavy, only needed here
-
     metrics, decodes = {}, {}
     for split, es in eval_sets.items():
         loss = weight = correct = beyond_correct = beyond_weight = 0.0
@@ -211,45 +220,63 @@ def evaluate(
             if decode is None or len(examples) >= num_decode:
                 continue
             out = np.asarray(jax.device_get(decode(params, gbatch["inputs"])))
-            for row in range(out.shape[0]):
-                if len(examples) >= num_decode or not np.any(batch["targets"][row] > 0):
-                    continue
-                pred = ids_to_text(tokenizer, out[row])
-                ref = ids_to_text(tokenizer, batch["targets"][row])
-                examples.append(
-                    {
-                        "input": ids_to_text(tokenizer, batch["inputs"][row]),
-                        "target": ref,
-                        "prediction": pred,
-                        "correct": pred == ref,
-                        "input_tokens": int(np.sum(batch["inputs"][row] > 0)),
-                        "target_tokens": _length(batch["targets"][row]),
-                        "output_tokens": _length(out[row]),
-                    }
-                )
-                if rows is not None:
-                    examples[-1]["tf_correct"] = int(rows[0][row])
-                    examples[-1]["tf_tokens"] = int(rows[1][row])
+            examples += _examples(tokenizer, batch, out, rows, num_decode - len(examples))
         prefix = f"eval/{split}/"
         metrics[prefix + "loss"] = loss / max(weight, 1.0)
         metrics[prefix + "accuracy"] = correct / max(weight, 1.0)
         if beyond_weight:
             metrics[prefix + "beyond_train/accuracy"] = beyond_correct / beyond_weight
-        if examples:
-            hyps = [e["prediction"] for e in examples]
-            refs = [e["target"] for e in examples]
-            if "exact_match" in es.metrics:
-                metrics[prefix + "exact_match"] = float(np.mean([e["correct"] for e in examples]))
-                metrics[prefix + "num_decoded"] = len(examples)  # N of exact match's k/N
-                metrics[prefix + "length_match"] = float(
-                    np.mean([e["output_tokens"] == e["target_tokens"] for e in examples])
-                )
-            if "bleu" in es.metrics:
-                metrics[prefix + "bleu"] = float(sacrebleu.corpus_bleu(hyps, [refs]).score)
-            if "chrf" in es.metrics:
-                metrics[prefix + "chrf"] = float(sacrebleu.corpus_chrf(hyps, [refs]).score)
+        metrics.update(_decoded_metrics(prefix, examples, es.metrics))
         decodes[split] = examples
     return metrics, decodes
+
+
+def _examples(tokenizer, batch, out: np.ndarray, rows, room: int) -> list[dict[str, Any]]:
+    """At most `room` decoded examples of one batch (padding rows skipped)."""
+    examples = []
+    for row in range(out.shape[0]):
+        if len(examples) >= room or not np.any(batch["targets"][row] > 0):
+            continue
+        pred = ids_to_text(tokenizer, out[row])
+        ref = ids_to_text(tokenizer, batch["targets"][row])
+        examples.append(
+            {
+                "input": ids_to_text(tokenizer, batch["inputs"][row]),
+                "target": ref,
+                "prediction": pred,
+                "correct": pred == ref,
+                "input_tokens": int(np.sum(batch["inputs"][row] > 0)),
+                "target_tokens": _length(batch["targets"][row]),
+                "output_tokens": _length(out[row]),
+            }
+        )
+        if rows is not None:
+            examples[-1]["tf_correct"] = int(rows[0][row])
+            examples[-1]["tf_tokens"] = int(rows[1][row])
+    return examples
+
+
+def _decoded_metrics(prefix: str, examples, names) -> dict[str, float]:
+    """Exact match (with ``num_decoded`` and ``length_match``), BLEU and chrF of the
+    decoded `examples`, those of `names` (a split's `EvalSet.metrics`)."""
+    import sacrebleu  # noqa: PLC0415 -- heavy, only needed here
+
+    if not examples:
+        return {}
+    metrics = {}
+    hyps = [e["prediction"] for e in examples]
+    refs = [e["target"] for e in examples]
+    if "exact_match" in names:
+        metrics[prefix + "exact_match"] = float(np.mean([e["correct"] for e in examples]))
+        metrics[prefix + "num_decoded"] = len(examples)  # N of exact match's k/N
+        metrics[prefix + "length_match"] = float(
+            np.mean([e["output_tokens"] == e["target_tokens"] for e in examples])
+        )
+    if "bleu" in names:
+        metrics[prefix + "bleu"] = float(sacrebleu.corpus_bleu(hyps, [refs]).score)
+    if "chrf" in names:
+        metrics[prefix + "chrf"] = float(sacrebleu.corpus_chrf(hyps, [refs]).score)
+    return metrics
 
 
 def _row_sums(sums: dict[str, Any]) -> tuple[np.ndarray, np.ndarray] | None:
@@ -268,3 +295,36 @@ def write_decodes(workdir: str, step: int, decodes: dict[str, list[dict[str, Any
             for e in examples:
                 f.write(json.dumps({"step": int(step), **e}) + "\n")
         os.replace(path + ".tmp", path)
+
+
+def decode_fn(model, config: ml_collections.ConfigDict):
+    """`(params, inputs [B, S]) -> ids [B, max_length]` per `config.decode`, or None."""
+    if config.eval_decode_examples <= 0:
+        return None
+    from jattn.models import decoding  # noqa: PLC0415
+
+    max_length = config.decode_max_len or config.eval_max_len
+    if config.decode == "beam":
+        return functools.partial(
+            decoding.beam_search,
+            model,
+            max_length=max_length,
+            beam_size=config.beam_size,
+            alpha=config.beam_alpha,
+        )
+    return functools.partial(decoding.greedy, model, max_length=max_length)
+
+
+def metric_names(eval_sets) -> list[str]:
+    """The scalars TensorBoard's HPARAMS table shows: training's and every split's."""
+    return ["train/loss", "train/accuracy"] + [
+        f"eval/{es.split}/{m}"
+        for es in eval_sets.values()
+        for m in ("loss", "accuracy", *es.metrics)
+    ]
+
+
+def format_eval(step: int, metrics: dict[str, float]) -> str:
+    """``step 100: validation/loss=1.23, ...``: an evaluation's log line."""
+    parts = [f"{k.removeprefix('eval/')}={v:.4g}" for k, v in sorted(metrics.items())]
+    return f"step {step}: " + ", ".join(parts)

@@ -1,140 +1,130 @@
-"""`train_and_evaluate(config, workdir)` and `train_seeds`: build a program, drive it.
+"""The one training loop: step, log, evaluate, save, SIGTERM, final evaluation, errors.
 
-A run is a program of the one loop driver (`jattn.train.driver.drive`): a
-single run (`jattn.train.program`) or every seed (and swept value) of a
-config stacked into one jitted program (`jattn.train.seed_program`). Each
-program does the seven stages of a run:
+`drive(program, watch)` runs a `jattn.train.run.Program` (N >= 1 members,
+built, initialised or restored and compiled before it gets here) from its
+start step to ``config.num_train_steps``:
 
-1. check the config, build the mesh, load the data, build the model;
-2. open the workdir's checkpoints and refuse an incompatible one;
-3. derive the state's shardings from the model's logical axis names;
-4. initialise the state, or restore it and the data iterator;
-5. jit the train step (explicit shardings, donated state), eval and decode;
-6. loop: step, log, evaluate, checkpoint, watch for SIGTERM (the driver);
-7. final evaluation, `final_metrics.json`.
+    while step < num_train_steps:
+        train one step; check the background saves
+        log (every log_every_steps, and before an evaluation or a save)
+        evaluate (every eval_every_steps, and at the last step)
+        save (every checkpoint_every_steps, after an evaluation, on SIGTERM)
+        on SIGTERM: wait for the saves, stop
+    final evaluation, unless the last step's was done or the run was preempted
+    the program's final files (`Program.finish`)
 
-Helpers live beside this file by concern: `config` (keys, defaults, loading,
-checks), `setup` (what both programs build from), `workdir` (the run's file
-names), `mesh` (shardings), `optim`, `steps` (loss and step functions),
-`checkpoints`, `recovery`, `restore` (the data set of a config),
-`evaluation`, `metrics` (step bookkeeping and output), `distributed`.
+and it maps failures to the errors the command line turns into exit codes
+(docs/reliability.md): a non-finite loss of a one-member program becomes
+`TrainingDivergedError` naming the last good checkpoint, a failed write (disk
+full, read-only) `WorkdirIOError`; the managers and the metrics are closed
+whatever happens.
 """
 
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Sequence
 from typing import Any
 
-import ml_collections
+import jax
+from flax import linen as nn
 
-from jattn.train import members as members_lib
-from jattn.train.config import build_model_config
+from jattn.train import filesystem
 from jattn.train.distributed import PreemptionWatch
-from jattn.train.driver import TrainingDivergedError, drive
-from jattn.train.program import single_run
-from jattn.train.seed_program import seed_program
-from jattn.train.workdir import FINAL_METRICS
+from jattn.train.metrics import NonFiniteLossError
 
-__all__ = [
-    "FINAL_METRICS",
-    "TrainingDivergedError",
-    "build_model_config",
-    "train_and_evaluate",
-    "train_seeds",
-]
+__all__ = ["TrainingDivergedError", "drive"]
 
 
-def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict[str, Any]:
-    """Trains (or resumes) the run in `workdir` and returns its final metrics.
+class TrainingDivergedError(RuntimeError):
+    """The loss became NaN or Inf; the message names the step and the last good checkpoint.
 
-    A config with `seeds` (or a swept learning rate or warmup) trains every
-    member in one program (`train_seeds`).
+    Attributes:
+      diverged: ``{member key: message}`` of a program's members that diverged
+        (empty for a one-member program, whose message is the error's).
+    """
 
-    Args:
-      config: a full config (see `jattn.train.config.default_config`).
-      workdir: the run directory; holds `checkpoints/`, `metrics.jsonl`,
-        `tb/`, `config.json`, `model_config.json`, the tokenizer
-        (`tokenizer.json` and its vocabulary file), `decodes/` and, once done,
-        `final_metrics.json` (`jattn.train.workdir`). An existing checkpoint
-        is resumed.
+    def __init__(self, message: str, diverged: dict[Any, str] | None = None):
+        super().__init__(message)
+        self.diverged = dict(diverged or {})
+
+
+def drive(program, watch: PreemptionWatch) -> dict[str, Any]:
+    """Trains `program` to ``config.num_train_steps`` (or to a SIGTERM) and finishes it.
 
     Returns:
-      ``{"step", "preempted", "train/loss", "eval/<split>/<metric>", ...,
-      "num_params", "train/steps_per_sec"}``, as written to
-      `final_metrics.json` (strict JSON: None where unknown). ``train/loss``
-      is the mean over the last logging interval, the number metrics.jsonl,
-      TensorBoard and the progress bar show. A finished workdir returns its
-      saved final metrics without training again.
+      What `program.finish` returns.
 
     Raises:
-      ConfigError: bad config, mesh, batch size, data set (damaged data included) or
-        workdir (before compiling).
       TrainingDivergedError: a non-finite loss (nothing is saved for that step).
-      WorkdirLockedError: another trainer holds the workdir.
-      WorkdirIOError: the workdir or a checkpoint cannot be written (disk full,
-        read-only); raised at start or at the first failed save.
-      Terminated: SIGTERM before the first step or after the last save, or a
-        second SIGTERM (the first one saves and returns normally).
+      WorkdirIOError: a checkpoint or the metrics cannot be written.
+      Terminated: a second SIGTERM, or one after the last save (`watch`).
     """
-    watch = PreemptionWatch(stage="start-up")  # SIGTERM from here on ends the run
-    with contextlib.ExitStack() as stack:
-        stack.callback(watch.close)
-        if members_lib.is_program(config):  # every seed (and swept value) in one program
-            return train_seeds(config, workdir, watch=watch)  # it takes the workdir's lock
-        program = single_run(config, workdir, stack)
-        return program if isinstance(program, dict) else drive(program, watch)
+    config, progress = program.config, program.progress
+    step, eval_step_done, preempted = program.start, -1, False
+    last_sane, save_failed = (program.start or None), False
+    watch.stage = "training"
+    try:
+        with jax.set_mesh(program.mesh), nn.logical_axis_rules(program.rules):
+            while step < config.num_train_steps:
+                program.train_step(step + 1)
+                step += 1
+                for mngr in program.mngrs:  # a background save that failed stops the run
+                    filesystem.check_saves(mngr)
+                do_eval = step % config.eval_every_steps == 0 or step == config.num_train_steps
+                do_save = step % config.checkpoint_every_steps == 0 or do_eval
+                do_log = step % config.log_every_steps == 0 or do_save
+                preempted = watch.reached(step)
+                if do_log or preempted:
+                    program.log(step)
+                if do_eval:
+                    for line in program.evaluate(step):
+                        progress.write(line)
+                    eval_step_done = step
+                if do_save or preempted:
+                    program.save(step, evaluated=do_eval)  # `filesystem.checked_save`s
+                    for line in program.insane_warnings(step, last_sane):
+                        progress.write(line)
+                    last_sane = step if program.sane else last_sane
+                if do_eval or do_save:
+                    program.end_interval()
+                if preempted:
+                    _wait_for_saves(program.mngrs)
+                    where = ", ".join(str(m.directory) for m in program.mngrs)
+                    progress.write(f"preempted: saved step {step} in {where}; exiting")
+                    break
+            watch.stage = "finishing"
+            program.drain()
+            _wait_for_saves(program.mngrs)  # the last save's failure is an error too
+            # The final evaluation (if the last step's is missing, e.g. a restart at the end).
+            if not preempted and eval_step_done != step:
+                program.evaluate(step)
+    except NonFiniteLossError as e:
+        raise _diverged(e, program.mngrs[0], last_sane) from None
+    except (filesystem.WorkdirIOError, OSError) as e:
+        error = filesystem.write_error(e, program.workdir, step)
+        save_failed = error.save_failed  # orbax would wait 300 s for a failed save: do not
+        raise error from None
+    finally:
+        watch.stage = "finishing"
+        progress.close()
+        for mngr in program.mngrs:
+            filesystem.close_manager(mngr, save_failed=save_failed)
+        with contextlib.suppress(OSError):
+            program.close()
+    return program.finish(step, preempted)
 
 
-def train_seeds(
-    config: ml_collections.ConfigDict,
-    workdir: str,
-    seed_dirs: list[str] | None = None,
-    *,
-    members: Sequence[members_lib.Member] | None = None,
-    raise_on_divergence: bool = True,
-    watch: PreemptionWatch | None = None,
-) -> dict[str, Any]:
-    """Trains (or resumes) every seed of `config.seeds` in one program.
+def _wait_for_saves(mngrs) -> None:
+    for mngr in mngrs:
+        filesystem.wait_for_saves(mngr)
 
-    It has a single run's protections (docs/reliability.md, "Seeds in one
-    program"): the workdir, `checkpoints/` and every seed workdir are probed
-    for writing at start; the workdir is locked; damaged stacked checkpoints
-    are set aside and the newest one that restores and verifies is resumed;
-    the data checks run; each save checks the previous one and the free
-    space; and retention keeps the last sane checkpoint, where a stacked
-    checkpoint is sane when every seed's last logged loss is sane: a live
-    seed's at that step, a seed that went NaN the last one it logged (its
-    state is frozen there; `jattn.train.seed_metrics`).
 
-    Args:
-      config: a full config with `seeds` set.
-      workdir: the group's directory: holds the stacked ``checkpoints/``.
-      seed_dirs: each member's run directory (default ``workdir/<member name>``:
-        ``seed-<s>``, or e.g. ``learning_rate-0.001_seed-<s>`` with a sweep),
-        laid out as a single run's.
-      members: the program's members (`jattn.train.members`); default: every
-        seed and swept value of `config` (`members.members(config)`).
-      raise_on_divergence: raise `TrainingDivergedError` at the end (after the
-        other seeds finished) when a seed diverged; False returns it in
-        ``"diverged"``.
-      watch: the caller's `PreemptionWatch` (`train_and_evaluate`'s); None
-        installs one for this call.
-
-    Returns:
-      ``{"step", "preempted", "seeds": {key: final metrics}, "diverged":
-      {key: message}}``, keyed by seed (or by member name when a learning
-      rate or warmup is swept: `Member.key`); each member's final metrics as
-      its ``final_metrics.json`` holds them.
-
-    Raises:
-      ConfigError: as `train_and_evaluate`, or a config that cannot vmap.
-      TrainingDivergedError: a seed diverged (`raise_on_divergence`).
-      WorkdirLockedError, WorkdirIOError, Terminated: as `train_and_evaluate`.
-    """
-    with contextlib.ExitStack() as stack:
-        if watch is None:
-            watch = PreemptionWatch(stage="start-up")
-            stack.callback(watch.close)
-        program = seed_program(config, workdir, seed_dirs, members, raise_on_divergence, stack)
-        return program if isinstance(program, dict) else drive(program, watch)
+def _diverged(e: NonFiniteLossError, mngr, last_sane: int | None) -> TrainingDivergedError:
+    """The error of a non-finite loss, naming the last good checkpoint."""
+    mngr.wait_until_finished()
+    latest_saved = mngr.latest_step()
+    newer = f" (latest: step {latest_saved})" if latest_saved != last_sane else ""
+    good = "none" if last_sane is None else f"step {last_sane}{newer} in {mngr.directory}"
+    return TrainingDivergedError(
+        f"{e}; stopped without saving it. Last good (sane-loss) checkpoint: {good}"
+    )

@@ -21,6 +21,7 @@ from collections.abc import Sequence
 from typing import Any
 
 import jax
+import ml_collections
 import numpy as np
 from flax import linen as nn
 from jax.sharding import AxisType, Mesh, NamedSharding
@@ -32,7 +33,9 @@ __all__ = [
     "BATCH_SPEC",
     "DEFAULT_RULES",
     "MESH_AXES",
+    "abstract_state",
     "batch_sharding",
+    "check_sizes",
     "fit_spec",
     "make_global_batch",
     "make_mesh",
@@ -171,3 +174,37 @@ def make_global_batch(
             for k, v in local.items()
         }
     return {k: jax.make_array_from_process_local_data(sharding, v) for k, v in local.items()}
+
+
+def check_sizes(config: ml_collections.ConfigDict, mesh: jax.sharding.Mesh) -> None:
+    """Batch sizes against the data-parallel axes and the processes (before compiling)."""
+    rows = mesh.shape["data"] * mesh.shape["fsdp"]
+    nproc = jax.process_count()
+    for key in ("batch_size", "eval_batch_size"):
+        if config[key] % rows:
+            raise ConfigError(
+                f"{key}={config[key]} is not divisible by the data-parallel devices "
+                f"data*fsdp={rows} of mesh {dict(mesh.shape)}"
+            )
+    if config.batch_size % nproc:
+        raise ConfigError(f"batch_size={config.batch_size} is not divisible by {nproc} processes")
+    micro = config.batch_size // config.grad_accum_steps
+    if micro % rows:
+        raise ConfigError(
+            f"micro-batch batch_size/grad_accum_steps={micro} is not divisible by data*fsdp={rows}"
+        )
+
+
+def abstract_state(init_boxed, root: jax.Array, mesh, rules):
+    """`(abstract state, state shardings)`: shapes, dtypes and shardings of the
+    state, from the logical axis names of the boxed parameters (nothing is
+    allocated)."""
+    with jax.set_mesh(mesh), nn.logical_axis_rules(rules):
+        abstract_boxed = jax.eval_shape(init_boxed, root)
+        shardings = state_shardings(abstract_boxed, mesh, rules)
+    abstract = jax.tree.map(
+        lambda x, s: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=s),
+        unbox_values(abstract_boxed),
+        shardings,
+    )
+    return abstract, shardings

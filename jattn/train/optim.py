@@ -92,14 +92,14 @@ SCHEDULES: dict[str, Callable[[ml_collections.ConfigDict], Schedule]] = {
 
 
 # Optimiser hyperparameters that may differ between the members of one program
-# (`config.sweep_learning_rate`, `config.sweep_warmup_steps`; `jattn.train.seed_program`).
+# (`config.sweep_learning_rate`, `config.sweep_warmup_steps`; `jattn.train.members`).
 SWEEPABLE = ("learning_rate", "warmup_steps")
 
 
 def swept_schedule(config: ml_collections.ConfigDict, hparams: Mapping[str, Any]) -> Schedule:
     """`make_schedule`'s schedule with `hparams` (a subset of `SWEEPABLE`) as arrays.
 
-    In a program that trains several members at once (`jattn.train.seed_program`)
+    In a program that trains several members at once (`jattn.train.members`)
     each member's learning rate and warmup are numbers in the program rather
     than constants of it, so the schedule cannot branch on them in Python the
     way optax's schedules do. This is the same function of the update count

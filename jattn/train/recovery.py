@@ -13,7 +13,8 @@ So a run resumes from the newest step that restores and verifies:
    opens them and moves those missing a part (empty, no ``state/``, no
    ``state/_METADATA``, an unreadable ``meta/metadata``) to
    ``workdir/checkpoints.skipped/<step>-<time>``;
-2. `restore_newest` restores the newest step; if that fails, or the
+2. `restore_members` restores the newest step every live member of the
+   program has (one member: the newest step); if that fails, or the
    restored state is not that step's (its step counter differs, or a
    parameter is NaN/Inf), the step is set aside the same way and the next
    older one is tried.
@@ -33,19 +34,19 @@ import json
 import os
 import shutil
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import jax
 import jax.numpy as jnp
-import numpy as np
 
 from jattn.train import workdir as files
+from jattn.train.checkpoints import saved_meta
 
 __all__ = [
     "SKIPPED_DIR",
     "archive_metrics",
-    "restore_newest",
+    "restore_members",
     "set_aside",
     "set_aside_incomplete",
     "step_problem",
@@ -128,68 +129,95 @@ def set_aside_incomplete(checkpoint_dir: str, warn: Callable[[str], None]) -> li
     return skipped
 
 
-def verify_state(state: Any, step: int, live: Any = None) -> str | None:
-    """Why a restored state is not checkpoint `step`'s, or None.
-
-    `state` is one run's `TrainState`, or several seeds' stacked on a leading
-    axis (`jattn.train.seeds`): then every seed that `live` (bool ``[S]``;
-    None: all) marks must be at `step` (a diverged seed keeps the state of its
-    last good step), and every parameter of every seed must be finite.
-    """
-    steps = np.asarray(jax.device_get(state.step)).reshape(-1)
-    if live is not None:
-        steps = steps[np.asarray(jax.device_get(live), bool).reshape(-1)]
-    wrong = [int(s) for s in steps if int(s) != step]
-    if wrong:
-        return f"restored a state of step {wrong[0]}"
+def verify_state(state: Any, step: int) -> str | None:
+    """Why a restored state is not checkpoint `step`'s, or None: its step counter
+    differs, or a parameter is NaN or Inf."""
+    restored = int(jax.device_get(state.step))
+    if restored != step:
+        return f"restored a state of step {restored}"
     finite = [jnp.all(jnp.isfinite(x)) for x in jax.tree.leaves(state.params)]
     if finite and not bool(jax.device_get(jnp.all(jnp.stack(finite)))):
         return "restored parameters that are NaN or Inf"
     return None
 
 
-def restore_newest(
-    mngr: Any,
-    restore: Callable[[int, Any], Any],
-    new_iterator: Callable[[], Any],
+def _common_step(mngrs: Sequence[Any], keys: Sequence[str]) -> tuple[int | None, dict]:
+    """The newest step that every member live at it has saved, and the members
+    that had diverged by then (``{str(key): message}``, from that step's meta)."""
+    saved = [set(m.all_steps()) for m in mngrs]
+    for step in sorted(set().union(*saved), reverse=True):
+        holder = next(i for i, steps in enumerate(saved) if step in steps)
+        diverged = (saved_meta(mngrs[holder], step) or {}).get("diverged") or {}
+        live = [i for i, k in enumerate(keys) if k not in diverged]
+        if all(step in saved[i] for i in live):
+            return step, dict(diverged)
+    return None, {}
+
+
+def restore_members(
+    mngrs: Sequence[Any],
+    keys: Sequence[str],
+    restore: Callable[[int, int], tuple[Any, Any]],
     warn: Callable[[str], None],
-    verify: Callable[[Any, int], str | None] = verify_state,
-) -> tuple[Any, Any, int | None]:
-    """Restores the newest checkpoint that restores and verifies.
+) -> tuple[int | None, dict[int, tuple[Any, Any]], dict[str, str]]:
+    """Restores the newest step that restores and verifies in every live member.
+
+    A member is live at a step unless that step's meta names it as diverged
+    (`jattn.train.checkpoints.save`); a step some live member lacks is not
+    one to resume (a stop between two members' saves). A member's step that
+    fails to restore or verify (`verify_state`) is set aside, and the search
+    starts again; steps of a member newer than the one resumed are set aside
+    too, so that its retention and its next saves see one history.
 
     Args:
-      mngr: the run's orbax `CheckpointManager`.
-      restore: ``(step, data iterator) -> state`` (`checkpoints.restore`
-        bound to the abstract state).
-      new_iterator: returns a fresh training data iterator (one per attempt:
-        a failed restore may leave an iterator half set).
+      mngrs: every member's orbax `CheckpointManager`.
+      keys: every member's key as checkpoint metas name it (``str(Member.key)``).
+      restore: ``(member index, step) -> (state, data iterator)`` (a fresh
+        iterator each call: a failed restore may leave one half set).
       warn: prints one warning line.
-      verify: ``(what restore returned, step) -> why it is not that step's, or
-        None`` (`verify_state` by default; the seed loop checks its stacked
-        state and which seeds are live).
 
     Returns:
-      ``(state, data iterator, step)``, or ``(None, a fresh iterator, None)``
-      when no step restores (the run starts from step 0).
+      ``(step, {member index: (state, iterator)} of the live ones, diverged)``,
+      or ``(None, {}, {})`` when no step restores (the program starts at 0).
     """
-    directory = os.fspath(mngr.directory)
-    while (step := mngr.latest_step()) is not None:
-        iterator = new_iterator()
-        try:
-            state = restore(step, iterator)
-            problem = verify(state, step)
-        except (KeyboardInterrupt, SystemExit):
-            raise
-        except Exception as e:  # noqa: BLE001 -- any failure of this step: try the previous one
-            if type(e).__name__ == "ConfigError":  # another process count: not damage
+    while True:
+        step, diverged = _common_step(mngrs, keys)
+        if step is None:
+            return None, {}, {}
+        restored, failed = {}, False
+        for i, mngr in enumerate(mngrs):
+            if keys[i] in diverged:
+                continue
+            problem = None
+            try:
+                restored[i] = restore(i, step)
+                problem = verify_state(restored[i][0], step)
+            except (KeyboardInterrupt, SystemExit):
                 raise
-            first = str(e).strip().splitlines()[0] if str(e).strip() else ""
-            problem = f"cannot be restored ({type(e).__name__}: {first[:200]})"
-        if problem is None:
-            return state, iterator, step
-        set_aside(directory, step, problem, warn)
-        mngr.reload()
-    return None, new_iterator(), None
+            except Exception as e:  # noqa: BLE001 -- any failure of this step: try the previous
+                if type(e).__name__ == "ConfigError":  # another process count: not damage
+                    raise
+                first = str(e).strip().splitlines()[0] if str(e).strip() else ""
+                problem = f"cannot be restored ({type(e).__name__}: {first[:200]})"
+            if problem is not None:
+                set_aside(os.fspath(mngr.directory), step, problem, warn)
+                mngr.reload()
+                failed = True
+                break
+        if not failed:
+            _set_aside_newer(mngrs, step, warn)
+            return step, restored, diverged
+
+
+def _set_aside_newer(mngrs: Sequence[Any], step: int, warn: Callable[[str], None]) -> None:
+    """Sets aside every member's steps after `step` (the one the program resumes)."""
+    for mngr in mngrs:
+        newer = [s for s in mngr.all_steps() if s > step]
+        for s in newer:
+            reason = f"is newer than step {step}, the newest every member of the program has"
+            set_aside(os.fspath(mngr.directory), s, reason, warn)
+        if newer:
+            mngr.reload()
 
 
 def archive_metrics(workdir: str, warn: Callable[[str], None]) -> str | None:

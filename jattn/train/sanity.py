@@ -17,11 +17,10 @@ step when sane, -1 when not) and `checkpoints.make_manager` keeps the
 checkpoint with the largest value whatever else rotates out, so the last
 sane checkpoint survives any divergence.
 
-Several seeds in one program (`jattn.train.seed_program`) keep one `LossSanity`
-a seed; their stacked checkpoint is sane when every seed's last logged loss
-is sane: a live seed's at the checkpoint's step, and for a seed that went
-NaN (its state frozen at its last finite step) the last one it logged
-(`jattn.train.seed_metrics`).
+The members of one program (`jattn.train.members`) keep one `LossSanity`
+each (`jattn.train.metrics.MemberMetrics`), and each member's checkpoint
+records its own sane step; the loop calls a save sane when every member's
+last logged loss is.
 """
 
 from __future__ import annotations

@@ -18,10 +18,13 @@ import jax.numpy as jnp
 import optax
 from flax import linen as nn
 
+from jattn.train.config import input_lengths
+
 __all__ = [
     "TrainState",
     "cross_entropy",
     "make_eval_step",
+    "make_init",
     "make_train_step",
     "model_kwargs",
 ]
@@ -108,6 +111,24 @@ def _split_micro(batch: Batch, num_micro: int, micro_spec: Any) -> Batch:
     return jax.tree.map(split, batch)
 
 
+def _accumulate(grad_fn, params, micro: Batch, rng):
+    """Sums of `grad_fn`'s gradients and sums over the micro-batches `[A, B/A, L]`
+    (a scan; micro-batch `a` draws its dropout from ``fold_in(rng, a)``)."""
+
+    def body(carry, xs):
+        index, mb = xs
+        (l, (w, c)), g = grad_fn(params, mb, jax.random.fold_in(rng, index))
+        acc_g, acc_l, acc_w, acc_c = carry
+        return (jax.tree.map(jnp.add, acc_g, g), acc_l + l, acc_w + w, acc_c + c), None
+
+    zeros = jax.tree.map(jnp.zeros_like, params)
+    num = jax.tree.leaves(micro)[0].shape[0]
+    (grads, loss_sum, weight_sum, correct), _ = jax.lax.scan(
+        body, (zeros, 0.0, 0.0, 0.0), (jnp.arange(num), micro)
+    )
+    return grads, loss_sum, weight_sum, correct
+
+
 def make_train_step(
     model: nn.Module,
     tx: optax.GradientTransformation,
@@ -164,18 +185,7 @@ def make_train_step(
             (loss_sum, (weight_sum, correct)), grads = grad_fn(state.params, batch, rng)
         else:
             micro = _split_micro(batch, grad_accum_steps, micro_spec)
-
-            def body(carry, xs):
-                index, mb = xs
-                (l, (w, c)), g = grad_fn(state.params, mb, jax.random.fold_in(rng, index))
-                acc_g, acc_l, acc_w, acc_c = carry
-                return (jax.tree.map(jnp.add, acc_g, g), acc_l + l, acc_w + w, acc_c + c), None
-
-            zeros = jax.tree.map(jnp.zeros_like, state.params)
-            init = (zeros, 0.0, 0.0, 0.0)
-            (grads, loss_sum, weight_sum, correct), _ = jax.lax.scan(
-                body, init, (jnp.arange(grad_accum_steps), micro)
-            )
+            grads, loss_sum, weight_sum, correct = _accumulate(grad_fn, state.params, micro, rng)
         denom = jnp.maximum(weight_sum, 1.0)
         loss = loss_sum / denom
         if debug_nan_at_step > 0:
@@ -224,3 +234,22 @@ def make_eval_step(model: nn.Module) -> Callable[[Any, Batch], dict[str, jax.Arr
         }
 
     return eval_step
+
+
+def make_init(model, tx, config, rows: int):
+    """`rng key data -> TrainState` with boxed (logically annotated) parameters."""
+    input_len, _ = input_lengths(config)  # encoder row length; config.max_len: decoder's
+
+    def init_boxed(rng: jax.Array) -> TrainState:
+        init_rng, state_rng = jax.random.split(jax.random.wrap_key_data(rng))
+        inputs = jnp.zeros((rows, input_len), jnp.int32)  # [rows, S]
+        targets = jnp.zeros((rows, config.max_len), jnp.int32)  # [rows, T]
+        params = model.init({"params": init_rng}, inputs, targets, train=False)["params"]
+        return TrainState(
+            step=jnp.zeros((), jnp.int32),
+            params=params,
+            opt_state=tx.init(params),
+            rng=jax.random.key_data(state_rng),
+        )
+
+    return init_boxed

@@ -1,6 +1,6 @@
 """A run's files: their names, and the one reader and writer of each.
 
-A `jattn train` workdir (and each member workdir of a seed program) holds::
+A `jattn train` workdir (each member's workdir of a program) holds::
 
     config.json          the full config (`config_to_json`); `load_run` reads it back
     model_config.json    the TransformerConfig
@@ -12,8 +12,7 @@ A `jattn train` workdir (and each member workdir of a seed program) holds::
     checkpoints/         orbax checkpoints (``checkpoints.skipped/``: set aside)
     final_metrics.json   once the run reached ``num_train_steps``
 
-Training (`jattn.train.program`, `jattn.train.seed_program`), recovery,
-restore, checkpoints and the ablation report (`jattn.analysis`) name these
+Training (`jattn.train.run`), recovery, `jattn.train.load`, checkpoints and the ablation report (`jattn.analysis`) name these
 files only through the constants here, and read them with these readers, so
 a name changes in one place. Nothing here needs jax.
 """

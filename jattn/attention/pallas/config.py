@@ -111,6 +111,10 @@ class FixedInputs(NamedTuple):
     dropout_seed: Array | None  # int32 [2]
     forward_maps: TileMaps
     backward_maps: TileMaps
+    # [B, Sp, K, 1] in the key dtype: NaN at keys whose key or value had a
+    # non-finite entry (zeroed in `key` / `value`), else 0; added to the keys
+    # the forward kernel reads (see `flash_attention._forward_keys`).
+    key_poison: Array | None = None
 
 
 class KernelInputs(NamedTuple):

@@ -37,6 +37,16 @@ global indices, so the xla, chunked and pallas paths drop the same weights.
 Rows are normalised by the weights before dropout (lse unchanged), the
 output and the Shaw value masses `pr` use the dropped ones.
 
+Non-finite keys and values: `prepare` zeroes every non-finite entry of the
+key and value (`scores.finite_keys`, in XLA before the kernels) and the
+forward kernel reads keys with a NaN row added where one was
+(`_forward_keys`), so a query that sees such a key returns NaN as in
+jax.nn, while a query that does not (masked, causal, another segment,
+padding) never meets it: its weight 0 multiplies a finite 0, not NaN. The
+backward kernels read the zeroed keys (a row that saw a NaN has a NaN lse
+and output, so its gradients are NaN anyway). The kernels themselves are
+unchanged.
+
 A row with nothing visible: the kernels store a finite sentinel lse
 (`tile_math.EMPTY_LSE`, so `exp(s - lse)` is 0 in the backward and no
 pallas_call output is Inf under `jax.debug_infs`), reported here as
@@ -70,6 +80,7 @@ import jax
 import jax.numpy as jnp
 from jax.custom_derivatives import CustomVJPPrimal, SymbolicZero
 
+from jattn.attention import scores
 from jattn.attention.normal_form import EMPTY_ROW_LSE, NormalForm
 from jattn.attention.pallas import score_mod_tiles, tile_math, triton_backward, triton_forward
 from jattn.attention.pallas.backend import (
@@ -173,9 +184,16 @@ def flash_core(fwd_cfg: KernelConfig, bwd_cfg: KernelConfig, q, k, v, qr, bias, 
     return _flash_vjp(fwd_cfg, bwd_cfg, q, k, v, qr, bias, fixed, mod)
 
 
+def _forward_keys(k: Array, fixed: FixedInputs) -> Array:
+    """The keys the forward kernel reads: `k` (non-finite entries zeroed)
+    plus the NaN poison of keys that had one, so their logits are NaN where
+    visible and selected away where not."""
+    return k if fixed.key_poison is None else k + fixed.key_poison
+
+
 @functools.partial(jax.custom_vjp, nondiff_argnums=(0, 1))
 def _flash_vjp(fwd_cfg: KernelConfig, bwd_cfg: KernelConfig, q, k, v, qr, bias, fixed, mod):
-    ins = kernel_inputs(q, k, v, qr, bias, fixed, fixed.forward_maps, mod)
+    ins = kernel_inputs(q, _forward_keys(k, fixed), v, qr, bias, fixed, fixed.forward_maps, mod)
     return _kernels(fwd_cfg)[0](fwd_cfg, ins)
 
 
@@ -191,7 +209,7 @@ def _flash_core_fwd(fwd_cfg, bwd_cfg, q, k, v, qr, bias, fixed, mod):
         lambda p: p.value, (q, k, v, qr, bias, mod, fixed), is_leaf=is_primal
     )
     forward = _kernels(fwd_cfg)[0]
-    ins = kernel_inputs(q, k, v, qr, bias, fixed, fixed.forward_maps, mod)
+    ins = kernel_inputs(q, _forward_keys(k, fixed), v, qr, bias, fixed, fixed.forward_maps, mod)
     o, lse, pr = forward(fwd_cfg, ins)
     flag = jnp.zeros((0,), jnp.float32) if want_dbias else None  # static via pytree structure
     mod_flag = jnp.zeros((0,), jnp.float32) if want_dmod else None
@@ -442,6 +460,8 @@ def prepare(
         )  # [B, T, N, R]
         qr = pad_axis(pad_axis(qr, 3, padded_rel), 1, padded_t)
 
+    # Non-finite key / value entries zeroed; poison [B, S, K] marks their keys.
+    key, value, poison = scores.finite_keys(key, value)
     # One dtype for the kernel's dots (the Triton dot needs equal operand types).
     q = pad_axis(pad_axis(query, 3, padded_h), 1, padded_t)
     k = pad_axis(pad_axis(key.astype(query.dtype), 3, padded_h), 1, padded_s)
@@ -508,6 +528,7 @@ def prepare(
         dropout_seed=nf.dropout_seed,  # int32 [2] or None
         forward_maps=maps(fwd_block_q, fwd_block_k),
         backward_maps=maps(bwd_block_q, bwd_block_k),
+        key_poison=pad_axis(poison, 1, padded_s)[..., None].astype(query.dtype),
     )
     common = dict(
         seq_k=s,

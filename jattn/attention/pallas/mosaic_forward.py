@@ -31,8 +31,9 @@ so `prepare` hands TPU kernels an int32 mask).
 Limits: the block map sits whole in SMEM, `B·Nm·nT·nS` int32 values (Nm = N
 with a per-head mask, else 1): B = 8 at L = 8k with 128-tiles is 128 KiB;
 longer sequences or per-head masks need larger blocks or smaller batches per
-call. Status: lowered for TPU and tested in interpret mode on the CPU; never
-compiled by libtpu nor timed on a TPU.
+call. Status: tested in interpret mode on the CPU, and compiled by libtpu for
+compile-only TPU v5e and v6e (`jattn bench aot --target tpu`, docs/tpu.md;
+CI compiles a subset); never run nor timed on a TPU.
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Plain-JAX reference of the flash kernel's own contract, beside the kernel.
+"""Plain-JAX reference of the Pallas flash kernel's own contract (tests only).
 
 The Pallas kernel does not compute `attention(q, k, v, tables)` directly: the
 wrapper hands it the Shaw key term as a per-query table `qr` and gets back the
@@ -6,8 +6,7 @@ value-term masses `pr` and the log-sum-exp `lse`. This module computes exactly
 those three outputs densely (`[B, N, T, S]` logits, so small shapes only), in
 float32 with `jnp` only, sharing no code with the kernel, so a test can pin
 the kernel's intermediate outputs and, through autodiff, the gradients its
-custom VJP returns for `qr` and the bias. It also rebuilds attention from
-those parts (`attention_from_parts`) the way `flash_attention` does.
+custom VJP returns for `qr` and the bias (tests/test_pallas.py).
 
 Shapes: the letters of `jattn.attention.legend` (Hv, the value head dim, is
 `E` in einsum strings).
@@ -114,19 +113,3 @@ def reference_parts(
     lse = jnp.where(den[..., 0] == 0, EMPTY_LSE, m[..., 0] + jnp.log(safe[..., 0]))
     pr = jnp.einsum("BNTS,BTSR->BTNR", w, onehot, precision=hi) if with_pr else None
     return o, lse, pr
-
-
-def attention_from_parts(
-    o: Array, pr: Array | None, rel_value: Array | None, dtype: jnp.dtype
-) -> Array:
-    """`out = o + pr @ value_table`, cast to `dtype`, as `flash_attention` does.
-
-    Args:
-      o: `[B, T, N, Hv]`; pr: `[B, T, N, R]` or None; rel_value: `[N, R, Hv]`.
-    """
-    out = o.astype(jnp.float32)
-    if pr is not None:
-        out = out + jnp.einsum(
-            "BTNR,NRE->BTNE", pr, rel_value.astype(jnp.float32), precision=jax.lax.Precision.HIGHEST
-        )
-    return out.astype(dtype)

@@ -1,0 +1,301 @@
+"""What a run is made of, and a trained run: `load_task(config)`, `environment`,
+`build_model`, `load_run(workdir)`.
+
+A run about to train loads its data set (`load_task`, `train_loader`), its
+mesh and evaluation splits (`environment`) and its model and optimiser
+(`build_model`), and says so before the first step (`startup_summary`).
+
+    run = jattn.train.load_run("runs/numbers")            # the latest checkpoint
+    logits = run.model.apply({"params": run.params}, inputs, targets)
+    ids = jattn.models.decoding.greedy(run.model, run.params, inputs, max_length=64)
+    run.tokenizer.decode(ids[0])                          # the run's own vocabulary
+
+The training loop and `load_run` open a config's data set the same way
+(`load_task`), so an analysis sees the tokenizer and splits the run trained on.
+
+Parameters are restored onto one device (the first local one) whatever mesh
+the run was trained on, so a checkpoint of an 8-device run opens on a laptop.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import os
+from typing import Any
+
+import jax
+import ml_collections
+import orbax.checkpoint as ocp
+from etils import epath
+
+from jattn.data import producibility
+from jattn.train import data_checks
+from jattn.train import mesh as mesh_lib
+from jattn.train import workdir as files
+from jattn.train.checkpoints import CHECKPOINT_DIR
+from jattn.train.config import ConfigError, build_model_config, default_config, input_lengths
+
+__all__ = [
+    "TASK_KEYS",
+    "Environment",
+    "Model",
+    "TrainedRun",
+    "build_model",
+    "checkpoint_steps",
+    "environment",
+    "import_wandb",
+    "load_run",
+    "load_task",
+    "startup_summary",
+    "train_loader",
+]
+
+# The config keys that name a run's data (`load_task`).
+TASK_KEYS = ("dataset", "data_dir", "tokenizer", "vocab_size", "source_key", "target_key")
+
+
+def load_task(config: ml_collections.ConfigDict):
+    """The `jattn.data` task (data set and tokenizer) of a config.
+
+    Keys a config lacks (a run saved before they existed) take their
+    `default_config` values.
+
+    Raises:
+      ConfigError: an unknown data set or an unusable data key.
+    """
+    from jattn import data  # noqa: PLC0415
+
+    defaults = default_config()
+    keys = {k: config.get(k, defaults[k]) for k in TASK_KEYS}
+    try:
+        return data.load(keys.pop("dataset"), **keys)
+    except ValueError as e:
+        raise ConfigError(f"dataset={config.get('dataset')!r}: {e}") from None
+
+
+def train_loader(task, config: ml_collections.ConfigDict):
+    """This process's shard of the shuffled, packed training stream."""
+    from jattn import data as data_lib  # noqa: PLC0415
+
+    return data_lib.make_loader(
+        task,
+        "train",
+        batch_size=config.batch_size // jax.process_count(),
+        max_len=config.max_len,
+        max_input_len=input_lengths(config)[0],
+        seed=config.seed,
+        shuffle=True,
+        pack=config.pack,
+        overlong=config.overlong,
+        shard_index=jax.process_index(),
+        shard_count=jax.process_count(),
+    )
+
+
+# -- a run about to train: where, on what, with which model ------------------------------
+
+
+@dataclasses.dataclass
+class Environment:
+    """Where a run trains: its mesh and rules, its data set and what it evaluates."""
+
+    mesh: jax.sharding.Mesh
+    rules: tuple[tuple[str, Any], ...]
+    task: Any
+    eval_splits: list[str]
+    is_main: bool
+
+
+@dataclasses.dataclass
+class Model:
+    """The model and optimiser a program trains (one for every member)."""
+
+    config: Any  # TransformerConfig
+    module: Any  # Transformer
+    tx: Any
+    schedule: Any
+
+
+def environment(config: ml_collections.ConfigDict) -> Environment:
+    """The mesh, the rules, the data set and the checked evaluation splits of `config`
+    (the config is checked already; this raises ConfigError before anything compiles)."""
+    mesh = mesh_lib.make_mesh(config.mesh_shape)
+    rules = tuple(tuple(r) for r in config.logical_axis_rules) or mesh_lib.DEFAULT_RULES
+    mesh_lib.check_sizes(config, mesh)
+    task = load_task(config)
+    eval_splits = data_checks.eval_splits(config, task)
+    data_checks.check_best_metric(config, task, eval_splits)
+    return Environment(mesh, rules, task, eval_splits, jax.process_index() == 0)
+
+
+def build_model(config: ml_collections.ConfigDict, task) -> Model:
+    """The Transformer of `config` for `task`'s vocabulary, and its optimiser."""
+    from jattn.models import Transformer  # noqa: PLC0415 -- the model layer, on demand
+    from jattn.train.optim import make_optimizer  # noqa: PLC0415
+
+    model_config = build_model_config(config, task.tokenizer.vocab_size)
+    tx, schedule = make_optimizer(config)
+    return Model(model_config, Transformer(model_config), tx, schedule)
+
+
+def import_wandb(config: ml_collections.ConfigDict):
+    """The `wandb` module when `config.wandb` asks for it, else None.
+
+    Raises:
+      ConfigError: `config.wandb=True` without the package installed.
+    """
+    if not config.wandb:
+        return None
+    try:
+        import wandb  # noqa: PLC0415 -- optional, never required
+    except ImportError:
+        raise ConfigError(
+            "config.wandb=True needs the `wandb` package, which is not installed "
+            "(pip install wandb, or leave config.wandb=False)"
+        ) from None
+    return wandb
+
+
+def _architectures_line(config, task) -> str:
+    """Both architectures' parameter counts at this run's width, so a decoder-only
+    run and an encoder-decoder one can be compared at equal size."""
+    from jattn.models import architecture_counts  # noqa: PLC0415 -- the model layer
+
+    model_config = build_model_config(config, task.tokenizer.vocab_size)
+    counts = architecture_counts(model_config)
+    n = model_config.num_layers
+    return (
+        f"at this width: encoder_decoder {counts['encoder_decoder']:,} parameters "
+        f"({n}+{n} layers), decoder_only {counts['decoder_only']:,} ({2 * n} layers)"
+    )
+
+
+def startup_summary(
+    workdir, config, mesh, num_params: int, task, eval_sets, start: int, data_check
+) -> str:
+    """What the run is about to do, printed before the first step."""
+    from jattn.train import allocator  # noqa: PLC0415
+
+    devices = jax.devices()
+    kinds = sorted({d.device_kind for d in devices})
+    sizes = []
+    for split in task.splits:
+        try:
+            sizes.append(f"{split} {len(task.source(split)):,} examples")
+        except (TypeError, ValueError):  # a source without a length
+            sizes.append(f"{split} (size unknown)")
+    input_len, _ = input_lengths(config)
+    lines = [
+        f"workdir: {workdir}" + (f" (resuming at step {start})" if start else ""),
+        f"parameters: {num_params:,}",
+        _architectures_line(config, task),
+        f"devices: {len(devices)} x {', '.join(kinds)} ({jax.process_count()} process(es)); "
+        f"mesh {dict(mesh.shape)}"
+        + ("; " + allocator.describe() if devices[0].platform == "cpu" else ""),
+        f"data {config.dataset}: " + ", ".join(sizes),
+        f"training rows: {config.batch_size} a step ({input_len} input + {config.max_len} "
+        f"target tokens), {config.num_train_steps:,} steps",
+    ]
+    if eval_sets:
+        lines.append(
+            "evaluated: "
+            + ", ".join(
+                f"{es.split} {es.num_examples:,} examples in {len(es.batches)} batch(es)"
+                for es in eval_sets.values()
+            )
+        )
+    lines += producibility.summary_lines(data_check) + producibility.warnings(data_check)
+    lines.append(f"tensorboard --logdir {workdir}")
+    return "\n".join(lines)
+
+
+# -- a trained run ----------------------------------------------------------------------
+
+
+@dataclasses.dataclass
+class TrainedRun:
+    """A trained model read from a workdir.
+
+    Attributes:
+      config: the run's resolved config (`config.json`), unlocked.
+      model: `jattn.models.Transformer` with the run's `TransformerConfig`.
+      params: the parameters at `step` (jax arrays on one device).
+      step: the checkpoint's step.
+      tokenizer: the tokenizer the run trained with, read from the workdir
+        (``tokenizer.json``, saved when the run started), so decoding needs
+        neither the data set nor its vocabulary cache. Runs saved before the
+        workdir kept it fall back to `task.tokenizer`.
+      task: the run's data set and tokenizer (`load_task`), loaded on first use.
+    """
+
+    config: ml_collections.ConfigDict
+    model: Any
+    params: Any
+    step: int
+    tokenizer: Any = None
+
+    @functools.cached_property
+    def task(self):
+        return load_task(self.config)
+
+
+def checkpoint_steps(workdir: str) -> list[int]:
+    """The steps of the complete checkpoints in `workdir`, ascending (torn saves and
+    step folders with a missing part, see `recovery.step_problem`, excluded)."""
+    from jattn.train.recovery import step_problem  # noqa: PLC0415
+
+    folder = os.path.join(workdir, CHECKPOINT_DIR)
+    if not os.path.isdir(folder):
+        return []
+    return sorted(
+        int(name)
+        for name in os.listdir(folder)
+        if name.isdigit() and step_problem(os.path.join(folder, name)) is None
+    )
+
+
+def load_run(workdir: str, step: int | None = None) -> TrainedRun:
+    """Reads the config, the model config, the parameters of checkpoint `step` and
+    the tokenizer.
+
+    Args:
+      workdir: a `jattn train` workdir.
+      step: a checkpoint step; None takes the latest.
+
+    Raises:
+      FileNotFoundError: no run or no checkpoint there.
+      ValueError: `step` is not one of the saved steps (they are listed).
+    """
+    from jattn.models import Transformer, TransformerConfig  # noqa: PLC0415
+
+    for name in (files.CONFIG, files.MODEL_CONFIG):
+        if not os.path.exists(os.path.join(workdir, name)):
+            raise FileNotFoundError(f"load_run: {workdir!r} has no {name}; not a jattn workdir")
+    steps = checkpoint_steps(workdir)
+    if not steps:
+        raise FileNotFoundError(f"load_run: no checkpoint in {workdir!r}")
+    step = steps[-1] if step is None else step
+    if step not in steps:
+        raise ValueError(f"load_run: no checkpoint at step {step} in {workdir!r}; saved: {steps}")
+    config = ml_collections.ConfigDict(files.read_json(os.path.join(workdir, files.CONFIG)))
+    model_config = TransformerConfig.from_dict(
+        files.read_json(os.path.join(workdir, files.MODEL_CONFIG))
+    )
+
+    path = os.path.abspath(os.path.join(workdir, CHECKPOINT_DIR, str(step), "state"))
+    checkpointer = ocp.StandardCheckpointer()
+    # The item's own metadata (`state/_METADATA`): the checkpointer's `metadata` also
+    # looks for a step file inside the item folder and logs absl's "Metadata file does
+    # not exist: .../_CHECKPOINT_METADATA" warning before every `jattn decode`.
+    saved = ocp.StandardCheckpointHandler().metadata(epath.Path(path))
+    device = jax.sharding.SingleDeviceSharding(jax.local_devices()[0])
+    target = jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=device), saved)
+    state = checkpointer.restore(path, target)
+    checkpointer.close()
+    model = Transformer(model_config)
+    run = TrainedRun(config=config, model=model, params=state["params"], step=step)
+    from jattn.data.tokenizers import load_from_dir  # noqa: PLC0415
+
+    run.tokenizer = load_from_dir(workdir) or run.task.tokenizer
+    return run
