@@ -4,7 +4,7 @@ Absolute schemes produce vectors added to embeddings (`sinusoidal`); rotary
 embeddings rotate queries and keys (`rope`, its scalings `rope_frequencies`,
 and the decaying `xpos`); relative schemes produce either
 tables read inside attention (`ShawRelative`, `relative_ids`) or score mods (`jattn.ScoreMod`:
-ALiBi, T5 buckets, Shaw's bias term, FIRE, KERPLE, soft-capping) applied inside
+ALiBi, T5 buckets, Shaw's bias term, FIRE, KERPLE, Sandwich, soft-capping) applied inside
 the attention tiles. Every function takes explicit
 integer positions so packed rows (positions restarting at each segment) and
 cached decoding (positions offset into the cache) work the same way as plain
@@ -39,6 +39,8 @@ __all__ = [
     "kerple_score_mod",
     "relative_ids",
     "ROPE_SCALINGS",
+    "sandwich_bias",
+    "sandwich_score_mod",
     "YARN_CONVENTIONS",
     "YarnOptions",
     "rope",
@@ -557,25 +559,29 @@ _gather_table.defvjp(_gather_table_fwd, _gather_table_bwd)
 ALIBI_MODES = ("causal", "symmetric", "offset", "asymmetric")
 
 
-def _alibi_causal(slopes, score, batch, head, i, j):
-    return score - slopes[head] * (i - j).astype(jnp.float32)
+# The distance-table mods below (`ScoreMod.from_distance`) are functions of
+# `(params, head, d)` with `d = j - i` (key minus query position): the xla
+# and chunked paths read them from a table evaluated once per call, the
+# Pallas kernels call them per logit (`jattn.attention.distance_table`).
 
 
-def _alibi_symmetric(slopes, score, batch, head, i, j):
-    return score - slopes[head] * jnp.abs(i - j).astype(jnp.float32)
+def _alibi_causal(slopes, head, d):
+    return slopes[head] * d.astype(jnp.float32)  # -m (i - j)
 
 
-def _alibi_offset(params, score, batch, head, i, j):
-    d = jnp.abs(i - j).astype(jnp.float32)
-    right = (j > i).astype(jnp.float32)
-    return score - params["slopes"][head] * d - params["offset"][head] * right
+def _alibi_symmetric(slopes, head, d):
+    return -slopes[head] * jnp.abs(d).astype(jnp.float32)
 
 
-def _alibi_asymmetric(params, score, batch, head, i, j):
-    d = (i - j).astype(jnp.float32)
-    left = params["left"][head] * jnp.maximum(d, 0.0)
-    right = params["right"][head] * jnp.maximum(-d, 0.0)
-    return score - left - right
+def _alibi_offset(params, head, d):
+    right = (d > 0).astype(jnp.float32)
+    return -params["slopes"][head] * jnp.abs(d).astype(jnp.float32) - params["offset"][head] * right
+
+
+def _alibi_asymmetric(params, head, d):
+    x = d.astype(jnp.float32)  # j - i
+    left = params["left"][head] * jnp.maximum(-x, 0.0)
+    return -left - params["right"][head] * jnp.maximum(x, 0.0)
 
 
 def alibi_score_mod(slopes: Array, *, mode: str, offset=None, right_slopes=None):
@@ -597,7 +603,7 @@ def alibi_score_mod(slopes: Array, *, mode: str, offset=None, right_slopes=None)
       max(j - i, 0)`: separate slopes per direction.
 
     Triton-safe: parameters are indexed with `head` only; the rest is
-    elementwise.
+    elementwise. A distance-table mod (`ScoreMod.from_distance`).
 
     Args:
       slopes: float `[N]`, e.g. `alibi_slopes(N)`.
@@ -611,18 +617,20 @@ def alibi_score_mod(slopes: Array, *, mode: str, offset=None, right_slopes=None)
     """
 
     slopes = _f32(slopes)
+    by_distance = ScoreMod.from_distance
     if mode == "causal":
-        return ScoreMod(_alibi_causal, slopes, "alibi_causal")
+        return by_distance(_alibi_causal, slopes, name="alibi_causal")
     if mode == "symmetric":
-        return ScoreMod(_alibi_symmetric, slopes, "alibi_symmetric")
+        return by_distance(_alibi_symmetric, slopes, name="alibi_symmetric")
     if mode == "offset":
         offset = slopes if offset is None else _f32(offset)
-        return ScoreMod(_alibi_offset, {"slopes": slopes, "offset": offset}, "alibi_offset")
+        params = {"slopes": slopes, "offset": offset}
+        return by_distance(_alibi_offset, params, name="alibi_offset")
     if mode == "asymmetric":
         if right_slopes is None:
             raise ValueError("alibi_score_mod: mode 'asymmetric' needs right_slopes [N]")
         params = {"left": slopes, "right": _f32(right_slopes)}
-        return ScoreMod(_alibi_asymmetric, params, "alibi_asymmetric")
+        return by_distance(_alibi_asymmetric, params, name="alibi_asymmetric")
     raise ValueError(f"alibi_score_mod: mode must be one of {ALIBI_MODES}, got {mode!r}")
 
 
@@ -667,7 +675,8 @@ def t5_score_mod(table: Array, *, max_distance: int = 128, bidirectional: bool =
     Triton-safe: with a scalar `head` (the kernels) the table is read as a
     compare-and-select chain over its static bucket axis, indexed by `head`
     and static bucket numbers; with an array `head` (xla, chunked) as a
-    gather of the same values.
+    gather of the same values. A distance-table mod clipped at
+    `max_distance` (`ScoreMod.from_distance`).
 
     Args:
       table: float `[N, num_buckets]` (heads first).
@@ -684,12 +693,13 @@ def t5_score_mod(table: Array, *, max_distance: int = 128, bidirectional: bool =
         max_distance=int(max_distance),
         bidirectional=bool(bidirectional),
     )
-    return ScoreMod(with_settings(_t5, **settings), table, "t5")
+    fn = with_settings(_t5, **settings)
+    return ScoreMod.from_distance(fn, table, name="t5", max_distance=settings["max_distance"])
 
 
-def _t5(tab, score, batch, head, i, j, *, num_buckets, max_distance, bidirectional):
-    bucket = t5_relative_bucket(j - i, num_buckets, max_distance, bidirectional)
-    return score + _select_table(tab, head, bucket)
+def _t5(tab, head, d, *, num_buckets, max_distance, bidirectional):
+    # Buckets saturate at max_distance on both sides: the table clips there.
+    return _select_table(tab, head, t5_relative_bucket(d, num_buckets, max_distance, bidirectional))
 
 
 def shaw_bias_score_mod(table: Array, max_distance: int):
@@ -699,6 +709,7 @@ def shaw_bias_score_mod(table: Array, max_distance: int):
 
     Triton-safe: with a scalar `head`, a compare-and-select chain over the
     `2k + 1` static ids (a gather of the same values for an array `head`).
+    A distance-table mod clipped at k (`ScoreMod.from_distance`).
 
     Args:
       table: float `[N, 2k+1]`.
@@ -715,12 +726,13 @@ def shaw_bias_score_mod(table: Array, max_distance: int):
             f"got {list(jnp.shape(table))}"
         )
 
-    return ScoreMod(with_settings(_shaw_bias, k=k), table, "shaw_bias")
+    return ScoreMod.from_distance(
+        with_settings(_shaw_bias, k=k), table, name="shaw_bias", max_distance=k
+    )
 
 
-def _shaw_bias(tab, score, batch, head, i, j, *, k):
-    r = jnp.clip(j - i, -k, k) + k
-    return score + _select_table(tab, head, r)
+def _shaw_bias(tab, head, d, *, k):
+    return _select_table(tab, head, jnp.clip(d, -k, k) + k)
 
 
 def transformer_xl_tables(
@@ -768,7 +780,8 @@ def kerple_score_mod(r1: Array, r2: Array):
     The paper keeps r1, r2 positive by clamping after each optimiser step;
     this function uses them as given (pass positive values).
 
-    Triton-safe: indexed with `head` only, elementwise log.
+    Triton-safe: indexed with `head` only, elementwise log. A distance-table
+    mod (`ScoreMod.from_distance`).
 
     Args:
       r1, r2: float `[N]`, positive.
@@ -777,12 +790,69 @@ def kerple_score_mod(r1: Array, r2: Array):
       a `jattn.ScoreMod` with params `{"r1": r1, "r2": r2}`.
     """
 
-    return ScoreMod(_kerple, {"r1": _f32(r1), "r2": _f32(r2)}, "kerple_log")
+    params = {"r1": _f32(r1), "r2": _f32(r2)}
+    return ScoreMod.from_distance(_kerple, params, name="kerple_log")
 
 
-def _kerple(params, score, batch, head, i, j):
-    d = jnp.abs(i - j).astype(jnp.float32)
-    return score - params["r1"][head] * jnp.log1p(params["r2"][head] * d)
+def _kerple(params, head, d):
+    x = jnp.abs(d).astype(jnp.float32)
+    return -params["r1"][head] * jnp.log1p(params["r2"][head] * x)
+
+
+SANDWICH_DIM = 128
+
+
+def sandwich_bias(distance: Array, num_heads: int, dim: int = SANDWICH_DIM) -> Array:
+    """Sandwich's bias (Chi et al. 2023, "Dissecting Transformer Length
+    Extrapolation via the Lens of Receptive Field Analysis") at int
+    `distance` (`i - j` or `j - i`: it is even), per head: `[N, *distance.shape]`.
+
+    The inner product of the sinusoidal embeddings (`sinusoidal`, dim `d`)
+    of the two positions, `PE(i)·PE(j) = Σ_{k<d/2} cos((i - j) /
+    10000^(2k/d))`, a function of `i - j` alone (parameter-free), shifted by
+    `-d/2` (0 at distance 0, negative elsewhere; a constant, which softmax
+    ignores) and divided per head by ALiBi's ratio `8h/N`, h = 1..N, so each
+    head sees a differently compressed copy (the paper's head-specific
+    scaling, as ALiBi's slopes `2^(-8h/N)`).
+    """
+    x = jnp.asarray(distance).astype(jnp.float32)
+    acc = jnp.zeros_like(x)
+    for k in range(dim // 2):
+        acc = acc + jnp.cos(x * float(10_000.0 ** (-2.0 * k / dim)))
+    inv = num_heads / (8.0 * np.arange(1, num_heads + 1))  # [N]
+    inv = jnp.asarray(inv, jnp.float32).reshape((num_heads,) + (1,) * x.ndim)
+    return (acc - dim / 2)[None] * inv
+
+
+def _sandwich(inv_scale, head, d, *, dim):
+    x = d.astype(jnp.float32)
+    acc = jnp.zeros_like(x)
+    for k in range(dim // 2):  # d/2 cosines; constants, so the kernels lower it
+        acc = acc + jnp.cos(x * float(10_000.0 ** (-2.0 * k / dim)))
+    return (acc - dim / 2) * inv_scale[head]
+
+
+def sandwich_score_mod(num_heads: int, dim: int = SANDWICH_DIM):
+    """Sandwich (Chi et al. 2023) as a distance-table score mod:
+    `score + sandwich_bias(j - i)[head]`.
+
+    Its `dim / 2` cosines per logit are why it is a distance-table mod: the
+    xla and chunked paths evaluate them once per call on the `T + S - 1`
+    distances (an `[N, T + S - 1]` table) instead of on every logit.
+
+    Args:
+      num_heads: N (the per-head scales `N / (8h)`, h = 1..N).
+      dim: the sinusoid's dimension d (d / 2 frequencies; the paper's 128).
+
+    Returns:
+      a `jattn.ScoreMod` with params the float32 per-head scales `[N]`
+      (constants of the scheme, not learned).
+    """
+    dim = int(dim)
+    if dim < 2 or dim % 2:
+        raise ValueError(f"sandwich_score_mod: dim must be even and >= 2, got {dim}")
+    inv = jnp.asarray(num_heads / (8.0 * np.arange(1, num_heads + 1)), jnp.float32)  # [N]
+    return ScoreMod.from_distance(with_settings(_sandwich, dim=dim), inv, name="sandwich")
 
 
 def init_fire_params(key: Array, num_heads: int, hidden: int = 32) -> dict:

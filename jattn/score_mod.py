@@ -33,13 +33,42 @@ import jax.numpy as jnp
 Array = jax.Array
 
 __all__ = [
+    "DistanceForm",
     "ScoreMod",
     "TileParts",
     "apply_score_mod",
+    "distance_table",
     "tile_parts",
     "with_settings",
     "with_tile_parts",
 ]
+
+
+@dataclasses.dataclass(frozen=True)
+class DistanceForm:
+    """The second form of an additive mod that depends on `(head, distance)` alone.
+
+    `fn(params, head, distance) -> term` with `distance = kv_position -
+    q_position` (int32, clipped to `[-max_distance, max_distance]` first
+    when `max_distance` is set), written as for scalars like a score mod's
+    `fn`, and called with int32 arrays that broadcast together; returns a
+    float array of their broadcast shape. Hashable (static).
+
+    Why: such a term takes at most `T + S - 1` values per head, so the
+    implementations evaluate it once per call on the distances the call can
+    see (`distance_table`, an `[N, D]` table) and the tiles read the table,
+    instead of calling it on every logit (Sandwich's 64 cosines per logit
+    made it 41x plain attention).
+
+    Attributes:
+      fn: `fn(params, head, distance) -> term`.
+      max_distance: the term is constant beyond this distance on either side
+        (T5's buckets saturate, Shaw's ids clip): the table then has `2k + 1`
+        entries whatever the positions. None: no clip.
+    """
+
+    fn: Callable[..., Array]
+    max_distance: int | None = None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -59,20 +88,119 @@ class ScoreMod:
         key term and `bias`), before visibility and softmax.
       params: any pytree of arrays `fn` indexes into (None for none).
       name: shown in error messages and kernel reports (default `fn`'s name).
+      distance: a `DistanceForm` when the mod is `score + term(head, kv -
+        q)` (built by `ScoreMod.from_distance`, which derives `fn` from it):
+        the xla and chunked paths then read a table of the term
+        (`distance_table`); None for any other mod. A mod rebuilt as
+        `ScoreMod(mod.fn, params)` drops it and runs per logit, with the
+        same values.
     """
 
     fn: Callable[..., Array]
     params: Any = None
     name: str = ""
+    distance: DistanceForm | None = None
 
     def __post_init__(self):
         if not callable(self.fn):
             raise TypeError(f"ScoreMod: fn must be callable, got {type(self.fn).__name__}")
+        if self.distance is not None and not isinstance(self.distance, DistanceForm):
+            raise TypeError(
+                f"ScoreMod: distance must be a DistanceForm, got {type(self.distance).__name__}"
+            )
         if not self.name:
             object.__setattr__(self, "name", getattr(self.fn, "__name__", "score_mod"))
 
+    @classmethod
+    def from_distance(
+        cls,
+        fn: Callable[..., Array],
+        params: Any = None,
+        *,
+        name: str = "",
+        max_distance: int | None = None,
+    ) -> ScoreMod:
+        """A mod `score + fn(params, head, kv_position - q_position)` (a distance-table mod).
 
-jax.tree_util.register_dataclass(ScoreMod, data_fields=["params"], meta_fields=["fn", "name"])
+        Its per-logit `fn` (what the Pallas kernels and any code that calls
+        `mod.fn` run) is derived from the distance form, one function object
+        per `(fn, max_distance)` so the jit cache is reused.
+
+        Args:
+          fn: `fn(params, head, distance) -> term` (see `DistanceForm`).
+          params: the pytree `fn` indexes into.
+          name: default `fn`'s name.
+          max_distance: clip distances to `[-k, k]` before `fn` (T5, Shaw's
+            bias); None for none.
+
+        Returns:
+          a `ScoreMod` with `distance` set.
+        """
+        if not callable(fn):
+            raise TypeError(f"ScoreMod.from_distance: fn must be callable, got {type(fn).__name__}")
+        if max_distance is not None:
+            max_distance = int(max_distance)
+            if max_distance < 0:
+                raise ValueError(
+                    f"ScoreMod.from_distance: max_distance must be >= 0, got {max_distance}"
+                )
+        form = DistanceForm(fn, max_distance)
+        name = name or getattr(fn, "__name__", "score_mod").lstrip("_")
+        return cls(_per_logit(form), params, name, form)
+
+
+jax.tree_util.register_dataclass(
+    ScoreMod, data_fields=["params"], meta_fields=["fn", "name", "distance"]
+)
+
+
+def _clipped_distance(form: DistanceForm, q_position: Array, kv_position: Array) -> Array:
+    """`kv - q` (int32), clipped to the form's `max_distance` if it has one."""
+    d = jnp.asarray(kv_position, jnp.int32) - jnp.asarray(q_position, jnp.int32)
+    k = form.max_distance
+    return d if k is None else jnp.clip(d, -k, k)
+
+
+_PER_LOGIT: dict = {}
+
+
+def _per_logit(form: DistanceForm) -> Callable[..., Array]:
+    """The per-logit `fn` of a distance form, one function object per form."""
+    if form not in _PER_LOGIT:
+
+        def per_logit(params, score, batch, head, q_position, kv_position):
+            term = form.fn(params, head, _clipped_distance(form, q_position, kv_position))
+            return score + jnp.asarray(term).astype(score.dtype)
+
+        name = getattr(form.fn, "__name__", "distance").lstrip("_")
+        per_logit.__name__ = f"{name}_per_logit"
+        _PER_LOGIT[form] = per_logit
+    return _PER_LOGIT[form]
+
+
+def distance_table(mod: ScoreMod, num_heads: int, lo: Array, size: int) -> Array:
+    """The term of a distance mod at distances `lo + arange(size)`, per head.
+
+    Args:
+      mod: a mod with `distance` set (`ScoreMod.from_distance`).
+      num_heads: N, the query heads.
+      lo: int32 `[B']`: the first distance of each row's table (B' = 1 when
+        every batch row shares one).
+      size: D, the table length (static).
+
+    Returns:
+      float32 `[B', N, D]`: `out[b, h, c] = term(h, clip(lo[b] + c))`,
+      differentiable in `mod.params` (the gradient of whatever reads the
+      table reaches the params through this function's vjp).
+    """
+    form = mod.distance
+    if form is None:
+        raise ValueError(f"ScoreMod {mod.name!r} has no distance form (ScoreMod.from_distance)")
+    lo = jnp.asarray(lo, jnp.int32).reshape(-1, 1, 1)
+    head = jnp.arange(num_heads, dtype=jnp.int32).reshape(1, num_heads, 1)
+    d = lo + jnp.arange(size, dtype=jnp.int32).reshape(1, 1, size)  # [B', 1, D]
+    term = form.fn(mod.params, head, _clipped_distance(form, 0, d))
+    return jnp.broadcast_to(jnp.asarray(term, jnp.float32), (lo.shape[0], num_heads, size))
 
 
 def apply_score_mod(

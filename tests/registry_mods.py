@@ -109,7 +109,10 @@ def _build(config: TransformerConfig, causal: bool, key: jax.Array) -> ScoreMod 
     mod = layer.apply(jax.tree.unflatten(tree, moved))
     if mod is None:
         return None
-    return ScoreMod(mod.fn, jax.tree.map(lambda x: x.astype(jnp.float32), mod.params), mod.name)
+    # replace, not ScoreMod(fn, params): a distance-table mod keeps its distance form.
+    return dataclasses.replace(
+        mod, params=jax.tree.map(lambda x: x.astype(jnp.float32), mod.params)
+    )
 
 
 def _same_code(a: ScoreMod, b: ScoreMod) -> bool:

@@ -124,7 +124,7 @@ class HandStream(nn.Module):
     def __call__(self, tokens, tape, segment_ids, positions):
         cfg = self.config
         embed = Embed(cfg, name="embed")
-        encoder = Encoder(cfg, embed=embed, depth=cfg.stack_layers, name="encoder")
+        encoder = Encoder(cfg, embed=embed, name="encoder")
         x = encoder(tokens, segment_ids=segment_ids, positions=positions, tape=tape)
         return vocab_logits(cfg, embed, x)  # [B, S+T, V]
 
@@ -235,7 +235,7 @@ def test_shared_layers_have_one_blocks_parameters(name):
         blocks = [k for k in p_shared[stack] if "layer" in k]
         assert blocks == ["shared_layer"], (stack, sorted(p_shared[stack]))
         depth = len([k for k in p_plain[stack] if k.startswith("layer_")])
-        assert depth == (3 if ARCHITECTURES[name].stacks == "n+n" else 6)
+        assert depth == {"n+n": 3, "n": 3, "2n": 6}[ARCHITECTURES[name].stacks]
         one_block = count_params(p_shared[stack]["shared_layer"])
         assert count_params(p_plain[stack]) - count_params(p_shared[stack]) == (
             (depth - 1) * one_block
@@ -282,7 +282,7 @@ def test_shared_layers_cached_decoding_equals_full_recomputation(name):
 def test_dropout_draws_differ_between_the_depths_of_a_shared_block():
     """One block applied at two depths draws a dropout mask at each: the
     zeros its residual dropout leaves (the mask) differ between depths."""
-    cfg = _config(architecture="encoder_only", shared_layers=True, dropout_rate=0.5)
+    cfg = _config(architecture="encoder_only", shared_layers=True, dropout_rate=0.5, num_layers=2)
     model = Transformer(cfg)
     params = _init(model, INPUTS, TARGETS)
     _, state = model.apply(
@@ -295,7 +295,7 @@ def test_dropout_draws_differ_between_the_depths_of_a_shared_block():
         mutable=["intermediates"],
     )
     outs = state["intermediates"]["encoder"]["shared_layer"]["Dropout_0"]["__call__"]
-    assert len(outs) == cfg.stack_layers  # one application a depth
+    assert len(outs) == cfg.num_layers == 2  # one application a depth
     zeros = [np.asarray(o) == 0 for o in outs]  # [B, L, D] each: the dropped units
     assert 0.3 < zeros[0].mean() < 0.7
     assert (zeros[0] != zeros[1]).mean() > 0.2

@@ -55,7 +55,7 @@ def test_every_member_is_written_as_its_single_run(sweep):
             warmup,
             seed,
         )
-        assert config["members"] == [] and config["sweep_learning_rate"] == []
+        assert config["seeds"] == [] and config["sweep_learning_rate"] == []
     finals = [result["members"][n]["train/loss"] for n in NAMES]
     assert len({round(v, 5) for v in finals}) == len(NAMES), finals  # they all differ
 

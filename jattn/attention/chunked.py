@@ -34,7 +34,7 @@ from typing import NamedTuple
 import jax
 import jax.numpy as jnp
 
-from jattn.attention import scores
+from jattn.attention import distance_table, scores
 from jattn.attention.chunked_backward import backward
 from jattn.attention.chunked_problem import (
     BODIES,
@@ -217,4 +217,10 @@ def attention_chunked(
             f"attention_chunked: block sizes must be positive, got "
             f"block_q={block_q}, block_k={block_k}"
         )
-    return _chunked(nf, int(block_q), int(block_k))
+    # A distance-table mod's table covers the padded tiles (TiledProblem's sizes).
+    t, s = nf.query.shape[1], nf.key.shape[1]
+    bq, bk = min(int(block_q), t), min(int(block_k), s)
+    tp, sp = -(-t // bq) * bq, -(-s // bk) * bk
+    return distance_table.with_table(
+        nf, lambda nf_: _chunked(nf_, int(block_q), int(block_k)), tp, sp
+    )

@@ -23,7 +23,7 @@ import jax
 import jax.numpy as jnp
 
 from jattn import dropout
-from jattn.attention import scores, tiles
+from jattn.attention import distance_table, scores, tiles
 from jattn.attention.normal_form import NormalForm
 from jattn.attention.tiles import pad_axis
 from jattn.positions import relative_ids
@@ -327,10 +327,13 @@ def tile_logits(
         # tile (FULL ones too) and the plan is the same as without it.
         batch = jnp.arange(pb.b, dtype=jnp.int32)
         where = (batch, 0, pb.qpos[i], pb.kvpos[j])
+        apply = scores.apply_grouped_score_mod
+        if distance_table.is_arange(nf.score_mod):  # a window of the table, no gather
+            apply = distance_table.tile_applier(i * pb.bq, j * pb.bk)
         if mod_vjp:
-            s, pullback = scores.grouped_score_mod_vjp(nf.score_mod, s, *where)
+            s, pullback = scores.grouped_score_mod_vjp(nf.score_mod, s, *where, apply=apply)
         else:
-            s = scores.apply_grouped_score_mod(nf.score_mod, s, *where)
+            s = apply(nf.score_mod, s, *where)
         s = s.astype(pb.dtype)
     # NaN at keys that are not finite, then selected away where invisible.
     s = s + pb.poison[j][:, :, None, None, :, 0].astype(s.dtype)

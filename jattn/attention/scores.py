@@ -169,11 +169,19 @@ def apply_grouped_score_mod(
 
 
 def grouped_score_mod_vjp(
-    mod: ScoreMod, s: Array, batch: Array, head0, q_pos: Array, kv_pos: Array
+    mod: ScoreMod,
+    s: Array,
+    batch: Array,
+    head0,
+    q_pos: Array,
+    kv_pos: Array,
+    apply: Callable[..., Array] | None = None,
 ) -> tuple[Array, Callable[[Array], tuple[Any, Array]]]:
     """`apply_grouped_score_mod` and its pullback, for a hand-written backward.
 
-    Args: as `apply_grouped_score_mod`.
+    Args: as `apply_grouped_score_mod`; `apply`: a function of its signature
+      computing the same values another way (a distance table's window,
+      `distance_table.tile_applier`), default `apply_grouped_score_mod`.
 
     Returns:
       `(out, pullback)`: `out` float32 `[B, K, G, t, s]`; `pullback(ds)` takes
@@ -182,10 +190,10 @@ def grouped_score_mod_vjp(
       leaves) and of the logits before the mod (dtype of `s`).
     """
 
+    apply = apply_grouped_score_mod if apply is None else apply
+
     def f(params, logits):
-        return apply_grouped_score_mod(
-            ScoreMod(mod.fn, params, mod.name), logits, batch, head0, q_pos, kv_pos
-        )
+        return apply(ScoreMod(mod.fn, params, mod.name), logits, batch, head0, q_pos, kv_pos)
 
     out, vjp = jax.vjp(f, mod.params, s)
     return out, lambda ds: vjp(ds.astype(out.dtype))

@@ -14,7 +14,7 @@ import jax
 import jax.numpy as jnp
 
 from jattn import dropout
-from jattn.attention import scores
+from jattn.attention import distance_table, scores
 from jattn.attention.normal_form import EMPTY_ROW_LSE, NormalForm
 from jattn.positions import relative_ids
 
@@ -37,7 +37,10 @@ def _grouped_weights(nf: NormalForm, q: Array, kk: Array, poison: Array):
     grouped_bias = None if nf.bias is None else scores.group_heads(nf.bias, k)
     logits = scores.tile_logits(q, kk, scale=nf.scale, bias=grouped_bias, qr=qr, r=r)
     if nf.score_mod is not None:
-        logits = scores.apply_grouped_score_mod(
+        apply = scores.apply_grouped_score_mod
+        if distance_table.is_arange(nf.score_mod):  # the table is the whole problem's window
+            apply = distance_table.tile_applier(0, 0)
+        logits = apply(
             nf.score_mod, logits, jnp.arange(nf.query.shape[0]), 0, nf.q_positions, nf.kv_positions
         )
     logits = logits.astype(q.dtype) + poison[:, :, None, None, :].astype(q.dtype)  # [B,K,G,T,S]
@@ -82,10 +85,18 @@ def dropout_keep(nf: NormalForm, k: int, g: int, t: int, s: int) -> Array:
 def attention_xla(nf: NormalForm) -> tuple[Array, Array]:
     """Attention over the whole `[T, S]` problem at once.
 
+    A distance-table score mod (`jattn.ScoreMod.from_distance`) is read from
+    its table, evaluated once per call (`jattn.attention.distance_table`).
+
     Returns:
       `out [B, T, N, Hv]` in the dtype of `query` and `lse [B, T, N]` float32
       (`EMPTY_ROW_LSE` for a row with nothing visible).
     """
+    t, s = nf.query.shape[1], nf.key.shape[1]
+    return distance_table.with_table(nf, _attention_xla, t, s)
+
+
+def _attention_xla(nf: NormalForm) -> tuple[Array, Array]:
     b, t, n, _ = nf.query.shape
     _, s, k, hv = nf.value.shape
     g = n // k

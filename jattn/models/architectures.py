@@ -47,8 +47,9 @@ class Architecture:
       autoregressive: decoding runs one token a step over a KV cache;
         otherwise one call predicts every target at once (an output tape).
       stacks: how the layers are counted, "n+n" (an encoder and a decoder
-        of `num_layers` each) or "2n" (one stack of `2 * num_layers`, as
-        deep as both).
+        of `num_layers` each), "2n" (one stack of `2 * num_layers`, as deep
+        as both) or "n" (one stack of `num_layers`: the encoder alone, as
+        Delétang et al.'s 5-layer encoder).
       model: the `jattn.models.Transformer` subclass (set by `register`).
     """
 
@@ -63,9 +64,15 @@ class Architecture:
 
     def layers(self, num_layers: int) -> str:
         """The layer count as the start-up line prints it: "2+2 layers", "4 layers"."""
-        if self.stacks == "n+n":
-            return f"{num_layers}+{num_layers} layers"
-        return f"{2 * num_layers} layers"
+        return (
+            f"{num_layers}+{num_layers} layers"
+            if self.stacks == "n+n"
+            else (f"{self.depth(num_layers)} layers")
+        )
+
+    def depth(self, num_layers: int) -> int:
+        """Blocks of the (largest) stack for `num_layers`."""
+        return 2 * num_layers if self.stacks == "2n" else num_layers
 
 
 # name -> Architecture; the model classes fill in `model` when their module is imported.
@@ -95,7 +102,7 @@ ARCHITECTURES: dict[str, Architecture] = {
         causal=False,
         prefix_lm=False,
         autoregressive=False,
-        stacks="2n",
+        stacks="n",
     ),
 }
 

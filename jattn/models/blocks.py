@@ -248,7 +248,7 @@ class Encoder(nn.Module):
     """Embeddings + positions, `depth` bidirectional blocks (+ final norm if pre-norm).
 
     The encoder–decoder's encoder (`depth` None: `num_layers`) and the
-    encoder-only model's stack (`2 * num_layers`, with an output tape).
+    encoder-only model's stack (with an output tape); `depth` None: `num_layers`.
     """
 
     config: TransformerConfig

@@ -46,7 +46,8 @@ class TransformerConfig:
       num_heads: query heads N; `d_model / num_heads` is the head dim H.
       num_kv_heads: key/value heads K (N = MHA, 1 < K < N = GQA, 1 = MQA);
         None means `num_heads`.
-      num_layers: layers per stack (encoder and decoder each); a decoder-only
+      num_layers: layers per stack (encoder and decoder each; an encoder-only
+        model's one stack has `num_layers`); a decoder-only
         model's one stack has `2 * num_layers` (as many as encoder plus
         decoder, so switching `architecture` keeps the depth and, but for
         the cross-attention, the parameter count).
@@ -325,7 +326,8 @@ class TransformerConfig:
 
     @property
     def stack_layers(self) -> int:
-        """Layers of a one-stack model (decoder-only, encoder-only): `2 * num_layers`."""
+        """Layers of the decoder-only stack: `2 * num_layers` (an encoder-only
+        stack has `num_layers`, as the encoder–decoder's encoder)."""
         return 2 * self.num_layers
 
     # -- derived ---------------------------------------------------------------

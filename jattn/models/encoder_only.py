@@ -24,8 +24,9 @@ sorted random sample. Attention is bidirectional within an example: the
 inputs see the tape and the tape sees the inputs.
 
 Parameters: one token embedding (also the output projection when
-`share_embeddings`) and the stack "encoder" of `2 * num_layers` blocks (as
-deep as an encoder plus a decoder), plus "encoder/tape_blank" `[D]`.
+`share_embeddings`) and the stack "encoder" of `num_layers` blocks (the
+encoder–decoder's encoder; Delétang et al.'s has 5), plus
+"encoder/tape_blank" `[D]`.
 
 Decoding (`jattn.models.decoding.greedy`, `beam_search`) is one call: the
 argmax of every cell of a tape of `max_length` cells (or of each row's own
@@ -106,7 +107,7 @@ class EncoderOnly(Transformer):
         self._check_config()
         cfg = self.config
         embed = Embed(cfg, name="embed")
-        encoder = Encoder(cfg, embed=embed, depth=cfg.stack_layers, name="encoder")
+        encoder = Encoder(cfg, embed=embed, name="encoder")  # num_layers blocks
         inputs, targets = check_tokens("inputs", inputs), check_tokens("targets", targets)
         if (inputs_segment_ids is None) != (targets_segment_ids is None):
             raise ValueError(

@@ -281,7 +281,7 @@ class Attention(nn.Module):
         if self._relative:
             q, key = self.config.scheme.rotate(self.config, q, key, q_positions, kv_positions, site)
             q = self.config.scheme.shift_queries(self, self.config, site, q)  # [B, T, N, H]
-        value = self._replace_values(value)
+        value = self._probe("values", value)
         if self.decode and self.is_initializing():
             self._create_cache(key, value, cache_slot)
         if self.causal and mode == "step":
@@ -297,7 +297,7 @@ class Attention(nn.Module):
             mod = self.config.scheme.score_mod(self, self.config, site, scheme_state)
         ids = dict(q_segment_ids=q_segment_ids, kv_segment_ids=kv_segment_ids)
         ids.update(q_positions=q_positions, kv_positions=kv_positions)
-        mask = self._key_mask()
+        mask = self._probe("mask", None)
         if visible is not None:  # the caller's rule (a prefix LM's) replaces the causal one
             mask = visible if mask is None else mask & visible
         causal = self.causal and visible is None
@@ -387,10 +387,7 @@ class Attention(nn.Module):
         """`[B, T, N, H]` -> `[B, T, D]`; the probe's head gate acts first."""
         cfg = self.config
         c = cfg.compute_dtype
-        if self.has_variable("interventions", "head_gate"):
-            gate = self.get_variable("interventions", "head_gate")  # [N]
-            out = out * gate.astype(out.dtype)[None, None, :, None]
-        out = constrain(out, _HEADS)
+        out = constrain(self._probe("heads", out), _HEADS)
         y = jnp.einsum("BTNH,NHD->BTD", out, w["o"].astype(c))  # [B, T, D]
         if cfg.attention_bias:
             zeros = nn.initializers.zeros
@@ -425,29 +422,53 @@ class Attention(nn.Module):
             **visibility,
         )  # [B, T, N, H]
         if cfg.capture_attention:
+            self._probe("weights", (q, key, mod, shaw, causal, visibility))
+        return out
+
+    # -- the probe seam ------------------------------------------------------
+
+    def _probe(self, stage: str, x: Any) -> Any:
+        """Every probe acts here (`jattn.analysis.probe`), at one of four stages:
+
+        - "values": `x` the values `[B, S, K, H]`; `interventions/value_where`
+          `[B, S]` replaces them with `value_replacement` `[B, S, K, H]`.
+        - "mask": `x` None; returns `interventions/key_visible` `[B, S]` as an
+          attention mask `[B, 1, 1, S]`, or None.
+        - "heads": `x` the heads' outputs `[B, T, N, H]`, scaled by
+          `interventions/head_gate` `[N]`.
+        - "weights": `x` `(q, key, mod, shaw, causal, visibility)`; sows the
+          attention weights `[B, N, T, S]` into "intermediates" (the
+          materialising pass of `capture_attention`; returns None).
+
+        Without an "interventions" collection (training, decoding) every stage
+        returns `x` unchanged (None for "mask").
+        """
+        has, get = self.has_variable, self.get_variable
+        if stage == "values":
+            if not has("interventions", "value_where"):
+                return x
+            where = get("interventions", "value_where")
+            replacement = get("interventions", "value_replacement").astype(x.dtype)
+            return jnp.where(where[:, :, None, None], replacement, x)
+        if stage == "mask":
+            if not has("interventions", "key_visible"):
+                return None
+            visible = get("interventions", "key_visible")
+            return jnp.asarray(visible, bool)[:, None, None, :]
+        if stage == "heads":
+            if not has("interventions", "head_gate"):
+                return x
+            gate = get("interventions", "head_gate")  # [N]
+            return x * gate.astype(x.dtype)[None, None, :, None]
+        if stage == "weights":
+            q, key, mod, shaw, causal, visibility = x
             bias = None if mod is None else _materialise(mod, q.shape, key.shape, visibility)
             weights = attention_weights(
                 q, key, bias, relative=shaw, is_causal=causal, **visibility
             )  # [B, N, T, S]
             self.sow("intermediates", "attention_weights", weights)
-        return out
-
-    # -- probe hooks ---------------------------------------------------------
-
-    def _key_mask(self) -> Array | None:
-        """`interventions/key_visible` `[B, S]` as an attention mask `[B, 1, 1, S]`."""
-        if not self.has_variable("interventions", "key_visible"):
             return None
-        visible = self.get_variable("interventions", "key_visible")
-        return jnp.asarray(visible, bool)[:, None, None, :]
-
-    def _replace_values(self, value: Array) -> Array:
-        """`interventions/value_where` `[B, S]` -> `value_replacement` `[B, S, K, H]`."""
-        if not self.has_variable("interventions", "value_where"):
-            return value
-        where = self.get_variable("interventions", "value_where")
-        replacement = self.get_variable("interventions", "value_replacement")
-        return jnp.where(where[:, :, None, None], replacement.astype(value.dtype), value)
+        raise ValueError(f"Attention._probe: unknown stage {stage!r}")
 
     # -- cache read and write ------------------------------------------------
 

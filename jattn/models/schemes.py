@@ -465,6 +465,21 @@ class Kerple(Scheme):
 
 
 @dataclasses.dataclass(frozen=True)
+class Sandwich(Scheme):
+    """Chi et al.'s (2023) Sandwich: the inner product of the sinusoidal
+    embeddings of the two positions, a function of `i - j` alone, scaled per
+    head by ALiBi's `N / (8h)`; parameter-free, a distance-table score mod
+    (`jattn.positions.sandwich_score_mod`). Even in `i - j`, so a
+    bidirectional layer cannot tell left from right by it."""
+
+    relative: bool = True
+    shift_invariant: bool = True
+
+    def score_mod(self, module, cfg, site, state):
+        return pos_lib.sandwich_score_mod(cfg.num_heads)
+
+
+@dataclasses.dataclass(frozen=True)
 class Fire(Scheme):
     """Li et al.'s FIRE: a per-layer MLP (`fire_hidden` units) over
     `log(c|i - j| + 1) / log(c max(L, i) + 1)` with learned c and L
@@ -562,5 +577,6 @@ for _scheme in (
     Fire("fire"),
     Kerple("kerple"),
     TransformerXL("transformer_xl"),
+    Sandwich("sandwich"),
 ):
     register(_scheme)

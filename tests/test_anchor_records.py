@@ -1,0 +1,301 @@
+"""The anchor records, and the README's table of published comparisons against its sources.
+
+Contracts:
+
+- every record (`jattn.analysis.anchor_records`) names its paper and states the
+  whole setup, and every fact and number has a source; a number not read here
+  is ``None`` with a reason, never a guess;
+- every number in the README's comparison table comes from a source: the
+  "their finding" numbers are numbers of that anchor's record, and the
+  "jattn's finding" numbers (means with their 95% t intervals, best-of-seed
+  differences, p-values, steps) are recomputed here from the grid's
+  ``results.csv`` (or read from its ``results.md``) in docs/results*/, and
+  nothing else in the cell is a number;
+- no verdict claims agreement with an anchor whose numbers were not read.
+"""
+
+from __future__ import annotations
+
+import csv
+import functools
+import pathlib
+import re
+import statistics
+
+import pytest
+
+from jattn.analysis import anchor_records, report
+
+REPO = pathlib.Path(__file__).resolve().parent.parent
+DOCS = REPO / "docs"
+NUMBER = re.compile(r"\d[\d,]*(?:\.\d+)?")
+# Names whose digits are not numbers of any finding.
+NAMES = ("T5", "rel2", "results/", "anchor_records")
+
+# -- the records -------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("key", sorted(anchor_records.RECORDS))
+def test_every_record_names_its_paper_and_states_its_whole_setup(key):
+    rec = anchor_records.record(key)
+    assert rec.title and rec.authors
+    assert 2017 <= rec.year <= 2030
+    assert re.fullmatch(r"\d{4}\.\d{5}", rec.arxiv), rec.arxiv
+    missing = [k for k in anchor_records.SETUP_KEYS if k not in rec.setup]
+    assert not missing, f"{key} does not state {missing}"
+
+
+@pytest.mark.parametrize("key", sorted(anchor_records.RECORDS))
+def test_every_fact_and_number_has_a_source_and_an_unread_one_a_reason(key):
+    rec = anchor_records.record(key)
+    facts = [(f"setup {k}", f.value, f.source, f.reason) for k, f in rec.setup.items()]
+    facts += [("claim", f.value, f.source, f.reason) for f in rec.claims]
+    facts += [(f"{f.task}/{f.scheme}", f.value, f.source, f.reason) for f in rec.findings]
+    assert rec.findings, f"{key} holds no finding"
+    for name, value, source, reason in facts:
+        assert source.strip(), f"{key} {name}: no source"
+        if value is None:
+            assert reason.strip(), f"{key} {name}: not read, and no reason given"
+        else:
+            assert not reason, f"{key} {name}: a value and a reason it was not read"
+
+
+def test_unread_numbers_are_none_and_the_accessors_refuse_them():
+    # The papers' tables could not be read here: no record may hold a number from them.
+    for key in ("ontanon2022", "ruoss2023", "deletang2023", "csordas2021"):
+        tables = [f for f in anchor_records.findings(key) if "table" in f.reason]
+        assert tables and all(f.value is None for f in tables), key
+    with pytest.raises(KeyError, match="no anchor record"):
+        anchor_records.record("vaswani2017")
+    with pytest.raises(ValueError, match="no per-seed numbers"):
+        anchor_records.mean_over_seeds("ruoss2023", "15 tasks", "all")
+
+
+def test_per_seed_means_are_means_of_the_recorded_seeds():
+    seeds = [
+        f.value
+        for f in anchor_records.findings("kazemnejad2023", "copy", "t5")
+        if ", seed " in f.statistic
+    ]
+    assert len(seeds) == anchor_records.record("kazemnejad2023").setup["seeds"].value == 3
+    assert anchor_records.mean_over_seeds("kazemnejad2023", "copy", "t5") == pytest.approx(
+        statistics.mean(seeds)
+    )
+
+
+# -- the README's table --------------------------------------------------------------------
+
+
+def readme_table() -> list[dict[str, str]]:
+    """The README's comparison table as one dict a row (anchor, their, jattn, verdict, section)."""
+    lines = (REPO / "README.md").read_text(encoding="utf-8").splitlines()
+    start = next(i for i, line in enumerate(lines) if line.startswith("| anchor | their finding"))
+    rows = []
+    for line in lines[start + 2 :]:
+        if not line.startswith("|"):
+            break
+        cells = [c.strip() for c in line.strip().strip("|").split(" | ")]
+        assert len(cells) == 5, f"a comparison row without 5 cells: {line[:80]}"
+        rows.append(
+            dict(zip(("anchor", "their", "jattn", "verdict", "section"), cells, strict=True))
+        )
+    return rows
+
+
+def numbers_in(text: str) -> list[tuple[float, int, bool]]:
+    """The numbers of a cell as (value, decimals, is a percentage), names like T5 left out."""
+    for name in NAMES:
+        text = text.replace(name, " ")
+    out = []
+    for m in NUMBER.finditer(text):
+        s = m.group().rstrip(",")
+        decimals = len(s.split(".")[1]) if "." in s else 0
+        out.append((float(s.replace(",", "")), decimals, text[m.end() : m.end() + 1] == "%"))
+    return out
+
+
+@functools.cache
+def runs(folder: str) -> tuple[dict[str, str], ...]:
+    with open(DOCS / folder / "results.csv", encoding="utf-8") as f:
+        return tuple(r for r in csv.DictReader(f) if r["status"] == "finished")
+
+
+def values(folder: str, group: str, metric: str) -> list[float]:
+    out = [float(r[metric]) for r in runs(folder) if r["group"] == group]
+    assert out, f"no finished run of {group} in {folder}"
+    return out
+
+
+def ci(folder: str, group: str, metric: str = "eval/test_longer/exact_match") -> str:
+    """The cell the report writes: mean [95% t interval], recomputed from results.csv."""
+    return report.fmt_mean_ci(values(folder, group, metric), metric)
+
+
+def mean(folder: str, group: str, metric: str = "eval/test_longer/exact_match") -> str:
+    return f"{statistics.mean(values(folder, group, metric)):.3f}"
+
+
+def steps(*folders: str) -> str:
+    found = {int(r["step"]) for folder in folders for r in runs(folder)}
+    assert len(found) == 1, f"{folders} trained for different numbers of steps: {found}"
+    return f"{found.pop():,} steps"
+
+
+def p_value(folder: str, group: str) -> str:
+    """The p of a group's comparison as its report's results.md writes it."""
+    text = (DOCS / folder / "results.md").read_text(encoding="utf-8")
+    row = next(line for line in text.splitlines() if line.startswith(f"| {group} |"))
+    return f"p = {re.search(r'p=([0-9.]+)', row).group(1)}"
+
+
+def signed(x: float) -> str:
+    return f"{x:+.3f}".replace("-", "−")
+
+
+def randomized() -> list[str]:
+    """The Ruoss row: best-of-seeds differences of teacher-forced accuracy past training
+    (their kind of metric) and mean exact-match differences, random minus plain."""
+    folder, metric = "results/randomized", "eval/test_longer/beyond_train/accuracy"
+    schemes = sorted({r["position"] for r in runs(folder)})
+    seeds = {
+        len(values(folder, f"position={s},random={a}", metric)) for s in schemes for a in (0, 128)
+    }
+    best = {
+        s: max(values(folder, f"position={s},random=128", metric))
+        - max(values(folder, f"position={s},random=0", metric))
+        for s in schemes
+    }
+    exact = [
+        statistics.mean(values(folder, f"position={s},random=128", "eval/test_longer/exact_match"))
+        - statistics.mean(values(folder, f"position={s},random=0", "eval/test_longer/exact_match"))
+        for s in schemes
+    ]
+    rope = [mean(folder, f"position=rope,random={a}") for a in (0, 128)]
+    return [
+        f"mean over {len(schemes)} schemes",
+        signed(statistics.mean(best.values())),
+        f"best of {seeds.pop()} seeds",
+        f"{signed(min(best.values()))} to {signed(max(best.values()))}",
+        signed(statistics.mean(exact)),
+        f"{rope[0]} -> {rope[1]}",
+        p_value(folder, "position=rope,random=128"),
+    ]
+
+
+# Each row: the record of its anchor, and what its jattn cell must say, computed from files.
+KZ_LONG = ("results/decoder_only_long", "results/decoder_only_long_alibi_rope")
+KZ_SIN = "results/decoder_only_long_sinusoidal"
+SPECS = {
+    "Ontañón et al. 2022, reversing digits": (
+        "ontanon2022",
+        lambda: [
+            f"T5 {ci('results', 'position=t5')}",
+            f"sinusoidal+Shaw {ci('results', 'position=sinusoidal+shaw')}",
+            f"sinusoidal {ci('results', 'position=sinusoidal')}",
+            steps("results"),
+        ],
+    ),
+    "Ontañón et al. 2022, Shaw's terms (rel-e, rel-b, rel-eb, rel2)": (
+        "ontanon2022",
+        lambda: [
+            f"rel-e {ci('results_shaw_variants', 'rel2=false,terms=key')}",
+            f"rel-b {ci('results_shaw_variants', 'rel2=false,terms=bias')}",
+            f"rel-eb {ci('results_shaw_variants', 'rel2=false,terms=key+bias')}",
+            f"key embeddings {ci('results_shaw_variants', 'rel2=true,terms=key')}",
+        ],
+    ),
+    "Ontañón et al. 2022, duplication": (
+        "ontanon2022",
+        lambda: [
+            f"{ci('results/duplicate', 'position=t5')} vs",
+            f"sinusoidal {ci('results/duplicate', 'position=sinusoidal')}",
+            steps("results/duplicate"),
+        ],
+    ),
+    "Kazemnejad et al. 2023, decoder-only copy": (
+        "kazemnejad2023",
+        lambda: [
+            steps(*KZ_LONG, KZ_SIN),
+            f"ALiBi {ci(KZ_LONG[1], 'position=alibi,task=kz_copy')}",
+            f"NoPE {ci(KZ_LONG[0], 'position=none,task=kz_copy')}",
+            f"T5 {ci(KZ_LONG[0], 'position=t5,task=kz_copy')}",
+            f"sinusoidal {ci(KZ_SIN, 'position=sinusoidal,task=kz_copy')}",
+            f"RoPE {ci(KZ_LONG[1], 'position=rope,task=kz_copy')}",
+        ],
+    ),
+    "Kazemnejad et al. 2023, decoder-only reverse": (
+        "kazemnejad2023",
+        lambda: [
+            steps("results/decoder_only", "results/decoder_only_fire_reverse"),
+            f"{ci('results/decoder_only_fire_reverse', 'position=fire,task=kz_reverse')} vs "
+            f"{ci('results/decoder_only', 'position=sinusoidal,task=kz_reverse')}",
+            "validation "
+            + mean(
+                "results/decoder_only",
+                "position=none,task=kz_reverse",
+                "eval/validation/exact_match",
+            ),
+        ],
+    ),
+    "Ruoss et al. 2023, randomised positions": ("ruoss2023", randomized),
+    "Csordás et al. 2021, SCAN cutoff 26": (
+        "csordas2021",
+        lambda: [
+            f"RoPE {ci('results/scan', 'position=rope')}",
+            f"Shaw {ci('results/scan', 'position=shaw')}",
+            f"sinusoidal {ci('results/scan', 'position=sinusoidal')}",
+            steps("results/scan"),
+            f"RoPE at {steps('results/scan_long')} {ci('results/scan_long', 'position=rope')}",
+        ],
+    ),
+}
+VERDICT_CHECKS = {  # numbers a verdict states, computed like the jattn cell's
+    "Ruoss et al. 2023, randomised positions": lambda: [
+        f"{len(values('results/randomized', 'position=rope,random=0', 'step'))} seeds",
+        steps("results/randomized"),
+    ],
+}
+
+
+def test_the_readme_table_has_one_spec_a_row():
+    assert [r["anchor"] for r in readme_table()] == list(SPECS)
+
+
+@pytest.mark.parametrize("anchor", list(SPECS))
+def test_jattn_numbers_equal_the_grid_reports(anchor):
+    row = next(r for r in readme_table() if r["anchor"] == anchor)
+    for column, checks in (("jattn", SPECS[anchor][1]), ("verdict", VERDICT_CHECKS.get(anchor))):
+        cell = row[column]
+        for expected in checks() if checks else []:
+            assert expected in cell, f"{anchor}: {column} cell lacks {expected!r} (from docs/)"
+            cell = cell.replace(expected, " ")
+        if column == "jattn" or checks:  # every number left is one no file backs
+            assert not numbers_in(cell), f"{anchor}: {column} numbers with no source: {cell!r}"
+
+
+@pytest.mark.parametrize("anchor", list(SPECS))
+def test_their_numbers_are_numbers_of_the_anchor_record(anchor):
+    row = next(r for r in readme_table() if r["anchor"] == anchor)
+    key = SPECS[anchor][0]
+    assert "anchor_records" in row["their"], f"{anchor}: their finding cites no record"
+    known = anchor_records.numbers(key)
+    for value, decimals, percent in numbers_in(row["their"]):
+        tol = 0.5 * 10.0**-decimals + 1e-9  # the README rounds to the digits it shows
+        ok = any(abs(value - k) <= tol for k in known) or (
+            percent and any(abs(value / 100 - k) <= tol / 100 for k in known)
+        )
+        assert ok, f"{anchor}: {value} is not a number of {key}'s record"
+    # A verdict row about an anchor states no number of theirs it does not hold either.
+    for value, decimals, _ in numbers_in(row["verdict"]):
+        if anchor not in VERDICT_CHECKS:
+            assert any(abs(value - k) <= 0.5 * 10.0**-decimals for k in known), (anchor, value)
+
+
+@pytest.mark.parametrize("anchor", list(SPECS))
+def test_no_verdict_claims_agreement_with_numbers_not_read(anchor):
+    row = next(r for r in readme_table() if r["anchor"] == anchor)
+    read = [f for f in anchor_records.findings(SPECS[anchor][0]) if f.value is not None]
+    if not read:
+        assert row["verdict"].startswith("not comparable"), anchor
+    if "not read here" in row["their"] and "reproduced" in row["verdict"].split(";")[0]:
+        assert read, f"{anchor}: a 'reproduced' verdict on an anchor with nothing read"
