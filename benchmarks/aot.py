@@ -88,7 +88,9 @@ dnn_version_info { major: 9 minor: 8 }
 device_description_str: "NVIDIA H100 80GB HBM3"
 """
 
-SCORE_MODS = ("alibi", "t5", "softcap", "fire")  # features that are a `score_mod`
+# Features that are a `score_mod` (alibi and sandwich: distance-table mods,
+# whose per-logit form the kernels run).
+SCORE_MODS = ("alibi", "t5", "softcap", "fire", "sandwich")
 FEATURES = ("plain", "segments", "window", "dropout", "shaw", *SCORE_MODS)
 DTYPES = ("bfloat16", "float32")
 HEAD_DIMS = (64, 128)
@@ -147,6 +149,8 @@ def score_mod_of(feature: str, num_heads: int):
         return positions.t5_score_mod(table, max_distance=T5_MAX_DISTANCE, bidirectional=False)
     if feature == "softcap":
         return positions.softcap_score_mod(SOFTCAP)
+    if feature == "sandwich":
+        return positions.sandwich_score_mod(num_heads)
     if feature == "fire":
         return positions.fire_score_mod(
             positions.init_fire_params(jax.random.key(0), num_heads, FIRE_HIDDEN)

@@ -10,7 +10,8 @@ parameters), in one run on the same inputs:
   `--heads` heads at the config's defaults (T5: 32 buckets; FIRE: 32 hidden
   units), parameters from each scheme's initialisers: the catalogue
   tests/registry_mods.py, which the kernel tests run too, so a new scheme
-  is timed with no edit here;
+  is timed with no edit here; a distance-table mod (`ScoreMod.from_distance`)
+  twice, read from its table and per logit (its `fn` on every logit);
 - chunked + the T5 term read as `table[head, bucket]` with the gather's
   own autodiff backward (a scatter-add of every element), which the T5 mod
   used before its table read got a row-scatter backward;
@@ -35,6 +36,7 @@ from __future__ import annotations
 
 import argparse
 import csv
+import dataclasses
 import importlib.util
 import os
 import pathlib
@@ -80,6 +82,9 @@ def cells(num_heads: int, causal: bool) -> dict:
         return None, None
 
     def with_params(mod):  # the mod with the cell's (differentiated) parameters
+        return lambda p, qp, kp: (None, dataclasses.replace(mod, params=p))
+
+    def per_logit(mod):  # a distance-table mod without its table: fn on every logit
         return lambda p, qp, kp: (None, jattn.ScoreMod(mod.fn, p, mod.name))
 
     def t5_autodiff(table, qp, kp):
@@ -95,6 +100,9 @@ def cells(num_heads: int, causal: bool) -> dict:
     out = {"chunked plain": ("chunked", None, plain)}
     for label, built in mods.items():
         out[f"chunked + {label} score mod"] = ("chunked", built.mod.params, with_params(built.mod))
+        if built.mod.distance is not None:  # the table (above) against the per-logit form
+            cell = f"chunked + {label} score mod, per logit"
+            out[cell] = ("chunked", built.mod.params, per_logit(built.mod))
     out["chunked + t5 score mod, autodiff scatter"] = ("chunked", t5.params, t5_autodiff)
     out["chunked + t5 bias [1,N,T,S]"] = ("chunked", t5.params, t5_bias)
     out["xla plain"] = ("xla", None, plain)

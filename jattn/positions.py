@@ -559,29 +559,34 @@ _gather_table.defvjp(_gather_table_fwd, _gather_table_bwd)
 ALIBI_MODES = ("causal", "symmetric", "offset", "asymmetric")
 
 
-# The distance-table mods below (`ScoreMod.from_distance`) are functions of
-# `(params, head, d)` with `d = j - i` (key minus query position): the xla
-# and chunked paths read them from a table evaluated once per call, the
-# Pallas kernels call them per logit (`jattn.attention.distance_table`).
+# The distance-table mods below (`ScoreMod.from_distance`: T5, Shaw's bias,
+# KERPLE, Sandwich) are functions of `(params, head, d)` with `d = j - i`
+# (key minus query position): the xla and chunked paths read them from a
+# table evaluated once per call, the Pallas kernels call them per logit
+# (`jattn.attention.distance_table`). ALiBi stays per logit: one multiply
+# per logit beat reading its table (fwd+bwd at L = 4096 on the CPU, 624 ms
+# per logit against 837 ms from the table; docs/benchmarks.md).
 
 
-def _alibi_causal(slopes, head, d):
-    return slopes[head] * d.astype(jnp.float32)  # -m (i - j)
+def _alibi_causal(slopes, score, batch, head, i, j):
+    return score - slopes[head] * (i - j).astype(jnp.float32)
 
 
-def _alibi_symmetric(slopes, head, d):
-    return -slopes[head] * jnp.abs(d).astype(jnp.float32)
+def _alibi_symmetric(slopes, score, batch, head, i, j):
+    return score - slopes[head] * jnp.abs(i - j).astype(jnp.float32)
 
 
-def _alibi_offset(params, head, d):
-    right = (d > 0).astype(jnp.float32)
-    return -params["slopes"][head] * jnp.abs(d).astype(jnp.float32) - params["offset"][head] * right
+def _alibi_offset(params, score, batch, head, i, j):
+    d = jnp.abs(i - j).astype(jnp.float32)
+    right = (j > i).astype(jnp.float32)
+    return score - params["slopes"][head] * d - params["offset"][head] * right
 
 
-def _alibi_asymmetric(params, head, d):
-    x = d.astype(jnp.float32)  # j - i
-    left = params["left"][head] * jnp.maximum(-x, 0.0)
-    return -left - params["right"][head] * jnp.maximum(x, 0.0)
+def _alibi_asymmetric(params, score, batch, head, i, j):
+    d = (i - j).astype(jnp.float32)
+    left = params["left"][head] * jnp.maximum(d, 0.0)
+    right = params["right"][head] * jnp.maximum(-d, 0.0)
+    return score - left - right
 
 
 def alibi_score_mod(slopes: Array, *, mode: str, offset=None, right_slopes=None):
@@ -603,7 +608,8 @@ def alibi_score_mod(slopes: Array, *, mode: str, offset=None, right_slopes=None)
       max(j - i, 0)`: separate slopes per direction.
 
     Triton-safe: parameters are indexed with `head` only; the rest is
-    elementwise. A distance-table mod (`ScoreMod.from_distance`).
+    elementwise. Per logit, not a distance-table mod: one multiply per
+    logit is cheaper than reading a table (docs/benchmarks.md).
 
     Args:
       slopes: float `[N]`, e.g. `alibi_slopes(N)`.
@@ -617,20 +623,18 @@ def alibi_score_mod(slopes: Array, *, mode: str, offset=None, right_slopes=None)
     """
 
     slopes = _f32(slopes)
-    by_distance = ScoreMod.from_distance
     if mode == "causal":
-        return by_distance(_alibi_causal, slopes, name="alibi_causal")
+        return ScoreMod(_alibi_causal, slopes, "alibi_causal")
     if mode == "symmetric":
-        return by_distance(_alibi_symmetric, slopes, name="alibi_symmetric")
+        return ScoreMod(_alibi_symmetric, slopes, "alibi_symmetric")
     if mode == "offset":
         offset = slopes if offset is None else _f32(offset)
-        params = {"slopes": slopes, "offset": offset}
-        return by_distance(_alibi_offset, params, name="alibi_offset")
+        return ScoreMod(_alibi_offset, {"slopes": slopes, "offset": offset}, "alibi_offset")
     if mode == "asymmetric":
         if right_slopes is None:
             raise ValueError("alibi_score_mod: mode 'asymmetric' needs right_slopes [N]")
         params = {"left": slopes, "right": _f32(right_slopes)}
-        return by_distance(_alibi_asymmetric, params, name="alibi_asymmetric")
+        return ScoreMod(_alibi_asymmetric, params, "alibi_asymmetric")
     raise ValueError(f"alibi_score_mod: mode must be one of {ALIBI_MODES}, got {mode!r}")
 
 

@@ -13,6 +13,13 @@ forward and again in the backward, so no `[T, S]` array of the term is ever
 built. Gradients reach query and key through `score` and the parameters
 through `fn`.
 
+A mod that depends on `(head, kv_position - q_position)` alone may say so,
+`ScoreMod.from_distance(fn, params)` with `fn(params, head, distance) ->
+term` (a distance-table mod): the xla and chunked paths then evaluate the
+term once per call on the distances the call can see (`distance_table`, an
+`[N, T + S - 1]` table; `jattn.attention.distance_table`) and the tiles read
+the table; the Pallas kernels run the per-logit `fn` derived from it.
+
 It lives at the package root, beside `positions` and `masks`, because both
 the attention implementations and `jattn.positions` (whose ALiBi, T5, Shaw
 bias, FIRE and KERPLE are score mods) build on it.

@@ -61,7 +61,7 @@ PTX = """\
 
 def test_variant_grid_covers_every_kernel_option():
     names = aot.variants()
-    assert len(names) == len(set(names)) == 9 * 2 * 2 * 2
+    assert len(names) == len(set(names)) == 10 * 2 * 2 * 2
     assert "shaw-float32-h128-fused" in names and "dropout-bfloat16-h64-split" in names
     for mod in ("alibi", "t5", "softcap", "fire"):
         assert f"{mod}-bfloat16-h128-fused" in names and f"{mod}-float32-h64-split" in names
@@ -219,7 +219,7 @@ func.func @jattn_flash_fwd_tpu(%arg0: i32
 
 def test_tpu_variant_grid_both_chips_split_backward_only():
     names = tpu.variants()
-    assert len(names) == len(set(names)) == 9 * 2 * 2 * 2
+    assert len(names) == len(set(names)) == 10 * 2 * 2 * 2
     assert "t5-float32-h64-split-v6e" in names and "shaw-bfloat16-h128-split-v5e" in names
     assert not any("fused" in n for n in names)  # the Mosaic family has no fused backward
     assert set(tpu.CI_SUBSET) <= set(names)

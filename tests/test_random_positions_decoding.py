@@ -77,7 +77,8 @@ def full_logits64(config, params, inputs, targets, positions) -> np.ndarray:
     in_pos, tg_pos = (np.asarray(p) for p in positions)
     t = targets.shape[1]
     tg_pos = tg_pos[:, :t]
-    if config.decoder_only:  # the stream offsets target-side positions past the prompt
+    # A decoder-only stream offsets target-side positions past the prompt.
+    if config.architecture == "decoder_only":
         offset = np.max(np.where(inputs != 0, in_pos + 1, 0), axis=1)
         tg_pos = tg_pos - offset[:, None]
     ref = Transformer(
@@ -105,7 +106,7 @@ def _forward(model, params, inputs, targets, inputs_positions, targets_positions
 def cached_step_logits(model, params, inputs, targets, positions):
     """The cached steps' logits `[B, L, V]` when the decoder is fed `targets`
     shifted right, one token a step, at the drawn `positions`."""
-    if model.config.decoder_only:  # the positions go into the cache
+    if model.config.architecture == "decoder_only":  # the positions go into the cache
         cache = decoding.prefill_prompt(model, params, inputs, L, positions=positions)
         given = {}
     else:
@@ -154,7 +155,7 @@ def test_drawn_positions_are_sorted_distinct_and_within_range(arch):
             # one sample for the prompt, the separator and the decoded tokens.
             samples = (
                 [np.concatenate([in_pos[b][real[b]], tg_pos[b]])]
-                if cfg.decoder_only
+                if cfg.architecture == "decoder_only"
                 else [in_pos[b][real[b]], tg_pos[b]]
             )
             for sample in samples:
@@ -221,7 +222,8 @@ def plain_positions(cfg, inputs, length: int = L):
     source at `arange(S)`; the target slots at `arange(L)`, a decoder-only
     row's from its separator, one past its prompt."""
     b, s = inputs.shape
-    start = np.sum(inputs != 0, axis=1) if cfg.decoder_only else np.zeros(b, np.int64)  # [B]
+    prompt = np.sum(inputs != 0, axis=1)  # [B]
+    start = prompt if cfg.architecture == "decoder_only" else np.zeros(b, np.int64)  # [B]
     return np.broadcast_to(np.arange(s), (b, s)), start[:, None] + np.arange(length)[None, :]
 
 
@@ -286,7 +288,7 @@ def test_the_beams_of_a_row_decode_at_its_drawn_positions(arch, monkeypatch):
     real_step = decoding.decode_step
 
     def recording_step(model, params, cache, inputs, tokens, **given):
-        if model.config.decoder_only:
+        if model.config.architecture == "decoder_only":
             slots = cache["decoder"]["slot_positions"]  # [B*W, S + L]
             pair = (slots[:, :S], slots[:, S:])
         else:
@@ -357,7 +359,7 @@ def test_random_positions_at_decoding_without_m_fail_in_one_line():
     dec = config_of("sinusoidal", "decoder_only")
     dec_model, dec_params = Transformer(dec), fill_params(dec, seed=0)
     cache = decoding.prefill_prompt(dec_model, dec_params, jnp.asarray(inputs), L)
-    with pytest.raises(ValueError, match="positions are in its cache"):
+    with pytest.raises(ValueError, match="positions in its cache"):
         decoding.decode_step(
             dec_model, dec_params, cache, inputs, jnp.zeros((B, 1), jnp.int32),
             targets_positions=jnp.zeros((B, L), jnp.int32),

@@ -375,8 +375,9 @@ class Program:
             self.progress.write(f"{key} diverged before this restart: {msg}")
 
     def _summary(self) -> str:
+        where = self.team[0].workdir if self.num == 1 else self.workdir  # the run, or all
         summary = load.startup_summary(
-            self.workdir, self.config, self.mesh, self.num_params, self.env.task, self.eval_sets,
+            where, self.config, self.mesh, self.num_params, self.env.task, self.eval_sets,
             self.start, self.data_check,
         )  # fmt: skip
         if self.num == 1:

@@ -12,9 +12,10 @@ A `jattn train` workdir (each member's workdir of a program) holds::
     checkpoints/         orbax checkpoints (``checkpoints.skipped/``: set aside)
     final_metrics.json   once the run reached ``num_train_steps``
 
-Training (`jattn.train.run`), recovery, `jattn.train.load`, checkpoints and the ablation report (`jattn.analysis`) name these
-files only through the constants here, and read them with these readers, so
-a name changes in one place. Nothing here needs jax.
+Training (`jattn.train.run`), recovery, `jattn.train.load`, checkpoints and
+the ablation report (`jattn.analysis`) name these files only through the
+constants here, and read them with these readers, so a name changes in one
+place. Nothing here needs jax.
 """
 
 from __future__ import annotations
