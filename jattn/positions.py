@@ -752,7 +752,9 @@ def transformer_xl_tables(
     queries `q + u` with Shaw's key table `W_R R(i - j)` `[N, 2k+1, H]`
     gives the first two terms, and the last, a function of (head, distance)
     alone, is a Shaw bias table `[N, 2k+1]` (already scaled, as score mods
-    act on scaled logits). Nothing is `[T, S]`: the tables are O(k).
+    act on scaled logits). The tables are O(k); attention's Shaw term then
+    costs O(T·k) a head, linear in L for a fixed clip k (with k ~ L, as the
+    scheme's default clip, it is O(L^2) like the logits themselves).
 
     Distances are clipped at k (Shaw's id `r = clip(j - i, -k, k) + k`, so
     `i - j = k - r`).

@@ -42,6 +42,9 @@ from jattn.score_mod import ScoreMod
 SETTINGS: dict[str, tuple[dict, ...]] = {
     "shaw": ({"shaw_terms": "key+value+bias"},),  # the bias term is the score mod
     "alibi": ({}, {"alibi_mode": "offset"}),  # bidirectional layers: both forms
+    # Linear memory holds for a fixed clip (issue 35); the default clip is the
+    # longest row (max_len - 1), where Shaw's per-query table is O(L * max_len).
+    "transformer_xl": ({"xl_max_distance": 16},),
 }
 PERTURB = 0.5
 

@@ -43,7 +43,7 @@ def _evaluate(task, es, outputs=None):
     def eval_step(params, batch):
         return {"loss_sum": 1.0, "weight_sum": 2.0, "correct": 2.0}
 
-    def decode(params, inputs):
+    def decode(params, inputs, targets_):
         return targets
 
     return evaluation.evaluate(

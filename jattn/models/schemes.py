@@ -350,7 +350,8 @@ class TransformerXL(Scheme):
 
     Built from jattn's pieces (`jattn.positions.transformer_xl_tables`): the
     queries shifted by u, Shaw's per-head key table `W_R R` and a Shaw bias
-    table `(v - u)·W_R R`; memory is O(k), never `[T, S]`.
+    table `(v - u)·W_R R`; memory is O(T·k) a head, linear in L for a fixed
+    clip (set `xl_max_distance`; the default clip ~ L is O(L^2)).
     """
 
     relative: bool = True

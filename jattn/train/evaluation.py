@@ -219,7 +219,7 @@ def evaluate(
                 beyond_weight += float(np.sum(rows[1][beyond]))
             if decode is None or len(examples) >= num_decode:
                 continue
-            out = np.asarray(jax.device_get(decode(params, gbatch["inputs"])))
+            out = np.asarray(jax.device_get(decode(params, gbatch["inputs"], gbatch["targets"])))
             examples += _examples(tokenizer, batch, out, rows, num_decode - len(examples))
         prefix = f"eval/{split}/"
         metrics[prefix + "loss"] = loss / max(weight, 1.0)
@@ -298,21 +298,26 @@ def write_decodes(workdir: str, step: int, decodes: dict[str, list[dict[str, Any
 
 
 def decode_fn(model, config: ml_collections.ConfigDict):
-    """`(params, inputs [B, S]) -> ids [B, max_length]` per `config.decode`, or None."""
+    """`(params, inputs [B, S], targets [B, T]) -> ids [B, max_length]` per
+    `config.decode`, or None. The targets are read only by a model that is
+    told its output length (an encoder-only tape: `tape_lengths`, each row's
+    target tokens); an autoregressive model decodes from the inputs alone."""
     if config.eval_decode_examples <= 0:
         return None
     from jattn.models import decoding  # noqa: PLC0415
 
     max_length = config.decode_max_len or config.eval_max_len
+    search = decoding.greedy
     if config.decode == "beam":
-        return functools.partial(
-            decoding.beam_search,
-            model,
-            max_length=max_length,
-            beam_size=config.beam_size,
-            alpha=config.beam_alpha,
+        search = functools.partial(
+            decoding.beam_search, beam_size=config.beam_size, alpha=config.beam_alpha
         )
-    return functools.partial(decoding.greedy, model, max_length=max_length)
+
+    def decode(params, inputs, targets):
+        lengths = jax.numpy.minimum(jax.numpy.sum(targets > 0, axis=-1), max_length)
+        return search(model, params, inputs, max_length=max_length, tape_lengths=lengths)
+
+    return decode
 
 
 def metric_names(eval_sets) -> list[str]:

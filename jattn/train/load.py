@@ -158,17 +158,12 @@ def import_wandb(config: ml_collections.ConfigDict):
 
 
 def _architectures_line(config, task) -> str:
-    """Both architectures' parameter counts at this run's width, so a decoder-only
-    run and an encoder-decoder one can be compared at equal size."""
-    from jattn.models import architecture_counts  # noqa: PLC0415 -- the model layer
+    """This model's parameter count beside every other registered
+    architecture's at this width (and "shared" layers where they are), so
+    runs of different architectures can be compared at equal size."""
+    from jattn.models import architecture_line  # noqa: PLC0415 -- the model layer
 
-    model_config = build_model_config(config, task.tokenizer.vocab_size)
-    counts = architecture_counts(model_config)
-    n = model_config.num_layers
-    return (
-        f"at this width: encoder_decoder {counts['encoder_decoder']:,} parameters "
-        f"({n}+{n} layers), decoder_only {counts['decoder_only']:,} ({2 * n} layers)"
-    )
+    return architecture_line(build_model_config(config, task.tokenizer.vocab_size))
 
 
 def startup_summary(

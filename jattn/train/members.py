@@ -369,7 +369,9 @@ def _single_steps(model, config, mesh, shardings):
     )
     decode_one = evaluation.decode_fn(model.module, config)
     decode = decode_one and jax.jit(
-        decode_one, in_shardings=(shardings.params, batch_sharding), out_shardings=replicated
+        decode_one,
+        in_shardings=(shardings.params, batch_sharding, batch_sharding),
+        out_shardings=replicated,
     )
     return (lambda state, batch, alive: (*train(state, batch), alive)), eval_step, decode
 
@@ -380,7 +382,7 @@ def compile_steps(model, config, mesh, rules, program: Sequence[Member], abstrac
     ``train_step(state, batch, alive) -> (state, metrics, alive)``: for N = 1
     the single run's jitted step (`alive` is None); for N > 1 the guarded step
     over the member axis, compiled ahead. ``eval_step(params, batch)`` and
-    ``decode(params, inputs)`` return one member's output, or `[N, ...]`.
+    ``decode(params, inputs, targets)`` return one member's output, or `[N, ...]`.
     """
     if len(program) == 1:
         return (*_single_steps(model, config, mesh, shardings), mesh_lib.batch_sharding(mesh))
@@ -417,8 +419,8 @@ def compile_steps(model, config, mesh, rules, program: Sequence[Member], abstrac
     )
     decode_one = evaluation.decode_fn(model.module, config)
     decode = decode_one and jax.jit(
-        over(decode_one),
-        in_shardings=(shardings.params, eval_batch_sharding),
+        functools.partial(over_members, kind=kind, num_shared=2)(decode_one),
+        in_shardings=(shardings.params, eval_batch_sharding, eval_batch_sharding),
         out_shardings=replicated,
     )
     return train, eval_step, decode, batch_sharding

@@ -408,13 +408,16 @@ class Program:
         cache: dict[Any, Any] = {}
 
         def stacked(kind, array_or_batch):  # [N, ...] outputs of one batch, fetched once
-            key = (kind, id(array_or_batch))
+            first = array_or_batch[0] if isinstance(array_or_batch, tuple) else array_or_batch
+            key = (kind, id(first))  # a decode's (inputs, targets): keyed by the inputs
             if key not in cache:
                 params = self.state.params
                 if kind == "eval":
                     out = self.eval_step(params, self.to_global(array_or_batch))
                 else:
-                    out = self.decode(params, self.to_global({"inputs": array_or_batch})["inputs"])
+                    inputs, targets = array_or_batch
+                    batch = self.to_global({"inputs": inputs, "targets": targets})
+                    out = self.decode(params, batch["inputs"], batch["targets"])
                 cache[key] = jax.device_get(out)
             return cache[key]
 
@@ -427,7 +430,9 @@ class Program:
             else:
                 params, to_global = None, lambda b: b
                 eval_step = lambda _, b, i=i: members_lib.take(stacked("eval", b), i)  # noqa: E731
-                decode = self.decode and (lambda _, x, i=i: np.asarray(stacked("decode", x)[i]))
+                decode = self.decode and (
+                    lambda _, x, t, i=i: np.asarray(stacked("decode", (x, t))[i])
+                )
             metrics, decodes = evaluation.evaluate(
                 params, self.eval_sets, eval_step=eval_step, decode=decode, to_global=to_global,
                 tokenizer=self.env.task.tokenizer, num_decode=self.config.eval_decode_examples,
