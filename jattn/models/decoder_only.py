@@ -64,6 +64,7 @@ from jattn.models.blocks import stack_blocks, stack_inputs, vocab_logits
 from jattn.models.config import TransformerConfig
 from jattn.models.inputs import (
     check_ids,
+    check_packing,
     check_position_length,
     check_tokens,
     random_positions,
@@ -250,11 +251,7 @@ class DecoderOnlyStack(nn.Module):
     def _full(self, inputs, targets, segment_ids, positions, train: bool) -> Array:
         """Teacher forcing: logits `[B, T, V]` of the target side of the stream."""
         cfg = self.config
-        if (segment_ids[0] is None) != (segment_ids[1] is None):
-            raise ValueError(
-                "Transformer: packed rows need both inputs_segment_ids and "
-                "targets_segment_ids (or neither)"
-            )
+        check_packing(segment_ids[0], segment_ids[1])
         if inputs.shape[0] != targets.shape[0]:
             raise ValueError(
                 f"Transformer: batch mismatch: inputs {list(inputs.shape)}, targets "

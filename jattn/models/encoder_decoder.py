@@ -27,6 +27,7 @@ from jattn.models.blocks import DECODER_MODES, Encoder, stack_blocks, stack_inpu
 from jattn.models.config import TransformerConfig
 from jattn.models.inputs import (
     check_ids,
+    check_packing,
     check_position_length,
     check_tokens,
     random_positions,
@@ -245,11 +246,7 @@ class EncoderDecoder(Transformer):
         """
         inputs = check_tokens("inputs", inputs)
         targets = check_tokens("targets", targets)
-        if (inputs_segment_ids is None) != (targets_segment_ids is None):
-            raise ValueError(
-                "Transformer: packed rows need both inputs_segment_ids and "
-                "targets_segment_ids (or neither)"
-            )
+        check_packing(inputs_segment_ids, targets_segment_ids)
         self._check_encoded(encoded, inputs, targets)
         check_position_length(self.config, targets.shape[1], "targets")
         enc_seg, enc_pos = segments_and_positions(
@@ -385,11 +382,7 @@ class EncoderDecoder(Transformer):
           targets_positions: int `[B, T]`; likewise.
           train: enables dropout (needs a "dropout" rng).
         """
-        if (inputs_segment_ids is None) != (targets_segment_ids is None):
-            raise ValueError(
-                "Transformer: packed rows need both inputs_segment_ids and "
-                "targets_segment_ids (or neither)"
-            )
+        check_packing(inputs_segment_ids, targets_segment_ids)
         cfg = self.config
         if cfg.random_positions and (train or cfg.random_positions_eval):
             inputs_segment_ids, inputs_positions = self._random_positions(

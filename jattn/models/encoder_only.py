@@ -46,7 +46,12 @@ import jax.numpy as jnp
 from jattn.models.architectures import register
 from jattn.models.blocks import Encoder, vocab_logits
 from jattn.models.decoder_only import stream_layout, stream_random_positions
-from jattn.models.inputs import check_position_length, check_tokens, segments_and_positions
+from jattn.models.inputs import (
+    check_packing,
+    check_position_length,
+    check_tokens,
+    segments_and_positions,
+)
 from jattn.models.layers import Embed
 from jattn.models.transformer import Transformer
 
@@ -109,11 +114,7 @@ class EncoderOnly(Transformer):
         embed = Embed(cfg, name="embed")
         encoder = Encoder(cfg, embed=embed, name="encoder")  # num_layers blocks
         inputs, targets = check_tokens("inputs", inputs), check_tokens("targets", targets)
-        if (inputs_segment_ids is None) != (targets_segment_ids is None):
-            raise ValueError(
-                "Transformer: packed rows need both inputs_segment_ids and "
-                "targets_segment_ids (or neither)"
-            )
+        check_packing(inputs_segment_ids, targets_segment_ids)
         if inputs.shape[0] != targets.shape[0]:
             raise ValueError(
                 f"Transformer: batch mismatch: inputs {list(inputs.shape)}, targets "

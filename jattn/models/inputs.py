@@ -88,6 +88,15 @@ def check_tokens(name: str, x) -> Array:
     return x
 
 
+def check_packing(inputs_segment_ids, targets_segment_ids) -> None:
+    """Packed rows give both sides' segment ids, or neither (one-line error)."""
+    if (inputs_segment_ids is None) != (targets_segment_ids is None):
+        raise ValueError(
+            "Transformer: packed rows need both inputs_segment_ids and "
+            "targets_segment_ids (or neither)"
+        )
+
+
 def segments_and_positions(tokens, segment_ids, positions, name: str):
     """Segment ids (default: tokens != 0) and positions (default: restarting
     per given segment, else arange)."""
