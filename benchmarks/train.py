@@ -57,6 +57,7 @@ from jattn.cli.common import load_config_from_args, parse_with_overrides  # noqa
 from jattn.models import Transformer, TransformerConfig  # noqa: E402
 from jattn.positions import sinusoidal  # noqa: E402
 from jattn.train import steps  # noqa: E402
+from jattn.train.config import ConfigError  # noqa: E402
 
 # name -> (d_model, heads, layers per stack, d_ff, rows, max_len)
 SIZES = {
@@ -418,7 +419,11 @@ def peak_tables(spec: str, overrides, run: dict, prof: dict, *, rounds: int, ste
 def peak(args, overrides) -> None:
     """`--peak`: measures, profiles and prints the two tables for `args.config`."""
     load_before = _load()
-    config = load_config_from_args(args.config, overrides)
+    try:
+        config = load_config_from_args(args.config, overrides)
+    except ConfigError as e:
+        print(f"jattn bench train: error: {e}", file=sys.stderr)
+        raise SystemExit(2) from None
     run = measure_peak(config, steps=args.steps, rounds=args.rounds, matmul_size=args.matmul_size)
     prof = profile_step(run, args.profile_steps) | {"steps": args.profile_steps}
     print(f"load average (1 min): {load_before} before, {_load()} after", flush=True)

@@ -58,6 +58,11 @@ def test_peak_needs_a_config(capsys):
         main(["--peak"])
     assert e.value.code == 2
     assert "--peak needs --config" in capsys.readouterr().err
+    spec = str(REPO / "configs" / "smoke.py")
+    with pytest.raises(SystemExit) as e:
+        main(["--peak", "--config", spec, "--config.model.nope=1"])
+    assert e.value.code == 2
+    assert "unknown config key 'nope'" in capsys.readouterr().err
 
 
 def test_classifier_reads_dots_random_bits_and_layout_from_compiled_hlo():
