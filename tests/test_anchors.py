@@ -82,7 +82,7 @@ def test_beyond_train_accuracy_counts_only_the_longer_rows():
         None,
         {"test_longer": es},
         eval_step=eval_step,
-        decode=lambda params, inputs: targets,
+        decode=lambda params, inputs, tape_targets: targets,
         to_global=lambda b: b,
         tokenizer=_Tok(),
         num_decode=3,

@@ -106,7 +106,7 @@ def test_a_method_an_architecture_lacks_is_a_one_line_error(name, method, args):
 def test_architecture_properties_drive_the_config_checks():
     with pytest.raises(ValueError, match="prefix_lm=True needs architecture in"):
         _config(architecture="encoder_only", prefix_lm=True)
-    with pytest.raises(ValueError, match="relative_cross=True needs cross-attention"):
+    with pytest.raises(ValueError, match="needs cross-attention; the .encoder_only. model"):
         _config(architecture="encoder_only", position="t5", relative_cross=True)
     with pytest.raises(ValueError, match="shared_layers must be a bool"):
         _config(shared_layers=1)

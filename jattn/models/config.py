@@ -315,8 +315,8 @@ class TransformerConfig:
             )
         if self.relative_cross and not arch.cross:
             raise ValueError(
-                f"TransformerConfig.relative_cross=True needs cross-attention; an "
-                f"{self.architecture!r} model has none"
+                f"TransformerConfig.relative_cross=True needs cross-attention; the "
+                f"{self.architecture!r} model has no cross-attention"
             )
 
     @property

@@ -90,11 +90,11 @@ class Transformer(nn.Module):
 
     def encode(self, inputs: Array, **kwargs: Any) -> Array:
         """Encoder outputs `[B, S, D]` (encoder–decoder only)."""
-        self._lacks("encode", "it has no separate encoder: call the model")
+        self._lacks("encode", "it has no encoder: call the model")
 
     def decode(self, encoded: Array, inputs: Array, targets: Array, **kwargs: Any) -> Array:
         """Teacher-forced logits from encoder outputs (encoder–decoder only)."""
-        self._lacks("decode", "it has no separate encoder: call the model")
+        self._lacks("decode", "it has no encoder: call the model")
 
     def prefill(self, encoded: Array) -> None:
         """Cache cross-attention keys/values (encoder–decoder only)."""
