@@ -14,31 +14,29 @@ from jattn.attention import memory
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 
 
-def xla_live_logit_arrays(is_causal: bool) -> int:
+def xla_live_logit_arrays(is_causal: bool) -> int | None:
     """How many `[B, N, T, S]` float32 arrays XLA:CPU keeps live in the xla
     path's forward, by jaxlib version (see `jattn.attention.memory`): the
-    scores and the weights (2), except that jaxlib >= 0.12 writes an
-    unmasked softmax over the scores' buffer (1)."""
+    scores and the weights (2), except that jaxlib >= 0.12 may write an
+    unmasked softmax over the scores' buffer (1 or 2: CI's machine kept two
+    at T = 512 where this one kept one, so it is not a fixed count; None)."""
     jaxlib_version = tuple(int(x) for x in jax.lib.__version__.split(".")[:2])
-    return 1 if jaxlib_version >= (0, 12) and not is_causal else 2
+    return None if jaxlib_version >= (0, 12) and not is_causal else 2
 
 
 @pytest.mark.parametrize("length", [512, 1024])
 @pytest.mark.parametrize("causal", [False, True])
 def test_xla_logits_formula_matches_xla(length, causal):
     """The compiled figure is the predicted count of live arrays, within 10%
-    for two arrays; for one array, at least that array and well under two
-    (the rest, `B·N·T·(2H+1)` floats of query-sized arrays and row
-    statistics, is 26% of one array at T = 512)."""
+    for two arrays; where XLA may reuse the scores' buffer, at least one
+    array and at most the formula's two (query-sized arrays and row
+    statistics, `B·N·T·(2H+1)` floats, are 26% of one array at T = 512)."""
     predicted = memory.attention_logits_bytes(1, 8, length, length, implementation="xla")
     compiled = memory.xla_attention_temp_bytes(1, 8, length, length, 64, is_causal=causal)
     if xla_live_logit_arrays(causal) == 2:
         assert abs(predicted.total - compiled) <= 0.10 * compiled, (predicted.total, compiled)
     else:
-        assert predicted.per_array <= compiled <= 1.3 * predicted.per_array, (
-            predicted.per_array,
-            compiled,
-        )
+        assert predicted.per_array <= compiled, (predicted.per_array, compiled)
     # Never more than the formula's upper bound (two arrays) by over 10%.
     assert compiled <= 1.10 * predicted.total
 
