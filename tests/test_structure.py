@@ -343,6 +343,71 @@ def test_train_has_at_most_20_files():
     assert len(files) <= 20, files
 
 
+# -- models are picked by architecture, not by comparing names ---------------------------
+
+# The one place that may compare a config's architecture with a name: the base
+# class checking that the registered model it dispatched to is the config's.
+ARCHITECTURE_SEAM = ("jattn.models.architectures", "jattn.models.transformer")
+ARCHITECTURE_NAMES = ("encoder_decoder", "decoder_only", "encoder_only")
+ARCHITECTURE_ATTRS = ("decoder_only", "encoder_only")
+
+
+def architecture_comparisons(modules) -> list[str]:
+    """`module:line` of every comparison (``==``, ``!=``, ``in``, ``not in``, ``is``)
+    with an architecture's name (a string literal) or a ``.decoder_only`` /
+    ``.encoder_only`` attribute on either side, outside the registry's seam:
+    such a switch is what the registry replaces (each architecture's
+    behaviour lives in its `Architecture` entry and its model class).
+    Comparing two names neither of which is spelled out (listing the other
+    architectures beside this one) is not a switch."""
+    found = []
+    for name, (_, tree) in sorted(modules.items()):
+        if name in ARCHITECTURE_SEAM:
+            continue
+        for node in ast.walk(tree):
+            if not isinstance(node, ast.Compare):
+                continue
+            for side in (node.left, *node.comparators):
+                named = isinstance(side, ast.Constant) and side.value in ARCHITECTURE_NAMES
+                attr = isinstance(side, ast.Attribute) and side.attr in ARCHITECTURE_ATTRS
+                if named or attr:
+                    found.append(f"{name}:{node.lineno}")
+                    break
+    return found
+
+
+def test_no_architecture_switch_outside_the_registry(repo):
+    modules, _ = repo
+    assert "jattn.models.decoder_only" in modules  # the models are scanned
+    found = architecture_comparisons(modules)
+    assert not found, "architecture compared by name outside the registry:\n" + "\n".join(found)
+
+
+def test_the_architecture_check_finds_a_switch(tmp_path):
+    modules, _ = _package(
+        tmp_path,
+        {
+            "jattn/__init__.py": "",
+            "jattn/models/__init__.py": "",
+            "jattn/models/transformer.py": 'def f(c):\n    return c.architecture != "x"\n',
+            "jattn/train/steps.py": (
+                "def f(cfg):\n"
+                '    if cfg.model.architecture == "decoder_only":\n'
+                "        return 1\n"
+                "    x = cfg.decoder_only is not False\n"
+                '    return "encoder_only" in cfg.names or x\n'
+                "def g(cfg, name):\n"
+                "    return cfg.width == 3 or name != cfg.architecture\n"
+            ),
+        },
+    )
+    assert architecture_comparisons(modules) == [
+        "jattn.train.steps:2",
+        "jattn.train.steps:4",
+        "jattn.train.steps:5",
+    ]
+
+
 # -- one einsum vocabulary: every letter of every einsum string is in the legend ---------
 
 LEGEND = "jattn.attention.legend"
