@@ -42,3 +42,15 @@ def decodes(workdir) -> dict[str, list[str]]:
     for path in sorted((Path(workdir) / "decodes").glob("*.jsonl")):
         out[path.stem] = [json.loads(line)["prediction"] for line in path.read_text().splitlines()]
     return out
+
+
+def sharded_mesh_axes(workdir, step: int) -> set[str]:
+    """The mesh axes any array of checkpoint `step` is partitioned over, read from
+    orbax's own record of each saved array's sharding (`state/_sharding`)."""
+    path = Path(workdir) / "checkpoints" / str(step) / "state" / "_sharding"
+    used = set()
+    for spec in json.loads(path.read_text()).values():
+        spec = json.loads(spec) if isinstance(spec, str) else spec
+        for entry in spec["partition_spec"]:
+            used.update([entry] if isinstance(entry, str) else entry or [])
+    return used

@@ -16,8 +16,9 @@ import subprocess
 import sys
 
 import pytest
+from run_helpers import losses, sharded_mesh_axes
 
-from jattn.train import apply_overrides, load_config, read_metrics, train_and_evaluate
+from jattn.train import apply_overrides, load_config, train_and_evaluate
 
 REPO = pathlib.Path(__file__).resolve().parent.parent
 CONFIG = str(REPO / "configs" / "chomsky.py") + ":parity_check,tiny,rope"
@@ -38,11 +39,6 @@ M = [("model.random_positions", "2048")]
 
 def config(*extra):
     return apply_overrides(load_config(CONFIG), [*OVERRIDES, *extra])
-
-
-def losses(workdir) -> dict[int, float]:
-    rows = read_metrics(str(workdir))
-    return {int(r["step"]): r["train/loss"] for r in rows if "train/loss" in r}
 
 
 @pytest.fixture(scope="module")
@@ -99,12 +95,4 @@ def test_sharded_encoder_only_matches_one_device(one_device, tmp_path):
         for step in want:
             assert got[step] == pytest.approx(want[step], rel=2e-5), (mesh, step, got, want)
     # The (2,2,2) run sharded its parameters over fsdp and tensor (orbax's record).
-    specs = json.loads(
-        (tmp_path / "(2,2,2)" / "checkpoints" / str(STEPS) / "state" / "_sharding").read_text()
-    )
-    used = set()
-    for spec in specs.values():
-        spec = json.loads(spec) if isinstance(spec, str) else spec
-        for entry in spec["partition_spec"]:
-            used.update([entry] if isinstance(entry, str) else entry or [])
-    assert {"fsdp", "tensor"} <= used
+    assert {"fsdp", "tensor"} <= sharded_mesh_axes(tmp_path / "(2,2,2)", STEPS)
