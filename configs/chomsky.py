@@ -19,18 +19,11 @@ optionally ``test100`` or ``tiny`` (the data set's config), and the variants
 of `jattn.train.apply_variant` (a positional scheme, ...).
 """
 
-import numpy as np
-
 from jattn.data.chomsky import CONFIGS, TASKS
-from jattn.data.chomsky_tasks import GENERATORS
+from jattn.data.chomsky_tasks import target_tokens
 from jattn.train.config import apply_variant, default_config
 
 DATA_CONFIGS = {c.name: c for c in CONFIGS}
-
-
-def _target_tokens(task, length):
-    """Target tokens (EOS included) at input length `length`: a function of the length alone."""
-    return len(GENERATORS[task](np.random.default_rng(0), length)[1]) + 1
 
 
 def get_config(arg=None):
@@ -49,7 +42,7 @@ def get_config(arg=None):
     c = default_config()
     c.dataset = f"{task}/{data_config.name}"
     c.max_input_len = train_max + 1
-    c.max_len = _target_tokens(task, train_max)
+    c.max_len = target_tokens(task, train_max)
     c.batch_size = 128
     c.num_train_steps = 10_000
     c.schedule = "constant"
@@ -60,7 +53,7 @@ def get_config(arg=None):
 
     c.eval_every_steps = c.checkpoint_every_steps = c.num_train_steps
     c.eval_max_input_len = test_max + 1
-    c.eval_max_len = _target_tokens(task, test_max)
+    c.eval_max_len = target_tokens(task, test_max)
     c.eval_batch_size = 64
     c.eval_max_batches = 0  # every example of each split
     c.eval_decode_examples = max(data_config.num_validation, data_config.num_test_longer)

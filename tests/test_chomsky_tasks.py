@@ -245,6 +245,24 @@ def test_scored_length_is_the_papers_accuracy_mask():
         chomsky_tasks.scored_length("binary_addition", "0101")
 
 
+@pytest.mark.parametrize("task", chomsky.TASKS)
+def test_target_tokens_is_a_function_of_the_input_length(task):
+    """What `jattn decode` tells an encoder-only model: the target length
+    (EOS included) at an input length, the same for every draw of it."""
+    for length in (1, 2, 3, 7, 40, 41, 97):
+        seen = {
+            len(chomsky_tasks.GENERATORS[task](np.random.default_rng(s), length)[1])
+            for s in range(6)
+        }
+        assert seen == {chomsky_tasks.target_tokens(task, length) - 1}, (length, seen)
+    assert chomsky_tasks.target_tokens("reverse_string", 5) == 6
+    assert chomsky_tasks.target_tokens("parity_check", 40) == 2
+    with pytest.raises(ValueError, match="at least one symbol"):
+        chomsky_tasks.target_tokens(task, 0)
+    with pytest.raises(ValueError, match="unknown Chomsky task"):
+        chomsky_tasks.target_tokens("reverse", 3)
+
+
 @pytest.fixture(scope="module")
 def built(data_dir):
     return {

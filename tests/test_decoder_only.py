@@ -378,7 +378,7 @@ def test_train_and_decode_round_trip_on_the_smoke_config(tmp_path, capsys):
     said = printed.out + printed.err  # one line: this model, then every other architecture
     assert f"parameters: {n:,} (decoder_only, 2 layers; at the same width: " in said
     assert f"encoder_decoder {counts['encoder_decoder']:,}, 1+1 layers" in said
-    assert f"encoder_only {counts['encoder_only']:,}, 1 layers" in said
+    assert f"encoder_only {counts['encoder_only']:,}, 1 layer" in said
     assert math.isfinite(final["train/loss"])
     assert any("eval/validation/exact_match" in k for k in final)
     lines = [json.loads(s) for s in (tmp_path / "metrics.jsonl").read_text().splitlines()]

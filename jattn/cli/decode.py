@@ -12,6 +12,10 @@ run's decoding settings apply (`decode`, `beam_size`, `beam_alpha`,
 `--rope-scaling` (pi, ntk, yarn) with `--rope-scaling-factor` extends a run
 trained with plain RoPE to longer inputs (`TransformerConfig.rope_scaling`).
 
+An encoder-only model (`model.architecture=encoder_only`) predicts a tape of
+cells at once and is told its length: `--max-len`, or for Delétang et al.'s
+tasks the task's target length at each text's length (`tape_lengths`).
+
 Exit status: 0 done, 2 bad input (no run, no checkpoint, bad flag), in one line.
 """
 
@@ -22,7 +26,7 @@ from collections.abc import Sequence
 
 from jattn.cli.common import fail, normalize_flags
 
-__all__ = ["decode_command"]
+__all__ = ["decode_command", "tape_lengths"]
 
 PROG = "jattn decode"
 
@@ -69,15 +73,44 @@ def decode_texts(run, texts: Sequence[str], *, method=None, beam_size=None, beam
     inputs = np.zeros((len(encoded), max(len(e) for e in encoded)), np.int32)  # [B, S]
     for i, ids in enumerate(encoded):
         inputs[i, : len(ids)] = ids
+    tapes = None
+    if not run.model.architecture.autoregressive:
+        tapes = np.asarray(tape_lengths(c.dataset, texts, max_len), np.int32)  # [B]
+        max_length = int(tapes.max())
     if method == "beam":
         out = decoding.beam_search(
             run.model, run.params, inputs, max_length=max_length,
             beam_size=beam_size or c.get("beam_size", 4),
             alpha=c.get("beam_alpha", 0.6) if beam_alpha is None else beam_alpha,
+            tape_lengths=tapes,
         )  # fmt: skip
     else:
-        out = decoding.greedy(run.model, run.params, inputs, max_length=max_length)
+        out = decoding.greedy(
+            run.model, run.params, inputs, max_length=max_length, tape_lengths=tapes
+        )
     return [ids_to_text(run.tokenizer, row) for row in np.asarray(out)]
+
+
+def tape_lengths(dataset: str, texts: Sequence[str], max_len: int | None) -> list[int]:
+    """Each text's output tape for a model told its output length (encoder-only).
+
+    `--max-len` when given (every row); else the task's own rule where it has
+    one (Delétang et al.'s tasks: `jattn.data.chomsky_tasks.target_tokens` of
+    the text's length), which is the tape evaluation gives an example of
+    that length. Without either, the output length is unknown: a one-line
+    error rather than a tape of the run's longest evaluation target.
+    """
+    if max_len is not None:
+        return [max_len] * len(texts)
+    from jattn.data import chomsky_tasks  # noqa: PLC0415
+
+    task = dataset.split("/")[0]
+    if task not in chomsky_tasks.GENERATORS:
+        raise ValueError(
+            f"an encoder-only model is told each output's length: give --max-len (the tape's "
+            f"tokens, EOS included); data set {dataset!r} has no length rule to read it from"
+        )
+    return [chomsky_tasks.target_tokens(task, len(text)) for text in texts]
 
 
 def decode_command(argv: Sequence[str]) -> int:

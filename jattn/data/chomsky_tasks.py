@@ -32,7 +32,7 @@ import math
 
 import numpy as np
 
-__all__ = ["GENERATORS", "LEVELS", "scored_length"]
+__all__ = ["GENERATORS", "LEVELS", "scored_length", "target_tokens"]
 
 MODULUS = 5  # the paper's modulus for every arithmetic task
 _TERMINATOR = "2"  # end of the answer in padded targets
@@ -390,3 +390,22 @@ def scored_length(task: str, target: str) -> int:
     if _TERMINATOR not in target:
         raise ValueError(f"{task} target {target!r} has no terminator {_TERMINATOR!r}")
     return target.index(_TERMINATOR) + 1
+
+
+def target_tokens(task: str, input_length: int) -> int:
+    """The target's tokens (its EOS included) for an input of `input_length` symbols.
+
+    Every task's target length is a function of the input length alone (the
+    padded targets are padded to it), which is why the paper can tell an
+    encoder-only model the output length through its tape: this is the tape
+    `jattn decode` gives such a model for a new input, as evaluation gives
+    each example its target's.
+
+    Raises:
+      ValueError: an unknown task or an input length below 1.
+    """
+    if task not in GENERATORS:
+        raise ValueError(f"unknown Chomsky task {task!r}; tasks: {sorted(GENERATORS)}")
+    if input_length < 1:
+        raise ValueError(f"{task}: an input has at least one symbol, got {input_length}")
+    return len(GENERATORS[task](np.random.default_rng(0), input_length)[1]) + 1

@@ -63,12 +63,12 @@ class Architecture:
     model: Any = None
 
     def layers(self, num_layers: int) -> str:
-        """The layer count as the start-up line prints it: "2+2 layers", "4 layers"."""
-        return (
-            f"{num_layers}+{num_layers} layers"
-            if self.stacks == "n+n"
-            else (f"{self.depth(num_layers)} layers")
-        )
+        """The layer count as the start-up line prints it: "2+2 layers", "4 layers",
+        "1 layer"."""
+        if self.stacks == "n+n":
+            return f"{num_layers}+{num_layers} layers"
+        depth = self.depth(num_layers)
+        return f"{depth} layer" + ("s" if depth != 1 else "")
 
     def depth(self, num_layers: int) -> int:
         """Blocks of the (largest) stack for `num_layers`."""

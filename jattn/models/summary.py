@@ -74,7 +74,7 @@ def architecture_line(config: TransformerConfig) -> str:
     n, shared = config.num_layers, "shared " if config.shared_layers else ""
 
     def layers(name: str) -> str:
-        return ARCHITECTURES[name].layers(n).replace("layers", shared + "layers")
+        return ARCHITECTURES[name].layers(n).replace("layer", shared + "layer")
 
     others = "; ".join(
         f"{name} {counts[name]:,}, {layers(name)}"
