@@ -27,8 +27,7 @@ from jattn.cli.configs import configs_command
 from jattn.cli.decode import decode_command
 from jattn.cli.probe import probe_command
 from jattn.cli.stderr import install as install_stderr_filter
-from jattn.cli.train import train_command
-from jattn.train.allocator import tune_host_allocator
+from jattn.cli.train import install_sigterm_handler, train_command
 
 __all__ = ["COMMANDS", "config_arguments", "load_config_from_args", "main"]
 
@@ -59,6 +58,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(_usage())
         return 0 if argv else 2
     name, rest = argv[0], argv[1:]
+    if name == "train":  # before the training code's seconds of imports: see its docstring
+        install_sigterm_handler()
+    from jattn.train.allocator import tune_host_allocator  # noqa: PLC0415 -- imports jattn.train
+
     tune_host_allocator()  # XLA:CPU's per-step temporaries off mmap: see its docstring
     if name not in COMMANDS:
         print(_usage(), file=sys.stderr)

@@ -14,6 +14,8 @@ status (docs/reliability.md):
 - 143: a second SIGTERM while the first one's save was under way, or a
   SIGTERM that no training step saw within a minute (blocked in data
   loading); nothing is saved, a rerun resumes from the last checkpoint.
+  Also a SIGTERM while the `jattn` package itself is imported, before any
+  of this module runs (`install_sigterm_handler`).
 
 Every error is one line on stderr: ``jattn train: error: ...``.
 """
@@ -88,6 +90,18 @@ def _sigterm_outside_training(signum, frame) -> None:  # noqa: ARG001
     raise SystemExit(0)
 
 
+def install_sigterm_handler() -> None:
+    """SIGTERM from now until the loop installs its own: one line, exit 0.
+
+    Python's default ends the process with status 143 and no word. `jattn
+    train` spends its first seconds importing jax, the training code, orbax
+    and tfds, so `jattn.cli.main` calls this before those imports (only the
+    `jattn` package itself, which imports jax, comes before it), and
+    `train_command` again for callers that enter there.
+    """
+    signal.signal(signal.SIGTERM, _sigterm_outside_training)
+
+
 def terminated_status(e, workdir: str) -> int:
     """Exit status and one line for a SIGTERM the loop could not turn into a save."""
     if e.stage == "blocked":
@@ -116,7 +130,7 @@ def terminated_status(e, workdir: str) -> int:
 
 def train_command(argv: Sequence[str]) -> int:
     """`jattn train`: returns the exit status."""
-    signal.signal(signal.SIGTERM, _sigterm_outside_training)  # the loop installs its own
+    install_sigterm_handler()  # the loop installs its own
     from jattn.train.config import ConfigError  # noqa: PLC0415
 
     try:

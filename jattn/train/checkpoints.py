@@ -6,7 +6,9 @@ Layout of `workdir/checkpoints/<step>/`:
   asynchronously, restored straight into the target shardings (so a run may
   resume on a different mesh);
 - ``data``: the grain iterator state, one JSON file per process;
-- ``meta``: the run's resolved config and its compatibility signature.
+- ``meta``: the run's resolved config, its compatibility signature, the
+  number of processes that wrote it and a checksum of every saved array and
+  of the data iterator's position (`checksums`).
 
 Saves are atomic: orbax writes into ``<step>.orbax-checkpoint-tmp-*`` and
 renames the folder only once every item is complete, so a crash mid-save
@@ -17,18 +19,31 @@ name such as ``"eval/validation/exact_match"``, `best_mode` "max" or "min")
 and the last one whose training loss was sane (`jattn.train.sanity`), so a
 divergence never rotates every sane checkpoint out. A finished step is not
 checked again by orbax; `jattn.train.recovery` skips one that fails to
-restore.
+restore or whose restored arrays do not match the checksums its ``meta``
+recorded when it was saved.
+
+A resume compares every key of the config with the checkpoint's saved config
+(`check_compatible`, and `check_saved_config` before the data set is even
+loaded): `COMPAT_KEYS` can never change, `SCHEDULE_KEYS` only with
+`allow_schedule_change=True`, `RESUME_SAFE_KEYS` freely, and any other key
+only when `allow_config_change` names it. Keys a checkpoint's saved config
+lacks (added to jattn after it was saved) are not compared.
 """
 
 from __future__ import annotations
 
+import difflib
+import hashlib
 import json
 import math
 import os
+import re
 from typing import Any
 
 import jax
+import jax.numpy as jnp
 import ml_collections
+import numpy as np
 import orbax.checkpoint as ocp
 from orbax.checkpoint import checkpoint_managers as cm
 
@@ -39,27 +54,39 @@ from jattn.train.sanity import SANE_STEP_METRIC
 
 __all__ = [
     "COMPAT_KEYS",
+    "RESUME_SAFE_KEYS",
     "SCHEDULE_KEYS",
+    "DamagedStepError",
+    "check_allowed_changes",
     "check_compatible",
+    "check_saved_config",
+    "checksums",
+    "config_changes",
     "incompatibilities",
+    "latest_complete_step",
     "schedule_changes",
     "make_manager",
     "restore",
     "save",
     "save_bytes",
+    "saved_meta",
     "signature",
     "state_bytes",
+    "step_problem",
 ]
 
 CHECKPOINT_DIR = files.CHECKPOINTS
 
 # Keys that fix the shapes of the state or the meaning of the data stream. A
-# checkpoint saved under other values of these cannot continue this run.
+# checkpoint saved under other values of these cannot continue this run
+# (`vocab_multiple` rounds the model's vocabulary: another value may give the
+# embedding another shape).
 COMPAT_KEYS = (
     "model",
     "dataset",
     "tokenizer",
     "vocab_size",
+    "vocab_multiple",
     "source_key",
     "target_key",
     "max_len",
@@ -72,8 +99,57 @@ COMPAT_KEYS = (
 # Keys of the learning-rate schedule. A checkpoint saved under other values can
 # continue (the state has the same shapes), but the run then follows another
 # schedule than the one it started with: refused unless the config says
-# `allow_schedule_change=True`.
+# `allow_schedule_change=True` (or names the key in `allow_config_change`).
 SCHEDULE_KEYS = ("num_train_steps", "schedule", "warmup_steps", "learning_rate")
+
+# Keys a resumed run may change freely: where the data lies (its contents are
+# checked by the data set's manifest and the vocabulary's hash), how the run is
+# sharded (a checkpoint restores into any mesh), how often it logs, evaluates
+# and saves, what it evaluates and decodes, which checkpoints it keeps, where
+# it reports, and the two flags below. None of them changes a training step.
+# `seeds`, the sweeps and `seed_*` are the program's, not a member's: each
+# member's saved config has them at their single-run values.
+RESUME_SAFE_KEYS = (
+    "data_dir",
+    "mesh_shape",
+    "logical_axis_rules",
+    "seeds",
+    "seed_mesh_axis",
+    "seed_program",
+    "sweep_learning_rate",
+    "sweep_warmup_steps",
+    "eval_every_steps",
+    "eval_splits",
+    "eval_batch_size",
+    "eval_max_len",
+    "eval_max_input_len",
+    "eval_max_batches",
+    "eval_decode_examples",
+    "decode",
+    "beam_size",
+    "beam_alpha",
+    "decode_max_len",
+    "checkpoint_every_steps",
+    "keep_checkpoints",
+    "best_metric",
+    "best_mode",
+    "async_checkpointing",
+    "log_every_steps",
+    "progress_bar",
+    "wandb",
+    "wandb_project",
+    "allow_schedule_change",
+    "allow_config_change",
+)
+
+# Keys the signature compares by their effect: `max_input_len` 0 and
+# `max_input_len` = `max_len` are the same rows (`input_len`).
+_BY_SIGNATURE = ("max_input_len",)
+
+
+class DamagedStepError(Exception):
+    """A checkpoint step is damaged (the message says how, as "checkpoint step N
+    <message>" reads): `jattn.train.recovery` sets it aside and tries the previous one."""
 
 
 def signature(config: ml_collections.ConfigDict | dict[str, Any]) -> dict[str, Any]:
@@ -90,29 +166,91 @@ def signature(config: ml_collections.ConfigDict | dict[str, Any]) -> dict[str, A
     return sig
 
 
+def _allowed(config: ml_collections.ConfigDict) -> set[str]:
+    return set(config.get("allow_config_change", ()) or ())
+
+
 def schedule_changes(meta: dict[str, Any], config: ml_collections.ConfigDict) -> list[str]:
     """What differs in `SCHEDULE_KEYS` between a checkpoint's ``meta`` item (its
     ``config``) and `config`, one line each (none for a meta without a config)."""
+    return list(_schedule_changes(meta, config).values())
+
+
+def _schedule_changes(meta: dict[str, Any], config: ml_collections.ConfigDict) -> dict[str, str]:
     saved = meta.get("config") or {}
-    return [
-        f"{k}: checkpoint {saved[k]!r} != config {config[k]!r}"
+    return {
+        k: f"{k}: checkpoint {saved[k]!r} != config {config[k]!r}"
         for k in SCHEDULE_KEYS
         if k in saved and saved[k] != config[k]
-    ]
+    }
 
 
-def incompatibilities(saved: dict[str, Any], config: ml_collections.ConfigDict) -> list[str]:
+def config_changes(meta: dict[str, Any], config: ml_collections.ConfigDict) -> dict[str, str]:
+    """Every top-level key outside `COMPAT_KEYS`, `SCHEDULE_KEYS` and
+    `RESUME_SAFE_KEYS` whose value differs between a checkpoint's saved config
+    (``meta["config"]``) and `config`: ``{key: "key: checkpoint A != config B"}``.
+
+    Only keys the saved config has are compared (a key added to jattn since
+    the checkpoint was saved has nothing to compare with); a meta without a
+    config compares nothing.
+    """
+    saved = meta.get("config") or {}
+    now = config_to_dict(config)
+    skip = set(COMPAT_KEYS) | set(SCHEDULE_KEYS) | set(RESUME_SAFE_KEYS) | set(_BY_SIGNATURE)
+    return {
+        k: f"{k}: checkpoint {saved[k]!r} != config {now[k]!r}"
+        for k in sorted(saved)
+        if k not in skip and k in now and saved[k] != now[k]
+    }
+
+
+def check_allowed_changes(config: ml_collections.ConfigDict) -> None:
+    """`allow_config_change` names top-level keys a resume may change.
+
+    Raises:
+      ConfigError: a name that is not a config key, or a key that can never
+        change (`COMPAT_KEYS`) or never needs allowing (`RESUME_SAFE_KEYS`).
+    """
+    keys = list(config.keys())
+    for name in config.get("allow_config_change", ()) or ():
+        if name not in keys:
+            close = difflib.get_close_matches(str(name), keys, n=1)
+            hint = f" (did you mean {close[0]!r}?)" if close else ""
+            raise ConfigError(f"config.allow_config_change: {name!r} is not a config key{hint}")
+        if name in COMPAT_KEYS or name in _BY_SIGNATURE:
+            raise ConfigError(
+                f"config.allow_config_change: {name!r} fixes the state's shapes or the data "
+                "stream and cannot change on resume; use a new --workdir"
+            )
+        if name in RESUME_SAFE_KEYS:
+            raise ConfigError(
+                f"config.allow_config_change: {name!r} may change on resume without it; "
+                "leave it out"
+            )
+
+
+def incompatibilities(
+    saved: dict[str, Any],
+    config: ml_collections.ConfigDict,
+    saved_config: dict[str, Any] | None = None,
+) -> list[str]:
     """What differs between a checkpoint's saved signature and `config`'s, one
     line each. Signatures saved before inputs had their own row length lack
     `input_len`: their inputs used `max_len`, which is what they are given.
     Signatures saved before a model field existed lack it: the run used the
     field's default (`TransformerConfig` adds fields with the old behaviour
-    as their default), which is what they are given."""
+    as their default), which is what they are given. Signatures saved before a
+    key joined `COMPAT_KEYS` lack it: it is read from the checkpoint's saved
+    config (`saved_config`), and not compared when that lacks it too."""
     saved = dict(saved)
     saved.setdefault("input_len", saved.get("max_len"))
+    now = signature(config)
+    for key in COMPAT_KEYS:
+        if key not in saved:
+            saved[key] = (saved_config or {}).get(key, now[key])
     if isinstance(saved.get("model"), dict):
         saved["model"] = {**config_to_dict(model_defaults()), **saved["model"]}
-    return _diff(saved, signature(config))
+    return _diff(saved, now)
 
 
 def _diff(old: dict[str, Any], new: dict[str, Any], prefix: str = "") -> list[str]:
@@ -177,13 +315,107 @@ def _vocabulary_changed(meta: dict[str, Any], vocab: str | None) -> str | None:
     return f"tokenizer vocabulary: checkpoint {saved} != data set's {vocab}"
 
 
-def saved_meta(mngr: ocp.CheckpointManager, step: int) -> dict[str, Any] | None:
-    """The ``meta`` item of checkpoint `step` (None if it has none)."""
-    path = os.path.join(str(mngr.directory), str(step), "meta", "metadata")
+def _read_meta(step_dir: str) -> dict[str, Any] | None:
+    path = os.path.join(step_dir, "meta", "metadata")
     if not os.path.exists(path):
         return None
     with open(path) as f:
         return json.load(f)
+
+
+def saved_meta(mngr: ocp.CheckpointManager, step: int) -> dict[str, Any] | None:
+    """The ``meta`` item of checkpoint `step` (None if it has none)."""
+    return _read_meta(os.path.join(str(mngr.directory), str(step)))
+
+
+def step_problem(step_dir: str) -> str | None:
+    """Why the step folder `step_dir` cannot be a complete checkpoint, or None.
+
+    Checks only what is cheap to check without restoring: the folder has
+    content, ``state/`` and its ``_METADATA`` exist, and ``meta/metadata``
+    (when the step has a ``meta`` item) is JSON naming this step.
+    """
+    try:
+        entries = os.listdir(step_dir)
+    except OSError as e:
+        return f"cannot be listed ({e.strerror})"
+    if not entries:
+        return "is empty"
+    if "state" not in entries:
+        return "has no state/"
+    if not os.path.exists(os.path.join(step_dir, "state", "_METADATA")):
+        return "has no state/_METADATA"
+    if "meta" in entries:
+        try:
+            meta = _read_meta(step_dir) or {}
+        except (OSError, ValueError) as e:
+            return f"has an unreadable meta/metadata ({type(e).__name__})"
+        step = os.path.basename(os.path.normpath(step_dir))
+        if str(meta.get("step")) != step:
+            return f"has meta/metadata of step {meta.get('step')!r}"
+    return None
+
+
+def latest_complete_step(checkpoint_dir: str) -> int | None:
+    """The newest step folder of `checkpoint_dir` without a `step_problem` (None: none)."""
+    if not os.path.isdir(checkpoint_dir):
+        return None
+    steps = sorted(
+        (int(n) for n in os.listdir(checkpoint_dir) if n.isdigit()),
+        reverse=True,
+    )
+    for step in steps:
+        if step_problem(os.path.join(checkpoint_dir, str(step))) is None:
+            return step
+    return None
+
+
+def _check_meta(
+    meta: dict[str, Any],
+    workdir: str,
+    step: int,
+    config: ml_collections.ConfigDict,
+    vocab: str | None,
+) -> None:
+    """Refuses (ConfigError, one line) a `config` that cannot continue the checkpoint
+    of `step` whose ``meta`` is `meta`; see `check_compatible`."""
+    diffs = incompatibilities(meta["signature"], config, meta.get("config"))
+    diffs += [d for d in [_vocabulary_changed(meta, vocab)] if d]
+    if diffs:
+        raise ConfigError(
+            f"workdir {workdir!r} holds a checkpoint (step {step}) of an incompatible config: "
+            + "; ".join(diffs)
+            + ". Use a new --workdir (nothing was overwritten)."
+        )
+    allowed = _allowed(config)
+    parts, flags = [], []
+    schedule = [line for k, line in _schedule_changes(meta, config).items() if k not in allowed]
+    if schedule and not config.get("allow_schedule_change", False):
+        parts.append("another schedule: " + "; ".join(schedule))
+        flags.append("--config.allow_schedule_change=True")
+    others = {k: line for k, line in config_changes(meta, config).items() if k not in allowed}
+    if others:
+        parts.append(f"other values of {', '.join(others)}: " + "; ".join(others.values()))
+        flags.append(f"--config.allow_config_change={','.join(others)}")
+    if parts:
+        raise ConfigError(
+            f"workdir {workdir!r} holds a checkpoint (step {step}) trained under "
+            + "; and under ".join(parts)
+            + f". Pass {' and '.join(flags)} to continue it under the new values, or use a "
+            "new --workdir (nothing was overwritten)."
+        )
+
+
+def _meta_or_run_config(step_dir: str, workdir: str) -> dict[str, Any] | None:
+    """A step's meta, or for a checkpoint without one the workdir's ``config.json``
+    in its place (None when neither exists)."""
+    meta = _read_meta(step_dir)
+    if meta is not None:
+        return meta
+    saved_config = files.read_json(os.path.join(workdir, files.CONFIG))
+    if saved_config is None:
+        return None
+    return {"signature": signature(saved_config), "config": saved_config}
 
 
 def check_compatible(
@@ -203,35 +435,153 @@ def check_compatible(
       The latest step, or None for a fresh workdir.
 
     Raises:
-      ConfigError: one line listing what differs (the workdir is left alone); a
-        changed `SCHEDULE_KEYS` value is refused unless
-        `config.allow_schedule_change` is True.
+      ConfigError: one line listing what differs and the flag that allows it,
+        if one does (the workdir is left alone): a changed `COMPAT_KEYS` value
+        or vocabulary always; a changed `SCHEDULE_KEYS` value unless
+        `config.allow_schedule_change` is True or `allow_config_change` names
+        it; a change of any other key outside `RESUME_SAFE_KEYS` unless
+        `config.allow_config_change` names it.
     """
     step = mngr.latest_step()
     if step is None:
         return None
-    meta = saved_meta(mngr, step)
-    if meta is None:
-        saved_config = files.read_json(os.path.join(workdir, files.CONFIG))
-        if saved_config is None:
-            return step
-        meta = {"signature": signature(saved_config), "config": saved_config}
-    diffs = incompatibilities(meta["signature"], config)
-    diffs += [d for d in [_vocabulary_changed(meta, vocab)] if d]
-    if diffs:
-        raise ConfigError(
-            f"workdir {workdir!r} holds a checkpoint (step {step}) of an incompatible config: "
-            + "; ".join(diffs)
-            + ". Use a new --workdir (nothing was overwritten)."
-        )
-    changes = schedule_changes(meta, config)
-    if changes and not config.get("allow_schedule_change", False):
-        raise ConfigError(
-            f"workdir {workdir!r} holds a checkpoint (step {step}) trained under another "
-            "schedule: " + "; ".join(changes) + ". Pass --config.allow_schedule_change=True "
-            "to continue it under the new one, or use a new --workdir (nothing was overwritten)."
-        )
+    check_allowed_changes(config)
+    meta = _meta_or_run_config(os.path.join(str(mngr.directory), str(step)), workdir)
+    if meta is not None:
+        _check_meta(meta, workdir, step, config, vocab)
     return step
+
+
+def check_saved_config(workdir: str, config: ml_collections.ConfigDict) -> None:
+    """`check_compatible` before any manager is opened or data loaded (the
+    vocabulary is checked later, once the data set is loaded): a config that
+    cannot continue the newest complete checkpoint in `workdir` is refused
+    before anything is prepared or written.
+
+    Raises:
+      ConfigError: as `check_compatible`.
+    """
+    check_allowed_changes(config)
+    folder = os.path.join(workdir, CHECKPOINT_DIR)
+    step = latest_complete_step(folder)
+    if step is None:
+        return
+    meta = _meta_or_run_config(os.path.join(folder, str(step)), workdir)
+    if meta is not None:
+        _check_meta(meta, workdir, step, config, None)
+
+
+# -- checksums ---------------------------------------------------------------------------
+
+
+def _as_uint32(x: jax.Array) -> jax.Array:
+    """The bits of `x` as uint32 (one word an element; 64-bit elements: two)."""
+    if jax.dtypes.issubdtype(x.dtype, jax.dtypes.prng_key):
+        x = jax.random.key_data(x)
+    if x.dtype == jnp.bool_:
+        return x.astype(jnp.uint32)
+    size = jnp.dtype(x.dtype).itemsize
+    if size == 8:
+        return jax.lax.bitcast_convert_type(x, jnp.uint32)  # a trailing axis of 2
+    unsigned = {1: jnp.uint8, 2: jnp.uint16, 4: jnp.uint32}[size]
+    return jax.lax.bitcast_convert_type(x, unsigned).astype(jnp.uint32)
+
+
+def _mix(h: jax.Array) -> jax.Array:
+    """murmur3's 32-bit finaliser: a bijection of uint32 that spreads every bit."""
+    h = h ^ (h >> 16)
+    h = h * jnp.uint32(0x85EBCA6B)
+    h = h ^ (h >> 13)
+    h = h * jnp.uint32(0xC2B2AE35)
+    return h ^ (h >> 16)
+
+
+def _leaf_checksum(x: jax.Array) -> jax.Array:
+    """uint32 ``[2]``: two weighted sums mod 2^32 of an array's bits.
+
+    Each element's weight is odd and depends on its position, so any change
+    of one element (a flipped bit included) changes both sums, and a swap of
+    two elements changes them too; other damage goes unseen with odds of
+    2^-64. Sums of products are computed shard by shard and added, so the
+    result is the same on any mesh (the array is never gathered).
+    """
+    bits = _as_uint32(x)
+    index = jnp.zeros(bits.shape, jnp.uint32)
+    stride = 1
+    for axis in reversed(range(bits.ndim)):
+        index = index + jax.lax.broadcasted_iota(jnp.uint32, bits.shape, axis) * jnp.uint32(
+            stride % (1 << 32)
+        )
+        stride *= bits.shape[axis]
+    w1 = (index * jnp.uint32(0x9E3779B1)) | jnp.uint32(1)
+    w2 = (_mix(index + jnp.uint32(0x7F4A7C15))) | jnp.uint32(1)
+    sums = (jnp.sum(bits * w1, dtype=jnp.uint32), jnp.sum(_mix(bits) * w2, dtype=jnp.uint32))
+    return jnp.stack(sums)
+
+
+_tree_checksums = jax.jit(lambda tree: jax.tree.map(_leaf_checksum, tree))
+
+
+def checksums(state: Any) -> dict[str, str]:
+    """``{array path: 16 hex digits}``: a checksum of every array of `state`
+    (`_leaf_checksum`), as a step's ``meta`` records it and a restore checks it.
+    Paths are written as orbax names the arrays (``opt_state/0/mu/embed/embedding``)."""
+    sums = jax.device_get(_tree_checksums(state))
+    return {
+        jax.tree_util.keystr(path, simple=True, separator="/"): "".join(
+            f"{int(v):08x}" for v in np.asarray(s)
+        )
+        for path, s in jax.tree_util.tree_flatten_with_path(sums)[0]
+    }
+
+
+def _iterator_sha256(state: Any) -> str:
+    return hashlib.sha256(json.dumps(state, sort_keys=True).encode()).hexdigest()
+
+
+def _position_sha256(data_iter: Any) -> str | None:
+    """The checksum of a `make_loader` iterator's position (a JSON-able dict, which
+    grain writes as the step's data file); None for another kind of state."""
+    state = data_iter.get_state()
+    return _iterator_sha256(json.loads(json.dumps(state))) if isinstance(state, dict) else None
+
+
+_DATA_FILE = re.compile(r"process_(\d+)-of-(\d+)\.json$")
+
+
+def _check_data_item(step_dir: str, meta: dict[str, Any] | None) -> None:
+    """This process's data iterator file of a step: there, readable, and (one
+    process) the position its meta recorded.
+
+    Raises:
+      ConfigError: the step was written by another number of processes (its
+        meta says so, or, for a meta that does not record it, its files).
+      DamagedStepError: the file is missing, not JSON, or not what was saved.
+    """
+    folder = os.path.join(step_dir, "data")
+    index, count = jax.process_index(), jax.process_count()
+    name = f"process_{index}-of-{count}.json"
+    saved_count = (meta or {}).get("process_count")
+    if saved_count is None and os.path.isdir(folder):
+        counts = {int(m[2]) for n in os.listdir(folder) if (m := _DATA_FILE.match(n))}
+        saved_count = next(iter(counts)) if len(counts) == 1 and count not in counts else None
+    if saved_count is not None and saved_count != count:
+        raise ConfigError(
+            f"checkpoint step {os.path.basename(step_dir)} in {os.path.dirname(step_dir)} was "
+            f"written by {saved_count} process(es), this run has {count}: resume it with "
+            f"{saved_count}, or use a new --workdir"
+        )
+    path = os.path.join(folder, name)
+    try:
+        with open(path) as f:
+            position = json.load(f)
+    except FileNotFoundError:
+        raise DamagedStepError(f"has no data/{name} (this process's data position)") from None
+    except (OSError, ValueError) as e:
+        raise DamagedStepError(f"has an unreadable data/{name} ({type(e).__name__})") from None
+    expected = ((meta or {}).get("checksums") or {}).get("data")
+    if count == 1 and expected is not None and _iterator_sha256(position) != expected:
+        raise DamagedStepError(f"has a data/{name} that does not match its checksum")
 
 
 def save(
@@ -249,9 +599,17 @@ def save(
     `metrics` are what retention ranks by (`best_metric`, `SANE_STEP_METRIC`);
     `vocab` (the tokenizer's vocabulary hash) is recorded in ``meta``, and so
     are the members of the program that diverged by `step` (``{str(key):
-    message}``, `jattn.train.recovery.restore_members`), when there are any.
+    message}``, `jattn.train.recovery.restore_members`), when there are any,
+    the number of processes, and the checksums a restore checks: of every
+    array of `state` (`checksums`) and, with one process, of the iterator's
+    position. They are part of the same atomic save as what they describe.
     """
     meta = {"config": config_to_dict(config), "signature": signature(config), "step": int(step)}
+    meta["process_count"] = jax.process_count()
+    meta["checksums"] = {"state": checksums(state)}
+    position = _position_sha256(data_iter) if jax.process_count() == 1 else None
+    if position is not None:
+        meta["checksums"]["data"] = position
     if vocab is not None:
         meta["vocab_sha256"] = vocab
     if diverged:
@@ -271,28 +629,35 @@ def save(
 def restore(mngr: ocp.CheckpointManager, step: int, abstract_state: Any, data_iter: Any) -> Any:
     """Restores checkpoint `step` into `abstract_state`'s shardings and `data_iter`.
 
+    The state's checksums are checked by the caller
+    (`jattn.train.recovery.verify_state`); the data iterator's file here,
+    before grain reads it.
+
     Args:
       abstract_state: the state as `jax.ShapeDtypeStruct` leaves with shardings.
       data_iter: a fresh iterator of the same loader; its position is set in place.
 
     Returns:
       The restored state.
+
+    Raises:
+      ConfigError: the step was written by another number of processes.
+      DamagedStepError: this process's data iterator file is missing, unreadable
+        or not what was saved.
     """
+    step_dir = os.path.join(str(mngr.directory), str(step))
     try:
-        restored = mngr.restore(
-            step,
-            args=ocp.args.Composite(
-                state=ocp.args.StandardRestore(abstract_state),
-                data=data_ckpt.restore_args(data_iter),
-            ),
-        )
-    except ValueError as e:
-        if "process_" in str(e):
-            raise ConfigError(
-                f"checkpoint step {step} in {mngr.directory} was written by a different number "
-                f"of processes ({e})"
-            ) from None
-        raise
+        meta = _read_meta(step_dir)
+    except (OSError, ValueError):
+        meta = None  # `step_problem` reports an unreadable meta before this
+    _check_data_item(step_dir, meta)
+    restored = mngr.restore(
+        step,
+        args=ocp.args.Composite(
+            state=ocp.args.StandardRestore(abstract_state),
+            data=data_ckpt.restore_args(data_iter),
+        ),
+    )
     return restored.state
 
 

@@ -159,6 +159,10 @@ def default_config() -> ml_collections.ConfigDict:
     # Resuming a workdir whose checkpoint was saved under another num_train_steps,
     # schedule, warmup_steps or learning_rate is refused unless this is True.
     c.allow_schedule_change = False
+    # Resuming under another value of any other key that changes training (adam_b2,
+    # label_smoothing, grad_clip_norm, ...) is refused unless it is named here, e.g.
+    # --config.allow_config_change=adam_b2,label_smoothing (docs/reliability.md).
+    c.allow_config_change = ()
 
     # Sharding: sizes of the mesh axes ("data", "fsdp", "tensor"); one may be -1.
     c.mesh_shape = (-1, 1, 1)

@@ -14,10 +14,18 @@ So a run resumes from the newest step that restores and verifies:
    ``state/_METADATA``, an unreadable ``meta/metadata``) to
    ``workdir/checkpoints.skipped/<step>-<time>``;
 2. `restore_members` restores the newest step every live member of the
-   program has (one member: the newest step); if that fails, or the
-   restored state is not that step's (its step counter differs, or a
-   parameter is NaN/Inf), the step is set aside the same way and the next
-   older one is tried.
+   program has (one member: the newest step); if that fails (a truncated
+   chunk; this process's data iterator file missing or not what was saved),
+   or the restored state is not that step's (its step counter differs, an
+   array does not match the checksum the save recorded, a parameter or
+   optimiser value is NaN/Inf), the step is set aside the same way and the
+   next older one is tried. A step written by another number of processes is
+   not damage: it is refused (`ConfigError`).
+
+While it restores, the ``Task exception was never retrieved`` records that
+asyncio logs for the reads orbax abandons in a failed restore (one per
+array, thousands for a large model) are dropped (`quiet_abandoned_reads`):
+the warning line says what failed.
 
 Every skipped step is one warning line that names it and why. Nothing is
 deleted: a step set aside can be inspected or moved back. Moving it out of
@@ -30,22 +38,25 @@ step 0 (every checkpoint gone or skipped): they are renamed, not wiped.
 
 from __future__ import annotations
 
-import json
+import contextlib
+import gc
+import logging
 import os
 import shutil
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 import jax
 import jax.numpy as jnp
 
 from jattn.train import workdir as files
-from jattn.train.checkpoints import saved_meta
+from jattn.train.checkpoints import DamagedStepError, checksums, saved_meta, step_problem
 
 __all__ = [
     "SKIPPED_DIR",
     "archive_metrics",
+    "quiet_abandoned_reads",
     "restore_members",
     "set_aside",
     "set_aside_incomplete",
@@ -55,35 +66,34 @@ __all__ = [
 
 SKIPPED_DIR = "checkpoints.skipped"
 
+# What asyncio logs for a task or future that ended in an exception nobody asked for.
+_ABANDONED = ("Task exception was never retrieved", "Future exception was never retrieved")
 
-def step_problem(step_dir: str) -> str | None:
-    """Why the step folder `step_dir` cannot be a complete checkpoint, or None.
 
-    Checks only what is cheap to check without restoring: the folder has
-    content, ``state/`` and its ``_METADATA`` exist, and ``meta/metadata``
-    (when the step has a ``meta`` item) is JSON naming this step.
+def _not_abandoned(record: logging.LogRecord) -> bool:
+    return not str(record.msg).startswith(_ABANDONED)
+
+
+@contextlib.contextmanager
+def quiet_abandoned_reads() -> Iterator[None]:
+    """``with quiet_abandoned_reads():`` restore attempts without asyncio's echo of them.
+
+    When one array of a step fails to read, orbax's restore raises that error
+    and abandons the other reads of its event loop; each one that failed too
+    is logged by asyncio as ``Task exception was never retrieved`` with its
+    traceback when the task is garbage collected (pages of them, sometimes
+    thousands, after the one warning line that matters). Inside the block
+    the ``asyncio`` logger drops those records, and on the way out the
+    garbage is collected, so tasks abandoned inside it are reported (dropped)
+    inside it. Everything else asyncio logs passes.
     """
+    log = logging.getLogger("asyncio")
+    log.addFilter(_not_abandoned)
     try:
-        entries = os.listdir(step_dir)
-    except OSError as e:
-        return f"cannot be listed ({e.strerror})"
-    if not entries:
-        return "is empty"
-    if "state" not in entries:
-        return "has no state/"
-    if not os.path.exists(os.path.join(step_dir, "state", "_METADATA")):
-        return "has no state/_METADATA"
-    if "meta" in entries:
-        path = os.path.join(step_dir, "meta", "metadata")
-        try:
-            with open(path) as f:
-                meta = json.load(f)
-        except (OSError, ValueError) as e:
-            return f"has an unreadable meta/metadata ({type(e).__name__})"
-        step = os.path.basename(os.path.normpath(step_dir))
-        if str(meta.get("step")) != step:
-            return f"has meta/metadata of step {meta.get('step')!r}"
-    return None
+        yield
+    finally:
+        gc.collect()
+        log.removeFilter(_not_abandoned)
 
 
 def set_aside(checkpoint_dir: str, step: int, reason: str, warn: Callable[[str], None]) -> str:
@@ -129,15 +139,35 @@ def set_aside_incomplete(checkpoint_dir: str, warn: Callable[[str], None]) -> li
     return skipped
 
 
-def verify_state(state: Any, step: int) -> str | None:
+def _all_finite(tree: Any) -> bool:
+    finite = [
+        jnp.all(jnp.isfinite(x))
+        for x in jax.tree.leaves(tree)
+        if jnp.issubdtype(x.dtype, jnp.inexact)
+    ]
+    return not finite or bool(jax.device_get(jnp.all(jnp.stack(finite))))
+
+
+def verify_state(state: Any, step: int, expected: dict[str, str] | None = None) -> str | None:
     """Why a restored state is not checkpoint `step`'s, or None: its step counter
-    differs, or a parameter is NaN or Inf."""
+    differs, an array's checksum differs from `expected` (``{array path:
+    checksum}``, recorded by the save; None for a step saved before jattn
+    recorded them), or a parameter or an optimiser value is NaN or Inf."""
     restored = int(jax.device_get(state.step))
     if restored != step:
         return f"restored a state of step {restored}"
-    finite = [jnp.all(jnp.isfinite(x)) for x in jax.tree.leaves(state.params)]
-    if finite and not bool(jax.device_get(jnp.all(jnp.stack(finite)))):
+    if expected:
+        got = checksums(state)
+        wrong = sorted(k for k in set(got) | set(expected) if got.get(k) != expected.get(k))
+        if wrong:
+            return (
+                f"does not match its checksum ({len(wrong)} of {len(expected)} arrays differ, "
+                f"first {wrong[0]}): its files changed after the save"
+            )
+    if not _all_finite(state.params):
         return "restored parameters that are NaN or Inf"
+    if not _all_finite(state.opt_state):
+        return "restored an optimiser state that is NaN or Inf"
     return None
 
 
@@ -180,33 +210,49 @@ def restore_members(
       ``(step, {member index: (state, iterator)} of the live ones, diverged)``,
       or ``(None, {}, {})`` when no step restores (the program starts at 0).
     """
-    while True:
-        step, diverged = _common_step(mngrs, keys)
-        if step is None:
-            return None, {}, {}
-        restored, failed = {}, False
-        for i, mngr in enumerate(mngrs):
-            if keys[i] in diverged:
-                continue
-            problem = None
-            try:
-                restored[i] = restore(i, step)
-                problem = verify_state(restored[i][0], step)
-            except (KeyboardInterrupt, SystemExit):
-                raise
-            except Exception as e:  # noqa: BLE001 -- any failure of this step: try the previous
-                if type(e).__name__ == "ConfigError":  # another process count: not damage
-                    raise
-                first = str(e).strip().splitlines()[0] if str(e).strip() else ""
-                problem = f"cannot be restored ({type(e).__name__}: {first[:200]})"
-            if problem is not None:
-                set_aside(os.fspath(mngr.directory), step, problem, warn)
-                mngr.reload()
-                failed = True
-                break
-        if not failed:
-            _set_aside_newer(mngrs, step, warn)
-            return step, restored, diverged
+    with quiet_abandoned_reads():
+        while True:
+            step, diverged = _common_step(mngrs, keys)
+            if step is None:
+                return None, {}, {}
+            restored, failed = {}, False
+            for i, mngr in enumerate(mngrs):
+                if keys[i] in diverged:
+                    continue
+                restored[i], problem = _restore_one(mngr, step, restore, i)
+                if problem is not None:
+                    restored.clear()
+                    gc.collect()  # the failed attempt's abandoned reads, while quiet
+                    set_aside(os.fspath(mngr.directory), step, problem, warn)
+                    mngr.reload()
+                    failed = True
+                    break
+            if not failed:
+                _set_aside_newer(mngrs, step, warn)
+                return step, restored, diverged
+
+
+def _restore_one(mngr, step: int, restore: Callable[[int, int], tuple[Any, Any]], i: int):
+    """Member `i`'s `step`: ``(restored (state, iterator), None)``, or ``(None, why it
+    cannot be resumed)``.
+
+    Raises:
+      ConfigError: the step was written by another number of processes (not damage).
+    """
+    try:
+        restored = restore(i, step)
+        expected = ((saved_meta(mngr, step) or {}).get("checksums") or {}).get("state")
+        problem = verify_state(restored[0], step, expected)
+        return (None, problem) if problem else (restored, None)
+    except (KeyboardInterrupt, SystemExit):
+        raise
+    except DamagedStepError as e:
+        return None, str(e)
+    except Exception as e:  # noqa: BLE001 -- any failure of this step: try the previous
+        if type(e).__name__ == "ConfigError":  # another process count: not damage
+            raise
+        first = str(e).strip().splitlines()[0] if str(e).strip() else ""
+        return None, f"cannot be restored ({type(e).__name__}: {first[:200]})"
 
 
 def _set_aside_newer(mngrs: Sequence[Any], step: int, warn: Callable[[str], None]) -> None:

@@ -4,7 +4,8 @@ A plain config is one member, the run in `workdir`; `config.seeds` (and the
 sweep keys) or `members` make several, each in its own workdir laid out as
 a single run's (`jattn.train.members`). Every run does seven stages:
 
-1. check the config, build the mesh, load the data, build the model;
+1. check the config, and against each member's checkpoint (if any) what
+   needs no data; build the mesh, load the data, build the model;
 2. open every member's workdir and checkpoints, refuse an incompatible one,
    leave out the members already finished;
 3. derive the state's shardings from the model's logical axis names;
@@ -191,12 +192,15 @@ def _open(config, workdir: str, members, stack) -> Program | dict[str, Any]:
         raise ConfigError(
             "config.seeds: these seeds cannot train in one program: " + "; ".join(blockers)
         )
+    configs = [members_lib.member_config(config, m) for m in team]
+    # What needs no data is refused before the data set is prepared (minutes for a large one).
+    _refuse_stacked_layout(workdir, team, configs)
+    for m, c in zip(team, configs, strict=True):
+        ckpt.check_saved_config(m.workdir, c)
     env = environment(config)
     data_check = producibility.check(env.task, env.eval_splits)
-    configs = [members_lib.member_config(config, m) for m in team]
     model = build_model(config, env.task)
 
-    _refuse_stacked_layout(workdir, team, configs)
     open_workdirs(stack, [m.workdir for m in team])
     vocab = vocab_hash(env.task.tokenizer)
     mngrs, latest = _open_checkpoints(env, team, configs, vocab)
