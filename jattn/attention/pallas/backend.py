@@ -149,7 +149,12 @@ def resolve_backend(interpret: bool | None) -> str:
 
 
 def default_warps(
-    block_q: int, *, shaw_forward: bool = False, mod_forward: bool = False, light_mod: bool = False
+    block_q: int,
+    *,
+    shaw_forward: bool = False,
+    mod_forward: bool = False,
+    light_mod: bool = False,
+    wide_f32: bool = False,
 ) -> int:
     """Triton warps of a kernel by its tile rows: 4 warps (128 threads)
     cover 64 rows, 8 from 128 rows. jax's reference kernels use 4 below
@@ -163,8 +168,12 @@ def default_warps(
     4 warps, none with 8). A light score mod's 16-row backward tiles
     (`light_mod`, `score_mod_tiles.LIGHT_MOD_COST`) get 2 warps: at 4,
     ALiBi's dk/dv kernel at head dim 64 spilled 8 B with 96 registers, and
-    none at 2; a heavy one (T5's select chain) keeps 4, where 2 spill."""
-    if block_q >= 128 or ((shaw_forward or mod_forward) and block_q >= 64):
+    none at 2; a heavy one (T5's select chain) keeps 4, where 2 spill.
+    float32 at head dim > 64 (`wide_f32`) takes 8 in every kernel: three
+    TF32 passes keep two copies of each operand, and `[rows, 128]` float32
+    accumulators sat at 255 registers a thread with 4 warps, spilling
+    12-768 B in every backward kernel (docs/gpu.md)."""
+    if wide_f32 or block_q >= 128 or ((shaw_forward or mod_forward) and block_q >= 64):
         return 8
     return 2 if light_mod and block_q <= 16 else 4
 
@@ -337,12 +346,20 @@ def kernel_report(
         versions=_versions(),
         forward_blocks=(fq, fk),
         backward_blocks=(bq, bk),
-        forward_warps=default_warps(fq, shaw_forward=shaw, mod_forward=score_mod) if gpu else None,
-        backward_warps=default_warps(bq, light_mod=score_mod and light_mod and not f32)
+        forward_warps=default_warps(
+            fq, shaw_forward=shaw, mod_forward=score_mod, wide_f32=f32 and head_dim > 64
+        )
+        if gpu
+        else None,
+        backward_warps=default_warps(
+            bq, light_mod=score_mod and light_mod and not f32, wide_f32=f32 and head_dim > 64
+        )
         if gpu
         else None,
         forward_stages=3 if gpu else None,
-        backward_stages=2 if gpu else None,
+        backward_stages=(1 if f32 and head_dim > 64 and backward == "split" else 2)
+        if gpu
+        else None,
         precision=matmul_precision_name(dtype, "ieee" if backend == "tpu" else precision),
         backward=check_backward(backward),
         exp="exp2 (log2(e) folded into the scale)",

@@ -560,19 +560,22 @@ def prepare(
         and score_mod_tiles.backward_cost(spec, bwd_block_q, bwd_block_k)
         <= score_mod_tiles.LIGHT_MOD_COST
     )
+    wide_f32 = query.dtype == jnp.float32 and max(h, hv) > 64  # 8 warps (default_warps)
     fwd_cfg = KernelConfig(
         block_q=fwd_block_q,
         block_k=fwd_block_k,
         num_warps=num_warps
-        or default_warps(fwd_block_q, shaw_forward=nf.shaw, mod_forward=spec is not None),
+        or default_warps(
+            fwd_block_q, shaw_forward=nf.shaw, mod_forward=spec is not None, wide_f32=wide_f32
+        ),
         num_stages=3,
         **common,
     )
     bwd_cfg = KernelConfig(
         block_q=bwd_block_q,
         block_k=bwd_block_k,
-        num_warps=num_warps or default_warps(bwd_block_q, light_mod=light_mod),
-        num_stages=2,
+        num_warps=num_warps or default_warps(bwd_block_q, light_mod=light_mod, wide_f32=wide_f32),
+        num_stages=1 if wide_f32 and backward == "split" else 2,  # fewer dq spills (docs/gpu.md)
         **common,
     )
     return Prepared(fwd_cfg, bwd_cfg, q, k, v, qr, bias_padded, mod, fixed)
