@@ -28,6 +28,15 @@ def smoke_config(data_dir=None, /, **overrides):
     return apply_overrides(load_config(SMOKE), [(k, str(v)) for k, v in overrides.items()])
 
 
+SHORT_STEPS = {"num_train_steps": 20, "eval_every_steps": 20, "checkpoint_every_steps": 10}
+
+
+def short_smoke_config(data_dir=None, /, **overrides):
+    """`smoke_config` of 20 steps (one evaluation; checkpoints at 10 and 20), for tests
+    that train many members; a call's keys win."""
+    return smoke_config(data_dir, **{**SHORT_STEPS, **overrides})
+
+
 def losses(workdir) -> dict[int, float]:
     """step -> train/loss from metrics.jsonl (asserting each step appears once)."""
     rows = [r for r in read_metrics(str(workdir)) if "train/loss" in r]

@@ -15,7 +15,7 @@ import re
 import numpy as np
 import pytest
 from run_helpers import decodes, losses
-from test_train_seeds import smoke_config
+from run_helpers import short_smoke_config as smoke_config
 
 from jattn.train import ConfigError, check_config, train_and_evaluate
 
