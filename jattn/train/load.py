@@ -188,10 +188,9 @@ def _architectures_line(config, task) -> str:
     return architecture_line(build_model_config(config, task.tokenizer.vocab_size))
 
 
-def startup_summary(
-    workdir, config, mesh, num_params: int, task, eval_sets, start: int, data_check
-) -> str:
-    """What the run is about to do, printed before the first step."""
+def startup_summary(workdir, config, mesh, task, eval_sets, start: int, data_check) -> str:
+    """What the run is about to do, printed before the first step (the
+    parameter count is the architecture line's, `jattn.models.architecture_line`)."""
     from jattn.train import allocator  # noqa: PLC0415
 
     devices = jax.devices()
@@ -205,8 +204,7 @@ def startup_summary(
     input_len, _ = input_lengths(config)
     lines = [
         f"workdir: {workdir}" + (f" (resuming at step {start})" if start else ""),
-        f"parameters: {num_params:,}",
-        _architectures_line(config, task),
+        _architectures_line(config, task),  # "parameters: N (architecture, ...)"
         f"devices: {len(devices)} x {', '.join(kinds)} ({jax.process_count()} process(es)); "
         f"mesh {dict(mesh.shape)}"
         + ("; " + allocator.describe() if devices[0].platform == "cpu" else ""),

@@ -381,8 +381,8 @@ class Program:
     def _summary(self) -> str:
         where = self.team[0].workdir if self.num == 1 else self.workdir  # the run, or all
         summary = load.startup_summary(
-            where, self.config, self.mesh, self.num_params, self.env.task, self.eval_sets,
-            self.start, self.data_check,
+            where, self.config, self.mesh, self.env.task, self.eval_sets, self.start,
+            self.data_check,
         )  # fmt: skip
         if self.num == 1:
             return summary
