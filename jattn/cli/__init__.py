@@ -17,29 +17,46 @@ Exit status: 0 done (or preempted and checkpointed), 1 the loss diverged,
 
 from __future__ import annotations
 
+import importlib
 import sys
 from collections.abc import Callable, Sequence
 
-from jattn.cli.ablate import ablate_command
-from jattn.cli.bench import bench_command
-from jattn.cli.common import config_arguments, fail, load_config_from_args
-from jattn.cli.configs import configs_command
-from jattn.cli.decode import decode_command
-from jattn.cli.probe import probe_command
+from jattn.cli.signals import install_sigterm_handler
 from jattn.cli.stderr import install as install_stderr_filter
-from jattn.cli.train import install_sigterm_handler, train_command
 
 __all__ = ["COMMANDS", "config_arguments", "load_config_from_args", "main"]
 
-# name -> (function of argv after the name, one-line help).
-COMMANDS: dict[str, tuple[Callable[[Sequence[str]], int], str]] = {
-    "train": (train_command, "train (or resume) one run from a config"),
-    "bench": (bench_command, "run benchmarks/NAME.py with the given args"),
-    "ablate": (ablate_command, "run, emit or report an ablation grid"),
-    "probe": (probe_command, "interventions on a trained run"),
-    "configs": (configs_command, "list configs, variants, data sets and experiment files"),
-    "decode": (decode_command, "decode text with a trained run (its tokenizer and settings)"),
+# name -> (module and function of argv after the name, one-line help). The
+# modules are imported on dispatch: before that this package and `jattn`
+# import only the standard library, so `main` installs its SIGTERM handler
+# within milliseconds of the process's start (`jattn.cli.signals`).
+COMMANDS: dict[str, tuple[str, str]] = {
+    "train": ("jattn.cli.train:train_command", "train (or resume) one run from a config"),
+    "bench": ("jattn.cli.bench:bench_command", "run benchmarks/NAME.py with the given args"),
+    "ablate": ("jattn.cli.ablate:ablate_command", "run, emit or report an ablation grid"),
+    "probe": ("jattn.cli.probe:probe_command", "interventions on a trained run"),
+    "configs": (
+        "jattn.cli.configs:configs_command",
+        "list configs, variants, data sets and experiment files",
+    ),
+    "decode": (
+        "jattn.cli.decode:decode_command",
+        "decode text with a trained run (its tokenizer and settings)",
+    ),
 }
+
+
+def command(name: str) -> Callable[[Sequence[str]], int]:
+    """The function of command `name` (imports its module)."""
+    module, func = COMMANDS[name][0].split(":")
+    return getattr(importlib.import_module(module), func)
+
+
+def __getattr__(name: str):
+    """`config_arguments` and `load_config_from_args` of `jattn.cli.common`, on first use."""
+    if name in ("config_arguments", "load_config_from_args"):
+        return getattr(importlib.import_module("jattn.cli.common"), name)
+    raise AttributeError(f"module 'jattn.cli' has no attribute {name!r}")
 
 
 def _usage() -> str:
@@ -51,20 +68,22 @@ def _usage() -> str:
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Dispatches `jattn COMMAND ...`; returns the exit status."""
-    if argv is None:  # this process's own command line: `jattn ...` owns its stderr
-        install_stderr_filter()
+    argv_given = argv is not None
     argv = list(sys.argv[1:] if argv is None else argv)
+    if argv[:1] == ["train"]:  # first: a SIGTERM from now on is one line and exit 0
+        install_sigterm_handler()
+    if not argv_given:  # this process's own command line: `jattn ...` owns its stderr
+        install_stderr_filter()
     if not argv or argv[0] in ("-h", "--help"):
         print(_usage())
         return 0 if argv else 2
     name, rest = argv[0], argv[1:]
-    if name == "train":  # before the training code's seconds of imports: see its docstring
-        install_sigterm_handler()
     from jattn.train.allocator import tune_host_allocator  # noqa: PLC0415 -- imports jattn.train
 
     tune_host_allocator()  # XLA:CPU's per-step temporaries off mmap: see its docstring
     if name not in COMMANDS:
+        from jattn.cli.common import fail  # noqa: PLC0415
+
         print(_usage(), file=sys.stderr)
         return fail("jattn", f"unknown command {name!r}; choose one of {', '.join(COMMANDS)}")
-    command, _ = COMMANDS[name]
-    return command(rest)
+    return command(name)(rest)

@@ -14,8 +14,10 @@ status (docs/reliability.md):
 - 143: a second SIGTERM while the first one's save was under way, or a
   SIGTERM that no training step saw within a minute (blocked in data
   loading); nothing is saved, a rerun resumes from the last checkpoint.
-  Also a SIGTERM while the `jattn` package itself is imported, before any
-  of this module runs (`install_sigterm_handler`).
+  (A SIGTERM before `jattn.cli.main` runs at all, while Python itself starts,
+  is also 143: the first statement of `main` installs the handler, and
+  nothing it imports before that reads more than the standard library:
+  `jattn.cli.signals`.)
 
 Every error is one line on stderr: ``jattn train: error: ...``.
 """
@@ -25,7 +27,6 @@ from __future__ import annotations
 import argparse
 import logging
 import os
-import signal
 import sys
 from collections.abc import Sequence
 
@@ -37,10 +38,9 @@ from jattn.cli.common import (
     load_config_from_args,
     parse_with_overrides,
 )
+from jattn.cli.signals import PROG, install_sigterm_handler
 
 __all__ = ["train_command"]
-
-PROG = "jattn train"
 
 
 def make_parser() -> argparse.ArgumentParser:
@@ -82,24 +82,6 @@ def _summary(final: dict) -> str:
 EXIT_LOCKED = 3
 EXIT_IO = 4
 EXIT_TERMINATED = 128 + 15  # a second SIGTERM: what the signal itself would give
-
-
-def _sigterm_outside_training(signum, frame) -> None:  # noqa: ARG001
-    """SIGTERM before the loop starts (imports, config) or after it returned."""
-    print(f"{PROG}: stopped by SIGTERM outside training; nothing was lost", file=sys.stderr)
-    raise SystemExit(0)
-
-
-def install_sigterm_handler() -> None:
-    """SIGTERM from now until the loop installs its own: one line, exit 0.
-
-    Python's default ends the process with status 143 and no word. `jattn
-    train` spends its first seconds importing jax, the training code, orbax
-    and tfds, so `jattn.cli.main` calls this before those imports (only the
-    `jattn` package itself, which imports jax, comes before it), and
-    `train_command` again for callers that enter there.
-    """
-    signal.signal(signal.SIGTERM, _sigterm_outside_training)
 
 
 def terminated_status(e, workdir: str) -> int:

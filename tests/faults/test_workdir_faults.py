@@ -7,6 +7,7 @@ import json
 import os
 import signal
 import subprocess
+import sys
 import time
 
 import pytest
@@ -122,6 +123,45 @@ def test_sigterm_during_start_up_exits_0_with_a_message(pristine_data, tmp_path,
     assert proc.returncode == 0, err[-2000:]
     assert "stopped by SIGTERM" in error_line(err)
     assert not losses(workdir)  # nothing trained, nothing half-written
+
+
+HEAVY = ("jax", "numpy", "flax", "optax", "orbax", "tensorflow_datasets", "grain")
+
+
+def test_the_command_imports_nothing_heavy_before_its_sigterm_handler(cli_env):
+    # `jattn.cli.main` installs the handler first; what runs before it is the
+    # import of `jattn` and `jattn.cli`, which must stay within the standard
+    # library (it imported jax, ~1.6 s, before: a SIGTERM then exited 143).
+    code = "import sys, jattn.cli; print(sorted(m for m in sys.modules if m.split('.')[0] in %r))"
+    out = subprocess.run([sys.executable, "-c", code % (HEAVY,)], env=cli_env, cwd=REPO,
+                         capture_output=True, text=True, check=True).stdout  # fmt: skip
+    assert out.strip() == "[]", out
+
+
+def _catches_sigterm(pid: int) -> bool:
+    """Whether process `pid` has a handler for SIGTERM (/proc's SigCgt mask)."""
+    with open(f"/proc/{pid}/status") as f:
+        caught = next(line for line in f if line.startswith("SigCgt:")).split()[1]
+    return bool(int(caught, 16) & (1 << (signal.SIGTERM - 1)))
+
+
+def test_sigterm_at_the_first_instant_the_command_can_catch_it_exits_0(
+    pristine_data, tmp_path, cli_env
+):
+    # As early as the process can answer at all: the moment its handler is in
+    # place (while jax and the training code are still being imported).
+    workdir = tmp_path / "run"
+    proc = subprocess.Popen(train_cmd(workdir, pristine_data), env=cli_env, cwd=REPO,
+                            stderr=subprocess.PIPE, text=True)  # fmt: skip
+    deadline = time.monotonic() + 60
+    while not _catches_sigterm(proc.pid):
+        assert proc.poll() is None and time.monotonic() < deadline
+        time.sleep(0.001)
+    proc.send_signal(signal.SIGTERM)
+    _, err = proc.communicate(timeout=30)
+    assert proc.returncode == 0, err[-2000:]
+    assert "stopped by SIGTERM outside training; nothing was lost" in error_line(err)
+    assert not losses(workdir)
 
 
 @pytest.mark.parametrize(
