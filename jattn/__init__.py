@@ -48,8 +48,15 @@ _LAZY = {
     "normalise": "jattn.attention.normal_form",
     "positions": "",
 }
-# `jattn.decoding` is `jattn.models.decoding` (it needs flax, so it is not part of the core).
-_MODULES = {"decoding": "jattn.models.decoding"}
+# Modules reachable as attributes, as when this file imported them: the core's
+# subpackages, and `jattn.decoding` = `jattn.models.decoding` (it needs flax, so
+# it is not part of the core).
+_MODULES = {
+    "attention": "jattn.attention",
+    "decoding": "jattn.models.decoding",
+    "flax_attention": "jattn.flax_attention",
+    "score_mod": "jattn.score_mod",
+}
 
 __all__ = [
     "IMPLEMENTATIONS",
