@@ -336,6 +336,36 @@ def test_no_function_in_train_is_over_80_lines(repo):
     assert not long, long
 
 
+def test_a_step_from_the_command_to_the_loss_opens_at_most_10_modules(tmp_path, monkeypatch):
+    """Issue 34's measure of a readable training path: the jattn modules on the
+    call stack when `jattn train` (one step of the smoke config) reaches the
+    loss (`jattn.train.steps.cross_entropy`); today `cli/__init__`, `cli/train`,
+    `train/run`, `train/loop`, `train/members`, `train/steps`."""
+    import inspect  # noqa: PLC0415
+
+    import jattn.cli  # noqa: PLC0415
+    from jattn.train import steps  # noqa: PLC0415
+
+    stacks = []
+    cross_entropy = steps.cross_entropy
+
+    def spy(*args, **kwargs):
+        files = [f.filename for f in inspect.stack()]
+        stacks.append(sorted({f.split("/jattn/", 1)[1] for f in files if "/jattn/" in f}))
+        return cross_entropy(*args, **kwargs)
+
+    monkeypatch.setattr(steps, "cross_entropy", spy)
+    status = jattn.cli.main(
+        ["train", "--config", str(REPO / "configs" / "smoke.py"), "--workdir", str(tmp_path),
+         "--config.num_train_steps=1", "--config.eval_every_steps=1",
+         "--config.checkpoint_every_steps=1", "--config.eval_splits=()",
+         "--config.best_metric=", "--config.progress_bar=false", "--compilation-cache-dir="]
+    )  # fmt: skip
+    assert status == 0 and stacks
+    assert "cli/train.py" in stacks[0] and "train/steps.py" in stacks[0], stacks[0]
+    assert len(stacks[0]) <= 10, stacks[0]
+
+
 def test_train_has_at_most_20_files():
     """One training program of N >= 1 members: `jattn/train/` stays a package one
     reads in an afternoon (issue 34)."""
