@@ -39,7 +39,7 @@ from jattn.attention.pallas.config import (
     mod_grad_shapes,
     only_specified,
 )
-from jattn.attention.pallas.triton_backward import dkv_tile, dq_tile
+from jattn.attention.pallas.triton_backward import dkv_tile, dq_tile, query_bias_grad_outputs
 from jattn.attention.pallas.triton_forward import View, kernel_call, whole_specs
 
 Array = jax.Array
@@ -190,18 +190,10 @@ def flash_dq_dkv(cfg: KernelConfig, ins: KernelInputs):
         out_shape.append(jax.ShapeDtypeStruct((b, padded_t, n, cfg.num_rel), jnp.float32))
         out_specs.append(q_rows(cfg.num_rel))
     kind = dbias_kind(cfg)
-    aliases = {}
-    if kind == "full":
-        spec = pl.BlockSpec((SQ, g, bq, padded_s), lambda p, b_, k_: (b_, k_, q_tile(p), 0))
-        zeros = jnp.zeros((b, n, padded_t, padded_s), jnp.float32)  # tiles never visited stay 0
-        aliases = {len(jax.tree_util.tree_leaves(args[0])): len(out_shape)}
-        args.append(zeros)
-        in_specs.append(spec)
-        out_shape.append(jax.ShapeDtypeStruct(zeros.shape, jnp.float32))
-        out_specs.append(spec)
-    elif kind == "rows":
-        out_shape.append(jax.ShapeDtypeStruct((b, n, padded_t), jnp.float32))
-        out_specs.append(pl.BlockSpec((SQ, g, bq), lambda p, b_, k_: (b_, k_, q_tile(p))))
+    aliases = query_bias_grad_outputs(
+        cfg, (b, n, padded_t, padded_s), lambda p, b_, k_: (b_, k_, q_tile(p)), g, args,
+        in_specs, out_shape, out_specs,
+    )  # fmt: skip
     n_dq_outs = len(out_shape)
     kv_rows = lambda w: pl.BlockSpec((SQ, bk, SQ, w), lambda p, b_, k_: (b_, kv_tile(p), k_, 0))  # noqa: E731
     out_shape += [

@@ -131,6 +131,41 @@ def dq_tile(
         db_ref[...] = carry[-1]
 
 
+def query_bias_grad_outputs(
+    cfg: KernelConfig, shape, tile, heads, args, in_specs, out_shape, out_specs
+) -> dict[int, int]:
+    """Appends the outputs of a bias gradient taken by query tile (kinds "full"
+    and "rows" of `dbias_kind`) to a dq kernel's call, in place; returns its
+    input-output aliases.
+
+    Args:
+      cfg: the backward's config.
+      shape: `(B, N, Tp, Sp)`, the full gradient's shape.
+      tile: `index_map(*program) -> (b, head block, query tile)` of the kernel's grid.
+      heads: the head block's size (`pl.Squeezed()` for one head, G for a kv head's group).
+      args, in_specs, out_shape, out_specs: the call's lists so far.
+
+    "full" is `[B, N, Tp, Sp]`, written tile by tile into zeros passed in and
+    aliased to it (tiles the kernel never visits stay 0); "rows" (a bias
+    broadcast over keys) is `[B, N, Tp]`.
+    """
+    kind = dbias_kind(cfg)
+    bq = cfg.block_q
+    if kind == "full":
+        spec = pl.BlockSpec((SQ, heads, bq, shape[3]), lambda *p: (*tile(*p), 0))
+        zeros = jnp.zeros(shape, jnp.float32)
+        aliases = {len(jax.tree_util.tree_leaves(args[0])): len(out_shape)}
+        args.append(zeros)
+        in_specs.append(spec)
+        out_shape.append(jax.ShapeDtypeStruct(zeros.shape, jnp.float32))
+        out_specs.append(spec)
+        return aliases
+    if kind == "rows":
+        out_shape.append(jax.ShapeDtypeStruct(shape[:3], jnp.float32))
+        out_specs.append(pl.BlockSpec((SQ, heads, bq), tile))
+    return {}
+
+
 def flash_dq(cfg: KernelConfig, ins: KernelInputs):
     """dq kernel (grid over query tiles).
 
@@ -166,18 +201,10 @@ def flash_dq(cfg: KernelConfig, ins: KernelInputs):
         out_shape.append(jax.ShapeDtypeStruct((b, padded_t, n, cfg.num_rel), jnp.float32))
         out_specs.append(row_spec(bq, cfg.num_rel))
     kind = dbias_kind(cfg)
-    aliases = {}
-    if kind == "full":
-        full_spec = pl.BlockSpec((SQ, SQ, bq, padded_s), lambda i, b_, h_: (b_, h_, i, 0))
-        zeros = jnp.zeros((b, n, padded_t, padded_s), jnp.float32)  # tiles never visited stay 0
-        aliases = {len(jax.tree_util.tree_leaves(args[0])): len(out_shape)}
-        args.append(zeros)
-        in_specs.append(full_spec)
-        out_shape.append(jax.ShapeDtypeStruct(zeros.shape, jnp.float32))
-        out_specs.append(full_spec)
-    elif kind == "rows":
-        out_shape.append(jax.ShapeDtypeStruct((b, n, padded_t), jnp.float32))
-        out_specs.append(pl.BlockSpec((SQ, SQ, bq), lambda i, b_, h_: (b_, h_, i)))
+    aliases = query_bias_grad_outputs(
+        cfg, (b, n, padded_t, padded_s), lambda i, b_, h_: (b_, h_, i), SQ, args, in_specs,
+        out_shape, out_specs,
+    )  # fmt: skip
     for shape in mod_grad_shapes(cfg):  # per-program partial sums, reduced by the caller
         out_shape.append(jax.ShapeDtypeStruct((padded_t // bq, b, n, *shape), jnp.float32))
         out_specs.append(mod_partial_spec(shape))
