@@ -206,3 +206,23 @@ def test_exact_match_and_teacher_forced_accuracy_by_bucket(tmp_path):
     section = anchors.section(rows, 5)
     assert section[0] == "## As the anchors report"
     assert any("best of 10; here of up to 2" in line for line in section)
+
+
+def test_where_outputs_stop_per_run(tmp_path):
+    """Seed 0: outputs of 16, 16, 16, 20 tokens: 16 is the most common (3/4), none at
+    the limit of 32; seed 1: 32, 32, 17 (no end token in two): 32 is the most common
+    and 2/3 reach the limit. A tie (seed 2: 17 and 18 once each) names the shorter."""
+    decodes = {
+        "position=shaw,seed=0": [{"output_tokens": n} for n in (16, 16, 20, 16)],
+        "position=shaw,seed=1": [{"output_tokens": n} for n in (32, 17, 32)],
+        "position=shaw,seed=2": [{"output_tokens": n} for n in (18, 17)],
+    }
+    rows = _rows(tmp_path, {name: {EM: 0.0} for name in decodes}, decodes, CHECK)
+    for r in rows:
+        with open(os.path.join(r["run"].workdir, "config.json"), "w") as f:
+            json.dump({"eval_max_len": 32, "decode_max_len": 0}, f)
+    lines = anchors.stop_table(rows)
+    assert "| position=shaw,seed=0 | 4 | 16 | 3/4 (75.0%) | 32 | 0/4 |" in lines
+    assert "| position=shaw,seed=1 | 3 | 32 | 2/3 (66.7%) | 32 | 2/3 |" in lines
+    assert "| position=shaw,seed=2 | 2 | 17 | 1/2 (50.0%) | 32 | 0/2 |" in lines
+    assert lines[-3:] == anchors.section(rows)[-4:-1]  # the report's section carries it

@@ -204,6 +204,40 @@ def test_scan_grid_rows_hold_every_example_and_decode_all(preset, dataset, longe
         assert config.best_metric == ""  # the last step, nothing selected on validation
 
 
+def test_the_csordas_preset_is_their_model_and_variants():
+    """experiments/scan.py:csordas: Csordás et al.'s model (3+3 layers, width 128, 8
+    heads, feed-forward 256, dropout 0.5, learning rate 1e-3; anchor_records) with
+    their relative variant and shared layers against absolute positions, 3 seeds,
+    every example of both splits decoded, nothing selected on validation."""
+    import pathlib  # noqa: PLC0415
+
+    from jattn.analysis import grid  # noqa: PLC0415
+    from jattn.analysis.anchor_records import CSORDAS  # noqa: PLC0415
+    from jattn.train.config import load_config  # noqa: PLC0415
+
+    root = pathlib.Path(__file__).resolve().parent.parent
+    exp = load_config(str(root / "experiments" / "scan.py") + ":csordas")
+    runs = grid.expand(exp, "/nonexistent")
+    seen = set()
+    for run in runs:
+        c = grid.training_config(exp, run, str(root))
+        m = c.model
+        assert (m.num_layers, m.d_model, m.num_heads, m.d_ff, m.dropout_rate) == (
+            3, CSORDAS.setup["width"].value, CSORDAS.setup["heads"].value,
+            CSORDAS.setup["feed_forward"].value, CSORDAS.setup["dropout"].value,
+        )  # fmt: skip
+        assert c.learning_rate == CSORDAS.setup["learning_rate"].value
+        assert c.dataset == "scan/length_cutoff26" and c.best_metric == ""
+        assert c.eval_decode_examples >= 2_624 and c.eval_max_batches * c.eval_batch_size >= 2_624
+        seen.add((m.position, m.shared_layers, c.seed))
+    assert seen == {
+        (p, shared, seed)
+        for p in ("sinusoidal", "transformer_xl")
+        for shared in (False, True)
+        for seed in (0, 1, 2)
+    }
+
+
 def test_scan_refuses_a_character_tokenizer(data_dir):
     with pytest.raises(ValueError, match="tokenizer='word'"):
         data.load("scan/tiny", data_dir=data_dir)  # the default is "char"

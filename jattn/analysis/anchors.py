@@ -19,7 +19,12 @@ reader comparing with them needs those too:
   length): `length_buckets` pools each group's decoded examples over seeds
   and eval splits by target length (tokens before EOS: characters of copy
   and reverse, actions of SCAN), each bucket's exact match as k/N with its
-  95% Wilson interval.
+  95% Wilson interval;
+- where outputs stop (`stop_table`): per run, the output length (tokens
+  before EOS) the most `test_longer` outputs have and its share, and the
+  share that reach the decoding limit with no end token. A model that
+  fails beyond its training lengths either stops where training ended or
+  never stops, and the table says which, from the same decode files.
 
 Buckets have `width` lengths and are aligned on the longest training target
 (the data check's ``max_target_tokens`` minus EOS), so no bucket mixes
@@ -47,6 +52,7 @@ __all__ = [
     "length_buckets",
     "section",
     "seeds_table",
+    "stop_table",
     "train_length",
 ]
 
@@ -245,6 +251,52 @@ def bucket_tables(rows, width: int = DEFAULT_WIDTH) -> list[str]:
     return [*out, beyond + f"Buckets of {width} lengths."]
 
 
+def _decode_limit(workdir: str) -> int | None:
+    """The run's decoding limit in tokens (`decode_max_len`, else `eval_max_len`)."""
+    path = os.path.join(workdir, "config.json")
+    if not os.path.exists(path):
+        return None
+    with open(path) as f:
+        config = json.load(f)
+    return config.get("decode_max_len") or config.get("eval_max_len")
+
+
+def stop_table(rows, split: str = "test_longer") -> list[str]:
+    """Markdown: where each run's decoded `split` outputs stop (module docstring), or []."""
+    lines = []
+    for r in rows:
+        if not r["final"]:
+            continue
+        step = r["final"].get("step")
+        found = _read_jsonl(os.path.join(r["run"].workdir, "decodes", f"{split}.jsonl"))
+        lengths = [
+            int(e["output_tokens"])
+            for e in found
+            if e.get("step") == step and "output_tokens" in e  # older files lack it
+        ]
+        if not lengths:
+            continue
+        counts = collections.Counter(lengths)
+        mode, k = max(counts.items(), key=lambda item: (item[1], -item[0]))
+        limit = _decode_limit(r["run"].workdir)
+        at_limit = f"{counts.get(limit, 0)}/{len(lengths)}" if limit else "-"
+        lines.append(
+            f"| {r['run'].name} | {len(lengths)} | {mode} | {k}/{len(lengths)} "
+            f"({100 * k / len(lengths):.1f}%) | {limit or '-'} | {at_limit} |"
+        )
+    if not lines:
+        return []
+    return [
+        f"Where the `{split}` outputs stop, per run (the final step's decode files): the "
+        "output length (tokens before EOS) the most outputs have, and how many reach the "
+        "decoding limit without an end token.",
+        "",
+        "| run | outputs | most common length | its share | decoding limit | at the limit |",
+        "|---|---:|---:|---:|---:|---:|",
+        *lines,
+    ]
+
+
 def section(rows, width: int = DEFAULT_WIDTH) -> list[str]:
     """The report's section "As the anchors report" (markdown lines), or [] when the
     runs have nothing for it."""
@@ -265,4 +317,7 @@ def section(rows, width: int = DEFAULT_WIDTH) -> list[str]:
         ]
     if buckets:
         out += [*buckets, ""]
+    stops = stop_table(rows)
+    if stops:
+        out += [*stops, ""]
     return out
