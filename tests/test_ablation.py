@@ -90,6 +90,13 @@ def test_tiny_ablation_writes_outputs_and_resumes(tiny_grid, tmp_path, capsys):
     assert all(r["status"] == "finished" and float(r["train/loss"]) > 0 for r in rows)
     md = (workdir / "results.md").read_text()
     assert "| position=shaw | 1 |" in md
+    # What the grid cost, from the file its session wrote (jattn.analysis.sessions).
+    lines = (workdir / "sessions.jsonl").read_text().splitlines()
+    (session,) = [json.loads(line) for line in lines]
+    assert session["outcome"] == "finished" and session["runs_to_train"] == 2
+    assert session["jobs"] == 1 and session["wall_s"] > 0 and len(session["load_start"]) == 3
+    assert "## Cost" in md and "2 runs x 6 steps; wall time" in md
+    assert f"| {session['started']} | {session['ended']} |" in md
 
     finals = sorted(workdir.glob("runs/*/final_metrics.json"))
     stamps = [os.stat(p).st_mtime_ns for p in finals]
@@ -98,6 +105,7 @@ def test_tiny_ablation_writes_outputs_and_resumes(tiny_grid, tmp_path, capsys):
     out = capsys.readouterr().out
     assert "2 already finished, 0 to train" in out
     assert [os.stat(p).st_mtime_ns for p in finals] == stamps  # nothing retrained
+    assert len((workdir / "sessions.jsonl").read_text().splitlines()) == 1  # none recorded
 
     # The probe opens a run of the grid from its checkpoint.
     from jattn.cli import main

@@ -46,7 +46,7 @@ from typing import Any
 
 import numpy as np
 
-from jattn.analysis import anchors, plots, stats
+from jattn.analysis import anchors, plots, sessions, stats
 from jattn.analysis import grid as grid_lib
 from jattn.analysis.runs import (  # noqa: F401 -- collect & co. stay report's API
     DATA_CHECK,
@@ -494,6 +494,7 @@ def write_report(exp, runs, configs, workdir: str, *, status) -> dict[str, Any]:
                "k of N decoded examples correct; 95% Wilson score interval (an upper bound "
                "at 0/N, a lower bound at N/N).", ""]  # fmt: skip
     md += anchors.section(rows, width=exp.get("length_bucket", anchors.DEFAULT_WIDTH))
+    md += sessions.cost_section(workdir, [c.num_train_steps for c in configs])
     figures = {
         "loss_curves.png": plots.plot_loss_curves(
             loss_curves(rows), group_keys(rows), os.path.join(workdir, "loss_curves.png")

@@ -13,6 +13,7 @@ script), so a cluster runs exactly what this machine would.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import shlex
@@ -23,7 +24,7 @@ from typing import Any
 import ml_collections
 
 from jattn.analysis import grid as grid_lib
-from jattn.analysis import parallel, report, seed_groups
+from jattn.analysis import parallel, report, seed_groups, sessions
 from jattn.analysis.parallel import fmt_cpus, fmt_duration
 from jattn.train import workdir as files
 from jattn.train.workdir_lock import WorkdirLock
@@ -123,20 +124,29 @@ def _train_and_report(exp, runs, configs, workdir, log, one_program, parallel_jo
         eta = "" if eta_s is None else f", ETA {fmt_duration(eta_s)}"
         return f"[{number}/{len(jobs)}] {what} (elapsed {fmt_duration(time.time() - start)}{eta})"
 
-    if parallel_jobs > 1 and len(jobs) > 1:
-        slots = parallel.cpu_slots(min(parallel_jobs, len(jobs)))
-        log(f"ablation: {len(slots)} jobs at once, on CPUs {' | '.join(map(fmt_cpus, slots))}")
-        parallel.prepare_data([configs[i] for i in todo])
-        preempted = parallel.train_jobs(
-            jobs, runs, configs, workdir, slots=slots, log=log, on_done=done, progress=started
-        )
-    else:
-        preempted = _train_in_turn(jobs, runs, configs, workdir, log, done, started)
+    # A session that trains nothing (the grid was finished) costs nothing worth a line.
+    record = sessions.recording if todo else _no_record
+    with record(workdir, jobs=parallel_jobs, to_train=len(todo)) as session:
+        if parallel_jobs > 1 and len(jobs) > 1:
+            slots = parallel.cpu_slots(min(parallel_jobs, len(jobs)))
+            log(f"ablation: {len(slots)} jobs at once, on CPUs {' | '.join(map(fmt_cpus, slots))}")
+            parallel.prepare_data([configs[i] for i in todo])
+            preempted = parallel.train_jobs(
+                jobs, runs, configs, workdir, slots=slots, log=log, on_done=done, progress=started
+            )
+        else:
+            preempted = _train_in_turn(jobs, runs, configs, workdir, log, done, started)
+        session["outcome"] = "preempted" if preempted else "finished"
     if preempted:
         log("ablation: preempted; rerun the same command to resume")
     else:
         log(f"ablation: trained {len(todo)} runs in {fmt_duration(time.time() - start)}")
     return report.write_report(exp, runs, configs, workdir, status=status)
+
+
+@contextlib.contextmanager
+def _no_record(workdir, **_):  # noqa: ARG001
+    yield {}
 
 
 def emit(
