@@ -167,8 +167,31 @@ _KZ_EXACT = {
     ("reverse", "rope"): (0.0406, 0.1635, 0.028),
     ("reverse", "alibi"): (0.1654, 0.1632, 0.184),
     ("reverse", "t5"): (0.2298, 0.2686, 0.2284),
+    # The copy variants with repeated tokens (jattn.data.kazemnejad's kz_copy_rsc,
+    # kz_copy_rsc2x, kz_copy_rdc), where their ALiBi falls far below NoPE.
+    ("copy_rsc", "none"): (0.9835, 0.9808, 0.9925),
+    ("copy_rsc", "sinusoidal"): (0.0, 0.0, 0.0),
+    ("copy_rsc", "rope"): (0.0006, 0.0, 0.0),
+    ("copy_rsc", "alibi"): (0.279, 0.2655, 0.3234),
+    ("copy_rsc", "t5"): (0.7423, 0.8321, 0.7393),
+    ("copy_rsc2x", "none"): (0.9731, 0.9844, 0.9633),
+    ("copy_rsc2x", "sinusoidal"): (0.0, 0.0, 0.0),
+    ("copy_rsc2x", "rope"): (0.0, 0.0, 0.0),
+    ("copy_rsc2x", "alibi"): (0.1676, 0.2733, 0.14),
+    ("copy_rsc2x", "t5"): (0.7346, 0.4068, 0.5316),
+    ("copy_rdc", "none"): (0.9895, 0.9474, 0.9647),
+    ("copy_rdc", "sinusoidal"): (0.0, 0.0, 0.0),
+    ("copy_rdc", "rope"): (0.0001, 0.0002, 0.0467),
+    ("copy_rdc", "alibi"): (0.1922, 0.1326, 0.1844),
+    ("copy_rdc", "t5"): (0.9692, 0.9268, 0.9211),
 }
-_KZ_SPLIT = {"copy": "s2s_copy cmc_tr20_ts40", "reverse": "s2s_reverse mc_tr20_ts40"}
+_KZ_SPLIT = {
+    "copy": "s2s_copy cmc_tr20_ts40",
+    "reverse": "s2s_reverse mc_tr20_ts40",
+    "copy_rsc": "s2s_copy rsc_tr20_ts40",
+    "copy_rsc2x": "s2s_copy rsc2x_tr20_ts40",
+    "copy_rdc": "s2s_copy rdc_tr20_ts40",
+}
 _KZ_PE = {
     "none": "none",
     "sinusoidal": "abs_sinusoid",
