@@ -202,7 +202,7 @@ def test_cli_refuses_a_grid_another_ablate_is_training(tmp_path, capsys):
     here as a second `jattn ablate` would find it: refused in one line naming
     the holder, before any run directory or data is written."""
     from jattn.cli import main
-    from jattn.train.workdir_lock import WorkdirLock
+    from jattn.train.workdir import WorkdirLock
 
     grid = tmp_path / "grid"
     with WorkdirLock(str(grid)):

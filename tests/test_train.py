@@ -665,7 +665,7 @@ def test_signature_input_length_and_legacy_checkpoints():
     # max_input_len = 0 means max_len: the same data stream, so the same
     # signature; another input length is a different stream. A signature
     # saved before the key existed (no input_len) meant max_len.
-    from jattn.train.checkpoints import incompatibilities, signature
+    from jattn.train.resume_keys import incompatibilities, signature
 
     config = smoke_config()
     same = smoke_config()
@@ -685,7 +685,7 @@ def test_signature_input_length_and_legacy_checkpoints():
 def test_signature_of_a_model_field_added_after_the_checkpoint():
     # A checkpoint saved before a TransformerConfig field existed ran with the
     # field's default: it resumes under that default and under no other value.
-    from jattn.train.checkpoints import incompatibilities, signature
+    from jattn.train.resume_keys import incompatibilities, signature
 
     config = smoke_config()
     legacy = signature(config)

@@ -27,7 +27,7 @@ from jattn.analysis import grid as grid_lib
 from jattn.analysis import parallel, report, seed_groups, sessions
 from jattn.analysis.parallel import fmt_cpus, fmt_duration
 from jattn.train import workdir as files
-from jattn.train.workdir_lock import WorkdirLock
+from jattn.train.workdir import WorkdirLock
 
 STATUS_FILE = "ablation_status.json"
 
@@ -85,7 +85,7 @@ def run_grid(
       ValueError: `parallel_jobs` < 1 or above the CPUs this process may use.
       JobFailed: a job failed while others trained in parallel (after they end).
       WorkdirLockedError: another `jattn ablate` is training this grid
-        (``workdir/.lock``, `jattn.train.workdir_lock`).
+        (``workdir/.lock``, `jattn.train.workdir`).
     """
     parallel.cpu_slots(parallel_jobs)  # a bad --jobs fails before anything runs
     runs = grid_lib.expand(exp, workdir)

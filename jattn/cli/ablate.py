@@ -99,7 +99,7 @@ def ablate_command(argv: Sequence[str]) -> int:
     from jattn.analysis.runner import main_ablate  # noqa: PLC0415
     from jattn.cli.train import EXIT_LOCKED  # noqa: PLC0415
     from jattn.train.config import ConfigError  # noqa: PLC0415
-    from jattn.train.workdir_lock import WorkdirLockedError  # noqa: PLC0415
+    from jattn.train.workdir import WorkdirLockedError  # noqa: PLC0415
 
     try:
         args, overrides = parse_with_overrides(make_parser(), argv)

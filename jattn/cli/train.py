@@ -140,7 +140,7 @@ def train_command(argv: Sequence[str]) -> int:
     from jattn.train.filesystem import WorkdirIOError  # noqa: PLC0415
     from jattn.train.loop import TrainingDivergedError  # noqa: PLC0415
     from jattn.train.run import train_and_evaluate  # noqa: PLC0415
-    from jattn.train.workdir_lock import WorkdirLockedError  # noqa: PLC0415
+    from jattn.train.workdir import WorkdirLockedError  # noqa: PLC0415
 
     try:
         final = train_and_evaluate(config, args.workdir)

@@ -295,9 +295,18 @@ def _check_files(builder: tfds.core.DatasetBuilder) -> None:
     data prepared before jattn recorded one); see `jattn.data.integrity`.
 
     Raises:
-      DataIntegrityError: a missing, truncated, swapped or replaced shard.
+      DataIntegrityError: a missing, truncated, swapped or replaced shard, or a
+        missing ``dataset_info.json`` (tfds takes the version folder's presence
+        for "prepared" and reads the splits from that file: without it the data
+        set has no splits at all, and would be refused for an empty 'train'
+        split, which says nothing of why).
     """
     directory = os.fspath(builder.data_dir)
+    info_path = os.path.join(directory, "dataset_info.json")
+    if not os.path.exists(info_path):
+        raise integrity.DataIntegrityError(
+            f"{info_path} is missing; delete {directory} to prepare it again"
+        )
     files = integrity.split_files(builder.info)
     expected = {name: split.num_examples for name, split in builder.info.splits.items()}
     if not os.path.exists(os.path.join(directory, integrity.MANIFEST)):

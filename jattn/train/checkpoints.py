@@ -24,15 +24,12 @@ recorded when it was saved.
 
 A resume compares every key of the config with the checkpoint's saved config
 (`check_compatible`, and `check_saved_config` before the data set is even
-loaded): `COMPAT_KEYS` can never change, `SCHEDULE_KEYS` only with
-`allow_schedule_change=True`, `RESUME_SAFE_KEYS` freely, and any other key
-only when `allow_config_change` names it. Keys a checkpoint's saved config
-lacks (added to jattn after it was saved) are not compared.
+loaded) by the rules of `jattn.train.resume_keys`: which keys may never
+change, which only when allowed, which freely.
 """
 
 from __future__ import annotations
 
-import difflib
 import hashlib
 import json
 import math
@@ -49,22 +46,23 @@ from orbax.checkpoint import checkpoint_managers as cm
 
 from jattn.data import checkpoint as data_ckpt
 from jattn.train import workdir as files
-from jattn.train.config import ConfigError, config_to_dict, model_defaults
+from jattn.train.config import ConfigError, config_to_dict
+from jattn.train.resume_keys import (
+    allowed_changes,
+    check_allowed_changes,
+    config_changes,
+    incompatibilities,
+    schedule_changes,
+    signature,
+)
 from jattn.train.sanity import SANE_STEP_METRIC
 
 __all__ = [
-    "COMPAT_KEYS",
-    "RESUME_SAFE_KEYS",
-    "SCHEDULE_KEYS",
     "DamagedStepError",
-    "check_allowed_changes",
     "check_compatible",
     "check_saved_config",
     "checksums",
-    "config_changes",
-    "incompatibilities",
     "latest_complete_step",
-    "schedule_changes",
     "make_manager",
     "restore",
     "save",
@@ -77,191 +75,10 @@ __all__ = [
 
 CHECKPOINT_DIR = files.CHECKPOINTS
 
-# Keys that fix the shapes of the state or the meaning of the data stream. A
-# checkpoint saved under other values of these cannot continue this run
-# (`vocab_multiple` rounds the model's vocabulary: another value may give the
-# embedding another shape).
-COMPAT_KEYS = (
-    "model",
-    "dataset",
-    "tokenizer",
-    "vocab_size",
-    "vocab_multiple",
-    "source_key",
-    "target_key",
-    "max_len",
-    "pack",
-    "batch_size",
-    "seed",
-    "optimizer",
-)
-
-# Keys of the learning-rate schedule. A checkpoint saved under other values can
-# continue (the state has the same shapes), but the run then follows another
-# schedule than the one it started with: refused unless the config says
-# `allow_schedule_change=True` (or names the key in `allow_config_change`).
-SCHEDULE_KEYS = ("num_train_steps", "schedule", "warmup_steps", "learning_rate")
-
-# Keys a resumed run may change freely: where the data lies (its contents are
-# checked by the data set's manifest and the vocabulary's hash), how the run is
-# sharded (a checkpoint restores into any mesh), how often it logs, evaluates
-# and saves, what it evaluates and decodes, which checkpoints it keeps, where
-# it reports, and the two flags below. None of them changes a training step.
-# `seeds`, the sweeps and `seed_*` are the program's, not a member's: each
-# member's saved config has them at their single-run values.
-RESUME_SAFE_KEYS = (
-    "data_dir",
-    "mesh_shape",
-    "logical_axis_rules",
-    "seeds",
-    "seed_mesh_axis",
-    "seed_program",
-    "sweep_learning_rate",
-    "sweep_warmup_steps",
-    "eval_every_steps",
-    "eval_splits",
-    "eval_batch_size",
-    "eval_max_len",
-    "eval_max_input_len",
-    "eval_max_batches",
-    "eval_decode_examples",
-    "decode",
-    "beam_size",
-    "beam_alpha",
-    "decode_max_len",
-    "checkpoint_every_steps",
-    "keep_checkpoints",
-    "best_metric",
-    "best_mode",
-    "async_checkpointing",
-    "log_every_steps",
-    "progress_bar",
-    "wandb",
-    "wandb_project",
-    "allow_schedule_change",
-    "allow_config_change",
-)
-
-# Keys the signature compares by their effect: `max_input_len` 0 and
-# `max_input_len` = `max_len` are the same rows (`input_len`).
-_BY_SIGNATURE = ("max_input_len",)
-
 
 class DamagedStepError(Exception):
     """A checkpoint step is damaged (the message says how, as "checkpoint step N
     <message>" reads): `jattn.train.recovery` sets it aside and tries the previous one."""
-
-
-def signature(config: ml_collections.ConfigDict | dict[str, Any]) -> dict[str, Any]:
-    """The part of a config a checkpoint must agree with to be resumed.
-
-    `input_len` is the effective training input row length (`max_input_len`,
-    0 meaning `max_len`): it decides how examples pack into rows, so a run
-    cannot continue its data stream under another value.
-    """
-    flat = config if isinstance(config, dict) else config_to_dict(config)
-    sig = {k: flat.get(k) for k in COMPAT_KEYS}
-    sig["gradient_clipping"] = bool((flat.get("grad_clip_norm") or 0) > 0)
-    sig["input_len"] = flat.get("max_input_len") or flat.get("max_len")
-    return sig
-
-
-def _allowed(config: ml_collections.ConfigDict) -> set[str]:
-    return set(config.get("allow_config_change", ()) or ())
-
-
-def schedule_changes(meta: dict[str, Any], config: ml_collections.ConfigDict) -> list[str]:
-    """What differs in `SCHEDULE_KEYS` between a checkpoint's ``meta`` item (its
-    ``config``) and `config`, one line each (none for a meta without a config)."""
-    return list(_schedule_changes(meta, config).values())
-
-
-def _schedule_changes(meta: dict[str, Any], config: ml_collections.ConfigDict) -> dict[str, str]:
-    saved = meta.get("config") or {}
-    return {
-        k: f"{k}: checkpoint {saved[k]!r} != config {config[k]!r}"
-        for k in SCHEDULE_KEYS
-        if k in saved and saved[k] != config[k]
-    }
-
-
-def config_changes(meta: dict[str, Any], config: ml_collections.ConfigDict) -> dict[str, str]:
-    """Every top-level key outside `COMPAT_KEYS`, `SCHEDULE_KEYS` and
-    `RESUME_SAFE_KEYS` whose value differs between a checkpoint's saved config
-    (``meta["config"]``) and `config`: ``{key: "key: checkpoint A != config B"}``.
-
-    Only keys the saved config has are compared (a key added to jattn since
-    the checkpoint was saved has nothing to compare with); a meta without a
-    config compares nothing.
-    """
-    saved = meta.get("config") or {}
-    now = config_to_dict(config)
-    skip = set(COMPAT_KEYS) | set(SCHEDULE_KEYS) | set(RESUME_SAFE_KEYS) | set(_BY_SIGNATURE)
-    return {
-        k: f"{k}: checkpoint {saved[k]!r} != config {now[k]!r}"
-        for k in sorted(saved)
-        if k not in skip and k in now and saved[k] != now[k]
-    }
-
-
-def check_allowed_changes(config: ml_collections.ConfigDict) -> None:
-    """`allow_config_change` names top-level keys a resume may change.
-
-    Raises:
-      ConfigError: a name that is not a config key, or a key that can never
-        change (`COMPAT_KEYS`) or never needs allowing (`RESUME_SAFE_KEYS`).
-    """
-    keys = list(config.keys())
-    for name in config.get("allow_config_change", ()) or ():
-        if name not in keys:
-            close = difflib.get_close_matches(str(name), keys, n=1)
-            hint = f" (did you mean {close[0]!r}?)" if close else ""
-            raise ConfigError(f"config.allow_config_change: {name!r} is not a config key{hint}")
-        if name in COMPAT_KEYS or name in _BY_SIGNATURE:
-            raise ConfigError(
-                f"config.allow_config_change: {name!r} fixes the state's shapes or the data "
-                "stream and cannot change on resume; use a new --workdir"
-            )
-        if name in RESUME_SAFE_KEYS:
-            raise ConfigError(
-                f"config.allow_config_change: {name!r} may change on resume without it; "
-                "leave it out"
-            )
-
-
-def incompatibilities(
-    saved: dict[str, Any],
-    config: ml_collections.ConfigDict,
-    saved_config: dict[str, Any] | None = None,
-) -> list[str]:
-    """What differs between a checkpoint's saved signature and `config`'s, one
-    line each. Signatures saved before inputs had their own row length lack
-    `input_len`: their inputs used `max_len`, which is what they are given.
-    Signatures saved before a model field existed lack it: the run used the
-    field's default (`TransformerConfig` adds fields with the old behaviour
-    as their default), which is what they are given. Signatures saved before a
-    key joined `COMPAT_KEYS` lack it: it is read from the checkpoint's saved
-    config (`saved_config`), and not compared when that lacks it too."""
-    saved = dict(saved)
-    saved.setdefault("input_len", saved.get("max_len"))
-    now = signature(config)
-    for key in COMPAT_KEYS:
-        if key not in saved:
-            saved[key] = (saved_config or {}).get(key, now[key])
-    if isinstance(saved.get("model"), dict):
-        saved["model"] = {**config_to_dict(model_defaults()), **saved["model"]}
-    return _diff(saved, now)
-
-
-def _diff(old: dict[str, Any], new: dict[str, Any], prefix: str = "") -> list[str]:
-    out = []
-    for key in sorted(set(old) | set(new)):
-        a, b = old.get(key), new.get(key)
-        if isinstance(a, dict) and isinstance(b, dict):
-            out += _diff(a, b, f"{prefix}{key}.")
-        elif a != b:
-            out.append(f"{prefix}{key}: checkpoint {a!r} != config {b!r}")
-    return out
 
 
 def _sane_step(metrics: dict[str, Any]) -> float:
@@ -387,9 +204,9 @@ def _check_meta(
             + "; ".join(diffs)
             + ". Use a new --workdir (nothing was overwritten)."
         )
-    allowed = _allowed(config)
+    allowed = allowed_changes(config)
     parts, flags = [], []
-    schedule = [line for k, line in _schedule_changes(meta, config).items() if k not in allowed]
+    schedule = [line for k, line in schedule_changes(meta, config).items() if k not in allowed]
     if schedule and not config.get("allow_schedule_change", False):
         parts.append("another schedule: " + "; ".join(schedule))
         flags.append("--config.allow_schedule_change=True")

@@ -71,29 +71,7 @@ def load_task(config: ml_collections.ConfigDict):
     try:
         return data.load(keys.pop("dataset"), **keys)
     except ValueError as e:
-        why = str(e)
-        missing = _missing_dataset_info(config.get("dataset"), keys["data_dir"])
-        if missing:
-            why = f"{missing} is missing; delete {os.path.dirname(missing)} to prepare it again"
-        raise ConfigError(f"dataset={config.get('dataset')!r}: {why}") from None
-
-
-def _missing_dataset_info(name: str, data_dir: str | None) -> str | None:
-    """The path of a prepared data set's ``dataset_info.json`` when its folder is there
-    without it, else None.
-
-    tfds takes the version folder's presence for "prepared" and reads the splits
-    from that file: without it the data set has no splits at all, which is
-    what `jattn.data.load` reports ("empty or missing 'train' split"), not why.
-    """
-    from jattn.data.tasks import make_builder  # noqa: PLC0415
-
-    try:
-        folder = os.fspath(make_builder(name, data_dir).data_dir)
-    except Exception:  # noqa: BLE001 -- no builder: the data set's own error stands
-        return None
-    path = os.path.join(folder, "dataset_info.json")
-    return path if os.path.isdir(folder) and not os.path.exists(path) else None
+        raise ConfigError(f"dataset={config.get('dataset')!r}: {e}") from None
 
 
 def train_loader(task, config: ml_collections.ConfigDict):

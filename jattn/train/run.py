@@ -58,7 +58,7 @@ from jattn.train.metrics import (
 )
 from jattn.train.sanity import SANE_STEP_METRIC
 from jattn.train.steps import make_init
-from jattn.train.workdir_lock import WorkdirLock
+from jattn.train.workdir import WorkdirLock
 
 __all__ = ["OLD_LAYOUT", "Program", "TrainingDivergedError", "train_and_evaluate"]
 

@@ -24,7 +24,7 @@ from fault_harness import (
 
 from jattn.train import ConfigError, train_and_evaluate
 from jattn.train.filesystem import WorkdirIOError
-from jattn.train.workdir_lock import WorkdirLock, WorkdirLockedError
+from jattn.train.workdir import WorkdirLock, WorkdirLockedError
 
 
 def test_a_held_workdir_is_refused_and_a_dead_holder_is_taken_over(pristine_data, tmp_path):
