@@ -22,9 +22,23 @@ against input length with the training lengths shaded.
 `:arg` picks a preset: "" (reversing, every scheme, 3 seeds), "duplicate"
 (the same grid on duplication, rows of 96 tokens: 25 min 38 s here, over the
 20-minute aim; only T5 extrapolates, docs/results.md "Duplication"), "quick" (fewer
-steps and seeds, for a fast look), "tiny" (two schemes, one seed, a few steps: the tests). The Shaw
+steps and seeds, for a fast look), "ontanon" and "ontanon_duplicate" (below),
+"tiny" (two schemes, one seed, a few steps: the tests). The Shaw
 variants of Ontañón et al. (key/bias terms, rel2) are `experiments/shaw_variants.py`;
 the earlier grid on German number words is `experiments/positional_numbers.py`.
+
+"ontanon" and "ontanon_duplicate" give the grid Ontañón et al.'s number of
+training examples: their code trains 2 epochs of 200,000 strings on
+reversing and 4 on duplication, at batch 64 (`jattn.analysis.anchor_records`,
+Ontañón et al.); jattn's packed rows hold about 110 reversing strings a
+step (16 rows of 64 target tokens), so their 400,000 are 3,600 steps.
+Duplication's targets are twice as long, so its rows of 96 tokens hold fewer
+strings: 7,200 steps (twice reversing's) see fewer than their 800,000
+(an estimate, not counted). Their model is this one (2 layers, width 64, 4 heads, feed-forward
+256, dropout 0.1); what differs: 3 seeds (theirs 5), packed rows, the
+learning-rate schedule (theirs: Noam, warmup 4,000). Not run yet: projected
+from the main job (24 runs x 1,200 steps, 20-44 min here), about 1-2 hours
+for reversing and twice that for duplication with `--jobs 2`.
 """
 
 import pathlib
@@ -60,10 +74,18 @@ def get_config(arg=None):
     elif arg == "quick":
         train_steps(c, 600)
         c.grid.seed.values = "0"
+    elif arg in ("ontanon", "ontanon_duplicate"):
+        train_steps(c, 3600 if arg == "ontanon" else 7200)
+        if arg == "ontanon_duplicate":
+            c.train.dataset = "duplicate_digits"
+            c.train.max_len = 96
+            c.train.eval_max_len = 64
+            c.train.model = ml_collections.ConfigDict({"max_len": 96})
     elif arg == "tiny":
         tiny(c, dataset="reverse_digits/tiny", position="sinusoidal,shaw")
     elif arg:
         raise ValueError(
-            f"experiments/positional.py: unknown preset {arg!r} (duplicate, quick, tiny)"
+            f"experiments/positional.py: unknown preset {arg!r} "
+            "(duplicate, ontanon, ontanon_duplicate, quick, tiny)"
         )
     return c
