@@ -110,19 +110,27 @@ def test_a_disk_filling_up_mid_run_stops_at_the_next_save(pristine_data, tmp_pat
         umount(disk)
 
 
-def test_sigterm_during_start_up_exits_0_with_a_message(pristine_data, tmp_path, cli_env):
-    workdir = tmp_path / "run"
-    proc = subprocess.Popen(train_cmd(workdir, pristine_data), env=cli_env, cwd=REPO,
+def _sigterm_when(ready, workdir, data_dir, env) -> str:
+    """Starts `jattn train`, sends SIGTERM once `ready(proc)` holds, and returns the
+    stderr of a process that exited 0 having written no training step."""
+    proc = subprocess.Popen(train_cmd(workdir, data_dir), env=env, cwd=REPO,
                             stderr=subprocess.PIPE, text=True)  # fmt: skip
     deadline = time.monotonic() + 60
-    while not (workdir / ".lock").exists():  # start-up: the workdir is being opened
+    while not ready(proc):
         assert proc.poll() is None and time.monotonic() < deadline
-        time.sleep(0.01)
+        time.sleep(0.001)
     proc.send_signal(signal.SIGTERM)
     _, err = proc.communicate(timeout=30)
     assert proc.returncode == 0, err[-2000:]
-    assert "stopped by SIGTERM" in error_line(err)
     assert not losses(workdir)  # nothing trained, nothing half-written
+    return err
+
+
+def test_sigterm_during_start_up_exits_0_with_a_message(pristine_data, tmp_path, cli_env):
+    workdir = tmp_path / "run"
+    # Start-up: the workdir is being opened.
+    err = _sigterm_when(lambda _: (workdir / ".lock").exists(), workdir, pristine_data, cli_env)
+    assert "stopped by SIGTERM" in error_line(err)
 
 
 HEAVY = ("jax", "numpy", "flax", "optax", "orbax", "tensorflow_datasets", "grain")
@@ -138,9 +146,9 @@ def test_the_command_imports_nothing_heavy_before_its_sigterm_handler(cli_env):
     assert out.strip() == "[]", out
 
 
-def _catches_sigterm(pid: int) -> bool:
-    """Whether process `pid` has a handler for SIGTERM (/proc's SigCgt mask)."""
-    with open(f"/proc/{pid}/status") as f:
+def _catches_sigterm(proc) -> bool:
+    """Whether `proc` has a handler for SIGTERM (/proc's SigCgt mask)."""
+    with open(f"/proc/{proc.pid}/status") as f:
         caught = next(line for line in f if line.startswith("SigCgt:")).split()[1]
     return bool(int(caught, 16) & (1 << (signal.SIGTERM - 1)))
 
@@ -150,18 +158,8 @@ def test_sigterm_at_the_first_instant_the_command_can_catch_it_exits_0(
 ):
     # As early as the process can answer at all: the moment its handler is in
     # place (while jax and the training code are still being imported).
-    workdir = tmp_path / "run"
-    proc = subprocess.Popen(train_cmd(workdir, pristine_data), env=cli_env, cwd=REPO,
-                            stderr=subprocess.PIPE, text=True)  # fmt: skip
-    deadline = time.monotonic() + 60
-    while not _catches_sigterm(proc.pid):
-        assert proc.poll() is None and time.monotonic() < deadline
-        time.sleep(0.001)
-    proc.send_signal(signal.SIGTERM)
-    _, err = proc.communicate(timeout=30)
-    assert proc.returncode == 0, err[-2000:]
+    err = _sigterm_when(_catches_sigterm, tmp_path / "run", pristine_data, cli_env)
     assert "stopped by SIGTERM outside training; nothing was lost" in error_line(err)
-    assert not losses(workdir)
 
 
 @pytest.mark.parametrize(
