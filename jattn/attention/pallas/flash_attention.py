@@ -62,6 +62,14 @@ as per-program partial sums `[nT, B, N, *leaf]` summed here (no atomics).
 by name, what they cannot; a call whose params need no gradient skips the
 partial sums (symbolic zeros, as for the bias).
 
+A distance-table mod (`ScoreMod.from_distance`) with default positions in
+the Triton kernels does not reach them as a mod: `prepare` builds its
+Toeplitz tiles for the forward and the backward tiling (`distance_tiles`),
+which stand in for the mod's leaves in the custom VJP; the kernels add them
+(`KernelConfig.distance_tiles`), `fn` is never lowered (nor refused), and
+the tiles' gradient comes from `triton_distance_grad`, all of it on the
+backward tiling's copy (both are windows of one table).
+
 Gradients of the Shaw tables and of `q` through `qr`, and of the value table
 through `pr`, follow by autodiff of the XLA steps around the kernel. The bias
 gradient is reduced to the bias's broadcast shape; a bias with both a query
