@@ -273,7 +273,7 @@ def test_from_distance_reuses_one_fn_per_form():
 
 # --------------------------------------------------------------------------------------
 # Pallas with given (shifted) positions: the kernels run the per-logit form (no
-# gather in Triton or Mosaic); default positions in Triton: tests/test_pallas_distance_table.py.
+# gather in Triton or Mosaic); default positions: tests/test_pallas_distance_table.py.
 
 
 @functools.partial(jax.jit, static_argnames=("backend",))

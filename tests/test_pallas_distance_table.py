@@ -1,16 +1,19 @@
-"""Distance-table score mods in the Triton kernels (interpret mode): Toeplitz tiles.
+"""Distance-table score mods in the Pallas kernels (interpret modes): Toeplitz tiles.
 
-With default positions a `ScoreMod.from_distance` mod reaches the Triton
-kernels as one `[bq, bk]` tile per tile diagonal, built in XLA
+With default positions a `ScoreMod.from_distance` mod reaches the Triton and
+Mosaic kernels as one `[bq, bk]` tile per tile diagonal, built in XLA
 (`jattn.attention.pallas.distance_tiles`), and its params' gradient comes
-from a kernel that walks the diagonals (`triton_distance_grad`). Checked:
+from a kernel that walks the diagonals (`triton_distance_grad`,
+`mosaic_distance_grad`). Checked, in both families (Triton `interpret`,
+Mosaic `tpu_interpret`):
 outputs and the q, k, v and params gradients equal the per-logit path (the
 same mod without its distance form) and a float64 reference, for T5, KERPLE,
 Sandwich (built by their schemes, tests/registry_mods.py) and a learned
 per-head table written here; causal and not, bq != bk, T != S (padding), the
-split and fused backward; the kernels never call the per-logit `fn`; a mod
-whose `fn` does not lower in-kernel runs; given positions keep the
-per-logit path.
+split and fused backward (Triton); the kernels never call the per-logit
+`fn`; a mod whose `fn` does not lower in-kernel runs; given positions keep
+the per-logit path; the kernels lower for CUDA and TPU on this CPU host; the
+diagonal kernel runs only when the params need a gradient.
 """
 
 from __future__ import annotations
@@ -101,13 +104,24 @@ CASES = [  # (mod, causal, T, S, bq, bk, backward)
 ]
 
 
-@pytest.mark.parametrize("case", CASES, ids=lambda c: "-".join(map(str, c)))
-def test_tiles_match_per_logit_and_float64(case):
+# Mosaic: block_k a multiple of 128 or every key (one key tile).
+MOSAIC_CASES = [
+    ("t5", True, 64, 64, 16, 64, "split"),
+    ("learned", False, 96, 256, 32, 128, "split"),
+]
+
+
+@pytest.mark.parametrize(
+    "case, backend",
+    [(c, "interpret") for c in CASES] + [(c, "tpu_interpret") for c in MOSAIC_CASES],
+    ids=lambda c: "-".join(map(str, c)) if isinstance(c, tuple) else c,
+)
+def test_tiles_match_per_logit_and_float64(case, backend):
     name, causal, t, s, bq, bk, backward = case
     mod = _mod(name)
     inputs = _qkv(11, 2, t, s, N_HEADS, 2, 16)
     cot = _cot(inputs)
-    kw = dict(is_causal=causal, bq=bq, bk=bk, backward=backward)
+    kw = dict(is_causal=causal, bq=bq, bk=bk, backward=backward, backend=backend)
     got = _run(inputs, mod, cot, **kw)
     _compare(got, _reference(inputs, mod, cot, is_causal=causal))
     _same(got, _run(inputs, _per_logit(mod), cot, **kw))
@@ -128,7 +142,8 @@ def test_build_is_the_term_at_each_tiles_distances():
     assert tiles.shape[1] == distance_tiles.num_diagonals(tp, sp, bq, bk) * bq
 
 
-def test_kernels_never_call_the_per_logit_fn():
+@pytest.mark.parametrize("backend, bk", [("interpret", 32), ("tpu_interpret", 64)])
+def test_kernels_never_call_the_per_logit_fn(backend, bk):
     """Tracing the whole call (forward, split backward and the params'
     gradient) calls only the distance form, in XLA."""
     calls = {"fn": 0, "distance": 0}
@@ -145,7 +160,8 @@ def test_kernels_never_call_the_per_logit_fn():
 
     mod = dataclasses.replace(base, fn=fn)
     inputs = _qkv(12, 1, 64, 64, N_HEADS, 2, 16)
-    jax.make_jaxpr(lambda i, m: _run(i, m, _cot(i), is_causal=True, bq=16, bk=32))(inputs, mod)
+    run = functools.partial(_run, is_causal=True, bq=16, bk=bk, backend=backend)
+    jax.make_jaxpr(lambda i, m: run(i, m, _cot(i)))(inputs, mod)
     assert calls["fn"] == 0 and calls["distance"] > 0
 
 
@@ -199,6 +215,8 @@ def _lowered_text(mod, *, platform="cuda", backend="gpu", backward="split", with
         return jax.grad(loss, argnums=(0, 1, 2, 3) if with_params else (0, 1, 2))(q, k, v, params)
 
     args = (inputs["query"], inputs["key"], inputs["value"], mod.params)
+    if platform != "cuda":
+        return jax.jit(f).trace(*args).lower(lowering_platforms=(platform,)).as_text()
     with cuda_target():
         return jax.jit(f).trace(*args).lower(lowering_platforms=(platform,)).as_text()
 
@@ -208,6 +226,12 @@ def test_triton_kernels_lower_for_cuda_with_tiles(backward):
     text = _lowered_text(_registry("sandwich"), backward=backward)
     assert "jattn_flash_fwd" in text and "jattn_flash_dtiles" in text
     assert ("jattn_flash_bwd_fused" in text) == (backward == "fused")
+
+
+def test_mosaic_kernels_lower_for_tpu_with_tiles():
+    text = _lowered_text(_registry("sandwich"), platform="tpu", backend="tpu")
+    for kernel in ("fwd", "dq", "dkv", "dtiles"):
+        assert f"jattn_flash_{kernel}_tpu" in text
 
 
 def test_no_params_gradient_no_diagonal_kernel():

@@ -28,10 +28,10 @@ Which distances a call sees, and so the table (D static, `lo` traced):
   runs the per-logit form instead (`lax.cond` on that check: both are
   compiled, one runs).
 
-The Pallas kernels: with default positions the Triton kernels read the
+The Pallas kernels: with default positions both kernel families read the
 table as one Toeplitz tile per tile diagonal, built from it in XLA
-(`jattn.attention.pallas.distance_tiles`, which uses `toeplitz`); the Mosaic
-kernels, and any call with given positions, run the per-logit form
+(`jattn.attention.pallas.distance_tiles`, which uses `toeplitz`); a call
+with given positions runs the per-logit form
 (`ScoreMod.fn`): neither family lowers a gather from a tile of indices, and
 a one-hot read of a window of the table costs O(window) per logit, no less
 than evaluating the term (docs/score_mods.md).

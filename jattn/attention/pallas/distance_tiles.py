@@ -1,4 +1,4 @@
-"""Distance-table score mods in the Triton kernels: one Toeplitz tile per tile diagonal.
+"""Distance-table score mods in the Pallas kernels: one Toeplitz tile per tile diagonal.
 
 A mod built by `jattn.ScoreMod.from_distance` adds `term(head, kv - q)`. With
 default positions (`arange` queries and keys) tile `(i, j)` of a `bq x bk`
@@ -14,14 +14,18 @@ float32 GPU kernels spill. Here the term is tabulated once per call in XLA
 (`build`, from `jattn.score_mod.distance_table`, as the xla and chunked
 paths do) into `tiles [N, nd*bq, bk]` float32 (natural units: the kernels
 add it where the per-logit mod would apply, before their base-2 scaling),
-O(N (Tp + Sp) / g * bq * bk) = O(L * block) memory. The kernels load the
-tile of their diagonal with one `pl.ds` read (`adder`). The table is built by
+O(N (Tp + Sp) / g * bq * bk) = O(L * block) memory. The kernels add the
+tile of their diagonal (one `[bq, bk]` read). The table is built by
 differentiable XLA ops from the mod's params, so the kernels only return
-`d tiles` (`triton_distance_grad`) and JAX's autodiff of `build` carries it
-to the params. The mod's per-logit `fn` is never called in a kernel, so a
-mod whose `fn` would not lower in-kernel runs too.
+`d tiles` and JAX's autodiff of `build` carries it to the params. The
+mod's per-logit `fn` is never called in a kernel, so a mod whose `fn`
+would not lower in-kernel runs too.
 
-Any other call (given positions, the Mosaic kernels) keeps the per-logit path.
+Both kernel families: the Triton kernels load the tile with `pl.ds` (`adder`),
+the Mosaic kernels get it as a `[bq, bk]` block whose index map computes the
+diagonal (`mosaic_forward.tiles_spec`); their gradient kernels are
+`triton_distance_grad` and `mosaic_distance_grad`. Any other call (given
+positions) keeps the per-logit path.
 """
 
 from __future__ import annotations
@@ -31,6 +35,7 @@ import math
 import jax
 import jax.numpy as jnp
 import numpy as np
+from jax import lax
 from jax.experimental import pallas as pl
 
 from jattn.attention.distance_table import toeplitz
@@ -40,19 +45,12 @@ Array = jax.Array
 
 __all__ = ["adder", "applies", "build", "diagonal", "num_diagonals"]
 
-TRITON_BACKENDS = ("gpu", "interpret")
-
 
 def applies(nf, backend: str) -> bool:
-    """Whether a call's score mod runs from distance tiles: a distance mod,
-    default positions, the Triton kernels (GPU or interpret mode)."""
+    """Whether a call's score mod runs from distance tiles: a distance mod and
+    default positions (either kernel family; `backend` kept for the callers)."""
     mod = nf.score_mod
-    return (
-        mod is not None
-        and mod.distance is not None
-        and nf.default_positions
-        and backend in TRITON_BACKENDS
-    )
+    return mod is not None and mod.distance is not None and nf.default_positions
 
 
 def num_diagonals(padded_t: int, padded_s: int, bq: int, bk: int) -> int:
@@ -61,8 +59,11 @@ def num_diagonals(padded_t: int, padded_s: int, bq: int, bk: int) -> int:
 
 
 def diagonal(i, j, padded_t: int, bq: int, bk: int):
-    """The diagonal index of tile `(i, j)` (traced or static ints)."""
-    return (j * bk - i * bq + padded_t - bq) // math.gcd(bq, bk)
+    """The diagonal index of tile `(i, j)` (traced or static ints; the
+    numerator is >= 0, so a truncating `lax.div` suffices in-kernel)."""
+    num = j * bk - i * bq + padded_t - bq
+    g = math.gcd(bq, bk)
+    return lax.div(num, g) if isinstance(num, jax.Array) else num // g
 
 
 def build(mod: ScoreMod, num_heads: int, padded_t: int, padded_s: int, bq: int, bk: int):

@@ -62,13 +62,14 @@ as per-program partial sums `[nT, B, N, *leaf]` summed here (no atomics).
 by name, what they cannot; a call whose params need no gradient skips the
 partial sums (symbolic zeros, as for the bias).
 
-A distance-table mod (`ScoreMod.from_distance`) with default positions in
-the Triton kernels does not reach them as a mod: `prepare` builds its
+A distance-table mod (`ScoreMod.from_distance`) with default positions
+does not reach the kernels as a mod: `prepare` builds its
 Toeplitz tiles for the forward and the backward tiling (`distance_tiles`),
 which stand in for the mod's leaves in the custom VJP; the kernels add them
 (`KernelConfig.distance_tiles`), `fn` is never lowered (nor refused), and
-the tiles' gradient comes from `triton_distance_grad`, all of it on the
-backward tiling's copy (both are windows of one table).
+the tiles' gradient comes from `triton_distance_grad` /
+`mosaic_distance_grad`, all of it on the backward tiling's copy (both are
+windows of one table).
 
 Gradients of the Shaw tables and of `q` through `qr`, and of the value table
 through `pr`, follow by autodiff of the XLA steps around the kernel. The bias
@@ -295,9 +296,11 @@ def _flash_core_bwd(fwd_cfg, bwd_cfg, res, cts):
         # are the same table's windows, so the params' gradient is whole.
         d_tiles = None
         if want_dmod is not None:
-            from jattn.attention.pallas import triton_distance_grad
-
-            d_tiles = triton_distance_grad.flash_dtiles(bwd_cfg, ins)
+            if bwd_cfg.backend in _TPU_BACKENDS:
+                from jattn.attention.pallas import mosaic_distance_grad as grad
+            else:
+                from jattn.attention.pallas import triton_distance_grad as grad
+            d_tiles = grad.flash_dtiles(bwd_cfg, ins)
         d_mod = (None, d_tiles)
     else:
         d_mod = _reduce_mod_grads(bwd_cfg, mod, d_mod)
