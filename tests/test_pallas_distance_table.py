@@ -13,7 +13,8 @@ per-head table written here; causal and not, bq != bk, T != S (padding), the
 split and fused backward (Triton); the kernels never call the per-logit
 `fn`; a mod whose `fn` does not lower in-kernel runs; given positions keep
 the per-logit path; the kernels lower for CUDA and TPU on this CPU host; the
-diagonal kernel runs only when the params need a gradient.
+diagonal kernel runs only when the params need a gradient; composed with a
+bias, segment ids, a local window and dropout the tiles equal the per-logit kernels.
 """
 
 from __future__ import annotations
@@ -249,3 +250,39 @@ def test_no_params_gradient_no_diagonal_kernel():
         )(*_qkv(16, 1, 64, 64, N_HEADS, 2, 16).values())
     )  # fmt: skip
     assert "jattn_flash_dq" in jaxpr and "jattn_flash_dtiles" not in jaxpr
+
+
+@functools.partial(jax.jit, static_argnames=("backend", "bk"))
+def _run_composed(inputs, mod, cot, *, backend, bk):
+    """Tiles composed with a bias, segment ids, a local window and dropout
+    (default positions): output and gradients of q, k, v, bias and params."""
+
+    def f(q, k, v, bias, params):
+        nf = jattn.normalise(
+            q, k, v, bias=bias, is_causal=True, local_window_size=(40, 0),
+            q_segment_ids=inputs["segments"], kv_segment_ids=inputs["segments"],
+            dropout_rate=0.25, dropout_rng=jax.random.key(5),
+            score_mod=dataclasses.replace(mod, params=params),
+        )  # fmt: skip
+        return fa.flash_attention(nf, block_q=16, block_k=bk, backend=backend)[0]
+
+    args = (inputs["query"], inputs["key"], inputs["value"], inputs["bias"], mod.params)
+    out, vjp = jax.vjp(f, *args)
+    return out, vjp(cot)
+
+
+@pytest.mark.parametrize("backend, bk", [("interpret", 32), ("tpu_interpret", 64)])
+def test_tiles_compose_with_bias_segments_window_dropout(backend, bk):
+    """The same kernels with the per-logit form give the same output and
+    gradients (bias's and params' included) to float32 rounding."""
+    inputs = _qkv(17, 2, 64, 64, N_HEADS, 2, 16)
+    rng = np.random.default_rng(17)
+    inputs["bias"] = jnp.asarray(rng.standard_normal((1, N_HEADS, 64, 64)), jnp.float32)
+    inputs["segments"] = jnp.asarray(np.repeat([[1] * 40 + [2] * 24], 2, axis=0), jnp.int32)
+    cot = _cot(inputs)
+    mod = _registry("kerple_log")
+    got = _run_composed(inputs, mod, cot, backend=backend, bk=bk)
+    run = functools.partial(_run_composed, backend=backend, bk=bk)
+    assert "jattn_flash_dtiles" in str(jax.make_jaxpr(run)(inputs, mod, cot))  # the tiles path
+    _same(got, _run_composed(inputs, _per_logit(mod), cot, backend=backend, bk=bk))
+    assert all(np.any(np.asarray(g) != 0) for g in jax.tree.leaves(got[1][4]))  # params reached
