@@ -14,7 +14,8 @@ split and fused backward (Triton); the kernels never call the per-logit
 `fn`; a mod whose `fn` does not lower in-kernel runs; given positions keep
 the per-logit path; the kernels lower for CUDA and TPU on this CPU host; the
 diagonal kernel runs only when the params need a gradient; composed with a
-bias, segment ids, a local window and dropout the tiles equal the per-logit kernels.
+bias, segment ids, a local window and dropout the tiles equal the per-logit kernels;
+different forward and backward tilings (the GPU defaults) are right.
 """
 
 from __future__ import annotations
@@ -286,3 +287,27 @@ def test_tiles_compose_with_bias_segments_window_dropout(backend, bk):
     assert "jattn_flash_dtiles" in str(jax.make_jaxpr(run)(inputs, mod, cot))  # the tiles path
     _same(got, _run_composed(inputs, _per_logit(mod), cot, backend=backend, bk=bk))
     assert all(np.any(np.asarray(g) != 0) for g in jax.tree.leaves(got[1][4]))  # params reached
+
+
+def test_forward_and_backward_tilings_differ(monkeypatch):
+    """On the GPU the default forward and backward tiles differ (two tile
+    sets, the gradient all on the backward's): emulated in interpret mode."""
+    monkeypatch.setattr(fa, "default_blocks", lambda *a, **k: ((64, 32), (16, 32)))
+    inputs = _qkv(18, 2, 64, 96, N_HEADS, 2, 16)
+    cot = _cot(inputs)
+
+    def run(mod):
+        def f(q, k, v, params):
+            nf = jattn.normalise(q, k, v, score_mod=dataclasses.replace(mod, params=params))
+            return fa.flash_attention(nf, backend="interpret")[0]
+
+        out, vjp = jax.vjp(f, inputs["query"], inputs["key"], inputs["value"], mod.params)
+        return out, vjp(cot)
+
+    nf = jattn.normalise(inputs["query"], inputs["key"], inputs["value"], score_mod=LEARNED)
+    pre = fa.prepare(nf, block_q=None, block_k=None, backend="interpret")
+    assert (pre.fwd_cfg.block_q, pre.bwd_cfg.block_q) == (64, 16)
+    assert pre.mod[0].shape != pre.mod[1].shape  # one tile set per tiling
+    got = run(LEARNED)
+    _compare(got, _reference(inputs, LEARNED, cot, is_causal=False))
+    _same(got, run(_per_logit(LEARNED)))

@@ -489,10 +489,10 @@ def prepare(
     spec = mod = None
     use_tiles = distance_tiles.applies(nf, backend)
     if use_tiles:  # read from Toeplitz tiles built here; fn never runs in a kernel
-        mod = tuple(
-            distance_tiles.build(nf.score_mod, n, padded_t, padded_s, bq_, bk_)
-            for bq_, bk_ in ((fwd_block_q, fwd_block_k), (bwd_block_q, bwd_block_k))
-        )
+        build = functools.partial(distance_tiles.build, nf.score_mod, n, padded_t, padded_s)
+        fwd_tiles = build(fwd_block_q, fwd_block_k)
+        same = (fwd_block_q, fwd_block_k) == (bwd_block_q, bwd_block_k)
+        mod = (fwd_tiles, fwd_tiles if same else build(bwd_block_q, bwd_block_k))
     elif nf.score_mod is not None:
         spec, leaves = score_mod_tiles.mod_spec(nf.score_mod, backend)
         for bq_, bk_ in {(fwd_block_q, fwd_block_k), (bwd_block_q, bwd_block_k)}:
