@@ -18,7 +18,9 @@ A mod that depends on `(head, kv_position - q_position)` alone may say so,
 term` (a distance-table mod): the xla and chunked paths then evaluate the
 term once per call on the distances the call can see (`distance_table`, an
 `[N, T + S - 1]` table; `jattn.attention.distance_table`) and the tiles read
-the table; the Pallas kernels run the per-logit `fn` derived from it.
+the table; the Pallas kernels, with default positions, add Toeplitz tiles
+cut from it (`jattn.attention.pallas.distance_tiles`); calls with given
+positions run the per-logit `fn` derived from it.
 
 It lives at the package root, beside `positions` and `masks`, because both
 the attention implementations and `jattn.positions` (whose ALiBi, T5, Shaw
@@ -98,7 +100,8 @@ class ScoreMod:
       distance: a `DistanceForm` when the mod is `score + term(head, kv -
         q)` (built by `ScoreMod.from_distance`, which derives `fn` from it):
         the xla and chunked paths then read a table of the term
-        (`distance_table`); None for any other mod. A mod rebuilt as
+        (`distance_table`), and the Pallas kernels, with default
+        positions, Toeplitz tiles cut from it; None for any other mod. A mod rebuilt as
         `ScoreMod(mod.fn, params)` drops it and runs per logit, with the
         same values.
     """

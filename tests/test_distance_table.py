@@ -272,7 +272,8 @@ def test_from_distance_reuses_one_fn_per_form():
 
 
 # --------------------------------------------------------------------------------------
-# Pallas: the kernels run the per-logit form (no gather in Triton or Mosaic).
+# Pallas with given (shifted) positions: the kernels run the per-logit form (no
+# gather in Triton or Mosaic); default positions: tests/test_pallas_distance_table.py.
 
 
 @functools.partial(jax.jit, static_argnames=("backend",))

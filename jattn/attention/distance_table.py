@@ -28,10 +28,13 @@ Which distances a call sees, and so the table (D static, `lo` traced):
   runs the per-logit form instead (`lax.cond` on that check: both are
   compiled, one runs).
 
-The Pallas kernels run the per-logit form (`ScoreMod.fn`): Triton and
-Mosaic lower no gather from a tile of indices, and a one-hot read of a
-window of the table costs O(window) per logit, no less than evaluating the
-term (docs/score_mods.md).
+The Pallas kernels: with default positions both kernel families read the
+table as one Toeplitz tile per tile diagonal, built from it in XLA
+(`jattn.attention.pallas.distance_tiles`, which uses `toeplitz`); a call
+with given positions runs the per-logit form
+(`ScoreMod.fn`): neither family lowers a gather from a tile of indices, and
+a one-hot read of a window of the table costs O(window) per logit, no less
+than evaluating the term (docs/score_mods.md).
 
 Shapes: B batch, B' 1 or B, N query heads (K kv heads x G per group), T
 queries, S keys, D table length, t / s tile lengths.

@@ -73,6 +73,9 @@ class KernelConfig:
     backward: str = "split"  # "split" (dq and dk/dv kernels) | "fused" (one kernel)
     score_mod: Any = None  # score_mod_tiles.ModSpec or None (its `grad`: params' gradient)
     precision: str = "tf32x3"  # float32 dots of the Triton kernels: tile_math.PRECISIONS
+    # Tp (the padded query length) when the Triton kernels add a distance mod's
+    # Toeplitz tiles (`distance_tiles`, input `KernelInputs.distance_tiles`), else 0.
+    distance_tiles: int = 0
 
     @property
     def groups(self) -> int:
@@ -141,6 +144,7 @@ class KernelInputs(NamedTuple):
     delta: Array | None = None  # backward: float32 [B, N, Tp], rowsum(dO * O) + pr · dpr
     d_value_mass: Array | None = None  # backward: float32 [B, Tp, N, Rp], cotangent of pr
     mod_params: tuple[Array, ...] | None = None  # the score mod's leaves (kernel shapes), whole
+    distance_tiles: Array | None = None  # float32 [N, nd*bq, bk]: see `distance_tiles`, whole
 
 
 def only_specified(inputs: KernelInputs, specs: KernelInputs) -> KernelInputs:

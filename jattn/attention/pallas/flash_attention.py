@@ -62,6 +62,15 @@ as per-program partial sums `[nT, B, N, *leaf]` summed here (no atomics).
 by name, what they cannot; a call whose params need no gradient skips the
 partial sums (symbolic zeros, as for the bias).
 
+A distance-table mod (`ScoreMod.from_distance`) with default positions
+does not reach the kernels as a mod: `prepare` builds its
+Toeplitz tiles for the forward and the backward tiling (`distance_tiles`),
+which stand in for the mod's leaves in the custom VJP; the kernels add them
+(`KernelConfig.distance_tiles`), `fn` is never lowered (nor refused), and
+the tiles' gradient comes from `triton_distance_grad` /
+`mosaic_distance_grad`, all of it on the backward tiling's copy (both are
+windows of one table).
+
 Gradients of the Shaw tables and of `q` through `qr`, and of the value table
 through `pr`, follow by autodiff of the XLA steps around the kernel. The bias
 gradient is reduced to the bias's broadcast shape; a bias with both a query
@@ -82,7 +91,13 @@ from jax.custom_derivatives import CustomVJPPrimal, SymbolicZero
 
 from jattn.attention import scores
 from jattn.attention.normal_form import EMPTY_ROW_LSE, NormalForm
-from jattn.attention.pallas import score_mod_tiles, tile_math, triton_backward, triton_forward
+from jattn.attention.pallas import (
+    distance_tiles,
+    score_mod_tiles,
+    tile_math,
+    triton_backward,
+    triton_forward,
+)
 from jattn.attention.pallas.backend import (
     BACKENDS,
     TPU_BACKENDS,
@@ -154,11 +169,15 @@ def _kernels(cfg: KernelConfig):
     )
 
 
-def kernel_inputs(q, k, v, qr, bias, fixed: FixedInputs, maps: TileMaps, mod=None) -> KernelInputs:
+def kernel_inputs(
+    q, k, v, qr, bias, fixed: FixedInputs, maps: TileMaps, mod=None, tiles=None
+) -> KernelInputs:
     """The inputs of one kernel call, on the tiling of `maps` (kernel-level API:
-    with `prepare`'s outputs, what the kernels and their tests are called on)."""
+    with `prepare`'s outputs, what the kernels and their tests are called on).
+    `tiles`: that tiling's distance tiles (`distance_tiles`), or None."""
     return KernelInputs(
         mod_params=mod,
+        distance_tiles=tiles,
         query=q,
         key=k,
         value=v,
@@ -191,9 +210,19 @@ def _forward_keys(k: Array, fixed: FixedInputs) -> Array:
     return k if fixed.key_poison is None else k + fixed.key_poison
 
 
+def _split_mod(cfg: KernelConfig, mod):
+    """`(leaves, (forward tiles, backward tiles))`: with distance tiles the
+    mod's "leaves" are the two tilings' tiles (`prepare`), else `(mod, (None, None))`."""
+    if cfg.distance_tiles:
+        return None, mod
+    return mod, (None, None)
+
+
 @functools.partial(jax.custom_vjp, nondiff_argnums=(0, 1))
 def _flash_vjp(fwd_cfg: KernelConfig, bwd_cfg: KernelConfig, q, k, v, qr, bias, fixed, mod):
-    ins = kernel_inputs(q, _forward_keys(k, fixed), v, qr, bias, fixed, fixed.forward_maps, mod)
+    leaves, (tiles, _) = _split_mod(fwd_cfg, mod)
+    keys = _forward_keys(k, fixed)
+    ins = kernel_inputs(q, keys, v, qr, bias, fixed, fixed.forward_maps, leaves, tiles)
     return _kernels(fwd_cfg)[0](fwd_cfg, ins)
 
 
@@ -209,7 +238,9 @@ def _flash_core_fwd(fwd_cfg, bwd_cfg, q, k, v, qr, bias, fixed, mod):
         lambda p: p.value, (q, k, v, qr, bias, mod, fixed), is_leaf=is_primal
     )
     forward = _kernels(fwd_cfg)[0]
-    ins = kernel_inputs(q, _forward_keys(k, fixed), v, qr, bias, fixed, fixed.forward_maps, mod)
+    leaves, (tiles, _) = _split_mod(fwd_cfg, mod)
+    keys = _forward_keys(k, fixed)
+    ins = kernel_inputs(q, keys, v, qr, bias, fixed, fixed.forward_maps, leaves, tiles)
     o, lse, pr = forward(fwd_cfg, ins)
     flag = jnp.zeros((0,), jnp.float32) if want_dbias else None  # static via pytree structure
     mod_flag = jnp.zeros((0,), jnp.float32) if want_dmod else None
@@ -236,7 +267,7 @@ def _flash_core_bwd(fwd_cfg, bwd_cfg, res, cts):
     do, _, dpr = (None if c is None else _instantiate(c) for c in cts)
     if bias is not None and want_dbias is None:
         bwd_cfg = dataclasses.replace(bwd_cfg, bias_grad=False)
-    if mod is not None and want_dmod is None:
+    if bwd_cfg.score_mod is not None and want_dmod is None:
         spec = dataclasses.replace(bwd_cfg.score_mod, grad=False)
         bwd_cfg = dataclasses.replace(bwd_cfg, score_mod=spec)
     delta = jnp.einsum(
@@ -245,7 +276,8 @@ def _flash_core_bwd(fwd_cfg, bwd_cfg, res, cts):
     if pr is not None:
         dpr = dpr.astype(jnp.float32)
         delta = delta + jnp.einsum("BTNR,BTNR->BNT", pr, dpr)
-    ins = kernel_inputs(q, k, v, qr, bias, fixed, fixed.backward_maps, mod)
+    leaves, (_, tiles) = _split_mod(bwd_cfg, mod)
+    ins = kernel_inputs(q, k, v, qr, bias, fixed, fixed.backward_maps, leaves, tiles)
     ins = ins._replace(d_out=do.astype(q.dtype), lse=lse, delta=delta, d_value_mass=dpr)
     _, flash_dq, flash_dkv = _kernels(bwd_cfg)
     if bwd_cfg.backward == "fused":
@@ -259,7 +291,20 @@ def _flash_core_bwd(fwd_cfg, bwd_cfg, res, cts):
     kind = dbias_kind(bwd_cfg)
     if kind is not None:
         dbias = _reduce_bias_grad(db_kv if kind == "cols" else db_q, kind, bias)
-    return dq, dk, dv, dqr, dbias, None, _reduce_mod_grads(bwd_cfg, mod, d_mod)
+    if bwd_cfg.distance_tiles:
+        # All of the tiles' gradient goes to the backward tiling's copy: both
+        # are the same table's windows, so the params' gradient is whole.
+        d_tiles = None
+        if want_dmod is not None:
+            if bwd_cfg.backend in _TPU_BACKENDS:
+                from jattn.attention.pallas import mosaic_distance_grad as grad
+            else:
+                from jattn.attention.pallas import triton_distance_grad as grad
+            d_tiles = grad.flash_dtiles(bwd_cfg, ins)
+        d_mod = (None, d_tiles)
+    else:
+        d_mod = _reduce_mod_grads(bwd_cfg, mod, d_mod)
+    return dq, dk, dv, dqr, dbias, None, d_mod
 
 
 def _reduce_mod_grads(cfg: KernelConfig, mod, partials):
@@ -439,10 +484,16 @@ def prepare(
     padded_rel = max(16, pow2_size(num_rel)) if gpu else num_rel
     map_pos = nf.is_causal or nf.shaw or nf.window is not None
     # A score mod reads the positions of every tile (the block map does not).
-    use_pos = map_pos or nf.score_mod is not None
+    use_pos = map_pos or (nf.score_mod is not None and not distance_tiles.applies(nf, backend))
     use_seg = nf.q_segment_ids is not None
     spec = mod = None
-    if nf.score_mod is not None:
+    use_tiles = distance_tiles.applies(nf, backend)
+    if use_tiles:  # read from Toeplitz tiles built here; fn never runs in a kernel
+        build = functools.partial(distance_tiles.build, nf.score_mod, n, padded_t, padded_s)
+        fwd_tiles = build(fwd_block_q, fwd_block_k)
+        same = (fwd_block_q, fwd_block_k) == (bwd_block_q, bwd_block_k)
+        mod = (fwd_tiles, fwd_tiles if same else build(bwd_block_q, bwd_block_k))
+    elif nf.score_mod is not None:
         spec, leaves = score_mod_tiles.mod_spec(nf.score_mod, backend)
         for bq_, bk_ in {(fwd_block_q, fwd_block_k), (bwd_block_q, bwd_block_k)}:
             score_mod_tiles.check_lowerable(spec, backend, bq_, bk_)
@@ -552,6 +603,7 @@ def prepare(
         backward=backward,
         score_mod=spec,
         precision=precision,
+        distance_tiles=padded_t if use_tiles else 0,
     )
     # A light score mod's 16-bit backward tiles take 2 warps (backend.default_warps).
     light_mod = (

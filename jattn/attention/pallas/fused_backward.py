@@ -40,7 +40,7 @@ from jattn.attention.pallas.config import (
     only_specified,
 )
 from jattn.attention.pallas.triton_backward import dkv_tile, dq_tile, query_bias_grad_outputs
-from jattn.attention.pallas.triton_forward import View, kernel_call, whole_specs
+from jattn.attention.pallas.triton_forward import View, kernel_call, tiles_spec, whole_specs
 
 Array = jax.Array
 
@@ -180,6 +180,7 @@ def flash_dq_dkv(cfg: KernelConfig, ins: KernelInputs):
         ),
         dropout_seed=pl.BlockSpec((2,), lambda p, b_, k_: (0,)) if cfg.use_dropout else None,
         mod_params=whole_specs(cfg),
+        distance_tiles=tiles_spec(cfg, ins),
     )
     args = [only_specified(ins, specs)]
     in_specs = [specs]

@@ -34,7 +34,9 @@ from jattn.attention.pallas.mosaic_forward import (
     q_row_spec,
     q_tile_specs,
     ref_scores,
+    tile_adder,
     tile_mod,
+    tiles_spec,
     tpu_inputs,
     when_visible,
 )
@@ -70,14 +72,14 @@ def _dq_kernel(classes_ref, bounds_ref, seed_ref, r, *refs, cfg: KernelConfig, m
         k = r.key[...]
         v = r.value[...]
         do = r.d_out[...]
-        mod = tile_mod(cfg, r, b, h)
+        mod = tile_adder(cfg, r) or tile_mod(cfg, r, b, h)
         s, dpr_t, rel, raw = ref_scores(
             cfg, r, maps, j, partial, right, need_rel=cfg.use_qr, mod=mod
         )
         p = jnp.exp2(s - r.lse[...])  # [bq, bk]; lse = EMPTY_LSE on empty rows: p = 0
         z = dropout_tile(cfg, seed_ref, b, h, i, j)
         ds = ft.score_grads(p, do, v, dpr_t, z, r.delta[...])  # [bq, bk]
-        if mod is not None:  # through the score mod: to the raw logits and params
+        if cfg.score_mod is not None:  # through the score mod: to the raw logits and params
             ds, d_leaves = sm.tile_backward(cfg.score_mod, mod, raw, ds, cfg.mod_grad)
             if n_mod:
                 new = [d for d in d_leaves if d is not None]
@@ -213,14 +215,14 @@ def _dkv_kernel(classes_ref, bounds_ref, seed_ref, r, dk_ref, dv_ref, *refs, cfg
         q = r.query[...]
         v = r.value[...]
         do = r.d_out[...]
-        mod = tile_mod(cfg, r, b, h)
+        mod = tile_adder(cfg, r) or tile_mod(cfg, r, b, h)
         s, dpr_t, _, raw = ref_scores(cfg, r, maps, j, partial, right, mod=mod)
         p = jnp.exp2(s - r.lse[...])  # [bq, bk]
         z = dropout_tile(cfg, seed_ref, b, h, i, j)
         p_kept = p if z is None else p * z
         dv_sc[...] += ft.dot(p_kept.astype(do.dtype), do, (0, 0))  # [bk, Hv]
         ds = ft.score_grads(p, do, v, dpr_t, z, r.delta[...])  # [bq, bk]
-        if mod is not None:  # to the raw logits through the score mod
+        if cfg.score_mod is not None:  # to the raw logits through the score mod
             ds, _ = sm.tile_backward(cfg.score_mod, mod, raw, ds, with_params=False)
         dk_sc[...] += ft.dot(ds.astype(q.dtype), q, (0, 0))  # [bk, H]
         if kind == "cols":
@@ -281,6 +283,7 @@ def flash_dkv(cfg: KernelConfig, ins: KernelInputs) -> tuple[Array, Array, Array
         key_term=q_row(cfg.num_rel) if cfg.use_qr else None,
         d_value_mass=q_row(cfg.num_rel) if cfg.use_pr else None,
         mod_params=mod_specs(cfg),
+        distance_tiles=tiles_spec(cfg, head, q_tile, k_tile),
     )
     out_shape = [
         jax.ShapeDtypeStruct((b, kh, padded_s, hdim), x.key.dtype),

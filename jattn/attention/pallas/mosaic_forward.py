@@ -46,6 +46,7 @@ from jax import lax
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import tpu as pltpu
 
+from jattn.attention.pallas import distance_tiles as dt
 from jattn.attention.pallas import score_mod_tiles as sm
 from jattn.attention.pallas import tile_math as ft
 from jattn.attention.pallas.config import (
@@ -212,6 +213,29 @@ def tile_mod(cfg: KernelConfig, r: KernelInputs, batch, head):
     return sm.bind(cfg.score_mod, leaves, batch, head, load(r.q_positions), load(r.kv_positions))
 
 
+def tile_adder(cfg: KernelConfig, r: KernelInputs):
+    """`s -> s + tile`, the block's distance tile (its BlockSpec picks the
+    tile diagonal, `tiles_spec`), or None without distance tiles."""
+    if not cfg.distance_tiles:
+        return None
+    tile = r.distance_tiles[...].astype(jnp.float32)  # [bq, bk]
+    return lambda s: s + tile
+
+
+def tiles_spec(cfg: KernelConfig, head, q_tile, kv_tile):
+    """The `[bq, bk]` block of the distance tiles `[N, nd*bq, bk]` on the
+    diagonal of (q_tile, kv_tile) (index-map functions of the grid), or None."""
+    if not cfg.distance_tiles:
+        return None
+
+    bq, bk = cfg.block_q, cfg.block_k
+
+    def index(*a):
+        return (head(*a), dt.diagonal(q_tile(*a), kv_tile(*a), cfg.distance_tiles, bq, bk), 0)
+
+    return pl.BlockSpec((SQ, bq, bk), index)
+
+
 def mod_specs(cfg: KernelConfig):
     """Whole-array BlockSpecs of the score mod's leaves (any grid, with the
     scalar-prefetch arguments), or None."""
@@ -281,7 +305,7 @@ def _fwd_kernel(classes_ref, bounds_ref, seed_ref, r, o_ref, lse_ref, *rest, cfg
             accr_sc[0][...] = jnp.zeros(accr_sc[0].shape, jnp.float32)
 
     def body(partial, right):
-        mod = tile_mod(cfg, r, b, h)
+        mod = tile_adder(cfg, r) or tile_mod(cfg, r, b, h)
         s, _, rel, _ = ref_scores(cfg, r, maps, j, partial, right, need_rel=cfg.use_pr, mod=mod)
         p, m_new, l_new, corr, row_sum = ft.online_softmax_step(s, m_sc[...], l_sc[...])
         z = dropout_tile(cfg, seed_ref, b, h, i, j)
@@ -346,6 +370,7 @@ def q_tile_specs(cfg: KernelConfig, x: KernelInputs, maps: Maps) -> KernelInputs
         mask=bias_spec(cfg.mask_dims, bq, bk, head, q_tile, kv_tile) if cfg.mask_dims else None,
         key_term=q_row(cfg.num_rel) if cfg.use_qr else None,
         mod_params=mod_specs(cfg),
+        distance_tiles=tiles_spec(cfg, head, q_tile, kv_tile),
     )
 
 

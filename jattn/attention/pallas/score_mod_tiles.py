@@ -37,7 +37,10 @@ primitive, any primitive the chosen backend has no lowering rule for
 (`gather` for a table looked up with an array index, `sort`, ...), a
 captured array constant, and a whole use of a flat leaf. Interpret mode
 runs the same rewritten `fn` and is refused on the same grounds as the
-backend it emulates, so the CPU tests see what a GPU or TPU would.
+backend it emulates, so the CPU tests see what a GPU or TPU would. A
+distance-table mod that the kernels read as Toeplitz tiles
+(`distance_tiles`: default positions) never comes here, so its `fn` need
+not lower.
 """
 
 from __future__ import annotations

@@ -21,6 +21,7 @@ import jax.numpy as jnp
 from jax import lax
 from jax.experimental import pallas as pl
 
+from jattn.attention.pallas import distance_tiles as dt
 from jattn.attention.pallas import score_mod_tiles as sm
 from jattn.attention.pallas import tile_math as ft
 from jattn.attention.pallas.config import (
@@ -44,6 +45,7 @@ from jattn.attention.pallas.triton_forward import (
     row_spec,
     tile_loop,
     tile_mod,
+    tiles_spec,
     whole_specs,
 )
 
@@ -265,6 +267,8 @@ def dkv_tile(cfg: KernelConfig, r: KernelInputs, ids, dk_ref, dv_ref, db_ref) ->
             dpr_col = col_reader(r.d_value_mass, qs, g)
             q_pos = r.q_positions[qs] if cfg.use_pos and (partial or with_mod) else None
             mod = tile_mod(cfg, leaves, batch, head, q_pos, kv_pos)
+            if cfg.distance_tiles:  # additive: dS passes through unchanged
+                mod = dt.adder(r.distance_tiles, head, i, j, cfg.distance_tiles, bq, bk)
             s, dpr_t, _, raw = ft.tile_scores(
                 partial,
                 q=q,
@@ -292,7 +296,7 @@ def dkv_tile(cfg: KernelConfig, r: KernelInputs, ids, dk_ref, dv_ref, db_ref) ->
             pt_do = ft.dot(p_kept.astype(do.dtype), do, (0, 0), cfg.precision)  # [bk, Hv]
             dv_acc = dv_acc + pt_do
             ds = ft.score_grads(p, do, v, dpr_t, z, delta[:, None], cfg.precision)  # [bq, bk]
-            if mod is not None:  # to the raw logits through the score mod
+            if cfg.score_mod is not None:  # to the raw logits through the score mod
                 ds, _ = sm.tile_backward(cfg.score_mod, mod, raw, ds, with_params=False)
             dk_acc = dk_acc + ft.dot(ds.astype(q.dtype), q, (0, 0), cfg.precision)  # [bk, H]
             if kind == "cols":
@@ -362,6 +366,7 @@ def flash_dkv(cfg: KernelConfig, ins: KernelInputs) -> tuple[Array, Array, Array
         ),
         dropout_seed=pl.BlockSpec((2,), lambda j, b_, k_: (0,)) if cfg.use_dropout else None,
         mod_params=whole_specs(cfg),
+        distance_tiles=tiles_spec(cfg, ins),
     )
     args = only_specified(ins, specs)
     out_shape = [

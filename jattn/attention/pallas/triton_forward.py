@@ -31,6 +31,7 @@ import jax.numpy as jnp
 from jax import lax
 from jax.experimental import pallas as pl
 
+from jattn.attention.pallas import distance_tiles as dt
 from jattn.attention.pallas import score_mod_tiles as sm
 from jattn.attention.pallas import tile_math as ft
 from jattn.attention.pallas.config import (
@@ -282,6 +283,8 @@ def q_tile_scorer(cfg: KernelConfig, r: KernelInputs, ids=None):
         v = r.value[kv, :]  # [bk, Hv]
         kv_pos = r.kv_positions[kv] if cfg.use_pos and (partial or with_mod) else None
         mod = tile_mod(cfg, leaves, batch, head, q_pos, kv_pos)
+        if cfg.distance_tiles:  # additive: dS needs no pull-back, so no `(mod, raw)`
+            add = dt.adder(r.distance_tiles, head, i, j, cfg.distance_tiles, cfg.block_q, bk)
         s, dpr_tile, rel, raw = ft.tile_scores(
             partial,
             q=q,
@@ -303,7 +306,7 @@ def q_tile_scorer(cfg: KernelConfig, r: KernelInputs, ids=None):
             qr_far=far(qr_ends, partial, right),
             dpr_far=far(dpr_ends, partial, right),
             need_rel=need_rel,
-            score_mod=mod,
+            score_mod=add if cfg.distance_tiles else mod,
             precision=cfg.precision,
         )
         z = dropout_tile(cfg, r.dropout_seed, batch, head, i * cfg.block_q, j * bk)
@@ -397,7 +400,15 @@ def q_tile_specs(cfg: KernelConfig, ins: KernelInputs, n_kv_tiles: int):
         row_bounds=pl.BlockSpec((SQ, SQ, 4, n_q_tiles), lambda i, b, h_: (b, map_head(h_), 0, 0)),
         dropout_seed=pl.BlockSpec((2,), lambda i, b, h_: (0,)) if cfg.use_dropout else None,
         mod_params=whole_specs(cfg),
+        distance_tiles=tiles_spec(cfg, ins),
     )
+
+
+def tiles_spec(cfg: KernelConfig, ins: KernelInputs):
+    """The distance tiles, whole, in every program (any grid), or None."""
+    if not cfg.distance_tiles:
+        return None
+    return dt.whole_spec(ins.distance_tiles.shape)
 
 
 def flash_forward(cfg: KernelConfig, ins: KernelInputs) -> tuple[Array, Array, Array | None]:
