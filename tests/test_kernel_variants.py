@@ -140,7 +140,9 @@ def test_a_score_mods_tiles_and_warps_follow_its_cost():
     picks its GPU tiles and warps by it (what `jattn bench aot` compiles
     without bf16 spills, docs/gpu.md): 16x32 backward tiles, 2 warps for a
     light mod (ALiBi, FIRE's loop), 4 for a heavy one (T5's select chain);
-    at head dim 128 a 64x64 forward with 8 warps."""
+    at head dim 128 a 64x64 forward with 8 warps. Positions given
+    explicitly keep T5 per logit; at default positions it reads distance
+    tiles instead (a distance mod: no per-logit spec to measure)."""
     from jattn import positions
     from jattn.attention.pallas import score_mod_tiles as smt
 
@@ -151,15 +153,17 @@ def test_a_score_mods_tiles_and_warps_follow_its_cost():
         "fire": positions.fire_score_mod(positions.init_fire_params(jax.random.PRNGKey(0), 4)),
         "t5": positions.t5_score_mod(jnp.zeros((4, 32)), bidirectional=False),
     }
+    positions_given = dict(q_positions=jnp.arange(128)[None], kv_positions=jnp.arange(128)[None])
     costs = {}
     for name, mod in mods.items():
         pre = fa.prepare(
-            jattn.normalise(q, k, v, is_causal=True, score_mod=mod),
+            jattn.normalise(q, k, v, is_causal=True, score_mod=mod, **positions_given),
             block_q=None,
             block_k=None,
             backend="gpu",
         )
         spec = pre.fwd_cfg.score_mod
+        assert spec is not None and not pre.fwd_cfg.distance_tiles, name
         costs[name] = smt.backward_cost(spec, 16, 32)
         assert (pre.fwd_cfg.block_q, pre.fwd_cfg.block_k, pre.fwd_cfg.num_warps) == (64, 64, 8)
         light = costs[name] <= smt.LIGHT_MOD_COST
@@ -167,6 +171,14 @@ def test_a_score_mods_tiles_and_warps_follow_its_cost():
         assert pre.bwd_cfg.num_warps == (2 if light else 4), name
     assert costs["alibi"] <= smt.LIGHT_MOD_COST and costs["fire"] <= smt.LIGHT_MOD_COST
     assert costs["t5"] > smt.LIGHT_MOD_COST
+    # At default positions T5 (a distance mod) reads Toeplitz tiles: no per-logit spec.
+    pre = fa.prepare(
+        jattn.normalise(q, k, v, is_causal=True, score_mod=mods["t5"]),
+        block_q=None,
+        block_k=None,
+        backend="gpu",
+    )
+    assert pre.fwd_cfg.score_mod is None and pre.fwd_cfg.distance_tiles == 128
     # Without a mod, nothing changes: 32x32 backward, 4 warps (head dim 128).
     pre = fa.prepare(
         jattn.normalise(q, k, v, is_causal=True), block_q=None, block_k=None, backend="gpu"
