@@ -242,6 +242,33 @@ def _dkv_kernel(classes_ref, bounds_ref, seed_ref, r, dk_ref, dv_ref, *refs, cfg
         dv_ref[...] = dv_sc[...].astype(dv_ref.dtype)
 
 
+def backward_input_specs(cfg: KernelConfig, dims, rows, bias, **more) -> KernelInputs:
+    """The input blocks of a backward kernel, given how it maps to its grid
+    `rows` = (a query row `q_row(width)`, the key rows `kv_rows(width)`, a
+    query column, a key row) and a bias or mask (`bias(dims)`): what the
+    dk/dv and the distance-tiles kernels share (`more`: the inputs only one
+    of them reads). `dims`: the head dims (query/key, value)."""
+    hdim, hv = dims
+    q_row, kv_rows, q_col, kv_row = rows
+    return KernelInputs(
+        query=q_row(hdim),
+        key=kv_rows(hdim),
+        value=kv_rows(hv),
+        d_out=q_row(hv),
+        lse=q_row(1),
+        delta=q_row(1),
+        q_positions=q_col if cfg.use_pos else None,
+        kv_positions=kv_row if cfg.use_pos else None,
+        q_segments=q_col if cfg.use_seg else None,
+        kv_segments=kv_row if cfg.use_seg else None,
+        bias=bias(cfg.bias_dims) if cfg.bias_dims else None,
+        mask=bias(cfg.mask_dims) if cfg.mask_dims else None,
+        key_term=q_row(cfg.num_rel) if cfg.use_qr else None,
+        d_value_mass=q_row(cfg.num_rel) if cfg.use_pr else None,
+        **more,
+    )
+
+
 def flash_dkv(cfg: KernelConfig, ins: KernelInputs) -> tuple[Array, Array, Array | None]:
     """dk/dv kernel; arguments and results as `triton_backward.flash_dkv`."""
     x = tpu_inputs(ins)
@@ -267,21 +294,11 @@ def flash_dkv(cfg: KernelConfig, ins: KernelInputs) -> tuple[Array, Array, Array
 
     q_col = pl.BlockSpec((SQ, bq, 1), lambda *a: (a[0], q_tile(*a), 0))
     kv_row = pl.BlockSpec((SQ, 1, bk), lambda b_, k_, j, *_: (b_, 0, j))
-    specs = KernelInputs(
-        query=q_row(hdim),
-        key=kv_rows(hdim),
-        value=kv_rows(hv),
-        d_out=q_row(hv),
-        lse=q_row(1),
-        delta=q_row(1),
-        q_positions=q_col if cfg.use_pos else None,
-        kv_positions=kv_row if cfg.use_pos else None,
-        q_segments=q_col if cfg.use_seg else None,
-        kv_segments=kv_row if cfg.use_seg else None,
-        bias=bias_spec(cfg.bias_dims, bq, bk, head, q_tile, k_tile) if cfg.bias_dims else None,
-        mask=bias_spec(cfg.mask_dims, bq, bk, head, q_tile, k_tile) if cfg.mask_dims else None,
-        key_term=q_row(cfg.num_rel) if cfg.use_qr else None,
-        d_value_mass=q_row(cfg.num_rel) if cfg.use_pr else None,
+    specs = backward_input_specs(
+        cfg,
+        (hdim, hv),
+        (q_row, kv_rows, q_col, kv_row),
+        lambda dims: bias_spec(dims, bq, bk, head, q_tile, k_tile),
         mod_params=mod_specs(cfg),
         distance_tiles=tiles_spec(cfg, head, q_tile, k_tile),
     )

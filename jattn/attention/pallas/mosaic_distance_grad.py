@@ -23,6 +23,7 @@ from jax.experimental import pallas as pl
 
 from jattn.attention.pallas import tile_math as ft
 from jattn.attention.pallas.config import SQ, KernelConfig, KernelInputs
+from jattn.attention.pallas.mosaic_backward import backward_input_specs
 from jattn.attention.pallas.mosaic_forward import (
     Maps,
     dropout_tile,
@@ -101,21 +102,11 @@ def flash_dtiles(cfg: KernelConfig, ins: KernelInputs) -> Array:
             ),
         )
 
-    specs = KernelInputs(
-        query=q_row(hdim),
-        key=kv_rows(hdim),
-        value=kv_rows(hv),
-        d_out=q_row(hv),
-        lse=q_row(1),
-        delta=q_row(1),
-        q_positions=q_col if cfg.use_pos else None,
-        kv_positions=kv_row if cfg.use_pos else None,
-        q_segments=q_col if cfg.use_seg else None,
-        kv_segments=kv_row if cfg.use_seg else None,
-        bias=bias(cfg.bias_dims) if cfg.bias_dims else None,
-        mask=bias(cfg.mask_dims) if cfg.mask_dims else None,
-        key_term=q_row(cfg.num_rel) if cfg.use_qr else None,
-        d_value_mass=q_row(cfg.num_rel) if cfg.use_pr else None,
+    specs = backward_input_specs(
+        cfg,
+        (hdim, hv),
+        (q_row, kv_rows, q_col, kv_row),
+        bias,
         distance_tiles=pl.BlockSpec((SQ, bq, bk), lambda h, idx, *_: (h, idx, 0)),
     )
     out = mosaic_call(
