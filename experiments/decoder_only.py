@@ -31,8 +31,8 @@ and sinusoidal 0.000, mean of their 3 seeds) and with a replacement
 every NoPE seed (their results/sanity_check.jsonl: `jattn.analysis.anchor_records`,
 Kazemnejad et al.), while on random-token copy ALiBi (0.331) is above NoPE
 (0.305). Their five schemes, 3 seeds, 1,200 steps, both tasks: 30 runs.
-Not run yet: projected from the decoder-only grid's measured cost (36 runs of
-1,200 steps, about 59 min with `--jobs 2` on this machine), about 50 min.
+Ran 2026-12-03 with `--jobs 2`: 86 min 47 s beside a test-suite run
+(docs/results.md, "Their repeated-token copy"; docs/results/decoder_only_repeated/).
 (``kz_copy_rsc2x`` doubles the target, 80 tokens at test: past this config's
 `eval_max_len` of 48, so it is left out.)
 """

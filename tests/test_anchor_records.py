@@ -202,6 +202,8 @@ def randomized() -> list[str]:
 # Each row: the record of its anchor, and what its jattn cell must say, computed from files.
 KZ_LONG = ("results/decoder_only_long", "results/decoder_only_long_alibi_rope")
 KZ_SIN = "results/decoder_only_long_sinusoidal"
+KZ_REP = "results/decoder_only_repeated"
+KZ_NAMES = {"none": "NoPE", "sinusoidal": "sinusoidal", "alibi": "ALiBi", "t5": "T5", "rope": "RoPE"}
 SPECS = {
     "Ontañón et al. 2022, reversing digits": (
         "ontanon2022",
@@ -251,6 +253,21 @@ SPECS = {
                 "results/decoder_only",
                 "position=none,task=kz_reverse",
                 "eval/validation/exact_match",
+            ),
+        ],
+    ),
+    "Kazemnejad et al. 2023, repeated-token copy": (
+        "kazemnejad2023",
+        lambda: [
+            steps(KZ_REP),
+            *(
+                f"{name} {ci(KZ_REP, f'position={scheme},task=kz_copy_{task}')}"
+                for task, order in (
+                    ("rsc", "none sinusoidal alibi t5 rope"),
+                    ("rdc", "sinusoidal none t5 alibi rope"),
+                )
+                for scheme in order.split()
+                for name in [KZ_NAMES[scheme]]
             ),
         ],
     ),
