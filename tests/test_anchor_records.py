@@ -203,6 +203,7 @@ def randomized() -> list[str]:
 KZ_LONG = ("results/decoder_only_long", "results/decoder_only_long_alibi_rope")
 KZ_SIN = "results/decoder_only_long_sinusoidal"
 KZ_REP = "results/decoder_only_repeated"
+KZ_REV = "results/decoder_only_reverse_long"
 KZ_NAMES = {"none": "NoPE", "sinusoidal": "sinusoidal", "alibi": "ALiBi", "t5": "T5", "rope": "RoPE"}
 SPECS = {
     "Ontañón et al. 2022, reversing digits": (
@@ -245,15 +246,13 @@ SPECS = {
     "Kazemnejad et al. 2023, decoder-only reverse": (
         "kazemnejad2023",
         lambda: [
-            steps("results/decoder_only", "results/decoder_only_fire_reverse"),
-            f"{ci('results/decoder_only_fire_reverse', 'position=fire,task=kz_reverse')} vs "
-            f"{ci('results/decoder_only', 'position=sinusoidal,task=kz_reverse')}",
-            "validation "
-            + mean(
-                "results/decoder_only",
-                "position=none,task=kz_reverse",
-                "eval/validation/exact_match",
-            ),
+            steps(KZ_REV),
+            f"validation {mean(KZ_REV, 'position=none,task=kz_reverse', 'eval/validation/exact_match')}",
+            f"ALiBi {ci(KZ_REV, 'position=alibi,task=kz_reverse')}",
+            f"NoPE {ci(KZ_REV, 'position=none,task=kz_reverse')}",
+            f"T5 {ci(KZ_REV, 'position=t5,task=kz_reverse')}",
+            f"sinusoidal {ci(KZ_REV, 'position=sinusoidal,task=kz_reverse')}",
+            f"RoPE {ci(KZ_REV, 'position=rope,task=kz_reverse')}",
         ],
     ),
     "Kazemnejad et al. 2023, repeated-token copy": (
