@@ -204,7 +204,13 @@ KZ_LONG = ("results/decoder_only_long", "results/decoder_only_long_alibi_rope")
 KZ_SIN = "results/decoder_only_long_sinusoidal"
 KZ_REP = "results/decoder_only_repeated"
 KZ_REV = "results/decoder_only_reverse_long"
-KZ_NAMES = {"none": "NoPE", "sinusoidal": "sinusoidal", "alibi": "ALiBi", "t5": "T5", "rope": "RoPE"}
+KZ_NAMES = {
+    "none": "NoPE",
+    "sinusoidal": "sinusoidal",
+    "alibi": "ALiBi",
+    "t5": "T5",
+    "rope": "RoPE",
+}
 SPECS = {
     "Ontañón et al. 2022, reversing digits": (
         "ontanon2022",
@@ -247,7 +253,8 @@ SPECS = {
         "kazemnejad2023",
         lambda: [
             steps(KZ_REV),
-            f"validation {mean(KZ_REV, 'position=none,task=kz_reverse', 'eval/validation/exact_match')}",
+            "validation "
+            + mean(KZ_REV, "position=none,task=kz_reverse", "eval/validation/exact_match"),
             f"ALiBi {ci(KZ_REV, 'position=alibi,task=kz_reverse')}",
             f"NoPE {ci(KZ_REV, 'position=none,task=kz_reverse')}",
             f"T5 {ci(KZ_REV, 'position=t5,task=kz_reverse')}",
