@@ -25,7 +25,11 @@ So a run resumes from the newest step that restores and verifies:
 While it restores, the ``Task exception was never retrieved`` records that
 asyncio logs for the reads orbax abandons in a failed restore (one per
 array, thousands for a large model) are dropped (`quiet_abandoned_reads`):
-the warning line says what failed.
+the warning line says what failed. Some of those reads are still running in
+tensorstore when the restore raises and end (failed, unretrieved) later, at
+any moment of the training that follows; so once a restore has failed, the
+filter stays on the ``asyncio`` logger for the rest of the process (in CI,
+1 run in ~30 printed such a late traceback while the step after it trained).
 
 Every skipped step is one warning line that names it and why. Nothing is
 deleted: a step set aside can be inspected or moved back. Moving it out of
@@ -93,7 +97,13 @@ def quiet_abandoned_reads() -> Iterator[None]:
         yield
     finally:
         gc.collect()
-        log.removeFilter(_not_abandoned)
+        if not _failed_restores:
+            log.removeFilter(_not_abandoned)
+
+
+# Whether a restore of this process has failed: then its abandoned reads may end
+# (and be logged) at any later moment, and `quiet_abandoned_reads` keeps its filter.
+_failed_restores: list[int] = []
 
 
 def set_aside(checkpoint_dir: str, step: int, reason: str, warn: Callable[[str], None]) -> str:
@@ -221,6 +231,7 @@ def restore_members(
                     continue
                 restored[i], problem = _restore_one(mngr, step, restore, i)
                 if problem is not None:
+                    _failed_restores.append(step)
                     restored.clear()
                     gc.collect()  # the failed attempt's abandoned reads, while quiet
                     set_aside(os.fspath(mngr.directory), step, problem, warn)

@@ -349,7 +349,12 @@ def test_reads_abandoned_by_a_failed_restore_are_not_echoed(
     """A restore of step 40 that fails the way orbax's does, abandoning fifty failed
     reads: one warning, the previous step resumed, none of asyncio's fifty records."""
     from jattn.train import checkpoints as ckpt
+    from jattn.train import recovery
 
+    # A failed restore earlier in this process (another test) leaves the filter on
+    # for good; this test starts from a process that has had none.
+    logging.getLogger("asyncio").removeFilter(recovery._not_abandoned)
+    monkeypatch.setattr(recovery, "_failed_restores", [])
     caplog.set_level(logging.ERROR, logger="asyncio")
     with pytest.raises(OSError):  # the fault is real: unguarded, asyncio logs each read
         _abandon_failed_reads()
