@@ -29,11 +29,17 @@ Every run is evaluated with its own kind of positions (`random_positions_eval`),
 Cost, measured 2026-12-02 on this 2-core machine under load 9 (a
 duplicate_string run of 60 steps, `configs/chomsky.py:duplicate_string,test100`
 encoder-only): 0.06-0.09 steps/s, about 4.2 CPU-seconds a step (rows of 41
-input and 81 target tokens, 128 a step). The grid's 108 runs x 1,000 steps
-are so about 125 CPU-hours here: far past the 2 hours this machine can give
-it, and 1,000 steps is already 10x under their example script. The grid is
-written down to be run where the compute is (`--emit slurm`); it was not
-run here, and no result of it is reported.
+input and 81 target tokens, 128 a step). Quiet, one core a run (2026-12-03,
+600-step probes with each task's own config: docs/results/deletang_probe/):
+even_pairs 0.45-0.6 s a step, reverse_string 1.0-1.1 s; neither fits its
+training lengths at 600 steps (validation exact match 0.64 and 0.29). A
+reverse_string pair (sinusoidal, plain and random, one seed, 3,000 steps,
+2026-12-04: docs/results.md, "On their terms: one pair and the cost of the
+grid"; docs/results/deletang_reverse/) fitted the plain arm at 2,000-3,000
+steps and left the random arm short (validation exact match 0.56). At that
+budget the grid's 108 runs are about 100 CPU-hours here: it is written down
+to be run where the compute is (`--emit slurm`); it was not run here, and
+no result of it is reported.
 
 The report gives token accuracy on `test_longer` (the teacher-forced
 accuracy is the prediction: an encoder-only model reads no targets) and

@@ -61,6 +61,7 @@ __all__ = [
     "SKIPPED_DIR",
     "archive_metrics",
     "quiet_abandoned_reads",
+    "release_abandoned_reads",
     "restore_members",
     "set_aside",
     "set_aside_incomplete",
@@ -104,6 +105,18 @@ def quiet_abandoned_reads() -> Iterator[None]:
 # Whether a restore of this process has failed: then its abandoned reads may end
 # (and be logged) at any later moment, and `quiet_abandoned_reads` keeps its filter.
 _failed_restores: list[int] = []
+
+
+def release_abandoned_reads() -> None:
+    """Gives the ``asyncio`` logger back its abandoned-task records.
+
+    After a failed restore the filter of `quiet_abandoned_reads` stays on for
+    the process; a long-lived process (a notebook, a test session) that has
+    moved past that restore and wants asyncio's records of its own tasks again
+    calls this. The failed restore's late reads are then echoed again.
+    """
+    _failed_restores.clear()
+    logging.getLogger("asyncio").removeFilter(_not_abandoned)
 
 
 def set_aside(checkpoint_dir: str, step: int, reason: str, warn: Callable[[str], None]) -> str:
