@@ -203,6 +203,8 @@ def randomized() -> list[str]:
 KZ_LONG = ("results/decoder_only_long", "results/decoder_only_long_alibi_rope")
 KZ_SIN = "results/decoder_only_long_sinusoidal"
 KZ_REP = "results/decoder_only_repeated"
+DEL_REV = "results/deletang_reverse"
+DEL_GROUP = "position=sinusoidal,random=%d,task=reverse_string/test100"
 KZ_REV = "results/decoder_only_reverse_long"
 KZ_NAMES = {
     "none": "NoPE",
@@ -278,6 +280,20 @@ SPECS = {
         ],
     ),
     "Ruoss et al. 2023, randomised positions": ("ruoss2023", randomized),
+    "Ruoss et al. 2023, on their encoder-only tape (one pair)": (
+        "ruoss2023",
+        lambda: [
+            steps(DEL_REV),
+            mean(DEL_REV, f"{DEL_GROUP % 0}", "eval/test_longer/beyond_train/accuracy")
+            + " plain -> "
+            + mean(DEL_REV, f"{DEL_GROUP % 512}", "eval/test_longer/beyond_train/accuracy")
+            + " randomised",
+            "validation exact match "
+            + mean(DEL_REV, f"{DEL_GROUP % 0}", "eval/validation/exact_match")
+            + " and "
+            + mean(DEL_REV, f"{DEL_GROUP % 512}", "eval/validation/exact_match"),
+        ],
+    ),
     "Csordás et al. 2021, SCAN cutoff 26": (
         "csordas2021",
         lambda: [
