@@ -284,14 +284,14 @@ SPECS = {
         "ruoss2023",
         lambda: [
             steps(DEL_REV),
-            mean(DEL_REV, f"{DEL_GROUP % 0}", "eval/test_longer/beyond_train/accuracy")
+            mean(DEL_REV, DEL_GROUP % 0, "eval/test_longer/beyond_train/accuracy")
             + " plain -> "
-            + mean(DEL_REV, f"{DEL_GROUP % 512}", "eval/test_longer/beyond_train/accuracy")
+            + mean(DEL_REV, DEL_GROUP % 512, "eval/test_longer/beyond_train/accuracy")
             + " randomised",
             "validation exact match "
-            + mean(DEL_REV, f"{DEL_GROUP % 0}", "eval/validation/exact_match")
+            + mean(DEL_REV, DEL_GROUP % 0, "eval/validation/exact_match")
             + " and "
-            + mean(DEL_REV, f"{DEL_GROUP % 512}", "eval/validation/exact_match"),
+            + mean(DEL_REV, DEL_GROUP % 512, "eval/validation/exact_match"),
         ],
     ),
     "Csordás et al. 2021, SCAN cutoff 26": (

@@ -79,6 +79,11 @@ def _not_abandoned(record: logging.LogRecord) -> bool:
     return not str(record.msg).startswith(_ABANDONED)
 
 
+# Whether a restore of this process has failed: then its abandoned reads may end
+# (and be logged) at any later moment, and `quiet_abandoned_reads` keeps its filter.
+_failed_restores: list[int] = []
+
+
 @contextlib.contextmanager
 def quiet_abandoned_reads() -> Iterator[None]:
     """``with quiet_abandoned_reads():`` restore attempts without asyncio's echo of them.
@@ -100,11 +105,6 @@ def quiet_abandoned_reads() -> Iterator[None]:
         gc.collect()
         if not _failed_restores:
             log.removeFilter(_not_abandoned)
-
-
-# Whether a restore of this process has failed: then its abandoned reads may end
-# (and be logged) at any later moment, and `quiet_abandoned_reads` keeps its filter.
-_failed_restores: list[int] = []
 
 
 def release_abandoned_reads() -> None:
