@@ -27,18 +27,20 @@ steps and seeds, for a fast look), "ontanon" and "ontanon_duplicate" (below),
 variants of Ontañón et al. (key/bias terms, rel2) are `experiments/shaw_variants.py`;
 the earlier grid on German number words is `experiments/positional_numbers.py`.
 
-"ontanon" and "ontanon_duplicate" give the grid Ontañón et al.'s number of
-training examples: their code trains 2 epochs of 200,000 strings on
-reversing and 4 on duplication, at batch 64 (`jattn.analysis.anchor_records`,
-Ontañón et al.); jattn's packed rows hold about 110 reversing strings a
-step (16 rows of 64 target tokens), so their 400,000 are 3,600 steps.
-Duplication's targets are twice as long, so its rows of 96 tokens hold fewer
-strings: 7,200 steps (twice reversing's) see fewer than their 800,000
-(an estimate, not counted). Their model is this one (2 layers, width 64, 4 heads, feed-forward
-256, dropout 0.1); what differs: 3 seeds (theirs 5), packed rows, the
-learning-rate schedule (theirs: Noam, warmup 4,000). Not run yet: projected
-from the main job (24 runs x 1,200 steps, 20-44 min here), about 1-2 hours
-for reversing and twice that for duplication with `--jobs 2`.
+"ontanon" and "ontanon_duplicate" give the grid about Ontañón et al.'s
+budget: their code trains 2 epochs of 200,000 strings on reversing and 4 on
+duplication, at batch 64 (`jattn.analysis.anchor_records`, Ontañón et al.).
+jattn's packed rows hold 89.2 reversing strings a step (16 rows of 64 tokens
+a side) and 68.9 duplication strings (rows of 96 target tokens), counted
+over 200 training batches (`jattn bench data`, docs/results/ontanon_reverse/
+examples_per_step.md), so 3,600 steps see 321k reversing strings (0.80 of
+their 400,000) and 7,200 steps 496k duplication strings (0.62 of their
+800,000); matching them would take about 4,480 and 11,600 steps. Their
+model is this one (2 layers, width 64, 4 heads, feed-forward 256, dropout
+0.1); what differs: the seeds (theirs 5), packed rows, the learning-rate
+schedule (theirs: Noam, warmup 4,000). Runs, wall times and results:
+docs/results.md, "Reversing at their budget" and "Duplication at their
+budget".
 """
 
 import pathlib

@@ -200,6 +200,7 @@ def randomized() -> list[str]:
 
 
 # Each row: the record of its anchor, and what its jattn cell must say, computed from files.
+ONT_REV = "results/ontanon_reverse"
 KZ_LONG = ("results/decoder_only_long", "results/decoder_only_long_alibi_rope")
 KZ_SIN = "results/decoder_only_long_sinusoidal"
 KZ_REP = "results/decoder_only_repeated"
@@ -221,6 +222,17 @@ SPECS = {
             f"sinusoidal+Shaw {ci('results', 'position=sinusoidal+shaw')}",
             f"sinusoidal {ci('results', 'position=sinusoidal')}",
             steps("results"),
+        ],
+    ),
+    "Ontañón et al. 2022, reversing at their budget": (
+        "ontanon2022",
+        lambda: [
+            steps(ONT_REV),
+            f"T5 {ci(ONT_REV, 'position=t5')}",
+            f"ALiBi {ci(ONT_REV, 'position=alibi')}",
+            f"sinusoidal {ci(ONT_REV, 'position=sinusoidal')}",
+            f"sinusoidal+Shaw {ci(ONT_REV, 'position=sinusoidal+shaw')}",
+            f"Shaw {ci(ONT_REV, 'position=shaw')}",
         ],
     ),
     "Ontañón et al. 2022, Shaw's terms (rel-e, rel-b, rel-eb, rel2)": (
