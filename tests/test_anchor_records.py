@@ -201,6 +201,7 @@ def randomized() -> list[str]:
 
 # Each row: the record of its anchor, and what its jattn cell must say, computed from files.
 ONT_REV = "results/ontanon_reverse"
+ONT_DUP = "results/ontanon_duplicate"
 KZ_LONG = ("results/decoder_only_long", "results/decoder_only_long_alibi_rope")
 KZ_SIN = "results/decoder_only_long_sinusoidal"
 KZ_REP = "results/decoder_only_repeated"
@@ -250,6 +251,23 @@ SPECS = {
             f"{ci('results/duplicate', 'position=t5')} vs",
             f"sinusoidal {ci('results/duplicate', 'position=sinusoidal')}",
             steps("results/duplicate"),
+        ],
+    ),
+    "Ontañón et al. 2022, duplication at their budget": (
+        "ontanon2022",
+        lambda: [
+            steps(ONT_DUP),
+            *(
+                f"{name} {ci(ONT_DUP, f'position={scheme}')}"
+                for name, scheme in (
+                    ("sinusoidal+Shaw", "sinusoidal+shaw"),
+                    ("ALiBi", "alibi"),
+                    ("Shaw", "shaw"),
+                    ("T5", "t5"),
+                    ("RoPE", "rope"),
+                    ("sinusoidal", "sinusoidal"),
+                )
+            ),
         ],
     ),
     "Kazemnejad et al. 2023, decoder-only copy": (
