@@ -16,7 +16,8 @@ R = 2k + 1 relative distances for Shaw with clip distance k.
 One module per family: `absolute` (sinusoidal), `rotary` (RoPE, its
 scalings, xPos), `relative` (Shaw's ids and tables, Transformer-XL's as
 Shaw's), `biases` (the score mods: ALiBi, T5, Shaw's bias, KERPLE,
-Sandwich, soft-capping) and `fire` (FIRE); every public name is imported
+Sandwich, soft-capping), `fire` (FIRE) and `tables` (the per-head table
+read the score mods share); every public name is imported
 here, so `jattn.positions.X` is the one name to use.
 """
 
