@@ -293,20 +293,25 @@ def sandwich_bias(distance: Array, num_heads: int, dim: int = SANDWICH_DIM) -> A
     scaling, as ALiBi's slopes `2^(-8h/N)`).
     """
     x = jnp.asarray(distance).astype(jnp.float32)
-    acc = jnp.zeros_like(x)
-    for k in range(dim // 2):
-        acc = acc + jnp.cos(x * float(10_000.0 ** (-2.0 * k / dim)))
-    inv = num_heads / (8.0 * np.arange(1, num_heads + 1))  # [N]
-    inv = jnp.asarray(inv, jnp.float32).reshape((num_heads,) + (1,) * x.ndim)
-    return (acc - dim / 2)[None] * inv
+    inv = _sandwich_scales(num_heads).reshape((num_heads,) + (1,) * x.ndim)
+    return _sandwich_sum(x, dim)[None] * inv
 
 
-def _sandwich(inv_scale, head, d, *, dim):
-    x = d.astype(jnp.float32)
+def _sandwich_scales(num_heads: int) -> Array:
+    """The per-head scales `N / (8h)`, h = 1..N: float32 `[N]`."""
+    return jnp.asarray(num_heads / (8.0 * np.arange(1, num_heads + 1)), jnp.float32)
+
+
+def _sandwich_sum(x: Array, dim: int) -> Array:
+    """`Σ_{k<d/2} cos(x / 10000^(2k/d)) - d/2` of float32 distances `x`."""
     acc = jnp.zeros_like(x)
     for k in range(dim // 2):  # d/2 cosines; constants, so the kernels lower it
         acc = acc + jnp.cos(x * float(10_000.0 ** (-2.0 * k / dim)))
-    return (acc - dim / 2) * inv_scale[head]
+    return acc - dim / 2
+
+
+def _sandwich(inv_scale, head, d, *, dim):
+    return _sandwich_sum(d.astype(jnp.float32), dim) * inv_scale[head]
 
 
 def sandwich_score_mod(num_heads: int, dim: int = SANDWICH_DIM):
@@ -328,8 +333,9 @@ def sandwich_score_mod(num_heads: int, dim: int = SANDWICH_DIM):
     dim = int(dim)
     if dim < 2 or dim % 2:
         raise ValueError(f"sandwich_score_mod: dim must be even and >= 2, got {dim}")
-    inv = jnp.asarray(num_heads / (8.0 * np.arange(1, num_heads + 1)), jnp.float32)  # [N]
-    return ScoreMod.from_distance(with_settings(_sandwich, dim=dim), inv, name="sandwich")
+    return ScoreMod.from_distance(
+        with_settings(_sandwich, dim=dim), _sandwich_scales(num_heads), name="sandwich"
+    )
 
 
 def _softcap(cap, score, batch, head, i, j):

@@ -95,7 +95,9 @@ def quiet_abandoned_reads() -> Iterator[None]:
     thousands, after the one warning line that matters). Inside the block
     the ``asyncio`` logger drops those records, and on the way out the
     garbage is collected, so tasks abandoned inside it are reported (dropped)
-    inside it. Everything else asyncio logs passes.
+    inside it. Everything else asyncio logs passes. Once a restore has failed
+    (`restore_members`), the filter stays on after the block, since that
+    restore's reads may end later (`release_abandoned_reads` takes it off).
     """
     log = logging.getLogger("asyncio")
     log.addFilter(_not_abandoned)
