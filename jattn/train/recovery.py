@@ -22,14 +22,23 @@ So a run resumes from the newest step that restores and verifies:
    next older one is tried. A step written by another number of processes is
    not damage: it is refused (`ConfigError`).
 
-While it restores, the ``Task exception was never retrieved`` records that
-asyncio logs for the reads orbax abandons in a failed restore (one per
-array, thousands for a large model) are dropped (`quiet_abandoned_reads`):
-the warning line says what failed. Some of those reads are still running in
-tensorstore when the restore raises and end (failed, unretrieved) later, at
-any moment of the training that follows; so once a restore has failed, the
-filter stays on the ``asyncio`` logger for the rest of the process (in CI,
-1 run in ~30 printed such a late traceback while the step after it trained).
+While it restores, the echo of the reads orbax abandons in a failed restore
+(one per array, thousands for a large model) is dropped
+(`quiet_abandoned_reads`): the warning line says what failed. It comes three
+ways, as the garbage collector meets each read: asyncio logs ``Task (or
+_GatheringFuture) exception was never retrieved`` for a read that failed
+unretrieved; a read left suspended is closed, and orbax's ``except
+BaseException`` turns the close into its read error, printed by
+`sys.unraisablehook` as ``Exception ignored in: <coroutine object
+_read_array_index_and_device_put ...>``; a read never started warns
+``coroutine ... was never awaited``. (On this machine most runs of the
+truncated-chunk fault printed dozens of the second.) Some reads are still
+running in tensorstore when the restore raises and end later, at any moment
+of the training that follows or at the interpreter's exit; so once a restore
+has failed the filters stay on for the rest of the process, and what is left
+of the abandoned reads is collected at exit while they are on (in CI, a late
+traceback got out while the step after the restore trained, and another
+after the last step).
 
 Every skipped step is one warning line that names it and why. Nothing is
 deleted: a step set aside can be inspected or moved back. Moving it out of
@@ -42,12 +51,16 @@ step 0 (every checkpoint gone or skipped): they are renamed, not wiped.
 
 from __future__ import annotations
 
+import atexit
 import contextlib
 import gc
 import logging
 import os
+import re
 import shutil
+import sys
 import time
+import warnings
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
@@ -71,54 +84,115 @@ __all__ = [
 
 SKIPPED_DIR = "checkpoints.skipped"
 
-# What asyncio logs for a task or future that ended in an exception nobody asked for.
-_ABANDONED = ("Task exception was never retrieved", "Future exception was never retrieved")
-
-
-def _not_abandoned(record: logging.LogRecord) -> bool:
-    return not str(record.msg).startswith(_ABANDONED)
-
+# What asyncio logs for a task or future that ended in an exception nobody asked for
+# (``Task``, ``Future``, ``_GatheringFuture exception was never retrieved``).
+_ABANDONED = re.compile(r"\w+ exception was never retrieved")
+# Where orbax's read coroutines are written: one closed unfinished by the garbage
+# collector raises its read error (`quiet_abandoned_reads`).
+_ORBAX = f"{os.sep}orbax{os.sep}checkpoint{os.sep}"
+# Orbax's read coroutines that a failed restore may leave created but never started.
+_NEVER_AWAITED = re.compile(
+    r"coroutine '(?:_read_array_index_and_device_put|_read_and_create_array|_read_shard"
+    r"|async_deserialize|_deserialize_arrays)' was never awaited"
+)
 
 # Whether a restore of this process has failed: then its abandoned reads may end
-# (and be logged) at any later moment, and `quiet_abandoned_reads` keeps its filter.
+# (and be reported) at any later moment, and the filters of `quiet_abandoned_reads`
+# stay on. Both lists are changed in place, never rebound: the filters hold them.
 _failed_restores: list[int] = []
+_quiet_blocks: list[None] = []  # one entry per `quiet_abandoned_reads` block now open
+_installed: list[bool] = []
+
+
+def _quiet_now(_blocks=_quiet_blocks, _failed=_failed_restores) -> bool:
+    # Bound as defaults, not read from the module: at the interpreter's exit module
+    # globals are cleared while late tasks are still being finalised.
+    return bool(_blocks or _failed)
+
+
+def _install_filters() -> None:
+    """Puts three filters in this process (once), each dropping one echo of an
+    abandoned read while `_quiet_now()` and passing everything else through:
+
+    - on the ``asyncio`` logger: ``... exception was never retrieved``;
+    - before `sys.unraisablehook` (whatever it is now): an orbax coroutine
+      closed unfinished, raising its read error;
+    - before `warnings.showwarning`: an orbax read coroutine never awaited.
+    """
+    if _installed:
+        return
+    _installed.append(True)
+    quiet_now, abandoned, orbax, never_awaited = _quiet_now, _ABANDONED, _ORBAX, _NEVER_AWAITED
+
+    def log_filter(record: logging.LogRecord) -> bool:
+        return not (quiet_now() and abandoned.match(str(record.msg)))
+
+    previous_hook = sys.unraisablehook
+
+    def unraisable_hook(unraisable) -> None:
+        code = getattr(unraisable.object, "cr_code", None)  # only coroutines have one
+        if not (quiet_now() and code is not None and orbax in code.co_filename):
+            previous_hook(unraisable)
+
+    previous_show = warnings.showwarning
+
+    def show_warning(message, category, filename, lineno, file=None, line=None) -> None:
+        if not (quiet_now() and category is RuntimeWarning and never_awaited.match(str(message))):
+            previous_show(message, category, filename, lineno, file, line)
+
+    logging.getLogger("asyncio").addFilter(log_filter)
+    sys.unraisablehook, warnings.showwarning = unraisable_hook, show_warning
+
+
+def _collect_at_exit() -> None:
+    """Collects the failed restores' last abandoned reads while the filters are on
+    (atexit runs before module teardown, and before `logging.shutdown`)."""
+    if _failed_restores:
+        gc.collect()
+
+
+atexit.register(_collect_at_exit)
 
 
 @contextlib.contextmanager
 def quiet_abandoned_reads() -> Iterator[None]:
-    """``with quiet_abandoned_reads():`` restore attempts without asyncio's echo of them.
+    """``with quiet_abandoned_reads():`` restore attempts without the echo of their reads.
 
     When one array of a step fails to read, orbax's restore raises that error
-    and abandons the other reads of its event loop; each one that failed too
-    is logged by asyncio as ``Task exception was never retrieved`` with its
-    traceback when the task is garbage collected (pages of them, sometimes
-    thousands, after the one warning line that matters). Inside the block
-    the ``asyncio`` logger drops those records, and on the way out the
-    garbage is collected, so tasks abandoned inside it are reported (dropped)
-    inside it. Everything else asyncio logs passes. Once a restore has failed
-    (`restore_members`), the filter stays on after the block, since that
-    restore's reads may end later (`release_abandoned_reads` takes it off).
+    and abandons the other reads of its event loop, and each is echoed when
+    the garbage collector meets it: a read that failed too is logged by
+    asyncio as ``Task exception was never retrieved`` (or ``_GatheringFuture
+    ...``) with its traceback; a read still suspended is closed, which orbax's
+    ``except BaseException`` turns into the read error, printed by
+    `sys.unraisablehook` as ``Exception ignored in: <coroutine object
+    _read_array_index_and_device_put ...>``; a read created but not started
+    warns ``coroutine ... was never awaited``. Pages of them, sometimes
+    thousands, after the one warning line that matters. Inside the block those
+    three are dropped (coroutines of orbax's checkpoint package only), and on
+    the way out the garbage is collected, so reads abandoned inside it are
+    met inside it. Everything else passes. Once a restore has failed
+    (`restore_members`), the filters stay on after the block, since that
+    restore's reads may end later (`release_abandoned_reads` takes them off).
     """
-    log = logging.getLogger("asyncio")
-    log.addFilter(_not_abandoned)
+    _install_filters()
+    _quiet_blocks.append(None)
     try:
         yield
     finally:
         gc.collect()
-        if not _failed_restores:
-            log.removeFilter(_not_abandoned)
+        _quiet_blocks.pop()
 
 
 def release_abandoned_reads() -> None:
-    """Gives the ``asyncio`` logger back its abandoned-task records.
+    """Gives back the echo of abandoned reads (asyncio's log, the unraisable hook,
+    the never-awaited warning) after a failed restore.
 
-    After a failed restore the filter of `quiet_abandoned_reads` stays on for
+    After a failed restore the filters of `quiet_abandoned_reads` stay on for
     the process; a long-lived process (a notebook, a test session) that has
     moved past that restore and wants asyncio's records of its own tasks again
     calls this. The failed restore's late reads are then echoed again.
     """
     _failed_restores.clear()
-    logging.getLogger("asyncio").removeFilter(_not_abandoned)
 
 
 def set_aside(checkpoint_dir: str, step: int, reason: str, warn: Callable[[str], None]) -> str:

@@ -324,6 +324,65 @@ def test_a_truncated_chunk_recovers_without_asyncio_tracebacks(
     np.testing.assert_allclose([got[s] for s in ref], list(ref.values()), rtol=1e-6)
 
 
+# Orbax's read coroutine as a failed restore leaves it: suspended inside its read, where
+# ``except BaseException`` turns the collector's close into the read error; compiled with
+# a file name inside orbax's checkpoint package, which is what the filter looks at.
+_ECHOES = '''
+import gc, os, sys
+from jattn.train.recovery import quiet_abandoned_reads
+
+READ = """
+async def _read_array_index_and_device_put():
+    try:
+        await Pending()
+    except BaseException as e:
+        raise Exception("read of {where} failed") from e
+"""
+
+class Pending:  # a read tensorstore has not finished
+    def __await__(self):
+        yield
+
+def reader(where, path):
+    namespace = {"Pending": Pending}
+    exec(compile(READ.format(where=where), path, "exec"), namespace)
+    return namespace["_read_array_index_and_device_put"]
+
+orbax = os.path.join(os.sep, "site-packages", "orbax", "checkpoint", "_src", "s.py")
+mine = os.path.join(os.sep, "home", "me", "reads.py")
+
+def abandon(where):
+    suspended = [reader(where, orbax)(), reader(where + " (mine)", mine)()]
+    for coro in suspended:
+        coro.send(None)  # now waiting inside the read
+    never_started = reader(where, orbax)()
+    del suspended, never_started, coro
+    gc.collect()
+    print("---", file=sys.stderr, flush=True)
+
+with quiet_abandoned_reads():
+    abandon("inside")
+abandon("after")
+'''
+
+
+def test_the_filters_drop_orbax_reads_abandoned_inside_the_block_and_nothing_else():
+    """Inside `quiet_abandoned_reads` (no restore failed): an orbax read closed while
+    suspended and one never started are not echoed, the same read of another file is;
+    after the block every one is."""
+    # -W always: each warning shown, not only its first time at that line of `abandon`.
+    cmd = [sys.executable, "-W", "always", "-c", _ECHOES]
+    env = {**os.environ, "JAX_PLATFORMS": "cpu"}
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=120, cwd=REPO, env=env)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    inside, after, rest = proc.stderr.split("---\n")
+    assert rest == "", proc.stderr
+    assert "read of inside (mine) failed" in inside, proc.stderr
+    assert "read of inside failed" not in inside and "never awaited" not in inside, inside
+    assert "read of after (mine) failed" in after and "read of after failed" in after, after
+    assert "coroutine '_read_array_index_and_device_put' was never awaited" in after, after
+
+
 def _abandon_failed_reads(n: int = 50) -> None:
     """What orbax does when one read of a restore fails: that error is raised, the
     other reads, failed too, are left with their exceptions unretrieved."""
