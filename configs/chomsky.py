@@ -16,7 +16,11 @@ its default; the paper's encoder-only output tape is
 
 `:arg` is comma-separated: one task (required: `jattn.data.chomsky.TASKS`),
 optionally ``test100`` or ``tiny`` (the data set's config), and the variants
-of `jattn.train.apply_variant` (a positional scheme, ...).
+of `jattn.train.apply_variant` (a positional scheme, ...). A task may also be
+named as its data set is (``reverse_string/test100`` is
+``reverse_string,test100``), so that a grid whose ``task`` axis sets
+``dataset`` can take each task's own config with
+``base = "configs/chomsky.py:{task}"`` (`jattn.analysis.grid.run_base`).
 """
 
 from jattn.data.chomsky import CONFIGS, TASKS
@@ -26,8 +30,15 @@ from jattn.train.config import apply_variant, default_config
 DATA_CONFIGS = {c.name: c for c in CONFIGS}
 
 
+def _is_dataset(item: str) -> bool:
+    """Whether `item` names a task's data set, ``task/config``."""
+    task, sep, data = item.partition("/")
+    return bool(sep) and task in TASKS and data in DATA_CONFIGS
+
+
 def get_config(arg=None):
     items = [s.strip() for s in (arg or "").split(",") if s.strip()]
+    items = [part for s in items for part in (s.split("/", 1) if _is_dataset(s) else [s])]
     tasks = [s for s in items if s in TASKS]
     data = [s for s in items if s in DATA_CONFIGS]
     if len(tasks) != 1 or len(data) > 1:

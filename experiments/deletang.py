@@ -15,7 +15,9 @@ raise it by 12.0% on average. This grid asks the same of
 
 Scaled to this machine, and saying which: one task per level of the
 hierarchy, chosen before any result (regular: even_pairs; deterministic
-context-free: reverse_string; context-sensitive: duplicate_string); the
+context-free: reverse_string; context-sensitive: duplicate_string), each
+under its own config (``configs/chomsky.py:{task}``: its own row lengths;
+until 2026-12-04 every task had duplicate_string's, the longest); the
 `test100` data (test lengths 41-100, not 41-500); the paper's model;
 `STEPS` steps of batch 128 (their example script trains 10,000, the paper
 1,000,000); 3 seeds (not 10). The schemes: sinusoidal, RoPE, ALiBi, T5 and
@@ -66,8 +68,8 @@ STEPS = 1_000
 
 def get_config(arg=None):
     c = grid_experiment(
-        # duplicate_string has the longest rows of the three: its lengths fit them all.
-        "configs/chomsky.py:duplicate_string,test100",
+        # Each task's own config (its row lengths), named by the task axis's value.
+        "configs/chomsky.py:{task}",
         steps=STEPS,
         reference="task=even_pairs/test100,position=none,random=0",
         metrics=length_metrics("accuracy"),
@@ -84,7 +86,6 @@ def get_config(arg=None):
     if arg == "tiny":
         tiny(c, dataset=None, steps=4, checkpoint_every=4, position="rope,t5")
         c.grid.task.values = "reverse_string/tiny"
-        c.base = "configs/chomsky.py:reverse_string,tiny"
         c.reference = "task=reverse_string/tiny,position=rope,random=0"
     elif arg:
         raise ValueError(f"experiments/deletang.py: unknown preset {arg!r} (tiny)")

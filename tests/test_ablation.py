@@ -13,6 +13,7 @@ import pathlib
 import pytest
 
 from jattn.analysis import emit, expand, main_ablate, parallel, run_grid
+from jattn.analysis.grid import checked_configs, run_base
 from jattn.analysis.seed_groups import Job
 from jattn.cli.slurm import resources, slurm_script
 from jattn.train.config import ConfigError, apply_overrides, load_config
@@ -911,3 +912,46 @@ def test_with_a_task_axis_each_group_is_compared_on_its_own_task():
     assert "same task" in table.splitlines()[0] and "the group's own task" in notes[1]
     across, _ = group_table(groups, [metric], ref)  # without: reverse t5 against copy none
     assert "within noise" not in across.splitlines()[5]
+
+
+# -- a base config per run: ``{axis}`` in ``base`` ---------------------------------------
+
+DELETANG = str(ROOT / "experiments" / "deletang.py")
+
+
+def test_a_base_with_an_axis_field_gives_each_run_its_own_config(tmp_path):
+    """Delétang's grid: ``configs/chomsky.py:{task}``, so each task trains with its own
+    row lengths, not those of one task with another's data set."""
+    exp = load_config(DELETANG)
+    apply_overrides(exp, [("grid.seed.values", "0"), ("grid.position.values", "rope"),
+                          ("reference", "task=even_pairs/test100,position=rope,random=0")])  # fmt: skip
+    runs = expand(exp, str(tmp_path))
+    configs = checked_configs(exp, runs, str(ROOT))
+    lengths = {}
+    for run, config in zip(runs, configs, strict=True):
+        task = run.axes["task"]
+        assert run_base(exp, run) == f"configs/chomsky.py:{task}"
+        alone = load_config(str(ROOT / "configs" / "chomsky.py") + ":" + task.replace("/", ","))
+        assert config.dataset == alone.dataset == task
+        lengths[task] = (config.max_input_len, config.max_len, config.eval_max_len)
+        assert lengths[task] == (alone.max_input_len, alone.max_len, alone.eval_max_len)
+    assert len(set(lengths.values())) == 3, lengths  # three tasks, three row shapes
+    cmds = emit(exp, str(tmp_path), fmt="commands", repo_root=str(ROOT), config_spec=DELETANG)
+    for run, line in zip(runs, cmds.strip().splitlines(), strict=True):
+        task = run.axes["task"]
+        assert f"--config {ROOT}/configs/chomsky.py:{task} " in line, line
+    script = slurm_script(
+        exp, str(tmp_path), repo_root=str(ROOT), config_spec=DELETANG, slurm=resources(exp)
+    )
+    assert all(f"chomsky.py:{run.axes['task']} " in script for run in runs)
+
+
+def test_a_base_field_that_is_no_axis_is_one_line_naming_the_axes(tmp_path, capsys):
+    from jattn.cli import main
+
+    argv = ["ablate", "--config", TINY, "--workdir", str(tmp_path), "--emit", "commands",
+            "--config.base=configs/chomsky.py:{taks}"]  # fmt: skip
+    assert main(argv) == 2
+    err = capsys.readouterr().err.strip()
+    assert "\n" not in err and "names {taks}, which is not an axis of the grid" in err, err
+    assert "(axes: position, seed)" in err, err

@@ -3,7 +3,10 @@
 An experiment config (``experiments/X.py`` with ``get_config(arg)``) holds
 
 - ``base``: the training config spec, e.g. ``"configs/numbers.py"`` (a path
-  relative to the repository root, or absolute),
+  relative to the repository root, or absolute); ``{axis}`` in it is each
+  run's value of that axis (`run_base`), so an axis can pick a task's own
+  config, row lengths and all (``"configs/chomsky.py:{task}"``), where an
+  override of one key (``dataset``) would keep the lengths of one base,
 - ``train``: overrides for every run, nested like the training config
   (``train.num_train_steps = 800``, ``train.model.d_model = 64``); on the
   command line ``--config.train.KEY=VALUE`` may set any training key, also
@@ -40,6 +43,7 @@ __all__ = [
     "checked_configs",
     "expand",
     "resolve_base",
+    "run_base",
     "training_config",
     "typed_axes",
 ]
@@ -92,6 +96,29 @@ def resolve_base(spec: str, repo_root: str) -> str:
     return path + sep + arg
 
 
+def _fill(spec: str, axes: dict[str, Any]) -> str:
+    """`spec` with each ``{axis}`` replaced by that axis's value in `axes`."""
+    try:
+        return spec.format_map(axes)
+    except KeyError as e:
+        raise ConfigError(
+            f"base {spec!r} names {{{e.args[0]}}}, which is not an axis of the grid "
+            f"(axes: {', '.join(axes) or 'none'})"
+        ) from None
+    except (ValueError, IndexError) as e:
+        raise ConfigError(f"base {spec!r} is not a spec with {{axis}} fields: {e}") from None
+
+
+def run_base(exp: ml_collections.ConfigDict, run: Run) -> str:
+    """The base config spec of one run: ``exp.base`` with its ``{axis}`` fields
+    filled by the run's values (a base without fields is every run's).
+
+    Raises:
+      ConfigError: the base names a field that is not an axis of the grid.
+    """
+    return _fill(exp.base, run.axes)
+
+
 def _lookup(config: ml_collections.ConfigDict, dotted: str) -> Any:
     node = config
     for part in dotted.split("."):
@@ -122,7 +149,8 @@ def apply_experiment_overrides(
     against the base config, then added to ``exp.train``, so that every run
     (and `emit`) gets it. Other keys (``grid.seed.values``, ``base``, ...)
     must exist in the experiment config; they are applied first, so that a
-    new ``base`` is the one ``train.*`` keys are checked against.
+    new ``base`` is the one ``train.*`` keys are checked against (a base with
+    ``{axis}`` fields: the first run's).
 
     Raises:
       ConfigError: an unknown key or a value of the wrong type, in one line.
@@ -130,22 +158,21 @@ def apply_experiment_overrides(
     train = [(k.removeprefix("train."), v) for k, v in overrides if k.startswith("train.")]
     apply_overrides(exp, [(k, v) for k, v in overrides if not k.startswith("train.")])
     if train:
-        base = load_config(resolve_base(exp.base, repo_root))
+        first = {axis: values[0] for axis, _, values in _axes(exp)}
+        base = load_config(resolve_base(_fill(exp.base, first), repo_root))
         apply_overrides(base, train, prefix="train.")
         for key, _ in train:
             _assign(exp.train, key, _lookup(base, key))
     return exp
 
 
-def expand(exp: ml_collections.ConfigDict, workdir: str) -> list[Run]:
-    """All runs of the grid, with overrides checked against the base config.
+def _axes(exp: ml_collections.ConfigDict) -> list[tuple[str, str, list[str]]]:
+    """``(axis, config key, raw values)`` of every axis of the grid, in config order.
 
     Raises:
-      ConfigError: an axis without key/values, or a key the training config
-        does not have (found before anything trains).
+      ConfigError: an axis without key/values, or with no values.
     """
-    common = [(k, _raw(v)) for k, v in _flatten(exp.train)]
-    axes: list[tuple[str, str, list[str]]] = []
+    axes = []
     for axis in exp.grid.keys():
         spec = exp.grid[axis]
         if "key" not in spec or "values" not in spec:
@@ -156,6 +183,18 @@ def expand(exp: ml_collections.ConfigDict, workdir: str) -> list[Run]:
         if not values:
             raise ConfigError(f"grid.{axis}.values is empty: the grid would have no runs")
         axes.append((axis, spec["key"], values))
+    return axes
+
+
+def expand(exp: ml_collections.ConfigDict, workdir: str) -> list[Run]:
+    """All runs of the grid, with overrides checked against the base config.
+
+    Raises:
+      ConfigError: an axis without key/values, or a key the training config
+        does not have (found before anything trains).
+    """
+    common = [(k, _raw(v)) for k, v in _flatten(exp.train)]
+    axes = _axes(exp)
     runs = []
     for combo in itertools.product(*(vals for _, _, vals in axes)):
         named = {axis: value for (axis, _, _), value in zip(axes, combo, strict=True)}
@@ -168,8 +207,8 @@ def expand(exp: ml_collections.ConfigDict, workdir: str) -> list[Run]:
 
 
 def training_config(exp: ml_collections.ConfigDict, run: Run, repo_root: str):
-    """The full training config of one run (base config plus overrides)."""
-    config = load_config(resolve_base(exp.base, repo_root))
+    """The full training config of one run (its base config plus overrides)."""
+    config = load_config(resolve_base(run_base(exp, run), repo_root))
     return apply_overrides(config, list(run.overrides))
 
 
@@ -186,7 +225,8 @@ def checked_configs(
       ConfigError: the base config does not load, or one line listing each bad
         run as ``run N (axis=value,...): problem`` (N counts from 1).
     """
-    load_config(resolve_base(exp.base, repo_root))  # a bad base is one error, not one per run
+    if runs:  # a bad base is one error, not one per run
+        load_config(resolve_base(run_base(exp, runs[0]), repo_root))
     configs, bad = [], []
     for number, run in enumerate(runs, start=1):
         try:

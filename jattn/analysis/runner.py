@@ -163,9 +163,9 @@ def emit(
     runs = grid_lib.expand(exp, workdir)
     grid_lib.checked_configs(exp, runs, repo_root)  # fail here, not on the cluster
     report.check_reference(exp, runs)
-    base = grid_lib.resolve_base(exp.base, repo_root)
     lines = []
     for r in runs:
+        base = grid_lib.resolve_base(grid_lib.run_base(exp, r), repo_root)
         args = ["jattn", "train", "--config", base, "--workdir", r.workdir]
         args += [f"--config.{k}={v}" for k, v in r.overrides]
         lines.append(shlex.join(args))

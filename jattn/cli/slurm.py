@@ -144,10 +144,10 @@ def slurm_script(exp, workdir: str, *, repo_root: str, config_spec: str, slurm: 
 
     runs = grid_lib.expand(exp, workdir)
     grid_lib.checked_configs(exp, runs, repo_root)
-    base = grid_lib.resolve_base(exp.base, repo_root)
     jattn = jattn_executable()
     cases = []
     for i, run in enumerate(runs):
+        base = grid_lib.resolve_base(grid_lib.run_base(exp, run), repo_root)
         args = ["srun", "--kill-on-bad-exit=1", *jattn, "train", "--config", base]
         args += ["--workdir", run.workdir]
         args += [f"--config.{k}={v}" for k, v in run.overrides if k != "progress_bar"]
