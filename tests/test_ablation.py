@@ -923,8 +923,9 @@ def test_a_base_with_an_axis_field_gives_each_run_its_own_config(tmp_path):
     """Delétang's grid: ``configs/chomsky.py:{task}``, so each task trains with its own
     row lengths, not those of one task with another's data set."""
     exp = load_config(DELETANG)
-    apply_overrides(exp, [("grid.seed.values", "0"), ("grid.position.values", "rope"),
-                          ("reference", "task=even_pairs/test100,position=rope,random=0")])  # fmt: skip
+    reference = "task=even_pairs/test100,position=rope,random=0"
+    overrides = [("grid.seed.values", "0"), ("grid.position.values", "rope")]
+    apply_overrides(exp, [*overrides, ("reference", reference)])
     runs = expand(exp, str(tmp_path))
     configs = checked_configs(exp, runs, str(ROOT))
     lengths = {}
