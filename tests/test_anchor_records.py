@@ -207,6 +207,8 @@ KZ_SIN = "results/decoder_only_long_sinusoidal"
 KZ_REP = "results/decoder_only_repeated"
 DEL_REV = "results/deletang_reverse"
 DEL_GROUP = "position=sinusoidal,random=%d,task=reverse_string/test100"
+DEL_ROPE = "results/deletang_reverse_rope"
+DEL_ROPE_GROUP = "position=rope,random=%d,task=reverse_string/test100"
 KZ_REV = "results/decoder_only_reverse_long"
 KZ_NAMES = {
     "none": "NoPE",
@@ -322,6 +324,20 @@ SPECS = {
             + mean(DEL_REV, DEL_GROUP % 0, "eval/validation/exact_match")
             + " and "
             + mean(DEL_REV, DEL_GROUP % 512, "eval/validation/exact_match"),
+        ],
+    ),
+    "Ruoss et al. 2023, on their encoder-only tape (RoPE pair)": (
+        "ruoss2023",
+        lambda: [
+            steps(DEL_ROPE),
+            mean(DEL_ROPE, DEL_ROPE_GROUP % 0, "eval/test_longer/beyond_train/accuracy")
+            + " plain -> "
+            + mean(DEL_ROPE, DEL_ROPE_GROUP % 512, "eval/test_longer/beyond_train/accuracy")
+            + " randomised",
+            "validation exact match "
+            + mean(DEL_ROPE, DEL_ROPE_GROUP % 0, "eval/validation/exact_match")
+            + " and "
+            + mean(DEL_ROPE, DEL_ROPE_GROUP % 512, "eval/validation/exact_match"),
         ],
     ),
     "Csordás et al. 2021, SCAN cutoff 26": (
