@@ -199,6 +199,18 @@ def randomized() -> list[str]:
     ]
 
 
+def tape_pair(folder: str, group: str) -> list[str]:
+    """A plain/randomised pair on Delétang's tape (`group` % M): steps, token accuracy
+    past the training lengths, validation exact match."""
+    past = [mean(folder, group % m, "eval/test_longer/beyond_train/accuracy") for m in (0, 512)]
+    exact = [mean(folder, group % m, "eval/validation/exact_match") for m in (0, 512)]
+    return [
+        steps(folder),
+        f"{past[0]} plain -> {past[1]} randomised",
+        f"validation exact match {exact[0]} and {exact[1]}",
+    ]
+
+
 # Each row: the record of its anchor, and what its jattn cell must say, computed from files.
 ONT_REV = "results/ontanon_reverse"
 ONT_DUP = "results/ontanon_duplicate"
@@ -314,31 +326,11 @@ SPECS = {
     "Ruoss et al. 2023, randomised positions": ("ruoss2023", randomized),
     "Ruoss et al. 2023, on their encoder-only tape (one pair)": (
         "ruoss2023",
-        lambda: [
-            steps(DEL_REV),
-            mean(DEL_REV, DEL_GROUP % 0, "eval/test_longer/beyond_train/accuracy")
-            + " plain -> "
-            + mean(DEL_REV, DEL_GROUP % 512, "eval/test_longer/beyond_train/accuracy")
-            + " randomised",
-            "validation exact match "
-            + mean(DEL_REV, DEL_GROUP % 0, "eval/validation/exact_match")
-            + " and "
-            + mean(DEL_REV, DEL_GROUP % 512, "eval/validation/exact_match"),
-        ],
+        lambda: tape_pair(DEL_REV, DEL_GROUP),
     ),
     "Ruoss et al. 2023, on their encoder-only tape (RoPE pair)": (
         "ruoss2023",
-        lambda: [
-            steps(DEL_ROPE),
-            mean(DEL_ROPE, DEL_ROPE_GROUP % 0, "eval/test_longer/beyond_train/accuracy")
-            + " plain -> "
-            + mean(DEL_ROPE, DEL_ROPE_GROUP % 512, "eval/test_longer/beyond_train/accuracy")
-            + " randomised",
-            "validation exact match "
-            + mean(DEL_ROPE, DEL_ROPE_GROUP % 0, "eval/validation/exact_match")
-            + " and "
-            + mean(DEL_ROPE, DEL_ROPE_GROUP % 512, "eval/validation/exact_match"),
-        ],
+        lambda: tape_pair(DEL_ROPE, DEL_ROPE_GROUP),
     ),
     "Csordás et al. 2021, SCAN cutoff 26": (
         "csordas2021",
