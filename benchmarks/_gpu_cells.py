@@ -12,9 +12,12 @@ Cell kinds:
 - smoke: forward + gradient once per shape; the outputs must be finite.
 - check: outputs and every gradient against the "xla" path in float64, per
   backward variant; the tolerance (`TOLERANCE`, of the largest reference
-  value) is set by the precision the kernels use: float32 dots are IEEE
-  (`tile_math.dot`), so 1e-4 (5x the CPU tests' 2e-5); bf16 3e-2 (the CPU
-  tests' bound, from the bf16 casts of the weights before `P·V` and `dS·K`).
+  value) is set by the precision the kernels use: float32 dots are three
+  TF32 passes (`tile_math.dot`, "tf32x3"), so 1e-4 (5x the CPU tests'
+  2e-5); bf16 3e-2 (the CPU tests' bound, from the bf16 casts of the
+  weights before `P·V` and `dS·K`).
+- check_mods: the score mods (ALiBi, T5, softcap, FIRE, Sandwich) the same
+  way, their params gradient included (`PARAMS_TOLERANCE`).
 - time: one implementation at one shape, forward and forward+backward.
 """
 
@@ -26,6 +29,9 @@ import time
 
 SHAW_K = 16
 TOLERANCE = {"float32": 1e-4, "bfloat16": 3e-2}  # of the largest reference value
+# A score mod's params gradient sums a term over every logit (T * S of them),
+# so its float32 rounding grows with the row; 10x the arrays' bound.
+PARAMS_TOLERANCE = {"float32": 1e-3, "bfloat16": 1e-1}
 
 
 def _x64():
@@ -242,6 +248,130 @@ def _check(spec, rows):
         )
 
 
+def _random_params(params, seed: int):
+    """`params` with a random normal (scale 0.05) added to every float leaf, so
+    that no gradient is checked at a special point (T5's table starts at 0)."""
+    import jax
+    import jax.numpy as jnp
+
+    leaves, treedef = jax.tree.flatten(params)
+    if not leaves:
+        return params
+    keys = jax.random.split(jax.random.key(seed), len(leaves))
+    moved = [
+        x + 0.05 * jax.random.normal(key, jnp.shape(x), jnp.float32)
+        if jnp.issubdtype(jnp.result_type(x), jnp.floating)
+        else x
+        for x, key in zip(leaves, keys, strict=True)
+    ]
+    return jax.tree.unflatten(treedef, moved)
+
+
+def _leaf_scale(want, largest: float) -> float:
+    """What a params leaf's error is measured against: its own scale, floored
+    at 1% of the largest leaf's; the largest leaf's where it is 0 in exact
+    arithmetic (FIRE's per-head constant, which softmax ignores: a sum of
+    T * S terms that cancel)."""
+    import numpy as np
+
+    size = float(np.max(np.abs(want)))
+    return largest if size < 1e-6 * largest else max(size, 0.01 * largest, 1e-6)
+
+
+def _check_mods(spec, rows):
+    """Each score mod of `benchmarks/aot.py` (ALiBi, T5, softcap, FIRE,
+    Sandwich) in the kernels, split and fused backward, causal, against the
+    "xla" path in float64: the output, dq, dk, dv and the mod's params
+    gradient. Every array is measured against its largest reference value;
+    a params leaf against the larger of its own and 1% of the largest
+    leaf's (a leaf whose exact gradient is small keeps the rounding of the
+    large terms it sums; tests/test_pallas_score_mod.py does the same), and
+    one whose exact gradient is 0 against the largest leaf's."""
+    import dataclasses
+
+    import jax
+    import jax.numpy as jnp
+    import numpy as np
+    from aot import score_mod_of
+
+    import jattn
+    from jattn import positions
+    from jattn.attention.pallas import flash_attention as fa
+    from jattn.attention.pallas.flash_attention import matmul_precision_name
+
+    b, t, n, kh, h, dtype = spec["shape"]
+    q, k, v, _, ct = _inputs(b, t, t, n, kh, h, jnp.dtype(dtype), False, seed=2)
+
+    def vjp_of(mod, impl, backward):
+        def f(q, k, v, params):
+            m = dataclasses.replace(mod, params=params)
+            if impl == "pallas":
+                nf = jattn.normalise(q, k, v, is_causal=True, score_mod=m)
+                return fa.flash_attention(nf, backward=backward)[0]
+            return jattn.dot_product_attention(
+                q, k, v, is_causal=True, score_mod=m, implementation="xla"
+            )
+
+        def g(q, k, v, params, ct):
+            out, pull = jax.vjp(f, q, k, v, params)
+            return out, pull(ct.astype(out.dtype))
+
+        return jax.jit(g)
+
+    def error(got, want) -> float:
+        return float(np.max(np.abs(got - want)) / max(np.max(np.abs(want)), 1e-6))
+
+    for i, feature in enumerate(spec["mods"]):
+        mod = score_mod_of(feature, n)
+        if feature == "softcap":
+            # At Gemma's cap of 50 the cap's gradient, tanh(s/c) - (s/c) sech^2(s/c)
+            # ~ (2/3)(s/c)^3 per logit, is a float32 cancellation: the "xla" path
+            # in float32 misses float64 by 1.8% there (T = 40). 2.5, as the tests.
+            mod = positions.softcap_score_mod(2.5)
+        params = _random_params(mod.params, seed=10 + i)
+        with _x64():
+            as64 = lambda x: jnp.asarray(x, jnp.float64)  # noqa: E731
+            out, (dq, dk, dv, dp) = vjp_of(mod, "xla", None)(
+                *jax.tree.map(as64, (q, k, v, params, ct))
+            )
+            want = [np.asarray(x, np.float64) for x in (out, dq, dk, dv)]
+            want_p = [np.asarray(x, np.float64) for x in jax.tree.leaves(dp)]
+        largest = max((float(np.max(np.abs(w))) for w in want_p), default=0.0)
+        for backward in spec["backwards"]:
+            start = time.perf_counter()
+            out, (dq, dk, dv, dp) = vjp_of(mod, "pallas", backward)(q, k, v, params, ct)
+            got = [np.asarray(jnp.asarray(x, jnp.float32), np.float64) for x in (out, dq, dk, dv)]
+            got_p = [np.asarray(x, np.float64) for x in jax.tree.leaves(dp)]
+            err = max(error(g, w) for g, w in zip(got, want, strict=True))
+            err_p = max(
+                (
+                    float(np.max(np.abs(g - w)) / _leaf_scale(w, largest))
+                    for g, w in zip(got_p, want_p, strict=True)
+                ),
+                default=0.0,
+            )
+            tol = TOLERANCE[dtype]
+            finite = all(np.all(np.isfinite(g)) for g in got + got_p)
+            ok = finite and err <= tol and err_p <= PARAMS_TOLERANCE[dtype]
+            _emit(
+                rows,
+                impl=f"pallas_{feature}",
+                mode="fwd+bwd",
+                L=t,
+                batch=b,
+                heads=n,
+                head_dim=h,
+                causal=True,
+                dtype=dtype,
+                backward=backward,
+                max_rel_err=f"{err:.2e}; params {err_p:.2e}",
+                tol=f"{tol}; params {PARAMS_TOLERANCE[dtype]}",
+                status="PASS" if ok else "FAIL",
+                seconds=round(time.perf_counter() - start, 2),
+                note=f"score mod {feature}; {matmul_precision_name(dtype)}",
+            )
+
+
 def _time(spec, rows):
     import jax
     import jax.numpy as jnp
@@ -290,7 +420,14 @@ def _time(spec, rows):
         )
 
 
-CELL_KINDS = {"probe": _probe, "peak": _peak, "smoke": _smoke, "check": _check, "time": _time}
+CELL_KINDS = {
+    "probe": _probe,
+    "peak": _peak,
+    "smoke": _smoke,
+    "check": _check,
+    "check_mods": _check_mods,
+    "time": _time,
+}
 
 
 def cell_main(spec: dict, rows: str) -> int:
