@@ -45,6 +45,15 @@ def _x64():
     return enable_x64()
 
 
+def _on_host():
+    """Where the float64 references run: the host CPU. cuBLAS has no float64
+    GEMM under jaxlib 0.11's XLA ("GEMM is not supported by cublasLt and
+    legacy cublas fallback is removed", the first H200 run)."""
+    import jax
+
+    return jax.default_device(jax.devices("cpu")[0])
+
+
 def _emit(path: str, **row) -> None:
     with open(path, "a") as f:
         f.write(json.dumps(row) + "\n")
@@ -84,12 +93,15 @@ def _attention(impl: str, spec: dict):
             return jax.nn.dot_product_attention(q, k, v, is_causal=causal, implementation=name)
         if impl == "pallas":
             nf = jattn.normalise(q, k, v, is_causal=causal, relative=rel(tables), **extra)
+            bwd = spec.get("backward_blocks")
             return fa.flash_attention(
                 nf,
                 block_q=spec.get("block_q"),
                 block_k=spec.get("block_k"),
                 backward=spec.get("backward", "split"),
                 num_warps=spec.get("warps"),
+                backward_blocks=tuple(bwd) if bwd else None,
+                backward_warps=spec.get("backward_warps"),
             )[0]
         return jattn.dot_product_attention(
             q, k, v, is_causal=causal, relative=rel(tables), implementation=impl, **extra
@@ -213,9 +225,10 @@ def _check(spec, rows):
         pos = np.concatenate([np.arange(c) for c in np.bincount(seg)[1:]])
         seg, pos = (jnp.asarray(np.tile(x, (b, 1)), jnp.int32) for x in (seg, pos))
         extra.update(q_segment_ids=seg, kv_segment_ids=seg, q_positions=pos, kv_positions=pos)
-    with _x64():
-        as64 = lambda x: None if x is None else jnp.asarray(x, jnp.float64)  # noqa: E731
-        ref, _ = _vjp(_attention("xla", spec), causal, **extra)
+    with _x64(), _on_host():
+        as64 = lambda x: None if x is None else jnp.asarray(np.asarray(x, np.float64))  # noqa: E731
+        host = lambda x: jnp.asarray(np.asarray(x))  # noqa: E731
+        ref, _ = _vjp(_attention("xla", spec), causal, **jax.tree.map(host, extra))
         want = ref(*jax.tree.map(as64, (q, k, v, tables, ct)))
         want = [np.asarray(x, np.float64) for x in jax.tree.leaves(want)]
     tol = TOLERANCE[dtype]
@@ -329,8 +342,8 @@ def _check_mods(spec, rows):
             # in float32 misses float64 by 1.8% there (T = 40). 2.5, as the tests.
             mod = positions.softcap_score_mod(2.5)
         params = _random_params(mod.params, seed=10 + i)
-        with _x64():
-            as64 = lambda x: jnp.asarray(x, jnp.float64)  # noqa: E731
+        with _x64(), _on_host():
+            as64 = lambda x: jnp.asarray(np.asarray(x, np.float64))  # noqa: E731
             out, (dq, dk, dv, dp) = vjp_of(mod, "xla", None)(
                 *jax.tree.map(as64, (q, k, v, params, ct))
             )
@@ -401,6 +414,10 @@ def _time(spec, rows):
         tf = flops / sec / 1e12
         peak = spec.get("shared", {}).get("peak")
         blocks = f"{spec['block_q']}x{spec['block_k']}" if spec.get("block_q") else ""
+        warps = spec.get("warps") or ""
+        if spec.get("backward_blocks"):  # the backward's own tiles; the forward's default
+            bq, bk = spec["backward_blocks"]
+            blocks, warps = f"bwd {bq}x{bk}", f"bwd {spec.get('backward_warps') or ''}"
         _emit(
             rows,
             impl=name,
@@ -413,7 +430,7 @@ def _time(spec, rows):
             dtype=dtype,
             backward=spec.get("backward", "") if impl == "pallas" else "",
             blocks=blocks,
-            warps=spec.get("warps") or "",
+            warps=warps,
             ms=f"{sec * 1e3:.3f}",
             tflops=f"{tf:.4g}",
             frac_peak=f"{tf / peak:.3f}" if peak else "",

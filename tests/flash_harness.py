@@ -68,7 +68,10 @@ def _normal_form(
 _STATIC = ("is_causal", "max_distance", "window", "dropout_rate", "broadcast_batch")
 
 
-@functools.partial(jax.jit, static_argnames=(*_STATIC, "block_q", "block_k", "backend", "backward"))
+@functools.partial(
+    jax.jit,
+    static_argnames=(*_STATIC, "block_q", "block_k", "backend", "backward", "backward_blocks"),
+)
 def _pallas_vjp(
     inputs,
     cotangent,
@@ -82,16 +85,23 @@ def _pallas_vjp(
     dropout_rate=0.0,
     broadcast_batch=False,
     backward="split",
+    backward_blocks=None,
 ):
     """Output and gradients of the differentiable inputs (None where absent);
-    `backward` the kernel's backward variant ("split" or "fused")."""
+    `backward` the kernel's backward variant ("split" or "fused"),
+    `backward_blocks` its own tiles."""
     diff = {name: inputs.get(name) for name in GRAD_NAMES}
     kw = dict(window=window, dropout_rate=dropout_rate, broadcast_batch=broadcast_batch)
 
     def f(diff):
         nf = _normal_form({**inputs, **diff}, is_causal=is_causal, max_distance=max_distance, **kw)
         return fa.flash_attention(
-            nf, block_q=block_q, block_k=block_k, backend=backend, backward=backward
+            nf,
+            block_q=block_q,
+            block_k=block_k,
+            backend=backend,
+            backward=backward,
+            backward_blocks=backward_blocks,
         )[0]
 
     out, vjp = jax.vjp(f, diff)
@@ -191,6 +201,7 @@ def _check(
     dropout_rate=0.0,
     broadcast_batch=False,
     backward="split",
+    backward_blocks=None,
 ):
     """Run pallas and the float64 oracle on `inputs`; compare output and every
     gradient. With dropout on, the reference is the xla path (the same keep
@@ -211,7 +222,14 @@ def _check(
         broadcast_batch=broadcast_batch,
     )
     out, grads = _pallas_vjp(
-        inputs, cot, block_q=block_q, block_k=block_k, backend=backend, backward=backward, **kw
+        inputs,
+        cot,
+        block_q=block_q,
+        block_k=block_k,
+        backend=backend,
+        backward=backward,
+        backward_blocks=backward_blocks,
+        **kw,
     )
     if dropout_rate:
         want, want_grads = _xla_vjp(inputs, cot, **kw)

@@ -81,6 +81,21 @@ def test_blocks_and_ragged_lengths(block_q, block_k, case):
     _check(inputs, is_causal=case.startswith("causal"), block_q=block_q, block_k=block_k)
 
 
+@pytest.mark.parametrize("backward", ["split", "fused"])
+def test_backward_tiles_apart_from_the_forward(backward):
+    # backward_blocks tiles the backward kernels alone (the GPU's best
+    # backward tiles are not the forward's): a 32x16 forward with a 16x32
+    # backward over ragged lengths and Shaw terms still matches the oracle,
+    # and the forward's output is the same bits as with one tiling for both.
+    inputs = _qkv(6, *RAGGED)
+    out, _ = _check(
+        inputs, is_causal=True, max_distance=3, block_q=32, block_k=16,
+        backward=backward, backward_blocks=(16, 32),
+    )  # fmt: skip
+    same, _ = _check(inputs, is_causal=True, max_distance=3, block_q=32, block_k=16)
+    np.testing.assert_array_equal(np.asarray(out), np.asarray(same))
+
+
 def test_causal_gqa_and_bias_per_query():
     b, t, _, n, _, _, _ = MAIN
     inputs = _qkv(2, *MAIN)  # Hv != H
@@ -341,6 +356,19 @@ def test_block_size_validation():
         fa.flash_attention(nf, block_q=24, block_k=None, backend="gpu")
     with pytest.raises(ValueError, match="block_k must be positive"):
         fa.flash_attention(nf, block_q=None, block_k=0)
+    with pytest.raises(ValueError, match=r"backward_blocks\[1\] must be a power of two"):
+        fa.flash_attention(nf, backward_blocks=(16, 48), backend="gpu")
+    with pytest.raises(ValueError, match=r"backward_blocks is \(block_q, block_k\)"):
+        fa.flash_attention(nf, backward_blocks=(16,))
+    with pytest.raises(ValueError, match="backward_warps must be a power of two"):
+        fa.flash_attention(nf, backward_warps=3, backend="gpu")
+    # The backward's tiles and warps reach its kernels' config, and only theirs.
+    pre = fa.prepare(
+        nf, block_q=32, block_k=16, backend="gpu", backward_blocks=(16, 64), backward_warps=2
+    )
+    assert (pre.fwd_cfg.block_q, pre.fwd_cfg.block_k) == (32, 16)
+    assert (pre.bwd_cfg.block_q, pre.bwd_cfg.block_k, pre.bwd_cfg.num_warps) == (16, 64, 2)
+    assert pre.fwd_cfg.num_warps != 2
     # The GPU tiles by dtype, head dim and Shaw terms (what ptxas compiles
     # without bf16 spills and within the shared memory, docs/gpu.md).
     blocks = {

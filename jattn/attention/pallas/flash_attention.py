@@ -339,6 +339,8 @@ def flash_attention(
     num_warps: int | None = None,
     precision: str | None = None,
     backend: str | None = None,
+    backward_blocks: tuple[int, int] | None = None,
+    backward_warps: int | None = None,
 ) -> tuple[Array, Array]:
     """Tiled flash attention of a normal form (see `jattn.attention.normal_form`).
 
@@ -366,6 +368,10 @@ def flash_attention(
         kernels). The compiled families lower on any machine (to check a
         kernel for CUDA or TPU from a CPU); give `interpret` or `backend`,
         not both.
+      backward_blocks, backward_warps: `(block_q, block_k)` and Triton warps
+        of the backward kernels only, over `block_q`/`block_k`/`num_warps`
+        and the defaults: the backward's best tiles need not be the
+        forward's (the GPU benchmark's sweep times them apart).
 
     Returns:
       `out [B, T, N, Hv]` in the dtype of `query` and `lse [B, T, N]` float32.
@@ -389,6 +395,8 @@ def flash_attention(
         backward=backward,
         num_warps=num_warps,
         precision=precision,
+        backward_blocks=backward_blocks,
+        backward_warps=backward_warps,
     )
 
 
@@ -415,6 +423,8 @@ def _flash_attention(
     backward: str = "split",
     num_warps: int | None = None,
     precision: str | None = None,
+    backward_blocks: tuple[int, int] | None = None,
+    backward_warps: int | None = None,
 ) -> tuple[Array, Array]:
     """`flash_attention` for an explicit backend: "gpu" / "interpret" (the
     Triton kernels, compiled or interpreted), "tpu" / "tpu_interpret" (the
@@ -430,6 +440,8 @@ def _flash_attention(
         backward=backward,
         num_warps=num_warps,
         precision=precision,
+        backward_blocks=backward_blocks,
+        backward_warps=backward_warps,
     )
     o, lse, pr = flash_core(
         pre.fwd_cfg, pre.bwd_cfg, pre.q, pre.k, pre.v, pre.qr, pre.bias, pre.fixed, pre.mod
@@ -455,13 +467,16 @@ def prepare(
     backward: str = "split",
     num_warps: int | None = None,
     precision: str | None = None,
+    backward_blocks: tuple[int, int] | None = None,
+    backward_warps: int | None = None,
 ) -> Prepared:
     """Everything before the kernels: tile sizes, padding, the Shaw key-term
     table, block maps and bounds, static configs."""
     check_backward(backward)
     precision = check_precision(precision)
-    if num_warps is not None and (num_warps < 1 or num_warps & (num_warps - 1)):
-        raise ValueError(f"flash_attention: num_warps must be a power of two, got {num_warps}")
+    for name, warps in (("num_warps", num_warps), ("backward_warps", backward_warps)):
+        if warps is not None and (warps < 1 or warps & (warps - 1)):
+            raise ValueError(f"flash_attention: {name} must be a power of two, got {warps}")
     query, key, value, bias, mask = nf.query, nf.key, nf.value, nf.bias, nf.mask
     b, t, n, h = query.shape
     _, s, kh, hv = value.shape
@@ -473,6 +488,13 @@ def prepare(
         fwd_block_q = bwd_block_q = check_block("block_q", block_q, backend, t)
     if block_k is not None:
         fwd_block_k = bwd_block_k = check_block("block_k", block_k, backend, s)
+    if backward_blocks is not None:
+        if len(backward_blocks) != 2:
+            raise ValueError(
+                f"flash_attention: backward_blocks is (block_q, block_k), got {backward_blocks!r}"
+            )
+        bwd_block_q = check_block("backward_blocks[0]", backward_blocks[0], backend, t)
+        bwd_block_k = check_block("backward_blocks[1]", backward_blocks[1], backend, s)
     # Lengths padded to both tilings; on the GPU head dims and the relative
     # tables' width padded to powers of two (Triton blocks).
     padded_t = pad_size(t, math.lcm(fwd_block_q, bwd_block_q))
@@ -626,7 +648,9 @@ def prepare(
     bwd_cfg = KernelConfig(
         block_q=bwd_block_q,
         block_k=bwd_block_k,
-        num_warps=num_warps or default_warps(bwd_block_q, light_mod=light_mod, wide_f32=wide_f32),
+        num_warps=backward_warps
+        or num_warps
+        or default_warps(bwd_block_q, light_mod=light_mod, wide_f32=wide_f32),
         num_stages=1 if wide_f32 and backward == "split" else 2,  # fewer dq spills (docs/gpu.md)
         **common,
     )
