@@ -39,6 +39,7 @@ from jattn.attention.pallas import backend as kb
 from jattn.attention.pallas import blockmap
 from jattn.attention.pallas import flash_attention as fa
 from jattn.attention.pallas import tile_math as ft
+from jattn.attention.pallas.config import with_triton_x3
 
 JAX_VERSION = tuple(int(x) for x in jax.__version__.split(".")[:2])
 TRITON_DEPRECATION = "Pallas Triton backend is deprecated"
@@ -349,7 +350,9 @@ def _kernel_dot_precisions(closed_jaxpr) -> list:
 def test_kernel_dots_have_explicit_precision(dtype, precision):
     # Triton runs float32 dots as one TF32 pass unless told otherwise;
     # interpret mode is exact. Every in-kernel float32 dot is a TF32 pass
-    # (HIGH) on split operands by default, three per product, or IEEE
+    # (HIGH) on split operands by default, three per product, except in the
+    # compiled dq kernel, whose products are Triton's own three passes (the
+    # TF32x3 algorithm, one dot each: spill-free at head dim 128); or IEEE
     # (HIGHEST) on request; bf16 dots are native.
     inputs = _qkv(81, *RAGGED, dtype=dtype)
     nf = _normal_form(inputs, is_causal=True, max_distance=0)
@@ -366,8 +369,10 @@ def test_kernel_dots_have_explicit_precision(dtype, precision):
     high = (jax.lax.Precision.HIGH, jax.lax.Precision.HIGH)
     highest = (jax.lax.Precision.HIGHEST, jax.lax.Precision.HIGHEST)
     if dtype == jnp.float32 and precision != "ieee":
-        assert len(kernel_dots) >= 15  # 3 passes of: forward 2, dq 2, dk/dv 3
-        assert all(p == high for p in kernel_dots), kernel_dots
+        x3 = jax.lax.DotAlgorithmPreset.TF32_TF32_F32_X3
+        assert kernel_dots.count(high) >= 15, kernel_dots  # 3 passes of: forward 2, dk/dv 3
+        assert kernel_dots.count(x3) >= 2, kernel_dots  # dq 2, one dot each
+        assert all(p in (high, x3) for p in kernel_dots), kernel_dots
     elif dtype == jnp.float32:
         assert len(kernel_dots) >= 5
         assert all(p == highest for p in kernel_dots), kernel_dots
@@ -377,6 +382,10 @@ def test_kernel_dots_have_explicit_precision(dtype, precision):
     assert ft.dot_precision(jnp.float32) == jax.lax.Precision.HIGHEST
     assert ft.dot_precision(jnp.float32, "tf32x3") == jax.lax.Precision.HIGH
     assert ft.dot_precision(jnp.bfloat16, "tf32x3") is None
+    assert (
+        ft.dot_precision(jnp.float32, ft.TRITON_X3) == jax.lax.DotAlgorithmPreset.TF32_TF32_F32_X3
+    )
+    assert ft.dot_precision(jnp.bfloat16, ft.TRITON_X3) is None
 
 
 def test_precision_is_checked():
@@ -387,8 +396,16 @@ def test_precision_is_checked():
         kb.kernel_report(40, 40, 16, precision="highest")
     pre = fa.prepare(nf, block_q=None, block_k=None, backend="gpu")
     assert pre.fwd_cfg.precision == pre.bwd_cfg.precision == "tf32x3"
+    # Triton's own TF32x3 only where asked for "tf32x3" and compiled for a GPU;
+    # not a precision a caller can name.
+    assert with_triton_x3(pre.bwd_cfg).precision == ft.TRITON_X3
     pre = fa.prepare(nf, block_q=None, block_k=None, backend="gpu", precision="ieee")
     assert pre.fwd_cfg.precision == pre.bwd_cfg.precision == "ieee"
+    assert with_triton_x3(pre.bwd_cfg).precision == "ieee"
+    pre = fa.prepare(nf, block_q=None, block_k=None, backend="interpret")
+    assert with_triton_x3(pre.bwd_cfg).precision == "tf32x3"
+    with pytest.raises(ValueError, match="precision must be one of"):
+        fa.flash_attention(nf, precision=ft.TRITON_X3)
 
 
 def test_warps_by_tile_rows():

@@ -20,6 +20,8 @@ from typing import Any, NamedTuple
 import jax
 from jax.experimental import pallas as pl
 
+from jattn.attention.pallas.tile_math import TRITON_X3
+
 Array = jax.Array
 
 __all__ = [
@@ -195,3 +197,15 @@ def mosaic_params(cfg: KernelConfig, semantics: tuple[str, ...]):
     from jax.experimental.pallas import tpu as pltpu
 
     return pltpu.CompilerParams(dimension_semantics=semantics)
+
+
+def with_triton_x3(cfg: KernelConfig) -> KernelConfig:
+    """`cfg` with its "tf32x3" dots done by Triton (`tile_math.TRITON_X3`)
+    when it compiles for a GPU; unchanged otherwise. For the kernels whose
+    float32 head-dim-128 builds spill with the hand split and not with
+    Triton's (the split dq kernel and the distance tiles' gradient: ptxas of
+    CUDA 13, docs/gpu.md); the forward, dk/dv and fused kernels keep the hand
+    split, which spills less there."""
+    if cfg.backend != "gpu" or cfg.precision != "tf32x3":
+        return cfg
+    return dataclasses.replace(cfg, precision=TRITON_X3)

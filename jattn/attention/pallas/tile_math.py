@@ -36,7 +36,13 @@ precisions (`PRECISIONS`, the kernels' `precision` argument):
   (jax 0.10-0.12) maps to TF32 tensor-core instructions; their operands are
   already TF32 values, so the products are exact there as in interpret mode
   (where the CPU multiplies in float32): the CPU tests measure the GPU's
-  arithmetic, up to summation order.
+  arithmetic, up to summation order. One exception: the compiled split dq
+  kernel and the distance tiles' gradient kernel leave the split to Triton
+  (`TRITON_X3`, its TF32x3 algorithm: the same three passes, which ptxas
+  compiles without spills at float32 and head dim 128 where the hand split
+  spilled); its rounding of the tails may differ from `tf32_split`'s at
+  ~2^-22 of a product, which only a GPU run measures (benchmarks/gpu.py's
+  check stage).
 - "ieee": `Precision.HIGHEST`, float32 FMAs with no tensor cores (Triton's
   IEEE input precision; without it Triton would run one TF32 pass, 10-bit
   mantissas).
@@ -73,6 +79,7 @@ __all__ = [
     "SKIP",
     "DEFAULT_PRECISION",
     "PRECISIONS",
+    "TRITON_X3",
     "dot",
     "dot_precision",
     "tf32_round",
@@ -90,15 +97,25 @@ EMPTY_LSE = float(np.finfo(np.float32).max)
 
 PRECISIONS = ("tf32x3", "ieee")  # float32 operands; the first is the default
 DEFAULT_PRECISION = PRECISIONS[0]
+# "tf32x3" done by Triton itself (its TF32x3 input precision, through
+# `lax.DotAlgorithmPreset.TF32_TF32_F32_X3`): the same three passes, split
+# inside Triton's dot lowering. Not a user's choice: the compiled GPU
+# kernels whose ptxas registers it leaves spill-free (the split dq and the
+# distance-tiles kernels at float32 and head dim 128, docs/gpu.md) get it
+# instead of "tf32x3" (`with_triton_x3`). XLA:CPU has no such algorithm, so
+# interpret mode always splits by hand.
+TRITON_X3 = "tf32x3_triton"
 
 
-def dot_precision(dtype, precision: str = "ieee") -> lax.Precision | None:
-    """The `lax.Precision` of each pass of a kernel dot with operands of
-    `dtype`: HIGH (TF32, on split operands) for float32 at "tf32x3",
-    HIGHEST (IEEE) for float32 at "ieee", the native product (None) for
-    16-bit floats."""
+def dot_precision(dtype, precision: str = "ieee") -> lax.Precision | lax.DotAlgorithmPreset | None:
+    """The precision of each pass of a kernel dot with operands of `dtype`:
+    HIGH (TF32, on split operands) for float32 at "tf32x3", HIGHEST (IEEE)
+    for float32 at "ieee", Triton's own three passes at `TRITON_X3`, the
+    native product (None) for 16-bit floats."""
     if jnp.dtype(dtype) != jnp.float32:
         return None
+    if precision == TRITON_X3:
+        return lax.DotAlgorithmPreset.TF32_TF32_F32_X3
     return lax.Precision.HIGH if precision == "tf32x3" else lax.Precision.HIGHEST
 
 

@@ -31,6 +31,7 @@ from jattn.attention.pallas.config import (
     dbias_kind,
     mod_grad_shapes,
     only_specified,
+    with_triton_x3,
 )
 from jattn.attention.pallas.triton_forward import (
     bias_spec_kv,
@@ -183,6 +184,7 @@ def flash_dq(cfg: KernelConfig, ins: KernelInputs):
       params gradient partial sums, float32 `[nT, B, N, *leaf]` per
       differentiable leaf (empty without `cfg.mod_grad`).
     """
+    cfg = with_triton_x3(cfg)  # spill-free at float32, head dim 128 (docs/gpu.md)
     b, padded_t, n, h = ins.query.shape
     hv, padded_s = ins.value.shape[-1], ins.key.shape[1]
     bq = cfg.block_q

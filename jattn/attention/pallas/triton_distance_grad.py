@@ -24,7 +24,13 @@ from jax import lax
 from jax.experimental import pallas as pl
 
 from jattn.attention.pallas import tile_math as ft
-from jattn.attention.pallas.config import SQ, KernelConfig, KernelInputs, only_specified
+from jattn.attention.pallas.config import (
+    SQ,
+    KernelConfig,
+    KernelInputs,
+    only_specified,
+    with_triton_x3,
+)
 from jattn.attention.pallas.triton_forward import View, kernel_call, q_tile_scorer, q_tile_specs
 
 Array = jax.Array
@@ -89,6 +95,7 @@ def flash_dtiles(cfg: KernelConfig, ins: KernelInputs) -> Array:
       ins: as for `triton_backward.flash_dq` (the backward tiling's block
         map, `ins.distance_tiles` the backward tiling's tiles).
     """
+    cfg = with_triton_x3(cfg)  # spill-free at float32, head dim 128 (docs/gpu.md)
     b, padded_t, n, h = ins.query.shape
     hv, padded_s = ins.value.shape[-1], ins.key.shape[1]
     bq, bk = cfg.block_q, cfg.block_k
