@@ -388,6 +388,25 @@ def test_kernel_dots_have_explicit_precision(dtype, precision):
     assert ft.dot_precision(jnp.bfloat16, ft.TRITON_X3) is None
 
 
+def test_the_fused_kernels_dq_half_leaves_tf32x3_to_triton():
+    # One kernel, two halves: the dk/dv half splits by hand (HIGH passes), the
+    # dq half uses Triton's TF32x3 (ptxas then compiles every float32
+    # head-dim-128 fused variant spill-free, docs/gpu.md).
+    nf = _normal_form(_qkv(82, *RAGGED), is_causal=True, max_distance=0)
+
+    def loss(q):
+        out, _ = fa.flash_attention(
+            nf.replace(query=q), block_q=16, block_k=16, backend="gpu", backward="fused"
+        )
+        return jnp.sum(out)
+
+    dots = [p for _, p in _kernel_dot_precisions(jax.make_jaxpr(jax.grad(loss))(nf.query))]
+    high = (jax.lax.Precision.HIGH, jax.lax.Precision.HIGH)
+    x3 = jax.lax.DotAlgorithmPreset.TF32_TF32_F32_X3
+    assert dots.count(x3) >= 2 and dots.count(high) >= 15, dots
+    assert set(dots) <= {high, x3}, dots
+
+
 def test_precision_is_checked():
     nf = _normal_form(_qkv(83, *RAGGED), is_causal=True, max_distance=0)
     with pytest.raises(ValueError, match="precision must be one of"):

@@ -201,11 +201,11 @@ def mosaic_params(cfg: KernelConfig, semantics: tuple[str, ...]):
 
 def with_triton_x3(cfg: KernelConfig) -> KernelConfig:
     """`cfg` with its "tf32x3" dots done by Triton (`tile_math.TRITON_X3`)
-    when it compiles for a GPU; unchanged otherwise. For the kernels whose
+    when it compiles for a GPU; unchanged otherwise. For the code whose
     float32 head-dim-128 builds spill with the hand split and not with
-    Triton's (the split dq kernel and the distance tiles' gradient: ptxas of
-    CUDA 13, docs/gpu.md); the forward, dk/dv and fused kernels keep the hand
-    split, which spills less there."""
+    Triton's: the split dq kernel, the fused kernel's dq half and the
+    distance tiles' gradient (docs/gpu.md); the forward and dk/dv tiles
+    keep the hand split, which spills less there."""
     if cfg.backend != "gpu" or cfg.precision != "tf32x3":
         return cfg
     return dataclasses.replace(cfg, precision=TRITON_X3)

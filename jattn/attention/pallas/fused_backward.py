@@ -38,6 +38,7 @@ from jattn.attention.pallas.config import (
     dbias_kind,
     mod_grad_shapes,
     only_specified,
+    with_triton_x3,
 )
 from jattn.attention.pallas.triton_backward import dkv_tile, dq_tile, query_bias_grad_outputs
 from jattn.attention.pallas.triton_forward import View, kernel_call, tiles_spec, whole_specs
@@ -108,7 +109,7 @@ def _kernel(r: KernelInputs, *refs, cfg: KernelConfig, n_kv_tiles: int):
                 row_bounds=View(r.row_bounds, (map_index,)),  # [4, nT]
             )
             dq_tile(
-                cfg,
+                with_triton_x3(cfg),
                 rq,
                 (i, batch, kv_head * groups + g),
                 View(dq_ref, (slice(None), g)),

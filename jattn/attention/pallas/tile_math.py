@@ -36,8 +36,9 @@ precisions (`PRECISIONS`, the kernels' `precision` argument):
   (jax 0.10-0.12) maps to TF32 tensor-core instructions; their operands are
   already TF32 values, so the products are exact there as in interpret mode
   (where the CPU multiplies in float32): the CPU tests measure the GPU's
-  arithmetic, up to summation order. One exception: the compiled split dq
-  kernel and the distance tiles' gradient kernel leave the split to Triton
+  arithmetic, up to summation order. One exception: the compiled dq tiles
+  (the split dq kernel and the fused kernel's dq half) and the distance
+  tiles' gradient kernel leave the split to Triton
   (`TRITON_X3`, its TF32x3 algorithm: the same three passes, which ptxas
   compiles without spills at float32 and head dim 128 where the hand split
   spilled); its rounding of the tails may differ from `tf32_split`'s at
@@ -99,9 +100,9 @@ PRECISIONS = ("tf32x3", "ieee")  # float32 operands; the first is the default
 DEFAULT_PRECISION = PRECISIONS[0]
 # "tf32x3" done by Triton itself (its TF32x3 input precision, through
 # `lax.DotAlgorithmPreset.TF32_TF32_F32_X3`): the same three passes, split
-# inside Triton's dot lowering. Not a user's choice: the compiled GPU
-# kernels whose ptxas registers it leaves spill-free (the split dq and the
-# distance-tiles kernels at float32 and head dim 128, docs/gpu.md) get it
+# inside Triton's dot lowering. Not a user's choice: the compiled GPU code
+# whose ptxas registers it leaves spill-free (the dq tiles and the
+# distance-tiles kernel at float32 and head dim 128, docs/gpu.md) gets it
 # instead of "tf32x3" (`with_triton_x3`). XLA:CPU has no such algorithm, so
 # interpret mode always splits by hand.
 TRITON_X3 = "tf32x3_triton"
