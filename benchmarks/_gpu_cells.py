@@ -45,18 +45,61 @@ def _x64():
     return enable_x64()
 
 
-def _on_host():
+def _host():
     """Where the float64 references run: the host CPU. cuBLAS has no float64
     GEMM under jaxlib 0.11's XLA ("GEMM is not supported by cublasLt and
     legacy cublas fallback is removed", the first H200 run)."""
     import jax
 
-    return jax.default_device(jax.devices("cpu")[0])
+    return jax.devices("cpu")[0]
+
+
+def _to_host(tree, dtype=None):
+    """`tree`'s arrays on the host CPU (typed PRNG keys included), cast to
+    `dtype` where it is given and the leaf is a float."""
+    import jax
+    import jax.numpy as jnp
+
+    def move(x):
+        if x is None:
+            return None
+        x = jax.device_put(x, _host())
+        if dtype is not None and jnp.issubdtype(x.dtype, jnp.floating):
+            x = x.astype(dtype)
+        return x
+
+    return jax.tree.map(move, tree)
 
 
 def _emit(path: str, **row) -> None:
     with open(path, "a") as f:
         f.write(json.dumps(row) + "\n")
+
+
+def _rel_error(got, want) -> float:
+    """Largest absolute error over the largest reference value."""
+    import numpy as np
+
+    return float(np.max(np.abs(got - want)) / max(np.max(np.abs(want)), 1e-6))
+
+
+def _emit_check(path: str, ok: bool, *, impl: str, shape: tuple, **row) -> None:
+    """One check row: `shape` is (B, T, N, H, causal, dtype, backward)."""
+    b, t, n, h, causal, dtype, backward = shape
+    _emit(
+        path,
+        impl=impl,
+        mode="fwd+bwd",
+        L=t,
+        batch=b,
+        heads=n,
+        head_dim=h,
+        causal=causal,
+        dtype=dtype,
+        backward=backward,
+        status="PASS" if ok else "FAIL",
+        **row,
+    )
 
 
 def _inputs(b, t, s, n, kh, h, dtype, shaw, seed=0):
@@ -225,11 +268,9 @@ def _check(spec, rows):
         pos = np.concatenate([np.arange(c) for c in np.bincount(seg)[1:]])
         seg, pos = (jnp.asarray(np.tile(x, (b, 1)), jnp.int32) for x in (seg, pos))
         extra.update(q_segment_ids=seg, kv_segment_ids=seg, q_positions=pos, kv_positions=pos)
-    with _x64(), _on_host():
-        as64 = lambda x: None if x is None else jnp.asarray(np.asarray(x, np.float64))  # noqa: E731
-        host = lambda x: jnp.asarray(np.asarray(x))  # noqa: E731
-        ref, _ = _vjp(_attention("xla", spec), causal, **jax.tree.map(host, extra))
-        want = ref(*jax.tree.map(as64, (q, k, v, tables, ct)))
+    with _x64(), jax.default_device(_host()):
+        ref, _ = _vjp(_attention("xla", spec), causal, **_to_host(extra))
+        want = ref(*_to_host((q, k, v, tables, ct), jnp.float64))
         want = [np.asarray(x, np.float64) for x in jax.tree.leaves(want)]
     tol = TOLERANCE[dtype]
     for backward in spec["backwards"]:
@@ -238,25 +279,15 @@ def _check(spec, rows):
             np.asarray(jnp.asarray(x, jnp.float32), np.float64)
             for x in jax.tree.leaves(got(q, k, v, tables, ct))
         ]
-        err = max(
-            float(np.max(np.abs(g - w)) / max(np.max(np.abs(w)), 1e-6))
-            for g, w in zip(got, want, strict=True)
-        )
+        err = max(_rel_error(g, w) for g, w in zip(got, want, strict=True))
         ok = all(np.all(np.isfinite(g)) for g in got) and err <= tol
-        _emit(
+        _emit_check(
             rows,
+            ok,
             impl="pallas_shaw" if shaw else "pallas",
-            mode="fwd+bwd",
-            L=t,
-            batch=b,
-            heads=n,
-            head_dim=h,
-            causal=causal,
-            dtype=dtype,
-            backward=backward,
+            shape=(b, t, n, h, causal, dtype, backward),
             max_rel_err=f"{err:.2e}",
             tol=tol,
-            status="PASS" if ok else "FAIL",
             note=f"{spec['name']}; {matmul_precision_name(dtype)}",
         )
 
@@ -331,9 +362,6 @@ def _check_mods(spec, rows):
 
         return jax.jit(g)
 
-    def error(got, want) -> float:
-        return float(np.max(np.abs(got - want)) / max(np.max(np.abs(want)), 1e-6))
-
     for i, feature in enumerate(spec["mods"]):
         mod = score_mod_of(feature, n)
         if feature == "softcap":
@@ -342,10 +370,9 @@ def _check_mods(spec, rows):
             # in float32 misses float64 by 1.8% there (T = 40). 2.5, as the tests.
             mod = positions.softcap_score_mod(2.5)
         params = _random_params(mod.params, seed=10 + i)
-        with _x64(), _on_host():
-            as64 = lambda x: jnp.asarray(np.asarray(x, np.float64))  # noqa: E731
+        with _x64(), jax.default_device(_host()):
             out, (dq, dk, dv, dp) = vjp_of(mod, "xla", None)(
-                *jax.tree.map(as64, (q, k, v, params, ct))
+                *_to_host((q, k, v, params, ct), jnp.float64)
             )
             want = [np.asarray(x, np.float64) for x in (out, dq, dk, dv)]
             want_p = [np.asarray(x, np.float64) for x in jax.tree.leaves(dp)]
@@ -355,7 +382,7 @@ def _check_mods(spec, rows):
             out, (dq, dk, dv, dp) = vjp_of(mod, "pallas", backward)(q, k, v, params, ct)
             got = [np.asarray(jnp.asarray(x, jnp.float32), np.float64) for x in (out, dq, dk, dv)]
             got_p = [np.asarray(x, np.float64) for x in jax.tree.leaves(dp)]
-            err = max(error(g, w) for g, w in zip(got, want, strict=True))
+            err = max(_rel_error(g, w) for g, w in zip(got, want, strict=True))
             err_p = max(
                 (
                     float(np.max(np.abs(g - w)) / _leaf_scale(w, largest))
@@ -366,20 +393,13 @@ def _check_mods(spec, rows):
             tol = TOLERANCE[dtype]
             finite = all(np.all(np.isfinite(g)) for g in got + got_p)
             ok = finite and err <= tol and err_p <= PARAMS_TOLERANCE[dtype]
-            _emit(
+            _emit_check(
                 rows,
+                ok,
                 impl=f"pallas_{feature}",
-                mode="fwd+bwd",
-                L=t,
-                batch=b,
-                heads=n,
-                head_dim=h,
-                causal=True,
-                dtype=dtype,
-                backward=backward,
+                shape=(b, t, n, h, True, dtype, backward),
                 max_rel_err=f"{err:.2e}; params {err_p:.2e}",
                 tol=f"{tol}; params {PARAMS_TOLERANCE[dtype]}",
-                status="PASS" if ok else "FAIL",
                 seconds=round(time.perf_counter() - start, 2),
                 note=f"score mod {feature}; {matmul_precision_name(dtype)}",
             )

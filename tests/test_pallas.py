@@ -19,6 +19,7 @@ import csv
 import dataclasses
 import functools
 import os
+import re
 import subprocess
 import sys
 import time
@@ -426,6 +427,27 @@ def test_bench_gpu_cpu_smoke(tmp_path):
     assert {r["backward"] for r in smoke} == {"split", "fused"}
     assert all(r["stage"] == "smoke" and r["status"] == "ok" for r in smoke), smoke
     assert not os.listdir(tmp_path / "bench_gpu_dumps")  # passing cells leave no dump
+
+
+@pytest.mark.slow
+def test_bench_gpu_cpu_check_stage(tmp_path):
+    # The check stage's cells on the CPU (tiny shapes, interpret mode): the
+    # float64 references run on the host device (on a GPU they must: cuBLAS
+    # has no float64 GEMM), dropout keys and score-mod params included, and
+    # every comparison passes with float32-level errors.
+    out = tmp_path / "bench.csv"
+    env = dict(os.environ, JAX_PLATFORMS="cpu")
+    cmd = [sys.executable, os.path.join(ROOT, "benchmarks", "gpu.py")]
+    cmd += ["--stage", "check", "--cpu-smoke", "--out", str(out)]
+    proc = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=600, cwd=ROOT)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    with open(out) as f:
+        rows = [r for r in csv.DictReader(f) if r["stage"] == "check"]
+    assert {r["cell"] for r in rows} == {"f32_packed_shaw", "f32_window_dropout", "mods_f32_alibi"}
+    assert {"pallas_alibi", "pallas_t5"} <= {r["impl"] for r in rows}
+    assert all(r["status"] == "PASS" for r in rows), rows
+    errors = [float(e) for r in rows for e in re.findall(r"[\d.]+e[-+]\d+", r["max_rel_err"])]
+    assert len(errors) >= len(rows) and max(errors) < 1e-5, errors
 
 
 # --------------------------------------------------------------------------------------
