@@ -83,13 +83,14 @@ def _rel_error(got, want) -> float:
     return float(np.max(np.abs(got - want)) / max(np.max(np.abs(want)), 1e-6))
 
 
-def _emit_check(path: str, ok: bool, *, impl: str, shape: tuple, **row) -> None:
-    """One check row: `shape` is (B, T, N, H, causal, dtype, backward)."""
+def _emit_shaped(path: str, *, impl: str, shape: tuple, mode: str = "fwd+bwd", **row) -> None:
+    """One row of a smoke, check or time cell: `shape` is (B, T, N, H,
+    causal, dtype, backward)."""
     b, t, n, h, causal, dtype, backward = shape
     _emit(
         path,
         impl=impl,
-        mode="fwd+bwd",
+        mode=mode,
         L=t,
         batch=b,
         heads=n,
@@ -97,7 +98,6 @@ def _emit_check(path: str, ok: bool, *, impl: str, shape: tuple, **row) -> None:
         causal=causal,
         dtype=dtype,
         backward=backward,
-        status="PASS" if ok else "FAIL",
         **row,
     )
 
@@ -233,18 +233,11 @@ def _smoke(spec, rows):
             bool(np.all(np.isfinite(np.asarray(x, np.float32))))
             for x in jax.tree.leaves((out, grads))
         )
-        _emit(
+        _emit_shaped(
             rows,
-            impl="pallas_shaw" if shaw else "pallas",
-            mode="fwd+bwd",
-            L=t,
-            batch=b,
-            heads=n,
-            head_dim=h,
-            causal=causal,
-            dtype=spec["dtype"],
-            backward=spec.get("backward", "split"),
             status="ok" if finite else "FAIL non-finite",
+            impl="pallas_shaw" if shaw else "pallas",
+            shape=(b, t, n, h, causal, spec["dtype"], spec.get("backward", "split")),
             seconds=f"{time.perf_counter() - t0:.1f}",
         )
 
@@ -281,9 +274,9 @@ def _check(spec, rows):
         ]
         err = max(_rel_error(g, w) for g, w in zip(got, want, strict=True))
         ok = all(np.all(np.isfinite(g)) for g in got) and err <= tol
-        _emit_check(
+        _emit_shaped(
             rows,
-            ok,
+            status="PASS" if ok else "FAIL",
             impl="pallas_shaw" if shaw else "pallas",
             shape=(b, t, n, h, causal, dtype, backward),
             max_rel_err=f"{err:.2e}",
@@ -393,9 +386,9 @@ def _check_mods(spec, rows):
             tol = TOLERANCE[dtype]
             finite = all(np.all(np.isfinite(g)) for g in got + got_p)
             ok = finite and err <= tol and err_p <= PARAMS_TOLERANCE[dtype]
-            _emit_check(
+            _emit_shaped(
                 rows,
-                ok,
+                status="PASS" if ok else "FAIL",
                 impl=f"pallas_{feature}",
                 shape=(b, t, n, h, True, dtype, backward),
                 max_rel_err=f"{err:.2e}; params {err_p:.2e}",
@@ -438,17 +431,11 @@ def _time(spec, rows):
         if spec.get("backward_blocks"):  # the backward's own tiles; the forward's default
             bq, bk = spec["backward_blocks"]
             blocks, warps = f"bwd {bq}x{bk}", f"bwd {spec.get('backward_warps') or ''}"
-        _emit(
+        _emit_shaped(
             rows,
             impl=name,
             mode=mode,
-            L=t,
-            batch=b,
-            heads=n,
-            head_dim=h,
-            causal=causal,
-            dtype=dtype,
-            backward=spec.get("backward", "") if impl == "pallas" else "",
+            shape=(b, t, n, h, causal, dtype, spec.get("backward", "") if impl == "pallas" else ""),
             blocks=blocks,
             warps=warps,
             ms=f"{sec * 1e3:.3f}",
