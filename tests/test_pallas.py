@@ -97,6 +97,17 @@ def test_backward_tiles_apart_from_the_forward(backward):
     np.testing.assert_array_equal(np.asarray(out), np.asarray(same))
 
 
+def test_backward_tiles_apart_from_the_forward_in_the_mosaic_kernels():
+    # The same on the TPU family (interpret mode): key tiles hold every key
+    # (Mosaic's layout rule at S = 36), the backward's query tiles are half
+    # the forward's.
+    inputs = _qkv(7, *RAGGED)
+    _check(
+        inputs, is_causal=True, max_distance=3, block_q=16, block_k=40,
+        backend="tpu_interpret", backward_blocks=(8, 40),
+    )  # fmt: skip
+
+
 def test_causal_gqa_and_bias_per_query():
     b, t, _, n, _, _, _ = MAIN
     inputs = _qkv(2, *MAIN)  # Hv != H

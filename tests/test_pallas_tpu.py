@@ -125,8 +125,11 @@ def test_tpu_block_validation():
     nf = _normal_form(inputs, is_causal=False, max_distance=0)
     with pytest.raises(ValueError, match="multiple of 8"):
         fa.flash_attention(nf, block_q=12, block_k=None, backend=TPU)
-    with pytest.raises(ValueError, match="multiple of 128"):
+    with pytest.raises(ValueError, match="block_k must be a multiple of 128"):
         fa.flash_attention(nf, block_q=8, block_k=64, backend=TPU)
+    # The backward's own key tiles obey the same layout.
+    with pytest.raises(ValueError, match=r"backward_blocks\[1\] must be a multiple of 128"):
+        fa.flash_attention(nf, backward_blocks=(8, 64), backend=TPU)
     assert fa.default_blocks("tpu", 8192, 8192) == ((128, 128), (128, 128))
     assert fa.default_blocks("tpu", 20, 36) == ((24, 40), (24, 40))
 

@@ -286,7 +286,7 @@ def check_block(name: str, value: int, backend: str, length: int) -> int:
             raise ValueError(f"flash_attention: on TPU {name} must be a multiple of 8, got {value}")
         if name in ("block_k", "backward_blocks[1]") and value % 128 and value < length:
             raise ValueError(
-                "flash_attention: on TPU block_k must be a multiple of 128 unless one "
+                f"flash_attention: on TPU {name} must be a multiple of 128 unless one "
                 f"tile holds every key (key length {length}), got {value}"
             )
     return value
