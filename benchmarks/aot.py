@@ -242,26 +242,6 @@ def variant_inputs(spec: dict, sds) -> tuple:
     return q, k, v, ct, extra
 
 
-def _cuda_trace_context(device):
-    """The context the Triton lowering reads its GPU from.
-
-    jax 0.10 lowers Triton for compute capability 9.0 when no GPU is attached;
-    from 0.11 the lowering asks the trace's context for the device and, with
-    none, raises "No supported GPU devices found". An abstract mesh of one
-    abstract device of the topology's kind names it (0.10 ignores it). Auto
-    axes, as in tests/flash_harness.cuda_target: under an explicit mesh jax
-    0.12's lowering of a reduction keeps a sharding it cannot.
-    """
-    import jax
-
-    abstract = jax.sharding.AbstractDevice(
-        device_kind=device.device_kind, num_cores=132, platform="cuda"
-    )
-    auto = (jax.sharding.AxisType.Auto,)
-    mesh = jax.sharding.AbstractMesh((1,), ("cuda_target",), auto, abstract_device=abstract)
-    return jax.sharding.use_abstract_mesh(mesh)
-
-
 def child_main(
     name: str, target_config: str, precision: str | None = None, tiles: dict | None = None
 ) -> int:
@@ -283,7 +263,9 @@ def child_main(
     inputs = variant_inputs(spec, sds)
     start = time.perf_counter()
     jax.eval_shape(fn, *inputs)  # fills the kernels' static block maps outside the mesh
-    with _cuda_trace_context(device):
+    from jattn.attention.pallas.backend import cuda_target
+
+    with cuda_target(device.device_kind):
         lowered = fn.trace(*inputs).lower()
     lowered_at = time.perf_counter()
     lowered.compile()

@@ -16,6 +16,7 @@ import oracle
 import jattn
 from jattn.attention.normal_form import EMPTY_ROW_LSE
 from jattn.attention.pallas import flash_attention as fa
+from jattn.attention.pallas.backend import cuda_target  # noqa: F401 (tests import it from here)
 
 GRAD_NAMES = ("query", "key", "value", "bias", "rel_key", "rel_value")
 F32_TOL = 2e-5
@@ -314,31 +315,6 @@ def _lower_vjp(platform: str, backend: str, dtype, *, t, h, causal, packed, shaw
     jax.eval_shape(fn, args, cot)
     with cuda_target():
         return jax.jit(fn).trace(args, cot).lower(lowering_platforms=("cuda",)).as_text()
-
-
-H100_KIND = "NVIDIA H100 80GB HBM3"  # an H100 SXM's `device_kind`
-
-
-def cuda_target(device_kind: str = H100_KIND, num_cores: int = 132):
-    """The context to lower Triton kernels for CUDA on a host with no GPU.
-
-    jax 0.10 lowers Triton for compute capability 9.0 when it finds no GPU;
-    from 0.11 the Triton lowering asks the device for its compute capability
-    and, with none, raises "No supported GPU devices found, please specify an
-    abstract GPU device using AbstractDevice". An abstract mesh of one
-    abstract H100 names that device on every version (0.10.2 ignores it);
-    tracing and lowering must both happen inside it.
-    """
-    device = jax.sharding.AbstractDevice(
-        device_kind=device_kind, num_cores=num_cores, platform="cuda"
-    )
-    # Auto, not the default Explicit: under an explicit mesh jax 0.12 gives
-    # traced values a sharding, and its Triton lowering of a reduction then
-    # keeps the input's spec for a lower-rank output (a score mod's params
-    # gradient) and fails.
-    auto = (jax.sharding.AxisType.Auto,)
-    mesh = jax.sharding.AbstractMesh((1,), ("cuda_target",), auto, abstract_device=device)
-    return jax.sharding.use_abstract_mesh(mesh)
 
 
 def _debug_mode(setting: str):

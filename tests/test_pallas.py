@@ -343,7 +343,7 @@ def _lower_for_cuda(dtype, **kw):
 def test_gpu_path_lowers_to_triton(
     dtype, causal, packed, shaw, bias_shape, mask_shape, window, dropout
 ):
-    # For an abstract H100 (`flash_harness.cuda_target`): no GPU needed, on
+    # For an abstract H100 (`jattn.attention.pallas.backend.cuda_target`): no GPU needed, on
     # every jax version CI runs.
     text = _lower_for_cuda(
         dtype,

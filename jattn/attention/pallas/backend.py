@@ -46,6 +46,7 @@ __all__ = [
     "TRITON_PRIVATE",
     "TRITON_PUBLIC",
     "check_triton",
+    "cuda_target",
     "default_warps",
     "check_backward",
     "check_block",
@@ -290,6 +291,34 @@ def check_block(name: str, value: int, backend: str, length: int) -> int:
                 f"tile holds every key (key length {length}), got {value}"
             )
     return value
+
+
+H100_KIND = "NVIDIA H100 80GB HBM3"  # an H100 SXM's `device_kind`
+
+
+def cuda_target(device_kind: str = H100_KIND, num_cores: int = 132):
+    """The context to lower Triton kernels for CUDA on a host with no GPU
+    (the tests' CUDA lowerings, `benchmarks/aot.py`'s compiles).
+
+    jax 0.10 lowers Triton for compute capability 9.0 when it finds no GPU;
+    from 0.11 the Triton lowering asks the device for its compute capability
+    and, with none, raises "No supported GPU devices found, please specify an
+    abstract GPU device using AbstractDevice". An abstract mesh of one
+    abstract device (an H100 by default) names it on every version (0.10.2
+    ignores it); tracing and lowering must both happen inside it, and
+    nothing may run eagerly there (`jax.eval_shape` first fills the kernels'
+    cached block maps).
+    """
+    device = jax.sharding.AbstractDevice(
+        device_kind=device_kind, num_cores=num_cores, platform="cuda"
+    )
+    # Auto, not the default Explicit: under an explicit mesh jax 0.12 gives
+    # traced values a sharding, and its Triton lowering of a reduction then
+    # keeps the input's spec for a lower-rank output (a score mod's params
+    # gradient) and fails.
+    auto = (jax.sharding.AxisType.Auto,)
+    mesh = jax.sharding.AbstractMesh((1,), ("cuda_target",), auto, abstract_device=device)
+    return jax.sharding.use_abstract_mesh(mesh)
 
 
 def describe_backend() -> str:
