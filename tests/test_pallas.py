@@ -22,7 +22,6 @@ import os
 import re
 import subprocess
 import sys
-import time
 
 import jax
 import jax.numpy as jnp
@@ -419,15 +418,15 @@ def test_block_size_validation():
 def test_bench_gpu_cpu_smoke(tmp_path):
     # The staged GPU script end to end on the CPU, through the attention
     # benchmark's --gpu mode: probe, then the smoke stage's cells, each in a
-    # child process, rows written as they finish; under two minutes, status 0.
+    # child process, rows written as they finish, status 0. (No wall-time
+    # assertion: speed is the benchmarks' to report; the timeout only stops
+    # a hang.)
     out = tmp_path / "bench.csv"
     env = dict(os.environ, JAX_PLATFORMS="cpu")
     cmd = [sys.executable, os.path.join(ROOT, "benchmarks", "attention.py"), "--gpu"]
     cmd += ["--stage", "smoke", "--cpu-smoke", "--out", str(out)]
-    t0 = time.perf_counter()
     proc = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=300, cwd=ROOT)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
-    assert time.perf_counter() - t0 < 120
     assert "backend: jax" in proc.stdout and "interpret mode" in proc.stdout
     with open(out) as f:
         rows = list(csv.DictReader(f))
