@@ -131,6 +131,9 @@ def test_triton_present_selects_triton(monkeypatch):
     light = kb.kernel_report(8192, 8192, 128, score_mod=True, light_mod=True, dtype=jnp.bfloat16)
     assert light["forward_blocks"] == (64, 64) and light["forward_warps"] == 8
     assert light["backward_blocks"] == (16, 32) and light["backward_warps"] == 2
+    loop = kb.kernel_report(8192, 8192, 64, score_mod=True, loop_mod=True, dtype=jnp.float32)
+    assert loop["forward_blocks"] == (32, 64) and loop["forward_warps"] == 4
+    assert kb.kernel_report(8192, 8192, 64, loop_mod=True)["forward_blocks"] == (128, 64)
     ieee = kb.kernel_report(8192, 8192, 64, dtype=jnp.float32, precision="ieee")
     assert "IEEE" in ieee["precision"] and ieee["backward_blocks"] == (16, 32)
     assert "Triton kernels" in kb.describe_backend()
@@ -180,6 +183,18 @@ def test_a_score_mods_tiles_and_warps_follow_its_cost():
         backend="gpu",
     )
     assert pre.fwd_cfg.score_mod is None and pre.fwd_cfg.distance_tiles == 128
+    # float32 at head dim 64: a mod whose forward loops (FIRE's MLP) takes a
+    # 32x64 forward with 4 warps (128x64 spilled 144 B); the others keep 128x64.
+    q32, k32, v32 = (
+        jnp.asarray(inputs[n], jnp.float32)[..., :64] for n in ("query", "key", "value")
+    )
+    for name, mod in mods.items():
+        assert smt.has_loop(smt.mod_spec(mod, "gpu")[0]) == (name == "fire"), name
+        nf = jattn.normalise(q32, k32, v32, is_causal=True, score_mod=mod, **positions_given)
+        pre = fa.prepare(nf, block_q=None, block_k=None, backend="gpu")
+        fwd = (pre.fwd_cfg.block_q, pre.fwd_cfg.block_k, pre.fwd_cfg.num_warps)
+        assert fwd == ((32, 64, 4) if name == "fire" else (128, 64, 8)), name
+        assert (pre.bwd_cfg.block_q, pre.bwd_cfg.block_k) == (16, 32), name
     # Without a mod, nothing changes: 32x32 backward, 4 warps (head dim 128).
     pre = fa.prepare(
         jattn.normalise(q, k, v, is_causal=True), block_q=None, block_k=None, backend="gpu"

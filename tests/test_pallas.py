@@ -405,6 +405,12 @@ def test_block_size_validation():
         with_mod = fa.default_blocks("gpu", 8192, 8192, shaw, h, dtype, score_mod=True)
         fwd = (64, 64) if dtype == "bfloat16" and h == 128 else fwd
         assert with_mod == (fwd, (16, 32)), (dtype, h, shaw)
+    # A looping mod (FIRE) narrows the float32 forward at head dim 64 only.
+    for (dtype, h, shaw), (fwd, _) in blocks.items():
+        loop = fa.default_blocks("gpu", 8192, 8192, shaw, h, dtype, score_mod=True, loop_mod=True)
+        fwd = (64, 64) if dtype == "bfloat16" and h == 128 else fwd
+        fwd = (32, 64) if dtype == "float32" and h == 64 else fwd
+        assert loop == (fwd, (16, 32)), (dtype, h, shaw)
     assert fa.default_blocks("interpret", 64, 64, score_mod=True) == ((64, 64), (64, 64))
     assert fa.default_blocks("gpu", 8192, 8192) == ((128, 64), (64, 64))
     assert fa.default_blocks("gpu", 20, 5) == ((32, 16), (32, 16))

@@ -199,6 +199,7 @@ def default_blocks(
     head_dim: int = 64,
     dtype="bfloat16",
     score_mod: bool = False,
+    loop_mod: bool = False,
 ) -> tuple[tuple[int, int], tuple[int, int]]:
     """Default `((block_q, block_k) forward, (block_q, block_k) backward)`.
 
@@ -220,7 +221,11 @@ def default_blocks(
       operand live): forward 128x64 at head dim <= 64 (32x64 with Shaw
       terms), 32x32 above (16x32 with Shaw terms; a 64x64 tile there asks
       256 KB of shared memory, over the H100's 227 KB); backward 16x32.
-      The fewest spills of the tiles tried.
+      The fewest spills of the tiles tried. A score mod whose forward runs
+      a loop (`loop_mod`, `score_mod_tiles.has_loop`: FIRE's MLP) takes a
+      32x64 forward at head dim <= 64 too: FIRE's spilled 144 B at 128x64
+      (8 warps) and 260 B at 64x64, none at 32x64 (4 warps), with ptxas
+      12.9 and 13.5 alike.
     Powers of two >= 16 capped by the sequence lengths. TPU: 128x128 for
     both (the MXU's tile; `block_k` a multiple of the 128 lanes unless one
     tile holds every key). Interpret mode: 128x128 capped by the lengths
@@ -236,7 +241,10 @@ def default_blocks(
     cap_t, cap_s = max(16, pow2_size(t)), max(16, pow2_size(s))
     f32, wide = jnp.dtype(dtype) == jnp.float32, head_dim > 64
     if f32:
-        fwd = ((16, 32) if shaw else (32, 32)) if wide else ((32, 64) if shaw else (128, 64))
+        if wide:
+            fwd = (16, 32) if shaw else (32, 32)
+        else:
+            fwd = (32, 64) if shaw or loop_mod else (128, 64)
         bwd = (16, 32)
     else:
         fwd = (64 if shaw or (score_mod and wide) else 128, 64)
@@ -347,6 +355,7 @@ def kernel_report(
     shaw: bool = False,
     score_mod: bool = False,
     light_mod: bool = False,
+    loop_mod: bool = False,
     block_q: int | None = None,
     block_k: int | None = None,
     backward: str = "split",
@@ -358,11 +367,14 @@ def kernel_report(
     versions, tile sizes, warps and stages (forward and backward), the
     matmul precision and the backward variant. `score_mod`: a score mod is
     applied; `light_mod`: and it is light (`score_mod_tiles.backward_cost`
-    at most `LIGHT_MOD_COST`, which the call itself measures). Raises
+    at most `LIGHT_MOD_COST`, which the call itself measures); `loop_mod`:
+    and its forward runs a loop (`score_mod_tiles.has_loop`). Raises
     `PallasBackendError` where the call itself would."""
     backend = resolve_backend(interpret)
     f32 = jnp.dtype(dtype) == jnp.float32
-    (fq, fk), (bq, bk) = default_blocks(backend, t, s, shaw, head_dim, dtype, score_mod)
+    (fq, fk), (bq, bk) = default_blocks(
+        backend, t, s, shaw, head_dim, dtype, score_mod, loop_mod=score_mod and loop_mod
+    )
     if block_q is not None:
         fq = bq = check_block("block_q", block_q, backend, t)
     if block_k is not None:

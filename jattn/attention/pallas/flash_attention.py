@@ -481,8 +481,21 @@ def prepare(
     b, t, n, h = query.shape
     _, s, kh, hv = value.shape
     use_qr, use_pr = nf.rel_key is not None, nf.rel_value is not None
+    # A per-logit score mod's spec (a distance mod read from Toeplitz tiles
+    # has none: its function never runs in a kernel).
+    use_tiles = distance_tiles.applies(nf, backend)
+    spec = leaves = None
+    if nf.score_mod is not None and not use_tiles:
+        spec, leaves = score_mod_tiles.mod_spec(nf.score_mod, backend)
     (fwd_block_q, fwd_block_k), (bwd_block_q, bwd_block_k) = default_blocks(
-        backend, t, s, nf.shaw, max(h, hv), query.dtype, score_mod=nf.score_mod is not None
+        backend,
+        t,
+        s,
+        nf.shaw,
+        max(h, hv),
+        query.dtype,
+        score_mod=nf.score_mod is not None,
+        loop_mod=spec is not None and backend == "gpu" and score_mod_tiles.has_loop(spec),
     )
     if block_q is not None:
         fwd_block_q = bwd_block_q = check_block("block_q", block_q, backend, t)
@@ -508,15 +521,13 @@ def prepare(
     # A score mod reads the positions of every tile (the block map does not).
     use_pos = map_pos or (nf.score_mod is not None and not distance_tiles.applies(nf, backend))
     use_seg = nf.q_segment_ids is not None
-    spec = mod = None
-    use_tiles = distance_tiles.applies(nf, backend)
+    mod = None
     if use_tiles:  # read from Toeplitz tiles built here; fn never runs in a kernel
         build = functools.partial(distance_tiles.build, nf.score_mod, n, padded_t, padded_s)
         fwd_tiles = build(fwd_block_q, fwd_block_k)
         same = (fwd_block_q, fwd_block_k) == (bwd_block_q, bwd_block_k)
         mod = (fwd_tiles, fwd_tiles if same else build(bwd_block_q, bwd_block_k))
-    elif nf.score_mod is not None:
-        spec, leaves = score_mod_tiles.mod_spec(nf.score_mod, backend)
+    elif spec is not None:
         for bq_, bk_ in {(fwd_block_q, fwd_block_k), (bwd_block_q, bwd_block_k)}:
             score_mod_tiles.check_lowerable(spec, backend, bq_, bk_)
         mod = score_mod_tiles.kernel_leaves(spec, leaves)
