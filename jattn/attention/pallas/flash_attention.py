@@ -519,7 +519,7 @@ def prepare(
     padded_rel = max(16, pow2_size(num_rel)) if gpu else num_rel
     map_pos = nf.is_causal or nf.shaw or nf.window is not None
     # A score mod reads the positions of every tile (the block map does not).
-    use_pos = map_pos or (nf.score_mod is not None and not distance_tiles.applies(nf, backend))
+    use_pos = map_pos or (nf.score_mod is not None and not use_tiles)
     use_seg = nf.q_segment_ids is not None
     mod = None
     if use_tiles:  # read from Toeplitz tiles built here; fn never runs in a kernel
