@@ -570,24 +570,12 @@ def backward_cost(spec: ModSpec, block_q: int, block_k: int) -> int:
     return sum(1 for e in jaxpr.eqns for v in e.outvars if tuple(v.aval.shape) == shape)
 
 
-def _has_loop(jaxpr) -> bool:
-    for e in jaxpr.eqns:
-        if e.primitive.name in ("while", "scan"):
-            return True
-        for p in e.params.values():
-            for sub in p if isinstance(p, (tuple, list)) else (p,):
-                inner = getattr(sub, "jaxpr", sub)  # a ClosedJaxpr's, or a Jaxpr
-                if hasattr(inner, "eqns") and _has_loop(inner):
-                    return True
-    return False
-
-
 def has_loop(spec: ModSpec) -> bool:
     """Whether the mod's forward on a tile runs a loop (FIRE's MLP over its
     hidden units, `jax.lax.fori_loop`): each iteration keeps tile-sized
     temporaries live beside the forward's accumulators, so the float32
     forward at head dim <= 64 takes narrower tiles (`backend.default_blocks`)."""
-    return _has_loop(_tile_jaxprs(spec, 16, 16)[0].jaxpr)
+    return bool(_primitives(_tile_jaxprs(spec, 16, 16)[0].jaxpr, set()) & {"while", "scan"})
 
 
 def check_lowerable(spec: ModSpec, backend: str, block_q: int, block_k: int) -> None:
