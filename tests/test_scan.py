@@ -238,6 +238,35 @@ def test_the_csordas_preset_is_their_model_and_variants():
     }
 
 
+def test_the_csordas_long_preset_is_the_same_model_at_10x_the_steps():
+    """experiments/scan.py:csordas_long: the csordas preset's model and evaluation,
+    their relative variant against sinusoidal positions, one seed, no shared layers,
+    10x the steps, both splits evaluated along the way, checkpoints to resume from."""
+    import pathlib  # noqa: PLC0415
+
+    from jattn.analysis import grid  # noqa: PLC0415
+    from jattn.train.config import load_config  # noqa: PLC0415
+
+    root = pathlib.Path(__file__).resolve().parent.parent
+    spec = str(root / "experiments" / "scan.py")
+    short, long = (load_config(f"{spec}:{arg}") for arg in ("csordas", "csordas_long"))
+    base = grid.training_config(short, grid.expand(short, "/nonexistent")[0], str(root))
+    runs = grid.expand(long, "/nonexistent")
+    configs = [grid.training_config(long, run, str(root)) for run in runs]
+    assert sorted((c.model.position, c.model.shared_layers, c.seed) for c in configs) == [
+        ("sinusoidal", False, 0),
+        ("transformer_xl", False, 0),
+    ]
+    for c in configs:
+        assert c.num_train_steps == 10 * base.num_train_steps
+        assert c.eval_every_steps == c.num_train_steps // 6 and c.checkpoint_every_steps == 1_000
+        for key in ("num_layers", "d_model", "num_heads", "d_ff", "dropout_rate"):
+            assert c.model[key] == base.model[key], key
+        for key in ("dataset", "batch_size", "learning_rate", "eval_decode_examples",
+                    "eval_max_batches", "best_metric"):  # fmt: skip
+            assert c[key] == base[key], key
+
+
 def test_scan_refuses_a_character_tokenizer(data_dir):
     with pytest.raises(ValueError, match="tokenizer='word'"):
         data.load("scan/tiny", data_dir=data_dir)  # the default is "char"
