@@ -8,46 +8,120 @@ wall seconds, ``--jobs``, runs it set out to train, the CPUs and the load
 average (1, 5, 15 min) at start and end. `cost_section` turns the file into
 the report's "Cost" section: runs x steps, each session, and the total, so
 every wall time quoted about a grid comes from a file beside its results.
+
+A session can also end with no chance to write that line (SIGKILL, a machine
+that restarts, a job scheduler's hard limit), and its hours would vanish
+from the total. So while it runs, a session keeps ``DIR/.session-<pid>.json``
+(its line so far, rewritten every `HEARTBEAT_S` seconds with the time and
+load). One whose heartbeat is older than three of its intervals died:
+`read_sessions` reports it as "killed", ended at its last heartbeat (its wall
+time short by less than one interval), and the next session writes it into
+``sessions.jsonl`` for good.
 """
 
 from __future__ import annotations
 
 import contextlib
 import datetime
+import glob
 import json
 import os
+import threading
 import time
 from collections.abc import Iterator, Sequence
 from typing import Any
 
-__all__ = ["SESSIONS_FILE", "cost_section", "read_sessions", "recording"]
+__all__ = ["HEARTBEAT_S", "SESSIONS_FILE", "cost_section", "read_sessions", "recording"]
 
 SESSIONS_FILE = "sessions.jsonl"
+HEARTBEAT_S = 60.0
+_OPEN = ".session-{pid}.json"  # a running session's line so far
+_STALE_BEATS = 3  # heartbeats missed before a session counts as dead
+KILLED = "killed (no end recorded; ended at its last heartbeat)"
 
 
-def _now() -> str:
-    return datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%d %H:%M:%S UTC")
+def _now(epoch: float | None = None) -> str:
+    when = datetime.datetime.fromtimestamp(time.time() if epoch is None else epoch, datetime.UTC)
+    return when.strftime("%Y-%m-%d %H:%M:%S UTC")
 
 
 def _load() -> list[float]:
     return [round(x, 2) for x in os.getloadavg()]
 
 
+def _append(workdir: str, session: dict[str, Any]) -> None:
+    with open(os.path.join(workdir, SESSIONS_FILE), "a") as f:
+        f.write(json.dumps(session) + "\n")
+
+
+def _write_open(path: str, session: dict[str, Any], started: float, heartbeat_s: float) -> None:
+    """The running session's line so far, replaced atomically (never half written)."""
+    now = time.time()
+    beat = {
+        **session,
+        "ended": _now(now),
+        "wall_s": round(now - started, 1),
+        "load_end": _load(),
+        "_started_epoch": started,
+        "_last_beat_epoch": now,
+        "_heartbeat_s": heartbeat_s,
+    }
+    tmp = f"{path}.tmp"
+    with open(tmp, "w") as f:
+        f.write(json.dumps(beat))
+    os.replace(tmp, path)
+
+
+def _open_sessions(workdir: str, now: float) -> list[tuple[str, dict[str, Any], bool]]:
+    """Each running or dead session's file: (path, its line, whether it died)."""
+    found = []
+    for path in sorted(glob.glob(os.path.join(workdir, _OPEN.format(pid="*")))):
+        try:
+            with open(path) as f:
+                beat = json.load(f)
+        except (OSError, ValueError):
+            continue  # gone meanwhile (its session ended), or not ours
+        dead = now - beat["_last_beat_epoch"] > _STALE_BEATS * beat["_heartbeat_s"]
+        line = {k: v for k, v in beat.items() if not k.startswith("_")}
+        line["outcome"] = KILLED if dead else "running"
+        found.append((path, line, dead))
+    return found
+
+
 @contextlib.contextmanager
-def recording(workdir: str, *, jobs: int, to_train: int) -> Iterator[dict[str, Any]]:
+def recording(
+    workdir: str, *, jobs: int, to_train: int, heartbeat_s: float = HEARTBEAT_S
+) -> Iterator[dict[str, Any]]:
     """Records the session around the block (see the module docstring).
 
     Yields the session's dict; the caller sets ``outcome`` ("finished" or
     "preempted"); an exception leaves "failed: <type>" and is re-raised.
+    Sessions that died before this one are written to the file first.
     """
+    for path, line, dead in _open_sessions(workdir, time.time()):
+        if dead:
+            _append(workdir, line)
+            os.remove(path)
+    started = time.time()
     session: dict[str, Any] = {
-        "started": _now(),
+        "started": _now(started),
         "jobs": jobs,
         "runs_to_train": to_train,
         "cpus": os.cpu_count(),
         "load_start": _load(),
         "outcome": "failed",
     }
+    open_path = os.path.join(workdir, _OPEN.format(pid=os.getpid()))
+    stop = threading.Event()
+
+    def heartbeat() -> None:
+        while not stop.wait(heartbeat_s):
+            with contextlib.suppress(OSError):  # a full disk must not stop the grid
+                _write_open(open_path, session, started, heartbeat_s)
+
+    _write_open(open_path, session, started, heartbeat_s)  # on disk before any work
+    beating = threading.Thread(target=heartbeat, name="jattn-session-heartbeat", daemon=True)
+    beating.start()
     start = time.monotonic()
     try:
         yield session
@@ -55,18 +129,24 @@ def recording(workdir: str, *, jobs: int, to_train: int) -> Iterator[dict[str, A
         session["outcome"] = f"failed: {type(e).__name__}"
         raise
     finally:
+        stop.set()
+        beating.join()
         session.update(ended=_now(), wall_s=round(time.monotonic() - start, 1), load_end=_load())
-        with open(os.path.join(workdir, SESSIONS_FILE), "a") as f:
-            f.write(json.dumps(session) + "\n")
+        _append(workdir, session)
+        with contextlib.suppress(FileNotFoundError):
+            os.remove(open_path)
 
 
 def read_sessions(workdir: str) -> list[dict[str, Any]]:
-    """The sessions recorded in ``workdir`` (oldest first; [] when none)."""
+    """The sessions of ``workdir``, oldest first ([] when none): those recorded,
+    then any still running ("running", its time so far) or dead without an end
+    (`KILLED`, ended at its last heartbeat)."""
     path = os.path.join(workdir, SESSIONS_FILE)
-    if not os.path.exists(path):
-        return []
-    with open(path) as f:
-        return [json.loads(line) for line in f if line.strip()]
+    recorded = []
+    if os.path.exists(path):
+        with open(path) as f:
+            recorded = [json.loads(line) for line in f if line.strip()]
+    return recorded + [line for _, line, _ in _open_sessions(workdir, time.time())]
 
 
 def _duration(seconds: float) -> str:

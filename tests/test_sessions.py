@@ -1,0 +1,97 @@
+"""What a grid cost survives the session that paid it: `jattn.analysis.sessions`.
+
+A session that ends normally writes its line; one killed outright (SIGKILL, a
+restart) leaves its heartbeat file (the child beats every 0.5 s: slack for a
+loaded CI machine), which reads as "killed" with the wall
+time up to its last beat and is folded into ``sessions.jsonl`` by the next
+session. The kill is real: a child process in a session, SIGKILLed.
+"""
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+
+from jattn.analysis import sessions
+
+CHILD = textwrap.dedent(
+    """
+    import sys, time
+    from jattn.analysis import sessions
+    with sessions.recording(sys.argv[1], jobs=2, to_train=3, heartbeat_s=0.5) as s:
+        print("in", flush=True)
+        time.sleep(600)
+        s["outcome"] = "finished"
+    """
+)
+
+
+def _open_files(workdir) -> list[str]:
+    return sorted(p.name for p in workdir.iterdir() if p.name.startswith(".session-"))
+
+
+def test_a_session_that_ends_writes_its_line_and_leaves_no_heartbeat(tmp_path):
+    with sessions.recording(str(tmp_path), jobs=1, to_train=2, heartbeat_s=0.05) as s:
+        (live,) = sessions.read_sessions(str(tmp_path))
+        assert live["outcome"] == "running" and live["started"] == s["started"]
+        time.sleep(0.2)
+        s["outcome"] = "finished"
+    assert _open_files(tmp_path) == []
+    (done,) = sessions.read_sessions(str(tmp_path))
+    assert done["outcome"] == "finished" and done["runs_to_train"] == 2
+    assert done["wall_s"] >= 0.2 and len(done["load_end"]) == 3
+
+
+def test_a_killed_session_keeps_its_wall_time_and_the_next_one_records_it(tmp_path):
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)}
+    child = subprocess.Popen(
+        [sys.executable, "-c", CHILD, str(tmp_path)], stdout=subprocess.PIPE, text=True, env=env
+    )
+    try:
+        assert child.stdout.readline().strip() == "in"
+        time.sleep(3.0)  # about six heartbeats
+        os.kill(child.pid, signal.SIGKILL)  # no finally, no line written
+    finally:
+        child.wait(timeout=60)
+    assert not (tmp_path / sessions.SESSIONS_FILE).exists()
+    assert _open_files(tmp_path) == [f".session-{child.pid}.json"]
+
+    time.sleep(2.0)  # more than three missed heartbeats: dead
+    (killed,) = sessions.read_sessions(str(tmp_path))
+    assert killed["outcome"] == sessions.KILLED
+    assert killed["jobs"] == 2 and killed["runs_to_train"] == 3
+    assert 2.0 <= killed["wall_s"] <= 4.0, killed["wall_s"]  # short by about one beat
+    assert killed["ended"] >= killed["started"] and len(killed["load_end"]) == 3
+    assert not any(k.startswith("_") for k in killed)  # the file's bookkeeping stays out
+
+    # The report's cost section counts it.
+    cost = "\n".join(sessions.cost_section(str(tmp_path), [100, 100, 100]))
+    assert sessions.KILLED in cost and "over 1 session(s)" in cost
+
+    # The next session writes the dead one into the file for good, before its own line.
+    with sessions.recording(str(tmp_path), jobs=1, to_train=1, heartbeat_s=0.05) as s:
+        s["outcome"] = "finished"
+    lines = [json.loads(x) for x in (tmp_path / sessions.SESSIONS_FILE).read_text().splitlines()]
+    assert [x["outcome"] for x in lines] == [sessions.KILLED, "finished"]
+    assert lines[0] == killed
+    assert _open_files(tmp_path) == []
+    assert sessions.read_sessions(str(tmp_path)) == lines
+
+
+def test_a_live_session_of_another_process_is_not_taken_for_dead(tmp_path):
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)}
+    child = subprocess.Popen(
+        [sys.executable, "-c", CHILD, str(tmp_path)], stdout=subprocess.PIPE, text=True, env=env
+    )
+    try:
+        assert child.stdout.readline().strip() == "in"
+        time.sleep(1.0)
+        (live,) = sessions.read_sessions(str(tmp_path))
+        assert live["outcome"] == "running" and live["wall_s"] > 0
+        assert _open_files(tmp_path) == [f".session-{child.pid}.json"]
+    finally:
+        child.kill()
+        child.wait(timeout=60)
