@@ -40,8 +40,10 @@ reverse_string pair (sinusoidal, plain and random, one seed, 3,000 steps,
 grid"; docs/results/deletang_reverse/) fitted the plain arm at 2,000-3,000
 steps and left the random arm short (validation exact match 0.56). At that
 budget the grid's 108 runs are about 100 CPU-hours here: it is written down
-to be run where the compute is (`--emit slurm`); it was not run here, and
-no result of it is reported.
+to be run where the compute is (`--emit slurm`), and was not run whole
+here. Its reverse_string slice was (one seed, all six schemes, both arms,
+3,000 steps; 2026-12-04: docs/results.md, "On their terms: reverse_string,
+six schemes", with its command).
 
 The report gives token accuracy on `test_longer` (the teacher-forced
 accuracy is the prediction: an encoder-only model reads no targets) and
