@@ -199,16 +199,51 @@ def randomized() -> list[str]:
     ]
 
 
-def tape_pair(folder: str, group: str) -> list[str]:
-    """A plain/randomised pair on Delétang's tape (`group` % M): steps, token accuracy
-    past the training lengths, validation exact match."""
-    past = [mean(folder, group % m, "eval/test_longer/beyond_train/accuracy") for m in (0, 512)]
-    exact = [mean(folder, group % m, "eval/validation/exact_match") for m in (0, 512)]
+DEL_SLICE = "results/deletang_reverse_slice"
+TAPE_SCHEMES = {
+    "sinusoidal": "sinusoidal",
+    "rope": "RoPE",
+    "alibi": "ALiBi",
+    "t5": "T5",
+    "learned": "learned",
+}
+
+
+def _tape(folder: str, scheme: str, m: int, metric: str) -> float:
+    """The one seed's value of `scheme` with `random_positions` = m (0: plain)."""
+    (value,) = values(folder, f"position={scheme},random={m},task=reverse_string/test100", metric)
+    return value
+
+
+def tape_slice(folder: str) -> list[str]:
+    """Ruoss et al. on Delétang's tape, one task and one seed a scheme: each
+    scheme's plain -> randomised token accuracy past the training lengths, the
+    mean difference and how many schemes gain, NoPE's pair, and each arm's
+    validation exact match (lowest-highest over the schemes)."""
+    past, val = "eval/test_longer/beyond_train/accuracy", "eval/validation/exact_match"
+    pairs = {s: [_tape(folder, s, m, past) for m in (0, 512)] for s in TAPE_SCHEMES}
+    diffs = [b - a for a, b in pairs.values()]
+
+    def span(m: int) -> str:
+        found = [_tape(folder, s, m, val) for s in TAPE_SCHEMES]
+        return f"{min(found):.3f}–{max(found):.3f}"
+
     return [
         steps(folder),
-        f"{past[0]} plain -> {past[1]} randomised",
-        f"validation exact match {exact[0]} and {exact[1]}",
+        *(f"{TAPE_SCHEMES[s]} {a:.3f} -> {b:.3f}" for s, (a, b) in pairs.items()),
+        f"mean over the {len(diffs)} schemes {signed(statistics.mean(diffs))}",
+        f"NoPE {_tape(folder, 'none', 0, past):.3f} -> {_tape(folder, 'none', 512, past):.3f}",
+        f"validation exact match plain {span(0)}, randomised {span(512)}",
     ]
+
+
+def tape_slice_gains(folder: str) -> list[str]:
+    diffs = [
+        _tape(folder, s, 512, "eval/test_longer/beyond_train/accuracy")
+        - _tape(folder, s, 0, "eval/test_longer/beyond_train/accuracy")
+        for s in TAPE_SCHEMES
+    ]
+    return [f"{sum(d > 0 for d in diffs)} of {len(diffs)} schemes"]
 
 
 # Each row: the record of its anchor, and what its jattn cell must say, computed from files.
@@ -217,10 +252,6 @@ ONT_DUP = "results/ontanon_duplicate"
 KZ_LONG = ("results/decoder_only_long", "results/decoder_only_long_alibi_rope")
 KZ_SIN = "results/decoder_only_long_sinusoidal"
 KZ_REP = "results/decoder_only_repeated"
-DEL_REV = "results/deletang_reverse"
-DEL_GROUP = "position=sinusoidal,random=%d,task=reverse_string/test100"
-DEL_ROPE = "results/deletang_reverse_rope"
-DEL_ROPE_GROUP = "position=rope,random=%d,task=reverse_string/test100"
 KZ_REV = "results/decoder_only_reverse_long"
 KZ_NAMES = {
     "none": "NoPE",
@@ -324,13 +355,9 @@ SPECS = {
         ],
     ),
     "Ruoss et al. 2023, randomised positions": ("ruoss2023", randomized),
-    "Ruoss et al. 2023, on their encoder-only tape (one pair)": (
+    "Ruoss et al. 2023, on their encoder-only tape (reverse_string, six schemes)": (
         "ruoss2023",
-        lambda: tape_pair(DEL_REV, DEL_GROUP),
-    ),
-    "Ruoss et al. 2023, on their encoder-only tape (RoPE pair)": (
-        "ruoss2023",
-        lambda: tape_pair(DEL_ROPE, DEL_ROPE_GROUP),
+        lambda: tape_slice(DEL_SLICE),
     ),
     "Csordás et al. 2021, SCAN cutoff 26": (
         "csordas2021",
@@ -359,6 +386,9 @@ SPECS = {
     ),
 }
 VERDICT_CHECKS = {  # numbers a verdict states, computed like the jattn cell's
+    "Ruoss et al. 2023, on their encoder-only tape (reverse_string, six schemes)": lambda: (
+        tape_slice_gains(DEL_SLICE)
+    ),
     "Ruoss et al. 2023, randomised positions": lambda: [
         f"{len(values('results/randomized', 'position=rope,random=0', 'step'))} seeds",
         steps("results/randomized"),
