@@ -29,6 +29,19 @@ CHILD = textwrap.dedent(
 )
 
 
+def _child_in_a_session(workdir) -> subprocess.Popen:
+    """A process inside a session (`CHILD`), returned once the session has begun."""
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)}
+    child = subprocess.Popen(
+        [sys.executable, "-c", CHILD, str(workdir)], stdout=subprocess.PIPE, text=True, env=env
+    )
+    if child.stdout.readline().strip() != "in":
+        child.kill()
+        child.wait(timeout=60)
+        raise AssertionError("the child never entered its session")
+    return child
+
+
 def _open_files(workdir) -> list[str]:
     return sorted(p.name for p in workdir.iterdir() if p.name.startswith(".session-"))
 
@@ -46,12 +59,8 @@ def test_a_session_that_ends_writes_its_line_and_leaves_no_heartbeat(tmp_path):
 
 
 def test_a_killed_session_keeps_its_wall_time_and_the_next_one_records_it(tmp_path):
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)}
-    child = subprocess.Popen(
-        [sys.executable, "-c", CHILD, str(tmp_path)], stdout=subprocess.PIPE, text=True, env=env
-    )
+    child = _child_in_a_session(tmp_path)
     try:
-        assert child.stdout.readline().strip() == "in"
         time.sleep(3.0)  # about six heartbeats
         os.kill(child.pid, signal.SIGKILL)  # no finally, no line written
     finally:
@@ -82,12 +91,8 @@ def test_a_killed_session_keeps_its_wall_time_and_the_next_one_records_it(tmp_pa
 
 
 def test_a_live_session_of_another_process_is_not_taken_for_dead(tmp_path):
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)}
-    child = subprocess.Popen(
-        [sys.executable, "-c", CHILD, str(tmp_path)], stdout=subprocess.PIPE, text=True, env=env
-    )
+    child = _child_in_a_session(tmp_path)
     try:
-        assert child.stdout.readline().strip() == "in"
         time.sleep(1.0)
         (live,) = sessions.read_sessions(str(tmp_path))
         assert live["outcome"] == "running" and live["wall_s"] > 0
