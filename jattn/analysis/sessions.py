@@ -31,7 +31,14 @@ import time
 from collections.abc import Iterator, Sequence
 from typing import Any
 
-__all__ = ["HEARTBEAT_S", "SESSIONS_FILE", "cost_section", "read_sessions", "recording"]
+__all__ = [
+    "HEARTBEAT_S",
+    "KILLED",
+    "SESSIONS_FILE",
+    "cost_section",
+    "read_sessions",
+    "recording",
+]
 
 SESSIONS_FILE = "sessions.jsonl"
 HEARTBEAT_S = 60.0
@@ -79,9 +86,9 @@ def _open_sessions(workdir: str, now: float) -> list[tuple[str, dict[str, Any], 
         try:
             with open(path) as f:
                 beat = json.load(f)
-        except (OSError, ValueError):
-            continue  # gone meanwhile (its session ended), or not ours
-        dead = now - beat["_last_beat_epoch"] > _STALE_BEATS * beat["_heartbeat_s"]
+            dead = now - beat["_last_beat_epoch"] > _STALE_BEATS * beat["_heartbeat_s"]
+        except (OSError, ValueError, KeyError, TypeError):
+            continue  # gone meanwhile (its session ended), or not a heartbeat of ours
         line = {k: v for k, v in beat.items() if not k.startswith("_")}
         line["outcome"] = KILLED if dead else "running"
         found.append((path, line, dead))
