@@ -215,35 +215,40 @@ def _tape(folder: str, scheme: str, m: int, metric: str) -> float:
     return value
 
 
+TAPE_PAST = "eval/test_longer/beyond_train/accuracy"
+
+
+def _tape_pairs(folder: str) -> dict[str, list[float]]:
+    """Each scheme's [plain, randomised] token accuracy past the training lengths."""
+    return {s: [_tape(folder, s, m, TAPE_PAST) for m in (0, 512)] for s in TAPE_SCHEMES}
+
+
 def tape_slice(folder: str) -> list[str]:
     """Ruoss et al. on Delétang's tape, one task and one seed a scheme: each
     scheme's plain -> randomised token accuracy past the training lengths, the
-    mean difference and how many schemes gain, NoPE's pair, and each arm's
-    validation exact match (lowest-highest over the schemes)."""
-    past, val = "eval/test_longer/beyond_train/accuracy", "eval/validation/exact_match"
-    pairs = {s: [_tape(folder, s, m, past) for m in (0, 512)] for s in TAPE_SCHEMES}
+    mean difference, NoPE's pair, and each arm's validation exact match
+    (lowest-highest over the schemes)."""
+    pairs = _tape_pairs(folder)
     diffs = [b - a for a, b in pairs.values()]
 
     def span(m: int) -> str:
-        found = [_tape(folder, s, m, val) for s in TAPE_SCHEMES]
+        found = [_tape(folder, s, m, "eval/validation/exact_match") for s in TAPE_SCHEMES]
         return f"{min(found):.3f}–{max(found):.3f}"
 
     return [
         steps(folder),
         *(f"{TAPE_SCHEMES[s]} {a:.3f} -> {b:.3f}" for s, (a, b) in pairs.items()),
         f"mean over the {len(diffs)} schemes {signed(statistics.mean(diffs))}",
-        f"NoPE {_tape(folder, 'none', 0, past):.3f} -> {_tape(folder, 'none', 512, past):.3f}",
+        f"NoPE {_tape(folder, 'none', 0, TAPE_PAST):.3f} -> "
+        f"{_tape(folder, 'none', 512, TAPE_PAST):.3f}",
         f"validation exact match plain {span(0)}, randomised {span(512)}",
     ]
 
 
 def tape_slice_gains(folder: str) -> list[str]:
-    diffs = [
-        _tape(folder, s, 512, "eval/test_longer/beyond_train/accuracy")
-        - _tape(folder, s, 0, "eval/test_longer/beyond_train/accuracy")
-        for s in TAPE_SCHEMES
-    ]
-    return [f"{sum(d > 0 for d in diffs)} of {len(diffs)} schemes"]
+    """The verdict's count of schemes whose randomised arm is above the plain one."""
+    pairs = _tape_pairs(folder)
+    return [f"{sum(b > a for a, b in pairs.values())} of {len(pairs)} schemes"]
 
 
 # Each row: the record of its anchor, and what its jattn cell must say, computed from files.
