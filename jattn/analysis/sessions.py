@@ -69,7 +69,6 @@ def _write_open(path: str, session: dict[str, Any], started: float, heartbeat_s:
         "ended": _now(now),
         "wall_s": round(now - started, 1),
         "load_end": _load(),
-        "_started_epoch": started,
         "_last_beat_epoch": now,
         "_heartbeat_s": heartbeat_s,
     }
