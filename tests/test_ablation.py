@@ -688,6 +688,10 @@ def test_results_md_intervals_noise_column_and_wilson_per_run(tmp_path):
     assert "| validation | 1,000 | 20 | 100.0% | 0.0% | - |" in md
     assert "From run position=shaw,seed=0; training: targets up to 64 tokens" in md
     assert "every run agrees" in md
+    # Fit inside the training lengths: NoPE's validation 0/20 in every seed.
+    assert "| position=none | 3 | 0.000, 0.000, 0.000 | 0.000 | not fitted (0 of 3) |" in md
+    assert "| position=shaw | 3 | 1.000, 1.000, 1.000 | 1.000 | fitted (3 of 3) |" in md
+    assert "Groups not fitted in every seed: position=none, 0 of 3 seeds." in md
     for name in ("results.csv", "loss_curves.png", "accuracy_by_length.png", "exact_match.png"):
         assert (tmp_path / name).exists(), name
     assert summary["plots"] == ["loss_curves.png", "accuracy_by_length.png", "exact_match.png"]

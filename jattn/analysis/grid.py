@@ -17,7 +17,10 @@ An experiment config (``experiments/X.py`` with ``get_config(arg)``) holds
   the command line,
 - ``group_by``: the axis the tables and plots compare (the others, bar
   ``seed``, are folded into the group name),
-- ``metrics``: the final metrics reported as mean ± std over seeds.
+- ``metrics``: the final metrics reported as mean ± std over seeds,
+- optionally ``fit_threshold`` (default 0.99): the validation exact match a
+  seed must reach to count as fitted inside the training lengths
+  (`jattn.analysis.fit`, a section of the report).
 
 Runs are the cartesian product of the axes, in config order, each with a
 stable name (``position=shaw,seed=1``) and its own workdir under

@@ -19,6 +19,10 @@ selected on any split, so the test splits never choose what is reported.
     the group's own task (an axis over ``dataset``) and on the axes
     ``reference_within`` names. The exact match of a split whose
     targets cannot all be produced reads "unproducible", never a 0;
+  - whether each group fitted inside the training lengths (`jattn.analysis.fit`:
+    validation exact match at least the experiment's ``fit_threshold``, 0.99,
+    in every seed), naming the groups whose longer-than-training numbers are
+    no verdict on their scheme;
   - one row per run and eval split: exact match as k of N decoded with its
     95% Wilson interval (0/N shows its upper bound).
 - ``loss_curves.png``: training loss against step, one colour per group
@@ -46,7 +50,7 @@ from typing import Any
 
 import numpy as np
 
-from jattn.analysis import anchors, plots, sessions, stats
+from jattn.analysis import anchors, fit, plots, sessions, stats
 from jattn.analysis import grid as grid_lib
 from jattn.analysis.runs import (  # noqa: F401 -- collect & co. stay report's API
     DATA_CHECK,
@@ -488,6 +492,7 @@ def write_report(exp, runs, configs, workdir: str, *, status) -> dict[str, Any]:
     md.append("")
     if absent:
         md += [f"Not reported by these runs (not a metric of their task): {', '.join(absent)}.", ""]
+    md += fit.section(rows, exp.get("fit_threshold", fit.DEFAULT_THRESHOLD))
     runs_md = run_table(rows)
     if runs_md:
         md += ["## Exact match per run", "", runs_md, "",
