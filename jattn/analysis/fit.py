@@ -86,7 +86,7 @@ def section(rows, threshold: float = DEFAULT_THRESHOLD, metric: str = METRIC) ->
             f"| {verdict(values, threshold)} |"
         )
         if (k := fitted(values, threshold)) < len(values):
-            short.append(f"{group}, {k} of {len(values)} seeds")
+            short.append(f"{group}, {k} of {len(values)} seed{'s' * (len(values) > 1)}")
     lines.append("")
     checked = len(groups) - len(unchecked)
     if short:
