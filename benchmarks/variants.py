@@ -12,8 +12,10 @@ backward order), because this machine's speed drifts by 1.2-2x between
 minutes and days, so only arms timed side by side compare. Reported per arm:
 the median and the fastest round (ms a step of one seed), the non-padding
 tokens a step (inputs + targets), ms per 1,000 of them (rows of another shape
-pack a few more or fewer examples a step), and both ratios to the first arm.
-The table is printed last.
+pack a few more or fewer examples a step), both ratios to the first arm, and
+whether its train state after all its steps is the first arm's bit for bit
+(every arm starts from the same state and takes as many steps; an arm with
+other batches than the first's is not compared). The table is printed last.
 
 What it answers: which row shape, dtype or model option makes a grid's runs
 cheaper per example, before any grid is rerun on it (docs/benchmarks.md,
@@ -34,6 +36,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 
 import jax  # noqa: E402
+import numpy as np  # noqa: E402
 from _step import build_step, device_batch  # noqa: E402
 
 from jattn.cli.common import normalize_flags  # noqa: E402
@@ -57,6 +60,26 @@ def parse_arm(text: str) -> tuple[str, list[tuple[str, str]]]:
 def tokens(batch) -> int:
     """Non-padding input and target tokens of one batch."""
     return int((batch["inputs"] > 0).sum() + (batch["targets"] > 0).sum())
+
+
+def same_state(arm: dict, base: dict) -> str:
+    """Whether `arm`'s train state equals `base`'s bit for bit ("yes"), or by how
+    much it differs (largest difference relative to the largest value); "-"
+    when the arms trained on other batches."""
+    if arm is base:
+        return "-"
+    pairs = zip(arm["batches"], base["batches"], strict=True)
+    if any(
+        a.keys() != b.keys() or any(not np.array_equal(a[k], b[k]) for k in a) for a, b in pairs
+    ):
+        return "- (other batches)"
+    worst = 0.0
+    for x, y in zip(jax.tree.leaves(arm["state"]), jax.tree.leaves(base["state"]), strict=True):
+        x, y = np.asarray(x), np.asarray(y)
+        if not np.array_equal(x, y):
+            x, y = x.astype(np.float64), y.astype(np.float64)
+            worst = max(worst, float(np.max(np.abs(x - y)) / max(np.max(np.abs(y)), 1e-30)))
+    return "yes" if worst == 0.0 else f"no ({worst:.1e})"
 
 
 def time_arms(
@@ -95,6 +118,7 @@ def time_arms(
         times = ", ".join(f"{a['name']} {a['ms'][-1]:.1f}" for a in built)
         print(f"round {r + 1}/{rounds}: {times} ms", flush=True)
     for arm in built:
+        arm["same"] = same_state(arm, built[0])
         arm["median"] = statistics.median(arm["ms"])
         arm["best"] = min(arm["ms"])
         arm["per_1k"] = 1000 * arm["median"] / arm["tokens"]
@@ -107,15 +131,16 @@ def table(spec: str, built: list[dict]) -> str:
         f"`{spec}`, ms a step of one seed (median of rounds; fastest round)",
         "",
         "| arm | rows | tokens/step | ms/step | fastest | ms per 1k tokens | step / first "
-        "| per token / first |",
-        "|---|---|---:|---:|---:|---:|---:|---:|",
+        "| per token / first | state = first's |",
+        "|---|---|---:|---:|---:|---:|---:|---:|---|",
     ]
     for a in built:
         step_ratio = a["median"] / base["median"]
         token_ratio = a["per_1k"] / base["per_1k"]
         lines.append(
             f"| {a['name']} | {a['rows']} | {a['tokens']:.0f} | {a['median']:.1f} | "
-            f"{a['best']:.1f} | {a['per_1k']:.1f} | {step_ratio:.2f}x | {token_ratio:.2f}x |"
+            f"{a['best']:.1f} | {a['per_1k']:.1f} | {step_ratio:.2f}x | {token_ratio:.2f}x "
+            f"| {a['same']} |"
         )
     return "\n".join(lines)
 

@@ -364,18 +364,27 @@ def test_bench_flags_are_dashed_with_help(name, monkeypatch):
 
 
 def test_bench_variants_times_each_arm_against_the_first(capsys):
-    """Two arms of the smoke config, the second with rows half as long and twice
-    as many: the table has both, the first at 1.00x of itself, and the second's
-    rows and tokens as its overrides make them."""
+    """Arms of the smoke config: the same config again, another learning rate, and
+    rows half as long and twice as many. The table has each, the first at 1.00x
+    of itself, the short rows as their overrides make them; the state column
+    says the same config ends bit for bit in the first's state, another
+    learning rate does not, and other rows are not compared."""
     main = _bench_module("variants")["main"]
     spec = str(REPO / "configs" / "smoke.py")
-    arms = ["base:", "short:max_len=8,max_input_len=8,batch_size=16"]
+    arms = [
+        "base:",
+        "again:",
+        "lr:learning_rate=0.5",
+        "short:max_len=8,max_input_len=8,batch_size=16",
+    ]
     assert main(["--config", spec, *arms, "--steps", "2", "--rounds", "2"]) == 0
     out = capsys.readouterr().out
     rows = {line.split("|")[1].strip(): line for line in out.splitlines() if line.startswith("| ")}
-    assert set(rows) == {"arm", "base", "short"}
-    assert rows["base"].rstrip().endswith("| 1.00x | 1.00x |")
-    assert "16x(8+8)" in rows["short"]
+    assert set(rows) == {"arm", "base", "again", "lr", "short"}
+    assert rows["base"].rstrip().endswith("| 1.00x | 1.00x | - |")
+    assert rows["again"].rstrip().endswith("| yes |")
+    assert "| no (" in rows["lr"]
+    assert "16x(8+8)" in rows["short"] and rows["short"].rstrip().endswith("| - (other batches) |")
     assert out.count("round ") == 2
 
 

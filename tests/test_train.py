@@ -700,6 +700,23 @@ def test_signature_of_a_model_field_added_after_the_checkpoint():
     ]
 
 
+def test_a_model_field_that_changes_at_most_rounding_may_change_on_resume():
+    # attention_assume_finite fixes no shape and no data: a checkpoint saved with
+    # either value (or before the field existed) resumes under the other.
+    from jattn.train.resume_keys import MODEL_RESUME_SAFE_KEYS, incompatibilities, signature
+
+    assert MODEL_RESUME_SAFE_KEYS == ("attention_assume_finite",)
+    config = smoke_config()
+    saved = signature(config)
+    assert "attention_assume_finite" not in saved["model"]
+    flipped = smoke_config()
+    flipped.model.attention_assume_finite = not config.model.attention_assume_finite
+    assert incompatibilities(saved, flipped) == []
+    older = signature(config)
+    older["model"]["attention_assume_finite"] = True  # a signature that kept the field
+    assert incompatibilities(older, config) == []
+
+
 # -- N = 1: separate row lengths for inputs and targets ----------------------------------
 
 

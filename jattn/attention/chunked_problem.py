@@ -199,7 +199,7 @@ class TiledProblem:
         self.nq, self.nk = math.ceil(t / self.bq), math.ceil(s / self.bk)
         self.tp, self.sp = self.nq * self.bq, self.nk * self.bk
         self.q = self.tile_q(nf.query)
-        key, value, poison = scores.finite_keys(nf.key, nf.value)  # poison [B, S, K]
+        key, value, poison = scores.finite_keys(nf.key, nf.value, nf.assume_finite)  # [B, S, K]
         self.k = self._tile_kv(key)
         self.v = self._tile_kv(value)
         self.poison = self._tile_kv(poison[..., None])

@@ -205,7 +205,9 @@ def grouped_score_mod_vjp(
 NEG = float(-0.7 * jnp.finfo(jnp.float32).max)
 
 
-def finite_keys(key: Array, value: Array) -> tuple[Array, Array, Array]:
+def finite_keys(
+    key: Array, value: Array, assume_finite: bool = False
+) -> tuple[Array, Array, Array]:
     """Keys and values whose non-finite entries cannot leak through a zero weight.
 
     A hidden key has weight exactly 0, but `0 · NaN = NaN`, so a NaN or Inf
@@ -219,12 +221,18 @@ def finite_keys(key: Array, value: Array) -> tuple[Array, Array, Array]:
     Args:
       key: `[..., S, H]`.
       value: `[..., S, Hv]` (same leading axes).
+      assume_finite: the caller vouches both are finite (`NormalForm.assume_finite`):
+        they are returned as they are with a zero poison, which for finite
+        inputs is bit-identical to cleaning them and saves the ops that do.
 
     Returns:
       `(key, value, poison)`: the cleaned operands (same shapes and dtypes)
       and float32 `[..., S]`, 0 for a finite key and NaN otherwise (no
       gradient).
     """
+
+    if assume_finite:
+        return key, value, jnp.zeros(key.shape[:-1], jnp.float32)
 
     def clean(x):
         ok = jnp.isfinite(x)

@@ -68,7 +68,7 @@ def _grouped_inputs(nf: NormalForm):
     q = nf.query.astype(compute).reshape(b, t, k, n // k, h).transpose(0, 2, 3, 1, 4)
     kk = nf.key.astype(compute).transpose(0, 2, 1, 3)  # [B,K,S,H]
     vv = nf.value.astype(compute).transpose(0, 2, 1, 3)  # [B,K,S,Hv]
-    kk, vv, poison = scores.finite_keys(kk, vv)
+    kk, vv, poison = scores.finite_keys(kk, vv, nf.assume_finite)
     return q, kk, vv, poison, compute
 
 

@@ -419,6 +419,7 @@ class Attention(nn.Module):
             is_causal=causal,
             dropout_rate=rate,
             dropout_rng=self.make_rng("dropout") if rate > 0 else None,
+            assume_finite=cfg.attention_assume_finite,
             **visibility,
         )  # [B, T, N, H]
         if cfg.capture_attention:

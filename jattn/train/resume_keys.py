@@ -8,7 +8,8 @@ the data set is even loaded):
   (the saved `signature` holds them);
 - `SCHEDULE_KEYS` change the learning-rate schedule: only with
   `allow_schedule_change=True` (or named in `allow_config_change`);
-- `RESUME_SAFE_KEYS` change no training step: freely;
+- `RESUME_SAFE_KEYS` change no training step: freely (and so may the model
+  fields of `MODEL_RESUME_SAFE_KEYS`, which change a step at most in rounding);
 - any other key changes the optimisation (a loss, an optimiser constant):
   only when `allow_config_change` names it (`config_changes` finds them).
 
@@ -28,6 +29,7 @@ from jattn.train.config import ConfigError, config_to_dict, model_defaults
 
 __all__ = [
     "COMPAT_KEYS",
+    "MODEL_RESUME_SAFE_KEYS",
     "RESUME_SAFE_KEYS",
     "SCHEDULE_KEYS",
     "allowed_changes",
@@ -103,6 +105,11 @@ RESUME_SAFE_KEYS = (
     "allow_config_change",
 )
 
+# Model fields a resumed run may change freely: they fix no shape and no data,
+# and change a step's arithmetic at most in float32 rounding (the signature
+# leaves them out of its `model`).
+MODEL_RESUME_SAFE_KEYS = ("attention_assume_finite",)
+
 # Keys the signature compares by their effect: `max_input_len` 0 and
 # `max_input_len` = `max_len` are the same rows (`input_len`).
 _BY_SIGNATURE = ("max_input_len",)
@@ -117,9 +124,15 @@ def signature(config: ml_collections.ConfigDict | dict[str, Any]) -> dict[str, A
     """
     flat = config if isinstance(config, dict) else config_to_dict(config)
     sig = {k: flat.get(k) for k in COMPAT_KEYS}
+    if isinstance(sig["model"], dict):
+        sig["model"] = _model_signature(sig["model"])
     sig["gradient_clipping"] = bool((flat.get("grad_clip_norm") or 0) > 0)
     sig["input_len"] = flat.get("max_input_len") or flat.get("max_len")
     return sig
+
+
+def _model_signature(model: dict[str, Any]) -> dict[str, Any]:
+    return {k: v for k, v in model.items() if k not in MODEL_RESUME_SAFE_KEYS}
 
 
 def allowed_changes(config: ml_collections.ConfigDict) -> set[str]:
@@ -203,7 +216,7 @@ def incompatibilities(
         if key not in saved:
             saved[key] = (saved_config or {}).get(key, now[key])
     if isinstance(saved.get("model"), dict):
-        saved["model"] = {**config_to_dict(model_defaults()), **saved["model"]}
+        saved["model"] = _model_signature({**config_to_dict(model_defaults()), **saved["model"]})
     return _diff(saved, now)
 
 

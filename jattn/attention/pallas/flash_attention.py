@@ -545,7 +545,7 @@ def prepare(
         qr = pad_axis(pad_axis(qr, 3, padded_rel), 1, padded_t)
 
     # Non-finite key / value entries zeroed; poison [B, S, K] marks their keys.
-    key, value, poison = scores.finite_keys(key, value)
+    key, value, poison = scores.finite_keys(key, value, nf.assume_finite)
     # One dtype for the kernel's dots (the Triton dot needs equal operand types).
     q = pad_axis(pad_axis(query, 3, padded_h), 1, padded_t)
     k = pad_axis(pad_axis(key.astype(query.dtype), 3, padded_h), 1, padded_s)
