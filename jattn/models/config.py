@@ -71,15 +71,17 @@ class TransformerConfig:
         for "t5" each cross-attention layer has its own bidirectional table).
       attention_impl: `implementation` passed to `jattn.dot_product_attention`
         (None picks the best for the backend and shapes).
-      attention_assume_finite: call attention with `assume_finite=True`,
-        skipping its guard against non-finite hidden keys: the model's keys
-        and values are its own projections, finite unless the run has
-        diverged (which the train step's NaN check catches). Saves 3% of
-        the main job's CPU train step. Equal results to float32 rounding;
-        bit-identical or not depends on XLA's fusion of the step (the main
-        job's config: bit-identical, checked with `jattn bench variants`),
-        so it is off unless a config turns it on. A resumed run may change
-        it (`jattn.train.resume_keys.MODEL_RESUME_SAFE_KEYS`).
+      attention_assume_finite: training steps call attention with
+        `assume_finite=True`, skipping its guard against non-finite hidden
+        keys: the model's keys and values are its own projections, finite
+        unless the run has diverged (which the train step's NaN check
+        catches). Saves 3% of the main job's CPU train step. Equal results
+        to float32 rounding; bit-identical or not depends on XLA's fusion of
+        the step (the main job's config: bit-identical, checked with `jattn
+        bench variants`), so it is off unless a config turns it on.
+        Evaluation and decoding keep the guard (without it their programs
+        round the eval loss otherwise in the 7th digit). A resumed run may
+        change it (`jattn.train.resume_keys.MODEL_RESUME_SAFE_KEYS`).
       pre_norm: pre-layer-norm residual blocks (plus a final norm per stack)
         instead of the paper's post-layer-norm.
       share_embeddings: one table for source, target and output projection

@@ -419,7 +419,9 @@ class Attention(nn.Module):
             is_causal=causal,
             dropout_rate=rate,
             dropout_rng=self.make_rng("dropout") if rate > 0 else None,
-            assume_finite=cfg.attention_assume_finite,
+            # Training steps only: evaluation and decoding keep the guard, and
+            # with it the programs (and the rounding) they always had.
+            assume_finite=cfg.attention_assume_finite and train,
             **visibility,
         )  # [B, T, N, H]
         if cfg.capture_attention:
