@@ -310,12 +310,12 @@ SPECS = {
             *(
                 f"{name} {ci(ONT_DUP, f'position={scheme}')}"
                 for name, scheme in (
-                    ("sinusoidal+Shaw", "sinusoidal+shaw"),
                     ("ALiBi", "alibi"),
-                    ("Shaw", "shaw"),
                     ("T5", "t5"),
                     ("RoPE", "rope"),
                     ("sinusoidal", "sinusoidal"),
+                    ("Shaw", "shaw"),
+                    ("sinusoidal+Shaw", "sinusoidal+shaw"),
                 )
             ),
         ],
