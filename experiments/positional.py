@@ -70,7 +70,7 @@ def get_config(arg=None):
     )
     if arg in (None, "", "quick"):
         # The main job skips attention's guard against non-finite hidden keys
-        # (its keys are its own projections): 3% of its train step, and for
+        # (its keys are its own projections): 3-4% of its train step, and for
         # this config bit-identical, every scheme's step and the whole grid's
         # table (docs/benchmarks.md, "The train step against the machine").
         # The published presets below keep the guard they were run with.

@@ -84,7 +84,8 @@ class NormalForm:
       assume_finite: the caller vouches that key and value hold no NaN or
         Inf, so the guard that keeps a non-finite hidden key from reaching
         a query (`scores.finite_keys`) is skipped: a few small XLA ops a
-        call, and bit-identical results for finite inputs.
+        call, and for finite inputs the same arithmetic (equal to float32
+        rounding where XLA fuses the smaller program otherwise).
       default_positions: the positions are `arange(T)` / `arange(S)`
         (neither was given): what is visible then depends on the shapes
         alone, which lets kernels build their block maps once per shape.

@@ -222,8 +222,8 @@ def finite_keys(
       key: `[..., S, H]`.
       value: `[..., S, Hv]` (same leading axes).
       assume_finite: the caller vouches both are finite (`NormalForm.assume_finite`):
-        they are returned as they are with a zero poison, which for finite
-        inputs is bit-identical to cleaning them and saves the ops that do.
+        they are returned as they are with a zero poison: for finite inputs
+        the same values as cleaning them, without the ops that do.
 
     Returns:
       `(key, value, poison)`: the cleaned operands (same shapes and dtypes)

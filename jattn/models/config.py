@@ -75,7 +75,7 @@ class TransformerConfig:
         `assume_finite=True`, skipping its guard against non-finite hidden
         keys: the model's keys and values are its own projections, finite
         unless the run has diverged (which the train step's NaN check
-        catches). Saves 3% of the main job's CPU train step. Equal results
+        catches). Saves 3-4% of the main job's CPU train step. Equal results
         to float32 rounding; bit-identical or not depends on XLA's fusion of
         the step (the main job's config: bit-identical, checked with `jattn
         bench variants`), so it is off unless a config turns it on.
