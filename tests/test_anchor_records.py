@@ -207,15 +207,13 @@ TAPE_SCHEMES = {
     "t5": "T5",
     "learned": "learned",
 }
+TAPE_PAST = "eval/test_longer/beyond_train/accuracy"
 
 
 def _tape(folder: str, scheme: str, m: int, metric: str) -> float:
     """The one seed's value of `scheme` with `random_positions` = m (0: plain)."""
     (value,) = values(folder, f"position={scheme},random={m},task=reverse_string/test100", metric)
     return value
-
-
-TAPE_PAST = "eval/test_longer/beyond_train/accuracy"
 
 
 def _tape_pairs(folder: str) -> dict[str, list[float]]:
