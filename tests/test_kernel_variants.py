@@ -116,9 +116,9 @@ def test_triton_present_selects_triton(monkeypatch):
     shaw = kb.kernel_report(8192, 8192, 128, shaw=True, backward="fused", dtype=jnp.float32)
     assert shaw["forward_blocks"] == (16, 32) and shaw["backward_blocks"] == (16, 32)
     assert shaw["backward"] == "fused" and "tf32x3" in shaw["precision"]
-    # float32 at head dim 128: 8 warps in every kernel, the split backward
-    # unpipelined (what ptxas compiles with the fewest spills, docs/gpu.md).
-    assert (shaw["forward_warps"], shaw["backward_warps"], shaw["backward_stages"]) == (8, 8, 2)
+    # float32 at head dim 128: 8 warps in every kernel, the backward (split
+    # or fused) unpipelined (what ptxas compiles without spills, docs/gpu.md).
+    assert (shaw["forward_warps"], shaw["backward_warps"], shaw["backward_stages"]) == (8, 8, 1)
     split = kb.kernel_report(8192, 8192, 128, dtype=jnp.float32)
     assert (split["forward_warps"], split["backward_warps"], split["backward_stages"]) == (8, 8, 1)
     narrow = kb.kernel_report(8192, 8192, 64, dtype=jnp.float32)

@@ -179,6 +179,20 @@ def default_warps(
     return 2 if light_mod and block_q <= 16 else 4
 
 
+def default_backward_stages(*, wide_f32: bool) -> int:
+    """Triton pipeline stages of the backward kernels: 2 (the next K/V or
+    Q/dO tiles loaded while this one computes), 1 for float32 at head dim
+    > 64 (`wide_f32`). Those kernels sit at 255 registers a thread, and a
+    second stage's buffers cost the registers that ptxas then spills: with
+    2 stages the fused kernel spilled 8-20 B in 5 float32 head-dim-128
+    variants under ptxas 13.5 (jax 0.11's CUDA 13 plugin); with 1, every
+    kernel of the 20 variants spills 0 B under ptxas 12.9 and 13.5
+    (docs/gpu.md). The split backward had gone to 1 stage first; the fused
+    kernel followed once Triton's TF32x3 took over its dq half (before, 1
+    stage spilled more there)."""
+    return 1 if wide_f32 else 2
+
+
 # --------------------------------------------------------------------------------------
 # The kernel configuration: tile sizes, their checks, precision.
 
@@ -398,9 +412,7 @@ def kernel_report(
         if gpu
         else None,
         forward_stages=3 if gpu else None,
-        backward_stages=(1 if f32 and head_dim > 64 and backward == "split" else 2)
-        if gpu
-        else None,
+        backward_stages=default_backward_stages(wide_f32=f32 and head_dim > 64) if gpu else None,
         precision=matmul_precision_name(dtype, "ieee" if backend == "tpu" else precision),
         backward=check_backward(backward),
         exp="exp2 (log2(e) folded into the scale)",

@@ -104,6 +104,7 @@ from jattn.attention.pallas.backend import (
     check_backward,
     check_block,
     check_precision,
+    default_backward_stages,
     default_blocks,
     default_warps,
     matmul_precision_name,
@@ -662,7 +663,7 @@ def prepare(
         num_warps=backward_warps
         or num_warps
         or default_warps(bwd_block_q, light_mod=light_mod, wide_f32=wide_f32),
-        num_stages=1 if wide_f32 and backward == "split" else 2,  # fewer dq spills (docs/gpu.md)
+        num_stages=default_backward_stages(wide_f32=wide_f32),
         **common,
     )
     return Prepared(fwd_cfg, bwd_cfg, q, k, v, qr, bias_padded, mod, fixed)
