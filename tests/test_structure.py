@@ -526,3 +526,45 @@ def test_the_readme_is_a_front_door_of_at_most_300_lines():
     docs/design.md, docs/architecture.md); run reports and manuals live in docs/."""
     lines = (REPO / "README.md").read_text(encoding="utf-8").splitlines()
     assert len(lines) <= 300, f"README.md has {len(lines)} lines; move detail into docs/"
+
+
+def _table_after(lines: list[str], header_start: str) -> list[str]:
+    """The lines of the markdown table whose header row starts with `header_start`."""
+    start = next(i for i, line in enumerate(lines) if line.startswith(header_start))
+    table = []
+    for line in lines[start:]:
+        if not line.startswith("|"):
+            break
+        table.append(line)
+    return table
+
+
+def test_the_readme_main_table_is_the_main_job_report_and_its_text_its_csv():
+    """The main job's table in the README is the Groups table of the report it
+    links (docs/results/results.md), cell for cell, and the per-seed range the
+    text gives for ALiBi's validation exact match is the report's results.csv
+    (so a rerun that moves a number fails here until the README follows)."""
+    import csv
+    import re
+
+    readme = (REPO / "README.md").read_text(encoding="utf-8")
+    report = (REPO / "docs" / "results" / "results.md").read_text(encoding="utf-8")
+    header = "| group | seeds | eval/test_longer/exact_match |"
+    ours = _table_after(readme.splitlines(), header)
+    theirs = _table_after(report.splitlines(), header)
+    assert len(ours) == 10, "the header, its rule and the 8 schemes"
+    assert ours == theirs
+
+    with open(REPO / "docs" / "results" / "results.csv", encoding="utf-8") as f:
+        alibi = [
+            float(r["eval/validation/exact_match"])
+            for r in csv.DictReader(f)
+            if r["position"] == "alibi" and r["status"] == "finished"
+        ]
+    said = re.search(r"ALiBi's\s+seeds\s+(\d\.\d+)–(\d\.\d+)", readme)
+    assert said, "the README gives ALiBi's per-seed validation range"
+    assert len(alibi) == 3
+    assert (float(said.group(1)), float(said.group(2))) == (
+        round(min(alibi), 3),
+        round(max(alibi), 3),
+    )
