@@ -89,6 +89,10 @@ def test_beyond_train_accuracy_counts_only_the_longer_rows():
     )
     assert metrics["eval/test_longer/accuracy"] == pytest.approx(7 / 11)
     assert metrics["eval/test_longer/beyond_train/accuracy"] == pytest.approx(5 / 9)
+    # Per target length, then the mean over lengths (Ruoss et al.'s score): 1/4 and 4/5.
+    assert metrics["eval/test_longer/beyond_train/length_avg_accuracy"] == pytest.approx(
+        (1 / 4 + 4 / 5) / 2
+    )
     assert [(e["tf_correct"], e["tf_tokens"]) for e in decodes["test_longer"]] == [
         (2, 2),
         (1, 4),
@@ -106,6 +110,36 @@ def test_beyond_train_accuracy_counts_only_the_longer_rows():
         num_decode=0,
     )
     assert "eval/test_longer/beyond_train/accuracy" not in metrics
+    assert "eval/test_longer/beyond_train/length_avg_accuracy" not in metrics
+
+
+def test_length_avg_accuracy_pools_within_a_length_and_weighs_lengths_equally():
+    """Beyond training (3 tokens): two rows of 5 tokens with 1 and 3 hits, one of 6
+    with 6. Per length 4/10 and 6/6, averaged 0.7; pooled over tokens 10/16."""
+    targets = np.zeros((3, 6), np.int32)
+    batch = {"inputs": targets, "targets": targets}
+    es = evaluation.EvalSet("test_longer", [batch], 3, ("exact_match",), 3)
+
+    def eval_step(params, b):
+        return {
+            "loss_sum": 1.0,
+            "weight_sum": 16.0,
+            "correct": 10.0,
+            "row_correct": np.array([1.0, 3.0, 6.0]),
+            "row_weight": np.array([5.0, 5.0, 6.0]),
+        }
+
+    metrics, _ = evaluation.evaluate(
+        None,
+        {"test_longer": es},
+        eval_step=eval_step,
+        decode=None,
+        to_global=lambda b: b,
+        tokenizer=_Tok(),
+        num_decode=0,
+    )
+    assert metrics["eval/test_longer/beyond_train/accuracy"] == pytest.approx(10 / 16)
+    assert metrics["eval/test_longer/beyond_train/length_avg_accuracy"] == pytest.approx(0.7)
 
 
 # -- the anchors' tables ----------------------------------------------------------------
@@ -132,6 +166,7 @@ CHECK = {
 }
 EM = "eval/test_longer/exact_match"
 TF = "eval/test_longer/beyond_train/accuracy"
+TF_BY_LENGTH = "eval/test_longer/beyond_train/length_avg_accuracy"
 
 
 def test_best_of_seeds_beside_mean_and_interval(tmp_path):
@@ -149,6 +184,10 @@ def test_best_of_seeds_beside_mean_and_interval(tmp_path):
         lines
     )
     assert "| position=learned | 1 | 0.000 | 0.000 (1 seed) | - | - |" in lines
+    # The by-length score, found in any order among a run's metrics, comes last.
+    finals["position=learned,seed=0"] = {TF_BY_LENGTH: 0.5, EM: 0.0}
+    rows = _rows(tmp_path / "by_length", finals, {}, CHECK)
+    assert anchors.anchor_metrics(rows) == [EM, TF, TF_BY_LENGTH]
 
 
 def test_unproducible_split_shows_no_best_seed(tmp_path):

@@ -173,6 +173,7 @@ def test_scan_experiment_tiny_runs_and_reports_as_the_anchors(tmp_path):
     assert "| position=t5 | 1 |" in md and "| position=sinusoidal | 1 |" in md
     assert "## As the anchors report" in md
     assert "eval/test_longer/beyond_train/accuracy best" in md
+    assert "eval/test_longer/beyond_train/length_avg_accuracy best" in md
     assert "27-31 †" in md  # the first bucket beyond 26 actions
     check = json.loads((workdir / "runs" / "position-t5_seed-0" / "data_check.json").read_text())
     assert check["test_longer"]["producible"] == 1.0

@@ -13,7 +13,9 @@ reader comparing with them needs those too:
 - teacher-forced token accuracy beyond the training lengths (the score of
   Delétang et al. and Ruoss et al.): ``eval/<split>/beyond_train/accuracy``,
   computed by `jattn.train.evaluation` over the examples whose targets are
-  longer than every training target, and per length bucket from each
+  longer than every training target, pooled over their tokens, and
+  ``.../beyond_train/length_avg_accuracy``, per target length averaged over
+  the lengths (how their code scores), and per length bucket from each
   decoded example's ``tf_correct`` / ``tf_tokens``;
 - exact match by length bucket (Kazemnejad et al. 2023 plot it against
   length): `length_buckets` pools each group's decoded examples over seeds
@@ -46,6 +48,7 @@ from jattn.analysis.runs import exact_match_split, unproducible_share
 
 __all__ = [
     "BEYOND_TRAIN",
+    "BEYOND_TRAIN_BY_LENGTH",
     "anchor_metrics",
     "bucket_of",
     "bucket_tables",
@@ -57,6 +60,8 @@ __all__ = [
 ]
 
 BEYOND_TRAIN = "beyond_train/accuracy"  # eval/<split>/beyond_train/accuracy
+# The same averaged over target lengths with equal weight (Ruoss et al.'s way).
+BEYOND_TRAIN_BY_LENGTH = "beyond_train/length_avg_accuracy"
 DEFAULT_WIDTH = 5
 
 
@@ -71,7 +76,7 @@ def _split_of(metric: str) -> str | None:
         return split
     prefix, _, rest = metric.partition("/")
     split, _, name = rest.partition("/")
-    return split if prefix == "eval" and name == BEYOND_TRAIN else None
+    return split if prefix == "eval" and name in (BEYOND_TRAIN, BEYOND_TRAIN_BY_LENGTH) else None
 
 
 def anchor_metrics(rows) -> list[str]:
@@ -83,7 +88,11 @@ def anchor_metrics(rows) -> list[str]:
             split = _split_of(key)
             if split and _number(value) and key not in found.setdefault(split, []):
                 found[split].append(key)
-    return [m for ms in found.values() for m in sorted(ms, key=lambda m: BEYOND_TRAIN in m)]
+
+    def order(metric: str) -> int:  # exact match, pooled accuracy, then by length
+        return 2 if BEYOND_TRAIN_BY_LENGTH in metric else int(BEYOND_TRAIN in metric)
+
+    return [m for ms in found.values() for m in sorted(ms, key=order)]
 
 
 def _mean_ci(values: list[float]) -> str:
@@ -310,7 +319,9 @@ def section(rows, width: int = DEFAULT_WIDTH) -> list[str]:
         out += [
             f"Best of seeds (Delétang et al. and Ruoss et al. report the best of 10; here of "
             f"up to {n}) beside the mean [95% t interval]; `{BEYOND_TRAIN}` is teacher-forced "
-            "token accuracy over the examples longer than every training target.",
+            "token accuracy over the examples longer than every training target, pooled over "
+            f"their tokens; `{BEYOND_TRAIN_BY_LENGTH}` (where the runs have it) the same per "
+            "target length, averaged over the lengths (how Ruoss et al.'s code scores).",
             "",
             *seeds,
             "",

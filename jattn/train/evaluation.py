@@ -17,6 +17,11 @@ Metrics, per split ``S``:
   score beyond the training lengths (Delétang et al. 2023, Ruoss et al.
   2023); only where the split has such examples and the task was loaded
   with `jattn.data.load` (its data check is cached);
+- ``eval/S/beyond_train/length_avg_accuracy``: the same examples' token
+  accuracy per target length, averaged over the lengths with equal weight
+  (their code scores each test length, then averages over lengths; the
+  pooled ``beyond_train/accuracy`` weighs a length by its tokens, so the
+  longest, hardest lengths count more there);
 - ``eval/S/exact_match``: fraction of the first `eval_decode_examples`
   examples whose decoded output equals the reference string (in [0, 1]);
 - ``eval/S/num_decoded``: how many examples were decoded (N), so that the
@@ -205,6 +210,7 @@ def evaluate(
     metrics, decodes = {}, {}
     for split, es in eval_sets.items():
         loss = weight = correct = beyond_correct = beyond_weight = 0.0
+        by_length: dict[int, list[float]] = {}  # target tokens -> [hits, tokens], beyond training
         examples: list[dict[str, Any]] = []
         for batch in es.batches:
             gbatch = to_global(batch)
@@ -217,6 +223,10 @@ def evaluate(
                 beyond = rows[1] > es.train_max_target_tokens  # [rows]
                 beyond_correct += float(np.sum(rows[0][beyond]))
                 beyond_weight += float(np.sum(rows[1][beyond]))
+                for hits, tokens in zip(rows[0][beyond], rows[1][beyond], strict=True):
+                    acc = by_length.setdefault(int(tokens), [0.0, 0.0])
+                    acc[0] += float(hits)
+                    acc[1] += float(tokens)
             if decode is None or len(examples) >= num_decode:
                 continue
             out = np.asarray(jax.device_get(decode(params, gbatch["inputs"], gbatch["targets"])))
@@ -226,6 +236,9 @@ def evaluate(
         metrics[prefix + "accuracy"] = correct / max(weight, 1.0)
         if beyond_weight:
             metrics[prefix + "beyond_train/accuracy"] = beyond_correct / beyond_weight
+            metrics[prefix + "beyond_train/length_avg_accuracy"] = float(
+                np.mean([hits / tokens for hits, tokens in by_length.values()])
+            )
         metrics.update(_decoded_metrics(prefix, examples, es.metrics))
         decodes[split] = examples
     return metrics, decodes
