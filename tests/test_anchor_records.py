@@ -199,7 +199,9 @@ def randomized() -> list[str]:
     ]
 
 
-DEL_SLICE = "results/deletang_reverse_slice"
+# The slice's final checkpoints evaluated again with the by-length score (every
+# other metric equal to results/deletang_reverse_slice's, to the last digit).
+DEL_SLICE = "results/deletang_reverse_slice_reeval"
 TAPE_SCHEMES = {
     "sinusoidal": "sinusoidal",
     "rope": "RoPE",
@@ -207,7 +209,8 @@ TAPE_SCHEMES = {
     "t5": "T5",
     "learned": "learned",
 }
-TAPE_PAST = "eval/test_longer/beyond_train/accuracy"
+TAPE_PAST = "eval/test_longer/beyond_train/length_avg_accuracy"  # their score
+TAPE_POOLED = "eval/test_longer/beyond_train/accuracy"
 
 
 def _tape(folder: str, scheme: str, m: int, metric: str) -> float:
@@ -216,18 +219,20 @@ def _tape(folder: str, scheme: str, m: int, metric: str) -> float:
     return value
 
 
-def _tape_pairs(folder: str) -> dict[str, list[float]]:
+def _tape_pairs(folder: str, metric: str = TAPE_PAST) -> dict[str, list[float]]:
     """Each scheme's [plain, randomised] token accuracy past the training lengths."""
-    return {s: [_tape(folder, s, m, TAPE_PAST) for m in (0, 512)] for s in TAPE_SCHEMES}
+    return {s: [_tape(folder, s, m, metric) for m in (0, 512)] for s in TAPE_SCHEMES}
 
 
 def tape_slice(folder: str) -> list[str]:
     """Ruoss et al. on Delétang's tape, one task and one seed a scheme: each
-    scheme's plain -> randomised token accuracy past the training lengths, the
-    mean difference, NoPE's pair, and each arm's validation exact match
-    (lowest-highest over the schemes)."""
+    scheme's plain -> randomised token accuracy past the training lengths
+    (per length, averaged over lengths), the mean difference, the same pooled
+    over tokens (and ALiBi's), NoPE's pair, and each arm's validation exact
+    match (lowest-highest over the schemes)."""
     pairs = _tape_pairs(folder)
     diffs = [b - a for a, b in pairs.values()]
+    pooled = {s: b - a for s, (a, b) in _tape_pairs(folder, TAPE_POOLED).items()}
 
     def span(m: int) -> str:
         found = [_tape(folder, s, m, "eval/validation/exact_match") for s in TAPE_SCHEMES]
@@ -237,6 +242,8 @@ def tape_slice(folder: str) -> list[str]:
         steps(folder),
         *(f"{TAPE_SCHEMES[s]} {a:.3f} -> {b:.3f}" for s, (a, b) in pairs.items()),
         f"mean over the {len(diffs)} schemes {signed(statistics.mean(diffs))}",
+        f"pooled over tokens {signed(statistics.mean(pooled.values()))}",
+        f"ALiBi {signed(pooled['alibi'])}",
         f"NoPE {_tape(folder, 'none', 0, TAPE_PAST):.3f} -> "
         f"{_tape(folder, 'none', 512, TAPE_PAST):.3f}",
         f"validation exact match plain {span(0)}, randomised {span(512)}",
