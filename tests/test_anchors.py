@@ -61,32 +61,39 @@ class _Tok:
         return "".join(str(i) for i in ids)
 
 
+def _evaluate(targets, row_correct, row_weight, *, train_max_target_tokens=3, decode=False):
+    """`evaluation.evaluate` on one batch of `targets` whose eval step returns these
+    per-row teacher-forced hits and tokens (their sums as the batch's)."""
+    batch = {"inputs": targets, "targets": targets}
+    n = len(targets)
+    es = evaluation.EvalSet("test_longer", [batch], n, ("exact_match",), train_max_target_tokens)
+
+    def eval_step(params, b):
+        return {
+            "loss_sum": 1.0,
+            "weight_sum": float(sum(row_weight)),
+            "correct": float(sum(row_correct)),
+            "row_correct": np.array(row_correct, np.float64),
+            "row_weight": np.array(row_weight, np.float64),
+        }
+
+    return evaluation.evaluate(
+        None,
+        {"test_longer": es},
+        eval_step=eval_step,
+        decode=(lambda params, inputs, tape_targets: targets) if decode else None,
+        to_global=lambda b: b,
+        tokenizer=_Tok(),
+        num_decode=n if decode else 0,
+    )
+
+
 def test_beyond_train_accuracy_counts_only_the_longer_rows():
     """Rows with 2, 4 and 5 target tokens; training targets had at most 3. Hits
     2/2, 1/4 and 4/5: beyond training (rows 1 and 2) (1 + 4) / (4 + 5) = 5/9,
     while all rows give 7/11."""
     targets = np.array([[3, 1, 0, 0, 0], [3, 4, 5, 1, 0], [3, 4, 5, 6, 1]], np.int32)
-    batch = {"inputs": targets, "targets": targets}
-    es = evaluation.EvalSet("test_longer", [batch], 3, ("exact_match",), 3)
-
-    def eval_step(params, b):
-        return {
-            "loss_sum": 1.0,
-            "weight_sum": 11.0,
-            "correct": 7.0,
-            "row_correct": np.array([2.0, 1.0, 4.0]),
-            "row_weight": np.array([2.0, 4.0, 5.0]),
-        }
-
-    metrics, decodes = evaluation.evaluate(
-        None,
-        {"test_longer": es},
-        eval_step=eval_step,
-        decode=lambda params, inputs, tape_targets: targets,
-        to_global=lambda b: b,
-        tokenizer=_Tok(),
-        num_decode=3,
-    )
+    metrics, decodes = _evaluate(targets, [2, 1, 4], [2, 4, 5], decode=True)
     assert metrics["eval/test_longer/accuracy"] == pytest.approx(7 / 11)
     assert metrics["eval/test_longer/beyond_train/accuracy"] == pytest.approx(5 / 9)
     # Per target length, then the mean over lengths (Ruoss et al.'s score): 1/4 and 4/5.
@@ -99,16 +106,8 @@ def test_beyond_train_accuracy_counts_only_the_longer_rows():
         (4, 5),
     ]
     # Unknown training length (a task built by hand): no beyond-training metric.
-    es.train_max_target_tokens = None
-    metrics, _ = evaluation.evaluate(
-        None,
-        {"test_longer": es},
-        eval_step=eval_step,
-        decode=None,
-        to_global=lambda b: b,
-        tokenizer=_Tok(),
-        num_decode=0,
-    )
+    metrics, _ = _evaluate(targets, [2, 1, 4], [2, 4, 5], train_max_target_tokens=None)
+    assert "eval/test_longer/accuracy" in metrics
     assert "eval/test_longer/beyond_train/accuracy" not in metrics
     assert "eval/test_longer/beyond_train/length_avg_accuracy" not in metrics
 
@@ -116,28 +115,7 @@ def test_beyond_train_accuracy_counts_only_the_longer_rows():
 def test_length_avg_accuracy_pools_within_a_length_and_weighs_lengths_equally():
     """Beyond training (3 tokens): two rows of 5 tokens with 1 and 3 hits, one of 6
     with 6. Per length 4/10 and 6/6, averaged 0.7; pooled over tokens 10/16."""
-    targets = np.zeros((3, 6), np.int32)
-    batch = {"inputs": targets, "targets": targets}
-    es = evaluation.EvalSet("test_longer", [batch], 3, ("exact_match",), 3)
-
-    def eval_step(params, b):
-        return {
-            "loss_sum": 1.0,
-            "weight_sum": 16.0,
-            "correct": 10.0,
-            "row_correct": np.array([1.0, 3.0, 6.0]),
-            "row_weight": np.array([5.0, 5.0, 6.0]),
-        }
-
-    metrics, _ = evaluation.evaluate(
-        None,
-        {"test_longer": es},
-        eval_step=eval_step,
-        decode=None,
-        to_global=lambda b: b,
-        tokenizer=_Tok(),
-        num_decode=0,
-    )
+    metrics, _ = _evaluate(np.zeros((3, 6), np.int32), [1, 3, 6], [5, 5, 6])
     assert metrics["eval/test_longer/beyond_train/accuracy"] == pytest.approx(10 / 16)
     assert metrics["eval/test_longer/beyond_train/length_avg_accuracy"] == pytest.approx(0.7)
 
