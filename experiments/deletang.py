@@ -47,7 +47,10 @@ six schemes", with its command).
 
 The report gives token accuracy on `test_longer` (the teacher-forced
 accuracy is the prediction: an encoder-only model reads no targets) and
-exact match, each group's mean with its 95% interval and its best seed.
+exact match, each group's mean with its 95% interval and its best seed;
+its "As the anchors report" section adds their score, token accuracy per
+test length averaged over the lengths (`beyond_train/length_avg_accuracy`),
+beside the same pooled over tokens.
 `:arg`: "" (the grid), "tiny" (one task, two schemes, one seed, a few
 steps: the tests).
 """
