@@ -43,6 +43,17 @@ def _child_in_a_session(workdir) -> subprocess.Popen:
 
 
 def _open_files(workdir) -> list[str]:
+    """The heartbeat files. Not the ``.tmp`` a beat is written to before its atomic
+    rename: a live session's is there for a moment each beat (CI once caught one)."""
+    return sorted(
+        p.name
+        for p in workdir.iterdir()
+        if p.name.startswith(".session-") and p.name.endswith(".json")
+    )
+
+
+def _session_leftovers(workdir) -> list[str]:
+    """Everything a session wrote beside ``sessions.jsonl``, ``.tmp`` writes included."""
     return sorted(p.name for p in workdir.iterdir() if p.name.startswith(".session-"))
 
 
@@ -52,7 +63,7 @@ def test_a_session_that_ends_writes_its_line_and_leaves_no_heartbeat(tmp_path):
         assert live["outcome"] == "running" and live["started"] == s["started"]
         time.sleep(0.2)
         s["outcome"] = "finished"
-    assert _open_files(tmp_path) == []
+    assert _session_leftovers(tmp_path) == []
     (done,) = sessions.read_sessions(str(tmp_path))
     assert done["outcome"] == "finished" and done["runs_to_train"] == 2
     assert done["wall_s"] >= 0.2 and len(done["load_end"]) == 3
@@ -86,7 +97,7 @@ def test_a_killed_session_keeps_its_wall_time_and_the_next_one_records_it(tmp_pa
     lines = [json.loads(x) for x in (tmp_path / sessions.SESSIONS_FILE).read_text().splitlines()]
     assert [x["outcome"] for x in lines] == [sessions.KILLED, "finished"]
     assert lines[0] == killed
-    assert _open_files(tmp_path) == []
+    assert _session_leftovers(tmp_path) == []
     assert sessions.read_sessions(str(tmp_path)) == lines
 
 
@@ -100,3 +111,22 @@ def test_a_live_session_of_another_process_is_not_taken_for_dead(tmp_path):
     finally:
         child.kill()
         child.wait(timeout=60)
+
+
+def test_a_session_killed_mid_beat_leaves_nothing_once_the_next_one_records_it(tmp_path):
+    """A kill between writing a beat to its ``.tmp`` and renaming it: the beat before
+    it is the dead session's line, and the half-done write goes with it."""
+    with sessions.recording(str(tmp_path), jobs=1, to_train=4, heartbeat_s=0.05) as s:
+        heartbeat = tmp_path / f".session-{os.getpid()}.json"
+        beat = json.loads(heartbeat.read_text())
+        s["outcome"] = "finished"
+    # What a process killed mid-beat leaves: its last beat, long stale, and the next.
+    dead = tmp_path / ".session-999999999.json"
+    beat["_last_beat_epoch"] -= 3600
+    dead.write_text(json.dumps(beat))
+    (tmp_path / f"{dead.name}.tmp").write_text(json.dumps(beat)[:20])
+    with sessions.recording(str(tmp_path), jobs=1, to_train=1, heartbeat_s=0.05) as s:
+        s["outcome"] = "finished"
+    outcomes = [x["outcome"] for x in sessions.read_sessions(str(tmp_path))]
+    assert outcomes == ["finished", sessions.KILLED, "finished"]
+    assert _session_leftovers(tmp_path) == []

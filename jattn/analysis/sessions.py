@@ -108,6 +108,10 @@ def recording(
         if dead:
             _append(workdir, line)
             os.remove(path)
+            # A kill between writing the next beat and renaming it leaves that
+            # write behind; the dead session's line is in the file now.
+            with contextlib.suppress(FileNotFoundError):
+                os.remove(f"{path}.tmp")
     started = time.time()
     session: dict[str, Any] = {
         "started": _now(started),
