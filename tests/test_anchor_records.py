@@ -372,6 +372,22 @@ SPECS = {
     "Csordás et al. 2021, SCAN cutoff 26": (
         "csordas2021",
         lambda: [
+            steps("results/csordas_long"),
+            "Transformer-XL relative "
+            + ci("results/csordas_long", "position=transformer_xl,shared=False"),
+            f"sinusoidal {ci('results/csordas_long', 'position=sinusoidal,shared=False')}",
+            "validation "
+            + mean(
+                "results/csordas_long",
+                "position=transformer_xl,shared=False",
+                "eval/validation/exact_match",
+            )
+            + " and "
+            + mean(
+                "results/csordas_long",
+                "position=sinusoidal,shared=False",
+                "eval/validation/exact_match",
+            ),
             steps("results/csordas"),
             "Transformer-XL relative "
             + ci("results/csordas", "position=transformer_xl,shared=False"),
