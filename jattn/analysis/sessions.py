@@ -61,6 +61,11 @@ def _append(workdir: str, session: dict[str, Any]) -> None:
         f.write(json.dumps(session) + "\n")
 
 
+def _pending(path: str) -> str:
+    """Where a beat is written before its atomic rename onto ``path``."""
+    return f"{path}.tmp"
+
+
 def _write_open(path: str, session: dict[str, Any], started: float, heartbeat_s: float) -> None:
     """The running session's line so far, replaced atomically (never half written)."""
     now = time.time()
@@ -72,7 +77,7 @@ def _write_open(path: str, session: dict[str, Any], started: float, heartbeat_s:
         "_last_beat_epoch": now,
         "_heartbeat_s": heartbeat_s,
     }
-    tmp = f"{path}.tmp"
+    tmp = _pending(path)
     with open(tmp, "w") as f:
         f.write(json.dumps(beat))
     os.replace(tmp, path)
@@ -111,7 +116,7 @@ def recording(
             # A kill between writing the next beat and renaming it leaves that
             # write behind; the dead session's line is in the file now.
             with contextlib.suppress(FileNotFoundError):
-                os.remove(f"{path}.tmp")
+                os.remove(_pending(path))
     started = time.time()
     session: dict[str, Any] = {
         "started": _now(started),
