@@ -165,6 +165,15 @@ def p_value(folder: str, group: str) -> str:
     return f"p = {re.search(r'p=([0-9.]+)', row).group(1)}"
 
 
+def csordas_validation(folder: str) -> str:
+    """The cell's 'validation <Transformer-XL> and <sinusoidal>': the mean validation
+    exact match of a Csordás grid's unshared pair."""
+    return "validation " + " and ".join(
+        mean(folder, f"position={p},shared=False", "eval/validation/exact_match")
+        for p in ("transformer_xl", "sinusoidal")
+    )
+
+
 def signed(x: float) -> str:
     return f"{x:+.3f}".replace("-", "−")
 
@@ -376,33 +385,13 @@ SPECS = {
             "Transformer-XL relative "
             + ci("results/csordas_long", "position=transformer_xl,shared=False"),
             f"sinusoidal {ci('results/csordas_long', 'position=sinusoidal,shared=False')}",
-            "validation "
-            + mean(
-                "results/csordas_long",
-                "position=transformer_xl,shared=False",
-                "eval/validation/exact_match",
-            )
-            + " and "
-            + mean(
-                "results/csordas_long",
-                "position=sinusoidal,shared=False",
-                "eval/validation/exact_match",
-            ),
+            csordas_validation("results/csordas_long"),
             steps("results/csordas"),
             "Transformer-XL relative "
             + ci("results/csordas", "position=transformer_xl,shared=False"),
             f"shared layers {ci('results/csordas', 'position=transformer_xl,shared=True')}",
             f"sinusoidal {ci('results/csordas', 'position=sinusoidal,shared=False')}",
-            "validation "
-            + mean(
-                "results/csordas",
-                "position=transformer_xl,shared=False",
-                "eval/validation/exact_match",
-            )
-            + " and "
-            + mean(
-                "results/csordas", "position=sinusoidal,shared=False", "eval/validation/exact_match"
-            ),
+            csordas_validation("results/csordas"),
             f"RoPE {ci('results/scan', 'position=rope')}",
             f"Shaw {ci('results/scan', 'position=shaw')}",
             f"sinusoidal {ci('results/scan', 'position=sinusoidal')}",
