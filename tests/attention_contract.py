@@ -512,6 +512,58 @@ class AttentionContract:
         close("out", out, ref, 1e-4)
         assert all(np.all(np.isfinite(g)) for g in grads.values() if g is not None)
 
+    @pytest.mark.parametrize("rule", ["segment_0", "mask"])
+    def test_float32_max_behind_masks_is_never_seen(self, rule):
+        """Keys and values at ±3.40e38 (float32's largest finite values) in
+        keys no query may see (padding as segment 0, whole tiles of it; mask
+        columns inside visible tiles) leave every output and gradient
+        bit-identical. A key with weight 0 contributes exactly nothing: no
+        float32 operand split for the tensor cores may round it to ±Inf,
+        and no `0 · (dO·v - D)` may meet an overflowed dO·v (tokamax's suite
+        found the first in the kernels' TF32 split)."""
+        c = CASES["padding_mqa"] if rule == "segment_0" else CASES["gqa_mask_bias"]
+        hidden = [16, 17, 18, 19]
+        if rule == "mask":
+            hidden = [4, 8]
+            mask = c.arrays["mask"].copy()
+            mask[..., hidden] = False
+            c = c.replace(mask=mask)
+        out, grads, _ = self.run(c)
+        big = np.finfo(np.float32).max
+        k, v = c.arrays["key"].copy(), c.arrays["value"].copy()
+        for s in hidden:
+            k[:, s, :, ::2], k[:, s, :, 1::2] = big, -big
+            v[:, s, :, ::2], v[:, s, :, 1::2] = -big, big
+        # dO·v overflows at the hidden keys (an intermediate thrown away), so
+        # the debug checks, which stop at any Inf, are off for this run.
+        with jax.debug_nans(False), jax.debug_infs(False):
+            out2, grads2, _ = self.run(c.replace(key=k, value=v))
+        np.testing.assert_array_equal(out2, out)
+        for name in ("query", "key", "value", "bias"):
+            if grads[name] is not None:
+                np.testing.assert_array_equal(grads2[name], grads[name], err_msg=name)
+
+    def test_float32_max_in_visible_keys_and_values(self):
+        """±3.40e38 in keys and values a query sees: the output is the float64
+        oracle's to float32 rounding of the largest value, and every gradient
+        is finite. Queries are small so that the logits stay finite (1e-3 x
+        3.4e38 is a logit no float32 softmax misreads); the cotangent is small
+        so that dO·V does. The oracle's query gradient in rows the big key
+        dominates is a cancellation (P = 1 times dP - D) that float32 cannot
+        reproduce, so gradients are held finite, not equal."""
+        c = CASES["causal"]
+        big = np.finfo(np.float32).max
+        k, v = c.arrays["key"].copy(), c.arrays["value"].copy()
+        k[:, 5, :, 0], k[:, 9, :, 1] = big, -big
+        v[:, 3, :, 0], v[:, 11, :, 2] = big, -big
+        c = c.replace(key=k, value=v, query=c.arrays["query"] * 1e-3)
+        ct = cotangent(c) * 1e-3
+        out, grads, _ = self.run(c, ct)
+        ref, _ = want(c, ct)
+        close("out", out, ref, 1e-4)
+        assert np.max(np.abs(out)) > 1e37  # the big values reach the output
+        assert all(np.all(np.isfinite(g)) for g in grads.values() if g is not None)
+
     def test_bfloat16(self):
         """bf16 inputs give bf16 outputs within bf16 rounding of the oracle on
         the rounded inputs, forward and backward; dead rows stay exactly 0."""

@@ -52,6 +52,22 @@ def test_tf32_split_is_two_tf32_values_summing_to_the_input():
     assert np.max(head / np.maximum(np.abs(x64), 1e-300)) > 2.0**-14  # it does round
 
 
+def test_tf32_split_keeps_float32_extremes_finite():
+    """Rounding float32's largest values to TF32 would carry into the
+    exponent (±Inf, then NaN behind a 0 weight); they are truncated instead:
+    finite TF32 halves summing to the input."""
+    big = np.finfo(np.float32).max
+    x = np.float32([big, -big, np.nextafter(big, 0), 3.4025e38, -3.4025e38, 3.40e38])
+    hi, lo = jax.jit(ft.tf32_split)(jnp.asarray(x))
+    hi, lo = np.asarray(hi), np.asarray(lo)
+    assert np.all(np.isfinite(hi)) and np.all(np.isfinite(lo))
+    assert not np.any(_bits(hi) & TF32_MASK) and not np.any(_bits(lo) & TF32_MASK)
+    x64 = x.astype(np.float64)
+    err = np.abs(hi.astype(np.float64) + lo.astype(np.float64) - x64)
+    assert np.all(err <= 2.0**-22 * np.abs(x64))
+    assert np.all(np.abs(hi.astype(np.float64) - x64) <= 2.0**-10 * np.abs(x64))
+
+
 @pytest.mark.parametrize("contract", [(1, 1), (1, 0), (0, 0)])
 def test_tf32x3_dot_is_float32_accurate(contract):
     rng = np.random.default_rng(1)

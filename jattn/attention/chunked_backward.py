@@ -151,7 +151,8 @@ def _tile_grads(pb: TiledProblem, res: Residuals, ct: _Cotangent, i, j, body: Ti
         dp = dp + rel_pick(pb, i, j, ct.dor[i], r)
     if z is not None:
         dp = dp * z
-    ds = p * (dp - ct.big_d[i])  # [B,K,G,t,s], of the logits after the score mod
+    # Selected, not multiplied: a hidden key's dO·v may overflow (0 · Inf = NaN).
+    ds = jnp.where(p > 0, p * (dp - ct.big_d[i]), 0.0)  # [B,K,G,t,s], after the score mod
     dmod_ij = None
     if pullback is not None:  # through the mod: to its params, and to the logits before it
         dmod_ij, ds = pullback(ds)

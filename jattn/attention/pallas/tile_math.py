@@ -120,20 +120,43 @@ def dot_precision(dtype, precision: str = "ieee") -> lax.Precision | lax.DotAlgo
     return lax.Precision.HIGH if precision == "tf32x3" else lax.Precision.HIGHEST
 
 
+_TF32_DROP = -0x2000  # keeps sign, exponent and 10 mantissa bits
+_NEAR_MAX = 0x7F7FF000  # |x| from here up rounds past float32's largest finite value
+
+
+def _near_max(x: Array) -> Array:
+    bits = lax.bitcast_convert_type(x, jnp.int32)
+    return (bits & jnp.int32(0x7FFFFFFF)) >= jnp.int32(_NEAR_MAX)
+
+
+def _tf32(x: Array, truncate: Array) -> Array:
+    """`x` to TF32, rounded (ties away from zero) or, where `truncate`,
+    truncated toward zero. Integer work only: no Inf is ever formed (a
+    debug_infs run of the interpret-mode kernels would stop at one)."""
+    bits = lax.bitcast_convert_type(x, jnp.int32)
+    half = jnp.where(truncate, jnp.int32(0), jnp.int32(0x1000))
+    return lax.bitcast_convert_type((bits + half) & jnp.int32(_TF32_DROP), jnp.float32)
+
+
 def tf32_round(x: Array) -> Array:
     """float32 `x` rounded to the nearest TF32 value (10 stored mantissa
     bits; ties away from zero): the low 13 bits of the float32 pattern
-    cleared after adding half of their range."""
-    bits = lax.bitcast_convert_type(x, jnp.int32)
-    bits = (bits + 0x1000) & jnp.int32(-0x2000)
-    return lax.bitcast_convert_type(bits, jnp.float32)
+    cleared after adding half of their range. Finite in, finite out: within
+    half a TF32 step of float32's largest value (|x| >= 3.4025e38) rounding
+    would carry into the exponent and give ±Inf, which a 0 weight turns into
+    NaN, so such an `x` is truncated instead."""
+    return _tf32(x, _near_max(x))
 
 
 def tf32_split(x: Array) -> tuple[Array, Array]:
     """`(hi, lo)`, both TF32 values, with `hi + lo = x` to ~2^-22 relative:
-    `hi = tf32(x)`, `lo = tf32(x - hi)` (the difference is exact in float32)."""
-    hi = tf32_round(x)
-    return hi, tf32_round(x - hi)
+    `hi = tf32(x)`, `lo = tf32(x - hi)` (the difference is exact in float32).
+    Near float32's largest value both are truncated toward zero, so that
+    `|hi + lo| <= |x|` and the three-pass product cannot overflow where the
+    exact one does not."""
+    near = _near_max(x)
+    hi = _tf32(x, near)
+    return hi, _tf32(x - hi, near)
 
 
 def dot(a: Array, b: Array, contract: tuple[int, int], precision: str = "ieee") -> Array:
@@ -324,7 +347,9 @@ def score_grads(
         dp = dp + d_mass
     if keep is not None:
         dp = dp * keep
-    return p * (dp - delta)  # [bq, bk]
+    # A key of weight exactly 0 contributes exactly nothing: selected, not
+    # multiplied, since dO·v of a hidden key may overflow (0 · Inf = NaN).
+    return jnp.where(p > 0, p * (dp - delta), 0.0)  # [bq, bk]
 
 
 def online_softmax_step(
