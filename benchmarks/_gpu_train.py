@@ -191,19 +191,20 @@ def main(argv: list[str] | None = None) -> int:
     if not os.path.isdir(args.data_dir):
         print(f"_gpu_train: no prepared data in {args.data_dir} (scripts/gpu_kit.sh)", flush=True)
         return 2
-    deadline = time.monotonic() + args.total_s
+    # The host data child last, with a fixed reserve: the arms get the rest.
+    host_reserve = min(30.0, 0.15 * args.total_s)
+    deadline = time.monotonic() + args.total_s - host_reserve
     rows = []
     with tempfile.TemporaryDirectory(prefix="jattn_gpu_train_") as tmp:
-        host_ms = host_time(args, min(30.0, 0.2 * args.total_s))
         for i, (name, impl) in enumerate(ARMS):
-            left = deadline - time.monotonic()
-            share = left / (len(ARMS) - i)
+            share = (deadline - time.monotonic()) / (len(ARMS) - i)
             if share < 10:
                 rows.append({"arm": name, "status": "skipped", "note": "no time left"})
                 continue
-            row = run_arm(name, impl, args, tmp, share)
+            rows.append(run_arm(name, impl, args, tmp, share))
+        host_ms = host_time(args, max(5.0, deadline + host_reserve - time.monotonic()))
+        for row in rows:
             row["host_ms_per_step"] = host_ms
-            rows.append(row)
     pathlib.Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     with open(args.out, "w", newline="") as f:
         w = csv.DictWriter(f, fieldnames=COLUMNS)
