@@ -61,6 +61,12 @@ for w in "${WHEELS[@]}"; do
   fi
 done
 
+# protobuf, only where the image's is older than tensorflow_metadata's generated
+# code (6.31.1): the window installs it then alone (the image has its own).
+mkdir -p "$kit/fallback"
+ls "$kit/fallback" | grep -qi '^protobuf-' || $PIP download -q --no-deps --only-binary=:all: \
+  --python-version 3.12 --implementation cp "${platforms[@]}" -d "$kit/fallback" protobuf==7.36.2
+
 # The data of the window's training (benchmarks/_gpu_train.py: its DATASETS).
 datasets=$(PYTHONPATH=$root "$PYTHON" -c 'import runpy; print(" ".join(runpy.run_path("benchmarks/_gpu_train.py")["DATASETS"]))')
 for d in $datasets; do
@@ -73,6 +79,7 @@ rm -rf "$kit/data/downloads"
 
 echo "gpu_kit: wheels"
 du -k "$kit"/wheels/*.whl | sort -n | awk '{printf "  %7.2f MiB  %s\n", $1/1024, $2}'
+du -k "$kit"/fallback/*.whl | awk '{printf "  %7.2f MiB  %s (installed only over an older protobuf)\n", $1/1024, $2}'
 echo "gpu_kit: data ($datasets)"
 du -sk "$kit/data" | awk '{printf "  %7.2f MiB  %s\n", $1/1024, $2}'
 total=$(du -sk "$kit" | cut -f1)

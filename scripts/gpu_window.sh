@@ -30,14 +30,31 @@ PY=${PYTHON:-python3}
 start=$(date +%s)
 
 say() { echo "[window +$(($(date +%s) - start))s] $*" | tee -a "$log"; }
+# leftovers TAG: kill what a stage started and left running (a benchmark cell runs in
+# a session of its own, so a stage killed at its timeout orphans it, and on a GPU it
+# would hold the memory the next stage needs): the processes whose environment
+# carries the stage's tag, and no others.
+leftovers() {
+  local e pid
+  for e in /proc/[0-9]*/environ; do
+    pid=${e#/proc/}
+    pid=${pid%/environ}
+    if { tr '\0' '\n' <"$e"; } 2>/dev/null | grep -qx "JATTN_WINDOW_TAG=$1"; then
+      kill -9 "$pid" 2>/dev/null && say "killed pid $pid, left running by the stage"
+    fi
+  done
+  return 0
+}
 # stage NAME SECONDS CMD...: CMD under `timeout`, its output appended to the log.
 stage() {
   local name=$1 secs=$2
   shift 2
   local cmd="$*"
   say "stage $name (timeout ${secs} s): ${cmd:0:300}"
-  timeout -k 10 "$secs" "$@" >>"$log" 2>&1
+  local tag="$name-$$-$(date +%s%N)"
+  JATTN_WINDOW_TAG=$tag timeout -k 10 "$secs" "$@" >>"$log" 2>&1
   local rc=$?
+  leftovers "$tag"
   say "stage $name: rc=$rc$([ $rc -eq 124 ] && echo ' (timed out)')"
   [ $rc -eq 0 ] || failed+=("$name")
 }
@@ -65,6 +82,13 @@ if [ -d .gpukit/wheels ] && [ "${GPU_WINDOW_NO_KIT:-0}" != 1 ]; then
   site=/tmp/site
   stage kit 60 "$PY" -m pip install -q --no-index --no-deps --no-compile --no-cache-dir \
     --upgrade --target "$site" .gpukit/wheels/*.whl
+  # tensorflow_metadata's generated code needs protobuf >= 6.31.1 at run time.
+  if ls .gpukit/fallback/protobuf-*.whl >/dev/null 2>&1 && ! "$PY" -c '
+import sys, google.protobuf as p
+sys.exit(tuple(int(x) for x in p.__version__.split(".")[:3]) < (6, 31, 1))' 2>/dev/null; then
+    stage protobuf 60 "$PY" -m pip install -q --no-index --no-deps --no-compile --no-cache-dir \
+      --upgrade --target "$site" .gpukit/fallback/protobuf-*.whl
+  fi
   export PYTHONPATH=$site:$root${PYTHONPATH:+:$PYTHONPATH}
 else
   say "no .gpukit/wheels: using the installed packages (scripts/gpu_kit.sh builds the kit)"
@@ -75,7 +99,7 @@ data_dir=${GPU_WINDOW_DATA:-$root/.gpukit/data}
 probe_py='
 import importlib, platform, sys
 print("python", sys.version.split()[0], platform.machine())
-for m in ("jax", "jaxlib", "flax", "optax", "orbax.checkpoint", "chex", "numpy",
+for m in ("jax", "jaxlib", "flax", "optax", "orbax.checkpoint", "chex", "numpy", "google.protobuf",
           "tensorflow_datasets", "grain", "ml_collections", "array_record"):
     try:
         mod = importlib.import_module(m)
