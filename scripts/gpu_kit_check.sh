@@ -1,0 +1,37 @@
+#!/usr/bin/env bash
+# Prove the kit (scripts/gpu_kit.sh) complete: a clean Python 3.12 venv that
+# holds only what the GPU image has and jattn needs (jax==0.11.2 on the CPU,
+# flax, optax, orbax-checkpoint, chex, numpy and the image's other packages
+# jattn imports, with pip's own resolution of their needs) takes the kit's
+# wheels with --no-index --no-deps into /tmp/site, as the window does, and
+# runs the window's training stage (a smoke `jattn train` of the Delétang tape
+# config, both arms, plus the host data child) from the prepared data.
+# Whatever fails to import there names a wheel the kit lacks.
+#
+#   bash scripts/gpu_kit_check.sh        # VENV=/tmp/gpuvenv SITE=/tmp/gpukit_site
+# Needs network for the venv's first build (PyPI); the kit itself is offline.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+root=$PWD
+VENV=${VENV:-/tmp/gpuvenv}
+SITE=${SITE:-/tmp/gpukit_site}
+PY312=${PY312:-$(pyenv root 2>/dev/null)/versions/3.12.1/bin/python3.12}
+[ -d .gpukit/wheels ] || { echo "gpu_kit_check: no .gpukit/wheels (run scripts/gpu_kit.sh)" >&2; exit 1; }
+# The GPU image's packages that jattn imports (KINDS.md's list), nothing else.
+IMAGE=(jax==0.11.2 flax optax orbax-checkpoint chex numpy absl-py etils protobuf pyarrow psutil
+       tqdm wrapt pyyaml requests rich tensorstore msgpack cloudpickle matplotlib sentencepiece
+       sacrebleu tensorboard typing-extensions zipp fsspec six attrs packaging)
+if [ ! -x "$VENV/bin/python" ]; then
+  "$PY312" -m venv "$VENV"
+fi
+"$VENV/bin/python" -m pip install -q "${IMAGE[@]}"
+rm -rf "$SITE"
+"$VENV/bin/python" -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
+  --target "$SITE" .gpukit/wheels/*.whl
+"$VENV/bin/python" -m pip check 2>&1 | sed 's/^/pip check (venv alone): /' || true
+echo "gpu_kit_check: venv $("$VENV/bin/python" -c 'import sys,jax,flax;print(sys.version.split()[0],"jax",jax.__version__,"flax",flax.__version__)')"
+out=$(mktemp -d)
+PYTHONPATH="$SITE:$root" JAX_PLATFORMS=cpu "$VENV/bin/python" benchmarks/_gpu_train.py \
+  --cpu-smoke --total-s 400 --data-dir .gpukit/data --out "$out/train.csv"
+cat "$out/train.csv"
+echo "gpu_kit_check: ok (the kit installs with --no-index and trains in a clean 3.12 venv)"

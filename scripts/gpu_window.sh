@@ -1,0 +1,138 @@
+#!/usr/bin/env bash
+# The prepared GPU window: ONE command for a bare GPU machine (docs/gpu.md, "The
+# prepared window"), every stage under its own timeout, everything in OUTDIR:
+#   window.log   probe (nvidia-smi, versions, jax.devices()) and every stage's output
+#   check.csv    benchmarks/gpu.py --stage check (the float64 gate)
+#   train.csv    benchmarks/_gpu_train.py (Delétang tape model, default rule and xla)
+#   timing.csv   benchmarks/gpu.py headline + the backward tile sweep
+#   dumps.tgz    the XLA dumps and logs of failed cells (only if there are any)
+# Stage budgets (GPU): probe 20 s, check 150, train 150, timing 170 (WINDOW_CHECK_S,
+# WINDOW_TRAIN_S, WINDOW_TIMING_S change them): with each stage's 10 s of slack
+# and the kit's install (~5 s), at most about 9 minutes.
+#
+#   bash scripts/gpu_window.sh OUTDIR          # on the GPU machine (carry [".gpukit"])
+#   bash scripts/gpu_window.sh OUTDIR --cpu    # the dry run: same stages, tiny shapes
+# (GPU_WINDOW_CPU=1 is the same as --cpu.) Build the kit first: scripts/gpu_kit.sh.
+# Env: PYTHON (default python3), GPU_WINDOW_DATA (the prepared tfds data; default
+# .gpukit/data), GPU_WINDOW_NO_KIT=1 (use the installed packages, not .gpukit/wheels).
+# Exit status 1 when a stage failed or timed out (its files are still written).
+set -uo pipefail
+cd "$(dirname "$0")/.."
+root=$PWD
+out=${1:?usage: gpu_window.sh OUTDIR [--cpu]}
+cpu=${GPU_WINDOW_CPU:-0}
+[ "${2:-}" = "--cpu" ] && cpu=1
+mkdir -p "$out"
+out=$(cd "$out" && pwd)
+log=$out/window.log
+dumps=$(mktemp -d /tmp/jattn_window_dumps.XXXX)
+PY=${PYTHON:-python3}
+start=$(date +%s)
+
+say() { echo "[window +$(($(date +%s) - start))s] $*" | tee -a "$log"; }
+# leftovers TAG: kill what a stage started and left running (a benchmark cell runs in
+# a session of its own, so a stage killed at its timeout orphans it, and on a GPU it
+# would hold the memory the next stage needs): the processes whose environment
+# carries the stage's tag, and no others.
+leftovers() {
+  local e pid
+  for e in /proc/[0-9]*/environ; do
+    pid=${e#/proc/}
+    pid=${pid%/environ}
+    if { tr '\0' '\n' <"$e"; } 2>/dev/null | grep -qx "JATTN_WINDOW_TAG=$1"; then
+      kill -9 "$pid" 2>/dev/null && say "killed pid $pid, left running by the stage"
+    fi
+  done
+  return 0
+}
+# stage NAME SECONDS CMD...: CMD under `timeout`, its output appended to the log.
+stage() {
+  local name=$1 secs=$2
+  shift 2
+  local cmd="$*"
+  say "stage $name (timeout ${secs} s): ${cmd:0:300}"
+  local tag="$name-$$-$(date +%s%N)"
+  JATTN_WINDOW_TAG=$tag timeout -k 10 "$secs" "$@" >>"$log" 2>&1
+  local rc=$?
+  leftovers "$tag"
+  say "stage $name: rc=$rc$([ $rc -eq 124 ] && echo ' (timed out)')"
+  [ $rc -eq 0 ] || failed+=("$name")
+}
+failed=()
+
+if [ "$cpu" = 1 ]; then
+  export JAX_PLATFORMS=cpu
+  smoke=(--cpu-smoke)
+  check_s=150 train_s=240 timing_s=180  # the dry run's (CI's)
+  # The dry run's own slice of each stage: the code paths, not every cell (interpret
+  # mode on a shared 2-core CPU; tests/test_pallas.py runs the check stage whole).
+  check_only=('check/f32_packed_shaw')
+  timing_only=('headline/peak' 'headline/pallas' 'sweep/bwd*')
+else
+  smoke=()
+  check_s=150 train_s=150 timing_s=170
+  check_only=('check/*')
+  timing_only=('headline/*' 'sweep/bwd*')
+fi
+check_s=${WINDOW_CHECK_S:-$check_s} train_s=${WINDOW_TRAIN_S:-$train_s}
+timing_s=${WINDOW_TIMING_S:-$timing_s}
+
+say "jattn GPU window: $root -> $out (cpu dry run: $cpu)"
+if [ -d .gpukit/wheels ] && [ "${GPU_WINDOW_NO_KIT:-0}" != 1 ]; then
+  site=/tmp/site
+  stage kit 60 "$PY" -m pip install -q --no-index --no-deps --no-compile --no-cache-dir \
+    --upgrade --target "$site" .gpukit/wheels/*.whl
+  # tensorflow_metadata's generated code needs protobuf >= 6.31.1 at run time.
+  if ls .gpukit/fallback/protobuf-*.whl >/dev/null 2>&1 && ! "$PY" -c '
+import sys, google.protobuf as p
+sys.exit(tuple(int(x) for x in p.__version__.split(".")[:3]) < (6, 31, 1))' 2>/dev/null; then
+    stage protobuf 60 "$PY" -m pip install -q --no-index --no-deps --no-compile --no-cache-dir \
+      --upgrade --target "$site" .gpukit/fallback/protobuf-*.whl
+  fi
+  export PYTHONPATH=$site:$root${PYTHONPATH:+:$PYTHONPATH}
+else
+  say "no .gpukit/wheels: using the installed packages (scripts/gpu_kit.sh builds the kit)"
+  export PYTHONPATH=$root${PYTHONPATH:+:$PYTHONPATH}
+fi
+data_dir=${GPU_WINDOW_DATA:-$root/.gpukit/data}
+
+probe_py='
+import importlib, platform, sys
+print("python", sys.version.split()[0], platform.machine())
+for m in ("jax", "jaxlib", "flax", "optax", "orbax.checkpoint", "chex", "numpy", "google.protobuf",
+          "tensorflow_datasets", "grain", "ml_collections", "array_record"):
+    try:
+        mod = importlib.import_module(m)
+        print(m, getattr(mod, "__version__", "?"))
+    except Exception as e:
+        print(m, "IMPORT FAILED:", type(e).__name__, e)
+import jax
+print("devices", jax.devices())
+print("default backend", jax.default_backend())
+'
+nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.max.sm --format=csv >>"$log" 2>&1 \
+  || say "nvidia-smi: not there or failed"
+stage probe 20 "$PY" -c "$probe_py"
+
+stage check $((check_s + 10)) "$PY" benchmarks/gpu.py --stage check "${smoke[@]}" \
+  --only "${check_only[@]}" --total-s "$check_s" --continue-on-fail --out "$out/check.csv" --dump-dir "$dumps"
+
+train_args=(--out "$out/train.csv" --total-s "$train_s" --data-dir "$data_dir")
+[ "$cpu" = 1 ] && train_args+=(--cpu-smoke)
+stage train $((train_s + 10)) "$PY" benchmarks/_gpu_train.py "${train_args[@]}"
+
+stage timing $((timing_s + 10)) "$PY" benchmarks/gpu.py --stage headline sweep "${smoke[@]}" \
+  --only "${timing_only[@]}" --total-s "$timing_s" --continue-on-fail \
+  --out "$out/timing.csv" --dump-dir "$dumps"
+
+if [ -n "$(ls -A "$dumps" 2>/dev/null)" ]; then
+  tar -czf "$out/dumps.tgz" -C "$dumps" .
+  # A file over 16 MiB does not come back from the GPU machine: then the logs alone.
+  if [ "$(du -k "$out/dumps.tgz" | cut -f1)" -gt $((15 * 1024)) ]; then
+    (cd "$dumps" && find . -type f -size -1M -print0 | tar -czf "$out/dumps.tgz" --null -T -)
+  fi
+  say "failed cells' dumps: dumps.tgz ($(du -h "$out/dumps.tgz" | cut -f1))"
+fi
+rm -rf "$dumps"
+say "done in $(($(date +%s) - start)) s; files: $(cd "$out" && ls | tr '\n' ' ')"
+[ ${#failed[@]} -eq 0 ] || { say "stages that failed or timed out: ${failed[*]}"; exit 1; }

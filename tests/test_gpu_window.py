@@ -1,0 +1,71 @@
+"""The prepared GPU window's CPU dry run, end to end, so that it cannot rot.
+
+`scripts/gpu_window.sh OUTDIR --cpu` runs the window's stages (probe, the
+float64 check, the Delétang tape model's training under the default rule and
+xla, the headline and backward-sweep timing) with tiny shapes on the CPU, in
+the real child processes and with the real tfds data the kit prepares
+(here in the session's data directory, as scripts/gpu_kit.sh does into
+.gpukit/data). The kit's wheels are not installed here (GPU_WINDOW_NO_KIT):
+they are cp312 builds for the GPU image, proven by scripts/gpu_kit_check.sh.
+"""
+
+import csv
+import math
+import os
+import runpy
+import subprocess
+import sys
+
+import pytest
+
+import jattn.data
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def _rows(path):
+    with open(path) as f:
+        return list(csv.DictReader(f))
+
+
+@pytest.mark.slow  # four stages of child processes (~4 minutes on a shared 2-core CPU)
+def test_gpu_window_cpu_dry_run(tmp_path, data_dir):
+    for name in runpy.run_path(os.path.join(ROOT, "benchmarks", "_gpu_train.py"))["DATASETS"]:
+        jattn.data.load(name, data_dir=data_dir)
+    out = tmp_path / "window"
+    env = dict(
+        os.environ,
+        PYTHON=sys.executable,
+        GPU_WINDOW_DATA=data_dir,
+        GPU_WINDOW_NO_KIT="1",
+        JAX_PLATFORMS="cpu",
+    )
+    cmd = ["bash", os.path.join(ROOT, "scripts", "gpu_window.sh"), str(out), "--cpu"]
+    proc = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=900, cwd=ROOT)
+    log = (out / "window.log").read_text()
+    assert proc.returncode == 0, proc.stdout[-3000:] + log[-5000:]
+    # The window's output is a few files (a GPU machine returns at most 8).
+    assert sorted(os.listdir(out)) == ["check.csv", "timing.csv", "train.csv", "window.log"]
+    for stage in ("probe", "check", "train", "timing"):
+        assert f"stage {stage}: rc=0" in log, log[-3000:]
+    assert "devices [CpuDevice(id=0)]" in log and "IMPORT FAILED" not in log
+
+    check = [r for r in _rows(out / "check.csv") if r["stage"] == "check"]
+    assert any(r["status"] == "PASS" for r in check), check
+    assert all(r["status"].startswith(("PASS", "skip")) for r in check), check
+
+    train = _rows(out / "train.csv")
+    assert [r["arm"] for r in train] == ["default", "xla"]
+    for r in train:
+        assert r["status"] == "ok" and r["steps"] == "4", r
+        assert math.isfinite(float(r["final_loss"])) and float(r["steps_per_s"]) > 0, r
+        assert float(r["host_ms_per_step"]) > 0 and r["device"].endswith("cpu (1 process(es))")
+    # Same data, same seed, same model: xla and the default path train alike
+    # (float32 on the CPU; the GPU run compares them statistically).
+    losses = [[float(x.split(":")[1]) for x in r["losses"].split()] for r in train]
+    assert losses[0] == pytest.approx(losses[1], rel=1e-3)
+
+    timing = [r for r in _rows(out / "timing.csv") if r["stage"] in ("headline", "sweep")]
+    assert {r["stage"] for r in timing} == {"headline", "sweep"}, timing
+    assert all(r["status"].startswith(("ok", "skip")) for r in timing), timing
+    assert any(r["status"] == "ok" for r in timing), timing
