@@ -236,7 +236,7 @@ def _smoke(spec, rows):
         _emit_shaped(
             rows,
             status="ok" if finite else "FAIL non-finite",
-            impl="pallas_shaw" if shaw else "pallas",
+            impl=impl + ("_shaw" if shaw else ""),
             shape=(b, t, n, h, causal, spec["dtype"], spec.get("backward", "split")),
             seconds=f"{time.perf_counter() - t0:.1f}",
         )
@@ -266,8 +266,9 @@ def _check(spec, rows):
         want = ref(*_to_host((q, k, v, tables, ct), jnp.float64))
         want = [np.asarray(x, np.float64) for x in jax.tree.leaves(want)]
     tol = TOLERANCE[dtype]
-    for backward in spec["backwards"]:
-        got, _ = _vjp(_attention("pallas", dict(spec, backward=backward)), causal, **extra)
+    impl = spec.get("impl", "pallas")  # or "cudnn": jax.nn's, for what the rule sends there
+    for backward in spec["backwards"] if impl == "pallas" else ["-"]:
+        got, _ = _vjp(_attention(impl, dict(spec, backward=backward)), causal, **extra)
         got = [
             np.asarray(jnp.asarray(x, jnp.float32), np.float64)
             for x in jax.tree.leaves(got(q, k, v, tables, ct))
@@ -277,7 +278,7 @@ def _check(spec, rows):
         _emit_shaped(
             rows,
             status="PASS" if ok else "FAIL",
-            impl="pallas_shaw" if shaw else "pallas",
+            impl=impl + ("_shaw" if shaw else ""),
             shape=(b, t, n, h, causal, dtype, backward),
             max_rel_err=f"{err:.2e}",
             tol=tol,

@@ -108,6 +108,11 @@ def _smoke_cells(cpu: bool) -> list[Cell]:
 def _check_cells(cpu: bool) -> list[Cell]:
     # (B, T, S, N, K, H, dtype, causal, packed, shaw, window, dropout)
     cases = {
+        # What training runs first: float32 at the configs' head dims (the main
+        # job's 64 / 4 heads = 16, causal and packed; the Delétang tape model's
+        # 64 / 8 = 8, bidirectional, packed, dropout 0.1).
+        "f32_h16_packed_causal": (4, 128, 128, 4, 4, 16, "float32", True, True, False, None, 0.0),
+        "f32_h8_packed_dropout": (4, 128, 128, 8, 8, 8, "float32", False, True, False, None, 0.1),
         "f32_causal_gqa": (2, 256, 256, 4, 2, 64, "float32", True, False, False, None, 0.0),
         "bf16_h128_ragged": (2, 200, 200, 4, 4, 128, "bfloat16", False, False, False, None, 0.0),
         "bf16_packed_shaw": (2, 256, 256, 4, 2, 64, "bfloat16", True, True, True, None, 0.0),
@@ -143,6 +148,15 @@ def _check_cells(cpu: bool) -> list[Cell]:
         )
         for name, case in cases.items()
     ]
+    if not cpu:  # cuDNN through jax.nn, bf16 (its dtypes), for what the rule sends there
+        cudnn = {
+            "cudnn_bf16_h128_causal": (2, 512, 512, 4, 4, 128, "bfloat16", True),
+            "cudnn_bf16_h64_gqa": (2, 256, 256, 4, 2, 64, "bfloat16", False),
+        }
+        for name, case in cudnn.items():
+            spec = dict(kind="check", name=name, impl="cudnn", backwards=["-"])
+            spec["case"] = (*case, False, False, None, 0.0)
+            cells.append(Cell(name, spec, timeout, expect))
     # The score mods in the kernels, (B, T, N, K, H, dtype), causal; two cells
     # a shape so that a slow compile (T5 and Sandwich at float32) costs half.
     groups = [["alibi", "t5", "softcap"], ["fire", "sandwich"]]
