@@ -236,7 +236,7 @@ def _smoke(spec, rows):
         _emit_shaped(
             rows,
             status="ok" if finite else "FAIL non-finite",
-            impl=impl + ("_shaw" if shaw else ""),
+            impl="pallas_shaw" if shaw else "pallas",
             shape=(b, t, n, h, causal, spec["dtype"], spec.get("backward", "split")),
             seconds=f"{time.perf_counter() - t0:.1f}",
         )
