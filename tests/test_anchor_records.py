@@ -22,9 +22,10 @@ import pathlib
 import re
 import statistics
 
+import anchor_data as anchor_records
 import pytest
 
-from jattn.analysis import anchor_records, report
+from jattn.analysis import report
 
 REPO = pathlib.Path(__file__).resolve().parent.parent
 DOCS = REPO / "docs"

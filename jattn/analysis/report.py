@@ -51,6 +51,7 @@ from typing import Any
 import numpy as np
 
 from jattn.analysis import anchors, fit, plots, sessions, stats
+from jattn.analysis import comparisons as comparisons_lib
 from jattn.analysis import grid as grid_lib
 from jattn.analysis.runs import (  # noqa: F401 -- collect & co. stay report's API
     DATA_CHECK,
@@ -284,8 +285,9 @@ def check_reference(exp, runs: list[grid_lib.Run]) -> None:
         raise ConfigError(f"reference {requested!r} is not a group of the grid: {names}")
 
 
-def comparison_cell(ref: Group, g: Group, metric: str) -> str:
-    """`g` against the reference group on `metric` (see `stats.compare`)."""
+def comparison(ref: Group, g: Group, metric: str) -> stats.Comparison | str:
+    """`g` against the reference group on `metric` (see `stats.compare`), or the
+    cell's text where no test applies (the reference itself, unproducible)."""
     if g.name == ref.name:
         return "reference"
     share = g.unproducible(metric)
@@ -297,7 +299,33 @@ def comparison_cell(ref: Group, g: Group, metric: str) -> str:
         return "-"
     split = exact_match_split(metric)
     counts = (ref.pooled(split), g.pooled(split)) if split else (None, None)
-    return stats.compare(ref.values[metric], g.values[metric], *counts).verdict()
+    return stats.compare(ref.values[metric], g.values[metric], *counts)
+
+
+def comparisons(
+    groups: dict[str, Group], metric: str, reference: str, within: tuple[str, ...] = ()
+) -> dict[str, tuple[str | None, stats.Comparison | str, float | None]]:
+    """Every group against its reference (`reference_of`) on `metric`:
+    group -> (its reference group or None, the comparison or the cell's text,
+    its Holm-adjusted p among all the tested comparisons of the grid or None).
+    """
+    found: dict[str, tuple[str | None, stats.Comparison | str]] = {}
+    for g in groups.values():
+        ref = reference_of(g.name, reference, within, groups)
+        if ref is None:
+            found[g.name] = (None, f"- (no reference group with its {', '.join(within)})")
+        else:
+            found[g.name] = (ref, comparison(groups[ref], g, metric))
+    tested = [
+        n for n, (_, c) in found.items() if isinstance(c, stats.Comparison) and c.p is not None
+    ]
+    adjusted = dict(zip(tested, stats.holm([found[n][1].p for n in tested]), strict=True))
+    return {n: (ref, c, adjusted.get(n)) for n, (ref, c) in found.items()}
+
+
+def comparison_cell(c: stats.Comparison | str, adjusted: float | None) -> str:
+    """The last column's text: "differs" or "within noise" after Holm's adjustment."""
+    return c if isinstance(c, str) else c.verdict(adjusted=adjusted)
 
 
 def group_table(
@@ -309,7 +337,9 @@ def group_table(
     """The markdown table of groups and the lines that explain it.
 
     With `within` (axis names), each group is compared with the reference
-    group that shares its values on those axes (`reference_of`).
+    group that shares its values on those axes (`reference_of`). The
+    comparisons' p-values are adjusted for their number (`stats.holm`), and a
+    cell says "differs" only where the adjusted p is below alpha.
 
     Returns:
       (table, notes): the notes say what the cells are, the comparison rule
@@ -318,6 +348,7 @@ def group_table(
     compare_on = metrics[0] if metrics and reference else None
     head = "| group | seeds | " + " | ".join(metrics)
     sep = "|---|---:|" + "---:|" * len(metrics)
+    found = comparisons(groups, compare_on, reference, within) if compare_on else {}
     if compare_on:
         same = f", same {', '.join(within)}" if within else ""
         head += f" | vs {reference}{same} ({compare_on})"
@@ -333,25 +364,22 @@ def group_table(
             else:
                 cells.append(fmt_mean_ci(g.values.get(m, []), m))
         if compare_on:
-            ref = reference_of(g.name, reference, within, groups)
-            cells.append(
-                comparison_cell(groups[ref], g, compare_on)
-                if ref is not None
-                else f"- (no reference group with its {', '.join(within)})"
-            )
+            _, c, adjusted = found[g.name]
+            cells.append(comparison_cell(c, adjusted))
         lines.append(f"| {g.name} | {g.seeds} | " + " | ".join(cells) + " |")
     notes = [
         "Cells: mean over seeds [95% Student t interval, n − 1 degrees of freedom, clipped "
         "to the metric's range]; one seed has no interval."
     ]
     if compare_on:
+        tested = sum(adjusted is not None for _, _, adjusted in found.values())
         notes.append(
             f"Last column: {compare_on} against {reference}"
             + (f" with the group's own {', '.join(within)}" if within else "")
-            + ", Welch's t-test over seeds "
-            f"(alpha {stats.ALPHA}); where both groups have zero variance over seeds, a pooled "
-            "two-proportion z-test on the exact-match counts k/N summed over seeds "
-            "(marked 'counts')."
+            + ", Welch's t-test over seeds; where both groups have zero variance over seeds, "
+            "a pooled two-proportion z-test on the exact-match counts k/N summed over seeds "
+            f"(marked 'counts'). Its raw p and its p adjusted by Holm's method for the {tested} "
+            f'comparisons made; "differs" only where the adjusted p is below {stats.ALPHA}.'
         )
     for split, share in unproducible.items():
         notes.append(
@@ -492,7 +520,11 @@ def write_report(exp, runs, configs, workdir: str, *, status) -> dict[str, Any]:
     md.append("")
     if absent:
         md += [f"Not reported by these runs (not a metric of their task): {', '.join(absent)}.", ""]
-    md += fit.section(rows, exp.get("fit_threshold", fit.DEFAULT_THRESHOLD))
+    threshold = exp.get("fit_threshold", fit.DEFAULT_THRESHOLD)
+    if reference:
+        found = comparisons(groups, first, reference, reference_within(exp))
+        md += comparisons_lib.section(groups, first, found, threshold, comparisons_lib.machine())
+    md += fit.section(rows, threshold)
     runs_md = run_table(rows)
     if runs_md:
         md += ["## Exact match per run", "", runs_md, "",
