@@ -25,7 +25,7 @@ import statistics
 import anchor_data as anchor_records
 import pytest
 
-from jattn.analysis import report
+from jattn.analysis import fit, report, verdicts
 
 REPO = pathlib.Path(__file__).resolve().parent.parent
 DOCS = REPO / "docs"
@@ -459,3 +459,134 @@ def test_no_verdict_claims_agreement_with_numbers_not_read(anchor):
         assert row["verdict"].startswith("not comparable"), anchor
     if "not read here" in row["their"] and "reproduced" in row["verdict"].split(";")[0]:
         assert read, f"{anchor}: a 'reproduced' verdict on an anchor with nothing read"
+
+
+# -- the verdicts: computed by jattn.analysis.verdicts from the files ----------------------
+
+NICE = {**KZ_NAMES, "learned": "learned", "shaw": "Shaw", "sinusoidal+shaw": "sinusoidal+Shaw",
+        "transformer_xl": "Transformer-XL"}  # fmt: skip
+
+
+def groups_of(folder: str) -> list[str]:
+    return list(dict.fromkeys(r["group"] for r in runs(folder)))
+
+
+def label(group: str) -> str:
+    """``position=alibi,task=kz_copy`` -> ``ALiBi``; other axes kept (``random=128``)."""
+    parts = dict(p.split("=", 1) for p in group.split(","))
+    name = NICE.get(parts.pop("position", ""), "")
+    parts.pop("task", None)
+    rest = ",".join(f"{k}={v}" for k, v in parts.items())
+    return " ".join(x for x in (name, rest) if x) or group
+
+
+# Each row: the anchor's record, the task in it, and the compared groups as
+# (record scheme, folder, group). A scheme whose numbers the record lacks is None there.
+def _kz(task: str, folders: dict[str, str]) -> tuple:
+    return (
+        "kazemnejad2023",
+        task,
+        [(s, f, f"position={s},task=kz_{task}") for s, f in folders.items()],
+    )
+
+
+KZ_COPY = {"none": KZ_LONG[0], "t5": KZ_LONG[0], "alibi": KZ_LONG[1], "rope": KZ_LONG[1],
+           "sinusoidal": KZ_SIN}  # fmt: skip
+ROWS = {
+    **{
+        anchor: ("ontanon2022", task, [(g, folder, g) for g in groups_of(folder)])
+        for anchor, task, folder in (
+            ("Ontañón et al. 2022, reversing digits", "reversing", "results"),
+            ("Ontañón et al. 2022, reversing at their budget", "reversing", ONT_REV),
+            (
+                "Ontañón et al. 2022, Shaw's terms (rel-e, rel-b, rel-eb, rel2)",
+                "reversing",
+                "results_shaw_variants",
+            ),
+            ("Ontañón et al. 2022, duplication", "duplication", "results/duplicate"),
+            ("Ontañón et al. 2022, duplication at their budget", "duplication", ONT_DUP),
+        )
+    },  # fmt: skip
+    "Kazemnejad et al. 2023, decoder-only copy": _kz("copy", KZ_COPY),
+    "Kazemnejad et al. 2023, decoder-only reverse": _kz("reverse", dict.fromkeys(KZ_NAMES, KZ_REV)),
+    "Kazemnejad et al. 2023, repeated-token copy (rsc)": _kz(
+        "copy_rsc", dict.fromkeys(KZ_NAMES, KZ_REP)
+    ),
+    "Kazemnejad et al. 2023, one token replaced (rdc)": _kz(
+        "copy_rdc", dict.fromkeys(KZ_NAMES, KZ_REP)
+    ),
+    "Ruoss et al. 2023, randomised positions": (
+        "ruoss2023",
+        "reverse",
+        [(g, "results/randomized", g) for g in groups_of("results/randomized")],
+    ),  # fmt: skip
+    "Ruoss et al. 2023, on their encoder-only tape (reverse_string, six schemes)": (
+        "ruoss2023",
+        "reverse_string",
+        [(g, DEL_SLICE, g) for g in groups_of(DEL_SLICE)],
+    ),  # fmt: skip
+    "Csordás et al. 2021, SCAN cutoff 26": (
+        "csordas2021",
+        "SCAN length split, cutoff 26",
+        [
+            ("relative", "results/csordas_long", "position=transformer_xl,shared=False"),
+            ("sinusoidal", "results/csordas_long", "position=sinusoidal,shared=False"),
+        ],
+    ),  # fmt: skip
+}
+EXACT, VALIDATION = "eval/test_longer/exact_match", "eval/validation/exact_match"
+
+
+def computed(anchor: str) -> tuple[verdicts.Verdict, str]:
+    """The row's verdict by the rule, and its 'every scheme fitted' cell."""
+    key, task, compared = ROWS[anchor]
+    ours, theirs, fitted, counts, short = {}, {}, {}, {}, []
+    for scheme, folder, group in compared:
+        rs = [r for r in runs(folder) if r["group"] == group]
+        ours[scheme] = [float(r[EXACT]) for r in rs]
+        seeds = [float(r[VALIDATION]) >= fit.DEFAULT_THRESHOLD for r in rs]
+        fitted[scheme] = all(seeds)
+        if not all(seeds):
+            short.append(f"{label(group)} {sum(seeds)} of {len(seeds)}")
+        n = [int(float(r["eval/test_longer/num_decoded"])) for r in rs]
+        counts[scheme] = (round(sum(e * m for e, m in zip(ours[scheme], n, strict=True))), sum(n))
+        theirs[scheme] = anchor_records.per_seed(key, task, scheme)
+    v = verdicts.verdict(ours, theirs, fitted, counts=counts)
+    names = ", ".join(short)
+    cell = "yes" if not short else f"no: {names}" if len(names) <= 70 else (
+        f"no: {len(short)} of {len(compared)} groups")  # fmt: skip
+    return v, cell
+
+
+def verdict_cell(anchor: str) -> str:
+    """The detailed table's verdict cell: the rule's word, its pairs and why."""
+    return computed(anchor)[0].explain(NICE)
+
+
+def readme_rows() -> list[list[str]]:
+    lines = (REPO / "README.md").read_text(encoding="utf-8").splitlines()
+    start = next(i for i, line in enumerate(lines) if line.startswith("| anchor and task |"))
+    rows = []
+    for line in lines[start + 2 :]:
+        if not line.startswith("|"):
+            break
+        rows.append([c.strip() for c in line.strip().strip("|").split(" | ")])
+    return rows
+
+
+def test_the_readme_verdicts_are_the_rules_output():
+    """The README's published comparisons: one row a comparison, its verdict the
+    rule's word, its fit cell computed from the files, its link a section of
+    docs/results.md; the detailed table there has the same rows."""
+    expected = []
+    for anchor in ROWS:
+        v, fitted = computed(anchor)
+        expected.append([anchor, v.word, fitted])
+    assert [r[:3] for r in readme_rows()] == expected
+    for row in readme_rows():
+        assert row[3].startswith("[details](docs/results.md#"), row
+
+
+def test_the_detailed_verdicts_are_the_rules_output():
+    for row in readme_table():
+        assert row["verdict"] == verdict_cell(row["anchor"]), row["anchor"]

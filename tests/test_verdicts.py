@@ -125,7 +125,8 @@ def test_every_pair_of_theirs_seen_here_is_reproduced():
 def test_a_scheme_not_fitted_in_every_seed_makes_it_partly_reproduced():
     ours = {"t5": [0.61, 0.6, 0.62], "alibi": [0.4, 0.41, 0.39], "rope": [0.1, 0.12, 0.11]}
     v = verdicts.verdict(ours, THEIRS, {**FITTED, "alibi": False})
-    assert v.word == "partly reproduced" and "alibi" in v.why
+    assert v.word == "partly reproduced" and v.unfitted == ("alibi",)
+    assert v.explain({"alibi": "ALiBi"}).endswith("; not fitted in every seed: ALiBi")
 
 
 def test_a_pair_of_theirs_within_noise_here_makes_it_partly_reproduced():
@@ -133,6 +134,10 @@ def test_a_pair_of_theirs_within_noise_here_makes_it_partly_reproduced():
     v = verdicts.verdict(ours, THEIRS, FITTED)
     assert v.word == "partly reproduced" and v.agree == (("alibi", "rope"),)
     assert set(v.unseen) == {("t5", "alibi"), ("t5", "rope")}
+    assert v.explain() == (
+        "partly reproduced: agree: alibi > rope; opposite: none; 2 pairs of theirs within "
+        "noise here"
+    )
 
 
 def test_a_pair_opposite_on_both_sides_is_not_reproduced():
@@ -140,6 +145,7 @@ def test_a_pair_opposite_on_both_sides_is_not_reproduced():
     v = verdicts.verdict(ours, THEIRS, FITTED)
     assert v.word == "not reproduced" and v.opposite == (("alibi", "t5"),)
     assert ("alibi", "rope") in v.agree  # agreeing pairs do not save it
+    assert "a pair opposite beyond noise on both sides" in v.explain()
 
 
 def test_nothing_seen_beyond_noise_is_not_reproduced():
@@ -160,7 +166,7 @@ def test_a_setup_that_differs_in_kind_is_not_comparable():
     ours = {"t5": [0.61, 0.6, 0.62], "alibi": [0.4, 0.41, 0.39], "rope": [0.1, 0.12, 0.11]}
     setup = verdicts.Setup(metric=False, differs="decoded exact match, theirs teacher-forced")
     v = verdicts.verdict(ours, THEIRS, FITTED, setup)
-    assert v.word == "not comparable" and "teacher-forced" in v.why
+    assert v.explain() == "not comparable: decoded exact match, theirs teacher-forced"
 
 
 def test_pair_signs_use_the_counts_where_no_seed_varies_and_adjust_by_holm():

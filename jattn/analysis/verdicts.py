@@ -75,6 +75,7 @@ class Verdict:
     agree: tuple[tuple[str, str], ...] = ()
     opposite: tuple[tuple[str, str], ...] = ()
     unseen: tuple[tuple[str, str], ...] = ()  # beyond noise on theirs, not here
+    unfitted: tuple[str, ...] = ()  # schemes with a seed that did not fit
     why: str = ""
 
     def __post_init__(self):
@@ -89,6 +90,23 @@ class Verdict:
             return ", ".join(f"{names.get(a, a)} > {names.get(b, b)}" for a, b in pairs) or "none"
 
         return f"agree: {fmt(self.agree)}; opposite: {fmt(self.opposite)}"
+
+    def explain(self, names: Mapping[str, str] | None = None) -> str:
+        """The verdict in words: ``partly reproduced: agree: ...; opposite: none; 3
+        pairs of theirs within noise here; not fitted in every seed: NoPE``."""
+        if self.word in ("unchecked", "not comparable"):
+            return f"{self.word}: {self.why}"
+        names = names or {}
+        parts = [self.pairs(names)]
+        if self.word == "not reproduced":
+            parts.append(self.why)
+        if self.unseen:
+            n = len(self.unseen)
+            parts.append(f"{n} pair{'s' * (n > 1)} of theirs within noise here")
+        if self.unfitted:
+            unfitted = ", ".join(names.get(s, s) for s in self.unfitted)
+            parts.append(f"not fitted in every seed: {unfitted}")
+        return f"{self.word}: " + "; ".join(parts)
 
 
 def pair_signs(
@@ -149,18 +167,9 @@ def verdict(
         for (a, b), h in here.items()
         if there[(a, b)] and not h
     )
+    unfitted = tuple(s for s in schemes if not fitted.get(s, False))
     if opposite or not agree:
         why = "a pair opposite beyond noise on both sides" if opposite else "no pair agrees"
-        return Verdict("not reproduced", agree, opposite, unseen, why)
-    unfitted = [s for s in schemes if not fitted.get(s, False)]
-    if not unseen and not unfitted:
-        return Verdict("reproduced", agree, opposite, unseen, "every pair of theirs seen here")
-    why = "; ".join(
-        part
-        for part in (
-            f"{len(unseen)} pair(s) of theirs within noise here" if unseen else "",
-            f"not fitted in every seed: {', '.join(unfitted)}" if unfitted else "",
-        )
-        if part
-    )
-    return Verdict("partly reproduced", agree, opposite, unseen, why)
+        return Verdict("not reproduced", agree, opposite, unseen, unfitted, why)
+    word = "partly reproduced" if unseen or unfitted else "reproduced"
+    return Verdict(word, agree, opposite, unseen, unfitted)
