@@ -135,8 +135,8 @@ def test_a_pair_of_theirs_within_noise_here_makes_it_partly_reproduced():
     assert v.word == "partly reproduced" and v.agree == (("alibi", "rope"),)
     assert set(v.unseen) == {("t5", "alibi"), ("t5", "rope")}
     assert v.explain() == (
-        "partly reproduced: agree: alibi > rope; opposite: none; 2 pairs of theirs within "
-        "noise here"
+        "partly reproduced: agree: alibi > rope; opposite: none; theirs beyond noise, "
+        "within noise here: t5 > alibi, t5 > rope"
     )
 
 

@@ -74,7 +74,7 @@ class Verdict:
     word: str
     agree: tuple[tuple[str, str], ...] = ()
     opposite: tuple[tuple[str, str], ...] = ()
-    unseen: tuple[tuple[str, str], ...] = ()  # beyond noise on theirs, not here
+    unseen: tuple[tuple[str, str], ...] = ()  # beyond noise on theirs, not here (their order)
     unfitted: tuple[str, ...] = ()  # schemes with a seed that did not fit
     why: str = ""
 
@@ -92,8 +92,10 @@ class Verdict:
         return f"agree: {fmt(self.agree)}; opposite: {fmt(self.opposite)}"
 
     def explain(self, names: Mapping[str, str] | None = None) -> str:
-        """The verdict in words: ``partly reproduced: agree: ...; opposite: none; 3
-        pairs of theirs within noise here; not fitted in every seed: NoPE``."""
+        """The verdict in words: ``partly reproduced: agree: ...; opposite: none;
+        theirs beyond noise, within noise here: T5 > ALiBi (as they order it);
+        not fitted in every seed: NoPE``. The unseen pairs are where more
+        seeds here could change the verdict."""
         if self.word in ("unchecked", "not comparable"):
             return f"{self.word}: {self.why}"
         names = names or {}
@@ -101,8 +103,8 @@ class Verdict:
         if self.word == "not reproduced":
             parts.append(self.why)
         if self.unseen:
-            n = len(self.unseen)
-            parts.append(f"{n} pair{'s' * (n > 1)} of theirs within noise here")
+            unseen = ", ".join(f"{names.get(a, a)} > {names.get(b, b)}" for a, b in self.unseen)
+            parts.append(f"theirs beyond noise, within noise here: {unseen}")
         if self.unfitted:
             unfitted = ", ".join(names.get(s, s) for s in self.unfitted)
             parts.append(f"not fitted in every seed: {unfitted}")
