@@ -516,6 +516,24 @@ ROWS = {
     ),  # fmt: skip
 }
 EXACT, VALIDATION = "eval/test_longer/exact_match", "eval/validation/exact_match"
+# How a row's setup differs from its anchor's in kind (the rest: same kind). With their
+# numbers unread these rows are "unchecked" first; once read, they are "not comparable"
+# until the difference is removed (Ontañón et al.: their teacher-forced score beside ours).
+_TEACHER_FORCED = verdicts.Setup(
+    metric=False, differs="decoded exact match here; their sequence accuracy is teacher-forced"
+)
+SETUPS = {
+    **{anchor: _TEACHER_FORCED for anchor in ROWS if anchor.startswith("Ontañón")},
+    "Ruoss et al. 2023, randomised positions": verdicts.Setup(
+        architecture=False,
+        metric=False,
+        differs="an encoder–decoder scored by exact match; theirs encoder-only with an output "
+        "tape, scored by per-token accuracy",
+    ),
+    "Ruoss et al. 2023, on their encoder-only tape (reverse_string, six schemes)": (
+        verdicts.Setup(metric=False, differs="exact match here; their score is token accuracy")
+    ),
+}
 
 
 def computed(anchor: str) -> tuple[verdicts.Verdict, str]:
@@ -532,7 +550,7 @@ def computed(anchor: str) -> tuple[verdicts.Verdict, str]:
         n = [int(float(r["eval/test_longer/num_decoded"])) for r in rs]
         counts[scheme] = (round(sum(e * m for e, m in zip(ours[scheme], n, strict=True))), sum(n))
         theirs[scheme] = anchor_records.per_seed(key, task, scheme)
-    v = verdicts.verdict(ours, theirs, fitted, counts=counts)
+    v = verdicts.verdict(ours, theirs, fitted, SETUPS.get(anchor, verdicts.Setup()), counts)
     names = ", ".join(short)
     cell = "yes" if not short else f"no: {names}" if len(names) <= 70 else (
         f"no: {len(short)} of {len(compared)} groups")  # fmt: skip
