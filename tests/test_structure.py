@@ -551,8 +551,8 @@ def _table_after(lines: list[str], header_start: str) -> list[str]:
 
 def test_the_readme_main_table_is_the_main_job_report_and_its_text_its_csv():
     """The main job's table in the README is the Groups table of the report it
-    links (docs/results/results.md), its columns shortened, cell for cell, and
-    the per-seed range the text gives for ALiBi's validation exact match is the report's results.csv
+    links (docs/results/results.md), its columns shortened, cell for cell (and
+    docs/results.md's copy is that table), and the per-seed range the text gives for ALiBi's validation exact match is the report's results.csv
     (so a rerun that moves a number fails here until the README follows)."""
     import csv
     import re
@@ -568,6 +568,9 @@ def test_the_readme_main_table_is_the_main_job_report_and_its_text_its_csv():
     def cells(line: str) -> list[str]:
         return [c.strip() for c in line.strip().strip("|").split(" | ")]
 
+    results = (REPO / "docs" / "results.md").read_text(encoding="utf-8")
+    full = "| group | seeds | eval/test_longer/exact_match |"
+    assert _table_after(results.splitlines(), full) == theirs, "docs/results.md's copy"
     header = cells(theirs[0])
     for mine, report_row in zip(ours[2:], theirs[2:], strict=True):
         row = cells(report_row)
