@@ -552,8 +552,9 @@ def _table_after(lines: list[str], header_start: str) -> list[str]:
 def test_the_readme_main_table_is_the_main_job_report_and_its_text_its_csv():
     """The main job's table in the README is the Groups table of the report it
     links (docs/results/results.md), its columns shortened, cell for cell (and
-    docs/results.md's copy is that table), and the per-seed range the text gives for ALiBi's validation exact match is the report's results.csv
-    (so a rerun that moves a number fails here until the README follows)."""
+    docs/results.md's copy is that table), and the per-seed range the text
+    gives for ALiBi's validation exact match is the report's results.csv (so a
+    rerun that moves a number fails here until the README follows)."""
     import csv
     import re
 
