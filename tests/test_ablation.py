@@ -709,6 +709,23 @@ def test_results_md_intervals_noise_column_and_wilson_per_run(tmp_path):
     assert summary["plots"] == ["loss_curves.png", "accuracy_by_length.png", "exact_match.png"]
 
 
+def test_a_written_report_is_its_own_refresh(tmp_path):
+    """`jattn.analysis.refresh` rebuilds from results.csv exactly what the report wrote
+    from the workdirs: group table, Holm cells and comparisons section, machine line kept."""
+    from jattn.analysis import refresh, report
+
+    longer = {"shaw": [0.9, 0.95, 1.0], "rope": [0.5, 0.55, 0.45], "none": [0.85, 0.95, 1.0]}
+    em = {
+        f"position={p},seed={s}": {"validation": 1.0 - 0.2 * s, "test_longer": longer[p][s]}
+        for p in longer
+        for s in range(3)
+    }
+    exp, runs, configs = _fake_grid(tmp_path, em, check=CHECK, num_decoded=40)
+    md = report.write_report(exp, runs, configs, str(tmp_path), status=None)["markdown"]
+    assert "## Comparisons with the reference" in md and "Machine: " in md
+    assert refresh.refresh(str(tmp_path)) == md
+
+
 def test_the_data_check_table_says_how_many_examples_were_decoded(tmp_path):
     """1,024 validation examples checked, 256 decoded by the final evaluation: the
     table shows both (exact match is over the 256), not "1,024" alone."""

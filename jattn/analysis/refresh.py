@@ -6,7 +6,8 @@ the comparisons section), `refresh` rewrites what the CSV determines: the
 group table (every cell recomputed from the per-run metrics; exact-match
 counts are ``exact_match x num_decoded``) and the section "Comparisons with
 the reference". What needs the decode files (by length, where outputs stop)
-is kept as written. The machine is "not recorded": no CSV holds it.
+is kept as written. No CSV holds the machine: a report that records it keeps
+its line, one written before reports recorded it reads "not recorded".
 
     python -m jattn.analysis.refresh docs/results docs/results/ontanon_reverse
 """
@@ -112,6 +113,10 @@ def refresh(folder: str, threshold: float = fit.DEFAULT_THRESHOLD) -> str:
         after = next(
             (k for k in range(heading + 1, len(out)) if out[k].startswith("## ")), len(out)
         )
+        # A report written since reports record their machine keeps its line.
+        kept = [line for line in out[heading:after] if line.startswith("Machine: ")]
+        if kept:
+            extra = [kept[0] if line.startswith("Machine: ") else line for line in extra]
         del out[heading:after]
     out[heading:heading] = extra
     text = "\n".join(_anchors_header(line) for line in out) + "\n"
