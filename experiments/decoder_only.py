@@ -28,7 +28,7 @@ task, two schemes, one seed, a few steps: the tests).
 repeated n times (``kz_copy_rsc``: NoPE 0.986, T5 0.771, ALiBi 0.289, RoPE
 and sinusoidal 0.000, mean of their 3 seeds) and with a replacement
 (``kz_copy_rdc``: NoPE 0.967, T5 0.939, ALiBi 0.170), every ALiBi seed below
-every NoPE seed (their results/sanity_check.jsonl: `jattn.analysis.anchor_records`,
+every NoPE seed (their results/sanity_check.jsonl: `docs/results/anchors.json`,
 Kazemnejad et al.), while on random-token copy ALiBi (0.331) is above NoPE
 (0.305). Their five schemes, 3 seeds, 1,200 steps, both tasks: 30 runs.
 Ran 2026-12-03 with `--jobs 2`: 86 min 47 s beside a test-suite run

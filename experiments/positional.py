@@ -29,7 +29,7 @@ the earlier grid on German number words is `experiments/positional_numbers.py`.
 
 "ontanon" and "ontanon_duplicate" give the grid about Ontañón et al.'s
 budget: their code trains 2 epochs of 200,000 strings on reversing and 4 on
-duplication, at batch 64 (`jattn.analysis.anchor_records`, Ontañón et al.).
+duplication, at batch 64 (`docs/results/anchors.json`, Ontañón et al.).
 jattn's packed rows hold 89.2 reversing strings a step (16 rows of 64 tokens
 a side) and 68.9 duplication strings (rows of 96 target tokens), counted
 over 200 training batches (`jattn bench data`, docs/results/ontanon_reverse/

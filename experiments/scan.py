@@ -44,7 +44,7 @@ schemes, one seed, a few steps on `scan/tiny`: the tests).
 
 The "csordas" preset is their comparison on their terms, scaled in steps
 only: their model (3+3 layers, width 128, 8 heads, feed-forward 256,
-dropout 0.5, learning rate 1e-3; `jattn.analysis.anchor_records`,
+dropout 0.5, learning rate 1e-3; `docs/results/anchors.json`,
 Csordás et al.), about their batch (56 packed rows, some 250 commands a
 step against their 256), their relative variant (`transformer_xl`: Dai et
 al.'s relative attention, no absolute positions) against absolute sinusoidal

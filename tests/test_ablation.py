@@ -672,10 +672,22 @@ def test_results_md_intervals_noise_column_and_wilson_per_run(tmp_path):
     ) in md
     assert "| position=rope | 3 | 0.500 [0.376, 0.624] | " in md
     rope = next(line for line in md.splitlines() if line.startswith("| position=rope |"))
-    assert rope.endswith("| differs (p<0.001) |")
+    assert rope.endswith("| differs (p<0.001, Holm p<0.001) |")
     none = next(line for line in md.splitlines() if line.startswith("| position=none |"))
     assert "| within noise (p=" in none and "counts" not in none
-    assert "Welch's t-test over seeds (alpha 0.05)" in md and "two-proportion" in md
+    assert "Welch's t-test over seeds;" in md and "two-proportion" in md
+    assert "adjusted by Holm's method for the 2 comparisons made" in md
+    # The comparisons section: its parts, each side's fit per seed, the machine.
+    section = md[md.index("## Comparisons with the reference") :]
+    rope_row = next(line for line in section.splitlines() if line.startswith("| position=rope |"))
+    cells = [c.strip() for c in rope_row.strip("|").split(" | ")]
+    assert cells[:3] == ["position=rope", "position=shaw", "welch"]
+    assert cells[5] == "differs" and cells[-2:] == ["3 of 3 (lowest 1.000)"] * 2
+    none_row = next(line for line in section.splitlines() if line.startswith("| position=none |"))
+    assert none_row.rstrip(" |").endswith("0 of 3 (lowest 0.000) | 3 of 3 (lowest 1.000)")
+    machine = report.comparisons_lib.machine()
+    assert f"cores; jax {machine['jax']}, jaxlib {machine['jaxlib']}." in section
+    assert "float32 results move across CPUs" in section
     assert "Reference: position=shaw (the best mean eval/test_longer/exact_match)." in md
     # Per run: k/N and Wilson; 0/20 reads as its upper bound z²/(20 + z²) = 16.11%.
     assert "| position=none,seed=0 | validation | 0/20 (0.00%) | ≤ 16.11% |" in md
@@ -695,6 +707,23 @@ def test_results_md_intervals_noise_column_and_wilson_per_run(tmp_path):
     for name in ("results.csv", "loss_curves.png", "accuracy_by_length.png", "exact_match.png"):
         assert (tmp_path / name).exists(), name
     assert summary["plots"] == ["loss_curves.png", "accuracy_by_length.png", "exact_match.png"]
+
+
+def test_a_written_report_is_its_own_refresh(tmp_path):
+    """`jattn.analysis.refresh` rebuilds from results.csv exactly what the report wrote
+    from the workdirs: group table, Holm cells and comparisons section, machine line kept."""
+    from jattn.analysis import refresh, report
+
+    longer = {"shaw": [0.9, 0.95, 1.0], "rope": [0.5, 0.55, 0.45], "none": [0.85, 0.95, 1.0]}
+    em = {
+        f"position={p},seed={s}": {"validation": 1.0 - 0.2 * s, "test_longer": longer[p][s]}
+        for p in longer
+        for s in range(3)
+    }
+    exp, runs, configs = _fake_grid(tmp_path, em, check=CHECK, num_decoded=40)
+    md = report.write_report(exp, runs, configs, str(tmp_path), status=None)["markdown"]
+    assert "## Comparisons with the reference" in md and "Machine: " in md
+    assert refresh.refresh(str(tmp_path)) == md
 
 
 def test_the_data_check_table_says_how_many_examples_were_decoded(tmp_path):
@@ -723,7 +752,8 @@ def test_zero_variance_groups_fall_back_to_the_counts(tmp_path):
     assert "vs position=rope (eval/test_longer/exact_match)" in md
     assert "| position=rope | 2 | 0.000 [0.000, 0.000] | 234,496 | reference |" in md
     assert (
-        "| position=shaw | 2 | 1.000 [1.000, 1.000] | 234,496 | differs (p<0.001, counts) |" in md
+        "| position=shaw | 2 | 1.000 [1.000, 1.000] | 234,496 | "
+        "differs (p<0.001, Holm p<0.001, counts) |" in md
     )
     assert "Reference: position=rope (set by the experiment's `reference`)." in md
     assert "Data check: not checked (test_longer; no run has data_check.json)." in md

@@ -222,7 +222,9 @@ def test_exact_match_and_teacher_forced_accuracy_by_bucket(tmp_path):
     assert "| position=t5 | 0.769 (1 seed) | 0.665 [0.000, 1.000] |" in lines
     section = anchors.section(rows, 5)
     assert section[0] == "## As the anchors report"
-    assert any("best of 10; here of up to 2" in line for line in section)
+    # The anchors' seed counts were not read: the header says so, and claims none.
+    assert any("of up to 2; how many seeds the anchors ran" in line for line in section)
+    assert not any("best of 10" in line for line in section)
 
 
 def test_where_outputs_stop_per_run(tmp_path):

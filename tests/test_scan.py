@@ -207,15 +207,17 @@ def test_scan_grid_rows_hold_every_example_and_decode_all(preset, dataset, longe
 
 def test_the_csordas_preset_is_their_model_and_variants():
     """experiments/scan.py:csordas: Csordás et al.'s model (3+3 layers, width 128, 8
-    heads, feed-forward 256, dropout 0.5, learning rate 1e-3; anchor_records) with
+    heads, feed-forward 256, dropout 0.5, learning rate 1e-3; docs/results/anchors.json) with
     their relative variant and shared layers against absolute positions, 3 seeds,
     every example of both splits decoded, nothing selected on validation."""
     import pathlib  # noqa: PLC0415
 
+    from anchor_data import record  # noqa: PLC0415
+
     from jattn.analysis import grid  # noqa: PLC0415
-    from jattn.analysis.anchor_records import CSORDAS  # noqa: PLC0415
     from jattn.train.config import load_config  # noqa: PLC0415
 
+    csordas = record("csordas2021")
     root = pathlib.Path(__file__).resolve().parent.parent
     exp = load_config(str(root / "experiments" / "scan.py") + ":csordas")
     runs = grid.expand(exp, "/nonexistent")
@@ -224,10 +226,10 @@ def test_the_csordas_preset_is_their_model_and_variants():
         c = grid.training_config(exp, run, str(root))
         m = c.model
         assert (m.num_layers, m.d_model, m.num_heads, m.d_ff, m.dropout_rate) == (
-            3, CSORDAS.setup["width"].value, CSORDAS.setup["heads"].value,
-            CSORDAS.setup["feed_forward"].value, CSORDAS.setup["dropout"].value,
+            3, csordas.setup["width"].value, csordas.setup["heads"].value,
+            csordas.setup["feed_forward"].value, csordas.setup["dropout"].value,
         )  # fmt: skip
-        assert c.learning_rate == CSORDAS.setup["learning_rate"].value
+        assert c.learning_rate == csordas.setup["learning_rate"].value
         assert c.dataset == "scan/length_cutoff26" and c.best_metric == ""
         assert c.eval_decode_examples >= 2_624 and c.eval_max_batches * c.eval_batch_size >= 2_624
         seen.add((m.position, m.shared_layers, c.seed))

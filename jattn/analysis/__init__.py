@@ -4,8 +4,10 @@
     jattn probe --workdir runs/positional/runs/position-shaw_seed-0 --out probe/
 
 `grid` expands an experiment config into runs, `runner` trains them (or
-prints them for a cluster), `report` writes tables and plots, `probe`
-intervenes on a trained model (import it as `jattn.analysis.probe`).
+prints them for a cluster), `report` writes tables and plots (`refresh`
+rebuilds a kept report from its results.csv), `verdicts` holds a grid
+against a paper by the rule of docs/results.md, `probe` intervenes on a
+trained model (import these as `jattn.analysis.<module>`).
 """
 
 from jattn.analysis.grid import Run, apply_experiment_overrides, expand, training_config

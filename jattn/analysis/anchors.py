@@ -6,10 +6,11 @@ reader comparing with them needs those too:
 
 - the best seed: Delétang et al. 2023 ("Neural Networks and the Chomsky
   Hierarchy") and Ruoss et al. 2023 ("Randomized Positional Encodings")
-  report the maximum over 10 seeds. `seeds_table` puts the maximum over
-  the grid's seeds beside the mean and its 95% Student t interval (the
-  maximum of 3 seeds is not theirs of 10: it is an optimistic, noisy
-  statistic, which is why the mean stays beside it);
+  are read as reporting a best seed, but how many seeds they ran and which
+  they report was not read here (docs/results/anchors.json says so).
+  `seeds_table` puts the maximum over the grid's seeds beside the mean and
+  its 95% Student t interval (the maximum of 3 seeds is an optimistic,
+  noisy statistic, which is why the mean stays beside it);
 - teacher-forced token accuracy beyond the training lengths (the score of
   Delétang et al. and Ruoss et al.): ``eval/<split>/beyond_train/accuracy``,
   computed by `jattn.train.evaluation` over the examples whose targets are
@@ -317,8 +318,9 @@ def section(rows, width: int = DEFAULT_WIDTH) -> list[str]:
     if seeds:
         n = max(collections.Counter(r["run"].group for r in rows if r["final"]).values())
         out += [
-            f"Best of seeds (Delétang et al. and Ruoss et al. report the best of 10; here of "
-            f"up to {n}) beside the mean [95% t interval]; `{BEYOND_TRAIN}` is teacher-forced "
+            f"Best of seeds (of up to {n}; how many seeds the anchors ran and which they report "
+            "was not read here, see docs/results/anchors.json) beside the mean [95% t "
+            f"interval]; `{BEYOND_TRAIN}` is teacher-forced "
             "token accuracy over the examples longer than every training target, pooled over "
             f"their tokens; `{BEYOND_TRAIN_BY_LENGTH}` (where the runs have it) the same per "
             "target length, averaged over the lengths (how Ruoss et al.'s code scores).",

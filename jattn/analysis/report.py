@@ -15,10 +15,16 @@ selected on any split, so the test splits never choose what is reported.
     Student t interval over seeds of the experiment's metrics that the runs
     have (a character-level task reports no BLEU), the seed count, and
     whether the group differs from a reference group beyond noise
-    (`jattn.analysis.stats.compare`): the experiment's ``reference``, taken on
-    the group's own task (an axis over ``dataset``) and on the axes
-    ``reference_within`` names. The exact match of a split whose
+    (`jattn.analysis.stats.compare`, its p adjusted for the number of
+    comparisons by Holm's method; "differs" only after the adjustment): the
+    experiment's ``reference``, taken on the group's own task (an axis over
+    ``dataset``) and on the axes ``reference_within`` names
+    (`jattn.analysis.references`). The exact match of a split whose
     targets cannot all be produced reads "unproducible", never a 0;
+  - "Comparisons with the reference" (`jattn.analysis.comparisons`): each
+    comparison's test, raw and Holm p, a seed-and-example bootstrap p
+    beside, the difference its seeds could detect at 80% power, both sides'
+    fit per seed, and the machine that wrote the report;
   - whether each group fitted inside the training lengths (`jattn.analysis.fit`:
     validation exact match at least the experiment's ``fit_threshold``, 0.99,
     in every seed), naming the groups whose longer-than-training numbers are
@@ -48,10 +54,15 @@ import math
 import os
 from typing import Any
 
-import numpy as np
-
 from jattn.analysis import anchors, fit, plots, sessions, stats
-from jattn.analysis import grid as grid_lib
+from jattn.analysis import comparisons as comparisons_lib
+from jattn.analysis.references import (  # noqa: F401 -- the runner and tests call them here
+    check_reference,
+    choose_reference,
+    match_group,
+    reference_of,
+    reference_within,
+)
 from jattn.analysis.runs import (  # noqa: F401 -- collect & co. stay report's API
     DATA_CHECK,
     accuracy_by_length,
@@ -206,86 +217,9 @@ def groups_of(rows, metrics: list[str]) -> dict[str, Group]:
     return groups
 
 
-def choose_reference(
-    groups: dict[str, Group], metric: str, requested: str | None
-) -> tuple[str | None, str]:
-    """The reference group of the comparison column, and why it is the one.
-
-    `requested` (the experiment's ``reference``) when it names a group; else
-    the group with the best mean of `metric` (lowest for a loss, highest
-    otherwise) among those whose `metric` is a number (not unproducible).
-    """
-    why = ""
-    if requested:
-        found = match_group(requested, groups)
-        if found is not None:
-            return found, "set by the experiment's `reference`"
-        why = f"`reference` {requested!r} is not a group of this grid, so: "
-    means = {
-        name: float(np.mean(g.values[metric]))
-        for name, g in groups.items()
-        if g.values.get(metric) and g.unproducible(metric) is None
-    }
-    if not means:
-        return None, why + f"no group has {metric} as a number (missing or unproducible)"
-    pick = min if "loss" in metric.rsplit("/", 1)[-1] else max
-    best = pick(means, key=means.__getitem__)
-    return best, why + f"the best mean {metric}"
-
-
-def _parts(name: str) -> dict[str, str]:
-    """``"task=copy,position=rope"`` -> ``{"task": "copy", "position": "rope"}``."""
-    return dict(part.strip().partition("=")[::2] for part in name.split(","))
-
-
-def match_group(requested: str, names) -> str | None:
-    """The group of `names` that `requested` names, whatever the order of its
-    ``axis=value`` parts ("task=copy,position=rope" names the group
-    "position=rope,task=copy"), or None."""
-    if requested in names:
-        return requested
-    wanted = _parts(requested)
-    for name in names:
-        if _parts(name) == wanted:
-            return name
-    return None
-
-
-def reference_within(exp) -> tuple[str, ...]:
-    """The axes along which each group is compared with its own reference: every
-    axis over `dataset` (a comparison across tasks says nothing about a scheme)
-    and those the experiment's ``reference_within`` names ("task,size")."""
-    axes = [name for name, axis in exp.grid.items() if axis.key == "dataset"]
-    axes += [a.strip() for a in str(exp.get("reference_within") or "").split(",") if a.strip()]
-    return tuple(dict.fromkeys(axes))
-
-
-def reference_of(name: str, reference: str, within: tuple[str, ...], names) -> str | None:
-    """The group that group `name` is compared with: `reference` with the axes of
-    `within` set to `name`'s own values (the reference scheme on the same task),
-    or None when the grid has no such group."""
-    if not within:
-        return reference
-    wanted, own = _parts(reference), _parts(name)
-    for axis in within:
-        if axis in own:
-            wanted[axis] = own[axis]
-    return match_group(",".join(f"{k}={v}" for k, v in wanted.items()), names)
-
-
-def check_reference(exp, runs: list[grid_lib.Run]) -> None:
-    """Raises ConfigError when the experiment's ``reference`` names no group
-    of `runs` (call it before training, so a typo costs nothing)."""
-    from jattn.train.config import ConfigError  # noqa: PLC0415
-
-    requested = exp.get("reference") or None
-    names = list(dict.fromkeys(r.group for r in runs))
-    if requested and match_group(requested, names) is None:
-        raise ConfigError(f"reference {requested!r} is not a group of the grid: {names}")
-
-
-def comparison_cell(ref: Group, g: Group, metric: str) -> str:
-    """`g` against the reference group on `metric` (see `stats.compare`)."""
+def comparison(ref: Group, g: Group, metric: str) -> stats.Comparison | str:
+    """`g` against the reference group on `metric` (see `stats.compare`), or the
+    cell's text where no test applies (the reference itself, unproducible)."""
     if g.name == ref.name:
         return "reference"
     share = g.unproducible(metric)
@@ -297,7 +231,33 @@ def comparison_cell(ref: Group, g: Group, metric: str) -> str:
         return "-"
     split = exact_match_split(metric)
     counts = (ref.pooled(split), g.pooled(split)) if split else (None, None)
-    return stats.compare(ref.values[metric], g.values[metric], *counts).verdict()
+    return stats.compare(ref.values[metric], g.values[metric], *counts)
+
+
+def comparisons(
+    groups: dict[str, Group], metric: str, reference: str, within: tuple[str, ...] = ()
+) -> dict[str, tuple[str | None, stats.Comparison | str, float | None]]:
+    """Every group against its reference (`reference_of`) on `metric`:
+    group -> (its reference group or None, the comparison or the cell's text,
+    its Holm-adjusted p among all the tested comparisons of the grid or None).
+    """
+    found: dict[str, tuple[str | None, stats.Comparison | str]] = {}
+    for g in groups.values():
+        ref = reference_of(g.name, reference, within, groups)
+        if ref is None:
+            found[g.name] = (None, f"- (no reference group with its {', '.join(within)})")
+        else:
+            found[g.name] = (ref, comparison(groups[ref], g, metric))
+    tested = [
+        n for n, (_, c) in found.items() if isinstance(c, stats.Comparison) and c.p is not None
+    ]
+    adjusted = dict(zip(tested, stats.holm([found[n][1].p for n in tested]), strict=True))
+    return {n: (ref, c, adjusted.get(n)) for n, (ref, c) in found.items()}
+
+
+def comparison_cell(c: stats.Comparison | str, adjusted: float | None) -> str:
+    """The last column's text: "differs" or "within noise" after Holm's adjustment."""
+    return c if isinstance(c, str) else c.verdict(adjusted=adjusted)
 
 
 def group_table(
@@ -309,7 +269,9 @@ def group_table(
     """The markdown table of groups and the lines that explain it.
 
     With `within` (axis names), each group is compared with the reference
-    group that shares its values on those axes (`reference_of`).
+    group that shares its values on those axes (`reference_of`). The
+    comparisons' p-values are adjusted for their number (`stats.holm`), and a
+    cell says "differs" only where the adjusted p is below alpha.
 
     Returns:
       (table, notes): the notes say what the cells are, the comparison rule
@@ -318,6 +280,7 @@ def group_table(
     compare_on = metrics[0] if metrics and reference else None
     head = "| group | seeds | " + " | ".join(metrics)
     sep = "|---|---:|" + "---:|" * len(metrics)
+    found = comparisons(groups, compare_on, reference, within) if compare_on else {}
     if compare_on:
         same = f", same {', '.join(within)}" if within else ""
         head += f" | vs {reference}{same} ({compare_on})"
@@ -333,25 +296,22 @@ def group_table(
             else:
                 cells.append(fmt_mean_ci(g.values.get(m, []), m))
         if compare_on:
-            ref = reference_of(g.name, reference, within, groups)
-            cells.append(
-                comparison_cell(groups[ref], g, compare_on)
-                if ref is not None
-                else f"- (no reference group with its {', '.join(within)})"
-            )
+            _, c, adjusted = found[g.name]
+            cells.append(comparison_cell(c, adjusted))
         lines.append(f"| {g.name} | {g.seeds} | " + " | ".join(cells) + " |")
     notes = [
         "Cells: mean over seeds [95% Student t interval, n − 1 degrees of freedom, clipped "
         "to the metric's range]; one seed has no interval."
     ]
     if compare_on:
+        tested = sum(adjusted is not None for _, _, adjusted in found.values())
         notes.append(
             f"Last column: {compare_on} against {reference}"
             + (f" with the group's own {', '.join(within)}" if within else "")
-            + ", Welch's t-test over seeds "
-            f"(alpha {stats.ALPHA}); where both groups have zero variance over seeds, a pooled "
-            "two-proportion z-test on the exact-match counts k/N summed over seeds "
-            "(marked 'counts')."
+            + ", Welch's t-test over seeds; where both groups have zero variance over seeds, "
+            "a pooled two-proportion z-test on the exact-match counts k/N summed over seeds "
+            f"(marked 'counts'). Its raw p and its p adjusted by Holm's method for the {tested} "
+            f'comparisons made; "differs" only where the adjusted p is below {stats.ALPHA}.'
         )
     for split, share in unproducible.items():
         notes.append(
@@ -492,7 +452,11 @@ def write_report(exp, runs, configs, workdir: str, *, status) -> dict[str, Any]:
     md.append("")
     if absent:
         md += [f"Not reported by these runs (not a metric of their task): {', '.join(absent)}.", ""]
-    md += fit.section(rows, exp.get("fit_threshold", fit.DEFAULT_THRESHOLD))
+    threshold = exp.get("fit_threshold", fit.DEFAULT_THRESHOLD)
+    if reference:
+        found = comparisons(groups, first, reference, reference_within(exp))
+        md += comparisons_lib.section(groups, first, found, threshold, comparisons_lib.machine())
+    md += fit.section(rows, threshold)
     runs_md = run_table(rows)
     if runs_md:
         md += ["## Exact match per run", "", runs_md, "",

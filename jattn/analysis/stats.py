@@ -16,6 +16,20 @@ variance over seeds (all seeds 1.000, or all 0.000: Welch divides by zero),
 where it falls back to a two-proportion z-test on the counts pooled over
 seeds (`two_proportion_test`). Everything here is a pure function of
 numbers; scipy supplies only the t and normal quantiles and tails.
+
+A report makes several comparisons at once (every group against the
+reference), so `holm` adjusts their p-values for their number, and a
+comparison "differs" only where its adjusted p is below alpha. Two more
+numbers sit beside each comparison:
+
+- `seed_example_bootstrap`: a test that uses the exact-match counts too,
+  resampling seeds and, within each drawn seed, its decoded examples. With
+  three seeds it answers "do these trained models differ" more than "does
+  the scheme": resampling 3 seeds sees (n - 1)/n of their spread and only 10
+  distinct sets, so it is shown, and the verdicts use Welch with Holm;
+- `detectable_difference`: the smallest true difference a Welch comparison
+  with these seeds would find with 80% power, from the seed spread measured,
+  so "within noise" says how large a difference would have been seen.
 """
 
 from __future__ import annotations
@@ -30,6 +44,9 @@ from scipy import stats as scipy_stats
 __all__ = [
     "Comparison",
     "compare",
+    "detectable_difference",
+    "holm",
+    "seed_example_bootstrap",
     "t_interval",
     "two_proportion_test",
     "welch_test",
@@ -140,14 +157,23 @@ class Comparison:
     p: float | None
     test: str
 
-    def verdict(self, alpha: float = ALPHA) -> str:
+    def verdict(self, alpha: float = ALPHA, adjusted: float | None = None) -> str:
         """``within noise (p=0.41)``, ``differs (p=0.003)``, ``... counts`` for the
-        two-proportion fallback, or ``n/a (reason)``."""
+        two-proportion fallback, or ``n/a (reason)``. With `adjusted` (its Holm
+        p among the report's comparisons) the word follows the adjusted p and
+        both are shown: ``within noise (p=0.013, Holm p=0.077)``."""
         if self.p is None:
             return f"n/a ({self.test})"
-        p = "p<0.001" if self.p < 0.001 else f"p={self.p:.2g}"
         how = ", counts" if self.test == "counts" else ""
-        return f"{'differs' if self.p < alpha else 'within noise'} ({p}{how})"
+        if adjusted is None:
+            return f"{'differs' if self.p < alpha else 'within noise'} ({fmt_p(self.p)}{how})"
+        word = "differs" if adjusted < alpha else "within noise"
+        return f"{word} ({fmt_p(self.p)}, Holm {fmt_p(adjusted)}{how})"
+
+
+def fmt_p(p: float) -> str:
+    """``p=0.013``, ``p<0.001``: two significant digits."""
+    return "p<0.001" if p < 0.001 else f"p={p:.2g}"
 
 
 def compare(
@@ -171,3 +197,92 @@ def compare(
             return Comparison(1.0, "identical") if same else Comparison(None, "no variance")
         return Comparison(two_proportion_test(*reference_counts, *other_counts), "counts")
     return Comparison(welch_test(reference, other), "welch")
+
+
+def holm(pvalues: Sequence[float]) -> list[float]:
+    """Holm's step-down adjustment of `pvalues` for their number, in their order.
+
+    Sorted ascending, the i-th smallest (from 0) becomes ``(m - i) * p``, made
+    non-decreasing along the order and capped at 1. It controls the chance of
+    any false "differs" among the m comparisons at alpha, with no assumption
+    about how they depend on each other (they share the reference group).
+    """
+    p = np.asarray(pvalues, np.float64)
+    if p.size == 0:
+        return []
+    if np.any((p < 0) | (p > 1) | np.isnan(p)):
+        raise ValueError(f"holm: p-values must lie in [0, 1], got {list(pvalues)}")
+    order = np.argsort(p, kind="stable")
+    m = p.size
+    stepped = np.maximum.accumulate((m - np.arange(m)) * p[order])
+    out = np.empty(m)
+    out[order] = np.minimum(stepped, 1.0)
+    return [float(x) for x in out]
+
+
+def seed_example_bootstrap(
+    reference: Sequence[tuple[int, int]],
+    other: Sequence[tuple[int, int]],
+    draws: int = 10_000,
+    seed: int = 0,
+) -> float:
+    """Two-sided p of a two-level bootstrap that `other`'s mean exact match equals
+    `reference`'s, from each seed's counts ``(k, N)``.
+
+    Each draw resamples a group's seeds with replacement, then each drawn
+    seed's N examples (a binomial draw at its k/N), and takes the mean of the
+    seeds' proportions; p is twice the smaller share of draws whose difference
+    (other - reference) falls on either side of 0, with one draw added to each
+    count (so it is never 0), capped at 1. Deterministic for a given `seed`.
+
+    Raises:
+      ValueError: a group with no seeds, or counts outside 0 <= k <= N, N >= 1.
+    """
+    rng = np.random.default_rng(seed)
+
+    def means(counts: Sequence[tuple[int, int]]) -> np.ndarray:
+        if not counts:
+            raise ValueError("seed_example_bootstrap needs at least one seed a group")
+        k, n = (np.asarray(x, np.int64) for x in zip(*counts, strict=True))
+        if np.any(n < 1) or np.any(k < 0) or np.any(k > n):
+            raise ValueError(f"seed_example_bootstrap: counts must be 0 <= k <= N, got {counts}")
+        pick = rng.integers(0, k.size, size=(draws, k.size))
+        return (rng.binomial(n[pick], k[pick] / n[pick]) / n[pick]).mean(axis=1)
+
+    diff = means(other) - means(reference)
+    below, above = np.sum(diff <= 0) + 1, np.sum(diff >= 0) + 1
+    return float(min(1.0, 2 * min(below, above) / (draws + 1)))
+
+
+def _power(ncp: float, df: float, alpha: float) -> float:
+    """Power of a two-sided t-test at noncentrality `ncp` (scipy's far tail can be NaN: 0)."""
+    crit = float(scipy_stats.t.ppf(1 - alpha / 2, df))
+    low = float(np.nan_to_num(scipy_stats.t.cdf(-crit, df) if ncp == 0 else
+                              scipy_stats.nct.cdf(-crit, df, ncp)))  # fmt: skip
+    high = float(np.nan_to_num(scipy_stats.nct.sf(crit, df, ncp), nan=1.0))
+    return low + high
+
+
+def detectable_difference(
+    a: Sequence[float], b: Sequence[float], alpha: float = ALPHA, power: float = 0.8
+) -> float | None:
+    """The smallest difference of means a two-sided Welch test of `a` against `b`
+    finds with probability `power` at level `alpha`, given the seed spread the
+    two measured (their standard errors and Welch–Satterthwaite degrees of
+    freedom, the noncentral t). None where it cannot be said: fewer than two
+    seeds on a side, or no spread on either (the counts decide there).
+    """
+    x, y = np.asarray(a, np.float64), np.asarray(b, np.float64)
+    if x.size < 2 or y.size < 2:
+        return None
+    va, vb = x.var(ddof=1) / x.size, y.var(ddof=1) / y.size
+    if va + vb == 0:
+        return None
+    df = (va + vb) ** 2 / (va**2 / (x.size - 1) + vb**2 / (y.size - 1))
+    low, high = 0.0, 1.0
+    while _power(high, df, alpha) < power:
+        high *= 2
+    for _ in range(60):  # bisection on the noncentrality
+        mid = (low + high) / 2
+        low, high = (mid, high) if _power(mid, df, alpha) < power else (low, mid)
+    return high * math.sqrt(va + vb)
