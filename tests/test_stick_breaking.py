@@ -163,3 +163,13 @@ def test_memory_is_linear_in_length(grad):
     if not grad:  # the same order as softmax's chunked path (tests/test_memory.py's measure)
         softmax = xla_attention_temp_bytes(1, 4, 4096, 4096, 64, implementation="chunked")
         assert tiled[4096] < 4 * softmax, (tiled, softmax)
+
+
+def test_bench_reverse_scan_script_runs(capsys):
+    """`jattn bench reverse_scan` times both forms beside softmax (tiny length)."""
+    import jattn.cli
+
+    assert jattn.cli.main(["bench", "reverse_scan", "--length", "64", "--repeats", "1"]) == 0
+    table = capsys.readouterr().out
+    for cell in ("softmax chunked", "stick-breaking", "cope", "stick-breaking xla", "cope xla"):
+        assert f"| {cell} |" in table
