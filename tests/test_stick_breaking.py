@@ -156,8 +156,8 @@ def test_memory_is_linear_in_length(grad):
     tiled = {n: compiled_temp_bytes(SB, n, grad) for n in (2048, 4096)}
     one_matrix = 4 * 4096 * 4096 * 4
     assert tiled[4096] < 2.5 * tiled[2048], tiled
-    # The backward keeps one query tile's residuals, O(block_q * L) per head.
-    assert tiled[4096] < one_matrix / (3 if grad else 8), (tiled, one_matrix)
+    # The custom VJP's backward keeps the inputs, the output and one tile's arrays.
+    assert tiled[4096] < one_matrix / (6 if grad else 8), (tiled, one_matrix)
     if not grad:
         assert compiled_temp_bytes(SB_XLA, 4096, False) > one_matrix
     if not grad:  # the same order as softmax's chunked path (tests/test_memory.py's measure)

@@ -11,12 +11,15 @@ to the right of `j` is a reversed cumulative sum (`lax.cumsum(reverse=True)`,
 no subtraction, so a huge term never cancels a small one).
 
 Memory: the query tiles run one after another (`lax.map`) and each one is a
-`jax.checkpoint`, so the backward recomputes a query tile's scan instead of
-keeping it. Gradients are plain autodiff through `lax.scan`: the backward of
-one query tile keeps that tile's residuals, O(t·S) per head, and the carry
+`jax.checkpoint`, so plain autodiff through `scan` (CoPE's gradient)
+recomputes a query tile's scan instead of keeping it: the backward of one
+query tile keeps that tile's residuals, O(t·S) per head, and the carry
 across query tiles is the inputs only, so memory is linear in the length for
-fixed tiles, never `[T, S]`. Key tiles with nothing visible (above the
-diagonal, another segment, padding) are skipped with `lax.cond`.
+fixed tiles, never `[T, S]`. `scan_with_key_sums` is the same scan for a
+hand-written backward (stick-breaking's custom VJP): it sums per-key terms
+(the keys' and values' gradients) over the query tiles, and keeps one tile's
+arrays at a time. Key tiles with nothing visible (above the diagonal,
+another segment, padding) are skipped with `lax.cond`.
 
 Keys are taken in their index order: key `k` lies "between" `j` and `i` when
 `j < k` in the key axis and `k` is visible to `i` (causal by position and in
@@ -145,3 +148,65 @@ def scan(
         return x.reshape(x.shape[0], tp, *x.shape[3:])[:, :t]
 
     return jax.tree.map(untile, out)
+
+
+def scan_with_key_sums(
+    step: Callable,
+    init: Callable,
+    finish: Callable,
+    key_zeros: Callable,
+    rows,
+    cols,
+    pos_seg: tuple[Array, Array, Array, Array],
+    *,
+    block_q: int,
+    block_k: int,
+):
+    """`scan` for a backward pass: `step` also returns per-key terms, summed
+    over the query tiles (the keys' and values' gradients).
+
+    Args:
+      step: `(carry, row_tile, col_tile, vis) -> (carry, pytree of [B, s, ...])`.
+      init, finish, rows, cols, pos_seg, block_q, block_k: as `scan`.
+      key_zeros: `col_tile -> pytree of zeros [B, s, ...]`, the terms of a
+        skipped key tile.
+
+    Returns:
+      `(finish's pytree of [B, T, ...], the summed terms, a pytree of [B, S, ...])`.
+      Not differentiable (it is the backward); memory is the inputs, the
+      per-key sums and one tile's arrays.
+    """
+    q_pos, kv_pos, q_seg, kv_seg = pos_seg
+    t, s = q_pos.shape[1], kv_pos.shape[1]
+    block_q, block_k = min(block_q, t), min(block_k, s)
+    tp = -(-t // block_q) * block_q
+    sp = -(-s // block_k) * block_k
+    row_tiles = jax.tree.map(lambda x: _tiles(x, block_q, tp), (rows, q_pos, q_seg))
+    col_tiles = jax.tree.map(lambda x: _tiles(x, block_k, sp), (cols, kv_pos, kv_seg))
+    col_tiles = jax.tree.map(lambda x: x[::-1], col_tiles)  # last key tile first
+    sums0 = jax.vmap(key_zeros)(col_tiles[0])  # [nk, B, s, ...], reversed like col_tiles
+
+    def query_tile(sums, row_tile):
+        row, qp, qs = row_tile
+
+        def body(carry, col_tile):
+            col, kp, ks = col_tile
+            vis = visibility(qp, kp, qs, ks)
+            return jax.lax.cond(
+                jnp.any(vis),
+                lambda c: step(c, row, col, vis),
+                lambda c: (c, key_zeros(col)),
+                carry,
+            )
+
+        carry, terms = jax.lax.scan(body, init(row), col_tiles)
+        return jax.tree.map(jnp.add, sums, terms), finish(carry, row)
+
+    sums, out = jax.lax.scan(query_tile, sums0, row_tiles)
+
+    def untile(x, length, padded):
+        x = jnp.moveaxis(x, 0, 1)
+        return x.reshape(x.shape[0], padded, *x.shape[3:])[:, :length]
+
+    sums = jax.tree.map(lambda x: untile(x[::-1], s, sp), sums)
+    return jax.tree.map(lambda x: untile(x, t, tp), out), sums

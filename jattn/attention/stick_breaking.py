@@ -24,14 +24,16 @@ Two implementations, equal in float64 (tests/test_stick_breaking.py):
 - `stick_breaking_attention_xla`: the materialised reference, `[B, N, T, S]`.
 - `stick_breaking_attention`: tiled by `jattn.attention.reverse_scan` (key
   tiles from the diagonal backwards, the running softplus sum per query row
-  carried across them); memory linear in the length, forward and backward
-  (plain autodiff through the checkpointed scan).
+  carried across them), with a custom VJP that runs the same reverse scan
+  (`_tiled_bwd`); memory linear in the length, forward and backward, and
+  the backward keeps no tile of the forward.
 
 Not yet a registered scheme (docs/schemes.md, "The reverse scan").
 """
 
 from __future__ import annotations
 
+import functools
 import math
 
 import jax
@@ -135,26 +137,81 @@ def stick_breaking_attention(
         query, key, value, scale, (q_positions, kv_positions, q_segment_ids, kv_segment_ids)
     )
     t, n = query.shape[1], query.shape[2]
-    ev = value.shape[-1]
-    rows = query.astype(compute).reshape(b, t, k, g, -1)
-    cols = (key.astype(compute), value.astype(compute))
+    q = query.astype(compute).reshape(b, t, k, g, -1)
+    out = _tiled(q, key.astype(compute), value.astype(compute), pos_seg, scale, block_q, block_k)
+    return out.reshape(b, t, n, -1).astype(query.dtype)
 
-    def init(q):  # q [B,t,K,G,H]
+
+@functools.partial(jax.custom_vjp, nondiff_argnums=(4, 5, 6))
+def _tiled(q, kk, vv, pos_seg, scale, block_q, block_k):
+    """`[B,T,K,G,Hv]` from `q [B,T,K,G,H]`, keys and values in the compute dtype."""
+    return _tiled_fwd(q, kk, vv, pos_seg, scale, block_q, block_k)[0]
+
+
+def _tiled_fwd(q, kk, vv, pos_seg, scale, block_q, block_k):
+    """The forward reverse scan; residuals: the inputs and the output."""
+    shape, ev = q.shape[2:4], vv.shape[-1]
+
+    def init(q):
         bt = q.shape[:2]
-        return jnp.zeros((*bt, k, g), compute), jnp.zeros((*bt, k, g, ev), compute)
+        return jnp.zeros((*bt, *shape), q.dtype), jnp.zeros((*bt, *shape, ev), q.dtype)
 
     def step(carry, q, col, vis):
         behind, out = carry  # [B,t,K,G], [B,t,K,G,E]
-        kk, vv = col
-        s = scale * jnp.einsum("BtKGH,BsKH->BKGts", q, kk)
+        kt, vt = col
+        s = scale * jnp.einsum("BtKGH,BsKH->BKGts", q, kt)
         w, total = _weights(s, vis[:, None, None], behind.transpose(0, 2, 3, 1))
-        out = out + jnp.einsum("BKGts,BsKE->BtKGE", w, vv)
+        out = out + jnp.einsum("BKGts,BsKE->BtKGE", w, vt)
         return behind + total.transpose(0, 3, 1, 2), out
 
-    def finish(carry, q):
-        return carry[1].reshape(q.shape[0], q.shape[1], n, ev)
-
     out = reverse_scan.scan(
-        step, init, finish, rows, cols, pos_seg, block_q=block_q, block_k=block_k
+        step, init, lambda c, q: c[1], q, (kk, vv), pos_seg, block_q=block_q, block_k=block_k
     )
-    return out.astype(query.dtype)
+    return out, (q, kk, vv, pos_seg, out)
+
+
+def _tiled_bwd(scale, block_q, block_k, res, d_out):
+    """The same reverse scan, recomputing each tile's weights. With `g_ij =
+    w_ij (dO_i . v_j)`, the logit's gradient is `g_ij sigmoid(-s_ij) -
+    sigmoid(s_ij) sum_{j' < j} g_ij'`, and the sum over the keys before `j`
+    is `dO_i . out_i` (the sum over all of them) less the suffix sum the
+    scan carries: the softmax backward's `D_i`, no second pass."""
+    q, kk, vv, pos_seg, out = res
+    d_out = d_out.astype(out.dtype)
+    rows = (q, d_out, jnp.sum(d_out * out, axis=-1))  # D: [B,T,K,G]
+
+    def init(row):
+        zeros = jnp.zeros(row[2].shape, q.dtype)
+        return zeros, zeros, jnp.zeros(row[0].shape, q.dtype)
+
+    def step(carry, row, col, vis):
+        behind, after, dq = carry  # softplus and g sums to the right [B,t,K,G]; [B,t,K,G,H]
+        qt, dot, total_g = row
+        kt, vt = col
+        vis = vis[:, None, None]
+        s = scale * jnp.einsum("BtKGH,BsKH->BKGts", qt, kt)
+        w, total_sp = _weights(s, vis, behind.transpose(0, 2, 3, 1))
+        g = w * jnp.einsum("BtKGE,BsKE->BKGts", dot, vt)
+        suffix = jax.lax.cumsum(g, axis=4, reverse=True) + after.transpose(0, 2, 3, 1)[..., None]
+        before = total_g.transpose(0, 2, 3, 1)[..., None] - suffix
+        ds = jnp.where(vis, g * jax.nn.sigmoid(-s) - jax.nn.sigmoid(s) * before, 0.0)
+        dq = dq + scale * jnp.einsum("BKGts,BsKH->BtKGH", ds, kt)
+        dk = scale * jnp.einsum("BKGts,BtKGH->BsKH", ds, qt)
+        dv = jnp.einsum("BKGts,BtKGE->BsKE", w, dot)
+        carry = (
+            behind + total_sp.transpose(0, 3, 1, 2),
+            after + jnp.sum(g, axis=-1).transpose(0, 3, 1, 2),
+        )
+        return (*carry, dq), (dk, dv)
+
+    def key_zeros(col):
+        return jax.tree.map(jnp.zeros_like, col)
+
+    dq, (dk, dv) = reverse_scan.scan_with_key_sums(
+        step, init, lambda c, r: c[2], key_zeros, rows, (kk, vv), pos_seg,
+        block_q=block_q, block_k=block_k,
+    )  # fmt: skip
+    return dq, dk, dv, None
+
+
+_tiled.defvjp(_tiled_fwd, _tiled_bwd)
