@@ -117,6 +117,9 @@ def ablate_command(argv: Sequence[str]) -> int:
             return _emit_slurm(args, overrides, _repo_root())
         if not args.emit:
             enable_compilation_cache(args.compilation_cache_dir)
+            from jattn.attention.rule import show_choices  # noqa: PLC0415
+
+            show_choices()  # runs trained here say which attention path they took
         return main_ablate(
             args.config,
             args.workdir,

@@ -135,6 +135,9 @@ def train_command(argv: Sequence[str]) -> int:
 
     import jax  # noqa: PLC0415
 
+    from jattn.attention.rule import show_choices  # noqa: PLC0415
+
+    show_choices()  # the run says once which attention path implementation=None took
     from jattn.data.integrity import DataIntegrityError  # noqa: PLC0415
     from jattn.train.distributed import Terminated  # noqa: PLC0415
     from jattn.train.filesystem import WorkdirIOError  # noqa: PLC0415

@@ -164,6 +164,14 @@ def default_config() -> ml_collections.ConfigDict:
     # --config.allow_config_change=adam_b2,label_smoothing (docs/reliability.md).
     c.allow_config_change = ()
 
+    # Precision of float32 matmuls (jax's default_matmul_precision for the whole
+    # run): "default" leaves jax's default, which on a GPU runs them as TF32 (and
+    # exact float32 on the CPU); "highest" (= "float32") asks for IEEE float32
+    # everywhere, e.g. to compare a GPU run with the CPU's tables; also "high"
+    # (bf16_3x on TPU), "tensorfloat32", "bfloat16". jattn.dot_product_attention's
+    # kernels set their own (docs/gpu.md).
+    c.matmul_precision = "default"
+
     # Sharding: sizes of the mesh axes ("data", "fsdp", "tensor"); one may be -1.
     c.mesh_shape = (-1, 1, 1)
     c.logical_axis_rules = ()  # () -> jattn.train.mesh.DEFAULT_RULES
@@ -459,7 +467,21 @@ _CHOICES = {
     "best_mode": ("max", "min"),
     "overlong": ("drop", "truncate"),
     "seed_program": ("auto", "map", "vmap"),
+    "matmul_precision": ("default", "high", "highest", "float32", "tensorfloat32", "bfloat16"),
 }
+
+
+def matmul_precision(config: ml_collections.ConfigDict):
+    """A context in which the run's matmuls take `config.matmul_precision`
+    (nothing at "default", so a run without the key traces as before)."""
+    import contextlib  # noqa: PLC0415
+
+    value = config.get("matmul_precision", "default")
+    if value == "default":
+        return contextlib.nullcontext()
+    import jax  # noqa: PLC0415
+
+    return jax.default_matmul_precision(value)
 
 
 def check_config(config: ml_collections.ConfigDict) -> None:

@@ -45,7 +45,7 @@ from jattn.train import data_checks, evaluation, filesystem, load, recovery
 from jattn.train import members as members_lib
 from jattn.train import mesh as mesh_lib
 from jattn.train import workdir as files
-from jattn.train.config import ConfigError, check_config, config_to_dict
+from jattn.train.config import ConfigError, check_config, config_to_dict, matmul_precision
 from jattn.train.distributed import PreemptionWatch, warn
 from jattn.train.load import Environment, Model, build_model, environment, import_wandb
 from jattn.train.loop import TrainingDivergedError, drive
@@ -109,6 +109,7 @@ def train_and_evaluate(
     lone = members is None and not members_lib.grouped(config)
     watch = PreemptionWatch(stage="start-up")  # SIGTERM from here on ends the run
     with contextlib.ExitStack() as stack:
+        stack.enter_context(matmul_precision(config))  # the steps are traced under it
         stack.callback(watch.close)
         program = _open(config, workdir, members, stack)
         result = program if isinstance(program, dict) else drive(program, watch)
