@@ -30,6 +30,15 @@ it ends. What is kept on the way:
 - A job that fails stops new jobs but not the running ones: they finish,
   and then `JobFailed` names the failed jobs and their logs.
 
+On a GPU the jobs share the device: each process would otherwise preallocate
+75% of its memory, and the second could not start. `job_environment` gives
+each job `XLA_PYTHON_CLIENT_MEM_FRACTION` = 0.9 / N (its cap; the parent's
+environment around the jobs' start, which spawned processes inherit) unless
+the user set `XLA_PYTHON_CLIENT_MEM_FRACTION`, `XLA_PYTHON_CLIENT_PREALLOCATE`
+or `XLA_PYTHON_CLIENT_ALLOCATOR` already; on the CPU and on a TPU (a TPU chip
+takes one process) nothing is set. `accelerator` names the platform without
+starting jax's backend here (it would take the memory the jobs need).
+
 A run's numbers depend on how many CPUs its process has, not on `--jobs`
 itself: XLA:CPU splits some reductions by thread, so a run pinned to one CPU
 rounds differently in float32 (about 1e-7 relative in the first steps, which
@@ -40,6 +49,7 @@ metrics). Compare runs made with the same CPUs per job.
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import multiprocessing
 import multiprocessing.connection
@@ -48,15 +58,18 @@ import signal
 import sys
 import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 __all__ = [
+    "SHARING_KEYS",
     "JobFailed",
+    "accelerator",
     "cpu_slots",
     "describe",
     "fmt_cpus",
     "fmt_duration",
+    "job_environment",
     "job_label",
     "log_diverged",
     "prepare_data",
@@ -65,6 +78,42 @@ __all__ = [
 ]
 
 LOG_DIR = "logs"
+
+# The environment variables by which processes share one GPU (jax's GPU memory docs).
+SHARING_KEYS = (
+    "XLA_PYTHON_CLIENT_MEM_FRACTION",
+    "XLA_PYTHON_CLIENT_PREALLOCATE",
+    "XLA_PYTHON_CLIENT_ALLOCATOR",
+)
+_GPU_PLUGINS = ("jax_cuda12_plugin", "jax_cuda13_plugin", "jax_rocm60_plugin", "jax_rocm7_plugin")
+_GPU_DEVICES = ("/dev/nvidiactl", "/dev/kfd")
+
+
+def accelerator(environ: Mapping[str, str] | None = None) -> str:
+    """The platform jobs started from here run on ("gpu", "tpu" or "cpu"), read
+    without starting jax's backend: `JAX_PLATFORMS` when set (its first entry),
+    else "gpu" when a CUDA or ROCm plugin of jax is installed and the driver's
+    device node exists, "tpu" when libtpu is installed and /dev/accel0 exists."""
+    environ = os.environ if environ is None else environ
+    named = (environ.get("JAX_PLATFORMS") or "").split(",")[0].strip().lower()
+    if named:
+        return "gpu" if named in ("cuda", "rocm", "gpu") else named
+    if any(importlib.util.find_spec(p) for p in _GPU_PLUGINS) and any(
+        os.path.exists(d) for d in _GPU_DEVICES
+    ):
+        return "gpu"
+    if importlib.util.find_spec("libtpu") and os.path.exists("/dev/accel0"):
+        return "tpu"
+    return "cpu"
+
+
+def job_environment(jobs: int, platform: str, environ: Mapping[str, str]) -> dict[str, str]:
+    """What each of `jobs` processes sharing this machine adds to `environ`: on a
+    GPU a memory fraction of 0.9 / jobs, unless `environ` already says how to
+    share it (`SHARING_KEYS`); elsewhere nothing."""
+    if platform not in ("gpu", "cuda", "rocm") or any(k in environ for k in SHARING_KEYS):
+        return {}
+    return {"XLA_PYTHON_CLIENT_MEM_FRACTION": f"{0.9 / jobs:.3f}"}
 
 
 class JobFailed(RuntimeError):
@@ -146,6 +195,9 @@ def _worker(job, runs, configs, workdir, cpus, log_path, status_path, cache) -> 
     os.dup2(fd, 1)
     os.dup2(fd, 2)
     os.close(fd)
+    shared = [f"{k}={os.environ[k]}" for k in SHARING_KEYS if k in os.environ]
+    if shared:  # how this job shares the accelerator, as its process sees it
+        print("job environment: " + " ".join(shared), flush=True)
     from jattn.train.allocator import tune_host_allocator  # noqa: PLC0415
 
     tune_host_allocator()
@@ -206,6 +258,7 @@ def train_jobs(
     log: Callable[[str], None],
     on_done: Callable[[dict[str, str]], None],
     progress: Callable[[int, str, float | None], str],
+    platform: str | None = None,
 ) -> bool:
     """Trains `jobs`, at most ``len(slots)`` at once, each pinned to one slot's CPUs.
 
@@ -217,6 +270,8 @@ def train_jobs(
       progress: ``(job number, description, ETA in seconds or None) -> line`` for a
         start; the ETA is the mean finished job's time for every job not finished,
         less what the running ones have done, shared by the slots.
+      platform: where the jobs run (default: `accelerator()`); on a GPU each job
+        gets its share of the device's memory (`job_environment`).
 
     Returns:
       True when stopped by SIGTERM or Ctrl-C (the running jobs saved and exited).
@@ -245,6 +300,11 @@ def train_jobs(
 
     main_thread = threading.current_thread() is threading.main_thread()
     previous = signal.signal(signal.SIGTERM, request_stop) if main_thread else None
+    shared = job_environment(len(slots), platform or accelerator(), os.environ)
+    if shared:
+        log(f"ablation: the jobs share one GPU, each with {_fmt_env(shared)}")
+    saved = {k: os.environ.get(k) for k in shared}
+    os.environ.update(shared)  # spawned jobs inherit it; restored below
     try:
         while running or (pending and not stop["now"] and not failed):
             while pending and free and not stop["now"] and not failed:
@@ -297,6 +357,11 @@ def train_jobs(
                     durations.append(took)
                 on_done(status)
     finally:
+        for key, value in saved.items():
+            if value is None:
+                os.environ.pop(key, None)
+            else:
+                os.environ[key] = value
         if main_thread:
             signal.signal(signal.SIGTERM, previous)
         for proc, *_ in running.values():  # only after an unexpected error here
@@ -306,6 +371,10 @@ def train_jobs(
     if failed:
         raise JobFailed("jobs failed (the others finished): " + "; ".join(failed))
     return stop["now"]
+
+
+def _fmt_env(env: Mapping[str, str]) -> str:
+    return " ".join(f"{k}={v}" for k, v in sorted(env.items()))
 
 
 def _eta(durations, pending, running, slots) -> float | None:

@@ -72,7 +72,9 @@ def make_parser() -> argparse.ArgumentParser:
         help="train this many groups at once, each in its own process pinned to its share "
         "of the CPUs, its output in DIR/logs/ (default 1: one after another). On a 2-core "
         "machine 2 jobs trained the encoder-decoder and decoder-only grids' groups 1.4-1.5x "
-        "faster than one at a time (jattn.analysis.parallel); time a few groups first",
+        "faster than one at a time (jattn.analysis.parallel); time a few groups first. On a "
+        "GPU the jobs share it, each capped at 0.9/N of its memory "
+        "(XLA_PYTHON_CLIENT_MEM_FRACTION, unless you set how to share it yourself)",
     )
     slurm_arguments(parser)
     cache_argument(parser)
