@@ -73,6 +73,20 @@ def _placeholder_type(annotation: Any) -> type:
     return kind if kind in (int, float, str, bool) else str
 
 
+def _device_keys(c: ml_collections.ConfigDict) -> None:
+    """How a run uses its devices: the mesh and the precision of its matmuls."""
+    # Sharding: sizes of the mesh axes ("data", "fsdp", "tensor"); one may be -1.
+    c.mesh_shape = (-1, 1, 1)
+    c.logical_axis_rules = ()  # () -> jattn.train.mesh.DEFAULT_RULES
+    # Precision of float32 matmuls (jax's default_matmul_precision for the whole
+    # run): "default" leaves jax's default, which on a GPU runs them as TF32 (and
+    # exact float32 on the CPU); "highest" (= "float32") asks for IEEE float32
+    # everywhere, e.g. to compare a GPU run with the CPU's tables; also "high"
+    # (bf16_3x on TPU), "tensorfloat32", "bfloat16". jattn.dot_product_attention's
+    # kernels set their own (docs/gpu.md).
+    c.matmul_precision = "default"
+
+
 def model_defaults() -> ml_collections.ConfigDict:
     """`model.*`: every field of `jattn.models.TransformerConfig` with its default.
 
@@ -164,17 +178,7 @@ def default_config() -> ml_collections.ConfigDict:
     # --config.allow_config_change=adam_b2,label_smoothing (docs/reliability.md).
     c.allow_config_change = ()
 
-    # Precision of float32 matmuls (jax's default_matmul_precision for the whole
-    # run): "default" leaves jax's default, which on a GPU runs them as TF32 (and
-    # exact float32 on the CPU); "highest" (= "float32") asks for IEEE float32
-    # everywhere, e.g. to compare a GPU run with the CPU's tables; also "high"
-    # (bf16_3x on TPU), "tensorfloat32", "bfloat16". jattn.dot_product_attention's
-    # kernels set their own (docs/gpu.md).
-    c.matmul_precision = "default"
-
-    # Sharding: sizes of the mesh axes ("data", "fsdp", "tensor"); one may be -1.
-    c.mesh_shape = (-1, 1, 1)
-    c.logical_axis_rules = ()  # () -> jattn.train.mesh.DEFAULT_RULES
+    _device_keys(c)
 
     # Evaluation.
     c.eval_every_steps = 500
@@ -463,11 +467,11 @@ _POSITIVE = (
 # 0 means "the same as another key" (see `input_lengths`).
 _NON_NEGATIVE = ("max_input_len", "eval_max_input_len")
 _CHOICES = {
+    "matmul_precision": ("default", "high", "highest", "float32", "tensorfloat32", "bfloat16"),
     "decode": ("greedy", "beam"),
     "best_mode": ("max", "min"),
     "overlong": ("drop", "truncate"),
     "seed_program": ("auto", "map", "vmap"),
-    "matmul_precision": ("default", "high", "highest", "float32", "tensorfloat32", "bfloat16"),
 }
 
 
