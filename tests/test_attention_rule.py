@@ -50,7 +50,7 @@ def test_cpu_and_tpu_pick_xla_small_and_chunked_large(platform):
 
 
 def test_tpu_says_its_kernels_never_ran():
-    assert "never run on a TPU" in rule.choose(gpu_call(), "tpu").reason
+    assert "never ran on a TPU" in rule.choose(gpu_call(), "tpu").reason
 
 
 # -- GPU: launch bound -> xla -------------------------------------------------------------

@@ -21,6 +21,7 @@ dim `Hv` in einsum strings, `V` only for the vocabulary).
 
 from __future__ import annotations
 
+import functools
 import numbers
 from collections.abc import Callable
 
@@ -124,7 +125,7 @@ def default_implementation(
     default backend): `jattn.attention.rule.choose` of the call's features,
     dtype and sizes. Says nothing; the call itself announces its choice once."""
     call = call_features(query, key, value, bias, mask, **options)
-    return rule.choose(call, platform or jax.default_backend()).name
+    return rule.choose(call, platform or _platform()).name
 
 
 def _resolve(name: str) -> Callable[..., Array]:
@@ -136,11 +137,23 @@ def _resolve(name: str) -> Callable[..., Array]:
     return IMPLEMENTATIONS[name]
 
 
+def _platform() -> str:
+    """jax's default backend, with a ROCm GPU named "rocm" (jax calls both "gpu")."""
+    name = jax.default_backend()
+    return "rocm" if name == "gpu" and _gpu_is_rocm() else name
+
+
+@functools.cache
+def _gpu_is_rocm() -> bool:
+    version = getattr(jax.devices("gpu")[0].client, "platform_version", "")
+    return "rocm" in str(version).lower()
+
+
 def _by_rule(query, key, value, bias, mask, **options) -> str:
     """`implementation=None` resolved: the rule's choice for this call on jax's
     default backend, announced once per process per path (`rule.announce`)."""
     call = call_features(query, key, value, bias, mask, **options)
-    platform = jax.default_backend()
+    platform = _platform()
     choice = rule.choose(call, platform)
     rule.announce(choice, call, platform)
     return choice.name

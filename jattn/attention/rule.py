@@ -213,7 +213,7 @@ def choose(call: Call, platform: str, verified: tuple[Verified, ...] = VERIFIED)
     gpu = platform in GPU_PLATFORMS
     portable, why = _portable(call, gpu)
     if not gpu:
-        kernels = "Mosaic kernels never run on a TPU" if platform == "tpu" else "no kernels"
+        kernels = "the Mosaic kernels never ran on a TPU" if platform == "tpu" else "the CPU"
         return Choice(portable, f"{why} ({kernels})")
     logits = call.batch_heads * call.t * call.s
     if logits < GPU_SMALL_LOGITS:
