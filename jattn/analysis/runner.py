@@ -2,9 +2,10 @@
 
 `run_grid` trains the runs, each seed its own run, one after another in this
 process (or several at once, each in its own pinned process:
-`jattn.analysis.parallel`), skipping finished ones (their ``final_metrics.json`` says they reached
-``num_train_steps``) and resuming interrupted ones (each run's workdir holds
-its own orbax checkpoints), then writes the report. A run that diverges is
+`jattn.analysis.parallel`), skipping finished ones (their
+``final_metrics.json`` says they reached ``num_train_steps``) and resuming
+interrupted ones (each run's workdir holds its own orbax checkpoints), then
+writes the report. A run that diverges is
 recorded as such and the grid goes on. `emit` prints the same grid as one
 ``jattn train`` line per run (`jattn.cli.slurm` makes it a SLURM array
 script), so a cluster runs exactly what this machine would.
