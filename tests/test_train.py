@@ -298,14 +298,22 @@ def test_load_run_reproduces_the_decodes_written_by_the_run(reference):
     ]
 
 
-@pytest.mark.parametrize("member", ["seed-0", "learning_rate-0.001_seed-1"])
-def test_a_workdir_of_a_seed_program_is_refused_in_one_line(member, tmp_path, capsys):
+@pytest.mark.parametrize(
+    "member, saved",
+    [
+        ("seed-0", "seed-0/checkpoints/20"),
+        ("learning_rate-0.001_seed-1", "learning_rate-0.001_seed-1/checkpoints/20"),
+        ("seed-0", "checkpoints/20"),  # the older layout: every seed's state stacked here
+    ],
+)
+def test_a_workdir_of_a_seed_program_is_refused_in_one_line(member, saved, tmp_path, capsys):
     """An earlier jattn trained several seeds (and swept values) in one program, each in
     ``WORKDIR/<member>/``: `jattn train` on such a workdir is refused before anything is
     written, in one line naming the release that finishes it."""
     from jattn import cli
 
-    (tmp_path / member / "checkpoints" / "20").mkdir(parents=True)
+    (tmp_path / saved).mkdir(parents=True)
+    (tmp_path / member).mkdir(exist_ok=True)
     (tmp_path / member / "config.json").write_text("{}")
     before = files_of(tmp_path)
     with pytest.raises(ConfigError) as e:

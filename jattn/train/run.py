@@ -112,14 +112,19 @@ def refuse_seed_program(workdir: str) -> None:
     finishes it.
 
     Raises:
-      ConfigError: `workdir` holds a member's run directory and no run of its own.
+      ConfigError: `workdir` holds a member's run directory (its config or its
+        checkpoints; the older stacked layout kept the checkpoints in `workdir`).
     """
-    if not os.path.isdir(workdir) or os.path.exists(os.path.join(workdir, files.CONFIG)):
+    if not os.path.isdir(workdir):
         return
     found = sorted(
         name
         for name in os.listdir(workdir)
-        if _MEMBER_DIR.match(name) and os.path.isdir(os.path.join(workdir, name, "checkpoints"))
+        if _MEMBER_DIR.match(name)
+        and any(
+            os.path.exists(os.path.join(workdir, name, part))
+            for part in (files.CONFIG, ckpt.CHECKPOINT_DIR)
+        )
     )
     if found:
         raise ConfigError(
