@@ -409,15 +409,12 @@ def save(
     config: ml_collections.ConfigDict,
     metrics: dict[str, float] | None = None,
     vocab: str | None = None,
-    diverged: dict[str, str] | None = None,
 ) -> None:
     """Starts an (async) save of `state` and the data iterator at `step`.
 
     `metrics` are what retention ranks by (`best_metric`, `SANE_STEP_METRIC`);
     `vocab` (the tokenizer's vocabulary hash) is recorded in ``meta``, and so
-    are the members of the program that diverged by `step` (``{str(key):
-    message}``, `jattn.train.recovery.restore_members`), when there are any,
-    the number of processes, and the checksums a restore checks: of every
+    are the number of processes, and the checksums a restore checks: of every
     array of `state` (`checksums`) and, with one process, of the iterator's
     position. They are part of the same atomic save as what they describe.
     """
@@ -429,8 +426,6 @@ def save(
         meta["checksums"]["data"] = position
     if vocab is not None:
         meta["vocab_sha256"] = vocab
-    if diverged:
-        meta["diverged"] = dict(diverged)
     mngr.save(
         step,
         args=ocp.args.Composite(

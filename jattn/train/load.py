@@ -109,7 +109,7 @@ class Environment:
 
 @dataclasses.dataclass
 class Model:
-    """The model and optimiser a program trains (one for every member)."""
+    """The model and optimiser a run trains."""
 
     config: Any  # TransformerConfig
     module: Any  # Transformer

@@ -13,8 +13,7 @@ So a run resumes from the newest step that restores and verifies:
    opens them and moves those missing a part (empty, no ``state/``, no
    ``state/_METADATA``, an unreadable ``meta/metadata``) to
    ``workdir/checkpoints.skipped/<step>-<time>``;
-2. `restore_members` restores the newest step every live member of the
-   program has (one member: the newest step); if that fails (a truncated
+2. `restore_newest` restores the newest step; if that fails (a truncated
    chunk; this process's data iterator file missing or not what was saved),
    or the restored state is not that step's (its step counter differs, an
    array does not match the checksum the save recorded, a parameter or
@@ -61,7 +60,7 @@ import shutil
 import sys
 import time
 import warnings
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import jax
@@ -75,7 +74,7 @@ __all__ = [
     "archive_metrics",
     "quiet_abandoned_reads",
     "release_abandoned_reads",
-    "restore_members",
+    "restore_newest",
     "set_aside",
     "set_aside_incomplete",
     "step_problem",
@@ -171,7 +170,7 @@ def quiet_abandoned_reads() -> Iterator[None]:
     three are dropped (coroutines of orbax's checkpoint package only), and on
     the way out the garbage is collected, so reads abandoned inside it are
     met inside it. Everything else passes. Once a restore has failed
-    (`restore_members`), the filters stay on after the block, since that
+    (`restore_newest`), the filters stay on after the block, since that
     restore's reads may end later (`release_abandoned_reads` takes them off).
     """
     _install_filters()
@@ -270,77 +269,49 @@ def verify_state(state: Any, step: int, expected: dict[str, str] | None = None) 
     return None
 
 
-def _common_step(mngrs: Sequence[Any], keys: Sequence[str]) -> tuple[int | None, dict]:
-    """The newest step that every member live at it has saved, and the members
-    that had diverged by then (``{str(key): message}``, from that step's meta)."""
-    saved = [set(m.all_steps()) for m in mngrs]
-    for step in sorted(set().union(*saved), reverse=True):
-        holder = next(i for i, steps in enumerate(saved) if step in steps)
-        diverged = (saved_meta(mngrs[holder], step) or {}).get("diverged") or {}
-        live = [i for i, k in enumerate(keys) if k not in diverged]
-        if all(step in saved[i] for i in live):
-            return step, dict(diverged)
-    return None, {}
-
-
-def restore_members(
-    mngrs: Sequence[Any],
-    keys: Sequence[str],
-    restore: Callable[[int, int], tuple[Any, Any]],
+def restore_newest(
+    mngr: Any,
+    restore: Callable[[int], tuple[Any, Any]],
     warn: Callable[[str], None],
-) -> tuple[int | None, dict[int, tuple[Any, Any]], dict[str, str]]:
-    """Restores the newest step that restores and verifies in every live member.
+) -> tuple[int | None, tuple[Any, Any] | None]:
+    """Restores the newest step that restores and verifies.
 
-    A member is live at a step unless that step's meta names it as diverged
-    (`jattn.train.checkpoints.save`); a step some live member lacks is not
-    one to resume (a stop between two members' saves). A member's step that
-    fails to restore or verify (`verify_state`) is set aside, and the search
-    starts again; steps of a member newer than the one resumed are set aside
-    too, so that its retention and its next saves see one history.
+    A step that fails to restore or verify (`verify_state`) is set aside and
+    the next older one is tried.
 
     Args:
-      mngrs: every member's orbax `CheckpointManager`.
-      keys: every member's key as checkpoint metas name it (``str(Member.key)``).
-      restore: ``(member index, step) -> (state, data iterator)`` (a fresh
-        iterator each call: a failed restore may leave one half set).
+      mngr: the run's orbax `CheckpointManager`.
+      restore: ``step -> (state, data iterator)`` (a fresh iterator each call: a
+        failed restore may leave one half set).
       warn: prints one warning line.
 
     Returns:
-      ``(step, {member index: (state, iterator)} of the live ones, diverged)``,
-      or ``(None, {}, {})`` when no step restores (the program starts at 0).
+      ``(step, (state, iterator))``, or ``(None, None)`` when no step restores
+      (the run starts at 0).
     """
     with quiet_abandoned_reads():
         while True:
-            step, diverged = _common_step(mngrs, keys)
+            step = mngr.latest_step()
             if step is None:
-                return None, {}, {}
-            restored, failed = {}, False
-            for i, mngr in enumerate(mngrs):
-                if keys[i] in diverged:
-                    continue
-                restored[i], problem = _restore_one(mngr, step, restore, i)
-                if problem is not None:
-                    _failed_restores.append(step)
-                    restored.clear()
-                    gc.collect()  # the failed attempt's abandoned reads, while quiet
-                    set_aside(os.fspath(mngr.directory), step, problem, warn)
-                    mngr.reload()
-                    failed = True
-                    break
-            if not failed:
-                _set_aside_newer(mngrs, step, warn)
-                return step, restored, diverged
+                return None, None
+            restored, problem = _restore_one(mngr, step, restore)
+            if problem is None:
+                return step, restored
+            _failed_restores.append(step)
+            gc.collect()  # the failed attempt's abandoned reads, while quiet
+            set_aside(os.fspath(mngr.directory), step, problem, warn)
+            mngr.reload()
 
 
-def _restore_one(mngr, step: int, restore: Callable[[int, int], tuple[Any, Any]], i: int):
-    """Member `i`'s `step`: ``(restored (state, iterator), None)``, or ``(None, why it
-    cannot be resumed)``.
+def _restore_one(mngr, step: int, restore: Callable[[int], tuple[Any, Any]]):
+    """`step`: ``(restored (state, iterator), None)``, or ``(None, why it cannot be
+    resumed)``.
 
     Raises:
       ConfigError: the step was written by another number of processes (not damage).
     """
     try:
-        restored = restore(i, step)
+        restored = restore(step)
         expected = ((saved_meta(mngr, step) or {}).get("checksums") or {}).get("state")
         problem = verify_state(restored[0], step, expected)
         return (None, problem) if problem else (restored, None)
@@ -353,17 +324,6 @@ def _restore_one(mngr, step: int, restore: Callable[[int, int], tuple[Any, Any]]
             raise
         first = str(e).strip().splitlines()[0] if str(e).strip() else ""
         return None, f"cannot be restored ({type(e).__name__}: {first[:200]})"
-
-
-def _set_aside_newer(mngrs: Sequence[Any], step: int, warn: Callable[[str], None]) -> None:
-    """Sets aside every member's steps after `step` (the one the program resumes)."""
-    for mngr in mngrs:
-        newer = [s for s in mngr.all_steps() if s > step]
-        for s in newer:
-            reason = f"is newer than step {step}, the newest every member of the program has"
-            set_aside(os.fspath(mngr.directory), s, reason, warn)
-        if newer:
-            mngr.reload()
 
 
 def archive_metrics(workdir: str, warn: Callable[[str], None]) -> str | None:
