@@ -66,6 +66,7 @@ from typing import Any
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 from jattn.train import workdir as files
 from jattn.train.checkpoints import DamagedStepError, checksums, saved_meta, step_problem
@@ -238,13 +239,26 @@ def set_aside_incomplete(checkpoint_dir: str, warn: Callable[[str], None]) -> li
     return skipped
 
 
+@jax.jit
+def _finite_flags(tree: Any) -> jax.Array:
+    """bool ``[leaves]``: whether each inexact array of `tree` is all finite (no leaf: ``[]``).
+
+    One jitted function over the whole tree, not an eager op per array: eager ops
+    on arrays sharded over several devices each start their own all-reduce, and
+    on a host with several CPU devices (and on a pod) those interleave with
+    other threads' collectives and wait forever (issue 54: a run on mesh
+    ``(1,1,2)`` or ``(1,2,1)`` aborted on resume after 40 s in an all-reduce).
+    """
+    flags = [jnp.all(jnp.isfinite(x)) for x in jax.tree.leaves(tree) if _inexact(x)]
+    return jnp.stack(flags) if flags else jnp.zeros((0,), bool)
+
+
+def _inexact(x: Any) -> bool:
+    return jnp.issubdtype(x.dtype, jnp.inexact)
+
+
 def _all_finite(tree: Any) -> bool:
-    finite = [
-        jnp.all(jnp.isfinite(x))
-        for x in jax.tree.leaves(tree)
-        if jnp.issubdtype(x.dtype, jnp.inexact)
-    ]
-    return not finite or bool(jax.device_get(jnp.all(jnp.stack(finite))))
+    return bool(np.all(jax.device_get(_finite_flags(tree))))
 
 
 def verify_state(state: Any, step: int, expected: dict[str, str] | None = None) -> str | None:
