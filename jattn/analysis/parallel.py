@@ -61,6 +61,7 @@ __all__ = [
     "log_diverged",
     "prepare_data",
     "preempted",
+    "stopped_status",
     "train_jobs",
 ]
 
@@ -135,6 +136,20 @@ def _set_parent_death_signal() -> None:
         pass
 
 
+def stopped_status(job, runs, configs) -> dict[str, str]:
+    """Each run of a job that a SIGTERM stopped outside its steps (`Terminated`: as it
+    started, or once its last step was saved): "finished" when its final metrics are
+    written, else "preempted" (a rerun resumes it)."""
+    from jattn.train import workdir as files  # noqa: PLC0415
+
+    return {
+        runs[i].name: "finished"
+        if files.finished_metrics(runs[i].workdir, configs[i].num_train_steps)
+        else "preempted"
+        for i in job.runs
+    }
+
+
 def _worker(job, runs, configs, workdir, cpus, log_path, status_path, cache) -> None:
     """A spawned process: pin, redirect output, train one job, write its status."""
     os.sched_setaffinity(0, cpus)  # before jax starts: XLA sizes its threads to these
@@ -155,9 +170,12 @@ def _worker(job, runs, configs, workdir, cpus, log_path, status_path, cache) -> 
         jax.config.update("jax_compilation_cache_dir", cache["dir"])
         jax.config.update("jax_persistent_cache_min_compile_time_secs", cache["min_secs"])
     from jattn.analysis import seed_groups  # noqa: PLC0415
+    from jattn.train.distributed import Terminated  # noqa: PLC0415
 
     try:
         status = seed_groups.train_job(job, runs, configs, workdir)
+    except Terminated:  # the parent's SIGTERM, outside the run's steps: not a failure
+        status = stopped_status(job, runs, configs)
     except BaseException as e:
         import traceback  # noqa: PLC0415
 

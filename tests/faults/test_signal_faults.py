@@ -13,11 +13,13 @@ reads the flag once more when it ends.
 from __future__ import annotations
 
 import gc
+import json
 import os
 import signal
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import pytest
 from fault_harness import REPO, catches_sigterm, losses, steps_on_disk, train_cmd
@@ -143,3 +145,108 @@ def test_sigterm_in_the_first_seconds_does_what_its_line_says(
 def test_sigterm_in_the_first_seconds_every_tenth(seconds, pristine_data, cli_env, tmp_path):
     workdir = tmp_path / "run"
     _did_what_it_said(_term_after(seconds, workdir, pristine_data, cli_env), workdir)
+
+
+# -- `jattn ablate` and SIGTERM at each stage of a run ---------------------------------------
+
+TINY = str(REPO / "experiments" / "positional.py") + ":tiny"
+
+# Runs `jattn ablate` on the tiny grid (two runs) and sends itself SIGTERM at one stage
+# of a run, from inside the code of that stage (argv[1]); the rest is `jattn ablate`'s.
+_ABLATE_AT = """
+import os, signal, sys
+from jattn.analysis import report
+from jattn.train import run as run_lib
+
+stage, argv = sys.argv[1], sys.argv[2:]
+program, seen = run_lib.Program, []
+
+def term_in(cls, name, when):
+    original = getattr(cls, name)
+    def patched(self, *args, **kwargs):
+        seen.append(name)
+        if when(self, *args) and "sent" not in seen:
+            seen.append("sent")
+            os.kill(os.getpid(), signal.SIGTERM)
+        return original(self, *args, **kwargs)
+    setattr(cls, name, patched)
+
+last = lambda self, step, *rest: step == self.config.num_train_steps
+if stage == "first run starts":
+    term_in(program, "init_or_restore", lambda self: True)
+elif stage == "second run starts":
+    term_in(program, "init_or_restore", lambda self: seen.count("init_or_restore") == 2)
+elif stage == "mid-training":
+    term_in(program, "train_step", lambda self, step: step == 3)
+elif stage == "last step's evaluation":
+    term_in(program, "evaluate", last)
+elif stage == "last step's save":
+    term_in(program, "save", last)
+elif stage == "report":
+    original_report = report.write_report
+    def write_report(*args, **kwargs):
+        os.kill(os.getpid(), signal.SIGTERM)
+        return original_report(*args, **kwargs)
+    report.write_report = write_report
+import jattn.cli
+sys.exit(jattn.cli.main(["ablate", *argv]))
+"""
+
+# stage -> (first run finished, grid preempted)
+STAGES = {
+    "first run starts": (False, True),
+    "mid-training": (False, True),
+    "last step's evaluation": (True, True),
+    "last step's save": (True, True),
+    "second run starts": (True, True),
+    "report": (True, False),
+}
+FAST_STAGES = ("last step's save", "second run starts")
+
+
+def _ablate(stage: str | None, workdir, env) -> subprocess.CompletedProcess:
+    argv = ["--config", TINY, "--workdir", str(workdir)]
+    cmd = [sys.executable, "-c", _ABLATE_AT, stage, *argv] if stage else [
+        sys.executable, "-m", "jattn.cli", "ablate", *argv]  # fmt: skip
+    return subprocess.run(cmd, env=env, cwd=REPO, capture_output=True, text=True, timeout=600)
+
+
+def _sessions(workdir) -> list[str]:
+    path = workdir / "sessions.jsonl"
+    return [json.loads(line)["outcome"] for line in path.read_text().splitlines()]
+
+
+@pytest.mark.parametrize(
+    "stage", [pytest.param(s, marks=() if s in FAST_STAGES else pytest.mark.slow) for s in STAGES]
+)
+def test_sigterm_to_ablate_stops_the_grid_at_each_stage_and_a_rerun_finishes_it(
+    stage, cli_env, tmp_path
+):
+    """Before: a SIGTERM during a run's last step set the flag after the loop's last
+    look, and the grid trained on into its next runs; one as the second run started
+    exited 143 with no line and recorded the session as "failed: Terminated". Now the
+    grid stops where it is told (a run saves, or its files are already written), the
+    session is recorded as preempted, exit 0; a rerun finishes what is left."""
+    from jattn.analysis import expand
+    from jattn.train import load_config
+
+    workdir = tmp_path / "abl"
+    first, second = (Path(r.workdir) for r in expand(load_config(TINY), str(workdir)))
+    first_finished, preempted = STAGES[stage]
+    proc = _ablate(stage, workdir, cli_env)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "Traceback" not in proc.stderr and "Exception ignored" not in proc.stderr, proc.stderr
+    assert (first / "final_metrics.json").exists() == first_finished
+    if preempted:
+        assert "ablation: preempted; rerun the same command to resume" in proc.stdout
+        assert not (second / "metrics.jsonl").exists()  # the grid did not train on
+        assert _sessions(workdir) == ["preempted"]
+        if stage == "mid-training":
+            assert steps_on_disk(first), "the run stopped without its checkpoint"
+        again = _ablate(None, workdir, cli_env)
+        assert again.returncode == 0, again.stderr[-3000:]
+        assert _sessions(workdir) == ["preempted", "finished"]
+    else:
+        assert "SIGTERM while the report was written; it is complete" in proc.stdout
+        assert _sessions(workdir) == ["finished"]
+    assert (second / "final_metrics.json").exists() and (workdir / "results.md").exists()
