@@ -62,6 +62,7 @@ __all__ = [
     "log_diverged",
     "prepare_data",
     "preempted",
+    "stopped_status",
     "train_jobs",
     "train_run",
 ]
@@ -144,6 +145,16 @@ def _set_parent_death_signal() -> None:
         pass
 
 
+def stopped_status(run, config) -> dict[str, str]:
+    """A run that a SIGTERM stopped outside its steps (`Terminated`: as it started,
+    or once its last step was saved): "finished" when its final metrics are
+    written, else "preempted" (a rerun resumes it)."""
+    from jattn.train import workdir as run_files  # noqa: PLC0415
+
+    done = run_files.finished_metrics(run.workdir, config.num_train_steps)
+    return {run.name: "finished" if done else "preempted"}
+
+
 def _worker(run, config, cpus, log_path, status_path, cache) -> None:
     """A spawned process: pin, redirect output, train one run, write its status."""
     os.sched_setaffinity(0, cpus)  # before jax starts: XLA sizes its threads to these
@@ -163,8 +174,12 @@ def _worker(run, config, cpus, log_path, status_path, cache) -> None:
 
         jax.config.update("jax_compilation_cache_dir", cache["dir"])
         jax.config.update("jax_persistent_cache_min_compile_time_secs", cache["min_secs"])
+    from jattn.train.distributed import Terminated  # noqa: PLC0415
+
     try:
         status = train_run(run, config)
+    except Terminated:  # the parent's SIGTERM, outside the run's steps: not a failure
+        status = stopped_status(run, config)
     except BaseException as e:
         import traceback  # noqa: PLC0415
 

@@ -17,8 +17,11 @@ import contextlib
 import json
 import os
 import shlex
+import signal
 import sys
+import threading
 import time
+from collections.abc import Iterator
 from typing import Any
 
 import ml_collections
@@ -36,21 +39,53 @@ def _final(run: grid_lib.Run, num_steps: int) -> dict[str, Any] | None:
     return files.finished_metrics(run.workdir, num_steps)
 
 
-def _train_in_turn(todo, runs, configs, log, done, started) -> bool:
-    """The runs `todo` one after another in this process; True when one was preempted."""
+def _train_in_turn(todo, runs, configs, log, done, started, stop) -> bool:
+    """The runs `todo` one after another in this process; True when one was
+    preempted, or a SIGTERM came at any other moment (between runs, as one
+    starts, during a run's last step or final evaluation): then no further run
+    starts (`stop`, set by `_sigterm_stops`)."""
+    from jattn.train.distributed import Terminated  # noqa: PLC0415 -- imports jax
+
     start = time.time()
     for number, i in enumerate(todo, start=1):
+        if stop.is_set():
+            return True
         trained = number - 1
         eta = (time.time() - start) / trained * (len(todo) - trained) if trained else None
         log(started(number, runs[i].name, eta))
         t0 = time.time()
-        job_status = parallel.train_run(runs[i], configs[i])
+        try:
+            job_status = parallel.train_run(runs[i], configs[i])
+        except Terminated:  # as the run started, or once its last step was saved
+            stop.set()
+            job_status = parallel.stopped_status(runs[i], configs[i])
         parallel.log_diverged(job_status, log)
         log(f"  done in {fmt_duration(time.time() - t0)}")
         done(job_status)
-        if parallel.preempted(job_status):
+        if parallel.preempted(job_status) or stop.is_set():
             return True
     return False
+
+
+@contextlib.contextmanager
+def _sigterm_stops() -> Iterator[threading.Event]:
+    """``with _sigterm_stops() as stop:`` SIGTERM sets `stop` and nothing else.
+
+    Between the jobs of `_train_in_turn` this handler is the one in place (a
+    run's `PreemptionWatch` replaces it while the run trains, and puts it back),
+    so a SIGTERM there is not Python's default (exit 143, no line) and never
+    raises where an exception could be dropped: the grid reads the flag before
+    each job. Only the main thread can install it; elsewhere `stop` is never set.
+    """
+    stop = threading.Event()
+    if threading.current_thread() is not threading.main_thread():
+        yield stop
+        return
+    previous = signal.signal(signal.SIGTERM, lambda signum, frame: stop.set())
+    try:
+        yield stop
+    finally:
+        signal.signal(signal.SIGTERM, previous)
 
 
 def run_grid(
@@ -90,8 +125,8 @@ def run_grid(
     report.check_reference(exp, runs)
     # One grid per directory: a second `jattn ablate` on it (the same command in
     # another terminal) would train the same jobs and race on every file.
-    with WorkdirLock(workdir):
-        return _train_and_report(exp, runs, configs, workdir, log, parallel_jobs)
+    with _sigterm_stops() as stop, WorkdirLock(workdir):
+        return _train_and_report(exp, runs, configs, workdir, log, parallel_jobs, stop)
 
 
 def check_layout(workdir: str, todo) -> None:
@@ -115,8 +150,9 @@ def check_layout(workdir: str, todo) -> None:
         )
 
 
-def _train_and_report(exp, runs, configs, workdir, log, parallel_jobs):
-    """`run_grid` once the grid is checked and its directory locked."""
+def _train_and_report(exp, runs, configs, workdir, log, parallel_jobs, stop):
+    """`run_grid` once the grid is checked and its directory locked; a SIGTERM from
+    here on sets `stop`: no run starts after it, and the report is written whole."""
     with open(os.path.join(workdir, "experiment.json"), "w") as f:
         f.write(exp.to_json_best_effort(indent=2, sort_keys=True))
     status: dict[str, str] = {}
@@ -148,17 +184,20 @@ def _train_and_report(exp, runs, configs, workdir, log, parallel_jobs):
             slots = parallel.cpu_slots(min(parallel_jobs, len(todo)))
             log(f"ablation: {len(slots)} runs at once, on CPUs {' | '.join(map(fmt_cpus, slots))}")
             parallel.prepare_data([configs[i] for i in todo])
-            preempted = parallel.train_jobs(
+            preempted = stop.is_set() or parallel.train_jobs(  # its own handler from here
                 todo, runs, configs, workdir, slots=slots, log=log, on_done=done, progress=started
             )
         else:
-            preempted = _train_in_turn(todo, runs, configs, log, done, started)
+            preempted = _train_in_turn(todo, runs, configs, log, done, started, stop)
         session["outcome"] = "preempted" if preempted else "finished"
     if preempted:
         log("ablation: preempted; rerun the same command to resume")
     else:
         log(f"ablation: trained {len(todo)} runs in {fmt_duration(time.time() - start)}")
-    return report.write_report(exp, runs, configs, workdir, status=status)
+    summary = report.write_report(exp, runs, configs, workdir, status=status)
+    if stop.is_set() and not preempted:
+        log("ablation: SIGTERM while the report was written; it is complete, nothing was lost")
+    return summary
 
 
 @contextlib.contextmanager

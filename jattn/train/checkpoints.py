@@ -145,6 +145,16 @@ def saved_meta(mngr: ocp.CheckpointManager, step: int) -> dict[str, Any] | None:
     return _read_meta(os.path.join(str(mngr.directory), str(step)))
 
 
+def recorded_checksums(step_dir: str) -> dict[str, str] | None:
+    """The state's checksums (``{array path: checksum}``) that the save of the step in
+    `step_dir` recorded in its meta; None for a step saved before jattn recorded them.
+
+    Raises:
+      OSError, ValueError: the meta exists but cannot be read.
+    """
+    return ((_read_meta(step_dir) or {}).get("checksums") or {}).get("state")
+
+
 def step_problem(step_dir: str) -> str | None:
     """Why the step folder `step_dir` cannot be a complete checkpoint, or None.
 

@@ -34,6 +34,7 @@ import importlib.util
 import json
 import math
 import os
+import traceback
 import typing
 from collections.abc import Sequence
 from typing import Any
@@ -243,6 +244,17 @@ def apply_variant(config: ml_collections.ConfigDict, arg: str | None) -> ml_coll
 # -- loading and overrides -------------------------------------------------------------
 
 
+def _raised_in(error: BaseException, path: str) -> str:
+    """`` (at FILE:LINE)``: the last line of the config file `path` in `error`'s
+    traceback (where its own code went wrong), or "" when it is not in it."""
+    target = os.path.realpath(path)
+    frames = [
+        f for f in traceback.extract_tb(error.__traceback__)
+        if os.path.realpath(f.filename) == target
+    ]  # fmt: skip
+    return f" (at {path}:{frames[-1].lineno})" if frames else ""
+
+
 def load_config(spec: str) -> ml_collections.ConfigDict:
     """Imports a config file and returns its locked `get_config(arg)`.
 
@@ -254,8 +266,9 @@ def load_config(spec: str) -> ml_collections.ConfigDict:
       The locked ConfigDict.
 
     Raises:
-      ConfigError: the file does not exist, has no ``get_config``, or the
-        function rejects the argument.
+      ConfigError: the file does not exist, cannot be imported, has no
+        ``get_config``, or the function rejects the argument or raises (any
+        exception: one line naming it and the file's line).
     """
     path, arg = spec, None
     if ":" in spec and not os.path.exists(spec):
@@ -273,8 +286,14 @@ def load_config(spec: str) -> ml_collections.ConfigDict:
         raise ConfigError(f"--config: {path!r} defines no get_config(arg=None) function")
     try:
         config = module.get_config() if arg is None else module.get_config(arg)
-    except (ValueError, KeyError, TypeError) as e:
+    except (ValueError, KeyError, TypeError) as e:  # a rejected argument: its message says why
         raise ConfigError(f"--config: {path}:{arg} -> {e}") from e
+    except Exception as e:  # noqa: BLE001 -- a bug in the file is a config error too: one line
+        where = _raised_in(e, path)
+        raise ConfigError(
+            f"--config: {path}.get_config({'' if arg is None else repr(arg)}) raised "
+            f"{type(e).__name__}: {e}{where}"
+        ) from e
     if not isinstance(config, ml_collections.ConfigDict):
         raise ConfigError(
             f"--config: {path}.get_config() must return an ml_collections.ConfigDict, "

@@ -29,7 +29,7 @@ import jax
 from flax import linen as nn
 
 from jattn.train import filesystem
-from jattn.train.distributed import PreemptionWatch
+from jattn.train.distributed import PreemptionWatch, Terminated
 from jattn.train.metrics import NonFiniteLossError
 
 __all__ = ["TrainingDivergedError", "drive"]
@@ -48,7 +48,9 @@ def drive(run, watch: PreemptionWatch) -> dict[str, Any]:
     Raises:
       TrainingDivergedError: a non-finite loss (nothing is saved for that step).
       WorkdirIOError: a checkpoint or the metrics cannot be written.
-      Terminated: a second SIGTERM, or one after the last save (`watch`).
+      Terminated: a second SIGTERM, or one after the last save (`watch`); or a first
+        one during the last step's log, evaluation or save, once the run is
+        finished (its files written).
     """
     config, progress = run.config, run.progress
     step, eval_step_done, preempted = run.start, -1, False
@@ -99,7 +101,10 @@ def drive(run, watch: PreemptionWatch) -> dict[str, Any]:
         filesystem.close_manager(run.mngr, save_failed=save_failed)
         with contextlib.suppress(OSError):
             run.close()
-    return run.finish(step, preempted)
+    result = run.finish(step, preempted)
+    if not preempted and watch.requested:  # during the last step's log, evaluation or save
+        raise Terminated("finishing")  # saved and finished: the caller stops (an ablation too)
+    return result
 
 
 def _diverged(e: NonFiniteLossError, mngr, last_sane: int | None) -> TrainingDivergedError:

@@ -60,14 +60,20 @@ import shutil
 import sys
 import time
 import warnings
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from typing import Any
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 from jattn.train import workdir as files
-from jattn.train.checkpoints import DamagedStepError, checksums, saved_meta, step_problem
+from jattn.train.checkpoints import (
+    DamagedStepError,
+    checksums,
+    recorded_checksums,
+    step_problem,
+)
 
 __all__ = [
     "SKIPPED_DIR",
@@ -75,6 +81,7 @@ __all__ = [
     "quiet_abandoned_reads",
     "release_abandoned_reads",
     "restore_newest",
+    "restore_verified",
     "set_aside",
     "set_aside_incomplete",
     "step_problem",
@@ -237,21 +244,43 @@ def set_aside_incomplete(checkpoint_dir: str, warn: Callable[[str], None]) -> li
     return skipped
 
 
+@jax.jit
+def _finite_flags(tree: Any) -> jax.Array:
+    """bool ``[leaves]``: whether each inexact array of `tree` is all finite (no leaf: ``[]``).
+
+    One jitted function over the whole tree, not an eager op per array: eager ops
+    on arrays sharded over several devices each start their own all-reduce, and
+    on a host with several CPU devices (and on a pod) those interleave with
+    other threads' collectives and wait forever (issue 54: a run on mesh
+    ``(1,1,2)`` or ``(1,2,1)`` aborted on resume after 40 s in an all-reduce).
+    """
+    flags = [jnp.all(jnp.isfinite(x)) for x in jax.tree.leaves(tree) if _inexact(x)]
+    return jnp.stack(flags) if flags else jnp.zeros((0,), bool)
+
+
+def _inexact(x: Any) -> bool:
+    return jnp.issubdtype(x.dtype, jnp.inexact)
+
+
 def _all_finite(tree: Any) -> bool:
-    finite = [
-        jnp.all(jnp.isfinite(x))
-        for x in jax.tree.leaves(tree)
-        if jnp.issubdtype(x.dtype, jnp.inexact)
-    ]
-    return not finite or bool(jax.device_get(jnp.all(jnp.stack(finite))))
+    return bool(np.all(jax.device_get(_finite_flags(tree))))
+
+
+def _part(state: Any, name: str) -> Any:
+    """A field of a train state, or the same key of the plain dict a raw restore gives."""
+    return state[name] if isinstance(state, Mapping) else getattr(state, name)
 
 
 def verify_state(state: Any, step: int, expected: dict[str, str] | None = None) -> str | None:
     """Why a restored state is not checkpoint `step`'s, or None: its step counter
     differs, an array's checksum differs from `expected` (``{array path:
     checksum}``, recorded by the save; None for a step saved before jattn
-    recorded them), or a parameter or an optimiser value is NaN or Inf."""
-    restored = int(jax.device_get(state.step))
+    recorded them), or a parameter or an optimiser value is NaN or Inf.
+
+    `state` is a train state, or the plain dict (``step``, ``params``,
+    ``opt_state``, ...) a restore without the train state's structure gives
+    (`jattn.train.load_run`): the checksums name the arrays the same way."""
+    restored = int(jax.device_get(_part(state, "step")))
     if restored != step:
         return f"restored a state of step {restored}"
     if expected:
@@ -262,9 +291,9 @@ def verify_state(state: Any, step: int, expected: dict[str, str] | None = None) 
                 f"does not match its checksum ({len(wrong)} of {len(expected)} arrays differ, "
                 f"first {wrong[0]}): its files changed after the save"
             )
-    if not _all_finite(state.params):
+    if not _all_finite(_part(state, "params")):
         return "restored parameters that are NaN or Inf"
-    if not _all_finite(state.opt_state):
+    if not _all_finite(_part(state, "opt_state")):
         return "restored an optimiser state that is NaN or Inf"
     return None
 
@@ -297,7 +326,6 @@ def restore_newest(
             restored, problem = _restore_one(mngr, step, restore)
             if problem is None:
                 return step, restored
-            _failed_restores.append(step)
             gc.collect()  # the failed attempt's abandoned reads, while quiet
             set_aside(os.fspath(mngr.directory), step, problem, warn)
             mngr.reload()
@@ -310,20 +338,45 @@ def _restore_one(mngr, step: int, restore: Callable[[int], tuple[Any, Any]]):
     Raises:
       ConfigError: the step was written by another number of processes (not damage).
     """
+    step_dir = os.path.join(os.fspath(mngr.directory), str(step))
+    return restore_verified(lambda: restore(step), step, step_dir, lambda r: r[0])
+
+
+def restore_verified(
+    restore: Callable[[], Any],
+    step: int,
+    step_dir: str,
+    state_of: Callable[[Any], Any] = lambda restored: restored,
+) -> tuple[Any, str | None]:
+    """Restores checkpoint `step` and verifies it (`verify_state`, against the checksums
+    its save recorded in `step_dir`): ``(what restore returned, None)``, or ``(None,
+    why the step cannot be used)``, one clause for a warning line. What training
+    resumes from and what `jattn decode` or `jattn probe` read (`load_run`) pass
+    this same check. Call it inside `quiet_abandoned_reads`.
+
+    Args:
+      restore: restores the step (``() -> restored``).
+      state_of: the train state (or plain state dict) in what `restore` returns.
+
+    Raises:
+      ConfigError: the step was written by another number of processes (not damage).
+    """
     try:
-        restored = restore(step)
-        expected = ((saved_meta(mngr, step) or {}).get("checksums") or {}).get("state")
-        problem = verify_state(restored[0], step, expected)
-        return (None, problem) if problem else (restored, None)
+        restored = restore()
+        problem = verify_state(state_of(restored), step, recorded_checksums(step_dir))
     except (KeyboardInterrupt, SystemExit):
         raise
     except DamagedStepError as e:
-        return None, str(e)
+        restored, problem = None, str(e)
     except Exception as e:  # noqa: BLE001 -- any failure of this step: try the previous
         if type(e).__name__ == "ConfigError":  # another process count: not damage
             raise
         first = str(e).strip().splitlines()[0] if str(e).strip() else ""
-        return None, f"cannot be restored ({type(e).__name__}: {first[:200]})"
+        restored, problem = None, f"cannot be restored ({type(e).__name__}: {first[:200]})"
+    if problem is not None:
+        _failed_restores.append(step)  # its abandoned reads may end at any later moment
+        return None, problem
+    return restored, None
 
 
 def archive_metrics(workdir: str, warn: Callable[[str], None]) -> str | None:
