@@ -371,7 +371,7 @@ class AttentionContract:
         assert np.all(grads["bias"][:, :, DEAD_ROWS] == 0.0)
 
     def test_padding_is_segment_0_as_with_lengths(self):
-        """DESIGN.md: a padding token (id 0) is no segment: it sees no key and
+        """docs/design.md: a padding token (id 0) is no segment: it sees no key and
         no key sees it, as with sequence lengths. Padded queries return
         exactly 0 with no gradient, padded keys take none, in cross attention
         and in a packed self-attention row (whose three padding tokens would

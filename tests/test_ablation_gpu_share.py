@@ -11,7 +11,6 @@ import pytest
 
 from jattn.analysis import expand, parallel
 from jattn.analysis.grid import checked_configs
-from jattn.analysis.seed_groups import Job
 from jattn.train.config import load_config
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
@@ -58,7 +57,7 @@ def test_the_spawned_job_sees_its_share(tmp_path, monkeypatch, platform, expect)
     lines = []
     with pytest.raises(parallel.JobFailed):
         parallel.train_jobs(
-            [Job((0,), False)], runs, configs, str(tmp_path),
+            [0], runs, configs, str(tmp_path),
             slots=[(sorted(os.sched_getaffinity(0))[0],)], log=lines.append,
             on_done=lambda status: pytest.fail(f"no job finished: {status}"),
             progress=lambda number, done, what: f"[{number}] {what}", platform=platform,

@@ -62,7 +62,7 @@ class TestPallasTpuInterpret(AttentionContract):
 
 def test_padded_tiles_are_skipped():
     """A tile of padding only, given as segment id 0 or as lengths, is
-    SKIP in the chunked plan and in the kernels' block map (DESIGN.md:
+    SKIP in the chunked plan and in the kernels' block map (docs/design.md:
     "padded tiles are skipped"); a tile with one real token is not."""
     b, t, bq = 2, 48, 16
     x = np.zeros((b, t, 1, 8), np.float32)

@@ -21,8 +21,6 @@ from _platform import select_platform  # noqa: E402
 # machine lacks (aot, _tpu_aot), the window's host data child (_gpu_train), and
 # gpu.py's --cpu-smoke dry run.
 PINNED_ON_PURPOSE = {"aot.py", "_tpu_aot.py", "_gpu_train.py", "gpu.py"}
-# Deleted by the one-run-per-process change (issue 51); left as it was here.
-LEFT = {"seeds.py"}
 DEFAULT_CPU = re.compile(r"setdefault\(\s*\"JAX_PLATFORMS\",\s*\"cpu\"\s*\)")
 
 
@@ -32,7 +30,7 @@ def test_no_benchmark_defaults_to_the_cpu():
         for path in (ROOT / "benchmarks").glob("*.py")
         if DEFAULT_CPU.search(path.read_text())
     }
-    assert pinned <= PINNED_ON_PURPOSE | LEFT, pinned
+    assert pinned <= PINNED_ON_PURPOSE, pinned
 
 
 @pytest.mark.parametrize(

@@ -93,3 +93,19 @@ def test_decode_command_fails_in_one_line(tmp_path, capsys):
     assert cli.main(["decode", "--workdir", str(tmp_path), "abc"]) == 2
     err = capsys.readouterr().err.strip()
     assert "\n" not in err and err.startswith("jattn decode: error:") and "no config.json" in err
+
+
+def test_characters_outside_the_vocabulary_are_reported(run_dir, capsys):
+    """Before (issue 54): read as the unknown token and decoded with no word. Now one
+    warning line for each text that has some, naming them; the output is unchanged."""
+    run = load_run(str(run_dir))
+    unknown = sorted({"é", "✓"} - set(run.tokenizer.chars))
+    assert unknown == ["é", "✓"]
+    texts = ("abc", "hé✓lloé")
+    assert cli.main(["decode", "--workdir", str(run_dir), *texts]) == 0
+    out = capsys.readouterr()
+    assert len(out.out.split("\n")[:-1]) == 2
+    assert out.err.strip().splitlines() == [
+        "warning: input 2 ('hé✓lloé') has 3 characters outside the run's vocabulary: "
+        "'é', '✓'; they are read as the unknown token (\u2047)"
+    ]

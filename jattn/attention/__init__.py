@@ -349,8 +349,8 @@ def dot_product_attention(
         dropout_broadcast_batch=dropout_broadcast_batch,
         assume_finite=assume_finite,
     )
-    if nf.query.shape[1] == 0 or nf.key.shape[1] == 0:
-        out, lse = _empty(nf)  # as jax.nn: no query, or nothing to attend to
+    if 0 in (nf.query.shape[0], nf.query.shape[1], nf.key.shape[1]):
+        out, lse = _empty(nf)  # as jax.nn: no batch, no query, or nothing to attend to
     else:
         out, lse = _resolve(implementation)(nf)
     if ndim == 3:
@@ -361,9 +361,9 @@ def dot_product_attention(
 
 
 def _empty(nf) -> tuple[Array, Array]:
-    """`(out, lse)` of a call with T = 0 or S = 0, in every implementation.
+    """`(out, lse)` of a call with B = 0, T = 0 or S = 0, in every implementation.
 
-    jax.nn returns an empty output for T = 0 and zeros for S = 0 (a query
+    jax.nn returns an empty output for B = 0 or T = 0 and zeros for S = 0 (a query
     with no key sees nothing: the fully-masked-row rule); the log-sum-exp of
     such a row is `EMPTY_ROW_LSE`, as for any row with no visible key.
     """

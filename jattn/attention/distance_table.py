@@ -7,7 +7,7 @@ distances the call can see, a table `[B', N, D]` (`jattn.score_mod.distance_tabl
 and hands the implementation an ordinary score mod that reads the table
 (`lookup`): the tiles gather from it, forward and backward. The table is
 built outside the implementation's custom VJP, so the params' gradient
-flows as the brief of DESIGN.md says: the implementation's backward
+flows as docs/design.md says of every score mod: the implementation's backward
 scatter-adds each tile's score cotangent into `d table` (the vjp of the
 read), and JAX's autodiff of `distance_table` takes it to the params.
 

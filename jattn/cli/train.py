@@ -67,11 +67,6 @@ def make_parser() -> argparse.ArgumentParser:
 
 
 def _summary(final: dict) -> str:
-    if "members" in final:  # several members in one program (config.seeds, a sweep)
-        return "\n".join(
-            (f"seed {key}" if isinstance(key, int) else key) + ": " + _summary(result)
-            for key, result in sorted(final["members"].items())
-        )
     state = "preempted" if final.get("preempted") else "done"
     shown = {k: v for k, v in final.items() if k.startswith("eval/") or k == "train/loss"}
     return f"{state} at step {final['step']}: " + ", ".join(

@@ -39,7 +39,6 @@ __all__ = [
     "checked_save",
     "wait_for_saves",
     "describe",
-    "folder_bytes",
     "write_error",
 ]
 
@@ -149,18 +148,6 @@ def check_writable(*folders: str) -> None:
             raise WorkdirIOError(
                 f"{folder} is not writable: {describe(e)}", save_failed=False
             ) from None
-
-
-def folder_bytes(path: str) -> int:
-    """Bytes of the files under `path` (0 if it does not exist)."""
-    total = 0
-    for root, _, files in os.walk(path):
-        for name in files:
-            try:
-                total += os.path.getsize(os.path.join(root, name))
-            except OSError:
-                continue
-    return total
 
 
 def check_room(folder: str, needed: int) -> None:

@@ -70,17 +70,12 @@ SCHEDULE_KEYS = ("num_train_steps", "schedule", "warmup_steps", "learning_rate")
 # sharded (a checkpoint restores into any mesh), how often it logs, evaluates
 # and saves, what it evaluates and decodes, which checkpoints it keeps, where
 # it reports, and the two flags below. None of them changes a training step.
-# `seeds`, the sweeps and `seed_*` are the program's, not a member's: each
-# member's saved config has them at their single-run values.
+# (A saved config's keys this jattn no longer has, such as an earlier release's
+# `seeds`, are not compared: `config_changes`.)
 RESUME_SAFE_KEYS = (
     "data_dir",
     "mesh_shape",
     "logical_axis_rules",
-    "seeds",
-    "seed_mesh_axis",
-    "seed_program",
-    "sweep_learning_rate",
-    "sweep_warmup_steps",
     "eval_every_steps",
     "eval_splits",
     "eval_batch_size",
