@@ -37,6 +37,7 @@ from flash_harness import (
     _packed,
     _pallas_vjp,
     _qkv,
+    cuda_target,
     window_mask,
 )
 
@@ -166,6 +167,31 @@ def test_backward_tiles_per_kernel_configure_each_kernel():
         fa.flash_attention(nf, backward_tiles=fa.BackwardTiles(dq_warps=3), backend="gpu")
     with pytest.raises(ValueError, match="backward_tiles must be a BackwardTiles"):
         fa.flash_attention(nf, backward_tiles=((16, 16), (16, 16)), backend="gpu")
+
+
+@pytest.mark.filterwarnings("ignore:The Pallas Triton backend is deprecated:DeprecationWarning")
+def test_per_kernel_backward_tiles_lower_to_triton():
+    # The transposed dk/dv tiles and each kernel's own tiles and warps lower
+    # for an abstract H100: three Triton kernels, each with its warps
+    # (forward 8 at 128 rows, dq 4, dk/dv 2 as given).
+    sds = jax.ShapeDtypeStruct
+    q, k = sds((1, 256, 4, 64), jnp.bfloat16), sds((1, 256, 2, 64), jnp.bfloat16)
+    tiles = fa.BackwardTiles(dq_blocks=(64, 32), dkv_blocks=(32, 128), dq_warps=4, dkv_warps=2)
+
+    def f(q, k, v, ct):
+        def attend(q, k, v):
+            nf = jattn.normalise(q, k, v, is_causal=True, local_window_size=(100, 0))
+            return fa.flash_attention(nf, backend="gpu", backward_tiles=tiles)[0]
+
+        return jax.vjp(attend, q, k, v)[1](ct)
+
+    jax.eval_shape(f, q, k, k, q)  # the cached block maps, outside the abstract mesh
+    with cuda_target():
+        text = jax.jit(f).trace(q, k, k, q).lower(lowering_platforms=("cuda",)).as_text()
+    for name in ("jattn_flash_fwd", "jattn_flash_dq", "jattn_flash_dkv"):
+        assert name in text
+    warps = sorted(int(w) for w in re.findall(r"num_warps = (\d+) : i32", text))
+    assert warps == [2, 4, 8], warps
 
 
 def test_backward_tiles_apart_from_the_forward_in_the_mosaic_kernels():
