@@ -60,6 +60,12 @@ def settings_of(name: str) -> tuple[dict, ...]:
     return SETTINGS.get(name, ({},))
 
 
+def setting_fields(name: str, setting: dict) -> dict:
+    """The `TransformerConfig` fields of scheme `name`'s `setting` (its own
+    options, under `position_options` by its options key)."""
+    return {"position_options": {SCHEMES[name].options_key: setting}} if setting else {}
+
+
 @dataclasses.dataclass(frozen=True)
 class BuiltinMod:
     """One score mod of the registry.
@@ -152,9 +158,7 @@ def builtin_mods(*, sites: tuple[bool, ...] = (True, False), **fields) -> dict[s
     for name in sorted(n for n, s in SCHEMES.items() if type(s).__module__.startswith("jattn.")):
         for setting in settings_of(name):
             config = TransformerConfig(**{**fields, "position": name})
-            if setting:
-                key = SCHEMES[name].options_key
-                config = config.replace(position_options={key: setting})
+            config = config.replace(**setting_fields(name, setting))
             per_site = {}
             for causal in sites:
                 mod = scheme_mod(config, causal=causal, seed=seed_of(name))
