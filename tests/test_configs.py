@@ -155,3 +155,15 @@ def test_a_checkpoint_saved_with_the_flat_scheme_fields_resumes_under_the_new_sp
         "model.position_options.t5.num_buckets: checkpoint 16 != config 32"
     ]
     assert config_to_dict(config)["model"]["position_options"]["t5"]["num_buckets"] == 16
+
+
+def test_tensorboard_hparams_name_each_scheme_option():
+    """A scheme's options are nested groups; TensorBoard's table gets one column each."""
+    from jattn.train.metrics import flat_hparams  # noqa: PLC0415
+
+    config = load_config(str(REPO / "configs" / "smoke.py"))
+    config.model.position_options.rope.yarn.convention = "hf"
+    flat = flat_hparams(config)
+    assert flat["model.position_options.rope.yarn.convention"] == "hf"
+    assert flat["model.position_options.t5.num_buckets"] == 32
+    assert flat["model.d_model"] == 32 and "model.position_options" not in flat
