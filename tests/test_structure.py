@@ -456,6 +456,116 @@ def test_the_architecture_check_finds_a_switch(tmp_path):
     ]
 
 
+# -- schemes carry their options: no TransformerConfig field belongs to one scheme ---------
+
+CONFIG_MODULE = "jattn.models.config"
+SCHEMES_MODULE = "jattn.models.schemes"
+
+
+def config_fields(modules) -> list[str]:
+    """The annotated fields of `TransformerConfig`, read from its source."""
+    _, tree = modules[CONFIG_MODULE]
+    for node in tree.body:
+        if isinstance(node, ast.ClassDef) and node.name == "TransformerConfig":
+            return [
+                s.target.id
+                for s in node.body
+                if isinstance(s, ast.AnnAssign) and isinstance(s.target, ast.Name)
+            ]
+    raise AssertionError(f"{CONFIG_MODULE} defines no TransformerConfig")
+
+
+def scheme_words(modules) -> set[str]:
+    """The words of the registered schemes' names (the string first arguments of
+    the calls in the module-level `for` that registers them) and of their
+    `options_key`s: "transformer_xl" gives "transformer" and "xl"."""
+    _, tree = modules[SCHEMES_MODULE]
+    names = set()
+    for node in tree.body:
+        if isinstance(node, ast.For):
+            for call in ast.walk(node.iter):
+                if isinstance(call, ast.Call) and call.args:
+                    first = call.args[0]
+                    if isinstance(first, ast.Constant) and isinstance(first.value, str):
+                        names.add(first.value)
+        if isinstance(node, ast.ClassDef):
+            for item in node.body:
+                if (
+                    isinstance(item, ast.Assign)
+                    and any(getattr(t, "id", None) == "options_key" for t in item.targets)
+                    and isinstance(item.value, ast.Constant)
+                ):
+                    names.add(item.value.value)
+    return {w for name in names for w in name.replace("+", "_").split("_") if w}
+
+
+def fields_for_one_scheme(modules) -> list[str]:
+    """`TransformerConfig` fields that belong to one scheme: a field whose name
+    has a word of a scheme's name or options key (`rope_scaling`,
+    `xl_max_distance`), or a field that only the scheme components in
+    jattn/models/schemes.py read (`cfg.max_relative_distance`, read by Shaw
+    alone; the base class `Scheme` reads for every scheme and does not count);
+    such an option belongs in the scheme's `Options`."""
+    words = scheme_words(modules)
+    fields = config_fields(modules)
+    found = [f for f in fields if set(f.split("_")) & words]
+    reads: dict[str, set[str]] = {f: set() for f in fields}  # field -> where it is read
+    for name, (_, tree) in modules.items():
+        if not name.startswith("jattn") or name == CONFIG_MODULE:
+            continue
+        classes = [n for n in ast.walk(tree) if isinstance(n, ast.ClassDef)]
+        inside = {id(a): c.name for c in classes for a in ast.walk(c)}
+        for node in ast.walk(tree):
+            if isinstance(node, ast.Attribute) and node.attr in reads:
+                component = name == SCHEMES_MODULE and inside.get(id(node), "Scheme") != "Scheme"
+                reads[node.attr].add("scheme" if component else name)
+    found += [f for f, where in reads.items() if where == {"scheme"} and f not in found]
+    return found
+
+
+def test_no_transformer_config_field_belongs_to_one_scheme(repo):
+    modules, _ = repo
+    fields = config_fields(modules)
+    assert {"position", "position_options", "max_len", "relative_cross"} <= set(fields)
+    assert {"shaw", "rope", "t5", "xpos", "alibi", "fire", "xl", "kerple"} <= scheme_words(modules)
+    found = fields_for_one_scheme(modules)
+    assert not found, (
+        f"TransformerConfig fields that belong to one scheme: {found}; move them into the "
+        "scheme's Options (jattn/models/schemes.py, docs/schemes.md)"
+    )
+
+
+def test_the_scheme_field_check_finds_a_field_named_or_read_for_one_scheme(tmp_path):
+    modules, _ = _package(
+        tmp_path,
+        {
+            "jattn/__init__.py": "",
+            "jattn/models/__init__.py": "",
+            "jattn/models/config.py": (
+                "class TransformerConfig:\n"
+                "    d_model: int = 8\n"
+                "    rope_base: float = 1.0\n"
+                "    clip: int = 3\n"
+                "    max_len: int = 4\n"
+            ),
+            "jattn/models/schemes.py": (
+                "class Rope:\n"
+                '    options_key = "rotary"\n'
+                "    def rotate(self, cfg):\n"
+                "        return cfg.rope_base, cfg.d_model\n"
+                "class Shaw:\n"
+                "    def shaw(self, cfg):\n"
+                "        return cfg.clip, cfg.max_len\n"
+                'for s in (Rope("rope"), Shaw("shaw")):\n'
+                "    pass\n"
+            ),
+            "jattn/models/layers.py": "def f(cfg):\n    return cfg.d_model + cfg.max_len\n",
+        },
+    )
+    assert scheme_words(modules) == {"rope", "shaw", "rotary"}
+    assert fields_for_one_scheme(modules) == ["rope_base", "clip"]
+
+
 # -- one einsum vocabulary: every letter of every einsum string is in the legend ---------
 
 LEGEND = "jattn.attention.legend"

@@ -10,7 +10,7 @@ run's decoding settings apply (`decode`, `beam_size`, `beam_alpha`,
     jattn decode --workdir runs/rope --rope-scaling yarn --rope-scaling-factor 2 "0123..."
 
 `--rope-scaling` (pi, ntk, yarn) with `--rope-scaling-factor` extends a run
-trained with plain RoPE to longer inputs (`TransformerConfig.rope_scaling`).
+trained with plain RoPE to longer inputs (`model.position_options.rope.scaling`).
 
 An encoder-only model (`model.architecture=encoder_only`) predicts a tape of
 cells at once and is told its length: `--max-len`, or for Delétang et al.'s
@@ -54,7 +54,7 @@ def make_parser() -> argparse.ArgumentParser:
     )
     parser.add_argument(
         "--rope-scaling", choices=("none", "pi", "ntk", "yarn"), default=None,
-        help="extend the run's RoPE to longer inputs (default: the run's model.rope_scaling)",
+        help="extend the run's RoPE to longer inputs (default: the run's rope.scaling)",
     )  # fmt: skip
     parser.add_argument(
         "--rope-scaling-factor", type=float, default=None,
@@ -166,15 +166,15 @@ def decode_command(argv: Sequence[str]) -> int:
         return fail(PROG, str(e))
     scaling = {
         key: value
-        for key, value in (("rope_scaling", args.rope_scaling),
-                           ("rope_scaling_factor", args.rope_scaling_factor))
+        for key, value in (("scaling", args.rope_scaling),
+                           ("scaling_factor", args.rope_scaling_factor))
         if value is not None
     }  # fmt: skip
     if scaling:  # an evaluation-time model setting: the parameters are unchanged
         from jattn.models import Transformer  # noqa: PLC0415
 
         try:
-            run.model = Transformer(run.model.config.replace(**scaling))
+            run.model = Transformer(run.model.config.replace(position_options={"rope": scaling}))
         except ValueError as e:
             return fail(PROG, str(e))
     try:

@@ -349,6 +349,18 @@ def _suggest(name: str, options: Sequence[str]) -> str:
     return f" (did you mean {close[0]!r}?)" if close else ""
 
 
+def _check_moved(arg: str, where: str, part: str) -> None:
+    """A model field that moved into a scheme's options is an error naming its new key."""
+    if where.split(".")[-1] != "model":
+        return
+    from jattn.models.config import renamed_key  # noqa: PLC0415
+
+    moved = renamed_key(part)
+    if moved:
+        new = " and ".join(f"{where}.{key}" for key in moved.split(" and "))
+        raise ConfigError(f"{arg}: {where}.{part} is now {new} (the scheme's own options)")
+
+
 def _field_type(parent: ml_collections.ConfigDict, leaf: str) -> tuple[type | None, bool]:
     """The declared type of a field and whether None is a valid value for it.
 
@@ -452,6 +464,7 @@ def apply_overrides(
                 raise removed_key_error(part)
             if not isinstance(node, ml_collections.ConfigDict) or part not in node:
                 options = list(node.keys()) if isinstance(node, ml_collections.ConfigDict) else []
+                _check_moved(f"--config.{name}", where, part)
                 raise ConfigError(
                     f"--config.{name}: unknown config key {part!r} in {where}"
                     f"{_suggest(part, options)}"

@@ -358,11 +358,17 @@ def flat_hparams(config) -> dict[str, Any]:
     from jattn.train.config import config_to_dict  # noqa: PLC0415
 
     flat = {}
+
+    def add(name: str, value: Any) -> None:  # nested groups (model.position_options.rope.*) too
+        if isinstance(value, dict):
+            for sub, v in value.items():
+                add(f"{name}.{sub}", v)
+        else:
+            flat[name] = "" if value is None else (
+                str(tuple(value)) if isinstance(value, list) else value)  # fmt: skip
+
     for key, value in config_to_dict(config).items():
-        items = value.items() if isinstance(value, dict) else [(None, value)]
-        for sub, v in items:
-            name = key if sub is None else f"{key}.{sub}"
-            flat[name] = "" if v is None else (str(tuple(v)) if isinstance(v, list) else v)
+        add(key, value)
     return flat
 
 
