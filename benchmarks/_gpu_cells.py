@@ -32,6 +32,9 @@ TOLERANCE = {"float32": 1e-4, "bfloat16": 3e-2}  # of the largest reference valu
 # A score mod's params gradient sums a term over every logit (T * S of them),
 # so its float32 rounding grows with the row; 10x the arrays' bound.
 PARAMS_TOLERANCE = {"float32": 1e-3, "bfloat16": 1e-1}
+# A time cell's per-kernel backward tiles (`flash_attention`'s BackwardTiles):
+# `[block_q, block_k]` and warps of the dq kernel and of the dk/dv kernel.
+PER_KERNEL = ("dq_blocks", "dkv_blocks", "dq_warps", "dkv_warps")
 
 
 def _x64():
@@ -137,6 +140,10 @@ def _attention(impl: str, spec: dict):
         if impl == "pallas":
             nf = jattn.normalise(q, k, v, is_causal=causal, relative=rel(tables), **extra)
             bwd = spec.get("backward_blocks")
+            per_kernel = {n: spec.get(n) for n in PER_KERNEL}
+            for n in ("dq_blocks", "dkv_blocks"):
+                per_kernel[n] = tuple(per_kernel[n]) if per_kernel[n] else None
+            tiles = fa.BackwardTiles(**per_kernel) if any(per_kernel.values()) else None
             return fa.flash_attention(
                 nf,
                 block_q=spec.get("block_q"),
@@ -145,6 +152,7 @@ def _attention(impl: str, spec: dict):
                 num_warps=spec.get("warps"),
                 backward_blocks=tuple(bwd) if bwd else None,
                 backward_warps=spec.get("backward_warps"),
+                backward_tiles=tiles,
             )[0]
         return jattn.dot_product_attention(
             q, k, v, is_causal=causal, relative=rel(tables), implementation=impl, **extra
@@ -432,6 +440,10 @@ def _time(spec, rows):
         if spec.get("backward_blocks"):  # the backward's own tiles; the forward's default
             bq, bk = spec["backward_blocks"]
             blocks, warps = f"bwd {bq}x{bk}", f"bwd {spec.get('backward_warps') or ''}"
+        if spec.get("dq_blocks") or spec.get("dkv_blocks"):  # each backward kernel's own
+            (dq_q, dq_k), (kv_q, kv_k) = spec["dq_blocks"], spec["dkv_blocks"]
+            blocks = f"dq {dq_q}x{dq_k} dkv {kv_q}x{kv_k}"
+            warps = f"dq {spec.get('dq_warps') or ''} dkv {spec.get('dkv_warps') or ''}"
         _emit_shaped(
             rows,
             impl=name,

@@ -1,5 +1,7 @@
-"""The host allocator's effect on a CPU train step: glibc's defaults against
-`jattn.train.allocator.tune_host_allocator`, measured in the same run.
+"""The host allocator's effect on a train step: glibc's defaults against
+`jattn.train.allocator.tune_host_allocator`, measured in the same run, on the
+platform it is started on (`--platform cpu` for the CPU's step, as measured
+so far: the allocator matters where the host runs the step).
 
     jattn bench allocator                       # the positional grid's model
     jattn bench allocator --config configs/numbers.py --steps 50 --rounds 5
@@ -29,7 +31,6 @@ SETTINGS = {"glibc defaults": "default", "tuned (jattn)": "tuned"}
 
 def child(spec: str, steps: int, rounds: int) -> dict:
     """Times the train step in this process (run with the allocator already set)."""
-    os.environ.setdefault("JAX_PLATFORMS", "cpu")
     import jax  # noqa: PLC0415
     from flax import linen as nn  # noqa: PLC0415
 
@@ -79,11 +80,19 @@ def main(argv=None) -> int:
     parser = argparse.ArgumentParser(
         prog="jattn bench allocator", description=__doc__.split("\n")[0]
     )
+    parser.add_argument(
+        "--platform",
+        default=None,
+        help="jax platform to run on (cpu, cuda, rocm, tpu); default: where it is started "
+        "(JAX_PLATFORMS, else jax's choice)",
+    )
     parser.add_argument("--config", default=str(ROOT / "configs" / "reverse_digits.py"))
     parser.add_argument("--steps", type=int, default=40)
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--child", default="", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
+    if args.platform:  # the children inherit it
+        os.environ["JAX_PLATFORMS"] = args.platform
     if args.child:
         from jattn.train.allocator import tune_host_allocator  # noqa: PLC0415
 
@@ -93,7 +102,6 @@ def main(argv=None) -> int:
     rows = {}
     for name, setting in SETTINGS.items():
         env = {k: v for k, v in os.environ.items() if k != "JATTN_HOST_ALLOCATOR"}
-        env["JAX_PLATFORMS"] = "cpu"
         if setting == "default":
             env["JATTN_HOST_ALLOCATOR"] = "default"  # as set by hand: glibc left alone
         cmd = [sys.executable, __file__, "--config", args.config, "--steps", str(args.steps)]

@@ -35,6 +35,8 @@ How, on a CPU-only host:
     python benchmarks/aot.py                                  # every variant
     python benchmarks/aot.py --variants '*-bfloat16-*' --timeout-s 120
     python benchmarks/aot.py --variants 't5-bfloat16-*' --block-q 16 --block-k 32
+    python benchmarks/aot.py --variants 'plain-bfloat16-h128-split' \
+        --dq-blocks 64 32 --dkv-blocks 32 64 --dq-warps 4 --dkv-warps 4
     python benchmarks/aot.py --list
     python benchmarks/aot.py --target tpu                     # the Mosaic kernels
                                                               # (benchmarks/_tpu_aot.py)
@@ -173,9 +175,11 @@ def _variant_fn(
     default, "tf32x3"; "ieee" the IEEE FMAs). The vjp is taken with respect
     to q, k, v and the `extra` entries named `rel_*` (Shaw tables) and `mod`
     (the score mod's params); `interpret=True` runs the same function in
-    interpret mode (the tests). `tiles`: `block_q`, `block_k`, `num_warps`
-    overriding the kernels' defaults (forward and backward alike), to try
-    other tiles (`--block-q`, `--block-k`, `--num-warps`)."""
+    interpret mode (the tests). `tiles`: `block_q`, `block_k`, `num_warps` overriding
+    the kernels' defaults (forward and backward alike), `backward_blocks`,
+    `backward_warps` (both backward kernels) and `dq_blocks`, `dkv_blocks`,
+    `dq_warps`, `dkv_warps` (each backward kernel alone), to try other
+    tiles (the flags of the same names, `flash_kwargs`)."""
     import dataclasses
 
     import jax
@@ -201,7 +205,7 @@ def _variant_fn(
         nf = jattn.normalise(q, k, v, **kw)
         mode = dict(backend=backend) if backend else dict(interpret=interpret)
         return fa.flash_attention(
-            nf, backward=backward, precision=precision, **mode, **(tiles or {})
+            nf, backward=backward, precision=precision, **mode, **flash_kwargs(tiles)
         )[0]
 
     def differentiable(name):
@@ -214,6 +218,25 @@ def _variant_fn(
         return out, vjp(ct)
 
     return jattn_aot_variant
+
+
+PER_KERNEL = ("dq_blocks", "dkv_blocks", "dq_warps", "dkv_warps")
+
+
+def flash_kwargs(tiles: dict | None) -> dict:
+    """`flash_attention`'s keyword arguments of the tile overrides `tiles`
+    (`_tiles`): the per-kernel ones in one `BackwardTiles`."""
+    from jattn.attention.pallas.config import BackwardTiles
+
+    tiles = dict(tiles or {})
+    per_kernel = {n: tiles.pop(n) for n in PER_KERNEL if n in tiles}
+    for name in ("backward_blocks", *PER_KERNEL[:2]):
+        for source in (tiles, per_kernel):
+            if source.get(name) is not None:
+                source[name] = tuple(source[name])
+    if per_kernel:
+        tiles["backward_tiles"] = BackwardTiles(**per_kernel)
+    return tiles
 
 
 def variant_inputs(spec: dict, sds) -> tuple:
@@ -272,7 +295,7 @@ def child_main(
     done = time.perf_counter()
     result = dict(
         precision=precision or "tf32x3 (default)",
-        tiles=", ".join(f"{k} {v}" for k, v in (tiles or {}).items()) or "default",
+        tiles=", ".join(f"{k} {_flag_value(v)}" for k, v in (tiles or {}).items()) or "default",
         device=device.device_kind,
         jax=jax.__version__,
         jaxlib=jaxlib.__version__,
@@ -380,8 +403,7 @@ def run_variant(name: str, args, dump_root: str) -> tuple[list[dict], dict]:
     cmd = [sys.executable, os.path.abspath(__file__), "--child", name]
     cmd += ["--target-config", args.target_config] if args.target_config else []
     cmd += ["--precision", args.precision] if args.precision else []
-    for flag, value in _tiles(args).items():
-        cmd += [f"--{flag.replace('_', '-')}", str(value)]
+    cmd += tile_flags(_tiles(args))
     start = time.perf_counter()
     log_path = os.path.join(dump, "compile.log")
     with open(log_path, "w") as out:
@@ -471,10 +493,26 @@ def has_cuda_plugin() -> bool:
         return False
 
 
+TILE_FLAGS = ("block_q", "block_k", "num_warps", "backward_blocks", "backward_warps", *PER_KERNEL)
+PAIR_FLAGS = ("backward_blocks", "dq_blocks", "dkv_blocks")  # two numbers: block_q block_k
+
+
 def _tiles(args) -> dict:
-    """The tile overrides given on the command line (`flash_attention` kwargs)."""
-    names = ("block_q", "block_k", "num_warps")
-    return {n: getattr(args, n) for n in names if getattr(args, n) is not None}
+    """The tile overrides given on the command line (see `flash_kwargs`)."""
+    return {n: getattr(args, n) for n in TILE_FLAGS if getattr(args, n) is not None}
+
+
+def tile_flags(tiles: dict) -> list[str]:
+    """The command-line flags of the tile overrides `tiles` (for the child)."""
+    flags = []
+    for name, value in tiles.items():
+        flags += [f"--{name.replace('_', '-')}", *_flag_value(value).split()]
+    return flags
+
+
+def _flag_value(value) -> str:
+    """A tile flag's value as the command line writes it (`16 32` for a pair)."""
+    return " ".join(map(str, value)) if isinstance(value, (list, tuple)) else str(value)
 
 
 TARGETS = ("cuda", "tpu")
@@ -517,6 +555,13 @@ def main(argv=None) -> int:
     )
     for flag in ("--block-q", "--block-k", "--num-warps"):
         parser.add_argument(flag, type=int, default=None, help="override the default (all kernels)")
+    for flag in ("--backward-blocks", "--dq-blocks", "--dkv-blocks"):
+        parser.add_argument(
+            flag, type=int, nargs=2, default=None, metavar=("BLOCK_Q", "BLOCK_K"),
+            help="the backward's tiles (both kernels, the dq kernel's, the dk/dv kernel's)",
+        )  # fmt: skip
+    for flag in ("--backward-warps", "--dq-warps", "--dkv-warps"):
+        parser.add_argument(flag, type=int, default=None, help="the backward kernels' warps")
     parser.add_argument("--list", action="store_true")
     parser.add_argument("--child", default=None, help=argparse.SUPPRESS)
     args = parser.parse_args(argv)

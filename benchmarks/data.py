@@ -1,6 +1,6 @@
 """Input pipeline benchmark: packing efficiency and throughput of jattn.data.
 
-    JAX_PLATFORMS=cpu python benchmarks/data.py [--data-dir DIR] [--num-batches 50]
+    python benchmarks/data.py [--data-dir DIR] [--num-batches 50] [--platform cpu]
 
 Prints a markdown table, one row per (task, max_len, max_input_len, pack):
 examples and batches per second of the pipeline alone (one thread, no
@@ -19,7 +19,12 @@ import platform
 import sys
 import tempfile
 
-os.environ.setdefault("JAX_PLATFORMS", "cpu")
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+
+from _platform import HELP as PLATFORM_HELP  # noqa: E402
+from _platform import select_platform  # noqa: E402
+
+select_platform()  # where it is started, unless --platform names one
 
 import jattn.data as data  # noqa: E402
 from jattn.cli.common import normalize_flags  # noqa: E402
@@ -36,6 +41,7 @@ COLUMNS = (
 
 def main(argv: list[str] | None = None) -> str:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--platform", default=None, help=PLATFORM_HELP)
     parser.add_argument("--data-dir", default=None, help="tfds data dir (default: a temp dir)")
     parser.add_argument(
         "--tasks", default="numbers,numbers/en,reverse", help="comma-separated jattn tasks"

@@ -41,7 +41,12 @@ import statistics
 import sys
 import time
 
-os.environ.setdefault("JAX_PLATFORMS", "cpu")
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+
+from _platform import HELP as PLATFORM_HELP  # noqa: E402
+from _platform import select_platform  # noqa: E402
+
+select_platform()  # where it is started, unless --platform names one
 
 import flax.linen as nn  # noqa: E402
 import jax  # noqa: E402
@@ -215,6 +220,7 @@ def main(argv=None) -> int:
         choices=SIZES,
         help="model sizes (default smoke numbers small)",
     )
+    p.add_argument("--platform", default=None, help=PLATFORM_HELP)
     p.add_argument("--batch", type=int, default=32, help="source rows B")
     p.add_argument("--source", type=int, default=64, help="source length S")
     p.add_argument("--steps", type=int, default=64, help="target steps (max_length)")

@@ -60,8 +60,8 @@ class MaterialisedT5(T5):
         pos = jnp.arange(cfg.max_len, dtype=jnp.int32)
         buckets = pos_lib.t5_relative_bucket(
             pos[None, :] - pos[:, None],  # kv - q
-            cfg.t5_num_buckets,
-            cfg.t5_max_distance,
+            self.options(cfg).num_buckets,
+            self.options(cfg).max_distance,
             bidirectional=not site.causal,
         )  # [L, L]
         bias = jnp.take(table, buckets, axis=1)  # [N, L, L], as the models built it

@@ -39,10 +39,13 @@ import sys
 import tempfile
 import time
 
-os.environ.setdefault("JAX_PLATFORMS", "cpu")
-
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
+
+from _platform import HELP as PLATFORM_HELP  # noqa: E402
+from _platform import select_platform  # noqa: E402
+
+select_platform()  # where it is started, unless --platform names one
 
 import flax.linen as nn  # noqa: E402
 import jax  # noqa: E402
@@ -210,6 +213,7 @@ def time_steps(run: dict, data, count: int) -> None:
 
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(prog="jattn bench train", description=__doc__.split("\n\n")[0])
+    parser.add_argument("--platform", default=None, help=PLATFORM_HELP)
     parser.add_argument("--sizes", default="numbers,small", help=f"from {sorted(SIZES)}")
     parser.add_argument("--steps", type=int, default=10, help="timed steps per model per round")
     parser.add_argument("--rounds", type=int, default=4, help="rounds, models interleaved")

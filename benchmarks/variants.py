@@ -30,10 +30,13 @@ import statistics
 import sys
 import time
 
-os.environ.setdefault("JAX_PLATFORMS", "cpu")
-
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
+
+from _platform import HELP as PLATFORM_HELP  # noqa: E402
+from _platform import select_platform  # noqa: E402
+
+select_platform()  # where it is started, unless --platform names one
 
 import jax  # noqa: E402
 import numpy as np  # noqa: E402
@@ -149,6 +152,7 @@ def main(argv=None) -> int:
     parser = argparse.ArgumentParser(
         prog="jattn bench variants", description=__doc__.split("\n")[0]
     )
+    parser.add_argument("--platform", default=None, help=PLATFORM_HELP)
     parser.add_argument("--config", required=True, help="config spec, e.g. configs/scan.py:shaw")
     parser.add_argument("arms", nargs="+", help='"NAME:key=value,..." (the first is the baseline)')
     parser.add_argument("--steps", type=int, default=15, help="timed steps an arm a round")

@@ -25,7 +25,7 @@ def small_task(
     eval_max_input_len: int,
     eval_decode_examples: int,
     model_max_len: int,
-    max_relative_distance: int,
+    shaw_max_distance: int,
     **changes,
 ):
     """A small task's config before its `:arg` variants.
@@ -38,7 +38,7 @@ def small_task(
       eval_max_len, eval_max_input_len: evaluation row lengths (target, input).
       eval_decode_examples: examples decoded per split.
       model_max_len: the model's longest position.
-      max_relative_distance: Shaw's clipping distance (the longest distance
+      shaw_max_distance: Shaw's clipping distance (the longest distance
         in training, as in Ontañón et al.).
       **changes: top-level keys that differ from this body.
 
@@ -78,7 +78,7 @@ def small_task(
     c.model.d_ff = 256
     c.model.dropout_rate = 0.1
     c.model.max_len = model_max_len
-    c.model.max_relative_distance = max_relative_distance
+    c.model.position_options.shaw.max_distance = shaw_max_distance
     c.model.position = "sinusoidal"
     for key, value in changes.items():
         c[key] = value

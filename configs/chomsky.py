@@ -78,7 +78,7 @@ def get_config(arg=None):
     c.model.dropout_rate = 0.1
     # Room for inputs, a separator and a tape of every target at once.
     c.model.max_len = c.eval_max_input_len + c.eval_max_len + 1
-    c.model.max_relative_distance = train_max  # the longest training length
+    c.model.position_options.shaw.max_distance = train_max  # the longest training length
     c.model.position = "sinusoidal"
     rest = ",".join(s for s in items if s not in tasks and s not in data)
     try:

@@ -45,6 +45,6 @@ def get_config(arg=None):
         eval_max_input_len=88 if addition else 48,
         eval_decode_examples=1000,  # 2 x 512 rows: all 1,000 examples of each split
         model_max_len=128 if addition else 96,
-        max_relative_distance=20,  # the longest training length
+        shaw_max_distance=20,  # the longest training length
     )
     return apply_variant(c, ",".join(s for s in items if s not in TASKS))

@@ -34,7 +34,7 @@ def get_config(arg=None):
         eval_max_input_len=16,
         eval_decode_examples=128,
         model_max_len=96,
-        max_relative_distance=16,
+        shaw_max_distance=16,
         # Faster and smoothed; evaluated twice, on 64-row batches; the best
         # checkpoint on validation exact match is kept.
         learning_rate=5e-3,

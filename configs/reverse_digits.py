@@ -37,6 +37,6 @@ def get_config(arg=None):
         eval_max_input_len=32,
         eval_decode_examples=1024,
         model_max_len=64,
-        max_relative_distance=16,
+        shaw_max_distance=16,
     )
     return apply_variant(c, arg)

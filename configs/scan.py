@@ -39,6 +39,6 @@ def get_config(arg=None):
         eval_max_input_len=16,
         eval_decode_examples=1024,
         model_max_len=64,
-        max_relative_distance=26,
+        shaw_max_distance=26,
     )
     return apply_variant(c, arg)

@@ -33,7 +33,7 @@ def get_config(arg=None):
         # Group names list the axes alphabetically: "rel2=...,terms=...".
         reference="rel2=false,terms=key",
         metrics=length_metrics("accuracy", speed=False),
-        terms=("model.shaw_terms", "key,bias,key+bias"),
+        terms=("model.position_options.shaw.terms", "key,bias,key+bias"),
         rel2=("model.relative_cross", "false,true"),
     )
     if arg == "duplicate":

@@ -71,7 +71,15 @@ _STATIC = ("is_causal", "max_distance", "window", "dropout_rate", "broadcast_bat
 
 @functools.partial(
     jax.jit,
-    static_argnames=(*_STATIC, "block_q", "block_k", "backend", "backward", "backward_blocks"),
+    static_argnames=(
+        *_STATIC,
+        "block_q",
+        "block_k",
+        "backend",
+        "backward",
+        "backward_blocks",
+        "backward_tiles",
+    ),
 )
 def _pallas_vjp(
     inputs,
@@ -87,10 +95,11 @@ def _pallas_vjp(
     broadcast_batch=False,
     backward="split",
     backward_blocks=None,
+    backward_tiles=None,
 ):
     """Output and gradients of the differentiable inputs (None where absent);
     `backward` the kernel's backward variant ("split" or "fused"),
-    `backward_blocks` its own tiles."""
+    `backward_blocks` its own tiles, `backward_tiles` each backward kernel's."""
     diff = {name: inputs.get(name) for name in GRAD_NAMES}
     kw = dict(window=window, dropout_rate=dropout_rate, broadcast_batch=broadcast_batch)
 
@@ -103,6 +112,7 @@ def _pallas_vjp(
             backend=backend,
             backward=backward,
             backward_blocks=backward_blocks,
+            backward_tiles=backward_tiles,
         )[0]
 
     out, vjp = jax.vjp(f, diff)
@@ -203,6 +213,7 @@ def _check(
     broadcast_batch=False,
     backward="split",
     backward_blocks=None,
+    backward_tiles=None,
 ):
     """Run pallas and the float64 oracle on `inputs`; compare output and every
     gradient. With dropout on, the reference is the xla path (the same keep
@@ -230,6 +241,7 @@ def _check(
         backend=backend,
         backward=backward,
         backward_blocks=backward_blocks,
+        backward_tiles=backward_tiles,
         **kw,
     )
     if dropout_rate:

@@ -38,13 +38,14 @@ from jattn.models import SCHEMES, TransformerConfig
 from jattn.models.schemes import Site
 from jattn.score_mod import ScoreMod
 
-# The config fields each scheme's score mod is built at, in place of its defaults alone ({}).
+# The scheme's own options (its `Options` fields) each scheme's score mod is built at,
+# in place of its defaults alone ({}).
 SETTINGS: dict[str, tuple[dict, ...]] = {
-    "shaw": ({"shaw_terms": "key+value+bias"},),  # the bias term is the score mod
-    "alibi": ({}, {"alibi_mode": "offset"}),  # bidirectional layers: both forms
+    "shaw": ({"terms": "key+value+bias"},),  # the bias term is the score mod
+    "alibi": ({}, {"mode": "offset"}),  # bidirectional layers: both forms
     # Linear memory holds for a fixed clip (issue 35); the default clip is the
     # longest row (max_len - 1), where Shaw's per-query table is O(L * max_len).
-    "transformer_xl": ({"xl_max_distance": 16},),
+    "transformer_xl": ({"max_distance": 16},),
 }
 PERTURB = 0.5
 
@@ -57,6 +58,12 @@ def seed_of(name: str) -> int:
 def settings_of(name: str) -> tuple[dict, ...]:
     """The settings a scheme's score mod is built at (`({},)` unless `SETTINGS` says)."""
     return SETTINGS.get(name, ({},))
+
+
+def setting_fields(name: str, setting: dict) -> dict:
+    """The `TransformerConfig` fields of scheme `name`'s `setting` (its own
+    options, under `position_options` by its options key)."""
+    return {"position_options": {SCHEMES[name].options_key: setting}} if setting else {}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -135,8 +142,8 @@ def builtin_mods(*, sites: tuple[bool, ...] = (True, False), **fields) -> dict[s
     Args:
       sites: which layers to build in: True causal, False bidirectional.
       **fields: `TransformerConfig` fields of the small model (num_heads,
-        t5_num_buckets, fire_hidden, ...); `vocab_size` and `d_model`
-        default to 8 and 8 * num_heads.
+        position_options, ...); `vocab_size` and `d_model` default to 8 and
+        8 * num_heads.
 
     Returns:
       label -> `BuiltinMod`, labels `scheme[setting]`, with `/causal` or
@@ -150,7 +157,8 @@ def builtin_mods(*, sites: tuple[bool, ...] = (True, False), **fields) -> dict[s
     found: dict[str, BuiltinMod] = {}
     for name in sorted(n for n, s in SCHEMES.items() if type(s).__module__.startswith("jattn.")):
         for setting in settings_of(name):
-            config = TransformerConfig(**{**fields, **setting, "position": name})
+            config = TransformerConfig(**{**fields, "position": name})
+            config = config.replace(**setting_fields(name, setting))
             per_site = {}
             for causal in sites:
                 mod = scheme_mod(config, causal=causal, seed=seed_of(name))
@@ -169,8 +177,15 @@ def builtin_mods(*, sites: tuple[bool, ...] = (True, False), **fields) -> dict[s
 # distances (not powers of two, so Triton gets them flattened and padded); FIRE
 # with 8 hidden units (a power of two: its kernel form is used); max_len 8, so
 # a table sized by the longest row stays small (2 * 8 - 1 entries).
-SMALL = dict(num_heads=4, t5_num_buckets=12, t5_max_distance=20, max_relative_distance=4,
-             fire_hidden=8, max_len=8)  # fmt: skip
+SMALL = dict(
+    num_heads=4,
+    max_len=8,
+    position_options={
+        "t5": {"num_buckets": 12, "max_distance": 20},
+        "shaw": {"max_distance": 4},
+        "fire": {"hidden": 8},
+    },
+)
 
 
 @functools.cache

@@ -14,7 +14,6 @@ import pytest
 
 from jattn.analysis import emit, expand, main_ablate, parallel, run_grid
 from jattn.analysis.grid import checked_configs, run_base
-from jattn.analysis.seed_groups import Job
 from jattn.cli.slurm import resources, slurm_script
 from jattn.train.config import ConfigError, apply_overrides, load_config
 
@@ -134,7 +133,7 @@ def test_jobs_side_by_side_train_the_same_runs_each_on_its_own_cpus(tiny_grid, t
     assert main_ablate(*args, **kwargs) == 0
     out = capsys.readouterr().out
     slots = parallel.cpu_slots(2)
-    assert f"2 jobs at once, on CPUs {','.join(map(str, slots[0]))} | " in out
+    assert f"2 runs at once, on CPUs {','.join(map(str, slots[0]))} | " in out
     for name in ("position-sinusoidal_seed-0", "position-shaw_seed-0"):
         log = (workdir / "logs" / f"{name}.log").read_text()
         assert f"workdir: {workdir / 'runs' / name}" in log  # the job's own output
@@ -173,7 +172,7 @@ def test_a_failed_job_is_named_with_its_log(tmp_path):
     lines = []
     with pytest.raises(parallel.JobFailed) as e:
         parallel.train_jobs(
-            [Job((0,), False)], runs, configs, str(tmp_path),
+            [0], runs, configs, str(tmp_path),
             slots=[(sorted(os.sched_getaffinity(0))[0],)], log=lines.append,
             on_done=lambda status: pytest.fail(f"no job finished: {status}"),
             progress=lambda number, done, what: f"[{number}] {what}",
@@ -196,6 +195,35 @@ def test_cli_jobs_flag_is_checked_before_anything_runs(tmp_path, capsys):
     assert main([*base, "--jobs", "2", "--emit", "commands"]) == 2
     assert "--jobs: only when training" in capsys.readouterr().err
     assert not (tmp_path / "w").exists()
+
+
+def test_a_grid_with_the_old_groups_layout_is_refused_in_one_line(tmp_path):
+    """Seed programs of an earlier jattn kept stacked checkpoints in DIR/groups/: a
+    grid with runs left to train is refused (they would restart from step 0), with
+    how to finish it; nothing is trained."""
+    (tmp_path / "groups" / "position-sinusoidal" / "checkpoints" / "3").mkdir(parents=True)
+    with pytest.raises(ConfigError) as e:
+        main_ablate(
+            TINY, str(tmp_path), [("grid.seed.values", "0,1")], emit_fmt=None,
+            report_only=False, repo_root=str(ROOT),
+        )  # fmt: skip
+    assert f"{tmp_path / 'groups'} holds the stacked checkpoints" in str(e.value)
+    assert "git checkout" in str(e.value) and "\n" not in str(e.value)
+    assert not list(tmp_path.rglob("metrics.jsonl"))
+
+
+def test_a_seeds_key_in_a_grid_is_a_one_line_error_naming_the_seed_axis(tmp_path, capsys):
+    """`seeds` (several seeds in one program, an earlier jattn's) is refused for every
+    run of a grid before anything trains, naming what replaces it: the seed axis."""
+    from jattn.cli import main
+
+    argv = ["ablate", "--config", TINY, "--workdir", str(tmp_path / "w"), *NO_CACHE,
+            "--config.train.seeds=0,1"]  # fmt: skip
+    assert main(argv) == 2
+    err = capsys.readouterr().err.strip()
+    assert "\n" not in err and "config.seeds was removed" in err
+    assert "`jattn ablate --jobs N`" in err and "grid.seed.values" in err
+    assert not list(tmp_path.rglob("metrics.jsonl"))
 
 
 def test_cli_refuses_a_grid_another_ablate_is_training(tmp_path, capsys):

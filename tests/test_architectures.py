@@ -309,7 +309,8 @@ ENCODER_SCHEMES = sorted(n for n, s in SCHEMES.items() if not s.causal_only)
 @pytest.mark.parametrize("position", ENCODER_SCHEMES)
 def test_every_scheme_encoder_only_packed_equals_unpacked_and_shift(position):
     """Built from the registry: a scheme added later is covered with no edit."""
-    cfg = _config(architecture="encoder_only", position=position, max_relative_distance=2)
+    shaw = {"shaw": {"max_distance": 2}}
+    cfg = _config(architecture="encoder_only", position=position, position_options=shaw)
     model = Transformer(cfg)
     params = _init(model, INPUTS, TARGETS)
     p_in = jnp.array([[3, 4, 1, 5, 6, 7, 1, 0]])

@@ -1,10 +1,11 @@
 """What `jattn.dot_product_attention` adds around its implementations: the
-choice of the default implementation, `jattn.attention_weights`, and the
+`jattn.attention_weights`, and the
 chunked path's constant-relative-id tiles. The contracts every implementation
 meets (float64 oracle forward and backward, causal, packing, dead rows,
 padding, GQA/MQA, extreme magnitudes, bf16, shift invariance) are the test
 base tests/attention_contract.py, run once per implementation in
-tests/test_attention_contract.py."""
+tests/test_attention_contract.py; the choice of `implementation=None` is
+tests/test_attention_rule.py."""
 
 from __future__ import annotations
 
@@ -55,14 +56,6 @@ def test_chunked_long_band_uses_constant_relative_tiles():
 
 
 # --- relative schemes: shift invariance, order sensitivity ----------------------
-
-
-def test_default_implementation_choice():
-    assert jattn.default_implementation(128, 128, backend="cpu") == "xla"
-    assert jattn.default_implementation(4096, 4096, backend="cpu") == "chunked"
-    assert jattn.default_implementation(128, 128, backend="gpu") == "pallas"
-    assert jattn.default_implementation(128, 128, backend="tpu") == "xla"
-    assert jattn.default_implementation(4096, 4096, backend="tpu") == "chunked"
 
 
 def test_attention_weights_are_what_the_output_mixes():

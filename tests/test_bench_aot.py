@@ -100,6 +100,33 @@ def test_refuses_without_the_cuda_plugin(capsys):
     assert aot.main(["--variants", "nothing*"]) == 2
 
 
+def test_backward_tile_flags_reach_each_kernel_and_the_child(monkeypatch):
+    # --dq-blocks / --dkv-blocks / --dq-warps / --dkv-warps become one
+    # BackwardTiles; --backward-blocks / --backward-warps stay flash_attention's
+    # own (both kernels); the flags written for the child parse back to the same.
+    from jattn.attention.pallas.config import BackwardTiles
+
+    seen = []
+    monkeypatch.setattr(aot, "child_main", lambda name, cfg, prec, tiles: seen.append(tiles) or 0)
+    argv = ["--dq-blocks", "64", "32", "--dkv-blocks", "32", "64", "--dkv-warps", "8"]
+    argv += ["--backward-blocks", "16", "16", "--backward-warps", "2", "--block-q", "128"]
+    assert aot.main(["--child", "plain-bfloat16-h128-split", *argv]) == 0
+    assert aot.flash_kwargs(seen[0]) == dict(
+        block_q=128,
+        backward_blocks=(16, 16),
+        backward_warps=2,
+        backward_tiles=BackwardTiles(dq_blocks=(64, 32), dkv_blocks=(32, 64), dkv_warps=8),
+    )
+    assert aot.flash_kwargs({"block_k": 32}) == {"block_k": 32}  # no BackwardTiles unasked
+    flags = aot.tile_flags(seen[0])
+    assert flags == [
+        "--block-q", "128", "--backward-blocks", "16", "16", "--backward-warps", "2",
+        "--dq-blocks", "64", "32", "--dkv-blocks", "32", "64", "--dkv-warps", "8",
+    ]  # fmt: skip
+    assert aot.main(["--child", "plain-bfloat16-h128-split", *flags]) == 0
+    assert seen[1] == seen[0]
+
+
 # --------------------------------------------------------------------------------------
 # What a score-mod variant compiles: causal attention with the mod, and the
 # vjp to q, k, v and the mod's params; run here in interpret mode.

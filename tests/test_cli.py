@@ -86,6 +86,24 @@ def test_config_variants():
         load_config("configs/does_not_exist.py")
 
 
+@pytest.mark.parametrize("body", ["return {}['learning_rate']", "return 1 / 0", "raise OSError(5)"])
+def test_a_get_config_that_raises_is_a_one_line_config_error(body, tmp_path, capsys):
+    """Before: a KeyError or ValueError was one line, anything else a 19-line traceback
+    and exit 1. Now any exception is one line naming it and the file's line, exit 2."""
+    path = tmp_path / "broken.py"
+    path.write_text(f"def get_config(arg=None):\n    x = 1\n    {body}\n")
+    status = cli.main(["train", "--config", str(path), "--workdir", str(tmp_path / "w")])
+    err = capsys.readouterr().err
+    assert status == 2, err
+    (line,) = err.strip().splitlines()
+    assert line.startswith(f"jattn train: error: --config: {path}")
+    if "1 / 0" in body:
+        assert line.endswith(
+            f".get_config() raised ZeroDivisionError: division by zero (at {path}:3)"
+        )
+    assert not (tmp_path / "w").exists()
+
+
 def test_base_config_is_the_papers_setup():
     from jattn.train.optim import make_optimizer
 
@@ -207,7 +225,11 @@ def test_model_keys_are_the_fields_of_the_model_config():
     assert set(model.keys()) == {f.name for f in fields}
     for f in fields:
         want = -1 if f.name == "vocab_size" else f.default
-        assert model[f.name] == want, f.name
+        got = model[f.name]
+        if f.default_factory is not dataclasses.MISSING:  # position_options: every scheme's
+            want, got = f.default_factory(), got.to_dict()
+        assert got == want, f.name
+    assert model.position_options.t5.num_buckets == 32  # a scheme's default, from its Options
     config = load_config(SMOKE)
     apply_overrides(config, [("model.num_kv_heads", "2"), ("model.attention_impl", "xla")])
     assert config.model.num_kv_heads == 2 and config.model.attention_impl == "xla"

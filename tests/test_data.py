@@ -710,7 +710,7 @@ def test_model_sees_each_packed_example_as_if_alone(tiny):
         dropout_rate=0.0,
         max_len=64,
         position="sinusoidal+shaw",  # absolute and relative positions both matter
-        max_relative_distance=4,
+        position_options={"shaw": {"max_distance": 4}},
         attention_impl="xla",
     )
     model = Transformer(config)

@@ -93,3 +93,69 @@ def test_decode_command_fails_in_one_line(tmp_path, capsys):
     assert cli.main(["decode", "--workdir", str(tmp_path), "abc"]) == 2
     err = capsys.readouterr().err.strip()
     assert "\n" not in err and err.startswith("jattn decode: error:") and "no config.json" in err
+
+
+def test_characters_outside_the_vocabulary_are_reported(run_dir, capsys):
+    """Before (issue 54): read as the unknown token and decoded with no word. Now one
+    warning line for each text that has some, naming them; the output is unchanged."""
+    run = load_run(str(run_dir))
+    unknown = sorted({"é", "✓"} - set(run.tokenizer.chars))
+    assert unknown == ["é", "✓"]
+    texts = ("abc", "hé✓lloé")
+    assert cli.main(["decode", "--workdir", str(run_dir), *texts]) == 0
+    out = capsys.readouterr()
+    assert len(out.out.split("\n")[:-1]) == 2
+    assert out.err.strip().splitlines() == [
+        "warning: input 2 ('hé✓lloé') has 3 characters outside the run's vocabulary: "
+        "'é', '✓'; they are read as the unknown token (\u2047)"
+    ]
+
+
+def _old_spelling(model: dict) -> dict:
+    """A model config as jattn wrote it before the schemes carried their options:
+    each option a flat field (`jattn.models.config.RENAMED`)."""
+    from jattn.models.config import RENAMED
+
+    model = dict(model)
+    options = model.pop("position_options")
+    for old, (path, *_) in RENAMED.items():
+        value = options
+        for part in path.split("."):
+            value = value[part]
+        model[old] = value
+    return model
+
+
+def test_a_workdir_saved_in_the_old_spelling_decodes_and_resumes(run_dir, tmp_path, capsys):
+    """A run saved before `position_options` (flat `rope_scaling`, `t5_num_buckets`,
+    ... in model_config.json, config.json and the checkpoint's meta) loads with
+    the same model config, decodes (also with --rope-scaling, which sets the new
+    key) and continues training under today's config."""
+    old = tmp_path / "old"
+    shutil.copytree(run_dir, old)
+    model_config = old / "model_config.json"
+    model_config.write_text(json.dumps(_old_spelling(json.loads(model_config.read_text()))))
+    config = json.loads((old / "config.json").read_text())
+    config["model"] = _old_spelling(config["model"])
+    (old / "config.json").write_text(json.dumps(config))
+    metas = sorted(old.glob("**/meta/metadata"))
+    assert metas
+    for path in metas:
+        meta = json.loads(path.read_text())
+        meta["config"]["model"] = _old_spelling(meta["config"]["model"])
+        meta["signature"]["model"] = _old_spelling(meta["signature"]["model"])
+        path.write_text(json.dumps(meta))
+    assert "rope_scaling" in json.loads(model_config.read_text())
+
+    with pytest.warns(DeprecationWarning, match="rope_scaling as position_options.rope.scaling"):
+        run = load_run(str(old))
+    assert run.model.config == load_run(str(run_dir)).model.config
+    args = ["decode", "--workdir", str(old), "--rope-scaling", "yarn", "--rope-scaling-factor", "2"]
+    assert cli.main([*args, *TEXTS]) == 0  # a sinusoidal run: RoPE's scaling changes nothing
+    assert capsys.readouterr().out.split("\n")[:-1] == expected(run, "greedy")
+
+    longer = [("num_train_steps", "8"), ("eval_splits", "()"), ("allow_schedule_change", "true")]
+    config = apply_overrides(load_config(SMOKE), longer)
+    train_and_evaluate(config, str(old))  # resumes: the saved flat keys equal today's options
+    assert load_run(str(old)).step == 8
+    assert "position_options" in json.loads(model_config.read_text())  # rewritten, today's

@@ -45,9 +45,10 @@ TINY = dict(
     d_ff=32,
     dropout_rate=0.1,
     max_len=24,
-    max_relative_distance=2,  # < the stream, so Shaw's clipping is exercised
-    t5_num_buckets=8,
-    t5_max_distance=16,
+    position_options={
+        "shaw": {"max_distance": 2},  # < the stream, so Shaw's clipping is exercised
+        "t5": {"num_buckets": 8, "max_distance": 16},
+    },
     attention_impl="xla",
     architecture="decoder_only",
 )
@@ -106,7 +107,7 @@ class Zoo(dict):
         "sinusoidal": dict(share_embeddings=False),
         "rope": dict(num_kv_heads=1),  # MQA
         "alibi": dict(pre_norm=True),
-        "shaw": dict(shaw_terms="key+value+bias", attention_bias=True),
+        "shaw": dict(position_options={"shaw": {"terms": "key+value+bias"}}, attention_bias=True),
         "t5": dict(num_layers=2),  # one bias table for four layers
         "xpos": dict(attention_impl="chunked"),  # the prefix LM's mask through the tiles
     }
@@ -114,7 +115,7 @@ class Zoo(dict):
     def __missing__(self, key):
         position, prefix_lm = key
         variant = self.VARIANTS.get(position, {})
-        cfg = TransformerConfig(**{**TINY, "position": position, "prefix_lm": prefix_lm, **variant})
+        cfg = TransformerConfig(**TINY).replace(position=position, prefix_lm=prefix_lm, **variant)
         model = Transformer(cfg)
 
         @jax.jit

@@ -36,9 +36,10 @@ TINY = dict(
     d_ff=32,
     dropout_rate=0.1,
     max_len=16,
-    max_relative_distance=2,  # < L, so Shaw's clipping is exercised while decoding
-    t5_num_buckets=8,
-    t5_max_distance=16,
+    position_options={
+        "shaw": {"max_distance": 2},  # < L, so Shaw's clipping is exercised while decoding
+        "t5": {"num_buckets": 8, "max_distance": 16},
+    },
     attention_impl="xla",
 )
 B, S, L = 3, 5, 6
@@ -69,14 +70,17 @@ class Zoo(dict):
         "alibi": dict(pre_norm=True),
         "sinusoidal": dict(share_embeddings=False),
         "rope": dict(num_kv_heads=1),  # MQA
-        "shaw": dict(shaw_terms="key", attention_bias=True),
-        "shaw[key+bias] rel2": dict(position="shaw", shaw_terms="key+bias", relative_cross=True),
+        "shaw": dict(position_options={"shaw": {"terms": "key"}}, attention_bias=True),
+        "shaw[key+bias] rel2": dict(
+            position="shaw", position_options={"shaw": {"terms": "key+bias"}}, relative_cross=True
+        ),
         "rope rel2": dict(position="rope", relative_cross=True),
         "t5 rel2": dict(position="t5", relative_cross=True),
     }
 
     def __missing__(self, position):
-        cfg = TransformerConfig(**{**TINY, "position": position, **self.VARIANTS.get(position, {})})
+        variant = self.VARIANTS.get(position, {})
+        cfg = TransformerConfig(**TINY).replace(**{"position": position, **variant})
         model = Transformer(cfg)
 
         @jax.jit

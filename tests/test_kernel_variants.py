@@ -358,6 +358,53 @@ def _kernel_dot_precisions(closed_jaxpr) -> list:
     return found
 
 
+def _kernel_dot_dims(closed_jaxpr) -> dict[str, list]:
+    """`{kernel name: [(lhs contracting dims, rhs contracting dims), ...]}`
+    of the dot_generals inside each pallas_call."""
+    found: dict[str, list] = {}
+
+    def walk(jaxpr, kernel):
+        for eqn in jaxpr.eqns:
+            if kernel is not None and eqn.primitive.name == "dot_general":
+                (lhs, rhs), _ = eqn.params["dimension_numbers"]
+                found.setdefault(kernel, []).append((tuple(lhs), tuple(rhs)))
+            inner_kernel = kernel
+            if eqn.primitive.name == "pallas_call":
+                inner_kernel = str(eqn.params["name"])
+            for param in eqn.params.values():
+                for sub in param if isinstance(param, (tuple, list)) else [param]:
+                    inner = getattr(sub, "jaxpr", sub)
+                    if hasattr(inner, "eqns"):
+                        walk(inner, inner_kernel)
+
+    walk(closed_jaxpr.jaxpr, None)
+    return found
+
+
+@pytest.mark.parametrize("backward", ["split", "fused"])
+def test_backward_dots_need_no_transposed_operand(backward):
+    # The dk/dv tiles are computed transposed (Sᵀ = k·qᵀ, dPᵀ = v·dOᵀ), so
+    # dV += Pᵀ·dO and dK += dSᵀ·q contract the lhs's columns: no kernel dot
+    # contracts an operand's rows (a transposed operand, which Triton moves
+    # through shared memory); the dk/dv tiles run two of each (bf16: native).
+    inputs = _qkv(83, *RAGGED, dtype=jnp.bfloat16)
+    nf = _normal_form(inputs, is_causal=True, max_distance=2)
+
+    def loss(q):
+        out, _ = fa.flash_attention(
+            nf.replace(query=q), block_q=16, block_k=16, backend="gpu", backward=backward
+        )
+        return jnp.sum(out.astype(jnp.float32))
+
+    dims = _kernel_dot_dims(jax.make_jaxpr(jax.grad(loss))(nf.query))
+    nt, nn = ((1,), (1,)), ((1,), (0,))  # a·bᵀ and a·b
+    assert all(d in (nt, nn) for ds in dims.values() for d in ds), dims
+    if backward == "split":
+        dkv = [ds for name, ds in dims.items() if "dkv" in name]
+        # One copy of the tile per loop and branch (`tile_loop`), 2 + 2 dots each.
+        assert len(dkv) == 1 and dkv[0].count(nt) == dkv[0].count(nn) >= 2, dims
+
+
 @pytest.mark.parametrize(
     "dtype, precision",
     [(jnp.float32, None), (jnp.float32, "tf32x3"), (jnp.float32, "ieee"), (jnp.bfloat16, None)],

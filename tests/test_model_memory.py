@@ -54,7 +54,9 @@ BENCH = _bench()
 @functools.cache
 def temp_bytes(position: str, length: int) -> int:
     setting = registry_mods.settings_of(position)[0]
-    cfg = BENCH.model_config(position, length, **SIZES, **setting)
+    cfg = BENCH.model_config(
+        position, length, **SIZES, **registry_mods.setting_fields(position, setting)
+    )
     return BENCH.model_temp_bytes(cfg, length)
 
 

@@ -40,10 +40,12 @@ SCHEMES = list(REGISTRY)
 # Ontañón et al.'s variants: Shaw's terms (rel-e, rel-b, rel-eb) and relative
 # positions in decoder-to-encoder attention too ("rel2").
 VARIANTS = {
-    "shaw[key]": dict(position="shaw", shaw_terms="key"),
-    "shaw[bias]": dict(position="shaw", shaw_terms="bias"),
-    "shaw[key+bias]": dict(position="shaw", shaw_terms="key+bias"),
-    "rel2 shaw[key+bias]": dict(position="shaw", shaw_terms="key+bias", relative_cross=True),
+    "shaw[key]": dict(position="shaw", position_options={"shaw": {"terms": "key"}}),
+    "shaw[bias]": dict(position="shaw", position_options={"shaw": {"terms": "bias"}}),
+    "shaw[key+bias]": dict(position="shaw", position_options={"shaw": {"terms": "key+bias"}}),
+    "rel2 shaw[key+bias]": dict(
+        position="shaw", position_options={"shaw": {"terms": "key+bias"}}, relative_cross=True
+    ),
     "rel2 rope": dict(position="rope", relative_cross=True),
     "rel2 alibi": dict(position="alibi", relative_cross=True),
     "rel2 t5": dict(position="t5", relative_cross=True),
@@ -57,9 +59,10 @@ TINY = dict(
     d_ff=32,
     dropout_rate=0.1,
     max_len=32,
-    max_relative_distance=3,  # < L, so Shaw's clipping is exercised
-    t5_num_buckets=8,
-    t5_max_distance=16,
+    position_options={
+        "shaw": {"max_distance": 3},  # < L, so Shaw's clipping is exercised
+        "t5": {"num_buckets": 8, "max_distance": 16},
+    },
     attention_impl="xla",
 )
 L = 8
@@ -67,7 +70,8 @@ AXIS_NAMES = {"batch", "length", "embed", "heads", "kv", "mlp", "vocab", None}
 
 
 def tiny(position: str, **overrides) -> TransformerConfig:
-    return TransformerConfig(**{**TINY, "position": position, **overrides})
+    """`TINY` with `position` and `overrides` (position options merged into TINY's)."""
+    return TransformerConfig(**TINY).replace(position=position, **overrides)
 
 
 # Smaller weights than the default (0.3) and the tests' length.
@@ -150,22 +154,27 @@ def unpacked(tokens: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         (dict(dropout_rate=1.0), "dropout_rate must be in"),
         (dict(attention_dropout_rate=-0.1), "attention_dropout_rate must be in"),
         (dict(attention_impl="cuda"), "attention_impl='cuda'"),
-        (dict(position="shaw", max_relative_distance=0), "max_relative_distance must be"),
-        (dict(position="t5", t5_num_buckets=7), "t5_num_buckets must be even"),
+        (dict(position_options={"shaw": {"max_distance": 0}}), "shaw: max_distance must be"),
+        (dict(position_options={"t5": {"num_buckets": 7}}), "t5: num_buckets must be even"),
         (dict(dtype="int32"), "dtype must be floating"),
         (dict(param_dtype="float99"), "param_dtype='float99' is not a dtype"),
         (dict(vocab_size=1), "vocab_size must be >= 2"),
         (dict(num_layers=2.0), "num_layers must be a positive int"),
-        (dict(position="fire", fire_hidden=0), "fire_hidden must be a positive int"),
-        (dict(alibi_mode="left"), "alibi_mode='left'; choose 'symmetric' or 'offset'"),
-        (dict(rope_scaling="linear"), "rope_scaling='linear'; choose one of"),
-        (dict(rope_scaling_factor=0.5), "rope_scaling_factor must be >= 1"),
+        (dict(position_options={"fire": {"hidden": 0}}), "fire: hidden must be a positive int"),
+        (dict(position_options={"alibi": {"mode": "left"}}), "alibi: mode='left'; choose"),
+        (dict(position_options={"rope": {"scaling": "linear"}}), "rope: scaling='linear'"),
+        (dict(position_options={"rope": {"scaling_factor": 0.5}}), "scaling_factor must be >="),
+        (dict(position_options={"rope": {"yarn": {"convention": "meta"}}}), "rope.yarn: "),
+        (dict(position_options={"rope": {"base": 1}}), r"rope: unknown options \['base'\]"),
+        (dict(position_options={"nope": {}}), r"unknown keys \['nope'\]"),
         (dict(random_positions=-1), "random_positions must be an int >= 0"),
         (dict(position="rope", d_model=4), "rope needs head_dim >= 2"),
     ],
 )
 def test_bad_config_values_fail_clearly(overrides, match):
-    with pytest.raises(ValueError, match=match.replace("(", r"\(").replace("[", r"\[")):
+    if "\\" not in match:
+        match = match.replace("(", r"\(").replace("[", r"\[")
+    with pytest.raises(ValueError, match=match):
         TransformerConfig(**{**TINY, **overrides})
 
 
@@ -439,7 +448,7 @@ def test_pre_norm_and_separate_embeddings_structure():
     sep = abstract_params(tiny("alibi", share_embeddings=False))
     assert {"source_embed", "target_embed"} <= set(sep) and "embed" not in sep
     assert sep["decoder"]["logits"]["kernel"].shape == (16, 13)
-    per_layer = abstract_params(tiny("t5", t5_per_layer=True))
+    per_layer = abstract_params(tiny("t5", position_options={"t5": {"per_layer": True}}))
     assert "t5_bias" not in per_layer["encoder"]
     assert per_layer["encoder"]["layer_0"]["self_attention"]["t5_bias"]["table"].shape == (8, 4)
 
@@ -626,7 +635,7 @@ def test_parameter_names_are_the_checkpoint_layout():
     "terms, cross", [("key", False), ("bias", False), ("key+bias", True), ("key+value", True)]
 )
 def test_shaw_terms_and_relative_cross_own_their_tables(terms, cross):
-    cfg = tiny("shaw", shaw_terms=terms, relative_cross=cross)
+    cfg = tiny("shaw", position_options={"shaw": {"terms": terms}}, relative_cross=cross)
     flat = {"/".join(map(str, k)): v for k, v in _flatten(abstract_params(cfg))}
     layers = ["encoder/layer_0/self_attention", "decoder/layer_0/self_attention"]
     cross_layer = "decoder/layer_0/cross_attention"
@@ -667,9 +676,9 @@ def test_relative_cross_makes_decoder_see_source_positions(zoo):
 @pytest.mark.parametrize(
     "bad, match",
     [
-        (dict(shaw_terms="key+key"), "shaw_terms"),
-        (dict(shaw_terms="keys"), "shaw_terms"),
-        (dict(shaw_terms=""), "shaw_terms"),
+        (dict(position_options={"shaw": {"terms": "key+key"}}), "shaw: terms="),
+        (dict(position_options={"shaw": {"terms": "keys"}}), "shaw: terms="),
+        (dict(position_options={"shaw": {"terms": ""}}), "shaw: terms="),
         (dict(position="sinusoidal", relative_cross=True), "relative_cross"),
     ],
 )
@@ -680,6 +689,51 @@ def test_shaw_terms_and_relative_cross_checked(bad, match):
 
 def test_legacy_shaw_values_key_is_read():
     base = tiny("shaw").to_dict()
-    del base["shaw_terms"]
-    assert TransformerConfig.from_dict({**base, "shaw_values": False}).shaw_terms == "key"
-    assert TransformerConfig.from_dict({**base, "shaw_values": True}).shaw_terms == "key+value"
+    del base["position_options"]
+    for saved, terms in ((False, "key"), (True, "key+value")):
+        with pytest.warns(DeprecationWarning, match="shaw_values as position_options.shaw.terms"):
+            cfg = TransformerConfig.from_dict({**base, "shaw_values": saved})
+        assert cfg.position_options["shaw"].terms == terms
+
+
+def test_a_model_config_saved_with_the_flat_scheme_fields_is_read_in_the_new_spelling():
+    # model_config.json of a run saved before the schemes carried their options:
+    # every old flat field is read where it now lives (RoPE's base also xPos's).
+    from jattn.models.config import RENAMED  # noqa: PLC0415
+
+    values = {
+        "max_relative_distance": 5, "shaw_terms": "key+bias", "rope_max_timescale": 500.0,
+        "rope_scaling": "yarn", "rope_scaling_factor": 2.0, "rope_original_length": 24,
+        "rope_yarn_convention": "hf", "rope_yarn_beta_fast": 16.0, "rope_yarn_beta_slow": 2.0,
+        "rope_yarn_mscale": 1.0, "rope_yarn_mscale_all_dim": 0.5, "t5_num_buckets": 12,
+        "t5_max_distance": 40, "t5_per_layer": True, "xpos_scale_base": 256.0,
+        "alibi_mode": "offset", "fire_hidden": 6, "xl_max_distance": 9,
+    }  # fmt: skip
+    assert set(values) == set(RENAMED)  # every renamed field is exercised
+    base = tiny("rope").to_dict()
+    del base["position_options"]
+    with pytest.warns(DeprecationWarning, match="rope_scaling as position_options.rope.scaling"):
+        cfg = TransformerConfig.from_dict({**base, **values})
+    want = {
+        "shaw": {"max_distance": 5, "terms": "key+bias"},
+        "rope": {"max_timescale": 500.0, "scaling": "yarn", "scaling_factor": 2.0,
+                 "original_length": 24, "yarn": {"convention": "hf", "beta_fast": 16.0,
+                 "beta_slow": 2.0, "mscale": 1.0, "mscale_all_dim": 0.5}},
+        "t5": {"num_buckets": 12, "max_distance": 40, "per_layer": True},
+        "xpos": {"max_timescale": 500.0, "scale_base": 256.0},
+        "alibi": {"mode": "offset"},
+        "fire": {"hidden": 6},
+        "transformer_xl": {"max_distance": 9},
+    }  # fmt: skip
+    assert cfg.position_options.to_dict() == want
+    assert TransformerConfig.from_dict(cfg.to_dict()) == cfg  # today's spelling round-trips
+
+
+def test_position_options_merge_on_replace_and_keep_the_config_hashable():
+    cfg = tiny("rope", position_options={"rope": {"scaling": "yarn"}})
+    again = cfg.replace(position_options={"rope": {"yarn": {"convention": "hf"}}})
+    assert again.position_options["rope"].scaling == "yarn"  # kept
+    assert again.position_options["rope"].yarn.convention == "hf"
+    assert again.position_options["t5"].num_buckets == 8  # TINY's, untouched
+    assert hash(cfg) != hash(again) and cfg != again
+    assert hash(cfg.replace()) == hash(cfg) and cfg.replace() == cfg

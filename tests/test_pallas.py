@@ -37,6 +37,7 @@ from flash_harness import (
     _packed,
     _pallas_vjp,
     _qkv,
+    cuda_target,
     window_mask,
 )
 
@@ -96,6 +97,103 @@ def test_backward_tiles_apart_from_the_forward(backward):
     np.testing.assert_array_equal(np.asarray(out), np.asarray(same))
 
 
+@pytest.mark.parametrize(
+    "case,tiles",
+    [
+        # Shaw terms, causal, ragged lengths: dq on 32x16, dk/dv on 16x32.
+        ("shaw", fa.BackwardTiles(dq_blocks=(32, 16), dkv_blocks=(16, 32))),
+        # Only the dk/dv kernel's tiles given: dq keeps backward_blocks (16x16).
+        ("window+bias_keys", fa.BackwardTiles(dkv_blocks=(32, 64), dkv_warps=8)),
+        # GQA, a bias per query row, dropout: dq 16x64, dk/dv 64x16.
+        ("gqa+bias_rows+dropout", fa.BackwardTiles(dq_blocks=(16, 64), dkv_blocks=(64, 16))),
+    ],
+)
+def test_dq_and_dkv_kernels_on_their_own_tiles(case, tiles):
+    # backward_tiles gives the split backward's two kernels their own tiles
+    # (the dq kernel loops over key tiles, the dk/dv kernel over query tiles
+    # and the heads of a kv head): the gradients still match the oracle and
+    # the forward's output is the same bits as with one backward tiling.
+    inputs = _qkv(8, *(MAIN if case.startswith("gqa") else RAGGED))
+    (b, t, n, _), s = inputs["query"].shape, inputs["key"].shape[1]
+    rng = np.random.default_rng(9)
+    kw = dict(is_causal=True, block_q=32, block_k=16, backward_blocks=(16, 16))
+    if case == "shaw":
+        kw["max_distance"] = 3
+    if case.startswith("window"):
+        kw.update(is_causal=False, window=(5, 3))
+        inputs["bias"] = jnp.asarray(rng.standard_normal((b, 1, 1, s)), jnp.float32)
+    if case.startswith("gqa"):
+        inputs["bias"] = jnp.asarray(rng.standard_normal((b, n, t, 1)), jnp.float32)
+        inputs["dropout_rng"] = jax.random.PRNGKey(3)
+        kw["dropout_rate"] = 0.25
+    out, _ = _check(inputs, backward_tiles=tiles, **kw)
+    same, _ = _check(inputs, **kw)
+    np.testing.assert_array_equal(np.asarray(out), np.asarray(same))
+
+
+def test_backward_tiles_per_kernel_configure_each_kernel():
+    # backward_blocks / backward_warps give both kernels; a BackwardTiles
+    # field overrides it for its kernel; equal tilings keep one config.
+    nf = jattn.normalise(*(_qkv(0, *RAGGED)[x] for x in ("query", "key", "value")))
+    pre = fa.prepare(nf, block_q=32, block_k=16, backend="gpu", backward_blocks=(16, 64))
+    assert pre.bwd_cfg.dkv_tiling is None and pre.dkv_cfg is pre.bwd_cfg
+    assert pre.fixed.dkv_maps is None
+    tiles = fa.BackwardTiles(dkv_blocks=(64, 16), dq_warps=2, dkv_warps=8)
+    pre = fa.prepare(
+        nf, block_q=32, block_k=16, backend="gpu", backward_blocks=(16, 64), backward_tiles=tiles
+    )
+    assert (pre.bwd_cfg.block_q, pre.bwd_cfg.block_k, pre.bwd_cfg.num_warps) == (16, 64, 2)
+    assert (pre.dkv_cfg.block_q, pre.dkv_cfg.block_k, pre.dkv_cfg.num_warps) == (64, 16, 8)
+    assert pre.fixed.dkv_maps.classes.shape[-2:] == (64 // 64, 64 // 16)  # Tp = Sp = 64
+    assert pre.q.shape[1] == 64 and pre.k.shape[1] == 64  # padded to every tiling
+    # Warps alone differing still give the dk/dv kernel its own config.
+    pre = fa.prepare(
+        nf, block_q=None, block_k=None, backend="gpu", backward_tiles=fa.BackwardTiles(dkv_warps=2)
+    )
+    assert pre.dkv_cfg.num_warps == 2 and pre.fixed.dkv_maps is None
+    with pytest.raises(ValueError, match='backward="fused" runs one tiling'):
+        fa.prepare(
+            nf, block_q=None, block_k=None, backend="gpu", backward="fused",
+            backward_tiles=fa.BackwardTiles(dq_blocks=(16, 16), dkv_blocks=(32, 16)),
+        )  # fmt: skip
+    with pytest.raises(ValueError, match='backward="fused" runs one kernel'):
+        fa.prepare(
+            nf, block_q=None, block_k=None, backend="gpu", backward="fused",
+            backward_tiles=fa.BackwardTiles(dkv_warps=2),
+        )  # fmt: skip
+    with pytest.raises(ValueError, match=r"backward_tiles.dkv_blocks\[1\] must be a power of two"):
+        fa.flash_attention(nf, backward_tiles=fa.BackwardTiles(dkv_blocks=(16, 48)), backend="gpu")
+    with pytest.raises(ValueError, match="backward_tiles.dq_warps must be a power of two"):
+        fa.flash_attention(nf, backward_tiles=fa.BackwardTiles(dq_warps=3), backend="gpu")
+    with pytest.raises(ValueError, match="backward_tiles must be a BackwardTiles"):
+        fa.flash_attention(nf, backward_tiles=((16, 16), (16, 16)), backend="gpu")
+
+
+@pytest.mark.filterwarnings("ignore:The Pallas Triton backend is deprecated:DeprecationWarning")
+def test_per_kernel_backward_tiles_lower_to_triton():
+    # The transposed dk/dv tiles and each kernel's own tiles and warps lower
+    # for an abstract H100: three Triton kernels, each with its warps
+    # (forward 8 at 128 rows, dq 4, dk/dv 2 as given).
+    sds = jax.ShapeDtypeStruct
+    q, k = sds((1, 256, 4, 64), jnp.bfloat16), sds((1, 256, 2, 64), jnp.bfloat16)
+    tiles = fa.BackwardTiles(dq_blocks=(64, 32), dkv_blocks=(32, 128), dq_warps=4, dkv_warps=2)
+
+    def f(q, k, v, ct):
+        def attend(q, k, v):
+            nf = jattn.normalise(q, k, v, is_causal=True, local_window_size=(100, 0))
+            return fa.flash_attention(nf, backend="gpu", backward_tiles=tiles)[0]
+
+        return jax.vjp(attend, q, k, v)[1](ct)
+
+    jax.eval_shape(f, q, k, k, q)  # the cached block maps, outside the abstract mesh
+    with cuda_target():
+        text = jax.jit(f).trace(q, k, k, q).lower(lowering_platforms=("cuda",)).as_text()
+    for name in ("jattn_flash_fwd", "jattn_flash_dq", "jattn_flash_dkv"):
+        assert name in text
+    warps = sorted(int(w) for w in re.findall(r"num_warps = (\d+) : i32", text))
+    assert warps == [2, 4, 8], warps
+
+
 def test_backward_tiles_apart_from_the_forward_in_the_mosaic_kernels():
     # The same on the TPU family (interpret mode): key tiles hold every key
     # (Mosaic's layout rule at S = 36), the backward's query tiles are half
@@ -104,6 +202,11 @@ def test_backward_tiles_apart_from_the_forward_in_the_mosaic_kernels():
     _check(
         inputs, is_causal=True, max_distance=3, block_q=16, block_k=40,
         backend="tpu_interpret", backward_blocks=(8, 40),
+    )  # fmt: skip
+    # Each Mosaic backward kernel on its own query tiles.
+    _check(
+        inputs, is_causal=True, max_distance=3, block_q=16, block_k=40, backend="tpu_interpret",
+        backward_tiles=fa.BackwardTiles(dq_blocks=(8, 40), dkv_blocks=(32, 40)),
     )  # fmt: skip
 
 

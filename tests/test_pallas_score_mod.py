@@ -188,9 +188,12 @@ def _reference(inputs: dict, mod: jattn.ScoreMod, cot, *, is_causal: bool):
         return np.asarray(out), jax.tree.map(np.asarray, grads)
 
 
-@functools.partial(jax.jit, static_argnames=("is_causal", "backend", "backward", "bq", "bk"))
-def _pallas(inputs, mod, cot, *, is_causal, backend, backward="split", bq=16, bk=32):
-    """Output and gradients (query, key, value, params) through the kernels."""
+@functools.partial(
+    jax.jit, static_argnames=("is_causal", "backend", "backward", "bq", "bk", "tiles")
+)
+def _pallas(inputs, mod, cot, *, is_causal, backend, backward="split", bq=16, bk=32, tiles=None):
+    """Output and gradients (query, key, value, params) through the kernels;
+    `tiles` each backward kernel's (`fa.BackwardTiles`) or None."""
 
     def f(q, k, v, params):
         nf = jattn.normalise(
@@ -205,7 +208,9 @@ def _pallas(inputs, mod, cot, *, is_causal, backend, backward="split", bq=16, bk
             kv_positions=inputs.get("kv_positions"),
             score_mod=jattn.ScoreMod(mod.fn, params, mod.name),
         )
-        return fa.flash_attention(nf, block_q=bq, block_k=bk, backend=backend, backward=backward)[0]
+        return fa.flash_attention(
+            nf, block_q=bq, block_k=bk, backend=backend, backward=backward, backward_tiles=tiles
+        )[0]
 
     out, vjp = jax.vjp(f, inputs["query"], inputs["key"], inputs["value"], mod.params)
     return out, vjp(cot)
@@ -336,6 +341,19 @@ def test_triton_packed_padded_and_fused_backward(name):
     for backward in ("split", "fused"):
         got = _pallas(inputs, mod, cot, is_causal=True, backend="interpret", backward=backward)
         _compare(got, want)
+
+
+@pytest.mark.parametrize("name", sorted(MODS))
+def test_dq_and_dkv_kernels_on_their_own_tiles(name):
+    # The dq kernel (which also sums the params' gradient) on 32x16 tiles and
+    # the dk/dv kernel on 16x64 (another warp count: 2), the forward on
+    # 16x32: three tilings of packed, padded rows, every mod against float64
+    # (a distance-table mod builds one tile set per tiling).
+    inputs, mod = _packed_padded_inputs(), _mod(name)
+    cot = _cot(inputs)
+    tiles = fa.BackwardTiles(dq_blocks=(32, 16), dkv_blocks=(16, 64), dkv_warps=2)
+    got = _pallas(inputs, mod, cot, is_causal=True, backend="interpret", tiles=tiles)
+    _compare(got, _reference(inputs, mod, cot, is_causal=True))
 
 
 @pytest.mark.parametrize("backend", ["interpret", "tpu_interpret"])

@@ -107,7 +107,7 @@ def small():
         dropout_rate=0.0,
         max_len=16,
         position="shaw",
-        max_relative_distance=4,
+        position_options={"shaw": {"max_distance": 4}},
     )
     model = Transformer(cfg)
     inputs = jnp.array([[5, 6, 7, 1, 0], [8, 9, 1, 0, 0]], jnp.int32)
@@ -166,7 +166,8 @@ def test_source_effects_of_a_decoder_only_model(small, position):
     _, _, inputs, targets = small
     cfg = TransformerConfig(
         vocab_size=16, d_model=16, num_heads=2, num_kv_heads=2, num_layers=1, d_ff=32,
-        dropout_rate=0.0, max_len=16, position=position, max_relative_distance=4,
+        dropout_rate=0.0, max_len=16, position=position,
+        position_options={"shaw": {"max_distance": 4}},
         architecture="decoder_only",
     )  # fmt: skip
     model = Transformer(cfg)

@@ -45,10 +45,11 @@ TINY = dict(
     d_ff=32,
     dropout_rate=0.1,
     max_len=M,  # the learned table holds every position a draw can give
-    max_relative_distance=3,  # < L: Shaw's clipping is exercised
-    t5_num_buckets=8,
-    t5_max_distance=16,
-    fire_hidden=4,
+    position_options={
+        "shaw": {"max_distance": 3},  # < L: Shaw's clipping is exercised
+        "t5": {"num_buckets": 8, "max_distance": 16},
+        "fire": {"hidden": 4},
+    },
     attention_impl="xla",
     random_positions=M,
     random_positions_eval=True,

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import math
 import pathlib
 
 import flax.linen as nn
@@ -42,7 +43,7 @@ from jattn.models import SCHEMES, Transformer, TransformerConfig, decoding
 from jattn.models.axes import AXIS_NAMES, param
 from jattn.models.inputs import random_positions
 from jattn.models.layers import Attention
-from jattn.models.schemes import Scheme, register
+from jattn.models.schemes import Scheme, SchemeOptions, register
 from jattn.models.transformer import shift_right
 
 # -- a scheme registered from outside the package ---------------------------------------
@@ -54,12 +55,27 @@ def _toy_mod(w, score, batch, head, q_position, kv_position):
 
 
 @dataclasses.dataclass(frozen=True)
+class ToyOptions(SchemeOptions):
+    """The toy's one option: its weights' initial value."""
+
+    init: float = 1.0
+
+    def check(self):
+        if not math.isfinite(self.init):
+            raise ValueError(f"init must be finite, got {self.init!r}")
+
+
+@dataclasses.dataclass(frozen=True)
 class Toy(Scheme):
+    Options = ToyOptions
+    options_key = "toy"
+
     relative: bool = True
     shift_invariant: bool = True
 
     def score_mod(self, module, cfg, site, state):
-        w = param(module, "toy_w", nn.initializers.ones, (cfg.num_heads,), ("heads",), jnp.float32)
+        init = nn.initializers.constant(self.options(cfg).init)
+        w = param(module, "toy_w", init, (cfg.num_heads,), ("heads",), jnp.float32)
         return jattn.ScoreMod(_toy_mod, w)
 
 
@@ -67,15 +83,17 @@ TOY = Toy("toy")
 NAMES = sorted(SCHEMES) + [TOY.name]
 # Variants of the schemes' options, each checked like a scheme.
 VARIANTS = {
-    "shaw[bias]": dict(position="shaw", shaw_terms="bias"),
-    "shaw[key+bias]": dict(position="shaw", shaw_terms="key+bias"),
-    "rel2 shaw[key+bias]": dict(position="shaw", shaw_terms="key+bias", relative_cross=True),
+    "shaw[bias]": dict(position="shaw", position_options={"shaw": {"terms": "bias"}}),
+    "shaw[key+bias]": dict(position="shaw", position_options={"shaw": {"terms": "key+bias"}}),
+    "rel2 shaw[key+bias]": dict(
+        position="shaw", position_options={"shaw": {"terms": "key+bias"}}, relative_cross=True
+    ),
     "rel2 rope": dict(position="rope", relative_cross=True),
     "rel2 alibi": dict(position="alibi", relative_cross=True),
     "rel2 t5": dict(position="t5", relative_cross=True),
     "rel2 fire": dict(position="fire", relative_cross=True),
-    "t5 per layer": dict(position="t5", t5_per_layer=True),
-    "alibi offset": dict(position="alibi", alibi_mode="offset"),
+    "t5 per layer": dict(position="t5", position_options={"t5": {"per_layer": True}}),
+    "alibi offset": dict(position="alibi", position_options={"alibi": {"mode": "offset"}}),
 }
 CASES = NAMES + list(VARIANTS)
 TINY = dict(
@@ -87,10 +105,11 @@ TINY = dict(
     d_ff=32,
     dropout_rate=0.1,
     max_len=32,
-    max_relative_distance=3,  # < L: Shaw's clipping is exercised
-    t5_num_buckets=8,
-    t5_max_distance=16,
-    fire_hidden=4,
+    position_options={
+        "shaw": {"max_distance": 3},  # < L: Shaw's clipping is exercised
+        "t5": {"num_buckets": 8, "max_distance": 16},
+        "fire": {"hidden": 4},
+    },
     attention_impl="xla",
 )
 L = 8
@@ -110,7 +129,7 @@ def toy_registered():
 
 def config_of(case: str, **overrides) -> TransformerConfig:
     kw = VARIANTS.get(case, dict(position=case))
-    return TransformerConfig(**{**TINY, **kw, **overrides})
+    return TransformerConfig(**TINY).replace(**kw).replace(**overrides)
 
 
 # Smaller weights than the default (0.3) and the tests' length.
@@ -373,6 +392,34 @@ def test_toy_scheme_trains_and_its_parameter_learns():
     assert np.abs(moved).max() > 1e-3  # gradients reach the score mod's parameter
 
 
+def test_a_scheme_registered_outside_carries_its_options_into_configs():
+    """The toy's options, written in its component only, are a group of
+    `position_options`, checked there, spelled in a run's config and read."""
+    from jattn.train.config import apply_overrides, build_model_config, load_config  # noqa: PLC0415
+
+    cfg = config_of("toy", position_options={"toy": {"init": 0.25}})
+    params = Transformer(cfg).init(jax.random.key(0), *packed_batch()[:2])["params"]
+    w = nn.unbox(params["encoder"]["layer_0"]["self_attention"]["toy_w"])
+    np.testing.assert_array_equal(w, np.full(4, 0.25, np.float32))
+    with pytest.raises(ValueError, match=r"position_options.toy: init must be finite, got nan"):
+        config_of("toy", position_options={"toy": {"init": float("nan")}})
+    config = load_config(str(pathlib.Path(__file__).parent.parent / "configs" / "smoke.py"))
+    config.model.position = "toy"
+    apply_overrides(config, [("model.position_options.toy.init", "0.5")])
+    assert build_model_config(config).position_options["toy"] == ToyOptions(init=0.5)
+
+    @dataclasses.dataclass(frozen=True)
+    class OtherOptions(SchemeOptions):
+        pass
+
+    @dataclasses.dataclass(frozen=True)
+    class Clash(Toy):
+        Options = OtherOptions
+
+    with pytest.raises(ValueError, match="options_key 'toy' holds ToyOptions, not OtherOptions"):
+        register(Clash("clash"))
+
+
 # -- ALiBi, T5 and Shaw's bias: the score mods equal the biases they replaced -----------
 
 
@@ -386,14 +433,16 @@ def _layer_reference(cfg, p, x, pos, causal, state):
     if cfg.position == "alibi":
         bias = oracle.alibi_bias(pos_lib.alibi_slopes(cfg.num_heads), pos, pos)
     elif cfg.position == "t5":
-        buckets = oracle.t5_buckets(pos, pos, cfg.t5_num_buckets, cfg.t5_max_distance, not causal)
+        t5 = cfg.position_options["t5"]
+        buckets = oracle.t5_buckets(pos, pos, t5.num_buckets, t5.max_distance, not causal)
         bias = oracle.t5_bias(state, buckets)
     else:
-        ids = pos_lib.relative_ids(pos, pos, cfg.max_relative_distance)
+        ids = pos_lib.relative_ids(pos, pos, cfg.position_options["shaw"].max_distance)
         bias = jnp.transpose(jnp.take(p["rel_bias"], ids, axis=1), (1, 0, 2, 3))
     relative = None
     if "rel_key" in p:
-        relative = jattn.ShawRelative(key=p["rel_key"], max_distance=cfg.max_relative_distance)
+        k_max = cfg.position_options["shaw"].max_distance
+        relative = jattn.ShawRelative(key=p["rel_key"], max_distance=k_max)
     out = jattn.dot_product_attention(q, k, v, bias, is_causal=causal, relative=relative,
                                       q_positions=pos, kv_positions=pos)  # fmt: skip
     return jnp.einsum("BTNH,NHD->BTD", out, p["o"])
@@ -423,7 +472,7 @@ def test_alibi_offset_sees_order_the_symmetric_form_is_mirror_blind():
     inputs = np.array([[3, 4, 5, 6, 7, 8, 9, 10]] * 3, np.int32)
     seg, pos = unpacked(inputs)
     for mode, blind in (("symmetric", True), ("offset", False)):
-        b = build(config_of("alibi", alibi_mode=mode))
+        b = build(config_of("alibi", position_options={"alibi": {"mode": mode}}))
         out, rev = b.enc(inputs, seg, pos), b.enc(inputs[:, ::-1].copy(), seg, pos)
         if blind:
             np.testing.assert_allclose(rev, out[:, ::-1], rtol=1e-5, atol=1e-5)
@@ -534,15 +583,15 @@ def test_rope_scaling_acts_at_evaluation_only():
     inputs, targets = packed_batch()[:2]
     key = {"dropout": jax.random.key(0)}
     out = {}
-    for name, c in (("none", cfg), ("yarn", cfg.replace(rope_scaling="yarn",
-                                                        rope_scaling_factor=4.0))):  # fmt: skip
+    yarn = {"rope": {"scaling": "yarn", "scaling_factor": 4.0}}
+    for name, c in (("none", cfg), ("yarn", cfg.replace(position_options=yarn))):
         model = Transformer(c)
         out[name] = [np.asarray(model.apply({"params": params}, inputs, targets, train=t,
                                             rngs=key)) for t in (False, True)]  # fmt: skip
     np.testing.assert_array_equal(out["yarn"][1], out["none"][1])  # training ignores it
     assert np.abs(out["yarn"][0] - out["none"][0]).max() > 1e-3
-    with pytest.raises(ValueError, match="rope_scaling='long'"):
-        config_of("rope", rope_scaling="long")
+    with pytest.raises(ValueError, match="position_options.rope: scaling='long'"):
+        config_of("rope", position_options={"rope": {"scaling": "long"}})
 
 
 def test_xpos_against_float64_decay_and_shift_invariance():

@@ -21,7 +21,8 @@ CHILD = textwrap.dedent(
     """
     import sys, time
     from jattn.analysis import sessions
-    with sessions.recording(sys.argv[1], jobs=2, to_train=3, heartbeat_s=0.5) as s:
+    beat = float(sys.argv[2]) if len(sys.argv) > 2 else 0.5
+    with sessions.recording(sys.argv[1], jobs=2, to_train=3, heartbeat_s=beat) as s:
         print("in", flush=True)
         time.sleep(600)
         s["outcome"] = "finished"
@@ -29,11 +30,14 @@ CHILD = textwrap.dedent(
 )
 
 
-def _child_in_a_session(workdir) -> subprocess.Popen:
+def _child_in_a_session(workdir, *heartbeat_s: str) -> subprocess.Popen:
     """A process inside a session (`CHILD`), returned once the session has begun."""
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)}
     child = subprocess.Popen(
-        [sys.executable, "-c", CHILD, str(workdir)], stdout=subprocess.PIPE, text=True, env=env
+        [sys.executable, "-c", CHILD, str(workdir), *heartbeat_s],
+        stdout=subprocess.PIPE,
+        text=True,
+        env=env,
     )
     if child.stdout.readline().strip() != "in":
         child.kill()
@@ -99,6 +103,23 @@ def test_a_killed_session_keeps_its_wall_time_and_the_next_one_records_it(tmp_pa
     assert lines[0] == killed
     assert _session_leftovers(tmp_path) == []
     assert sessions.read_sessions(str(tmp_path)) == lines
+
+
+def test_a_session_killed_before_its_heartbeat_is_stale_reads_as_killed(tmp_path):
+    """Before (issue 54): a `jattn ablate` SIGKILLed in its first minute was listed as
+    "running", 0 s, until three heartbeats (3 minutes) were missed. Its process is
+    gone from this host: it is killed at once."""
+    child = _child_in_a_session(tmp_path, "60")  # the default heartbeat: one beat, at start
+    os.kill(child.pid, signal.SIGKILL)
+    child.wait(timeout=60)
+    (killed,) = sessions.read_sessions(str(tmp_path))
+    assert killed["outcome"] == sessions.KILLED
+    assert killed["wall_s"] < 60
+    with sessions.recording(str(tmp_path), jobs=1, to_train=1, heartbeat_s=0.05) as s:
+        s["outcome"] = "finished"
+    outcomes = [x["outcome"] for x in sessions.read_sessions(str(tmp_path))]
+    assert outcomes == [sessions.KILLED, "finished"]
+    assert _session_leftovers(tmp_path) == []
 
 
 def test_a_live_session_of_another_process_is_not_taken_for_dead(tmp_path):

@@ -337,11 +337,12 @@ def test_no_function_in_train_is_over_80_lines(repo):
     assert not long, long
 
 
-def test_a_step_from_the_command_to_the_loss_opens_at_most_10_modules(tmp_path, monkeypatch):
-    """Issue 34's measure of a readable training path: the jattn modules on the
-    call stack when `jattn train` (one step of the smoke config) reaches the
+def test_a_step_from_the_command_to_the_loss_opens_at_most_6_modules(tmp_path, monkeypatch):
+    """Issues 34 and 51's measure of a readable training path: the jattn modules on
+    the call stack when `jattn train` (one step of the smoke config) reaches the
     loss (`jattn.train.steps.cross_entropy`); today `cli/__init__`, `cli/train`,
-    `train/run`, `train/loop`, `train/members`, `train/steps`."""
+    `train/run`, `train/loop`, `train/steps` (docs/training.md, "From `jattn
+    train` to the loss")."""
     import inspect  # noqa: PLC0415
 
     import jattn.cli  # noqa: PLC0415
@@ -364,14 +365,30 @@ def test_a_step_from_the_command_to_the_loss_opens_at_most_10_modules(tmp_path, 
     )  # fmt: skip
     assert status == 0 and stacks
     assert "cli/train.py" in stacks[0] and "train/steps.py" in stacks[0], stacks[0]
-    assert len(stacks[0]) <= 10, stacks[0]
+    assert len(stacks[0]) <= 6, stacks[0]
 
 
 def test_train_has_at_most_20_files():
-    """One training program of N >= 1 members: `jattn/train/` stays a package one
-    reads in an afternoon (issue 34)."""
+    """One run, one process: `jattn/train/` stays a package one reads in an afternoon
+    (issue 34)."""
     files = sorted(p.name for p in (REPO / "jattn" / "train").glob("*.py"))
     assert len(files) <= 20, files
+
+
+def test_one_run_is_one_seed_no_seed_programs():
+    """Issue 51: several seeds are several runs (a grid's seed axis, `jattn ablate
+    --jobs N`), never one program: no module for a program's members or seed groups,
+    and no config key that asks for several seeds or swept values in one run (they
+    are refused by name, `jattn.train.config.REMOVED_KEYS`)."""
+    from jattn.train.config import REMOVED_KEYS, default_config  # noqa: PLC0415
+
+    names = sorted(p.relative_to(REPO).as_posix() for p in (REPO / "jattn").rglob("*.py"))
+    programs = [n for n in names if re.search(r"member|seed_(group|program)|seeds\.py", n)]
+    assert not programs, programs
+    keys = set(default_config().keys())
+    assert "seeds" in REMOVED_KEYS and "seed" in keys
+    assert not keys & set(REMOVED_KEYS), keys & set(REMOVED_KEYS)
+    assert not (REPO / "benchmarks" / "seeds.py").exists()
 
 
 # -- models are picked by architecture, not by comparing names ---------------------------
@@ -437,6 +454,116 @@ def test_the_architecture_check_finds_a_switch(tmp_path):
         "jattn.train.steps:4",
         "jattn.train.steps:5",
     ]
+
+
+# -- schemes carry their options: no TransformerConfig field belongs to one scheme ---------
+
+CONFIG_MODULE = "jattn.models.config"
+SCHEMES_MODULE = "jattn.models.schemes"
+
+
+def config_fields(modules) -> list[str]:
+    """The annotated fields of `TransformerConfig`, read from its source."""
+    _, tree = modules[CONFIG_MODULE]
+    for node in tree.body:
+        if isinstance(node, ast.ClassDef) and node.name == "TransformerConfig":
+            return [
+                s.target.id
+                for s in node.body
+                if isinstance(s, ast.AnnAssign) and isinstance(s.target, ast.Name)
+            ]
+    raise AssertionError(f"{CONFIG_MODULE} defines no TransformerConfig")
+
+
+def scheme_words(modules) -> set[str]:
+    """The words of the registered schemes' names (the string first arguments of
+    the calls in the module-level `for` that registers them) and of their
+    `options_key`s: "transformer_xl" gives "transformer" and "xl"."""
+    _, tree = modules[SCHEMES_MODULE]
+    names = set()
+    for node in tree.body:
+        if isinstance(node, ast.For):
+            for call in ast.walk(node.iter):
+                if isinstance(call, ast.Call) and call.args:
+                    first = call.args[0]
+                    if isinstance(first, ast.Constant) and isinstance(first.value, str):
+                        names.add(first.value)
+        if isinstance(node, ast.ClassDef):
+            for item in node.body:
+                if (
+                    isinstance(item, ast.Assign)
+                    and any(getattr(t, "id", None) == "options_key" for t in item.targets)
+                    and isinstance(item.value, ast.Constant)
+                ):
+                    names.add(item.value.value)
+    return {w for name in names for w in name.replace("+", "_").split("_") if w}
+
+
+def fields_for_one_scheme(modules) -> list[str]:
+    """`TransformerConfig` fields that belong to one scheme: a field whose name
+    has a word of a scheme's name or options key (`rope_scaling`,
+    `xl_max_distance`), or a field that only the scheme components in
+    jattn/models/schemes.py read (`cfg.max_relative_distance`, read by Shaw
+    alone; the base class `Scheme` reads for every scheme and does not count);
+    such an option belongs in the scheme's `Options`."""
+    words = scheme_words(modules)
+    fields = config_fields(modules)
+    found = [f for f in fields if set(f.split("_")) & words]
+    reads: dict[str, set[str]] = {f: set() for f in fields}  # field -> where it is read
+    for name, (_, tree) in modules.items():
+        if not name.startswith("jattn") or name == CONFIG_MODULE:
+            continue
+        classes = [n for n in ast.walk(tree) if isinstance(n, ast.ClassDef)]
+        inside = {id(a): c.name for c in classes for a in ast.walk(c)}
+        for node in ast.walk(tree):
+            if isinstance(node, ast.Attribute) and node.attr in reads:
+                component = name == SCHEMES_MODULE and inside.get(id(node), "Scheme") != "Scheme"
+                reads[node.attr].add("scheme" if component else name)
+    found += [f for f, where in reads.items() if where == {"scheme"} and f not in found]
+    return found
+
+
+def test_no_transformer_config_field_belongs_to_one_scheme(repo):
+    modules, _ = repo
+    fields = config_fields(modules)
+    assert {"position", "position_options", "max_len", "relative_cross"} <= set(fields)
+    assert {"shaw", "rope", "t5", "xpos", "alibi", "fire", "xl", "kerple"} <= scheme_words(modules)
+    found = fields_for_one_scheme(modules)
+    assert not found, (
+        f"TransformerConfig fields that belong to one scheme: {found}; move them into the "
+        "scheme's Options (jattn/models/schemes.py, docs/schemes.md)"
+    )
+
+
+def test_the_scheme_field_check_finds_a_field_named_or_read_for_one_scheme(tmp_path):
+    modules, _ = _package(
+        tmp_path,
+        {
+            "jattn/__init__.py": "",
+            "jattn/models/__init__.py": "",
+            "jattn/models/config.py": (
+                "class TransformerConfig:\n"
+                "    d_model: int = 8\n"
+                "    rope_base: float = 1.0\n"
+                "    clip: int = 3\n"
+                "    max_len: int = 4\n"
+            ),
+            "jattn/models/schemes.py": (
+                "class Rope:\n"
+                '    options_key = "rotary"\n'
+                "    def rotate(self, cfg):\n"
+                "        return cfg.rope_base, cfg.d_model\n"
+                "class Shaw:\n"
+                "    def shaw(self, cfg):\n"
+                "        return cfg.clip, cfg.max_len\n"
+                'for s in (Rope("rope"), Shaw("shaw")):\n'
+                "    pass\n"
+            ),
+            "jattn/models/layers.py": "def f(cfg):\n    return cfg.d_model + cfg.max_len\n",
+        },
+    )
+    assert scheme_words(modules) == {"rope", "shaw", "rotary"}
+    assert fields_for_one_scheme(modules) == ["rope_base", "clip"]
 
 
 # -- one einsum vocabulary: every letter of every einsum string is in the legend ---------

@@ -1,24 +1,15 @@
-"""Training programs of N >= 1 members: learning, outputs, exact resumption, faults, meshes,
-several processes.
+"""Training runs: learning, outputs, exact resumption, faults, meshes, several processes.
 
-`train_and_evaluate` runs one program of N members (`jattn.train.run`). The
-suite parametrises every contract that holds for any N over N in {1, 3}:
-
-- N = 1: the plain run of `configs/smoke.py` (copy/tiny, a 1+1-layer jattn
-  Transformer, 40 steps) in its workdir, the single run's unmapped step;
-- N = 3: `config.seeds=0,1,2`, each member in ``WORKDIR/seed-<s>`` laid out as
-  that seed's single run, the single run's step under `lax.map`.
-
-Two module fixtures train them once (`reference`, `group`); `singles` adds
-the plain runs of seeds 1 and 2, so each member of the group has its single
-run to be compared with (seed 0's is `reference`). Tests of a contract that
-exists for one N only (input lengths, meshes and processes of a plain run;
-the seed keys, a diverged member among live ones, seed axes over a mesh, a
-member already finished) say so in their names. Everything runs the real
-pieces: real tfds data, real orbax checkpoints, real subprocesses and
-signals. Subprocesses run with the suite's XLA flags and NaN checks
-(conftest.py) and share a persistent compilation cache, so a restart does not
-compile again and its numbers are the in-process fixtures' bit for bit.
+`train_and_evaluate` trains one run, one seed (`jattn.train.run`). A module
+fixture trains the plain run of `configs/smoke.py` (copy/tiny, a 1+1-layer
+jattn Transformer, 40 steps) once (`reference`); the tests read it, resume
+copies of it, or train beside it. Keys and workdirs of the seed programs an
+earlier jattn had (`config.seeds`, ``WORKDIR/seed-0/``) are refused in one
+line. Everything runs the real pieces: real tfds data, real orbax
+checkpoints, real subprocesses and signals. Subprocesses run with the suite's
+XLA flags and NaN checks (conftest.py) and share a persistent compilation
+cache, so a restart does not compile again and its numbers are the in-process
+fixture's bit for bit.
 """
 
 from __future__ import annotations
@@ -40,19 +31,16 @@ from typing import Any
 
 import numpy as np
 import pytest
-from run_helpers import REPO, SMOKE, decodes, losses, sharded_mesh_axes, smoke_config
+from run_helpers import REPO, SMOKE, losses, sharded_mesh_axes, smoke_config
 
 from jattn.train import (
     ConfigError,
     TrainingDivergedError,
-    check_config,
     config_to_dict,
     load_run,
     read_metrics,
     train_and_evaluate,
 )
-
-SEEDS = "0,1,2"  # the N = 3 program
 
 
 def compare(got: dict[int, float], want: dict[int, float], steps, rtol: float) -> None:
@@ -82,49 +70,21 @@ def files_of(workdir) -> dict[Path, bytes]:
     return {p: p.read_bytes() for p in Path(workdir).rglob("*") if p.is_file()}
 
 
-def layout(workdir) -> set[str]:
-    """The top-level names of a run's workdir (checkpoint steps and event files aside)."""
-    return {p.name for p in Path(workdir).iterdir()} | {
-        f"decodes/{p.name}" for p in (Path(workdir) / "decodes").iterdir()
-    }
-
-
 @dataclasses.dataclass(frozen=True)
-class Program:
-    """A finished program of `n` members (seeds 0..n-1) and what it printed."""
+class Trained:
+    """A finished run and what it printed."""
 
-    n: int
     workdir: Path
     result: dict[str, Any]
     stderr: str
 
-    @property
-    def overrides(self) -> dict[str, str]:
-        """Config overrides that make the smoke config this program."""
-        return {} if self.n == 1 else {"seeds": SEEDS}
 
-    @property
-    def flags(self) -> list[str]:
-        return [f"--config.{k}={v}" for k, v in self.overrides.items()]
-
-    def dirs(self, workdir=None) -> list[Path]:
-        """Every member's run directory under `workdir` (default: this program's)."""
-        workdir = Path(workdir or self.workdir)
-        return [workdir] if self.n == 1 else [workdir / f"seed-{s}" for s in range(self.n)]
-
-    @property
-    def finals(self) -> dict[int, dict[str, Any]]:
-        """seed -> that member's final metrics."""
-        return {0: self.result} if self.n == 1 else self.result["members"]
-
-
-def train_quietly(workdir, **overrides) -> Program:
+def train_quietly(workdir, **overrides) -> Trained:
     """Trains the smoke config with `overrides`, keeping what it printed."""
     err = io.StringIO()
     with contextlib.redirect_stderr(err):
         result = train_and_evaluate(smoke_config(**overrides), str(workdir))
-    n = len(overrides.get("seeds", "0").split(","))
-    return Program(n, Path(workdir), result, err.getvalue())
+    return Trained(Path(workdir), result, err.getvalue())
 
 
 @pytest.fixture(scope="module")
@@ -153,30 +113,9 @@ def with_devices(env: dict[str, str], count: int) -> dict[str, str]:
 
 
 @pytest.fixture(scope="module")
-def reference(tmp_path_factory) -> Program:
-    """N = 1: the uninterrupted smoke run on one device."""
+def reference(tmp_path_factory) -> Trained:
+    """The uninterrupted smoke run on one device."""
     return train_quietly(tmp_path_factory.mktemp("reference"))
-
-
-@pytest.fixture(scope="module")
-def group(tmp_path_factory) -> Program:
-    """N = 3: seeds 0, 1, 2 of the smoke config in one program."""
-    return train_quietly(tmp_path_factory.mktemp("group"), seeds=SEEDS)
-
-
-@pytest.fixture(params=[1, 3], ids=["N=1", "N=3"])
-def program(request) -> Program:
-    """The finished program of N members (the module's `reference` or `group`)."""
-    return request.getfixturevalue("reference" if request.param == 1 else "group")
-
-
-@pytest.fixture(scope="module")
-def singles(reference, tmp_path_factory) -> dict[int, Path]:
-    """seed -> the workdir of that seed's plain run (seed 0: the reference's)."""
-    out = {0: reference.workdir}
-    for seed in (1, 2):
-        out[seed] = train_quietly(tmp_path_factory.mktemp(f"single{seed}"), seed=seed).workdir
-    return out
 
 
 def train_cmd(workdir, *extra) -> list[str]:
@@ -202,89 +141,75 @@ def losses_quiet(workdir) -> list[int]:
     return [r["step"] for r in read_metrics(str(workdir)) if "train/loss" in r]
 
 
-# -- every N: a finished program ---------------------------------------------------------
+# -- a finished run ------------------------------------------------------------------------
 
 
-def test_a_program_learns_and_writes_each_members_outputs(program):
-    """Each member: 40 finite losses that fall, metrics.jsonl with eval at 20 and 40,
-    final metrics (strict JSON, the last eval's numbers, the last logged loss),
-    TensorBoard with the hparams, the single run's config.json, decodes, and its
-    own checkpoints: the last two plus the best by `best_metric`."""
-    assert sorted(program.finals) == list(range(program.n))
-    if program.n > 1:
-        assert not program.result["diverged"] and program.result["step"] == 40
-        # No stacked state: the program workdir holds the members' workdirs only.
-        assert sorted(p.name for p in program.workdir.iterdir()) == ["seed-0", "seed-1", "seed-2"]
-    for seed, workdir in enumerate(program.dirs()):
-        final = program.finals[seed]
-        loss = losses(workdir)
-        steps = sorted(loss)
-        assert steps == list(range(1, 41))
-        first, last = np.mean([loss[s] for s in steps[:5]]), np.mean([loss[s] for s in steps[-5:]])
-        assert last < first - 0.5, (seed, first, last)
-        assert all(math.isfinite(v) for v in loss.values())
+def test_a_run_learns_and_writes_its_outputs(reference):
+    """40 finite losses that fall, metrics.jsonl with eval at 20 and 40, final metrics
+    (strict JSON, the last eval's numbers, the last logged loss), TensorBoard with the
+    hparams, the run's config.json, decodes, and its checkpoints: the last two plus
+    the best by `best_metric`."""
+    workdir, final = reference.workdir, reference.result
+    loss = losses(workdir)
+    steps = sorted(loss)
+    assert steps == list(range(1, 41))
+    first, last = np.mean([loss[s] for s in steps[:5]]), np.mean([loss[s] for s in steps[-5:]])
+    assert last < first - 0.5, (first, last)
+    assert all(math.isfinite(v) for v in loss.values())
 
-        # metrics.jsonl: one object a line, "step" plus named metrics, eval at 20 and 40.
-        rows = read_metrics(str(workdir))
-        assert all(isinstance(r["step"], int) for r in rows)
-        eval_rows = {r["step"]: r for r in rows if "eval/validation/loss" in r}
-        assert sorted(eval_rows) == [20, 40]
-        for name in ("loss", "accuracy", "exact_match", "chrf"):  # char-level: no BLEU
-            for split in ("validation", "test_longer"):
-                assert f"eval/{split}/{name}" in eval_rows[40]
-                assert final[f"eval/{split}/{name}"] == pytest.approx(
-                    eval_rows[40][f"eval/{split}/{name}"]
-                )
-        assert 0.0 <= final["eval/validation/exact_match"] <= 1.0
-        assert {"train/tokens_per_sec", "train/learning_rate", "train/accuracy"} <= set(rows[0])
+    # metrics.jsonl: one object a line, "step" plus named metrics, eval at 20 and 40.
+    rows = read_metrics(str(workdir))
+    assert all(isinstance(r["step"], int) for r in rows)
+    eval_rows = {r["step"]: r for r in rows if "eval/validation/loss" in r}
+    assert sorted(eval_rows) == [20, 40]
+    for name in ("loss", "accuracy", "exact_match", "chrf"):  # char-level: no BLEU
+        for split in ("validation", "test_longer"):
+            assert f"eval/{split}/{name}" in eval_rows[40]
+            assert final[f"eval/{split}/{name}"] == pytest.approx(
+                eval_rows[40][f"eval/{split}/{name}"]
+            )
+    assert 0.0 <= final["eval/validation/exact_match"] <= 1.0
+    assert {"train/tokens_per_sec", "train/learning_rate", "train/accuracy"} <= set(rows[0])
 
-        # TensorBoard (with the run's hparams), the resolved config (the single run's),
-        # the model config, decodes, final metrics.
-        events = list((workdir / "tb").glob("events.out.tfevents.*"))
-        assert events and events[0].stat().st_size > 0
-        blob = b"".join(p.read_bytes() for p in events)
-        assert b"hparams" in blob and b"model.d_model" in blob and b"train/loss" in blob
-        saved = json.loads((workdir / "config.json").read_text())
-        assert saved == config_to_dict(smoke_config(seed=seed))
-        model_config = json.loads((workdir / "model_config.json").read_text())
-        assert model_config["vocab_size"] % 8 == 0 and model_config["d_model"] == 32
-        decoded = [json.loads(x) for x in (workdir / "decodes" / "validation.jsonl").open()]
-        assert len(decoded) == 8 and {"input", "target", "prediction", "correct"} <= set(decoded[0])
-        written = strict_json(workdir / "final_metrics.json")
-        assert written["step"] == 40 and written == json.loads(json.dumps(final))
-        train_rows = [r for r in rows if "train/loss" in r]
-        assert written["train/loss"] == train_rows[-1]["train/loss"]  # the last window's mean
-        assert ("train/seeds_in_program" in written) == (program.n > 1)
+    # TensorBoard (with the run's hparams), the resolved config,
+    # the model config, decodes, final metrics.
+    events = list((workdir / "tb").glob("events.out.tfevents.*"))
+    assert events and events[0].stat().st_size > 0
+    blob = b"".join(p.read_bytes() for p in events)
+    assert b"hparams" in blob and b"model.d_model" in blob and b"train/loss" in blob
+    saved = json.loads((workdir / "config.json").read_text())
+    assert saved == config_to_dict(smoke_config())
+    model_config = json.loads((workdir / "model_config.json").read_text())
+    assert model_config["vocab_size"] % 8 == 0 and model_config["d_model"] == 32
+    decoded = [json.loads(x) for x in (workdir / "decodes" / "validation.jsonl").open()]
+    assert len(decoded) == 8 and {"input", "target", "prediction", "correct"} <= set(decoded[0])
+    written = strict_json(workdir / "final_metrics.json")
+    assert written["step"] == 40 and written == json.loads(json.dumps(final))
+    train_rows = [r for r in rows if "train/loss" in r]
+    assert written["train/loss"] == train_rows[-1]["train/loss"]  # the last window's mean
 
-        # Checkpoints: the last two (30, 40) plus the best by exact match (20 or 40).
-        kept = saved_steps(workdir)
-        assert kept[-2:] == [30, 40] and set(kept) <= {20, 30, 40}
-        best = {s: eval_rows[s]["eval/validation/exact_match"] for s in (20, 40)}
-        if best[20] != best[40]:
-            assert (20 in kept) == (best[20] > best[40]), (kept, best)
-        assert (workdir / "checkpoints" / "40" / "data" / "process_0-of-1.json").exists()
+    # Checkpoints: the last two (30, 40) plus the best by exact match (20 or 40).
+    kept = saved_steps(workdir)
+    assert kept[-2:] == [30, 40] and set(kept) <= {20, 30, 40}
+    best = {s: eval_rows[s]["eval/validation/exact_match"] for s in (20, 40)}
+    if best[20] != best[40]:
+        assert (20 in kept) == (best[20] > best[40]), (kept, best)
+    assert (workdir / "checkpoints" / "40" / "data" / "process_0-of-1.json").exists()
 
 
-def test_the_startup_summary_comes_before_the_first_step(program):
+def test_the_startup_summary_comes_before_the_first_step(reference):
     """Before the first step: workdir, parameters, devices and mesh, data sizes, the
-    tensorboard command; a program of several members names them and its memory."""
+    tensorboard command."""
     import jax
 
     from jattn import data
 
-    summary, _, rest = program.stderr.partition(f"tensorboard --logdir {program.workdir}\n")
-    if program.n == 1:
-        assert rest.startswith("step 20:")  # printed before the loop's first output
-    else:
-        line, memory, rest = rest.split("\n", 2)
-        assert line == "seeds [0, 1, 2] in one program (map) -> seed-0, seed-1, seed-2"
-        assert memory.startswith("memory: 3 seed(s) in one program (map)")
-        assert "seeds fit 90% of the" in memory
-        assert rest.startswith("seed 0: step 20:")
+    summary, _, rest = reference.stderr.partition(f"tensorboard --logdir {reference.workdir}\n")
+    assert rest.startswith("step 20:")  # printed before the loop's first output
     task = data.load("copy/tiny")
-    final = program.finals[0]
-    assert f"workdir: {program.workdir}\n" in summary
-    # One count a member, beside the other architectures' at the same width.
+    final = reference.result
+    assert f"workdir: {reference.workdir}\n" in summary
+    # One count, beside the other architectures' at the same width.
     said = f"parameters: {final['num_params']:,} (encoder_decoder, 1+1 layers; at the same width: "
     assert summary.count("parameters: ") == 1 and said in summary
     assert f"devices: {jax.device_count()} x cpu" in summary
@@ -294,63 +219,53 @@ def test_the_startup_summary_comes_before_the_first_step(program):
     assert "training rows: 8 a step (16 input + 16 target tokens), 40 steps" in summary
 
 
-def test_a_finished_program_returns_its_results_without_training(program):
-    before = {d: (d / "metrics.jsonl").read_text() for d in program.dirs()}
+def test_a_finished_run_returns_its_results_without_training(reference):
+    before = (reference.workdir / "metrics.jsonl").read_text()
     t0 = time.perf_counter()
-    again = train_and_evaluate(smoke_config(**program.overrides), str(program.workdir))
+    again = train_and_evaluate(smoke_config(), str(reference.workdir))
     assert time.perf_counter() - t0 < 30
-    if program.n == 1:
-        assert again == json.loads(json.dumps(program.result))
-    else:
-        assert again["step"] == 40 and not again["diverged"]
-        assert again["members"] == {
-            s: json.loads(json.dumps(f)) for s, f in program.result["members"].items()
-        }
-    assert {d: (d / "metrics.jsonl").read_text() for d in program.dirs()} == before
+    assert again == json.loads(json.dumps(reference.result))
+    assert (reference.workdir / "metrics.jsonl").read_text() == before
 
 
-def test_an_incompatible_workdir_is_refused_and_left_untouched(program, tmp_path, capsys):
-    """A changed model or input length is refused in one line naming the first member's
-    workdir and every difference; nothing in the workdir changes. (A plain run's seed
-    is part of its config; a program's members' seeds are their own.)"""
+def test_an_incompatible_workdir_is_refused_and_left_untouched(reference, tmp_path, capsys):
+    """A changed model, input length or seed is refused in one line naming the workdir
+    and every difference; nothing in the workdir changes."""
     from jattn import cli
 
     workdir = tmp_path / "run"
-    shutil.copytree(program.workdir, workdir)
+    shutil.copytree(reference.workdir, workdir)
     before = files_of(workdir)
-    seed = ["--config.seed=3"] if program.n == 1 else []
     status = cli.main(
         ["train", "--config", SMOKE, "--workdir", str(workdir), "--compilation_cache_dir=",
-         "--config.model.d_model=64", "--config.max_input_len=8", *seed, *program.flags]
+         "--config.model.d_model=64", "--config.max_input_len=8", "--config.seed=3"]
     )  # fmt: skip
     err = capsys.readouterr().err.strip()
     assert status == 2 and "\n" not in err
-    member = program.dirs(workdir)[0]
-    assert f"workdir '{member}' holds a checkpoint (step 40) of an incompatible config" in err
+    assert f"workdir '{workdir}' holds a checkpoint (step 40) of an incompatible config" in err
     max_len = smoke_config().max_len
     assert "model.d_model: checkpoint 32 != config 64" in err
     assert f"input_len: checkpoint {max_len} != config 8" in err
-    assert ("seed: checkpoint 0 != config 3" in err) == (program.n == 1)
+    assert "seed: checkpoint 0 != config 3" in err
     assert files_of(workdir) == before
 
 
-def test_a_changed_schedule_is_refused_unless_allowed(program, tmp_path, capsys):
+def test_a_changed_schedule_is_refused_unless_allowed(reference, tmp_path, capsys):
     """num_train_steps, schedule, warmup_steps, learning_rate of a finished (or
-    interrupted) program: changing them is refused in one line, the workdir untouched."""
+    interrupted) run: changing them is refused in one line, the workdir untouched."""
     from jattn import cli
 
     workdir = tmp_path / "run"
-    shutil.copytree(program.workdir, workdir)
+    shutil.copytree(reference.workdir, workdir)
     before = files_of(workdir)
     status = cli.main(
         ["train", "--config", SMOKE, "--workdir", str(workdir), "--compilation_cache_dir=",
          "--config.num_train_steps=50", "--config.warmup_steps=7",
-         "--config.learning_rate=0.01", "--config.schedule=cosine", *program.flags]
+         "--config.learning_rate=0.01", "--config.schedule=cosine"]
     )  # fmt: skip
     err = capsys.readouterr().err.strip()
     assert status == 2 and "\n" not in err
-    member = program.dirs(workdir)[0]
-    assert f"workdir '{member}' holds a checkpoint (step 40) trained under another schedule" in err
+    assert f"workdir '{workdir}' holds a checkpoint (step 40) trained under another schedule" in err
     for change in ("num_train_steps: checkpoint 40 != config 50", "warmup_steps: checkpoint 5 != "
                    "config 7", "learning_rate: checkpoint 0.003 != config 0.01",
                    "schedule: checkpoint 'constant' != config 'cosine'"):  # fmt: skip
@@ -359,105 +274,132 @@ def test_a_changed_schedule_is_refused_unless_allowed(program, tmp_path, capsys)
     assert files_of(workdir) == before
 
 
-def test_load_run_reproduces_the_decodes_written_by_each_member(program):
-    """Every member's workdir reads back as a single run: its restored parameters decode
-    the validation inputs exactly as the program did."""
+def test_load_run_reproduces_the_decodes_written_by_the_run(reference):
+    """The workdir reads back: its restored parameters decode the validation inputs
+    exactly as the run did."""
     from jattn import data
     from jattn.models import decoding
     from jattn.train.evaluation import ids_to_text
 
     tokenizer = data.load("copy/tiny").tokenizer
-    for seed, workdir in enumerate(program.dirs()):
-        run = load_run(str(workdir))
-        assert run.step == 40 and run.config.dataset == "copy/tiny" and run.config.seed == seed
-        with pytest.raises(ValueError, match="no checkpoint at step 7"):
-            load_run(str(workdir), step=7)
-        decoded = [json.loads(x) for x in (workdir / "decodes" / "validation.jsonl").open()]
-        inputs = np.zeros((len(decoded), run.config.eval_max_len), np.int32)
-        for i, example in enumerate(decoded):
-            ids = tokenizer.encode(example["input"])
-            inputs[i, : len(ids)] = ids
-        out = decoding.greedy(run.model, run.params, inputs, max_length=run.config.eval_max_len)
-        assert [ids_to_text(tokenizer, row) for row in np.asarray(out)] == [
-            e["prediction"] for e in decoded
-        ]
+    workdir = reference.workdir
+    run = load_run(str(workdir))
+    assert run.step == 40 and run.config.dataset == "copy/tiny" and run.config.seed == 0
+    with pytest.raises(ValueError, match="no checkpoint at step 7"):
+        load_run(str(workdir), step=7)
+    decoded = [json.loads(x) for x in (workdir / "decodes" / "validation.jsonl").open()]
+    inputs = np.zeros((len(decoded), run.config.eval_max_len), np.int32)
+    for i, example in enumerate(decoded):
+        ids = tokenizer.encode(example["input"])
+        inputs[i, : len(ids)] = ids
+    out = decoding.greedy(run.model, run.params, inputs, max_length=run.config.eval_max_len)
+    assert [ids_to_text(tokenizer, row) for row in np.asarray(out)] == [
+        e["prediction"] for e in decoded
+    ]
 
 
-@pytest.mark.parametrize("n", [1, 3], ids=["N=1", "N=3"])
-def test_a_workdir_of_the_old_stacked_layout_is_refused_in_one_line(n, tmp_path):
-    """A seed program of an earlier jattn kept one stacked checkpoint of every member in
-    WORKDIR/checkpoints: a program of seeds (N = 1: `seeds=0`) is refused before
-    anything is written, saying how to finish it. (A plain run's WORKDIR/checkpoints
-    are its own: it resumes them.)"""
-    (tmp_path / "checkpoints" / "20").mkdir(parents=True)
-    seeds = ",".join(str(s) for s in range(n))
+@pytest.mark.parametrize(
+    "member, saved",
+    [
+        ("seed-0", "seed-0/checkpoints/20"),
+        ("learning_rate-0.001_seed-1", "learning_rate-0.001_seed-1/checkpoints/20"),
+        ("seed-0", "checkpoints/20"),  # the older layout: every seed's state stacked here
+    ],
+)
+def test_a_workdir_of_a_seed_program_is_refused_in_one_line(member, saved, tmp_path, capsys):
+    """An earlier jattn trained several seeds (and swept values) in one program, each in
+    ``WORKDIR/<member>/``: `jattn train` on such a workdir is refused before anything is
+    written, in one line naming the release that finishes it."""
+    from jattn import cli
+
+    (tmp_path / saved).mkdir(parents=True)
+    (tmp_path / member).mkdir(exist_ok=True)
+    (tmp_path / member / "config.json").write_text("{}")
+    before = files_of(tmp_path)
     with pytest.raises(ConfigError) as e:
-        train_and_evaluate(smoke_config(seeds=seeds), str(tmp_path))
+        train_and_evaluate(smoke_config(), str(tmp_path))
     message = str(e.value)
     assert "\n" not in message
-    assert f"{tmp_path / 'checkpoints'} holds the stacked checkpoints" in message
-    assert "git checkout" in message
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["checkpoints"]  # nothing written
+    assert f"{tmp_path} holds several seeds trained in one program" in message
+    assert f"({member})" in message
+    assert "git checkout $(git log -1 --format=%h --diff-filter=D -- jattn/train/members.py)~1" in (
+        message
+    )
+    assert "train each seed as its own run" in message
+    status = cli.main(["train", "--config", SMOKE, "--workdir", str(tmp_path),
+                       "--compilation_cache_dir="])  # fmt: skip
+    err = capsys.readouterr().err.strip()
+    assert status == 2 and err == f"jattn train: error: {message}"
+    assert files_of(tmp_path) == before  # nothing written
 
 
-# -- every N: divergence and interruption ------------------------------------------------
+@pytest.mark.parametrize(
+    "key, value",
+    [("seeds", "0,1,2"), ("seed_program", "map"), ("sweep_learning_rate", "1e-3,3e-4")],
+)
+def test_a_seed_program_key_is_refused_naming_its_replacement(key, value, tmp_path, capsys):
+    """``--config.seeds=...`` (and the other keys of seed programs), on the command
+    line or set by a config file, is one line naming what replaces it: a grid axis
+    trained side by side with `jattn ablate --jobs N`."""
+    from jattn import cli
+
+    status = cli.main(["train", "--config", SMOKE, "--workdir", str(tmp_path / "run"),
+                       f"--config.{key}={value}"])  # fmt: skip
+    err = capsys.readouterr().err.strip()
+    assert status == 2 and "\n" not in err
+    assert err.startswith(f"jattn train: error: config.{key} was removed: ")
+    assert "`jattn ablate --jobs N`" in err and "grid" in err
+    assert not (tmp_path / "run").exists()
+
+    old = tmp_path / "old_config.py"  # a config file of an earlier release
+    old.write_text(
+        "import runpy\n"
+        f"_smoke = runpy.run_path({SMOKE!r})\n"
+        "def get_config(arg=None):\n"
+        "    c = _smoke['get_config'](arg)\n"
+        f"    c.{key} = {value.split(',')[0]!r}\n"
+        "    return c\n"
+    )
+    status = cli.main(["train", "--config", str(old), "--workdir", str(tmp_path / "run"),
+                       "--compilation_cache_dir="])  # fmt: skip
+    err = capsys.readouterr().err.strip()
+    assert status == 2 and "\n" not in err
+    assert err.startswith(f"jattn train: error: config.{key} was removed: ")
+    assert "`jattn ablate --jobs N`" in err
+    assert not (tmp_path / "run").exists()
 
 
-@pytest.mark.parametrize("n", [1, 3], ids=["N=1", "N=3"])
-def test_a_nan_loss_stops_its_member_and_keeps_its_last_good_checkpoint(n, group, tmp_path):
-    """The member whose loss turns NaN at step 13 (N = 3: seed 1 only) logs and saves
-    nothing of that step or later, keeps its step-10 checkpoint (finite), and is named
-    in the error; with N = 3 the others finish as if nothing happened (evaluation does
-    not touch training) and their checkpoints name it, so a resume leaves it out."""
+# -- divergence and interruption ---------------------------------------------------------
+
+
+def test_a_nan_loss_stops_the_run_and_keeps_its_last_good_checkpoint(tmp_path):
+    """A loss that turns NaN at step 13: nothing of that step or later is logged or
+    saved, the step-10 checkpoint (finite) is kept and named in the error."""
     import jax
     import orbax.checkpoint as ocp
 
-    if n == 1:
-        config = smoke_config(debug_nan_at_step=13, eval_splits="()")
-        bad, message = tmp_path, r"non-finite loss \(nan\) at step 13.*step 10"
-    else:
-        config = smoke_config(
-            seeds=SEEDS, debug_nan_at_step=13, debug_nan_seed=1, eval_splits="()",
-            num_train_steps=20,
-        )  # fmt: skip
-        bad, message = tmp_path / "seed-1", r"seed 1: non-finite loss \(nan\) at step 13"
-    with pytest.raises(TrainingDivergedError, match=message):
+    config = smoke_config(debug_nan_at_step=13, eval_splits="()")
+    with pytest.raises(TrainingDivergedError, match=r"non-finite loss \(nan\) at step 13.*step 10"):
         train_and_evaluate(config, str(tmp_path))
-    assert saved_steps(bad) == [10]
-    assert max(losses(bad)) == 12  # nothing logged or saved for the NaN step
-    assert not (bad / "final_metrics.json").exists()
-    restored = ocp.StandardCheckpointer().restore(bad / "checkpoints" / "10" / "state")
+    assert saved_steps(tmp_path) == [10]
+    assert max(losses(tmp_path)) == 12  # nothing logged or saved for the NaN step
+    assert not (tmp_path / "final_metrics.json").exists()
+    restored = ocp.StandardCheckpointer().restore(tmp_path / "checkpoints" / "10" / "state")
     leaves = [np.asarray(x) for x in jax.tree.leaves(restored["params"])]
     assert leaves and all(np.all(np.isfinite(x)) for x in leaves)
     assert int(restored["step"]) == 10
-    if n == 1:
-        return
-    for seed in (0, 2):
-        live = tmp_path / f"seed-{seed}"
-        got, want = losses(live), losses(group.dirs()[seed])
-        assert sorted(got) == list(range(1, 21))
-        # The constant schedule: a 20-step run's losses are a 40-step run's first 20.
-        # (The poisoned step is another program: rounding may differ in the last bit.)
-        compare(got, want, range(1, 21), rtol=1e-5)
-        assert json.loads((live / "final_metrics.json").read_text())["step"] == 20
-        meta = json.loads((live / "checkpoints" / "20" / "meta" / "metadata").read_text())
-        assert set(meta["diverged"]) == {"1"}
-        assert "seed 1: non-finite loss" in meta["diverged"]["1"]
-    assert not (tmp_path / "checkpoints").exists()  # no stacked checkpoint
 
 
 @pytest.mark.slow
-def test_sigterm_then_sigkill_then_finish_equals_the_uninterrupted_program(
-    program, cache_env, tmp_path
+def test_sigterm_then_sigkill_then_finish_equals_the_uninterrupted_run(
+    reference, cache_env, tmp_path
 ):
-    """SIGTERM saves every member at the step it stopped and exits cleanly; SIGKILL
-    loses only the steps since the last save; the restarted program trains those
-    steps again exactly as the killed process did and ends with the uninterrupted
-    program's losses, bit for bit."""
-    dirs = program.dirs(tmp_path)
+    """SIGTERM saves at the step it stopped and exits cleanly; SIGKILL loses only the
+    steps since the last save; the restarted run trains those steps again exactly as
+    the killed process did and ends with the uninterrupted run's losses, bit for bit."""
+    dirs = [tmp_path]
     # Eval settings do not touch training; skipping eval keeps the subprocesses quick.
-    cmd = train_cmd(tmp_path, "--config.eval_splits=()", "--config.progress_bar=false",
-                    *program.flags)  # fmt: skip
+    cmd = train_cmd(tmp_path, "--config.eval_splits=()", "--config.progress_bar=false")
 
     proc = subprocess.Popen(cmd, env=cache_env, cwd=REPO, stdout=subprocess.PIPE, text=True)
     wait_for_step(dirs[-1], proc, 13)
@@ -489,133 +431,10 @@ def test_sigterm_then_sigkill_then_finish_equals_the_uninterrupted_program(
         assert sorted(got) == list(range(1, 41))
         again = [s for s in killed[seed] if s > last_save]
         assert again and [got[s] for s in again] == [killed[seed][s] for s in again], seed
-        compare(got, losses(program.dirs()[seed]), range(1, 41), rtol=0)
+        compare(got, losses(reference.workdir), range(1, 41), rtol=0)
 
 
-# -- N = 3 against its single runs; N = 1 programs ---------------------------------------
-
-
-def test_each_member_of_a_3_member_program_equals_its_single_run(group, singles):
-    """Each seed's member is its plain run up to last-bit rounding (`lax.map` against
-    the unmapped step; the code claims 3e-7 relative on the smoke config): losses,
-    final loss, exactly its decodes, its workdir layout, config.json and vocabulary,
-    so it resumes as a single run. The seeds really differ."""
-    finals = {}
-    for seed, member in enumerate(group.dirs()):
-        single = singles[seed]
-        got, want = losses(member), losses(single)
-        assert sorted(got) == sorted(want) == list(range(1, 41))
-        compare(got, want, range(1, 41), rtol=1e-6)
-        mine = json.loads((member / "final_metrics.json").read_text())
-        theirs = json.loads((single / "final_metrics.json").read_text())
-        np.testing.assert_allclose(mine["train/loss"], theirs["train/loss"], rtol=1e-6)
-        assert mine["step"] == 40 and mine["train/seeds_in_program"] == 3
-        assert decodes(member) == decodes(single) and decodes(single)
-        assert layout(member) == layout(single)
-        assert (member / "config.json").read_text() == (single / "config.json").read_text()
-        assert list((member / "tb").iterdir()), "no TensorBoard events"
-        metas = [
-            json.loads((d / "checkpoints" / "40" / "meta" / "metadata").read_text())
-            for d in (member, single)
-        ]
-        assert metas[0]["vocab_sha256"] == metas[1]["vocab_sha256"]  # resumable as a single run
-        finals[seed] = theirs["train/loss"]
-    # The seeds really differ (a program that trained seed 0 thrice would fail above,
-    # but say it plainly).
-    assert len({round(v, 6) for v in finals.values()}) == 3
-
-
-def test_a_member_finished_as_a_single_run_is_left_out_and_the_rest_runs_unmapped(
-    reference, singles, tmp_path
-):
-    """Seed 0 already trained as a plain run in its member workdir: the program of
-    seeds 0, 1 trains seed 1 alone and returns both seeds' final metrics under their
-    own seeds. A program of one member runs the single run's unmapped step, so seed 1
-    is its plain run bit for bit: losses, evaluation, decodes."""
-    shutil.copytree(reference.workdir, tmp_path / "seed-0")
-    result = train_and_evaluate(smoke_config(seeds="0,1"), str(tmp_path))
-    assert sorted(result["members"]) == [0, 1] and not result["diverged"]
-    assert result["members"][0]["train/loss"] == reference.result["train/loss"]
-    assert "train/seeds_in_program" not in result["members"][0]  # not retrained
-    assert losses(tmp_path / "seed-0") == losses(reference.workdir)
-    mine = result["members"][1]
-    assert mine["train/seeds_in_program"] == 1
-    single = json.loads((singles[1] / "final_metrics.json").read_text())
-    measured = {"train/steps_per_sec", "train/seeds_in_program"}
-    assert {k: v for k, v in mine.items() if k not in measured} == {
-        k: v for k, v in single.items() if k not in measured
-    }
-    assert losses(tmp_path / "seed-1") == losses(singles[1])
-    assert decodes(tmp_path / "seed-1") == decodes(singles[1])
-
-
-def test_vmap_program_equals_separate_runs_within_rounding(group, tmp_path, capsys):
-    """The batched form: the same per-seed losses up to rounding, the same decodes, and
-    a memory line in the run log."""
-    config = smoke_config(seeds="0,1", seed_program="vmap", checkpoint_every_steps=40,
-                          eval_every_steps=40)  # fmt: skip
-    train_and_evaluate(config, str(tmp_path))
-    err = capsys.readouterr().err
-    assert "in one program (vmap)" in err and "seeds fit 90% of the" in err
-    for seed in (0, 1):
-        got, want = losses(tmp_path / f"seed-{seed}"), losses(group.dirs()[seed])
-        compare(got, want, range(1, 41), rtol=1e-5)
-        assert decodes(tmp_path / f"seed-{seed}") == decodes(group.dirs()[seed])
-
-
-def test_seed_keys_are_checked():
-    with pytest.raises(ConfigError, match="repeats a seed"):
-        check_config(smoke_config(seeds="0,1,1"))
-    with pytest.raises(ConfigError, match="seed_mesh_axis"):
-        check_config(smoke_config(seed_mesh_axis="seeds"))
-    with pytest.raises(ConfigError, match="custom kernel"):
-        train_and_evaluate(smoke_config(seeds="0,1", **{"model.attention_impl": "pallas"}), "/x")
-
-
-SHARDED_SCRIPT = """
-import json, sys
-import jax
-from jattn.train import load_config, apply_overrides, train_and_evaluate, read_metrics, ConfigError
-assert jax.device_count() == 2, jax.devices()
-out = {}
-common = [("num_train_steps", "6"), ("eval_splits", "()"), ("mesh_shape", "(2,1,1)")]
-for axis in ("", "data"):
-    c = apply_overrides(load_config(sys.argv[1]), common + [("seeds", "0,1"),
-                        ("seed_mesh_axis", axis)])
-    train_and_evaluate(c, f"{sys.argv[2]}/{axis or 'replicated'}")
-    out[axis or "replicated"] = {
-        s: [r["train/loss"] for r in read_metrics(f"{sys.argv[2]}/{axis or 'replicated'}/seed-{s}")
-            if "train/loss" in r] for s in (0, 1)}
-try:
-    c = apply_overrides(load_config(sys.argv[1]), common + [("seeds", "0,1,2"),
-                        ("seed_mesh_axis", "data")])
-    train_and_evaluate(c, sys.argv[2] + "/bad")
-except ConfigError as e:
-    out["error"] = str(e)
-print("RESULT" + json.dumps(out))
-"""
-
-
-@pytest.mark.slow
-def test_seed_axis_replicated_or_sharded_over_a_mesh_axis(group, cache_env, tmp_path):
-    """Two CPU devices: the seed axis replicated over data parallelism, or sharded over
-    the data axis (one seed a device), gives each seed its losses."""
-    proc = subprocess.run(
-        [sys.executable, "-c", SHARDED_SCRIPT, SMOKE, str(tmp_path)],
-        env=with_devices(cache_env, 2), cwd=REPO, capture_output=True, text=True, timeout=600,
-    )  # fmt: skip
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    out = json.loads(proc.stdout.split("RESULT", 1)[1])
-    for mode in ("replicated", "data"):
-        for seed in (0, 1):
-            want = losses(group.dirs()[seed])
-            np.testing.assert_allclose(
-                out[mode][str(seed)], [want[s] for s in range(1, 7)], rtol=2e-5, err_msg=mode
-            )
-    assert "do not divide 3 seeds" in out["error"]
-
-
-# -- N = 1: final metrics, wandb, checkpoint signatures ----------------------------------
+# -- final metrics, wandb, checkpoint signatures ----------------------------------
 
 
 def test_final_metrics_are_strict_json_with_the_logged_window_mean(tmp_path):
@@ -717,7 +536,7 @@ def test_a_model_field_that_changes_at_most_rounding_may_change_on_resume():
     assert incompatibilities(older, config) == []
 
 
-# -- N = 1: separate row lengths for inputs and targets ----------------------------------
+# -- separate row lengths for inputs and targets ----------------------------------
 
 
 def test_input_lengths_equal_to_the_target_lengths_reproduce_the_reference_run(reference, tmp_path):
@@ -796,7 +615,7 @@ def test_input_length_keys_fail_clearly(tmp_path):
         train_and_evaluate(smoke_config(eval_max_input_len=1), str(tmp_path / "empty"))
 
 
-# -- N = 1: a torn save, meshes, several processes ---------------------------------------
+# -- a torn save, meshes, several processes ---------------------------------------
 
 
 @pytest.mark.slow

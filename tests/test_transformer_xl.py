@@ -36,7 +36,7 @@ def _config(impl: str, clip: int) -> TransformerConfig:
         d_ff=32,
         max_len=16,
         position="transformer_xl",
-        xl_max_distance=clip,
+        position_options={"transformer_xl": {"max_distance": clip}},
         attention_impl=impl,
     )
 
@@ -66,7 +66,7 @@ def _formula(params, x, *, causal: bool, clip: int):
 @pytest.mark.parametrize("causal,clip", [(False, 3), (True, 0)])
 def test_layer_equals_the_float64_formula_forward_and_backward(impl, causal, clip):
     cfg = _config(impl, clip)
-    k = cfg.xl_max_distance or cfg.max_len - 1
+    k = cfg.position_options["transformer_xl"].max_distance or cfg.max_len - 1
     layer = Attention(cfg, causal=causal)
     x = jax.random.normal(jax.random.key(1), (B, T, D), jnp.float32)
     params = layer.init(jax.random.key(0), x, x)["params"]
@@ -124,5 +124,5 @@ def test_no_absolute_term_shifted_positions_give_the_same_outputs():
 
 
 def test_bad_clip_is_a_one_line_error():
-    with pytest.raises(ValueError, match="xl_max_distance must be >= 0"):
+    with pytest.raises(ValueError, match="transformer_xl: max_distance must be an int >= 0"):
         _config("xla", -1)

@@ -176,12 +176,13 @@ def test_xpos_layer_decodes_from_its_cache_at_a_million_as_its_full_pass():
 def test_xpos_config_refuses_rows_wider_than_float32_holds():
     span = pos_lib.xpos_max_span()
     TransformerConfig(**TINY, position="xpos", random_positions=span)
-    bad = r"at most 32695 positions finite .*random_positions\)=32696; raise xpos_scale_base"
+    bad = r"at most 32695 .*random_positions\)=32696; raise position_options.xpos.scale_base"
     with pytest.raises(ValueError, match=bad):
         TransformerConfig(**TINY, position="xpos", random_positions=span + 1)
     with pytest.raises(ValueError, match="max_len, random_positions\\)=40000"):
         TransformerConfig(**{**TINY, "max_len": 40_000}, position="xpos")
-    TransformerConfig(**TINY, position="xpos", random_positions=60_000, xpos_scale_base=1024.0)
+    wider = {"xpos": {"scale_base": 1024.0}}
+    TransformerConfig(**TINY, position="xpos", random_positions=60_000, position_options=wider)
 
 
 # -- YaRN ---------------------------------------------------------------------------------
@@ -294,14 +295,20 @@ def test_yarn_config_fields_reach_the_rotation_at_evaluation():
     cfg = TransformerConfig(
         **TINY,
         position="rope",
-        rope_scaling="yarn",
-        rope_scaling_factor=4.0,
-        rope_original_length=16,
-        rope_yarn_convention="hf",
-        rope_yarn_beta_fast=8.0,
-        rope_yarn_beta_slow=0.5,
-        rope_yarn_mscale=1.0,
-        rope_yarn_mscale_all_dim=0.5,
+        position_options={
+            "rope": {
+                "scaling": "yarn",
+                "scaling_factor": 4.0,
+                "original_length": 16,
+                "yarn": {
+                    "convention": "hf",
+                    "beta_fast": 8.0,
+                    "beta_slow": 0.5,
+                    "mscale": 1.0,
+                    "mscale_all_dim": 0.5,
+                },
+            }
+        },
     )
     rng = np.random.default_rng(4)
     q = jnp.asarray(rng.normal(size=(1, 5, 4, cfg.head_dim)), jnp.float32)
@@ -319,16 +326,17 @@ def test_yarn_config_fields_reach_the_rotation_at_evaluation():
 @pytest.mark.parametrize(
     "bad, message",
     [
-        (dict(rope_yarn_convention="meta"), r"rope_yarn_convention='meta'; choose one of"),
-        (dict(rope_yarn_beta_fast=1.0, rope_yarn_beta_slow=2.0), "rope_yarn_beta_slow < rope"),
-        (dict(rope_yarn_beta_slow=0.0), "need 0 < rope_yarn_beta_slow"),
-        (dict(rope_yarn_mscale=-1.0), r"rope_yarn_mscale must be >= 0, got -1.0"),
-        (dict(rope_yarn_mscale_all_dim=-0.5), "rope_yarn_mscale_all_dim must be >= 0"),
+        (dict(convention="meta"), r"rope.yarn: convention='meta'; choose one of"),
+        (dict(beta_fast=1.0, beta_slow=2.0), "rope.yarn: need 0 < beta_slow < beta_fast"),
+        (dict(beta_slow=0.0), "rope.yarn: need 0 < beta_slow"),
+        (dict(mscale=-1.0), r"rope.yarn: mscale and mscale_all_dim must be >= 0, got -1.0"),
+        (dict(mscale_all_dim=-0.5), "rope.yarn: mscale and mscale_all_dim must be >= 0"),
     ],
 )
 def test_yarn_config_errors_are_one_line_and_name_the_field(bad, message):
     with pytest.raises(ValueError, match=message) as err:
-        TransformerConfig(**TINY, position="rope", **bad)
+        TransformerConfig(**TINY, position="rope", position_options={"rope": {"yarn": bad}})
     assert "\n" not in str(err.value)
+    assert str(err.value).startswith("TransformerConfig.position_options.rope.yarn: ")
     with pytest.raises(ValueError, match="yarn: "):
-        pos_lib.YarnOptions(**{k.removeprefix("rope_yarn_"): v for k, v in bad.items()})
+        pos_lib.YarnOptions(**bad)

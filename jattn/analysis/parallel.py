@@ -1,14 +1,17 @@
-"""Jobs of a grid side by side: `jattn ablate --jobs N`.
+"""Runs of a grid side by side: `jattn ablate --jobs N`.
 
-A grid's jobs (a group's program, or one run) are independent, so `--jobs N`
-trains N of them at once, each in its own process pinned to its own share of
-the CPUs (before jax starts, so XLA sizes its thread pool to that share). The
-seeds of a group stay in one program, as without `--jobs`.
+A grid's runs (every seed its own run) are independent, so `--jobs N` trains
+N of them at once, each a job: its own process pinned to its own share of
+the CPUs (before jax starts, so XLA sizes its thread pool to that share).
+`train_run` is what a job does, and what `jattn ablate` without `--jobs`
+does for each run in turn.
 
 Whether it pays depends on how well one job uses its CPUs. Measured on this
-project's 2-core machine, 2026-12-02, a group (3 seeds, one program) alone
-on both cores against two groups side by side on one core each, the same
-hour (machine speed drifts by day: compare within a run of measurements):
+project's 2-core machine, 2026-12-02, when a job was a group's 3 seeds
+trained in one program (an earlier jattn's; a seed's run computes what it
+computed there): a group alone on both cores against two groups side by side
+on one core each, the same hour (machine speed drifts by day: compare within
+a run of measurements):
 
 - duplication (encoder-decoder, 2+2 layers of width 64): 4.93 steps/s
   alone, 3.59 and 3.55 side by side (1.45x the steps); 400-step groups
@@ -30,6 +33,15 @@ it ends. What is kept on the way:
 - A job that fails stops new jobs but not the running ones: they finish,
   and then `JobFailed` names the failed jobs and their logs.
 
+On a GPU the jobs share the device: each process would otherwise preallocate
+75% of its memory, and the second could not start. `job_environment` gives
+each job `XLA_PYTHON_CLIENT_MEM_FRACTION` = 0.9 / N (its cap; the parent's
+environment around the jobs' start, which spawned processes inherit) unless
+the user set `XLA_PYTHON_CLIENT_MEM_FRACTION`, `XLA_PYTHON_CLIENT_PREALLOCATE`
+or `XLA_PYTHON_CLIENT_ALLOCATOR` already; on the CPU and on a TPU (a TPU chip
+takes one process) nothing is set. `accelerator` names the platform without
+starting jax's backend here (it would take the memory the jobs need).
+
 A run's numbers depend on how many CPUs its process has, not on `--jobs`
 itself: XLA:CPU splits some reductions by thread, so a run pinned to one CPU
 rounds differently in float32 (about 1e-7 relative in the first steps, which
@@ -40,6 +52,7 @@ metrics). Compare runs made with the same CPUs per job.
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import multiprocessing
 import multiprocessing.connection
@@ -48,23 +61,62 @@ import signal
 import sys
 import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 __all__ = [
+    "SHARING_KEYS",
     "JobFailed",
+    "accelerator",
     "cpu_slots",
-    "describe",
     "fmt_cpus",
     "fmt_duration",
-    "job_label",
+    "job_environment",
     "log_diverged",
     "prepare_data",
     "preempted",
+    "stopped_status",
     "train_jobs",
+    "train_run",
 ]
 
 LOG_DIR = "logs"
+
+# The environment variables by which processes share one GPU (jax's GPU memory docs).
+SHARING_KEYS = (
+    "XLA_PYTHON_CLIENT_MEM_FRACTION",
+    "XLA_PYTHON_CLIENT_PREALLOCATE",
+    "XLA_PYTHON_CLIENT_ALLOCATOR",
+)
+_GPU_PLUGINS = ("jax_cuda12_plugin", "jax_cuda13_plugin", "jax_rocm60_plugin", "jax_rocm7_plugin")
+_GPU_DEVICES = ("/dev/nvidiactl", "/dev/kfd")
+
+
+def accelerator(environ: Mapping[str, str] | None = None) -> str:
+    """The platform jobs started from here run on ("gpu", "tpu" or "cpu"), read
+    without starting jax's backend: `JAX_PLATFORMS` when set (its first entry),
+    else "gpu" when a CUDA or ROCm plugin of jax is installed and the driver's
+    device node exists, "tpu" when libtpu is installed and /dev/accel0 exists."""
+    environ = os.environ if environ is None else environ
+    named = (environ.get("JAX_PLATFORMS") or "").split(",")[0].strip().lower()
+    if named:
+        return "gpu" if named in ("cuda", "rocm", "gpu") else named
+    if any(importlib.util.find_spec(p) for p in _GPU_PLUGINS) and any(
+        os.path.exists(d) for d in _GPU_DEVICES
+    ):
+        return "gpu"
+    if importlib.util.find_spec("libtpu") and os.path.exists("/dev/accel0"):
+        return "tpu"
+    return "cpu"
+
+
+def job_environment(jobs: int, platform: str, environ: Mapping[str, str]) -> dict[str, str]:
+    """What each of `jobs` processes sharing this machine adds to `environ`: on a
+    GPU a memory fraction of 0.9 / jobs, unless `environ` already says how to
+    share it (`SHARING_KEYS`); elsewhere nothing."""
+    if platform not in ("gpu", "cuda", "rocm") or any(k in environ for k in SHARING_KEYS):
+        return {}
+    return {"XLA_PYTHON_CLIENT_MEM_FRACTION": f"{0.9 / jobs:.3f}"}
 
 
 class JobFailed(RuntimeError):
@@ -91,16 +143,23 @@ def cpu_slots(jobs: int, cpus: Sequence[int] | None = None) -> list[tuple[int, .
     return slots
 
 
-def job_label(job, runs) -> str:
-    """A job's name for logs: its program's name, or its run's."""
-    return job.name if job.program else runs[job.runs[0]].name
+def train_run(run, config) -> dict[str, str]:
+    """Trains (or resumes) one run of a grid in this process; returns its status
+    ``{run name: "finished" | "preempted" | "diverged: <message>"}`` as
+    `jattn.analysis.runner` records it.
 
+    Args:
+      run: a `jattn.analysis.grid.Run` (its name and workdir).
+      config: its checked training config.
+    """
+    from jattn.train.loop import TrainingDivergedError  # noqa: PLC0415
+    from jattn.train.run import train_and_evaluate  # noqa: PLC0415 -- only when a run trains
 
-def describe(job, runs) -> str:
-    """A job as the progress lines name it."""
-    if not job.program:
-        return job_label(job, runs)
-    return f"{job.name}: {len(job.runs)} runs in one program"
+    try:
+        result = train_and_evaluate(config, run.workdir)
+    except TrainingDivergedError as e:
+        return {run.name: f"diverged: {e}"}
+    return {run.name: "preempted" if result["preempted"] else "finished"}
 
 
 def fmt_cpus(slot: Sequence[int]) -> str:
@@ -135,8 +194,18 @@ def _set_parent_death_signal() -> None:
         pass
 
 
-def _worker(job, runs, configs, workdir, cpus, log_path, status_path, cache) -> None:
-    """A spawned process: pin, redirect output, train one job, write its status."""
+def stopped_status(run, config) -> dict[str, str]:
+    """A run that a SIGTERM stopped outside its steps (`Terminated`: as it started,
+    or once its last step was saved): "finished" when its final metrics are
+    written, else "preempted" (a rerun resumes it)."""
+    from jattn.train import workdir as run_files  # noqa: PLC0415
+
+    done = run_files.finished_metrics(run.workdir, config.num_train_steps)
+    return {run.name: "finished" if done else "preempted"}
+
+
+def _worker(run, config, cpus, log_path, status_path, cache) -> None:
+    """A spawned process: pin, redirect output, train one run, write its status."""
     os.sched_setaffinity(0, cpus)  # before jax starts: XLA sizes its threads to these
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C arrives from the parent as SIGTERM
     _set_parent_death_signal()
@@ -146,6 +215,9 @@ def _worker(job, runs, configs, workdir, cpus, log_path, status_path, cache) -> 
     os.dup2(fd, 1)
     os.dup2(fd, 2)
     os.close(fd)
+    shared = [f"{k}={os.environ[k]}" for k in SHARING_KEYS if k in os.environ]
+    if shared:  # how this job shares the accelerator, as its process sees it
+        print("job environment: " + " ".join(shared), flush=True)
     from jattn.train.allocator import tune_host_allocator  # noqa: PLC0415
 
     tune_host_allocator()
@@ -154,10 +226,12 @@ def _worker(job, runs, configs, workdir, cpus, log_path, status_path, cache) -> 
 
         jax.config.update("jax_compilation_cache_dir", cache["dir"])
         jax.config.update("jax_persistent_cache_min_compile_time_secs", cache["min_secs"])
-    from jattn.analysis import seed_groups  # noqa: PLC0415
+    from jattn.train.distributed import Terminated  # noqa: PLC0415
 
     try:
-        status = seed_groups.train_job(job, runs, configs, workdir)
+        status = train_run(run, config)
+    except Terminated:  # the parent's SIGTERM, outside the run's steps: not a failure
+        status = stopped_status(run, config)
     except BaseException as e:
         import traceback  # noqa: PLC0415
 
@@ -197,7 +271,7 @@ def prepare_data(configs: Sequence[Any]) -> None:
 
 
 def train_jobs(
-    jobs: Sequence[Any],
+    jobs: Sequence[int],
     runs: Sequence[Any],
     configs: Sequence[Any],
     workdir: str,
@@ -206,17 +280,23 @@ def train_jobs(
     log: Callable[[str], None],
     on_done: Callable[[dict[str, str]], None],
     progress: Callable[[int, str, float | None], str],
+    platform: str | None = None,
 ) -> bool:
-    """Trains `jobs`, at most ``len(slots)`` at once, each pinned to one slot's CPUs.
+    """Trains the runs `jobs`, at most ``len(slots)`` at once, each in its own process
+    pinned to one slot's CPUs.
 
     Args:
-      jobs, runs, configs, workdir: as `jattn.analysis.seed_groups.train_job`.
+      jobs: indices into `runs` and `configs`, in the order to start them.
+      runs, configs: the grid's runs (`jattn.analysis.grid.Run`) and their configs.
+      workdir: the ablation directory (the jobs' logs go to ``workdir/logs/``).
       slots: the CPUs of each concurrent job (`cpu_slots`).
       log: where progress lines go.
-      on_done: called with each finished job's run statuses (as `train_job`'s).
+      on_done: called with each finished job's status (as `train_run`'s).
       progress: ``(job number, description, ETA in seconds or None) -> line`` for a
         start; the ETA is the mean finished job's time for every job not finished,
         less what the running ones have done, shared by the slots.
+      platform: where the jobs run (default: `accelerator()`); on a GPU each job
+        gets its share of the device's memory (`job_environment`).
 
     Returns:
       True when stopped by SIGTERM or Ctrl-C (the running jobs saved and exited).
@@ -245,23 +325,26 @@ def train_jobs(
 
     main_thread = threading.current_thread() is threading.main_thread()
     previous = signal.signal(signal.SIGTERM, request_stop) if main_thread else None
+    shared = job_environment(len(slots), platform or accelerator(), os.environ)
+    if shared:
+        log(f"ablation: the jobs share one GPU, each with {_fmt_env(shared)}")
+    saved = {k: os.environ.get(k) for k in shared}
+    os.environ.update(shared)  # spawned jobs inherit it; restored below
     try:
         while running or (pending and not stop["now"] and not failed):
             while pending and free and not stop["now"] and not failed:
                 number, job = pending.pop(0)
                 slot = free.pop(0)
-                label = job_label(job, runs)
+                label = runs[job].name
                 log_path = os.path.join(log_dir, _log_name(label))
                 status_path = log_path[: -len(".log")] + ".status.json"
                 if os.path.exists(status_path):
                     os.remove(status_path)
-                log(progress(number, describe(job, runs), _eta(durations, pending, running, slots)))
-                if job.note:
-                    log(f"  one run per seed: {job.note}")
+                log(progress(number, label, _eta(durations, pending, running, slots)))
                 log(f"  on CPU {fmt_cpus(slots[slot])}; log: {os.path.relpath(log_path, workdir)}")
                 proc = ctx.Process(
                     target=_worker,
-                    args=(job, runs, configs, workdir, slots[slot], log_path, status_path, cache),
+                    args=(runs[job], configs[job], slots[slot], log_path, status_path, cache),
                     name=f"jattn-job-{number}",
                 )
                 proc.start()
@@ -297,6 +380,11 @@ def train_jobs(
                     durations.append(took)
                 on_done(status)
     finally:
+        for key, value in saved.items():
+            if value is None:
+                os.environ.pop(key, None)
+            else:
+                os.environ[key] = value
         if main_thread:
             signal.signal(signal.SIGTERM, previous)
         for proc, *_ in running.values():  # only after an unexpected error here
@@ -306,6 +394,10 @@ def train_jobs(
     if failed:
         raise JobFailed("jobs failed (the others finished): " + "; ".join(failed))
     return stop["now"]
+
+
+def _fmt_env(env: Mapping[str, str]) -> str:
+    return " ".join(f"{k}={v}" for k, v in sorted(env.items()))
 
 
 def _eta(durations, pending, running, slots) -> float | None:

@@ -1,11 +1,11 @@
 """Run an ablation grid on this machine, or print it for a cluster.
 
-`run_grid` trains the runs, the seeds of a group in one vmapped program
-(`jattn.analysis.seed_groups`) and the jobs one after another in this process
-(or several at once, each in its own pinned process: `jattn.analysis.parallel`), skipping
-finished ones (their ``final_metrics.json`` says they reached
-``num_train_steps``) and resuming interrupted ones (each run's workdir holds
-its own orbax checkpoints), then writes the report. A run that diverges is
+`run_grid` trains the runs, each seed its own run, one after another in this
+process (or several at once, each in its own pinned process:
+`jattn.analysis.parallel`), skipping finished ones (their
+``final_metrics.json`` says they reached ``num_train_steps``) and resuming
+interrupted ones (each run's workdir holds its own orbax checkpoints), then
+writes the report. A run that diverges is
 recorded as such and the grid goes on. `emit` prints the same grid as one
 ``jattn train`` line per run (`jattn.cli.slurm` makes it a SLURM array
 script), so a cluster runs exactly what this machine would.
@@ -17,14 +17,17 @@ import contextlib
 import json
 import os
 import shlex
+import signal
 import sys
+import threading
 import time
+from collections.abc import Iterator
 from typing import Any
 
 import ml_collections
 
 from jattn.analysis import grid as grid_lib
-from jattn.analysis import parallel, report, seed_groups, sessions
+from jattn.analysis import parallel, report, sessions
 from jattn.analysis.parallel import fmt_cpus, fmt_duration
 from jattn.train import workdir as files
 from jattn.train.workdir import WorkdirLock
@@ -36,23 +39,53 @@ def _final(run: grid_lib.Run, num_steps: int) -> dict[str, Any] | None:
     return files.finished_metrics(run.workdir, num_steps)
 
 
-def _train_in_turn(jobs, runs, configs, workdir, log, done, started) -> bool:
-    """The jobs one after another in this process; True when one was preempted."""
-    start, trained, todo = time.time(), 0, sum(len(job.runs) for job in jobs)
-    for number, job in enumerate(jobs, start=1):
-        eta = (time.time() - start) / trained * (todo - trained) if trained else None
-        log(started(number, parallel.describe(job, runs), eta))
-        if job.note:
-            log(f"  one run per seed: {job.note}")
+def _train_in_turn(todo, runs, configs, log, done, started, stop) -> bool:
+    """The runs `todo` one after another in this process; True when one was
+    preempted, or a SIGTERM came at any other moment (between runs, as one
+    starts, during a run's last step or final evaluation): then no further run
+    starts (`stop`, set by `_sigterm_stops`)."""
+    from jattn.train.distributed import Terminated  # noqa: PLC0415 -- imports jax
+
+    start = time.time()
+    for number, i in enumerate(todo, start=1):
+        if stop.is_set():
+            return True
+        trained = number - 1
+        eta = (time.time() - start) / trained * (len(todo) - trained) if trained else None
+        log(started(number, runs[i].name, eta))
         t0 = time.time()
-        job_status = seed_groups.train_job(job, runs, configs, workdir)
-        trained += len(job.runs)
+        try:
+            job_status = parallel.train_run(runs[i], configs[i])
+        except Terminated:  # as the run started, or once its last step was saved
+            stop.set()
+            job_status = parallel.stopped_status(runs[i], configs[i])
         parallel.log_diverged(job_status, log)
         log(f"  done in {fmt_duration(time.time() - t0)}")
         done(job_status)
-        if parallel.preempted(job_status):
+        if parallel.preempted(job_status) or stop.is_set():
             return True
     return False
+
+
+@contextlib.contextmanager
+def _sigterm_stops() -> Iterator[threading.Event]:
+    """``with _sigterm_stops() as stop:`` SIGTERM sets `stop` and nothing else.
+
+    Between the jobs of `_train_in_turn` this handler is the one in place (a
+    run's `PreemptionWatch` replaces it while the run trains, and puts it back),
+    so a SIGTERM there is not Python's default (exit 143, no line) and never
+    raises where an exception could be dropped: the grid reads the flag before
+    each job. Only the main thread can install it; elsewhere `stop` is never set.
+    """
+    stop = threading.Event()
+    if threading.current_thread() is not threading.main_thread():
+        yield stop
+        return
+    previous = signal.signal(signal.SIGTERM, lambda signum, frame: stop.set())
+    try:
+        yield stop
+    finally:
+        signal.signal(signal.SIGTERM, previous)
 
 
 def run_grid(
@@ -61,7 +94,6 @@ def run_grid(
     *,
     repo_root: str,
     log=print,
-    one_program: bool = True,
     parallel_jobs: int = 1,
 ) -> dict[str, Any]:
     """Trains every run of the grid that is not finished, then reports.
@@ -72,9 +104,7 @@ def run_grid(
         the report to ``results.csv``, ``results.md`` and ``*.png``.
       repo_root: where relative config paths are resolved.
       log: where progress lines go.
-      one_program: train the unfinished seeds of each group in one vmapped
-        program (`jattn.analysis.seed_groups`); False: one run per seed.
-      parallel_jobs: train this many jobs at once, each in its own process
+      parallel_jobs: train this many runs at once, each in its own process
         pinned to its share of the CPUs (`jattn.analysis.parallel`); 1: one
         after another in this process.
 
@@ -83,7 +113,9 @@ def run_grid(
 
     Raises:
       ValueError: `parallel_jobs` < 1 or above the CPUs this process may use.
-      JobFailed: a job failed while others trained in parallel (after they end).
+      JobFailed: a run failed while others trained in parallel (after they end).
+      ConfigError: runs are left to train in a grid an earlier jattn trained as
+        stacked seed programs (``DIR/groups/``).
       WorkdirLockedError: another `jattn ablate` is training this grid
         (``workdir/.lock``, `jattn.train.workdir`).
     """
@@ -93,12 +125,34 @@ def run_grid(
     report.check_reference(exp, runs)
     # One grid per directory: a second `jattn ablate` on it (the same command in
     # another terminal) would train the same jobs and race on every file.
-    with WorkdirLock(workdir):
-        return _train_and_report(exp, runs, configs, workdir, log, one_program, parallel_jobs)
+    with _sigterm_stops() as stop, WorkdirLock(workdir):
+        return _train_and_report(exp, runs, configs, workdir, log, parallel_jobs, stop)
 
 
-def _train_and_report(exp, runs, configs, workdir, log, one_program, parallel_jobs):
-    """`run_grid` once the grid is checked and its directory locked."""
+def check_layout(workdir: str, todo) -> None:
+    """Refuses (one line) a grid with runs left to train whose seed programs an
+    earlier jattn kept in ``DIR/groups/<program>/`` as stacked checkpoints, which
+    no run resumes.
+
+    Raises:
+      ConfigError: ``DIR/groups/`` holds something and `todo` is not empty.
+    """
+    from jattn.train.config import ConfigError  # noqa: PLC0415
+
+    groups = os.path.join(workdir, "groups")
+    if todo and os.path.isdir(groups) and os.listdir(groups):
+        raise ConfigError(
+            f"{groups} holds the stacked checkpoints of seed programs of an earlier jattn, "
+            "which this one does not resume: finish it with the jattn release that started it "
+            "(the last commit with jattn/train/seed_program.py: git checkout $(git log -1 "
+            "--format=%h --diff-filter=D -- jattn/train/seed_program.py)~1), or train into "
+            "a new --workdir"
+        )
+
+
+def _train_and_report(exp, runs, configs, workdir, log, parallel_jobs, stop):
+    """`run_grid` once the grid is checked and its directory locked; a SIGTERM from
+    here on sets `stop`: no run starts after it, and the report is written whole."""
     with open(os.path.join(workdir, "experiment.json"), "w") as f:
         f.write(exp.to_json_best_effort(indent=2, sort_keys=True))
     status: dict[str, str] = {}
@@ -110,8 +164,7 @@ def _train_and_report(exp, runs, configs, workdir, log, one_program, parallel_jo
         f"ablation: {len(runs)} runs, {len(runs) - len(todo)} already finished, "
         f"{len(todo)} to train -> {workdir}"
     )
-    seed_groups.check_layout(workdir, todo)
-    jobs = seed_groups.plan(exp, runs, configs, todo, one_program=one_program)
+    check_layout(workdir, todo)
     start = time.time()
     status_path = os.path.join(workdir, STATUS_FILE)
 
@@ -122,26 +175,29 @@ def _train_and_report(exp, runs, configs, workdir, log, one_program, parallel_jo
 
     def started(number: int, what: str, eta_s: float | None) -> str:
         eta = "" if eta_s is None else f", ETA {fmt_duration(eta_s)}"
-        return f"[{number}/{len(jobs)}] {what} (elapsed {fmt_duration(time.time() - start)}{eta})"
+        return f"[{number}/{len(todo)}] {what} (elapsed {fmt_duration(time.time() - start)}{eta})"
 
     # A session that trains nothing (the grid was finished) costs nothing worth a line.
     record = sessions.recording if todo else _no_record
     with record(workdir, jobs=parallel_jobs, to_train=len(todo)) as session:
-        if parallel_jobs > 1 and len(jobs) > 1:
-            slots = parallel.cpu_slots(min(parallel_jobs, len(jobs)))
-            log(f"ablation: {len(slots)} jobs at once, on CPUs {' | '.join(map(fmt_cpus, slots))}")
+        if parallel_jobs > 1 and len(todo) > 1:
+            slots = parallel.cpu_slots(min(parallel_jobs, len(todo)))
+            log(f"ablation: {len(slots)} runs at once, on CPUs {' | '.join(map(fmt_cpus, slots))}")
             parallel.prepare_data([configs[i] for i in todo])
-            preempted = parallel.train_jobs(
-                jobs, runs, configs, workdir, slots=slots, log=log, on_done=done, progress=started
+            preempted = stop.is_set() or parallel.train_jobs(  # its own handler from here
+                todo, runs, configs, workdir, slots=slots, log=log, on_done=done, progress=started
             )
         else:
-            preempted = _train_in_turn(jobs, runs, configs, workdir, log, done, started)
+            preempted = _train_in_turn(todo, runs, configs, log, done, started, stop)
         session["outcome"] = "preempted" if preempted else "finished"
     if preempted:
         log("ablation: preempted; rerun the same command to resume")
     else:
         log(f"ablation: trained {len(todo)} runs in {fmt_duration(time.time() - start)}")
-    return report.write_report(exp, runs, configs, workdir, status=status)
+    summary = report.write_report(exp, runs, configs, workdir, status=status)
+    if stop.is_set() and not preempted:
+        log("ablation: SIGTERM while the report was written; it is complete, nothing was lost")
+    return summary
 
 
 @contextlib.contextmanager
@@ -180,7 +236,6 @@ def main_ablate(
     emit_fmt: str | None,
     report_only: bool,
     repo_root: str,
-    one_program: bool = True,
     parallel_jobs: int = 1,
 ) -> int:
     """`jattn ablate` (see `jattn.cli.ablate`): runs, emits or reports the grid.
@@ -194,7 +249,7 @@ def main_ablate(
         is `jattn.cli.slurm`).
       report_only: only rebuild the report from the runs in `workdir`.
       repo_root: where relative base-config paths resolve.
-      one_program, parallel_jobs: see `run_grid`.
+      parallel_jobs: see `run_grid`.
 
     Returns:
       The exit status, 0 (errors are raised as ConfigError).
@@ -213,8 +268,6 @@ def main_ablate(
         configs = grid_lib.checked_configs(exp, runs, repo_root)
         summary = report.write_report(exp, runs, configs, workdir, status=None)
     else:
-        summary = run_grid(
-            exp, workdir, repo_root=repo_root, one_program=one_program, parallel_jobs=parallel_jobs
-        )
+        summary = run_grid(exp, workdir, repo_root=repo_root, parallel_jobs=parallel_jobs)
     print(summary["markdown"])
     return 0

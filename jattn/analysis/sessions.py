@@ -13,10 +13,11 @@ A session can also end with no chance to write that line (SIGKILL, a machine
 that restarts, a job scheduler's hard limit), and its hours would vanish
 from the total. So while it runs, a session keeps ``DIR/.session-<pid>.json``
 (its line so far, rewritten every `HEARTBEAT_S` seconds with the time and
-load). One whose heartbeat is older than three of its intervals died:
-`read_sessions` reports it as "killed", ended at its last heartbeat (its wall
-time short by less than one interval), and the next session writes it into
-``sessions.jsonl`` for good.
+load). One whose heartbeat is older than three of its intervals died, and so
+did one whose process is gone from this host (a SIGKILL seconds after the
+start: its heartbeat is not stale yet): `read_sessions` reports it as
+"killed", ended at its last heartbeat (its wall time short by less than one
+interval), and the next session writes it into ``sessions.jsonl`` for good.
 """
 
 from __future__ import annotations
@@ -26,6 +27,7 @@ import datetime
 import glob
 import json
 import os
+import socket
 import threading
 import time
 from collections.abc import Iterator, Sequence
@@ -76,11 +78,49 @@ def _write_open(path: str, session: dict[str, Any], started: float, heartbeat_s:
         "load_end": _load(),
         "_last_beat_epoch": now,
         "_heartbeat_s": heartbeat_s,
+        "_started_epoch": started,
+        "_host": socket.gethostname(),
+        "_pid": os.getpid(),
     }
     tmp = _pending(path)
     with open(tmp, "w") as f:
         f.write(json.dumps(beat))
     os.replace(tmp, path)
+
+
+def _gone(beat: dict[str, Any]) -> bool:
+    """Whether the process of a heartbeat on this host has ended (or its pid now names
+    a process that started after the session did), so that a session killed seconds
+    after its start is not "running" until three heartbeats have been missed.
+    Another host's sessions (a shared filesystem) are judged by their heartbeat alone."""
+    pid = beat.get("_pid")
+    if beat.get("_host") != socket.gethostname() or not isinstance(pid, int):
+        return False
+    if pid == os.getpid():
+        return False  # this process's own session
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return True
+    except PermissionError:
+        pass  # alive, another user's
+    started = _process_start(pid)
+    return started is not None and started > beat.get("_started_epoch", started) + 1.0
+
+
+def _process_start(pid: int) -> float | None:
+    """When process `pid` started (epoch seconds), from /proc; inf for a zombie (it
+    has ended; only its parent has not collected it); None without /proc."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            fields = f.read().rsplit(")", 1)[1].split()  # after the command name
+        with open("/proc/stat") as f:
+            boot = next(float(line.split()[1]) for line in f if line.startswith("btime "))
+    except (OSError, ValueError, IndexError, StopIteration):
+        return None
+    if fields[0] == "Z":
+        return float("inf")
+    return boot + int(fields[19]) / os.sysconf("SC_CLK_TCK")
 
 
 def _open_sessions(workdir: str, now: float) -> list[tuple[str, dict[str, Any], bool]]:
@@ -90,7 +130,8 @@ def _open_sessions(workdir: str, now: float) -> list[tuple[str, dict[str, Any], 
         try:
             with open(path) as f:
                 beat = json.load(f)
-            dead = now - beat["_last_beat_epoch"] > _STALE_BEATS * beat["_heartbeat_s"]
+            stale = now - beat["_last_beat_epoch"] > _STALE_BEATS * beat["_heartbeat_s"]
+            dead = stale or _gone(beat)
         except (OSError, ValueError, KeyError, TypeError):
             continue  # gone meanwhile (its session ended), or not a heartbeat of ours
         line = {k: v for k, v in beat.items() if not k.startswith("_")}

@@ -21,12 +21,15 @@ dim `Hv` in einsum strings, `V` only for the vocabulary).
 
 from __future__ import annotations
 
+import functools
+import numbers
 from collections.abc import Callable
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 
+from jattn.attention import rule
 from jattn.attention.chunked import attention_chunked
 from jattn.attention.normal_form import EMPTY_ROW_LSE, NormalForm, normalise
 from jattn.attention.xla import attention_xla
@@ -38,6 +41,7 @@ Array = jax.Array
 __all__ = [
     "IMPLEMENTATIONS",
     "attention_weights",
+    "call_features",
     "default_implementation",
     "dot_product_attention",
 ]
@@ -59,26 +63,69 @@ IMPLEMENTATIONS: dict[str, Callable[..., tuple[Array, Array]]] = {
     "pallas": _pallas,
 }
 
-# Above this many logits per (batch, head) the chunked path beats
-# materialising them on the CPU (see docs/benchmarks.md).
-_CHUNKED_MIN_LOGITS = 1024 * 1024
+
+def call_features(
+    query,
+    key,
+    value,
+    bias=None,
+    mask=None,
+    *,
+    scale=None,
+    is_causal: bool = False,
+    query_seq_lengths=None,
+    key_value_seq_lengths=None,
+    local_window_size=None,
+    q_segment_ids=None,
+    kv_segment_ids=None,
+    q_positions=None,
+    kv_positions=None,
+    relative=None,
+    score_mod=None,
+    dropout_rate: float = 0.0,
+    **_ignored,
+) -> rule.Call:
+    """What `jattn.attention.rule` reads of a `dot_product_attention` call:
+    its features, dtype and sizes (shapes only; nothing is computed)."""
+    qs, ks, vs = np.shape(query), np.shape(key), np.shape(value)
+    batch = 1 if len(qs) == 3 else qs[0]
+    window = local_window_size
+    if isinstance(window, int):
+        window = (window, window)
+    given = {
+        "causal": is_causal,
+        "segments": q_segment_ids is not None or kv_segment_ids is not None,
+        "positions": q_positions is not None or kv_positions is not None,
+        "window": window is not None,
+        "window_right": window is not None and window[1] > 0 and not is_causal,
+        "lengths": query_seq_lengths is not None or key_value_seq_lengths is not None,
+        "mask": mask is not None,
+        "bias": bias is not None,
+        "shaw": relative is not None,
+        "score_mod": score_mod is not None,
+        "dropout": dropout_rate > 0,
+        "traced_scale": scale is not None and not isinstance(scale, numbers.Real),
+    }
+    return rule.Call(
+        t=qs[-3],
+        s=ks[-3],
+        head_dim=qs[-1],
+        value_head_dim=vs[-1],
+        batch_heads=batch * qs[-2],
+        dtype=np.dtype(getattr(query, "dtype", None) or jnp.asarray(query).dtype).name,
+        features=frozenset(name for name, on in given.items() if on),
+    )
 
 
-def default_implementation(t: int, s: int, backend: str | None = None) -> str:
-    """The implementation `implementation=None` resolves to.
-
-    On NVIDIA/AMD GPUs the Pallas kernel (Triton); on the CPU and on TPU the
-    xla path for small problems (fewer dispatch overheads) and the chunked
-    path once the logits would be large. The kernel's Mosaic (TPU) variant is
-    reached with `implementation="pallas"`; it is checked in interpret mode
-    and compiled by libtpu for compile-only TPU v5e and v6e devices (every
-    variant, `jattn bench aot --target tpu`, docs/tpu.md; a subset in CI),
-    but has never run or been timed on a TPU, so it is not the default there.
-    """
-    backend = backend or jax.default_backend()
-    if backend in ("gpu", "cuda", "rocm"):
-        return "pallas"
-    return "chunked" if t * s >= _CHUNKED_MIN_LOGITS else "xla"
+def default_implementation(
+    query, key, value, bias=None, mask=None, *, platform: str | None = None, **options
+) -> str:
+    """The implementation `dot_product_attention(query, key, value, bias, mask,
+    **options)` runs with `implementation=None` on `platform` (default: jax's
+    default backend): `jattn.attention.rule.choose` of the call's features,
+    dtype and sizes. Says nothing; the call itself announces its choice once."""
+    call = call_features(query, key, value, bias, mask, **options)
+    return rule.choose(call, platform or _platform()).name
 
 
 def _resolve(name: str) -> Callable[..., Array]:
@@ -88,6 +135,28 @@ def _resolve(name: str) -> Callable[..., Array]:
             f"choose one of {sorted(IMPLEMENTATIONS)} or None"
         )
     return IMPLEMENTATIONS[name]
+
+
+def _platform() -> str:
+    """jax's default backend, with a ROCm GPU named "rocm" (jax calls both "gpu")."""
+    name = jax.default_backend()
+    return "rocm" if name == "gpu" and _gpu_is_rocm() else name
+
+
+@functools.cache
+def _gpu_is_rocm() -> bool:
+    version = getattr(jax.devices("gpu")[0].client, "platform_version", "")
+    return "rocm" in str(version).lower()
+
+
+def _by_rule(query, key, value, bias, mask, **options) -> str:
+    """`implementation=None` resolved: the rule's choice for this call on jax's
+    default backend, announced once per process per path (`rule.announce`)."""
+    call = call_features(query, key, value, bias, mask, **options)
+    platform = _platform()
+    choice = rule.choose(call, platform)
+    rule.announce(choice, call, platform)
+    return choice.name
 
 
 def _cudnn(query, key, value, bias, mask, *, unsupported: dict[str, bool], **jax_nn_options):
@@ -157,9 +226,12 @@ def dot_product_attention(
         `q_position - left <= kv_position <= q_position + right` (as jax.nn,
         which uses indices; here positions, which default to indices). The
         chunked path and the kernels skip tiles outside the window.
-      implementation: None (best for the backend and shapes), "xla",
-        "chunked", "pallas", or "cudnn" (jax.nn's cuDNN path, for the
-        arguments it takes).
+      implementation: None (the rule of `jattn.attention.rule`: a pure
+        function of the call's features, dtype, sizes and platform, which
+        runs a GPU kernel only in a configuration checked against float64
+        on a GPU, and says once which path it took), "xla", "chunked",
+        "pallas", or "cudnn" (jax.nn's cuDNN path, for the arguments it
+        takes).
       return_residual: also return the log-sum-exp `[B, T, N]` of each row's
         scaled, biased logits (as jax.nn: a residual, its cotangent ignored;
         `EMPTY_ROW_LSE` for a row with no visible key).
@@ -207,6 +279,26 @@ def dot_product_attention(
             "dot_product_attention: query, key and value must all have rank 4 "
             "([B, T|S, heads, head_dim]) or all rank 3 (no batch axis), got shapes "
             f"{list(np.shape(query))}, {list(np.shape(key))}, {list(np.shape(value))}"
+        )
+    if implementation is None:
+        implementation = _by_rule(
+            query,
+            key,
+            value,
+            bias,
+            mask,
+            scale=scale,
+            is_causal=is_causal,
+            query_seq_lengths=query_seq_lengths,
+            key_value_seq_lengths=key_value_seq_lengths,
+            local_window_size=local_window_size,
+            q_segment_ids=q_segment_ids,
+            kv_segment_ids=kv_segment_ids,
+            q_positions=q_positions,
+            kv_positions=kv_positions,
+            relative=relative,
+            score_mod=score_mod,
+            dropout_rate=dropout_rate,
         )
     if implementation == "cudnn":
         return _cudnn(
@@ -257,11 +349,10 @@ def dot_product_attention(
         dropout_broadcast_batch=dropout_broadcast_batch,
         assume_finite=assume_finite,
     )
-    name = implementation or default_implementation(nf.query.shape[1], nf.key.shape[1])
-    if nf.query.shape[1] == 0 or nf.key.shape[1] == 0:
-        out, lse = _empty(nf)  # as jax.nn: no query, or nothing to attend to
+    if 0 in (nf.query.shape[0], nf.query.shape[1], nf.key.shape[1]):
+        out, lse = _empty(nf)  # as jax.nn: no batch, no query, or nothing to attend to
     else:
-        out, lse = _resolve(name)(nf)
+        out, lse = _resolve(implementation)(nf)
     if ndim == 3:
         out, lse = out[0], lse[0]
     if return_residual:
@@ -270,9 +361,9 @@ def dot_product_attention(
 
 
 def _empty(nf) -> tuple[Array, Array]:
-    """`(out, lse)` of a call with T = 0 or S = 0, in every implementation.
+    """`(out, lse)` of a call with B = 0, T = 0 or S = 0, in every implementation.
 
-    jax.nn returns an empty output for T = 0 and zeros for S = 0 (a query
+    jax.nn returns an empty output for B = 0 or T = 0 and zeros for S = 0 (a query
     with no key sees nothing: the fully-masked-row rule); the log-sum-exp of
     such a row is `EMPTY_ROW_LSE`, as for any row with no visible key.
     """

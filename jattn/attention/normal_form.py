@@ -34,6 +34,7 @@ head dim, is `E` in einsum strings).
 from __future__ import annotations
 
 import dataclasses
+import warnings
 
 import jax
 import jax.numpy as jnp
@@ -149,9 +150,34 @@ jax.tree_util.register_dataclass(
 )
 
 
+# Whether the ambiguous rank-3 mask or bias warning was shown (`_warn_rank3`): once.
+_rank3_warned: list[bool] = []
+
+
+def _warn_rank3(x, name: str, full: tuple[int, int, int, int]) -> None:
+    """Warns, once a process, when a rank-3 mask or bias could mean `[B, T, S]`.
+
+    jax.nn reads a rank-3 mask or bias as `[N, T, S]` (numpy broadcasting from
+    the right), and a drop-in keeps that rule; when B == N > 1 the shape also
+    fits the per-batch-row mask a caller may have meant, and nothing else
+    would tell them (docs/reuse.md).
+    """
+    b, n = full[0], full[1]
+    if x.ndim != 3 or b != n or b == 1 or x.shape[0] != n or _rank3_warned:
+        return
+    _rank3_warned.append(True)
+    warnings.warn(
+        f"dot_product_attention: a rank-3 {name} of shape {list(x.shape)} with batch B = "
+        f"heads N = {n} is read as [N, T, S], one per head (jax.nn's broadcasting rule); "
+        f"for one per batch row pass {name}[:, None] ([B, 1, T, S]). Shown once.",
+        stacklevel=5,
+    )
+
+
 def _as_rank4(x, name: str, full: tuple[int, int, int, int]) -> Array:
     """Left-pad `x` to rank 4 and check each axis is 1 or the full size."""
     x = jnp.asarray(x)
+    _warn_rank3(x, name, full)
     if x.ndim > 4:
         raise ValueError(
             f"dot_product_attention: {name} must broadcast to [B, N, T, S]={list(full)}, "

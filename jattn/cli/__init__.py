@@ -70,8 +70,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     """Dispatches `jattn COMMAND ...`; returns the exit status."""
     argv_given = argv is not None
     argv = list(sys.argv[1:] if argv is None else argv)
-    if argv[:1] == ["train"]:  # first: a SIGTERM from now on is one line and exit 0
-        install_sigterm_handler()
+    if argv[:1] in (["train"], ["ablate"]):  # first: a SIGTERM from now on is one line, exit 0
+        install_sigterm_handler(f"jattn {argv[0]}")
     if not argv_given:  # this process's own command line: `jattn ...` owns its stderr
         install_stderr_filter()
     if not argv or argv[0] in ("-h", "--help"):

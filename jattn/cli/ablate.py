@@ -5,7 +5,7 @@
     jattn ablate ... --emit slurm --slurm-gpus-per-node 1 --slurm-partition gpu
     jattn ablate ... --emit commands   # one `jattn train` line per run
     jattn ablate ... --report-only     # rebuild results from finished runs
-    jattn ablate ... --jobs 2          # two groups at once, each on its own CPUs
+    jattn ablate ... --jobs 2          # two runs at once, each on its own CPUs
 
 Overrides address the experiment config, e.g. ``--config.grid.seed.values=0,1,2``;
 ``--config.train.KEY=VALUE`` sets any key of the training config for every
@@ -61,18 +61,15 @@ def make_parser() -> argparse.ArgumentParser:
         "--report-only", action="store_true", help="only aggregate the runs already in --workdir"
     )
     parser.add_argument(
-        "--one-run-per-seed",
-        action="store_true",
-        help="train every seed as its own run (default: the seeds of a group in one program)",
-    )
-    parser.add_argument(
         "--jobs",
         type=int,
         default=1,
-        help="train this many groups at once, each in its own process pinned to its share "
-        "of the CPUs, its output in DIR/logs/ (default 1: one after another). On a 2-core "
-        "machine 2 jobs trained the encoder-decoder and decoder-only grids' groups 1.4-1.5x "
-        "faster than one at a time (jattn.analysis.parallel); time a few groups first",
+        help="train this many runs (every seed its own) at once, each in its own process "
+        "pinned to its share of the CPUs, its output in DIR/logs/ (default 1: one after "
+        "another). On a 2-core machine 2 jobs trained the encoder-decoder and decoder-only "
+        "grids 1.4-1.5x faster than one at a time (jattn.analysis.parallel); time a few "
+        "first. On a GPU the jobs share it, each capped at 0.9/N of its memory "
+        "(XLA_PYTHON_CLIENT_MEM_FRACTION, unless you set how to share it yourself)",
     )
     slurm_arguments(parser)
     cache_argument(parser)
@@ -117,6 +114,9 @@ def ablate_command(argv: Sequence[str]) -> int:
             return _emit_slurm(args, overrides, _repo_root())
         if not args.emit:
             enable_compilation_cache(args.compilation_cache_dir)
+            from jattn.attention.rule import show_choices  # noqa: PLC0415
+
+            show_choices()  # runs trained here say which attention path they took
         return main_ablate(
             args.config,
             args.workdir,
@@ -124,7 +124,6 @@ def ablate_command(argv: Sequence[str]) -> int:
             emit_fmt=args.emit,
             report_only=args.report_only,
             repo_root=_repo_root(),
-            one_program=not args.one_run_per_seed,
             parallel_jobs=args.jobs,
         )
     except (ConfigError, UsageError) as e:

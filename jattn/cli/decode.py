@@ -10,23 +10,29 @@ run's decoding settings apply (`decode`, `beam_size`, `beam_alpha`,
     jattn decode --workdir runs/rope --rope-scaling yarn --rope-scaling-factor 2 "0123..."
 
 `--rope-scaling` (pi, ntk, yarn) with `--rope-scaling-factor` extends a run
-trained with plain RoPE to longer inputs (`TransformerConfig.rope_scaling`).
+trained with plain RoPE to longer inputs (`model.position_options.rope.scaling`).
 
 An encoder-only model (`model.architecture=encoder_only`) predicts a tape of
 cells at once and is told its length: `--max-len`, or for Delétang et al.'s
 tasks the task's target length at each text's length (`tape_lengths`).
 
-Exit status: 0 done, 2 bad input (no run, no checkpoint, bad flag), in one line.
+Characters (or words) outside the run's vocabulary are decoded as the
+unknown token, and each text with some gets a warning line on stderr naming
+them. A damaged newest checkpoint is passed over for the newest intact one,
+with a warning (`load_run`).
+
+Exit status: 0 done, 2 bad input (no run, no intact checkpoint, bad flag), in one line.
 """
 
 from __future__ import annotations
 
 import argparse
+import sys
 from collections.abc import Sequence
 
 from jattn.cli.common import fail, normalize_flags
 
-__all__ = ["decode_command", "tape_lengths"]
+__all__ = ["decode_command", "tape_lengths", "unknown_input_lines"]
 
 PROG = "jattn decode"
 
@@ -48,7 +54,7 @@ def make_parser() -> argparse.ArgumentParser:
     )
     parser.add_argument(
         "--rope-scaling", choices=("none", "pi", "ntk", "yarn"), default=None,
-        help="extend the run's RoPE to longer inputs (default: the run's model.rope_scaling)",
+        help="extend the run's RoPE to longer inputs (default: the run's rope.scaling)",
     )  # fmt: skip
     parser.add_argument(
         "--rope-scaling-factor", type=float, default=None,
@@ -70,6 +76,8 @@ def decode_texts(run, texts: Sequence[str], *, method=None, beam_size=None, beam
     method = method or c.get("decode", "greedy")
     max_length = max_len or c.get("decode_max_len") or c.eval_max_len
     encoded = [run.tokenizer.encode(t) for t in texts]
+    for line in unknown_input_lines(run.tokenizer, texts, encoded):
+        print(line, file=sys.stderr)
     inputs = np.zeros((len(encoded), max(len(e) for e in encoded)), np.int32)  # [B, S]
     for i, ids in enumerate(encoded):
         inputs[i, : len(ids)] = ids
@@ -89,6 +97,35 @@ def decode_texts(run, texts: Sequence[str], *, method=None, beam_size=None, beam
             run.model, run.params, inputs, max_length=max_length, tape_lengths=tapes
         )
     return [ids_to_text(run.tokenizer, row) for row in np.asarray(out)]
+
+
+def unknown_input_lines(tokenizer, texts: Sequence[str], encoded) -> list[str]:
+    """A warning line for each text with pieces outside the run's vocabulary.
+
+    The tokenizer maps them to its unknown id, which the model never saw in
+    training and which decodes to ``⁇``: the output is then about another
+    input than the one typed, and nothing said so.
+    """
+    from jattn.data.tokenizers import UNK_ID, UNK_TEXT  # noqa: PLC0415
+
+    lines = []
+    for i, (text, ids) in enumerate(zip(texts, encoded, strict=True), start=1):
+        count = sum(1 for t in ids if t == UNK_ID)
+        if not count:
+            continue
+        if hasattr(tokenizer, "chars"):
+            known, pieces, what = set(tokenizer.chars), list(text), "characters"
+        elif hasattr(tokenizer, "words"):
+            known, pieces, what = set(tokenizer.words), text.split(" "), "words"
+        else:
+            known, pieces, what = None, [], "pieces"
+        unknown = sorted({p for p in pieces if p and p not in known}) if known else []
+        named = f": {', '.join(map(repr, unknown))}" if unknown else ""
+        lines.append(
+            f"warning: input {i} ({text!r}) has {count} {what} outside the run's vocabulary"
+            f"{named}; they are read as the unknown token ({UNK_TEXT})"
+        )
+    return lines
 
 
 def tape_lengths(dataset: str, texts: Sequence[str], max_len: int | None) -> list[int]:
@@ -129,15 +166,15 @@ def decode_command(argv: Sequence[str]) -> int:
         return fail(PROG, str(e))
     scaling = {
         key: value
-        for key, value in (("rope_scaling", args.rope_scaling),
-                           ("rope_scaling_factor", args.rope_scaling_factor))
+        for key, value in (("scaling", args.rope_scaling),
+                           ("scaling_factor", args.rope_scaling_factor))
         if value is not None
     }  # fmt: skip
     if scaling:  # an evaluation-time model setting: the parameters are unchanged
         from jattn.models import Transformer  # noqa: PLC0415
 
         try:
-            run.model = Transformer(run.model.config.replace(**scaling))
+            run.model = Transformer(run.model.config.replace(position_options={"rope": scaling}))
         except ValueError as e:
             return fail(PROG, str(e))
     try:

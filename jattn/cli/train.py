@@ -67,11 +67,6 @@ def make_parser() -> argparse.ArgumentParser:
 
 
 def _summary(final: dict) -> str:
-    if "members" in final:  # several members in one program (config.seeds, a sweep)
-        return "\n".join(
-            (f"seed {key}" if isinstance(key, int) else key) + ": " + _summary(result)
-            for key, result in sorted(final["members"].items())
-        )
     state = "preempted" if final.get("preempted") else "done"
     shown = {k: v for k, v in final.items() if k.startswith("eval/") or k == "train/loss"}
     return f"{state} at step {final['step']}: " + ", ".join(
@@ -135,6 +130,9 @@ def train_command(argv: Sequence[str]) -> int:
 
     import jax  # noqa: PLC0415
 
+    from jattn.attention.rule import show_choices  # noqa: PLC0415
+
+    show_choices()  # the run says once which attention path implementation=None took
     from jattn.data.integrity import DataIntegrityError  # noqa: PLC0415
     from jattn.train.distributed import Terminated  # noqa: PLC0415
     from jattn.train.filesystem import WorkdirIOError  # noqa: PLC0415

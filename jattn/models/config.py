@@ -1,14 +1,19 @@
-"""`TransformerConfig`: every hyperparameter of the encoder–decoder, checked once.
+"""`TransformerConfig`: every hyperparameter of the models, checked once.
 
 A frozen dataclass so it can be a static argument of `jax.jit` and a field of
 a flax module. Experiment configs build one from a dict
 (`TransformerConfig.from_dict(config.model)` or `TransformerConfig(**d)`);
 every check runs in `__post_init__`, before anything is traced or compiled.
+A positional scheme's own options are not fields here: they live in the
+scheme's component (`jattn.models.schemes`, `Scheme.Options`) and sit in
+`position_options` by the scheme's options key.
 """
 
 from __future__ import annotations
 
+import copy
 import dataclasses
+import warnings
 from collections.abc import Mapping
 from typing import Any
 
@@ -16,18 +21,74 @@ import jax.numpy as jnp
 
 from jattn.attention import IMPLEMENTATIONS
 from jattn.models.architectures import ARCHITECTURES, Architecture, get_architecture
-from jattn.models.schemes import Scheme, get_scheme
-from jattn.positions import ROPE_SCALINGS, YARN_CONVENTIONS
+from jattn.models.schemes import (
+    PositionOptions,
+    Scheme,
+    default_position_options,
+    get_scheme,
+)
 
-__all__ = ["ARCHITECTURES", "SHAW_TERMS", "TransformerConfig"]
+__all__ = ["ARCHITECTURES", "RENAMED", "TransformerConfig", "renamed_key", "upgrade_saved"]
 
 
-# The terms of Shaw's relative attention a model can have (`shaw_terms`, "+"-joined):
-# "key": a^K, a learned vector per clipped distance added to the keys (Shaw et al.);
-# "value": a^V, the same for the values (Shaw et al.);
-# "bias": a learned scalar per clipped distance and head added to the logits
-#   (Ontañón et al. 2022's "rel-b"; with "key" their "rel-eb").
-SHAW_TERMS = ("key", "value", "bias")
+# The flat fields of one scheme that TransformerConfig had before the schemes
+# carried their options, and where each now lives in `position_options` (RoPE's
+# base wavelength was xPos's too). Configs saved before the move (a workdir's
+# `model_config.json` and `config.json`) are read through it (`upgrade_saved`);
+# a new config or override with an old name is an error naming the new key.
+RENAMED: dict[str, tuple[str, ...]] = {
+    "max_relative_distance": ("shaw.max_distance",),
+    "shaw_terms": ("shaw.terms",),
+    "rope_max_timescale": ("rope.max_timescale", "xpos.max_timescale"),
+    "rope_scaling": ("rope.scaling",),
+    "rope_scaling_factor": ("rope.scaling_factor",),
+    "rope_original_length": ("rope.original_length",),
+    "rope_yarn_convention": ("rope.yarn.convention",),
+    "rope_yarn_beta_fast": ("rope.yarn.beta_fast",),
+    "rope_yarn_beta_slow": ("rope.yarn.beta_slow",),
+    "rope_yarn_mscale": ("rope.yarn.mscale",),
+    "rope_yarn_mscale_all_dim": ("rope.yarn.mscale_all_dim",),
+    "t5_num_buckets": ("t5.num_buckets",),
+    "t5_max_distance": ("t5.max_distance",),
+    "t5_per_layer": ("t5.per_layer",),
+    "xpos_scale_base": ("xpos.scale_base",),
+    "alibi_mode": ("alibi.mode",),
+    "fire_hidden": ("fire.hidden",),
+    "xl_max_distance": ("transformer_xl.max_distance",),
+}
+
+
+def renamed_key(name: str) -> str | None:
+    """Where the old model field `name` now lives (``"position_options.rope.scaling"``;
+    two places joined by " and "), or None for a name that never moved."""
+    if name == "shaw_values":
+        return "position_options.shaw.terms"
+    if name not in RENAMED:
+        return None
+    return " and ".join(f"position_options.{path}" for path in RENAMED[name])
+
+
+def upgrade_saved(model: Mapping[str, Any]) -> dict[str, Any]:
+    """A model config saved before the schemes carried their options, in
+    today's spelling: its flat scheme fields moved into `position_options`
+    (`RENAMED`), and the older ``shaw_values`` (before ``shaw_terms``) read as
+    "key+value" (True) or "key" (False). A config in today's spelling is
+    returned as it is (a copy)."""
+    d = copy.deepcopy(dict(model))
+    if "shaw_values" in d and "shaw_terms" not in d:
+        d["shaw_terms"] = "key+value" if d.pop("shaw_values") else "key"
+    options = d.get("position_options") or {}
+    for old in [k for k in d if k in RENAMED]:
+        value = d.pop(old)
+        for path in RENAMED[old]:
+            node = options
+            *groups, leaf = path.split(".")
+            for group in groups:
+                node = node.setdefault(group, {})
+            node[leaf] = value
+    if options:
+        d["position_options"] = options
+    return d
 
 
 def _positive_int(name: str, value: Any) -> None:
@@ -62,10 +123,13 @@ class TransformerConfig:
         `jattn.models.SCHEMES`. Relative schemes act in encoder and decoder
         self-attention, and also in encoder-decoder attention with
         `relative_cross`.
-      max_relative_distance: Shaw's clip distance k.
-      shaw_terms: which of Shaw's terms the "shaw" schemes have, "+"-joined
-        from `SHAW_TERMS`: "key+value" (Shaw et al.), "key" (Ontañón et
-        al.'s rel-e), "bias" (rel-b), "key+bias" (rel-eb), ...
+      position_options: every scheme's own options, by its options key
+        (`jattn.models.scheme.PositionOptions`; the fields, defaults and
+        checks are the scheme's `Options` class): e.g. `{"rope": {"scaling":
+        "yarn", "scaling_factor": 2.0}, "t5": {"num_buckets": 64}}`. Given
+        as a mapping of some keys and fields (or options instances); the rest
+        keep their defaults. Configs spell them
+        `model.position_options.rope.scaling`; docs/schemes.md lists them.
       relative_cross: the relative scheme also in decoder-to-encoder attention,
         on decoder position t and encoder position s (Ontañón et al.'s "rel2";
         for "t5" each cross-attention layer has its own bidirectional table).
@@ -88,34 +152,6 @@ class TransformerConfig:
         (the paper); otherwise separate tables and an output dense layer.
       scale_embeddings: multiply embeddings by sqrt(d_model) (the paper).
       attention_bias: biases in the q/k/v/output projections.
-      t5_num_buckets: T5 relative buckets.
-      t5_max_distance: distance at which T5 buckets saturate.
-      t5_per_layer: a T5 bias table per layer instead of one per stack.
-      rope_max_timescale: RoPE base wavelength (also xPos's).
-      rope_scaling: RoPE's extension to longer inputs, one of
-        `jattn.positions.ROPE_SCALINGS` ("none", "pi", "ntk", "yarn"); it acts
-        at evaluation and decoding only (`train=False`), so a run trained
-        without it is evaluated with it by setting it (training ignores it).
-      rope_scaling_factor: the extension factor s >= 1 of `rope_scaling`.
-      rope_original_length: the training length YaRN keeps the short
-        wavelengths of (0: `max_len`).
-      rope_yarn_convention: where YaRN's ramp runs, "paper" (linear in the
-        turns over the training length, Peng et al.; the default) or "hf"
-        (linear in the pair index between rounded bounds, as Hugging Face
-        transformers' `rope_type="yarn"`); `jattn.positions.YarnOptions`.
-      rope_yarn_beta_fast, rope_yarn_beta_slow: YaRN's band: pairs turning
-        more than beta_fast times over the training length keep their
-        frequency, fewer than beta_slow are interpolated (32 and 1).
-      rope_yarn_mscale, rope_yarn_mscale_all_dim: YaRN's attention factor as
-        HF configures it: both nonzero, `(0.1 mscale ln s + 1) / (0.1
-        mscale_all_dim ln s + 1)`; else (0, the default) `0.1 ln s + 1`.
-      xpos_scale_base: xPos's decay length scale (Sun et al.'s 512).
-      alibi_mode: ALiBi in bidirectional layers (the encoder; cross-attention
-        with `relative_cross`): "symmetric" (`-m|i - j|`, blind to the order
-        of its inputs) or "offset" (the order-aware form: keys after the
-        query pay a per-head offset of one slope, so left and right differ).
-        Causal layers use the paper's `-m (i - j)`.
-      fire_hidden: hidden units of FIRE's MLP (Li et al. use 32).
       random_positions: Ruoss et al.'s randomised positions: 0 (off), or M:
         in training each segment's positions are a sorted random sample of
         `[0, M)` (M >= every training segment's length), for every scheme.
@@ -137,9 +173,6 @@ class TransformerConfig:
         the layout and positions); "encoder_only": one bidirectional stack
         over `inputs` and an output tape of blank cells, every target
         predicted at once (`jattn.models.encoder_only`).
-      xl_max_distance: "transformer_xl"'s clip distance of `i - j` (0: the
-        longest row the config allows, `max(max_len, random_positions) - 1`,
-        so unclipped there).
       shared_layers: one layer's parameters used at every layer of a stack
         (Dehghani et al.'s Universal Transformer; Csordás et al. and
         Ontañón et al. compare it); the depth stays `num_layers` per stack.
@@ -161,30 +194,16 @@ class TransformerConfig:
     attention_dropout_rate: float = 0.0
     max_len: int = 256
     position: str = "sinusoidal"
-    max_relative_distance: int = 16
+    position_options: Mapping[str, Any] = dataclasses.field(
+        default_factory=default_position_options
+    )
     attention_impl: str | None = None
     attention_assume_finite: bool = False
     pre_norm: bool = False
     share_embeddings: bool = True
     scale_embeddings: bool = True
     attention_bias: bool = False
-    shaw_terms: str = "key+value"
     relative_cross: bool = False
-    t5_num_buckets: int = 32
-    t5_max_distance: int = 128
-    t5_per_layer: bool = False
-    rope_max_timescale: float = 10_000.0
-    rope_scaling: str = "none"
-    rope_scaling_factor: float = 1.0
-    rope_original_length: int = 0
-    rope_yarn_convention: str = "paper"
-    rope_yarn_beta_fast: float = 32.0
-    rope_yarn_beta_slow: float = 1.0
-    rope_yarn_mscale: float = 0.0
-    rope_yarn_mscale_all_dim: float = 0.0
-    xpos_scale_base: float = 512.0
-    alibi_mode: str = "symmetric"
-    fire_hidden: int = 32
     random_positions: int = 0
     random_positions_eval: bool = False
     layer_norm_epsilon: float = 1e-6
@@ -194,7 +213,6 @@ class TransformerConfig:
     architecture: str = "encoder_decoder"
     prefix_lm: bool = False
     shared_layers: bool = False
-    xl_max_distance: int = 0
 
     def __post_init__(self):
         if self.num_kv_heads is None:
@@ -223,16 +241,12 @@ class TransformerConfig:
                     f"TransformerConfig.{name} must be in [0, 1), got {getattr(self, name)!r}"
                 )
         scheme = get_scheme(self.position)
+        if not isinstance(self.position_options, PositionOptions):
+            object.__setattr__(self, "position_options", PositionOptions(self.position_options))
         if self.attention_impl is not None and self.attention_impl not in IMPLEMENTATIONS:
             raise ValueError(
                 f"TransformerConfig.attention_impl={self.attention_impl!r}; choose one of "
                 f"{sorted(IMPLEMENTATIONS)} or None"
-            )
-        terms = str(self.shaw_terms).split("+")
-        if not terms or len(set(terms)) != len(terms) or not set(terms) <= set(SHAW_TERMS):
-            raise ValueError(
-                f"TransformerConfig.shaw_terms={self.shaw_terms!r} must join distinct terms "
-                f"of {SHAW_TERMS} with '+', e.g. 'key+value', 'key', 'bias', 'key+bias'"
             )
         if self.relative_cross and not scheme.relative:
             raise ValueError(
@@ -245,7 +259,11 @@ class TransformerConfig:
                 f"TransformerConfig.position={self.position!r} is causal-only; the "
                 f"{self.architecture} model attends bidirectionally over its inputs"
             )
-        self._check_extensions()
+        value = self.random_positions
+        if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+            raise ValueError(
+                f"TransformerConfig.random_positions must be an int >= 0, got {value!r}"
+            )
         self._check_architecture(scheme)
         scheme.check(self)
         longest = scheme.max_position(self)
@@ -263,47 +281,6 @@ class TransformerConfig:
                 ) from e
             if not jnp.issubdtype(dt, jnp.floating):
                 raise ValueError(f"TransformerConfig.{name} must be floating, got {dt}")
-
-    def _check_extensions(self) -> None:
-        """The scheme-independent positional options: RoPE scaling, ALiBi's
-        mode, randomised positions."""
-        if self.rope_scaling not in ROPE_SCALINGS:
-            raise ValueError(
-                f"TransformerConfig.rope_scaling={self.rope_scaling!r}; choose one of "
-                f"{ROPE_SCALINGS}"
-            )
-        if not float(self.rope_scaling_factor) >= 1.0:
-            raise ValueError(
-                f"TransformerConfig.rope_scaling_factor must be >= 1, got "
-                f"{self.rope_scaling_factor!r}"
-            )
-        if self.rope_yarn_convention not in YARN_CONVENTIONS:
-            raise ValueError(
-                f"TransformerConfig.rope_yarn_convention={self.rope_yarn_convention!r}; "
-                f"choose one of {YARN_CONVENTIONS}"
-            )
-        if not 0.0 < float(self.rope_yarn_beta_slow) < float(self.rope_yarn_beta_fast):
-            raise ValueError(
-                f"TransformerConfig: need 0 < rope_yarn_beta_slow < rope_yarn_beta_fast, got "
-                f"{self.rope_yarn_beta_slow!r} and {self.rope_yarn_beta_fast!r}"
-            )
-        for name in ("rope_yarn_mscale", "rope_yarn_mscale_all_dim"):
-            if not float(getattr(self, name)) >= 0.0:
-                raise ValueError(
-                    f"TransformerConfig.{name} must be >= 0, got {getattr(self, name)!r}"
-                )
-        if self.alibi_mode not in ("symmetric", "offset"):
-            raise ValueError(
-                f"TransformerConfig.alibi_mode={self.alibi_mode!r}; choose 'symmetric' or 'offset'"
-            )
-        for name in ("random_positions", "rope_original_length"):
-            value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, int) or value < 0:
-                raise ValueError(f"TransformerConfig.{name} must be an int >= 0, got {value!r}")
-        if not float(self.xpos_scale_base) > 0:
-            raise ValueError(
-                f"TransformerConfig.xpos_scale_base must be > 0, got {self.xpos_scale_base!r}"
-            )
 
     def _check_architecture(self, scheme: Scheme) -> None:
         """`architecture`, `prefix_lm`, `relative_cross` and `shared_layers`,
@@ -359,11 +336,6 @@ class TransformerConfig:
         return self.d_model // self.num_heads
 
     @property
-    def shaw(self) -> frozenset[str]:
-        """The Shaw terms of `shaw_terms`, e.g. {"key", "value"}."""
-        return frozenset(self.shaw_terms.split("+"))
-
-    @property
     def compute_dtype(self) -> jnp.dtype:
         return jnp.dtype(self.dtype)
 
@@ -404,15 +376,24 @@ class TransformerConfig:
     def from_dict(cls, d: Mapping[str, Any]) -> TransformerConfig:
         """Build from a mapping (a dict, or an `ml_collections.ConfigDict`).
 
-        Unknown keys are an error naming them and the valid fields. The key
-        ``shaw_values`` of runs saved before `shaw_terms` existed is read as
-        ``shaw_terms`` "key+value" (True) or "key" (False).
+        Unknown keys are an error naming them and the valid fields. A config
+        saved before the schemes carried their options (a workdir's
+        `model_config.json`, with flat fields such as ``rope_scaling``) is read
+        through `upgrade_saved`, with a DeprecationWarning naming the new keys:
+        old workdirs still decode and resume.
         """
         if hasattr(d, "to_dict"):
             d = d.to_dict()
         d = dict(d)
-        if "shaw_values" in d and "shaw_terms" not in d:
-            d["shaw_terms"] = "key+value" if d.pop("shaw_values") else "key"
+        old = sorted(k for k in d if renamed_key(k))
+        if old:
+            warnings.warn(
+                "TransformerConfig.from_dict: read the old keys "
+                + ", ".join(f"{k} as {renamed_key(k)}" for k in old),
+                DeprecationWarning,
+                stacklevel=2,
+            )
+            d = upgrade_saved(d)
         fields = {f.name for f in dataclasses.fields(cls)}
         unknown = sorted(set(d) - fields)
         if unknown:
@@ -423,7 +404,14 @@ class TransformerConfig:
         return cls(**d)
 
     def to_dict(self) -> dict[str, Any]:
-        return dataclasses.asdict(self)
+        """Plain values and nested dicts (`position_options` by key), as
+        `from_dict` reads them back."""
+        d = {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
+        return {**d, "position_options": self.position_options.to_dict()}
 
     def replace(self, **changes) -> TransformerConfig:
+        """A copy with `changes`; `position_options` given here are merged
+        into this config's, field by field (`PositionOptions.merged`)."""
+        if "position_options" in changes:
+            changes["position_options"] = self.position_options.merged(changes["position_options"])
         return dataclasses.replace(self, **changes)

@@ -27,7 +27,7 @@ Attention is causal in these positions: a token sees the tokens of its
 example at positions up to its own. With `prefix_lm` an input token also
 sees the later input tokens of its example (never the separator or a target
 token), the positional terms take their bidirectional form (T5's
-bidirectional buckets, ALiBi's `alibi_mode`), and the separator and targets
+bidirectional buckets, ALiBi's `position_options.alibi.mode`), and the separator and targets
 stay causal.
 
 Parameters: one token embedding (also the output projection when

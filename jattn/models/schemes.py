@@ -1,35 +1,32 @@
-"""Every positional scheme of the models as one component, and the registry `SCHEMES`.
+"""The built-in positional schemes, each one component, registered in `SCHEMES`.
 
-A scheme is everything a positional encoding does to a Transformer, in one
-place: its absolute vector added to the embeddings, its rotation of queries
-and keys, its score mod on the logits, its Shaw tables, the parameters it
-shares across a stack's layers, its config checks, the longest position it
-supports, and what it declares about itself (shift invariant or not,
-causal-only or not). The layers call these hooks and never compare a
-scheme's name; `TransformerConfig.position` picks one by name:
+Each class here is a `jattn.models.scheme.Scheme` (what a component is, its
+hooks and the registry are there): its options (`Options`, a frozen dataclass
+of its own with its defaults and checks), and the hooks it overrides. The
+arithmetic is in `jattn.positions`; a hook reads the config and its options,
+declares the parameters and calls it:
 
     SCHEMES["alibi"].score_mod(layer, config, site, state)  # a jattn.ScoreMod
 
 Hooks that own parameters receive the flax module to declare them on
 (`axes.param(module, ...)`), so a scheme's tables keep the checkpoint names
 they had before the registry (`rel_key`, `rel_bias`, `t5_bias/table`,
-`positions/table`). The arithmetic is in `jattn.positions`; a hook reads the
-config, declares the parameters and calls it.
+`positions/table`). The relative hooks (`rotate`, `score_mod`, `shaw`) act in
+self-attention and, with `TransformerConfig.relative_cross`, in
+decoder-to-encoder attention (`Site.cross`); `Site.causal` tells a causal
+(decoder) layer from a bidirectional one.
 
-The relative hooks (`rotate`, `score_mod`, `shaw`) act in self-attention and,
-with `TransformerConfig.relative_cross`, in decoder-to-encoder attention
-(`Site.cross`); `Site.causal` tells a causal (decoder) layer from a
-bidirectional one.
-
-Adding a scheme: docs/schemes.md (FIRE is the worked example). Shapes: B
-batch, T queries, S keys, N query heads, K kv heads, H head dim, D width.
+Adding a scheme: docs/schemes.md (FIRE is the worked example). One file over
+500 lines on purpose: the 13 components (about 45 lines each, options
+included) read side by side, the registry at the end. Shapes: B batch, T
+queries, S keys, N query heads, K kv heads, H head dim, D width.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import math
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import flax.linen as nn
 import jax
@@ -37,130 +34,37 @@ import jax.numpy as jnp
 
 from jattn import positions as pos_lib
 from jattn.models.axes import param
+from jattn.models.scheme import (
+    SCHEMES,
+    PositionOptions,
+    Scheme,
+    SchemeOptions,
+    Site,
+    default_position_options,
+    get_scheme,
+    int_at_least_0,
+    option_groups,
+    positive_int,
+    register,
+)
 from jattn.positions import ShawRelative
-from jattn.score_mod import ScoreMod
-
-if TYPE_CHECKING:
-    from jattn.models.config import TransformerConfig
 
 Array = jax.Array
 
-__all__ = ["SCHEMES", "Scheme", "Site", "get_scheme", "register"]
+__all__ = [
+    "SCHEMES",
+    "SHAW_TERMS",
+    "PositionOptions",
+    "Scheme",
+    "SchemeOptions",
+    "Site",
+    "default_position_options",
+    "get_scheme",
+    "option_groups",
+    "register",
+]
 
 _xavier = jax.nn.initializers.xavier_uniform
-
-
-@dataclasses.dataclass(frozen=True)
-class Site:
-    """Where a relative hook is called.
-
-    Attributes:
-      causal: a causal (decoder self-attention) layer; else bidirectional.
-      cross: decoder-to-encoder attention (only with `relative_cross`).
-      train: a training call (dropout on); RoPE scalings act when False.
-      cache_positions: a causal decoding step's: int `[B, L]`, the positions
-        of every slot of the row's KV cache (the keys earlier steps cached
-        and those later steps will), so a scheme that measures a row's
-        positions from a reference (xPos) picks the one of the whole decode;
-        None in every other call (then the call's own positions are the row's).
-    """
-
-    causal: bool = False
-    cross: bool = False
-    train: bool = False
-    cache_positions: Array | None = dataclasses.field(default=None, compare=False)
-
-
-def _positive_int(name: str, value: Any) -> None:
-    if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
-        raise ValueError(f"TransformerConfig.{name} must be a positive int, got {value!r}")
-
-
-@dataclasses.dataclass(frozen=True)
-class Scheme:
-    """A positional scheme; the defaults are "no term of this kind".
-
-    Attributes:
-      name: the `TransformerConfig.position` that picks it.
-      absolute: adds a vector to the embeddings (`embed`).
-      relative: acts inside attention (`rotate`, `score_mod` or `shaw`);
-        `relative_cross` needs one.
-      shift_invariant: outputs unchanged when every position moves by a
-        constant (the tests hold a scheme to it when it declares it).
-      order_blind: the encoder is permutation-equivariant (no positional
-        information at all; only "none").
-      causal_only: defined for causal attention only (a bidirectional layer
-        with it is a config error).
-    """
-
-    name: str
-    absolute: bool = False
-    relative: bool = False
-    shift_invariant: bool = False
-    order_blind: bool = False
-    causal_only: bool = False
-
-    def check(self, cfg: TransformerConfig) -> None:
-        """Raise ValueError (one line, naming the field) on a config this scheme cannot run."""
-
-    def max_position(self, cfg: TransformerConfig) -> int | None:
-        """The longest sequence the scheme supports (None: any length)."""
-        return None
-
-    def embed(self, module: nn.Module, cfg: TransformerConfig, positions: Array) -> Array:
-        """The absolute vectors `[B, T, D]` of int `positions` `[B, T]` (`absolute` only)."""
-        raise NotImplementedError(f"scheme {self.name!r} has no absolute embedding")
-
-    def stack_state(self, module: nn.Module, cfg: TransformerConfig, *, causal: bool) -> Any:
-        """Parameters shared by every layer of a stack (a pytree or None),
-        declared on the stack `module`; handed to `score_mod` as `state`."""
-        return None
-
-    def rotate(
-        self, cfg: TransformerConfig, q: Array, k: Array, q_pos: Array, kv_pos: Array, site: Site
-    ) -> tuple[Array, Array]:
-        """Queries `[B, T, N, H]` and keys `[B, S, K, H]` after a rotation (RoPE, xPos)."""
-        return q, k
-
-    def shift_queries(
-        self, module: nn.Module, cfg: TransformerConfig, site: Site, q: Array
-    ) -> Array:
-        """Queries `[B, T, N, H]` after a learned shift (Transformer-XL's u),
-        its parameters declared on `module`; called once per attention layer
-        before `score_mod` and `shaw`, so a scheme may declare there the
-        parameters those two read back (`layer_params`)."""
-        return q
-
-    def score_mod(
-        self, module: nn.Module, cfg: TransformerConfig, site: Site, state: Any
-    ) -> ScoreMod | None:
-        """The score mod of one attention layer (its parameters declared on `module`)."""
-        return None
-
-    def shaw(self, module: nn.Module, cfg: TransformerConfig) -> ShawRelative | None:
-        """Shaw's key/value tables of one attention layer, declared on `module`."""
-        return None
-
-
-SCHEMES: dict[str, Scheme] = {}
-
-
-def register(scheme: Scheme) -> Scheme:
-    """Add `scheme` to `SCHEMES` under its name (a name taken is an error)."""
-    if scheme.name in SCHEMES:
-        raise ValueError(f"positional scheme {scheme.name!r} is already registered")
-    SCHEMES[scheme.name] = scheme
-    return scheme
-
-
-def get_scheme(name: str) -> Scheme:
-    """`SCHEMES[name]`, or a one-line error listing the registered names."""
-    if name not in SCHEMES:
-        raise ValueError(
-            f"TransformerConfig.position={name!r} is not a positional scheme; "
-            f"choose one of {sorted(SCHEMES)}"
-        )
-    return SCHEMES[name]
 
 
 # -- absolute ------------------------------------------------------------------------
@@ -206,35 +110,75 @@ class Learned(Scheme):
 # -- Shaw et al. ------------------------------------------------------------------------
 
 
+# The terms of Shaw's relative attention a model can have (`ShawOptions.terms`, "+"-joined):
+# "key": a^K, a learned vector per clipped distance added to the keys (Shaw et al.);
+# "value": a^V, the same for the values (Shaw et al.);
+# "bias": a learned scalar per clipped distance and head added to the logits
+#   (Ontañón et al. 2022's "rel-b"; with "key" their "rel-eb").
+SHAW_TERMS = ("key", "value", "bias")
+
+
+@dataclasses.dataclass(frozen=True)
+class ShawOptions(SchemeOptions):
+    """Options of "shaw" and "sinusoidal+shaw".
+
+    Attributes:
+      max_distance: Shaw's clip distance k.
+      terms: which of Shaw's terms the model has, "+"-joined from
+        `SHAW_TERMS`: "key+value" (Shaw et al.), "key" (Ontañón et al.'s
+        rel-e), "bias" (rel-b), "key+bias" (rel-eb), ...
+    """
+
+    max_distance: int = 16
+    terms: str = "key+value"
+
+    def check(self):
+        positive_int("max_distance", self.max_distance)
+        terms = str(self.terms).split("+")
+        if len(set(terms)) != len(terms) or not set(terms) <= set(SHAW_TERMS):
+            raise ValueError(
+                f"terms={self.terms!r} must join distinct terms of {SHAW_TERMS} with '+', "
+                "e.g. 'key+value', 'key', 'bias', 'key+bias'"
+            )
+
+    @property
+    def term_set(self) -> frozenset[str]:
+        """The terms of `terms`, e.g. {"key", "value"}."""
+        return frozenset(self.terms.split("+"))
+
+
 @dataclasses.dataclass(frozen=True)
 class Shaw(Scheme):
-    """Shaw et al.'s relative terms, those of `shaw_terms`: key and value tables
-    `[2k+1, H]` shared by the heads, and a per-head scalar bias `[N, 2k+1]`."""
+    """Shaw et al.'s relative terms, those of `ShawOptions.terms`: key and
+    value tables `[2k+1, H]` shared by the heads, and a per-head scalar bias
+    `[N, 2k+1]`."""
+
+    Options = ShawOptions
+    options_key = "shaw"
 
     relative: bool = True
     shift_invariant: bool = True
 
-    def check(self, cfg):
-        _positive_int("max_relative_distance", cfg.max_relative_distance)
-
     def score_mod(self, module, cfg, site, state):
-        if "bias" not in cfg.shaw:
+        opts = self.options(cfg)
+        if "bias" not in opts.term_set:
             return None
         table = param(
             module,
             "rel_bias",
             nn.initializers.zeros,
-            (cfg.num_heads, 2 * cfg.max_relative_distance + 1),
+            (cfg.num_heads, 2 * opts.max_distance + 1),
             ("heads", None),
             cfg.params_dtype,
         )  # [N, R]
-        return pos_lib.shaw_bias_score_mod(table.astype(jnp.float32), cfg.max_relative_distance)
+        return pos_lib.shaw_bias_score_mod(table.astype(jnp.float32), opts.max_distance)
 
     def shaw(self, module, cfg):
-        terms = cfg.shaw & {"key", "value"}
+        opts = self.options(cfg)
+        terms = opts.term_set & {"key", "value"}
         if not terms:
             return None
-        r, h, c = 2 * cfg.max_relative_distance + 1, cfg.head_dim, cfg.compute_dtype
+        r, h, c = 2 * opts.max_distance + 1, cfg.head_dim, cfg.compute_dtype
         tables = {
             term: param(module, f"rel_{term}", _xavier(), (r, h), (None, "kv"), cfg.params_dtype)
             for term in ("key", "value")  # this order fixes the initial values
@@ -243,7 +187,7 @@ class Shaw(Scheme):
         return ShawRelative(
             key=tables["key"].astype(c) if "key" in tables else None,
             value=tables["value"].astype(c) if "value" in tables else None,
-            max_distance=cfg.max_relative_distance,
+            max_distance=opts.max_distance,
         )
 
 
@@ -256,17 +200,52 @@ class SinusoidalShaw(Shaw):
 
     embed = Sinusoidal.embed
 
-    def check(self, cfg):
-        Sinusoidal.check(self, cfg)
-        Shaw.check(self, cfg)
+    check = Sinusoidal.check
 
 
 # -- rotations ---------------------------------------------------------------------------
 
 
 @dataclasses.dataclass(frozen=True)
+class RopeOptions(SchemeOptions):
+    """Options of "rope".
+
+    Attributes:
+      max_timescale: RoPE's base wavelength.
+      scaling: RoPE's extension to longer inputs, one of
+        `jattn.positions.ROPE_SCALINGS` ("none", "pi", "ntk", "yarn"); it acts
+        at evaluation and decoding only (`train=False`), so a run trained
+        without it is evaluated with it by setting it (training ignores it).
+      scaling_factor: the extension factor s >= 1 of `scaling`.
+      original_length: the training length YaRN keeps the short wavelengths
+        of (0: `max_len`).
+      yarn: YaRN's convention ("paper", the default, or "hf"), its band
+        `beta_fast` / `beta_slow` and HF's `mscale` / `mscale_all_dim`
+        (`jattn.positions.YarnOptions`, which checks them; docs/schemes.md).
+    """
+
+    max_timescale: float = 10_000.0
+    scaling: str = "none"
+    scaling_factor: float = 1.0
+    original_length: int = 0
+    yarn: pos_lib.YarnOptions = dataclasses.field(default_factory=pos_lib.YarnOptions)
+
+    def check(self):
+        if self.scaling not in pos_lib.ROPE_SCALINGS:
+            raise ValueError(f"scaling={self.scaling!r}; choose one of {pos_lib.ROPE_SCALINGS}")
+        if not float(self.scaling_factor) >= 1.0:
+            raise ValueError(f"scaling_factor must be >= 1, got {self.scaling_factor!r}")
+        int_at_least_0("original_length", self.original_length)
+        if not float(self.max_timescale) > 1.0:
+            raise ValueError(f"max_timescale must be > 1, got {self.max_timescale!r}")
+
+
+@dataclasses.dataclass(frozen=True)
 class Rope(Scheme):
-    """Su et al.'s rotary embedding; `rope_scaling` extends it at evaluation."""
+    """Su et al.'s rotary embedding; `RopeOptions.scaling` extends it at evaluation."""
+
+    Options = RopeOptions
+    options_key = "rope"
 
     relative: bool = True
     shift_invariant: bool = True
@@ -279,21 +258,35 @@ class Rope(Scheme):
             )
 
     def rotate(self, cfg, q, k, q_pos, kv_pos, site):
-        scaling = dict(max_timescale=cfg.rope_max_timescale)
-        if not site.train and cfg.rope_scaling != "none":
+        opts = self.options(cfg)
+        scaling = dict(max_timescale=opts.max_timescale)
+        if not site.train and opts.scaling != "none":
             scaling.update(
-                scaling=cfg.rope_scaling,
-                scaling_factor=cfg.rope_scaling_factor,
-                original_length=cfg.rope_original_length or cfg.max_len,
-                yarn=pos_lib.YarnOptions(
-                    convention=cfg.rope_yarn_convention,
-                    beta_fast=cfg.rope_yarn_beta_fast,
-                    beta_slow=cfg.rope_yarn_beta_slow,
-                    mscale=cfg.rope_yarn_mscale,
-                    mscale_all_dim=cfg.rope_yarn_mscale_all_dim,
-                ),
+                scaling=opts.scaling,
+                scaling_factor=opts.scaling_factor,
+                original_length=opts.original_length or cfg.max_len,
+                yarn=opts.yarn,
             )
         return pos_lib.rope(q, q_pos, **scaling), pos_lib.rope(k, kv_pos, **scaling)
+
+
+@dataclasses.dataclass(frozen=True)
+class XPosOptions(SchemeOptions):
+    """Options of "xpos".
+
+    Attributes:
+      max_timescale: the base wavelength of its rotation (RoPE's default).
+      scale_base: the decay length scale γ (Sun et al.'s 512).
+    """
+
+    max_timescale: float = RopeOptions.max_timescale
+    scale_base: float = 512.0
+
+    def check(self):
+        if not float(self.scale_base) > 0:
+            raise ValueError(f"scale_base must be > 0, got {self.scale_base!r}")
+        if not float(self.max_timescale) > 1.0:
+            raise ValueError(f"max_timescale must be > 1, got {self.max_timescale!r}")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -310,22 +303,27 @@ class XPos(Rope):
     whose rows can span more than `jattn.positions.xpos_max_span`.
     """
 
+    Options = XPosOptions
+    options_key = "xpos"
+
     def check(self, cfg):
         super().check(cfg)
-        limit = pos_lib.xpos_max_span(float(cfg.xpos_scale_base))
+        scale_base = self.options(cfg).scale_base
+        limit = pos_lib.xpos_max_span(float(scale_base))
         span = max(cfg.max_len, cfg.random_positions)  # the widest row the config allows
         if span > limit:
             raise ValueError(
                 f"TransformerConfig: xpos keeps rows of at most {limit} positions finite in "
-                f"float32 at xpos_scale_base={cfg.xpos_scale_base}, got "
-                f"max(max_len, random_positions)={span}; raise xpos_scale_base"
+                f"float32 at position_options.xpos.scale_base={scale_base}, got "
+                f"max(max_len, random_positions)={span}; raise position_options.xpos.scale_base"
             )
 
     def rotate(self, cfg, q, k, q_pos, kv_pos, site):
+        opts = self.options(cfg)
         row = (q_pos, kv_pos) if site.cache_positions is None else (site.cache_positions,)
         base = dict(
-            max_timescale=cfg.rope_max_timescale,
-            scale_base=cfg.xpos_scale_base,
+            max_timescale=opts.max_timescale,
+            scale_base=opts.scale_base,
             reference=pos_lib.xpos_reference(*row),  # [B, 1]
         )
         return (
@@ -341,42 +339,50 @@ def layer_params(module: nn.Module, *names: str) -> list[Array]:
 
 
 @dataclasses.dataclass(frozen=True)
+class TransformerXLOptions(SchemeOptions):
+    """Options of "transformer_xl".
+
+    Attributes:
+      max_distance: the clip distance of `i - j` (0: the longest row the
+        config allows, `max(max_len, random_positions) - 1`, so unclipped there).
+    """
+
+    max_distance: int = 0
+
+    def check(self):
+        int_at_least_0("max_distance", self.max_distance)
+
+
+@dataclasses.dataclass(frozen=True)
 class TransformerXL(Scheme):
     """Dai et al. 2019's relative attention, as Csordás et al. 2021 use it:
     `(q + u)·k + (q + v)·W_R R(i - j)` with R the sinusoidal embedding of the
     distance (width D), learned per-layer u, v `[N, H]` and W_R `[D, N, H]`,
-    no absolute positions. Distances are clipped at `xl_max_distance` (0:
+    no absolute positions. Distances are clipped at its `max_distance` (0:
     the longest row the config allows, so unclipped there).
 
     Built from jattn's pieces (`jattn.positions.transformer_xl_tables`): the
     queries shifted by u, Shaw's per-head key table `W_R R` and a Shaw bias
     table `(v - u)·W_R R`; memory is O(T·k) a head, linear in L for a fixed
-    clip (set `xl_max_distance`; the default clip ~ L is O(L^2)).
+    clip (set `max_distance`; the default clip ~ L is O(L^2)).
     """
+
+    Options = TransformerXLOptions
+    options_key = "transformer_xl"
 
     relative: bool = True
     shift_invariant: bool = True
 
     def check(self, cfg):
-        if isinstance(cfg.xl_max_distance, bool) or not isinstance(cfg.xl_max_distance, int):
-            raise ValueError(
-                f"TransformerConfig.xl_max_distance must be an int >= 0, got "
-                f"{cfg.xl_max_distance!r}"
-            )
-        if cfg.xl_max_distance < 0:
-            raise ValueError(
-                f"TransformerConfig.xl_max_distance must be >= 0, got {cfg.xl_max_distance}"
-            )
         if cfg.d_model % 2:
             raise ValueError(
                 f"TransformerConfig: transformer_xl's sinusoidal R needs an even d_model, "
                 f"got {cfg.d_model}"
             )
 
-    @staticmethod
-    def clip(cfg) -> int:
-        """The clip distance k: `xl_max_distance`, or the widest row's span."""
-        return cfg.xl_max_distance or max(cfg.max_len, cfg.random_positions) - 1
+    def clip(self, cfg) -> int:
+        """The clip distance k: its `max_distance`, or the widest row's span."""
+        return self.options(cfg).max_distance or max(cfg.max_len, cfg.random_positions) - 1
 
     def shift_queries(self, module, cfg, site, q):
         n, h, d = cfg.num_heads, cfg.head_dim, cfg.d_model
@@ -430,18 +436,40 @@ def _inv_softplus(y: float) -> float:
 
 
 @dataclasses.dataclass(frozen=True)
+class AlibiOptions(SchemeOptions):
+    """Options of "alibi".
+
+    Attributes:
+      mode: ALiBi in bidirectional layers (the encoder; cross-attention with
+        `relative_cross`): "symmetric" (`-m|i - j|`, blind to the order of
+        its inputs) or "offset" (the order-aware form: keys after the query
+        pay a per-head offset of one slope, so left and right differ).
+        Causal layers use the paper's `-m (i - j)`.
+    """
+
+    mode: str = "symmetric"
+
+    def check(self):
+        if self.mode not in ("symmetric", "offset"):
+            raise ValueError(f"mode={self.mode!r}; choose 'symmetric' or 'offset'")
+
+
+@dataclasses.dataclass(frozen=True)
 class Alibi(Scheme):
     """Press et al.'s linear biases, fixed geometric slopes per head. Causal
-    layers use the paper's `-m (i - j)`; bidirectional ones `alibi_mode`:
+    layers use the paper's `-m (i - j)`; bidirectional ones its `mode`:
     "symmetric" (`-m |i - j|`, blind to input order) or "offset" (keys after
     the query are further by a per-head offset `m`, which tells left from
     right; `jattn.positions.alibi_score_mod`)."""
+
+    Options = AlibiOptions
+    options_key = "alibi"
 
     relative: bool = True
     shift_invariant: bool = True
 
     def score_mod(self, module, cfg, site, state):
-        mode = "causal" if site.causal else cfg.alibi_mode
+        mode = "causal" if site.causal else self.options(cfg).mode
         return pos_lib.alibi_score_mod(pos_lib.alibi_slopes(cfg.num_heads), mode=mode)
 
 
@@ -481,36 +509,67 @@ class Sandwich(Scheme):
 
 
 @dataclasses.dataclass(frozen=True)
+class FireOptions(SchemeOptions):
+    """Options of "fire".
+
+    Attributes:
+      hidden: hidden units of FIRE's MLP (Li et al. use 32).
+    """
+
+    hidden: int = pos_lib.FIRE_HIDDEN
+
+    def check(self):
+        positive_int("hidden", self.hidden)
+
+
+@dataclasses.dataclass(frozen=True)
 class Fire(Scheme):
-    """Li et al.'s FIRE: a per-layer MLP (`fire_hidden` units) over
+    """Li et al.'s FIRE: a per-layer MLP (`hidden` units) over
     `log(c|i - j| + 1) / log(c max(L, i) + 1)` with learned c and L
     (`jattn.positions.fire_score_mod`). It reads the query's own position
     (the normaliser), so it is not shift invariant."""
 
+    Options = FireOptions
+    options_key = "fire"
+
     relative: bool = True
 
-    def check(self, cfg):
-        _positive_int("fire_hidden", cfg.fire_hidden)
-
     def score_mod(self, module, cfg, site, state):
-        n, h = cfg.num_heads, cfg.fire_hidden
-        zeros, normal = nn.initializers.zeros, nn.initializers.normal
-        specs = (  # the initial values of jattn.positions.init_fire_params
-            ("w1", normal(1.0), (h,), (None,)),
-            ("b1", zeros, (h,), (None,)),
-            ("w2", normal(h**-0.5), (n, h), ("heads", None)),
-            ("b2", zeros, (n,), ("heads",)),
-            ("c", _constant(_inv_softplus(1.0)), (), ()),
-            ("L", _constant(_inv_softplus(512.0)), (), ()),
-        )
+        specs = pos_lib.fire_param_specs(cfg.num_heads, self.options(cfg).hidden)
         params = SchemeParams(specs, cfg.params_dtype, name="fire")()
         return pos_lib.fire_score_mod(jax.tree.map(lambda x: x.astype(jnp.float32), params))
+
+
+@dataclasses.dataclass(frozen=True)
+class T5Options(SchemeOptions):
+    """Options of "t5".
+
+    Attributes:
+      num_buckets: relative buckets (even, >= 4).
+      max_distance: the distance at which the buckets saturate (> num_buckets / 2).
+      per_layer: a bias table per layer instead of one per stack.
+    """
+
+    num_buckets: int = 32
+    max_distance: int = 128
+    per_layer: bool = False
+
+    def check(self):
+        positive_int("num_buckets", self.num_buckets)
+        if self.num_buckets < 4 or self.num_buckets % 2:
+            raise ValueError(f"num_buckets must be even and >= 4, got {self.num_buckets}")
+        if self.max_distance <= self.num_buckets // 2:
+            raise ValueError(
+                f"max_distance={self.max_distance} must exceed "
+                f"num_buckets/2={self.num_buckets // 2}"
+            )
 
 
 class T5RelativeBias(nn.Module):
     """The learned T5 bias table `[num_buckets, N]` (one per stack or per layer)."""
 
     config: Any
+    num_buckets: int
 
     @nn.compact
     def __call__(self) -> Array:
@@ -520,7 +579,7 @@ class T5RelativeBias(nn.Module):
             self,
             "table",
             nn.initializers.normal(stddev=0.5),
-            (cfg.t5_num_buckets, cfg.num_heads),
+            (self.num_buckets, cfg.num_heads),
             (None, "heads"),
             cfg.params_dtype,
         )
@@ -529,36 +588,28 @@ class T5RelativeBias(nn.Module):
 @dataclasses.dataclass(frozen=True)
 class T5(Scheme):
     """Raffel et al.'s log-bucketed learned bias: a table per stack (shared by
-    its layers; `t5_per_layer`: one per layer), and one per cross-attention
+    its layers; `per_layer`: one per layer), and one per cross-attention
     layer with `relative_cross`."""
+
+    Options = T5Options
+    options_key = "t5"
 
     relative: bool = True
     shift_invariant: bool = True
 
-    def check(self, cfg):
-        _positive_int("t5_num_buckets", cfg.t5_num_buckets)
-        if cfg.t5_num_buckets < 4 or cfg.t5_num_buckets % 2:
-            raise ValueError(
-                f"TransformerConfig.t5_num_buckets must be even and >= 4, got {cfg.t5_num_buckets}"
-            )
-        if cfg.t5_max_distance <= cfg.t5_num_buckets // 2:
-            raise ValueError(
-                f"TransformerConfig.t5_max_distance={cfg.t5_max_distance} must exceed "
-                f"t5_num_buckets/2={cfg.t5_num_buckets // 2}"
-            )
-
     def stack_state(self, module, cfg, *, causal):
-        if cfg.t5_per_layer:
+        opts = self.options(cfg)
+        if opts.per_layer:
             return None
-        return T5RelativeBias(cfg, name="t5_bias")()  # [buckets, N]
+        return T5RelativeBias(cfg, opts.num_buckets, name="t5_bias")()  # [buckets, N]
 
     def score_mod(self, module, cfg, site, state):
-        table = state
-        if cfg.t5_per_layer or site.cross:  # the stacks' tables are for self-attention
-            table = T5RelativeBias(cfg, name="t5_bias")()
+        opts, table = self.options(cfg), state
+        if opts.per_layer or site.cross:  # the stacks' tables are for self-attention
+            table = T5RelativeBias(cfg, opts.num_buckets, name="t5_bias")()
         return pos_lib.t5_score_mod(
             table.astype(jnp.float32).T,  # [N, buckets]
-            max_distance=cfg.t5_max_distance,
+            max_distance=opts.max_distance,
             bidirectional=not site.causal,
         )
 

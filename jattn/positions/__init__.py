@@ -35,7 +35,7 @@ from jattn.positions.biases import (
     t5_relative_bucket,
     t5_score_mod,
 )
-from jattn.positions.fire import fire_score_mod, init_fire_params
+from jattn.positions.fire import FIRE_HIDDEN, fire_param_specs, fire_score_mod, init_fire_params
 from jattn.positions.relative import ShawRelative, relative_ids, transformer_xl_tables
 from jattn.positions.rotary import (
     ROPE_SCALINGS,
@@ -50,6 +50,7 @@ from jattn.positions.rotary import (
 
 __all__ = [
     "ALIBI_MODES",
+    "FIRE_HIDDEN",
     "ROPE_SCALINGS",
     "SANDWICH_DIM",
     "YARN_CONVENTIONS",
@@ -57,6 +58,7 @@ __all__ = [
     "YarnOptions",
     "alibi_score_mod",
     "alibi_slopes",
+    "fire_param_specs",
     "fire_score_mod",
     "init_fire_params",
     "kerple_score_mod",

@@ -13,25 +13,43 @@ from jattn.score_mod import ScoreMod, TileParts, with_tile_parts
 
 Array = jax.Array
 
-__all__ = ["fire_score_mod", "init_fire_params"]
+__all__ = ["FIRE_HIDDEN", "fire_param_specs", "fire_score_mod", "init_fire_params"]
+
+# Hidden units of FIRE's MLP (Li et al. use 32).
+FIRE_HIDDEN = 32
 
 
-def init_fire_params(key: Array, num_heads: int, hidden: int = 32) -> dict:
-    """Initial FIRE parameters (see `fire_score_mod`).
+def _inv_softplus(y: float) -> float:
+    return float(np.log(np.expm1(y)))
 
-    `w1, b1 [hidden]` (the MLP's input layer, shared by the heads), `w2
-    [N, hidden]`, `b2 [N]` (one output per head), and the unconstrained
-    `c` and `L` scalars (`softplus(c) = 1`, `softplus(L) = 512` at init).
+
+def fire_param_specs(num_heads: int, hidden: int = FIRE_HIDDEN) -> tuple:
+    """FIRE's parameters as `(name, initializer, shape, logical axis names)`.
+
+    The one place their initial values are written: `init_fire_params` draws
+    them, and the models' "fire" scheme declares them on each layer. `w1, b1
+    [hidden]` (the MLP's input layer, shared by the heads), `w2 [N, hidden]`,
+    `b2 [N]` (one output per head), and the unconstrained `c` and `L`
+    scalars (`softplus(c) = 1`, `softplus(L) = 512` at init).
     """
-    k1, k2 = jax.random.split(key)
-    inv_softplus = lambda y: float(np.log(np.expm1(y)))  # noqa: E731
+    init = jax.nn.initializers
+    return (
+        ("w1", init.normal(1.0), (hidden,), (None,)),
+        ("b1", init.zeros, (hidden,), (None,)),
+        ("w2", init.normal(hidden**-0.5), (num_heads, hidden), ("heads", None)),
+        ("b2", init.zeros, (num_heads,), ("heads",)),
+        ("c", init.constant(_inv_softplus(1.0)), (), ()),
+        ("L", init.constant(_inv_softplus(512.0)), (), ()),
+    )
+
+
+def init_fire_params(key: Array, num_heads: int, hidden: int = FIRE_HIDDEN) -> dict:
+    """Initial FIRE parameters (see `fire_score_mod`), drawn as
+    `fire_param_specs` says, one key a parameter."""
+    specs = fire_param_specs(num_heads, hidden)
+    keys = jax.random.split(key, len(specs))
     return {
-        "w1": jax.random.normal(k1, (hidden,), jnp.float32),
-        "b1": jnp.zeros((hidden,), jnp.float32),
-        "w2": jax.random.normal(k2, (num_heads, hidden), jnp.float32) / np.sqrt(hidden),
-        "b2": jnp.zeros((num_heads,), jnp.float32),
-        "c": jnp.asarray(inv_softplus(1.0), jnp.float32),
-        "L": jnp.asarray(inv_softplus(512.0), jnp.float32),
+        name: fn(k, shape, jnp.float32) for k, (name, fn, shape, _) in zip(keys, specs, strict=True)
     }
 
 

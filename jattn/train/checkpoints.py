@@ -145,6 +145,16 @@ def saved_meta(mngr: ocp.CheckpointManager, step: int) -> dict[str, Any] | None:
     return _read_meta(os.path.join(str(mngr.directory), str(step)))
 
 
+def recorded_checksums(step_dir: str) -> dict[str, str] | None:
+    """The state's checksums (``{array path: checksum}``) that the save of the step in
+    `step_dir` recorded in its meta; None for a step saved before jattn recorded them.
+
+    Raises:
+      OSError, ValueError: the meta exists but cannot be read.
+    """
+    return ((_read_meta(step_dir) or {}).get("checksums") or {}).get("state")
+
+
 def step_problem(step_dir: str) -> str | None:
     """Why the step folder `step_dir` cannot be a complete checkpoint, or None.
 
@@ -409,15 +419,12 @@ def save(
     config: ml_collections.ConfigDict,
     metrics: dict[str, float] | None = None,
     vocab: str | None = None,
-    diverged: dict[str, str] | None = None,
 ) -> None:
     """Starts an (async) save of `state` and the data iterator at `step`.
 
     `metrics` are what retention ranks by (`best_metric`, `SANE_STEP_METRIC`);
     `vocab` (the tokenizer's vocabulary hash) is recorded in ``meta``, and so
-    are the members of the program that diverged by `step` (``{str(key):
-    message}``, `jattn.train.recovery.restore_members`), when there are any,
-    the number of processes, and the checksums a restore checks: of every
+    are the number of processes, and the checksums a restore checks: of every
     array of `state` (`checksums`) and, with one process, of the iterator's
     position. They are part of the same atomic save as what they describe.
     """
@@ -429,8 +436,6 @@ def save(
         meta["checksums"]["data"] = position
     if vocab is not None:
         meta["vocab_sha256"] = vocab
-    if diverged:
-        meta["diverged"] = dict(diverged)
     mngr.save(
         step,
         args=ocp.args.Composite(

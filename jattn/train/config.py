@@ -34,6 +34,7 @@ import importlib.util
 import json
 import math
 import os
+import traceback
 import typing
 from collections.abc import Sequence
 from typing import Any
@@ -43,6 +44,7 @@ from ml_collections import config_dict
 
 __all__ = [
     "ConfigError",
+    "REMOVED_KEYS",
     "apply_overrides",
     "apply_variant",
     "build_model_config",
@@ -53,6 +55,7 @@ __all__ = [
     "input_lengths",
     "load_config",
     "model_defaults",
+    "removed_key_error",
     "split_overrides",
 ]
 
@@ -71,6 +74,20 @@ def _placeholder_type(annotation: Any) -> type:
     kinds = [a for a in typing.get_args(annotation) if a is not type(None)]
     kind = kinds[0] if len(kinds) == 1 else annotation
     return kind if kind in (int, float, str, bool) else str
+
+
+def _device_keys(c: ml_collections.ConfigDict) -> None:
+    """How a run uses its devices: the mesh and the precision of its matmuls."""
+    # Sharding: sizes of the mesh axes ("data", "fsdp", "tensor"); one may be -1.
+    c.mesh_shape = (-1, 1, 1)
+    c.logical_axis_rules = ()  # () -> jattn.train.mesh.DEFAULT_RULES
+    # Precision of float32 matmuls (jax's default_matmul_precision for the whole
+    # run): "default" leaves jax's default, which on a GPU runs them as TF32 (and
+    # exact float32 on the CPU); "highest" (= "float32") asks for IEEE float32
+    # everywhere, e.g. to compare a GPU run with the CPU's tables; also "high"
+    # (bf16_3x on TPU), "tensorfloat32", "bfloat16". jattn.dot_product_attention's
+    # kernels set their own (docs/gpu.md).
+    c.matmul_precision = "default"
 
 
 def model_defaults() -> ml_collections.ConfigDict:
@@ -98,31 +115,34 @@ def model_defaults() -> ml_collections.ConfigDict:
     return ml_collections.ConfigDict(model)
 
 
-def _member_keys(c: ml_collections.ConfigDict) -> None:
-    """The keys of a program's members (`jattn.train.members`): seeds and sweeps."""
-    c.seed = 0
-    # Several seeds in one jitted program (jattn.train.members): e.g. (0, 1, 2); each
-    # seed's run goes to WORKDIR/seed-<s>/. Empty: one run with `seed`.
-    c.seeds = ()
-    # The mesh axis the seed axis is sharded over ("" replicates it; "data": one
-    # seed group per data-parallel slice, rows then split over "fsdp" only).
-    c.seed_mesh_axis = ""
-    # How the program runs its seeds: "map" (lax.map: one seed after another inside
-    # the program, a single run's numbers up to the last bit), "vmap" (batched: fills a
-    # GPU/TPU, equal up to rounding), "auto" (vmap on accelerators or with a
-    # seed_mesh_axis, map on the CPU).
-    c.seed_program = "auto"
-    # Optimiser values swept along the same axis (jattn.train.members): e.g.
-    # sweep_learning_rate=(1e-3, 3e-4) with seeds=(0, 1) trains 4 members in one
-    # program, each written as the single run with that seed and learning rate.
-    c.sweep_learning_rate = ()
-    c.sweep_warmup_steps = ()
+# Keys earlier jattn releases had for training several seeds (and swept optimiser
+# values) in one program; a run is one seed now. Each is refused by name, in one
+# line that says what replaces it.
+_SEED_AXIS = (
+    "a run trains one seed (config.seed): train several side by side as a grid with a "
+    "seed axis, `jattn ablate --jobs N` (e.g. --config.grid.seed.values=0,1,2)"
+)
+REMOVED_KEYS = {
+    "seeds": _SEED_AXIS,
+    "seed_mesh_axis": _SEED_AXIS,
+    "seed_program": _SEED_AXIS,
+    "debug_nan_seed": _SEED_AXIS,
+    "sweep_learning_rate": "a run trains one learning rate: sweep it as a grid axis on "
+    "learning_rate, `jattn ablate --jobs N`",
+    "sweep_warmup_steps": "a run trains one warmup: sweep it as a grid axis on "
+    "warmup_steps, `jattn ablate --jobs N`",
+}
+
+
+def removed_key_error(key: str) -> ConfigError:
+    """The one-line error for a key of `REMOVED_KEYS` (``config.seeds``, ...)."""
+    return ConfigError(f"config.{key} was removed: {REMOVED_KEYS[key]}")
 
 
 def default_config() -> ml_collections.ConfigDict:
     """All keys, unlocked, with defaults suited to nothing in particular."""
     c = ml_collections.ConfigDict()
-    _member_keys(c)
+    c.seed = 0  # initialisation, dropout and the data order (jattn.train.load)
 
     # Data (jattn.data.load / make_loader).
     c.dataset = "numbers"  # jattn task name or a tfds translation data set
@@ -164,9 +184,7 @@ def default_config() -> ml_collections.ConfigDict:
     # --config.allow_config_change=adam_b2,label_smoothing (docs/reliability.md).
     c.allow_config_change = ()
 
-    # Sharding: sizes of the mesh axes ("data", "fsdp", "tensor"); one may be -1.
-    c.mesh_shape = (-1, 1, 1)
-    c.logical_axis_rules = ()  # () -> jattn.train.mesh.DEFAULT_RULES
+    _device_keys(c)
 
     # Evaluation.
     c.eval_every_steps = 500
@@ -195,7 +213,6 @@ def default_config() -> ml_collections.ConfigDict:
 
     # Testing aid: > 0 makes the loss of that step NaN (see steps.make_train_step).
     c.debug_nan_at_step = 0
-    c.debug_nan_seed = -1  # with `seeds`: only this seed's loss is made NaN (-1: every seed)
 
     c.model = model_defaults()
     return c
@@ -239,6 +256,17 @@ def apply_variant(config: ml_collections.ConfigDict, arg: str | None) -> ml_coll
 # -- loading and overrides -------------------------------------------------------------
 
 
+def _raised_in(error: BaseException, path: str) -> str:
+    """`` (at FILE:LINE)``: the last line of the config file `path` in `error`'s
+    traceback (where its own code went wrong), or "" when it is not in it."""
+    target = os.path.realpath(path)
+    frames = [
+        f for f in traceback.extract_tb(error.__traceback__)
+        if os.path.realpath(f.filename) == target
+    ]  # fmt: skip
+    return f" (at {path}:{frames[-1].lineno})" if frames else ""
+
+
 def load_config(spec: str) -> ml_collections.ConfigDict:
     """Imports a config file and returns its locked `get_config(arg)`.
 
@@ -250,8 +278,9 @@ def load_config(spec: str) -> ml_collections.ConfigDict:
       The locked ConfigDict.
 
     Raises:
-      ConfigError: the file does not exist, has no ``get_config``, or the
-        function rejects the argument.
+      ConfigError: the file does not exist, cannot be imported, has no
+        ``get_config``, or the function rejects the argument or raises (any
+        exception: one line naming it and the file's line).
     """
     path, arg = spec, None
     if ":" in spec and not os.path.exists(spec):
@@ -269,8 +298,14 @@ def load_config(spec: str) -> ml_collections.ConfigDict:
         raise ConfigError(f"--config: {path!r} defines no get_config(arg=None) function")
     try:
         config = module.get_config() if arg is None else module.get_config(arg)
-    except (ValueError, KeyError, TypeError) as e:
+    except (ValueError, KeyError, TypeError) as e:  # a rejected argument: its message says why
         raise ConfigError(f"--config: {path}:{arg} -> {e}") from e
+    except Exception as e:  # noqa: BLE001 -- a bug in the file is a config error too: one line
+        where = _raised_in(e, path)
+        raise ConfigError(
+            f"--config: {path}.get_config({'' if arg is None else repr(arg)}) raised "
+            f"{type(e).__name__}: {e}{where}"
+        ) from e
     if not isinstance(config, ml_collections.ConfigDict):
         raise ConfigError(
             f"--config: {path}.get_config() must return an ml_collections.ConfigDict, "
@@ -312,6 +347,18 @@ def split_overrides(argv: Sequence[str]) -> tuple[list[tuple[str, str]], list[st
 def _suggest(name: str, options: Sequence[str]) -> str:
     close = difflib.get_close_matches(name, list(options), n=1)
     return f" (did you mean {close[0]!r}?)" if close else ""
+
+
+def _check_moved(arg: str, where: str, part: str) -> None:
+    """A model field that moved into a scheme's options is an error naming its new key."""
+    if where.split(".")[-1] != "model":
+        return
+    from jattn.models.config import renamed_key  # noqa: PLC0415
+
+    moved = renamed_key(part)
+    if moved:
+        new = " and ".join(f"{where}.{key}" for key in moved.split(" and "))
+        raise ConfigError(f"{arg}: {where}.{part} is now {new} (the scheme's own options)")
 
 
 def _field_type(parent: ml_collections.ConfigDict, leaf: str) -> tuple[type | None, bool]:
@@ -413,8 +460,11 @@ def apply_overrides(
         node = config
         for i, part in enumerate(parts):
             where = (prefix + ".".join(parts[:i])).rstrip(".") or "config"
+            if i == 0 and part in REMOVED_KEYS and part not in node:
+                raise removed_key_error(part)
             if not isinstance(node, ml_collections.ConfigDict) or part not in node:
                 options = list(node.keys()) if isinstance(node, ml_collections.ConfigDict) else []
+                _check_moved(f"--config.{name}", where, part)
                 raise ConfigError(
                     f"--config.{name}: unknown config key {part!r} in {where}"
                     f"{_suggest(part, options)}"
@@ -455,11 +505,24 @@ _POSITIVE = (
 # 0 means "the same as another key" (see `input_lengths`).
 _NON_NEGATIVE = ("max_input_len", "eval_max_input_len")
 _CHOICES = {
+    "matmul_precision": ("default", "high", "highest", "float32", "tensorfloat32", "bfloat16"),
     "decode": ("greedy", "beam"),
     "best_mode": ("max", "min"),
     "overlong": ("drop", "truncate"),
-    "seed_program": ("auto", "map", "vmap"),
 }
+
+
+def matmul_precision(config: ml_collections.ConfigDict):
+    """A context in which the run's matmuls take `config.matmul_precision`
+    (nothing at "default", so a run without the key traces as before)."""
+    import contextlib  # noqa: PLC0415
+
+    value = config.get("matmul_precision", "default")
+    if value == "default":
+        return contextlib.nullcontext()
+    import jax  # noqa: PLC0415
+
+    return jax.default_matmul_precision(value)
 
 
 def check_config(config: ml_collections.ConfigDict) -> None:
@@ -475,6 +538,9 @@ def check_config(config: ml_collections.ConfigDict) -> None:
     if missing:
         raise ConfigError(f"config lacks keys {missing}; start from jattn.train.default_config()")
     extra = sorted(set(config.keys()) - set(reference.keys()))
+    for key in extra:
+        if key in REMOVED_KEYS:  # a config file of an earlier release
+            raise removed_key_error(key)
     if extra:
         raise ConfigError(f"unknown config keys {extra}")
     for key in _POSITIVE:
@@ -501,7 +567,6 @@ def check_config(config: ml_collections.ConfigDict) -> None:
             f"config.batch_size={config.batch_size} is not divisible by "
             f"grad_accum_steps={config.grad_accum_steps}"
         )
-    _check_seeds(config)
     model = build_model_config(config)  # unknown model keys and the model's own checks
     if model.random_positions:
         _check_random_positions(config, model)
@@ -543,34 +608,6 @@ def _check_random_positions(config: ml_collections.ConfigDict, model) -> None:
         raise ConfigError(
             f"model.random_positions={model.random_positions} must be >= {name}={need}: a "
             "segment's positions are a sample of distinct values of [0, random_positions)"
-        )
-
-
-def _check_seeds(config: ml_collections.ConfigDict) -> None:
-    """`seeds`: distinct ints; the sweeps: distinct values; `seed_mesh_axis`: "" or a
-    mesh axis."""
-    seeds = tuple(config.seeds)
-    if any(isinstance(s, bool) or not isinstance(s, int) for s in seeds):
-        raise ConfigError(f"config.seeds must be ints such as 0,1,2, got {seeds!r}")
-    if len(set(seeds)) != len(seeds):
-        raise ConfigError(f"config.seeds={seeds!r} repeats a seed")
-    for key, what in (("sweep_learning_rate", "floats > 0"), ("sweep_warmup_steps", "ints >= 0")):
-        values = tuple(config.get(key, ()))
-        ints = key == "sweep_warmup_steps"
-        ok = all(
-            not isinstance(v, bool)
-            and isinstance(v, int if ints else (int, float))
-            and (v >= 0 if ints else v > 0)
-            for v in values
-        )
-        if not ok:
-            raise ConfigError(f"config.{key} must be {what}, got {values!r}")
-        if len(set(values)) != len(values):
-            raise ConfigError(f"config.{key}={values!r} repeats a value")
-    if config.seed_mesh_axis not in ("", "data", "fsdp", "tensor"):
-        raise ConfigError(
-            f"config.seed_mesh_axis={config.seed_mesh_axis!r}: choose '' (replicated), "
-            "'data', 'fsdp' or 'tensor'"
         )
 
 

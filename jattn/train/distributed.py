@@ -17,6 +17,7 @@ backend starts (it only affects the CPU client, so GPU/TPU runs are unchanged).
 
 from __future__ import annotations
 
+import gc
 import os
 import signal
 import sys
@@ -24,7 +25,14 @@ import threading
 
 import jax
 
-__all__ = ["PreemptionWatch", "Terminated", "cluster_detected", "initialize", "warn"]
+__all__ = [
+    "PreemptionWatch",
+    "Terminated",
+    "cluster_detected",
+    "dropped_there",
+    "initialize",
+    "warn",
+]
 
 
 def cluster_detected(env: dict[str, str] | None = None) -> bool:
@@ -76,6 +84,29 @@ def initialize(
     return False
 
 
+# How long a SIGTERM that arrived where an exception would be dropped waits to be
+# delivered again (`PreemptionWatch`).
+_AGAIN_S = 0.05
+
+
+def dropped_there(frame) -> bool:
+    """Whether an exception raised by a signal handler in `frame` would be dropped.
+
+    Python runs a signal handler in whatever frame the main thread executes. In
+    a garbage collector callback (jax registers one: ``_xla_gc_callback``,
+    often running while jax imports or compiles) or a ``__del__`` finaliser, an
+    exception is printed as ``Exception ignored in: ...`` and lost: a handler
+    that raised `Terminated` or `SystemExit` there let the run go on to its
+    last step (issue 54).
+    """
+    callbacks = {getattr(cb, "__code__", None) for cb in gc.callbacks}
+    while frame is not None:
+        if frame.f_code in callbacks or frame.f_code.co_name == "__del__":
+            return True
+        frame = frame.f_back
+    return False
+
+
 class Terminated(SystemExit):
     """SIGTERM at a moment the loop cannot save at (start-up, final evaluation), or a
     second SIGTERM. A SystemExit (status 143, as the signal's default would give when
@@ -102,10 +133,12 @@ class PreemptionWatch:
     One process: a SIGTERM handler (installed only from the main thread; the
     previous handler is restored by `close`). While `stage` is "training"
     the first SIGTERM sets a flag that the loop reads after each step, so it
-    saves that step and exits; any other stage ("start-up", "finishing"),
-    and a second SIGTERM while the first waits for its save, raises
-    `Terminated` at once, so that a run blocked before its first step, in a
-    save or in data loading still ends when told. A first SIGTERM that the
+    saves that step and exits (and once more when it ends: `requested`); any
+    other stage ("start-up", "finishing"), and a second SIGTERM while the
+    first waits for its save, raises `Terminated` at once, so that a run
+    blocked before its first step, in a save or in data loading still ends
+    when told. Never where the exception would be dropped (`dropped_there`):
+    there the signal is delivered again 50 ms later. A first SIGTERM that the
     loop does not see within `grace_s` (a step or a batch that never comes)
     is delivered again to the main thread, which then raises `Terminated`
     with stage "blocked". Several processes: JAX's
@@ -124,17 +157,32 @@ class PreemptionWatch:
             self._previous = signal.signal(signal.SIGTERM, self._handler)
 
     def _handler(self, signum, frame) -> None:  # noqa: ARG002
-        if self.stage != "training" or self._flag.is_set():
+        if self.stage == "training" and not self._flag.is_set():
+            self._flag.set()
+            self._timer = threading.Timer(self.grace_s, self._unblock)
+            self._timer.daemon = True
+            self._timer.start()
+        elif dropped_there(frame):
+            # Raised here, Terminated would be printed as "Exception ignored" and the
+            # run would go on: the signal is delivered again in a moment, elsewhere.
+            later = threading.Timer(_AGAIN_S, signal.pthread_kill,
+                                    (threading.main_thread().ident, signal.SIGTERM))  # fmt: skip
+            later.daemon = True
+            later.start()
+        else:
             raise Terminated(self.stage)
-        self._flag.set()
-        self._timer = threading.Timer(self.grace_s, self._unblock)
-        self._timer.daemon = True
-        self._timer.start()
 
     def _unblock(self) -> None:
         """The loop did not see the flag in time: interrupt whatever blocks it."""
         self.stage = "blocked"
         signal.pthread_kill(threading.main_thread().ident, signal.SIGTERM)
+
+    @property
+    def requested(self) -> bool:
+        """Whether a first SIGTERM set the flag (one process), seen by `reached` or not:
+        the loop reads it once more when it ends, for one that came during the last
+        step's log, evaluation or save."""
+        return self._flag.is_set()
 
     def reached(self, step: int) -> bool:
         """True once a preemption notice has arrived (the same step on every process)."""

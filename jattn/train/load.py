@@ -22,6 +22,8 @@ from __future__ import annotations
 import dataclasses
 import functools
 import os
+import sys
+from collections.abc import Callable
 from typing import Any
 
 import jax
@@ -109,7 +111,7 @@ class Environment:
 
 @dataclasses.dataclass
 class Model:
-    """The model and optimiser a program trains (one for every member)."""
+    """The model and optimiser a run trains."""
 
     config: Any  # TransformerConfig
     module: Any  # Transformer
@@ -246,47 +248,120 @@ def checkpoint_steps(workdir: str) -> list[int]:
     )
 
 
-def load_run(workdir: str, step: int | None = None) -> TrainedRun:
+def load_run(
+    workdir: str, step: int | None = None, warn: Callable[[str], None] | None = None
+) -> TrainedRun:
     """Reads the config, the model config, the parameters of checkpoint `step` and
     the tokenizer.
 
+    The step is restored and verified as training verifies the step it resumes
+    (`jattn.train.recovery.restore_verified`: the step counter, every array
+    against the checksum its save recorded, every value finite). With `step`
+    None, a step that fails is passed over for the next older one, each with a
+    warning line, and a last line names the step used; nothing is moved (the
+    run may be training). A named `step` that fails is an error.
+
     Args:
       workdir: a `jattn train` workdir.
-      step: a checkpoint step; None takes the latest.
+      step: a checkpoint step; None takes the newest intact one.
+      warn: prints one warning line (default: on stderr).
 
     Raises:
       FileNotFoundError: no run or no checkpoint there.
-      ValueError: `step` is not one of the saved steps (they are listed).
+      ValueError: `step` is not one of the saved steps (they are listed), or it is
+        damaged; with `step` None, no step restores and verifies.
     """
     from jattn.models import Transformer, TransformerConfig  # noqa: PLC0415
 
+    warn = warn or _warn
     for name in (files.CONFIG, files.MODEL_CONFIG):
         if not os.path.exists(os.path.join(workdir, name)):
             raise FileNotFoundError(f"load_run: {workdir!r} has no {name}; not a jattn workdir")
     steps = checkpoint_steps(workdir)
     if not steps:
         raise FileNotFoundError(f"load_run: no checkpoint in {workdir!r}")
-    step = steps[-1] if step is None else step
-    if step not in steps:
+    if step is not None and step not in steps:
         raise ValueError(f"load_run: no checkpoint at step {step} in {workdir!r}; saved: {steps}")
     config = ml_collections.ConfigDict(files.read_json(os.path.join(workdir, files.CONFIG)))
     model_config = TransformerConfig.from_dict(
         files.read_json(os.path.join(workdir, files.MODEL_CONFIG))
     )
-
-    path = os.path.abspath(os.path.join(workdir, CHECKPOINT_DIR, str(step), "state"))
-    checkpointer = ocp.StandardCheckpointer()
-    # The item's own metadata (`state/_METADATA`): the checkpointer's `metadata` also
-    # looks for a step file inside the item folder and logs absl's "Metadata file does
-    # not exist: .../_CHECKPOINT_METADATA" warning before every `jattn decode`.
-    saved = ocp.StandardCheckpointHandler().metadata(epath.Path(path))
-    device = jax.sharding.SingleDeviceSharding(jax.local_devices()[0])
-    target = jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=device), saved)
-    state = checkpointer.restore(path, target)
-    checkpointer.close()
+    named = step is not None
+    step, state = _newest_intact(workdir, [step] if named else steps, warn, named)
     model = Transformer(model_config)
     run = TrainedRun(config=config, model=model, params=state["params"], step=step)
     from jattn.data.tokenizers import load_from_dir  # noqa: PLC0415
 
     run.tokenizer = load_from_dir(workdir) or run.task.tokenizer
     return run
+
+
+def _warn(line: str) -> None:
+    print(line, file=sys.stderr, flush=True)
+
+
+def _restore_state(step_dir: str) -> dict[str, Any]:
+    """A step's whole state as a plain dict of arrays on one device (any mesh it was
+    saved from)."""
+    path = os.path.abspath(os.path.join(step_dir, "state"))
+    checkpointer = ocp.StandardCheckpointer()
+    # The item's own metadata (`state/_METADATA`): the checkpointer's `metadata` also
+    # looks for a step file inside the item folder and logs absl's "Metadata file does
+    # not exist: .../_CHECKPOINT_METADATA" warning before every `jattn decode`.
+    try:
+        saved = ocp.StandardCheckpointHandler().metadata(epath.Path(path))
+        device = jax.sharding.SingleDeviceSharding(jax.local_devices()[0])
+        target = jax.tree.map(
+            lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=device), saved
+        )
+        return checkpointer.restore(path, target)
+    finally:
+        checkpointer.close()
+
+
+def _newest_intact(workdir: str, steps: list[int], warn, named: bool) -> tuple[int, Any]:
+    """The newest of `steps` that restores and verifies, and its state.
+
+    A `named` step that fails raises ValueError. Otherwise each newer step
+    passed over is one warning line (a step folder with a missing part,
+    `step_problem`, included), and when any was, one more line names the step
+    used.
+    """
+    from jattn.train import recovery  # noqa: PLC0415 -- orbax's read filters, on demand
+
+    folder = os.path.join(workdir, CHECKPOINT_DIR)
+    passed = [] if named else _incomplete(folder)
+    step, state = None, None
+    with recovery.quiet_abandoned_reads():
+        for candidate in reversed(steps):
+            step_dir = os.path.join(folder, str(candidate))
+            state, problem = recovery.restore_verified(
+                lambda d=step_dir: _restore_state(d), candidate, step_dir
+            )
+            if problem is None:
+                step = candidate
+                break
+            if named:
+                raise ValueError(f"load_run: checkpoint step {candidate} in {workdir!r} {problem}")
+            passed.append((candidate, problem))
+    newer = sorted((p for p in passed if step is None or p[0] > step), reverse=True)
+    for s, problem in newer:
+        warn(f"warning: checkpoint step {s} {problem}; not used")
+    if step is None:
+        raise ValueError(
+            f"load_run: no checkpoint in {workdir!r} restores and verifies "
+            f"(steps {', '.join(str(s) for s, _ in newer)}; see the warnings above)"
+        )
+    if newer:
+        warn(f"warning: using checkpoint step {step}, the newest that restores and verifies")
+    return step, state
+
+
+def _incomplete(folder: str) -> list[tuple[int, str]]:
+    """``(step, problem)`` of every step folder with a missing part (`step_problem`),
+    ascending."""
+    return [
+        (int(name), problem)
+        for name in sorted(os.listdir(folder), key=lambda n: int(n) if n.isdigit() else -1)
+        if name.isdigit() and (problem := step_problem(os.path.join(folder, name))) is not None
+    ]

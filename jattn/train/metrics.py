@@ -23,7 +23,6 @@ invocation of the run where this one could not measure it.
 
 from __future__ import annotations
 
-import contextlib
 import json
 import math
 import os
@@ -33,10 +32,8 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from jattn.train import workdir as files
-from jattn.train.sanity import LossSanity, insane_warning
 
 __all__ = [
-    "MemberMetrics",
     "MetricsWriter",
     "NonFiniteLossError",
     "Progress",
@@ -44,7 +41,6 @@ __all__ = [
     "flat_hparams",
     "last_logged_loss",
     "logged_losses",
-    "program_tokens_per_sec",
     "read_metrics",
     "strict_json_value",
     "write_final_metrics",
@@ -196,8 +192,7 @@ class Progress:
     adds the ETA).
 
     The bar is shown when `enabled`; messages (`write`) are printed on the
-    main process only. `tokens_label` names the tokens-a-second field (the
-    seed loop's says that it counts every seed's tokens).
+    main process only.
     """
 
     def __init__(
@@ -207,10 +202,8 @@ class Progress:
         *,
         enabled: bool = True,
         is_main: bool = True,
-        tokens_label: str = "tok_s",
     ):
         self._bar = None
-        self._tokens_label = tokens_label
         self._is_main = is_main
         self._last_time = time.perf_counter()
         self._tokens = 0.0
@@ -233,7 +226,7 @@ class Progress:
         self._bar.update(steps)
         # The interval's mean: the number metrics.jsonl logs as train/loss.
         self._bar.set_postfix(
-            {"train/loss": f"{loss:.4f}", self._tokens_label: f"{tokens_per_sec:,.0f}"},
+            {"train/loss": f"{loss:.4f}", "tok_s": f"{tokens_per_sec:,.0f}"},
             refresh=False,
         )
 
@@ -360,23 +353,22 @@ class TrainMetrics:
         return self._steady_steps / self._steady_time
 
 
-def program_tokens_per_sec(trackers: Sequence[TrainMetrics]) -> float:
-    """Tokens a second of one program that trains several runs (the seeds of
-    `jattn.train.members`): the sum of the runs' last logged rates, each run's
-    tokens over the same interval, i.e. every token the program trained on."""
-    return float(sum(t.logged_tokens_per_sec for t in trackers))
-
-
 def flat_hparams(config) -> dict[str, Any]:
     """The config as flat ``{"key": value, "model.key": value}`` for TensorBoard."""
     from jattn.train.config import config_to_dict  # noqa: PLC0415
 
     flat = {}
+
+    def add(name: str, value: Any) -> None:  # nested groups (model.position_options.rope.*) too
+        if isinstance(value, dict):
+            for sub, v in value.items():
+                add(f"{name}.{sub}", v)
+        else:
+            flat[name] = "" if value is None else (
+                str(tuple(value)) if isinstance(value, list) else value)  # fmt: skip
+
     for key, value in config_to_dict(config).items():
-        items = value.items() if isinstance(value, dict) else [(None, value)]
-        for sub, v in items:
-            name = key if sub is None else f"{key}.{sub}"
-            flat[name] = "" if v is None else (str(tuple(v)) if isinstance(v, list) else v)
+        add(key, value)
     return flat
 
 
@@ -385,123 +377,3 @@ def last_logged_loss(workdir: str) -> float:
     its end trains no step)."""
     logged = logged_losses(workdir)
     return float(logged[-1]) if logged else float("nan")
-
-
-class MemberMetrics:
-    """Every member's writer, step metrics and loss sanity, and the program's bar.
-
-    Each member of a program writes what a single run writes: its own
-    `metrics.jsonl` and TensorBoard files (a `MetricsWriter` and a
-    `TrainMetrics` a member) and keeps its own `LossSanity`. `push` keeps one
-    step in flight and hands each member its slice once fetched. With N = 1
-    the step's metrics are one run's (``ok`` is None) and a non-finite loss
-    raises `NonFiniteLossError`, as in a single run; with N > 1 they come
-    back stacked (``[N]``) and a member whose loss is NaN or Inf is marked
-    diverged (the program keeps its last good state) and logs nothing more.
-
-    One progress bar shows the live members' mean logged loss and the
-    program's tokens a second: every live member's (`program_tokens_per_sec`).
-
-    Args:
-      labels: how log lines name the members ("seed 0"; "" for a lone run).
-      dirs, configs: the members' workdirs and configs.
-      start: the step the program starts at (later rows of a resumed member's
-        metrics are dropped, as in a single run).
-      metric_names: the scalars TensorBoard's HPARAMS table shows.
-      progress: the program's bar.
-      is_main: process 0 (the only one that writes).
-    """
-
-    def __init__(self, labels, dirs, configs, *, start, metric_names, progress, is_main):
-        self.labels, self.progress = list(labels), progress
-        self.diverged: dict[int, str] = {}
-        self.alive = [True] * len(self.labels)
-        self.writers: list[MetricsWriter] = []
-        self.trackers: list[TrainMetrics] = []
-        for d, c in zip(dirs, configs, strict=True):
-            writer = MetricsWriter(d, enabled=is_main, resume_step=start)
-            writer.hparams(flat_hparams(c), metric_names)
-            self.writers.append(writer)
-            self.trackers.append(TrainMetrics(writer, Progress(1, 0, enabled=False, is_main=False)))
-        self.sanities = [LossSanity(logged_losses(d)) for d in dirs]
-        self.sane_members = [True] * len(self.labels)  # whether each last logged loss was sane
-        self._pending: tuple[int, Any, Any] | None = None
-        self._shown = start  # the step the bar shows
-
-    def live(self) -> list[int]:
-        """Positions of the members still training."""
-        return [i for i, a in enumerate(self.alive) if a]
-
-    def push(self, step: int, device_metrics: Any, device_ok: Any) -> None:
-        """Records step `step`'s metrics (on device); fetches the previous step's."""
-        self.drain()
-        self._pending = (step, device_metrics, device_ok)
-
-    def drain(self) -> None:
-        """Fetches the step in flight and hands each live member its metrics."""
-        if self._pending is None:
-            return
-        import jax  # noqa: PLC0415
-
-        step, device_metrics, device_ok = self._pending
-        self._pending = None
-        if device_ok is None:  # one member, unguarded: NonFiniteLossError on NaN/Inf
-            self.trackers[0].push(step, device_metrics)
-            self.trackers[0].fetch()
-            return
-        m, ok = jax.device_get((device_metrics, device_ok))
-        for i in self.live():
-            if not ok[i]:
-                self.alive[i] = False
-                self.diverged[i] = (
-                    f"{self.labels[i]}: non-finite loss ({float(m['loss'][i])}) at step "
-                    f"{step}; its state is kept from step {step - 1}, the other seeds went on"
-                )
-                self.progress.write(self.diverged[i])
-                continue
-            self.trackers[i].push(step, {k: v[i] for k, v in m.items()})
-            self.trackers[i].fetch()
-
-    def log(self, step: int) -> None:
-        """Writes every live member's row at `step`, checks each one's loss against its
-        `LossSanity`, and advances the bar."""
-        self.drain()
-        for i in self.live():
-            self.trackers[i].log(step)
-            self.sane_members[i] = self.sanities[i].observe(self.trackers[i].logged_loss)
-        live = [self.trackers[i] for i in self.live()]
-        losses = [t.logged_loss for t in live]
-        loss = sum(losses) / len(losses) if losses else float("nan")
-        self.progress.update(step - self._shown, loss, program_tokens_per_sec(live))
-        self._shown = step
-
-    def sane(self, i: int) -> bool:
-        """Whether member `i`'s last logged loss was sane (`jattn.train.sanity`)."""
-        return self.sane_members[i]
-
-    def insane_warnings(self, step: int, last_sane: int | None) -> list[str]:
-        """One warning line a live member whose loss makes its checkpoint of `step`
-        not sane."""
-        return [
-            insane_warning(
-                step,
-                self.trackers[i].logged_loss,
-                self.sanities[i],
-                last_sane,
-                f" ({self.labels[i]})" if self.labels[i] else "",
-            )
-            for i, sane in enumerate(self.sane_members)
-            if not sane
-        ]
-
-    def end_interval(self) -> None:
-        """After an evaluation or a save: flush, and leave its time out of the rates."""
-        for w in self.writers:
-            w.flush()
-        for t in self.trackers:
-            t.restart_clock()
-
-    def close(self) -> None:
-        for w in self.writers:
-            with contextlib.suppress(OSError):
-                w.close()

@@ -19,8 +19,7 @@ this warmup-then-inverse-square-root shape.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
-from typing import Any
+from collections.abc import Callable
 
 import jax.numpy as jnp
 import ml_collections
@@ -31,10 +30,8 @@ from jattn.train.config import ConfigError
 __all__ = [
     "OPTIMIZERS",
     "SCHEDULES",
-    "SWEEPABLE",
     "make_optimizer",
     "make_schedule",
-    "swept_schedule",
 ]
 
 Schedule = Callable[[int], float]
@@ -91,50 +88,6 @@ SCHEDULES: dict[str, Callable[[ml_collections.ConfigDict], Schedule]] = {
 }
 
 
-# Optimiser hyperparameters that may differ between the members of one program
-# (`config.sweep_learning_rate`, `config.sweep_warmup_steps`; `jattn.train.members`).
-SWEEPABLE = ("learning_rate", "warmup_steps")
-
-
-def swept_schedule(config: ml_collections.ConfigDict, hparams: Mapping[str, Any]) -> Schedule:
-    """`make_schedule`'s schedule with `hparams` (a subset of `SWEEPABLE`) as arrays.
-
-    In a program that trains several members at once (`jattn.train.members`)
-    each member's learning rate and warmup are numbers in the program rather
-    than constants of it, so the schedule cannot branch on them in Python the
-    way optax's schedules do. This is the same function of the update count
-    as `SCHEDULES[config.schedule]` with those values, written in jnp; it
-    agrees with it to float32 rounding (`tests/test_optim.py`).
-    """
-    unknown = set(hparams) - set(SWEEPABLE)
-    if unknown:
-        raise ConfigError(f"cannot sweep {sorted(unknown)} in one program; only {SWEEPABLE}")
-    if config.schedule not in SCHEDULES:
-        raise ConfigError(f"schedule={config.schedule!r}: choose one of {sorted(SCHEDULES)}")
-    peak = jnp.asarray(hparams.get("learning_rate", config.learning_rate), jnp.float32)
-    warmup = jnp.asarray(hparams.get("warmup_steps", config.warmup_steps), jnp.float32)
-    w = jnp.maximum(warmup, 1.0)
-    decay_steps = jnp.maximum(config.num_train_steps - warmup, 1.0)
-    name = config.schedule
-
-    def schedule(count):
-        c = jnp.asarray(count, jnp.float32)
-        if name == "rsqrt":
-            step = c + 1.0
-            return (
-                peak * float(config.model.d_model) ** -0.5 * jnp.minimum(step**-0.5, step * w**-1.5)
-            )
-        # Linear warmup from peak / w at count 0 to the peak at count w - 1.
-        warm = peak / w + (peak - peak / w) * jnp.clip(c / jnp.maximum(w - 1.0, 1.0), 0.0, 1.0)
-        if name == "constant":
-            return warm
-        t = jnp.clip(c - warmup, 0.0, decay_steps) / decay_steps  # decay progress in [0, 1]
-        decayed = peak * (0.5 * (1.0 + jnp.cos(jnp.pi * t)) if name == "cosine" else 1.0 - t)
-        return jnp.where(c < warmup, warm, decayed)
-
-    return schedule
-
-
 def make_schedule(config: ml_collections.ConfigDict) -> Schedule:
     """The learning-rate schedule named by `config.schedule`."""
     if config.schedule not in SCHEDULES:
@@ -158,7 +111,7 @@ OPTIMIZERS = {"adam": _adam, "adamw": _adamw, "sgd": _sgd}
 
 
 def make_optimizer(
-    config: ml_collections.ConfigDict, hparams: Mapping[str, Any] | None = None
+    config: ml_collections.ConfigDict,
 ) -> tuple[optax.GradientTransformation, Schedule]:
     """The optimiser named by `config.optimizer`, with global-norm clipping when
     `config.grad_clip_norm > 0`.
@@ -169,16 +122,13 @@ def make_optimizer(
 
     Args:
       config: the run's config.
-      hparams: learning rate and/or warmup as arrays (`swept_schedule`), for
-        one member of a program that sweeps them; None: the config's values.
-        The optimiser state has the same structure either way.
 
     Returns:
       (the optax transformation, the schedule, for logging).
     """
     if config.optimizer not in OPTIMIZERS:
         raise ConfigError(f"optimizer={config.optimizer!r}: choose one of {sorted(OPTIMIZERS)}")
-    schedule = make_schedule(config) if not hparams else swept_schedule(config, hparams)
+    schedule = make_schedule(config)
     tx = OPTIMIZERS[config.optimizer](config, schedule)
     if config.grad_clip_norm and config.grad_clip_norm > 0:
         tx = optax.chain(optax.clip_by_global_norm(config.grad_clip_norm), tx)

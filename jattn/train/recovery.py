@@ -13,8 +13,7 @@ So a run resumes from the newest step that restores and verifies:
    opens them and moves those missing a part (empty, no ``state/``, no
    ``state/_METADATA``, an unreadable ``meta/metadata``) to
    ``workdir/checkpoints.skipped/<step>-<time>``;
-2. `restore_members` restores the newest step every live member of the
-   program has (one member: the newest step); if that fails (a truncated
+2. `restore_newest` restores the newest step; if that fails (a truncated
    chunk; this process's data iterator file missing or not what was saved),
    or the restored state is not that step's (its step counter differs, an
    array does not match the checksum the save recorded, a parameter or
@@ -61,21 +60,28 @@ import shutil
 import sys
 import time
 import warnings
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Mapping
 from typing import Any
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 from jattn.train import workdir as files
-from jattn.train.checkpoints import DamagedStepError, checksums, saved_meta, step_problem
+from jattn.train.checkpoints import (
+    DamagedStepError,
+    checksums,
+    recorded_checksums,
+    step_problem,
+)
 
 __all__ = [
     "SKIPPED_DIR",
     "archive_metrics",
     "quiet_abandoned_reads",
     "release_abandoned_reads",
-    "restore_members",
+    "restore_newest",
+    "restore_verified",
     "set_aside",
     "set_aside_incomplete",
     "step_problem",
@@ -171,7 +177,7 @@ def quiet_abandoned_reads() -> Iterator[None]:
     three are dropped (coroutines of orbax's checkpoint package only), and on
     the way out the garbage is collected, so reads abandoned inside it are
     met inside it. Everything else passes. Once a restore has failed
-    (`restore_members`), the filters stay on after the block, since that
+    (`restore_newest`), the filters stay on after the block, since that
     restore's reads may end later (`release_abandoned_reads` takes them off).
     """
     _install_filters()
@@ -238,21 +244,43 @@ def set_aside_incomplete(checkpoint_dir: str, warn: Callable[[str], None]) -> li
     return skipped
 
 
+@jax.jit
+def _finite_flags(tree: Any) -> jax.Array:
+    """bool ``[leaves]``: whether each inexact array of `tree` is all finite (no leaf: ``[]``).
+
+    One jitted function over the whole tree, not an eager op per array: eager ops
+    on arrays sharded over several devices each start their own all-reduce, and
+    on a host with several CPU devices (and on a pod) those interleave with
+    other threads' collectives and wait forever (issue 54: a run on mesh
+    ``(1,1,2)`` or ``(1,2,1)`` aborted on resume after 40 s in an all-reduce).
+    """
+    flags = [jnp.all(jnp.isfinite(x)) for x in jax.tree.leaves(tree) if _inexact(x)]
+    return jnp.stack(flags) if flags else jnp.zeros((0,), bool)
+
+
+def _inexact(x: Any) -> bool:
+    return jnp.issubdtype(x.dtype, jnp.inexact)
+
+
 def _all_finite(tree: Any) -> bool:
-    finite = [
-        jnp.all(jnp.isfinite(x))
-        for x in jax.tree.leaves(tree)
-        if jnp.issubdtype(x.dtype, jnp.inexact)
-    ]
-    return not finite or bool(jax.device_get(jnp.all(jnp.stack(finite))))
+    return bool(np.all(jax.device_get(_finite_flags(tree))))
+
+
+def _part(state: Any, name: str) -> Any:
+    """A field of a train state, or the same key of the plain dict a raw restore gives."""
+    return state[name] if isinstance(state, Mapping) else getattr(state, name)
 
 
 def verify_state(state: Any, step: int, expected: dict[str, str] | None = None) -> str | None:
     """Why a restored state is not checkpoint `step`'s, or None: its step counter
     differs, an array's checksum differs from `expected` (``{array path:
     checksum}``, recorded by the save; None for a step saved before jattn
-    recorded them), or a parameter or an optimiser value is NaN or Inf."""
-    restored = int(jax.device_get(state.step))
+    recorded them), or a parameter or an optimiser value is NaN or Inf.
+
+    `state` is a train state, or the plain dict (``step``, ``params``,
+    ``opt_state``, ...) a restore without the train state's structure gives
+    (`jattn.train.load_run`): the checksums name the arrays the same way."""
+    restored = int(jax.device_get(_part(state, "step")))
     if restored != step:
         return f"restored a state of step {restored}"
     if expected:
@@ -263,107 +291,92 @@ def verify_state(state: Any, step: int, expected: dict[str, str] | None = None) 
                 f"does not match its checksum ({len(wrong)} of {len(expected)} arrays differ, "
                 f"first {wrong[0]}): its files changed after the save"
             )
-    if not _all_finite(state.params):
+    if not _all_finite(_part(state, "params")):
         return "restored parameters that are NaN or Inf"
-    if not _all_finite(state.opt_state):
+    if not _all_finite(_part(state, "opt_state")):
         return "restored an optimiser state that is NaN or Inf"
     return None
 
 
-def _common_step(mngrs: Sequence[Any], keys: Sequence[str]) -> tuple[int | None, dict]:
-    """The newest step that every member live at it has saved, and the members
-    that had diverged by then (``{str(key): message}``, from that step's meta)."""
-    saved = [set(m.all_steps()) for m in mngrs]
-    for step in sorted(set().union(*saved), reverse=True):
-        holder = next(i for i, steps in enumerate(saved) if step in steps)
-        diverged = (saved_meta(mngrs[holder], step) or {}).get("diverged") or {}
-        live = [i for i, k in enumerate(keys) if k not in diverged]
-        if all(step in saved[i] for i in live):
-            return step, dict(diverged)
-    return None, {}
-
-
-def restore_members(
-    mngrs: Sequence[Any],
-    keys: Sequence[str],
-    restore: Callable[[int, int], tuple[Any, Any]],
+def restore_newest(
+    mngr: Any,
+    restore: Callable[[int], tuple[Any, Any]],
     warn: Callable[[str], None],
-) -> tuple[int | None, dict[int, tuple[Any, Any]], dict[str, str]]:
-    """Restores the newest step that restores and verifies in every live member.
+) -> tuple[int | None, tuple[Any, Any] | None]:
+    """Restores the newest step that restores and verifies.
 
-    A member is live at a step unless that step's meta names it as diverged
-    (`jattn.train.checkpoints.save`); a step some live member lacks is not
-    one to resume (a stop between two members' saves). A member's step that
-    fails to restore or verify (`verify_state`) is set aside, and the search
-    starts again; steps of a member newer than the one resumed are set aside
-    too, so that its retention and its next saves see one history.
+    A step that fails to restore or verify (`verify_state`) is set aside and
+    the next older one is tried.
 
     Args:
-      mngrs: every member's orbax `CheckpointManager`.
-      keys: every member's key as checkpoint metas name it (``str(Member.key)``).
-      restore: ``(member index, step) -> (state, data iterator)`` (a fresh
-        iterator each call: a failed restore may leave one half set).
+      mngr: the run's orbax `CheckpointManager`.
+      restore: ``step -> (state, data iterator)`` (a fresh iterator each call: a
+        failed restore may leave one half set).
       warn: prints one warning line.
 
     Returns:
-      ``(step, {member index: (state, iterator)} of the live ones, diverged)``,
-      or ``(None, {}, {})`` when no step restores (the program starts at 0).
+      ``(step, (state, iterator))``, or ``(None, None)`` when no step restores
+      (the run starts at 0).
     """
     with quiet_abandoned_reads():
         while True:
-            step, diverged = _common_step(mngrs, keys)
+            step = mngr.latest_step()
             if step is None:
-                return None, {}, {}
-            restored, failed = {}, False
-            for i, mngr in enumerate(mngrs):
-                if keys[i] in diverged:
-                    continue
-                restored[i], problem = _restore_one(mngr, step, restore, i)
-                if problem is not None:
-                    _failed_restores.append(step)
-                    restored.clear()
-                    gc.collect()  # the failed attempt's abandoned reads, while quiet
-                    set_aside(os.fspath(mngr.directory), step, problem, warn)
-                    mngr.reload()
-                    failed = True
-                    break
-            if not failed:
-                _set_aside_newer(mngrs, step, warn)
-                return step, restored, diverged
+                return None, None
+            restored, problem = _restore_one(mngr, step, restore)
+            if problem is None:
+                return step, restored
+            gc.collect()  # the failed attempt's abandoned reads, while quiet
+            set_aside(os.fspath(mngr.directory), step, problem, warn)
+            mngr.reload()
 
 
-def _restore_one(mngr, step: int, restore: Callable[[int, int], tuple[Any, Any]], i: int):
-    """Member `i`'s `step`: ``(restored (state, iterator), None)``, or ``(None, why it
-    cannot be resumed)``.
+def _restore_one(mngr, step: int, restore: Callable[[int], tuple[Any, Any]]):
+    """`step`: ``(restored (state, iterator), None)``, or ``(None, why it cannot be
+    resumed)``.
+
+    Raises:
+      ConfigError: the step was written by another number of processes (not damage).
+    """
+    step_dir = os.path.join(os.fspath(mngr.directory), str(step))
+    return restore_verified(lambda: restore(step), step, step_dir, lambda r: r[0])
+
+
+def restore_verified(
+    restore: Callable[[], Any],
+    step: int,
+    step_dir: str,
+    state_of: Callable[[Any], Any] = lambda restored: restored,
+) -> tuple[Any, str | None]:
+    """Restores checkpoint `step` and verifies it (`verify_state`, against the checksums
+    its save recorded in `step_dir`): ``(what restore returned, None)``, or ``(None,
+    why the step cannot be used)``, one clause for a warning line. What training
+    resumes from and what `jattn decode` or `jattn probe` read (`load_run`) pass
+    this same check. Call it inside `quiet_abandoned_reads`.
+
+    Args:
+      restore: restores the step (``() -> restored``).
+      state_of: the train state (or plain state dict) in what `restore` returns.
 
     Raises:
       ConfigError: the step was written by another number of processes (not damage).
     """
     try:
-        restored = restore(i, step)
-        expected = ((saved_meta(mngr, step) or {}).get("checksums") or {}).get("state")
-        problem = verify_state(restored[0], step, expected)
-        return (None, problem) if problem else (restored, None)
+        restored = restore()
+        problem = verify_state(state_of(restored), step, recorded_checksums(step_dir))
     except (KeyboardInterrupt, SystemExit):
         raise
     except DamagedStepError as e:
-        return None, str(e)
+        restored, problem = None, str(e)
     except Exception as e:  # noqa: BLE001 -- any failure of this step: try the previous
         if type(e).__name__ == "ConfigError":  # another process count: not damage
             raise
         first = str(e).strip().splitlines()[0] if str(e).strip() else ""
-        return None, f"cannot be restored ({type(e).__name__}: {first[:200]})"
-
-
-def _set_aside_newer(mngrs: Sequence[Any], step: int, warn: Callable[[str], None]) -> None:
-    """Sets aside every member's steps after `step` (the one the program resumes)."""
-    for mngr in mngrs:
-        newer = [s for s in mngr.all_steps() if s > step]
-        for s in newer:
-            reason = f"is newer than step {step}, the newest every member of the program has"
-            set_aside(os.fspath(mngr.directory), s, reason, warn)
-        if newer:
-            mngr.reload()
+        restored, problem = None, f"cannot be restored ({type(e).__name__}: {first[:200]})"
+    if problem is not None:
+        _failed_restores.append(step)  # its abandoned reads may end at any later moment
+        return None, problem
+    return restored, None
 
 
 def archive_metrics(workdir: str, warn: Callable[[str], None]) -> str | None:

@@ -70,17 +70,12 @@ SCHEDULE_KEYS = ("num_train_steps", "schedule", "warmup_steps", "learning_rate")
 # sharded (a checkpoint restores into any mesh), how often it logs, evaluates
 # and saves, what it evaluates and decodes, which checkpoints it keeps, where
 # it reports, and the two flags below. None of them changes a training step.
-# `seeds`, the sweeps and `seed_*` are the program's, not a member's: each
-# member's saved config has them at their single-run values.
+# (A saved config's keys this jattn no longer has, such as an earlier release's
+# `seeds`, are not compared: `config_changes`.)
 RESUME_SAFE_KEYS = (
     "data_dir",
     "mesh_shape",
     "logical_axis_rules",
-    "seeds",
-    "seed_mesh_axis",
-    "seed_program",
-    "sweep_learning_rate",
-    "sweep_warmup_steps",
     "eval_every_steps",
     "eval_splits",
     "eval_batch_size",
@@ -216,8 +211,30 @@ def incompatibilities(
         if key not in saved:
             saved[key] = (saved_config or {}).get(key, now[key])
     if isinstance(saved.get("model"), dict):
-        saved["model"] = _model_signature({**config_to_dict(model_defaults()), **saved["model"]})
+        saved["model"] = _model_signature(_with_defaults(saved["model"]))
     return _diff(saved, now)
+
+
+def _with_defaults(model: dict[str, Any]) -> dict[str, Any]:
+    """A saved model config in today's spelling (`upgrade_saved`: the schemes'
+    options moved into `position_options`), every field it lacks at its
+    default, `position_options` merged key by key."""
+    from jattn.models.config import upgrade_saved  # noqa: PLC0415
+
+    model = upgrade_saved(model)
+    defaults = config_to_dict(model_defaults())
+    options = defaults["position_options"]
+    for key, given in (model.get("position_options") or {}).items():
+        options[key] = _merged(options.get(key, {}), given)
+    return {**defaults, **model, "position_options": options}
+
+
+def _merged(base: dict[str, Any], given: dict[str, Any]) -> dict[str, Any]:
+    out = dict(base)
+    for key, value in given.items():
+        both = isinstance(value, dict) and isinstance(out.get(key), dict)
+        out[key] = _merged(out[key], value) if both else value
+    return out
 
 
 def _diff(old: dict[str, Any], new: dict[str, Any], prefix: str = "") -> list[str]:

@@ -15,12 +15,8 @@ up. A resumed run seeds the history from ``metrics.jsonl``.
 The training loop records ``SANE_STEP_METRIC`` with every checkpoint (the
 step when sane, -1 when not) and `checkpoints.make_manager` keeps the
 checkpoint with the largest value whatever else rotates out, so the last
-sane checkpoint survives any divergence.
-
-The members of one program (`jattn.train.members`) keep one `LossSanity`
-each (`jattn.train.metrics.MemberMetrics`), and each member's checkpoint
-records its own sane step; the loop calls a save sane when every member's
-last logged loss is.
+sane checkpoint survives any divergence (`jattn.train.run.Run` keeps the
+run's `LossSanity` and observes each logged loss).
 """
 
 from __future__ import annotations

@@ -1,10 +1,14 @@
-"""The train state, the loss, and the pure train and eval step functions.
+"""The train state, the loss, the pure train and eval step functions, and the run's
+jitted steps.
 
-The loop jits these with explicit shardings; nothing here knows about meshes
-except the optional micro-batch sharding constraint. Batches are dicts of
-int32 `[B, L]` arrays: ``inputs``, ``targets``, ``inputs_segment_ids``,
-``targets_segment_ids``, ``inputs_positions``, ``targets_positions`` (token 0
-is padding; segment id 0 marks padding in packed rows).
+`make_train_step` and `make_eval_step` are pure functions of a state and a
+batch, which know of no mesh but the optional micro-batch sharding
+constraint; `jit_steps` jits them (and the decoder) with the run's explicit
+shardings, the state donated: what `jattn.train.run` calls each step. Batches
+are dicts of int32 `[B, L]` arrays: ``inputs``, ``targets``,
+``inputs_segment_ids``, ``targets_segment_ids``, ``inputs_positions``,
+``targets_positions`` (token 0 is padding; segment id 0 marks padding in
+packed rows).
 """
 
 from __future__ import annotations
@@ -17,12 +21,17 @@ import jax
 import jax.numpy as jnp
 import optax
 from flax import linen as nn
+from jax.sharding import NamedSharding
+from jax.sharding import PartitionSpec as P
 
+from jattn.train import evaluation
+from jattn.train import mesh as mesh_lib
 from jattn.train.config import input_lengths
 
 __all__ = [
     "TrainState",
     "cross_entropy",
+    "jit_steps",
     "make_eval_step",
     "make_init",
     "make_train_step",
@@ -253,3 +262,49 @@ def make_init(model, tx, config, rows: int):
         )
 
     return init_boxed
+
+
+def jit_steps(module: nn.Module, tx, schedule, config, mesh, shardings):
+    """The run's `(train_step, eval_step, decode or None)`, jitted with explicit shardings.
+
+    ``train_step(state, batch) -> (state, metrics)`` donates the state (a
+    non-finite loss is the caller's error: `jattn.train.metrics.TrainMetrics`);
+    ``eval_step(params, batch)`` is `make_eval_step`'s; ``decode(params, inputs,
+    targets)`` decodes per `config.decode` (None without decoded examples).
+    Metrics and outputs come back replicated.
+
+    Args:
+      module, tx, schedule: the model, its optimiser and learning-rate schedule.
+      config: reads `label_smoothing`, `grad_accum_steps`, `debug_nan_at_step`
+        and what `jattn.train.evaluation.decode_fn` reads.
+      mesh: the run's mesh; batches are sharded over its data axes.
+      shardings: the `TrainState`'s shardings (`jattn.train.mesh.abstract_state`).
+    """
+    batch_sharding = mesh_lib.batch_sharding(mesh)
+    replicated = NamedSharding(mesh, P())
+    train = jax.jit(
+        make_train_step(
+            module,
+            tx,
+            schedule,
+            label_smoothing=config.label_smoothing,
+            grad_accum_steps=config.grad_accum_steps,
+            micro_spec=NamedSharding(mesh, P(None, *mesh_lib.BATCH_SPEC)),
+            debug_nan_at_step=config.debug_nan_at_step,
+        ),
+        in_shardings=(shardings, batch_sharding),
+        out_shardings=(shardings, replicated),
+        donate_argnums=(0,),
+    )
+    eval_step = jax.jit(
+        make_eval_step(module),
+        in_shardings=(shardings.params, batch_sharding),
+        out_shardings=replicated,
+    )
+    decode_one = evaluation.decode_fn(module, config)
+    decode = decode_one and jax.jit(
+        decode_one,
+        in_shardings=(shardings.params, batch_sharding, batch_sharding),
+        out_shardings=replicated,
+    )
+    return train, eval_step, decode

@@ -1,6 +1,6 @@
 """A run's files: their names, and the one reader and writer of each.
 
-A `jattn train` workdir (each member's workdir of a program) holds::
+A `jattn train` workdir (and each run directory of a grid) holds::
 
     config.json          the full config (`config_to_json`); `load_run` reads it back
     model_config.json    the TransformerConfig

@@ -9,10 +9,14 @@ from __future__ import annotations
 
 import os
 import shutil
+import signal
 import subprocess
 import sys
 from pathlib import Path
 
+import jax
+import numpy as np
+import orbax.checkpoint as ocp
 from run_helpers import REPO, SMOKE, losses, smoke_config  # noqa: F401 -- the suite's API
 
 DATA_DIR_NAME = "data"
@@ -70,6 +74,42 @@ DAMAGE = {  # ways a finished checkpoint step gets damaged: name -> (step folder
     "deleted state/": lambda step: shutil.rmtree(step / "state"),
     "emptied step": empty_step,
 }
+
+
+def arrays(step_dir: Path) -> dict[str, np.ndarray]:
+    """Every array of a checkpoint step's state by path, ``opt_state/0/mu/...``
+    (restored with orbax alone)."""
+    state = ocp.StandardCheckpointer().restore(step_dir / "state")
+    flat = jax.tree_util.tree_flatten_with_path(state)[0]
+    return {jax.tree_util.keystr(p, simple=True, separator="/"): np.asarray(x) for p, x in flat}
+
+
+def flip_to_finite_garbage(step_dir: Path) -> str:
+    """Flips one bit of the largest data chunk of `step_dir` where the step still
+    restores, every value finite, but one array differs; returns that array's path."""
+    chunks = [p for p in (step_dir / "state").rglob("d/*") if p.is_file()]
+    chunk = max(chunks, key=lambda p: p.stat().st_size)
+    original, data = arrays(step_dir), chunk.read_bytes()
+    for offset in np.linspace(len(data) // 4, len(data) - 64, 24).astype(int):
+        flipped = bytearray(data)
+        flipped[offset] ^= 1 << 6
+        chunk.write_bytes(bytes(flipped))
+        try:
+            damaged = arrays(step_dir)
+        except Exception:  # noqa: BLE001, S112 -- a flip that fails to decode: already caught
+            continue
+        changed = [k for k in original if not np.array_equal(original[k], damaged[k])]
+        if len(changed) == 1 and all(np.all(np.isfinite(x)) for x in damaged.values()):
+            return changed[0]
+    chunk.write_bytes(data)
+    raise AssertionError("no flip in the largest chunk decoded to finite other values")
+
+
+def catches_sigterm(pid: int) -> bool:
+    """Whether process `pid` has a SIGTERM handler now (its SigCgt mask in /proc)."""
+    with open(f"/proc/{pid}/status") as f:
+        caught = next(line for line in f if line.startswith("SigCgt:"))
+    return bool(int(caught.split()[1], 16) & (1 << (signal.SIGTERM - 1)))
 
 
 def mount_tmpfs(path, size: str) -> bool:

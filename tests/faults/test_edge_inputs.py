@@ -19,11 +19,13 @@ from jattn.train.distributed import PreemptionWatch, Terminated
 
 
 @pytest.mark.parametrize("impl", ["xla", "chunked", "pallas"])
-@pytest.mark.parametrize(("t", "s"), [(4, 0), (0, 4), (0, 0)])
-def test_empty_sequences_return_what_jax_nn_returns(impl, t, s):
-    q = jnp.ones((2, t, 4, 8))
-    k = jnp.ones((2, s, 2, 8))
-    v = jnp.ones((2, s, 2, 8))
+@pytest.mark.parametrize(("b", "t", "s"), [(2, 4, 0), (2, 0, 4), (2, 0, 0), (0, 4, 4)])
+def test_empty_sequences_return_what_jax_nn_returns(impl, b, t, s):
+    """T = 0, S = 0, and (issue 54) B = 0, which the Pallas kernel's interpreter
+    refused with a TypeError."""
+    q = jnp.ones((b, t, 4, 8))
+    k = jnp.ones((b, s, 2, 8))
+    v = jnp.ones((b, s, 2, 8))
     kr, vr = jnp.repeat(k, 2, axis=2), jnp.repeat(v, 2, axis=2)  # jax.nn: GQA as MHA
     with jax.debug_nans(False), jax.debug_infs(False):  # jax.nn's max over no key: -inf
         want = jax.nn.dot_product_attention(q, kr, vr)
@@ -31,13 +33,57 @@ def test_empty_sequences_return_what_jax_nn_returns(impl, t, s):
     assert got.shape == want.shape and got.dtype == want.dtype
     np.testing.assert_array_equal(got, want)
     out, lse = jattn.dot_product_attention(q, k, v, implementation=impl, return_residual=True)
-    assert lse.shape == (2, t, 4) and np.all(np.exp(np.asarray(lse)) == 0)
+    assert lse.shape == (b, t, 4) and np.all(np.exp(np.asarray(lse)) == 0)
     grads = jax.grad(
         lambda q, k, v: jattn.dot_product_attention(q, k, v, implementation=impl).sum(),
         argnums=(0, 1, 2),
     )(q, k, v)
     for g, x in zip(grads, (q, k, v), strict=True):
         assert g.shape == x.shape and not np.any(np.asarray(g))
+
+
+_RANK3_MASK = """
+import warnings
+import jax, jax.numpy as jnp, numpy as np
+import jattn
+rng = np.random.default_rng(0)
+q, k, v = (jnp.asarray(rng.normal(size=(2, 3, 2, 4)), jnp.float32) for _ in range(3))
+mask = jnp.asarray(rng.random((2, 3, 3)) < 0.7).at[:, :, 0].set(True)  # [2, T, S]: B = N = 2
+with warnings.catch_warnings(record=True) as caught:
+    warnings.simplefilter("always")
+    got = [jattn.dot_product_attention(q, k, v, mask=mask, implementation=i)
+           for i in ("xla", "chunked")]
+    per_row = jattn.dot_product_attention(q, k, v, mask=mask[:, None])
+    other = jnp.ones((3, 3, 3), bool)  # [3, T, S] with N = 2: an error, no warning
+    try:
+        jattn.dot_product_attention(q, k, v, mask=other)
+    except ValueError:
+        pass
+want = jax.nn.dot_product_attention(q, k, v, mask=mask)
+assert all(np.allclose(g, want, atol=1e-6) for g in got)
+assert not np.allclose(per_row, want, atol=1e-3)  # the two readings differ here
+print(len(caught))
+print(caught[0].message)
+"""
+
+
+def test_an_ambiguous_rank3_mask_is_read_as_jax_nn_reads_it_and_warned_about_once(cli_env):
+    """A rank-3 mask `[X, T, S]` is `[N, T, S]` in jax.nn (broadcast from the right);
+    with B = N the caller may have meant one per batch row: one warning a process
+    (issue 54), the answer jax.nn's."""
+    import subprocess
+    import sys
+
+    proc = subprocess.run([sys.executable, "-c", _RANK3_MASK], env=cli_env, capture_output=True,
+                          text=True, timeout=300)  # fmt: skip
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    count, message = proc.stdout.strip().splitlines()
+    assert count == "1"
+    assert message == (
+        "dot_product_attention: a rank-3 mask of shape [2, 3, 3] with batch B = heads N = 2 "
+        "is read as [N, T, S], one per head (jax.nn's broadcasting rule); for one per batch "
+        "row pass mask[:, None] ([B, 1, T, S]). Shown once."
+    )
 
 
 def test_head_dim_0_is_a_clear_error():

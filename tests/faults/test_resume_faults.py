@@ -29,14 +29,16 @@ import sys
 import time
 from pathlib import Path
 
-import jax
 import numpy as np
 import orbax.checkpoint as ocp
 import pytest
 from fault_harness import (
     DAMAGE,
     REPO,
+    arrays,
+    catches_sigterm,
     error_line,
+    flip_to_finite_garbage,
     losses,
     run_cli,
     smoke_config,
@@ -62,14 +64,6 @@ def _without_step_40(run: Path) -> None:
 
 def _warnings(err: str, step: int) -> list[str]:
     return [line for line in err.splitlines() if f"checkpoint step {step}" in line]
-
-
-def _arrays(step_dir: Path) -> dict[str, np.ndarray]:
-    """Every array of a checkpoint step's state by path, ``opt_state/0/mu/...``
-    (restored with orbax alone)."""
-    state = ocp.StandardCheckpointer().restore(step_dir / "state")
-    flat = jax.tree_util.tree_flatten_with_path(state)[0]
-    return {jax.tree_util.keystr(p, simple=True, separator="/"): np.asarray(x) for p, x in flat}
 
 
 def _edit_meta(step_dir: Path, edit) -> None:
@@ -248,27 +242,6 @@ def test_a_checkpoint_of_another_process_count_is_refused(told_by, run_copy, pri
 # -- 3. a flipped bit in the array data ----------------------------------------------------
 
 
-def _flip_to_finite_garbage(step_dir: Path) -> str:
-    """Flips one bit of the largest data chunk of `step_dir` where the step still
-    restores, every value finite, but one array differs; returns that array's path."""
-    chunks = [p for p in (step_dir / "state").rglob("d/*") if p.is_file()]
-    chunk = max(chunks, key=lambda p: p.stat().st_size)
-    original, data = _arrays(step_dir), chunk.read_bytes()
-    for offset in np.linspace(len(data) // 4, len(data) - 64, 24).astype(int):
-        flipped = bytearray(data)
-        flipped[offset] ^= 1 << 6
-        chunk.write_bytes(bytes(flipped))
-        try:
-            damaged = _arrays(step_dir)
-        except Exception:  # noqa: BLE001, S112 -- a flip that fails to decode: already caught
-            continue
-        changed = [k for k in original if not np.array_equal(original[k], damaged[k])]
-        if len(changed) == 1 and all(np.all(np.isfinite(x)) for x in damaged.values()):
-            return changed[0]
-    chunk.write_bytes(data)
-    raise AssertionError("no flip in the largest chunk decoded to finite other values")
-
-
 def test_a_flipped_bit_that_decodes_to_finite_values_falls_back(
     reference, run_copy, pristine_data, capsys
 ):
@@ -277,10 +250,10 @@ def test_a_flipped_bit_that_decodes_to_finite_values_falls_back(
     reference's losses and its final parameters to the last bit."""
     ref_dir, ref = reference
     (run_copy / "final_metrics.json").unlink()
-    changed = _flip_to_finite_garbage(run_copy / "checkpoints" / "40")
+    changed = flip_to_finite_garbage(run_copy / "checkpoints" / "40")
     assert train_and_evaluate(smoke_config(pristine_data), str(run_copy))["step"] == 40
     (warning,) = _warnings(capsys.readouterr().err, 40)
-    got, want = _arrays(run_copy / "checkpoints" / "40"), _arrays(ref_dir / "checkpoints" / "40")
+    got, want = arrays(run_copy / "checkpoints" / "40"), arrays(ref_dir / "checkpoints" / "40")
     assert f"does not match its checksum (1 of {len(want)} arrays differ, first {changed})" in (
         warning
     )
@@ -485,12 +458,6 @@ def test_sigterm_at_the_first_moment_exits_0_before_the_training_imports(
     assert not workdir.exists()
 
 
-def _catches_sigterm(pid: int) -> bool:
-    with open(f"/proc/{pid}/status") as f:
-        caught = next(line for line in f if line.startswith("SigCgt:"))
-    return bool(int(caught.split()[1], 16) & (1 << (signal.SIGTERM - 1)))
-
-
 @pytest.mark.skipif(not os.path.exists("/proc/self/status"), reason="reads /proc")
 def test_sigterm_as_soon_as_jattn_train_can_catch_it(pristine_data, tmp_path, cli_env):
     workdir = tmp_path / "run"
@@ -503,7 +470,7 @@ def test_sigterm_as_soon_as_jattn_train_can_catch_it(pristine_data, tmp_path, cl
         stderr=subprocess.PIPE,
         text=True,
     )
-    while not _catches_sigterm(proc.pid):
+    while not catches_sigterm(proc.pid):
         assert proc.poll() is None and time.monotonic() - start < 60
         time.sleep(0.001)
     proc.send_signal(signal.SIGTERM)

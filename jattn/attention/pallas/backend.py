@@ -307,7 +307,8 @@ def check_block(name: str, value: int, backend: str, length: int) -> int:
     if backend in TPU_BACKENDS:
         if value % 8:
             raise ValueError(f"flash_attention: on TPU {name} must be a multiple of 8, got {value}")
-        if name in ("block_k", "backward_blocks[1]") and value % 128 and value < length:
+        is_key_block = name == "block_k" or name.endswith("blocks[1]")
+        if is_key_block and value % 128 and value < length:
             raise ValueError(
                 f"flash_attention: on TPU {name} must be a multiple of 128 unless one "
                 f"tile holds every key (key length {length}), got {value}"

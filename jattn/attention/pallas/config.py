@@ -26,11 +26,13 @@ Array = jax.Array
 
 __all__ = [
     "SQ",
+    "BackwardTiles",
     "FixedInputs",
     "KernelConfig",
     "KernelInputs",
     "TileMaps",
     "dbias_kind",
+    "dkv_config",
     "mod_grad_shapes",
     "mosaic_params",
     "only_specified",
@@ -39,6 +41,23 @@ __all__ = [
 
 # A squeezed block dimension: `pl.squeezed` on recent jax, None before.
 SQ = getattr(pl, "squeezed", None)
+
+
+@dataclasses.dataclass(frozen=True)
+class BackwardTiles:
+    """The split backward's tiles and Triton warps, per kernel: `(block_q,
+    block_k)` and warps of the dq kernel and of the dk/dv kernel, each None
+    for what `flash_attention`'s `backward_blocks` / `backward_warps` (or
+    the defaults) give both. The two kernels loop over different axes (dq
+    over key tiles, dk/dv over query tiles and the G heads of a kv head)
+    and hold different accumulators, so their best tiles need not agree
+    (docs/gpu.md: the sweep times them apart). `backward="fused"` runs one
+    tiling and takes only tiles that agree."""
+
+    dq_blocks: tuple[int, int] | None = None
+    dkv_blocks: tuple[int, int] | None = None
+    dq_warps: int | None = None
+    dkv_warps: int | None = None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -78,6 +97,10 @@ class KernelConfig:
     # Tp (the padded query length) when the Triton kernels add a distance mod's
     # Toeplitz tiles (`distance_tiles`, input `KernelInputs.distance_tiles`), else 0.
     distance_tiles: int = 0
+    # The split backward's dk/dv kernel on its own tiling: (block_q, block_k,
+    # warps), read through `dkv_config`; None when it shares this config's.
+    # This config (block sizes, warps) is then the dq kernel's.
+    dkv_tiling: tuple[int, int, int | None] | None = None
 
     @property
     def groups(self) -> int:
@@ -115,11 +138,13 @@ class FixedInputs(NamedTuple):
     mask: Array | None  # int8 (Triton) / int32 (Mosaic) [B|1, N|1, Tp|1, Sp|1]
     dropout_seed: Array | None  # int32 [2]
     forward_maps: TileMaps
-    backward_maps: TileMaps
+    backward_maps: TileMaps  # the backward's (the dq kernel's) tiling
     # [B, Sp, K, 1] in the key dtype: NaN at keys whose key or value had a
     # non-finite entry (zeroed in `key` / `value`), else 0; added to the keys
     # the forward kernel reads (see `flash_attention._forward_keys`).
     key_poison: Array | None = None
+    # The dk/dv kernel's tiling when it has its own (`KernelConfig.dkv_tiling`), else None.
+    dkv_maps: TileMaps | None = None
 
 
 class KernelInputs(NamedTuple):
@@ -176,6 +201,17 @@ def dbias_kind(cfg: KernelConfig) -> str | None:
     if not full_s:
         return "rows"
     return "full" if full_t else "cols"
+
+
+def dkv_config(cfg: KernelConfig) -> KernelConfig:
+    """The config of the split backward's dk/dv kernel: `cfg` on the tiling
+    of `cfg.dkv_tiling` when it has one, else `cfg` itself."""
+    if cfg.dkv_tiling is None:
+        return cfg
+    block_q, block_k, warps = cfg.dkv_tiling
+    return dataclasses.replace(
+        cfg, block_q=block_q, block_k=block_k, num_warps=warps, dkv_tiling=None
+    )
 
 
 def triton_params(cfg: KernelConfig):

@@ -83,11 +83,14 @@ def build(mod: ScoreMod, num_heads: int, padded_t: int, padded_s: int, bq: int, 
     return tiles.reshape(num_heads, nd * bq, bk)
 
 
-def adder(ref, head, i, j, padded_t: int, bq: int, bk: int):
+def adder(ref, head, i, j, padded_t: int, bq: int, bk: int, transposed: bool = False):
     """`s -> s + tile`: tile `(i, j)`'s term for `head`, read from the
-    `[N, nd*bq, bk]` tiles ref (one `[bq, bk]` load), natural units."""
+    `[N, nd*bq, bk]` tiles ref (one `[bq, bk]` load), natural units;
+    `transposed`: added to an `Sᵀ` tile `[bk, bq]` (the dk/dv kernel's)."""
     start = pl.multiple_of(diagonal(i, j, padded_t, bq, bk) * bq, bq)
     tile = ref[head, pl.ds(start, bq), :].astype(jnp.float32)
+    if transposed:
+        tile = tile.T
     return lambda s: s + tile
 
 

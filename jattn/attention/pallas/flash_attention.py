@@ -114,17 +114,20 @@ from jattn.attention.pallas.backend import (
 )
 from jattn.attention.pallas.blockmap import block_map, run_bounds, static_tiling, tiling
 from jattn.attention.pallas.config import (
+    BackwardTiles,
     FixedInputs,
     KernelConfig,
     KernelInputs,
     TileMaps,
     dbias_kind,
+    dkv_config,
 )
 from jattn.attention.tiles import pad_axis
 
 Array = jax.Array
 
 __all__ = [
+    "BackwardTiles",
     "Prepared",
     "block_map",
     "check_backward",
@@ -212,16 +215,17 @@ def _forward_keys(k: Array, fixed: FixedInputs) -> Array:
 
 
 def _split_mod(cfg: KernelConfig, mod):
-    """`(leaves, (forward tiles, backward tiles))`: with distance tiles the
-    mod's "leaves" are the two tilings' tiles (`prepare`), else `(mod, (None, None))`."""
+    """`(leaves, (forward tiles, dq tiles, dk/dv tiles))`: with distance tiles
+    the mod's "leaves" are the three tilings' tiles (`prepare`; one array
+    where two tilings agree), else `(mod, (None, None, None))`."""
     if cfg.distance_tiles:
         return None, mod
-    return mod, (None, None)
+    return mod, (None, None, None)
 
 
 @functools.partial(jax.custom_vjp, nondiff_argnums=(0, 1))
 def _flash_vjp(fwd_cfg: KernelConfig, bwd_cfg: KernelConfig, q, k, v, qr, bias, fixed, mod):
-    leaves, (tiles, _) = _split_mod(fwd_cfg, mod)
+    leaves, (tiles, *_) = _split_mod(fwd_cfg, mod)
     keys = _forward_keys(k, fixed)
     ins = kernel_inputs(q, keys, v, qr, bias, fixed, fixed.forward_maps, leaves, tiles)
     return _kernels(fwd_cfg)[0](fwd_cfg, ins)
@@ -239,7 +243,7 @@ def _flash_core_fwd(fwd_cfg, bwd_cfg, q, k, v, qr, bias, fixed, mod):
         lambda p: p.value, (q, k, v, qr, bias, mod, fixed), is_leaf=is_primal
     )
     forward = _kernels(fwd_cfg)[0]
-    leaves, (tiles, _) = _split_mod(fwd_cfg, mod)
+    leaves, (tiles, *_) = _split_mod(fwd_cfg, mod)
     keys = _forward_keys(k, fixed)
     ins = kernel_inputs(q, keys, v, qr, bias, fixed, fixed.forward_maps, leaves, tiles)
     o, lse, pr = forward(fwd_cfg, ins)
@@ -277,7 +281,7 @@ def _flash_core_bwd(fwd_cfg, bwd_cfg, res, cts):
     if pr is not None:
         dpr = dpr.astype(jnp.float32)
         delta = delta + jnp.einsum("BTNR,BTNR->BNT", pr, dpr)
-    leaves, (_, tiles) = _split_mod(bwd_cfg, mod)
+    leaves, (_, tiles, dkv_tiles) = _split_mod(bwd_cfg, mod)
     ins = kernel_inputs(q, k, v, qr, bias, fixed, fixed.backward_maps, leaves, tiles)
     ins = ins._replace(d_out=do.astype(q.dtype), lse=lse, delta=delta, d_value_mass=dpr)
     _, flash_dq, flash_dkv = _kernels(bwd_cfg)
@@ -287,7 +291,15 @@ def _flash_core_bwd(fwd_cfg, bwd_cfg, res, cts):
         dq, dqr, db_q, dk, dv, db_kv, d_mod = fused_backward.flash_dq_dkv(bwd_cfg, ins)
     else:
         dq, dqr, db_q, d_mod = flash_dq(bwd_cfg, ins)
-        dk, dv, db_kv = flash_dkv(bwd_cfg, ins)
+        dkv_ins = ins  # the dk/dv kernel on its own tiling, when it has one
+        if fixed.dkv_maps is not None:
+            dkv_ins = ins._replace(
+                tile_classes=fixed.dkv_maps.classes,
+                row_bounds=fixed.dkv_maps.row_bounds,
+                col_bounds=fixed.dkv_maps.col_bounds,
+                distance_tiles=dkv_tiles,
+            )
+        dk, dv, db_kv = flash_dkv(dkv_config(bwd_cfg), dkv_ins)
     dbias = None
     kind = dbias_kind(bwd_cfg)
     if kind is not None:
@@ -302,7 +314,7 @@ def _flash_core_bwd(fwd_cfg, bwd_cfg, res, cts):
             else:
                 from jattn.attention.pallas import triton_distance_grad as grad
             d_tiles = grad.flash_dtiles(bwd_cfg, ins)
-        d_mod = (None, d_tiles)
+        d_mod = (None, d_tiles, None)
     else:
         d_mod = _reduce_mod_grads(bwd_cfg, mod, d_mod)
     return dq, dk, dv, dqr, dbias, None, d_mod
@@ -342,6 +354,7 @@ def flash_attention(
     backend: str | None = None,
     backward_blocks: tuple[int, int] | None = None,
     backward_warps: int | None = None,
+    backward_tiles: BackwardTiles | None = None,
 ) -> tuple[Array, Array]:
     """Tiled flash attention of a normal form (see `jattn.attention.normal_form`).
 
@@ -373,6 +386,10 @@ def flash_attention(
         of the backward kernels only, over `block_q`/`block_k`/`num_warps`
         and the defaults: the backward's best tiles need not be the
         forward's (the GPU benchmark's sweep times them apart).
+      backward_tiles: the split backward's tiles and warps per kernel
+        (`config.BackwardTiles`: the dq kernel's and the dk/dv kernel's),
+        over `backward_blocks` / `backward_warps` for the kernel whose
+        field is given; `backward="fused"` takes only tiles that agree.
 
     Returns:
       `out [B, T, N, Hv]` in the dtype of `query` and `lse [B, T, N]` float32.
@@ -398,6 +415,7 @@ def flash_attention(
         precision=precision,
         backward_blocks=backward_blocks,
         backward_warps=backward_warps,
+        backward_tiles=backward_tiles,
     )
 
 
@@ -414,6 +432,11 @@ class Prepared(NamedTuple):
     mod: tuple[Array, ...] | None  # the score mod's leaves, in kernel shapes
     fixed: FixedInputs  # positions, segment ids, int mask, dropout seed, block maps
 
+    @property
+    def dkv_cfg(self) -> KernelConfig:
+        """The split backward's dk/dv kernel's config (`config.dkv_config`)."""
+        return dkv_config(self.bwd_cfg)
+
 
 def _flash_attention(
     nf: NormalForm,
@@ -426,6 +449,7 @@ def _flash_attention(
     precision: str | None = None,
     backward_blocks: tuple[int, int] | None = None,
     backward_warps: int | None = None,
+    backward_tiles: BackwardTiles | None = None,
 ) -> tuple[Array, Array]:
     """`flash_attention` for an explicit backend: "gpu" / "interpret" (the
     Triton kernels, compiled or interpreted), "tpu" / "tpu_interpret" (the
@@ -443,6 +467,7 @@ def _flash_attention(
         precision=precision,
         backward_blocks=backward_blocks,
         backward_warps=backward_warps,
+        backward_tiles=backward_tiles,
     )
     o, lse, pr = flash_core(
         pre.fwd_cfg, pre.bwd_cfg, pre.q, pre.k, pre.v, pre.qr, pre.bias, pre.fixed, pre.mod
@@ -470,12 +495,24 @@ def prepare(
     precision: str | None = None,
     backward_blocks: tuple[int, int] | None = None,
     backward_warps: int | None = None,
+    backward_tiles: BackwardTiles | None = None,
 ) -> Prepared:
     """Everything before the kernels: tile sizes, padding, the Shaw key-term
     table, block maps and bounds, static configs."""
     check_backward(backward)
     precision = check_precision(precision)
-    for name, warps in (("num_warps", num_warps), ("backward_warps", backward_warps)):
+    tiles_ = backward_tiles or BackwardTiles()
+    if not isinstance(tiles_, BackwardTiles):
+        raise ValueError(
+            f"flash_attention: backward_tiles must be a BackwardTiles, got {type(tiles_).__name__}"
+        )
+    warp_args = (
+        ("num_warps", num_warps),
+        ("backward_warps", backward_warps),
+        ("backward_tiles.dq_warps", tiles_.dq_warps),
+        ("backward_tiles.dkv_warps", tiles_.dkv_warps),
+    )
+    for name, warps in warp_args:
         if warps is not None and (warps < 1 or warps & (warps - 1)):
             raise ValueError(f"flash_attention: {name} must be a power of two, got {warps}")
     query, key, value, bias, mask = nf.query, nf.key, nf.value, nf.bias, nf.mask
@@ -502,17 +539,32 @@ def prepare(
         fwd_block_q = bwd_block_q = check_block("block_q", block_q, backend, t)
     if block_k is not None:
         fwd_block_k = bwd_block_k = check_block("block_k", block_k, backend, s)
-    if backward_blocks is not None:
-        if len(backward_blocks) != 2:
-            raise ValueError(
-                f"flash_attention: backward_blocks is (block_q, block_k), got {backward_blocks!r}"
-            )
-        bwd_block_q = check_block("backward_blocks[0]", backward_blocks[0], backend, t)
-        bwd_block_k = check_block("backward_blocks[1]", backward_blocks[1], backend, s)
-    # Lengths padded to both tilings; on the GPU head dims and the relative
+
+    def blocks(name: str, given, default: tuple[int, int]) -> tuple[int, int]:
+        if given is None:
+            return default
+        if len(given) != 2:
+            raise ValueError(f"flash_attention: {name} is (block_q, block_k), got {given!r}")
+        return (
+            check_block(f"{name}[0]", given[0], backend, t),
+            check_block(f"{name}[1]", given[1], backend, s),
+        )
+
+    bwd_blocks = blocks("backward_blocks", backward_blocks, (bwd_block_q, bwd_block_k))
+    # The dq kernel's tiling is the backward config's own (also the fused
+    # kernel's, the Mosaic kernels' and the distance tiles' gradient's).
+    bwd_block_q, bwd_block_k = blocks("backward_tiles.dq_blocks", tiles_.dq_blocks, bwd_blocks)
+    dkv_block_q, dkv_block_k = blocks("backward_tiles.dkv_blocks", tiles_.dkv_blocks, bwd_blocks)
+    own_dkv = (dkv_block_q, dkv_block_k) != (bwd_block_q, bwd_block_k)
+    if backward == "fused" and own_dkv:
+        raise ValueError(
+            'flash_attention: backward="fused" runs one tiling for dq and dk/dv, got dq tiles '
+            f"{(bwd_block_q, bwd_block_k)} and dk/dv tiles {(dkv_block_q, dkv_block_k)}"
+        )
+    # Lengths padded to every tiling; on the GPU head dims and the relative
     # tables' width padded to powers of two (Triton blocks).
-    padded_t = pad_size(t, math.lcm(fwd_block_q, bwd_block_q))
-    padded_s = pad_size(s, math.lcm(fwd_block_k, bwd_block_k))
+    padded_t = pad_size(t, math.lcm(fwd_block_q, bwd_block_q, dkv_block_q))
+    padded_s = pad_size(s, math.lcm(fwd_block_k, bwd_block_k, dkv_block_k))
     gpu = backend == "gpu"
     padded_h = max(16, pow2_size(h)) if gpu else h
     padded_hv = max(16, pow2_size(hv)) if gpu else hv
@@ -523,13 +575,17 @@ def prepare(
     use_pos = map_pos or (nf.score_mod is not None and not use_tiles)
     use_seg = nf.q_segment_ids is not None
     mod = None
+    # The forward's, the dq kernel's and the dk/dv kernel's tilings.
+    tilings = ((fwd_block_q, fwd_block_k), (bwd_block_q, bwd_block_k), (dkv_block_q, dkv_block_k))
     if use_tiles:  # read from Toeplitz tiles built here; fn never runs in a kernel
         build = functools.partial(distance_tiles.build, nf.score_mod, n, padded_t, padded_s)
-        fwd_tiles = build(fwd_block_q, fwd_block_k)
-        same = (fwd_block_q, fwd_block_k) == (bwd_block_q, bwd_block_k)
-        mod = (fwd_tiles, fwd_tiles if same else build(bwd_block_q, bwd_block_k))
+        built: dict[tuple[int, int], Array] = {}  # one tile set per distinct tiling
+        for tiling_ in tilings:
+            if tiling_ not in built:
+                built[tiling_] = build(*tiling_)
+        mod = tuple(built[tiling_] for tiling_ in tilings)
     elif spec is not None:
-        for bq_, bk_ in {(fwd_block_q, fwd_block_k), (bwd_block_q, bwd_block_k)}:
+        for bq_, bk_ in set(tilings):
             score_mod_tiles.check_lowerable(spec, backend, bq_, bk_)
         mod = score_mod_tiles.kernel_leaves(spec, leaves)
     f32 = jnp.float32
@@ -614,6 +670,7 @@ def prepare(
         forward_maps=maps(fwd_block_q, fwd_block_k),
         backward_maps=maps(bwd_block_q, bwd_block_k),
         key_poison=pad_axis(poison, 1, padded_s)[..., None].astype(query.dtype),
+        dkv_maps=maps(dkv_block_q, dkv_block_k) if own_dkv else None,
     )
     common = dict(
         seq_k=s,
@@ -639,14 +696,36 @@ def prepare(
         precision=precision,
         distance_tiles=padded_t if use_tiles else 0,
     )
-    # A light score mod's 16-bit backward tiles take 2 warps (backend.default_warps).
-    light_mod = (
-        spec is not None
-        and query.dtype != jnp.float32
-        and score_mod_tiles.backward_cost(spec, bwd_block_q, bwd_block_k)
-        <= score_mod_tiles.LIGHT_MOD_COST
-    )
+
+    def light_mod(bq_: int, bk_: int) -> bool:
+        # A light score mod's 16-bit backward tiles take 2 warps (backend.default_warps).
+        return (
+            spec is not None
+            and query.dtype != jnp.float32
+            and score_mod_tiles.backward_cost(spec, bq_, bk_) <= score_mod_tiles.LIGHT_MOD_COST
+        )
+
     wide_f32 = query.dtype == jnp.float32 and max(h, hv) > 64  # 8 warps (default_warps)
+
+    def bwd_warps(own: int | None, bq_: int, bk_: int) -> int:
+        return (
+            own
+            or backward_warps
+            or num_warps
+            or default_warps(bq_, light_mod=light_mod(bq_, bk_), wide_f32=wide_f32)
+        )
+
+    dq_warps = bwd_warps(tiles_.dq_warps, bwd_block_q, bwd_block_k)
+    dkv_warps = bwd_warps(tiles_.dkv_warps, dkv_block_q, dkv_block_k)
+    # The dk/dv kernel's own tiling, where its tiles or warps differ from dq's.
+    dkv_tiling = None
+    if own_dkv or dkv_warps != dq_warps:
+        if backward == "fused":
+            raise ValueError(
+                'flash_attention: backward="fused" runs one kernel; give it one warp count, '
+                f"got dq {dq_warps} and dk/dv {dkv_warps}"
+            )
+        dkv_tiling = (dkv_block_q, dkv_block_k, dkv_warps)
     fwd_cfg = KernelConfig(
         block_q=fwd_block_q,
         block_k=fwd_block_k,
@@ -660,10 +739,9 @@ def prepare(
     bwd_cfg = KernelConfig(
         block_q=bwd_block_q,
         block_k=bwd_block_k,
-        num_warps=backward_warps
-        or num_warps
-        or default_warps(bwd_block_q, light_mod=light_mod, wide_f32=wide_f32),
+        num_warps=dq_warps,
         num_stages=default_backward_stages(wide_f32=wide_f32),
+        dkv_tiling=dkv_tiling,
         **common,
     )
     return Prepared(fwd_cfg, bwd_cfg, q, k, v, qr, bias_padded, mod, fixed)

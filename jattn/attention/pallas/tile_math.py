@@ -240,9 +240,12 @@ def visibility(
     return masks.combine(vis, lift(kv_valid, as_row), mask)
 
 
-def dropout_scale(seed, rate: float, batch, head, q_index: Array, kv_index: Array) -> Array:
-    """Dropout multipliers of a tile: float32 `[bq, bk]`, `1 / (1 - rate)`
-    where `jattn.dropout.keep` keeps the weight and 0 where it drops it.
+def dropout_scale(
+    seed, rate: float, batch, head, q_index: Array, kv_index: Array, transposed: bool = False
+) -> Array:
+    """Dropout multipliers of a tile: float32 `[bq, bk]` (`[bk, bq]` when
+    `transposed`), `1 / (1 - rate)` where `jattn.dropout.keep` keeps the
+    weight and 0 where it drops it.
 
     Args:
       seed: the two int32 seed words (a pair of scalars or an int32 `[2]`).
@@ -250,8 +253,10 @@ def dropout_scale(seed, rate: float, batch, head, q_index: Array, kv_index: Arra
       batch, head: int32 scalars, the batch row (0 with a broadcast mask)
         and the query head.
       q_index, kv_index: int32 global (unpadded) query / key indices of the
-        tile, `[bq]|[bq, 1]` and `[bk]|[1, bk]`.
+        tile, `[bq]|[bq, 1]` and `[bk]|[1, bk]` (1-D when `transposed`).
     """
+    if transposed:  # the same hash on the transposed grid of indices
+        q_index, kv_index = q_index[None, :], kv_index[:, None]
     keep = dropout.keep(seed, rate, batch, head, as_col(q_index), as_row(kv_index))
     return jnp.where(keep, dropout.multiplier(rate), 0.0).astype(jnp.float32)
 
@@ -330,9 +335,12 @@ def score_grads(
     keep: Array | None,
     delta: Array,
     precision: str = "ieee",
+    transposed: bool = False,
 ) -> Array:
     """Gradient of a tile's scaled scores, shared by the dq and dk/dv kernels:
-    `ds = p ∘ ((dO Vᵀ + dpr) ∘ z − D)`.
+    `ds = p ∘ ((dO Vᵀ + dpr) ∘ z − D)`. With `transposed` (the dk/dv
+    kernel's layout), every tile is `[bk, bq]`, `delta` a `[1, bq]` row and
+    `dPᵀ = V dOᵀ`, so the result is `dSᵀ`.
 
     Args:
       p: `[bq, bk]` probabilities recomputed from the lse (before dropout).
@@ -342,7 +350,10 @@ def score_grads(
       delta: `[bq, 1]` (or broadcastable) `rowsum(dO ∘ O)`.
       precision: of the float32 dot (`PRECISIONS`).
     """
-    dp = dot(d_out, value, (1, 1), precision)  # [bq, bk]
+    if transposed:
+        dp = dot(value, d_out, (1, 1), precision)  # [bk, bq]
+    else:
+        dp = dot(d_out, value, (1, 1), precision)  # [bq, bk]
     if d_mass is not None:
         dp = dp + d_mass
     if keep is not None:
@@ -400,6 +411,7 @@ def tile_scores(
     num_rel: int | None = None,
     score_mod: Callable[[Array], Array] | None = None,
     precision: str = "ieee",
+    transposed: bool = False,
 ) -> tuple[Array, Array | None, tuple[Array, Array, Array] | None, Array | None]:
     """Base-2 logits of one tile, float32 `[bq, bk]`, -inf where invisible.
 
@@ -427,6 +439,13 @@ def tile_scores(
         on tiles far from the diagonal.
       score_mod: the tile's bound score mod (`score_mod_tiles.bind`), or None.
       precision: of the float32 `q·kᵀ` (`PRECISIONS`).
+      transposed: compute the tile as `Sᵀ = k·qᵀ`, `[bk, bq]` (the dk/dv
+        kernel's layout: its dots `Pᵀ·dO` and `dSᵀ·q` then need no
+        transposed operand). The query-side vectors (positions, segments,
+        the Shaw columns) are laid out as rows and the key-side ones as
+        columns here; `bias` and `mask` must come transposed, and
+        `score_mod` bound to the transposed positions. Every returned tile
+        is transposed too.
       Others: see `visibility`.
 
     Returns:
@@ -437,7 +456,17 @@ def tile_scores(
       backward differentiates the mod there).
     """
     unit = LOG2E if score_mod is None else 1.0  # base 2 now, or after the mod
-    s = dot(q, k, (1, 1), precision) * (scale * unit)  # [bq, bk]
+    q_side = as_col  # lifts a query-side vector to the tile's query axis
+    if transposed:  # query-side vectors as rows [1, bq], key-side as columns [bk, 1]
+        s = dot(k, q, (1, 1), precision) * (scale * unit)  # [bk, bq]
+        q_side = lambda x: None if x is None else (x if x.ndim == 2 else x[None, :])  # noqa: E731
+        kv_side = lambda x: None if x is None else (x if x.ndim == 2 else x[:, None])  # noqa: E731
+        q_pos, q_seg = q_side(q_pos), q_side(q_seg)
+        kv_pos, kv_seg, kv_valid = kv_side(kv_pos), kv_side(kv_seg), kv_side(kv_valid)
+        as_q = lambda col: None if col is None else (lambda c: q_side(col(c)))  # noqa: E731
+        qr_col, dpr_col = as_q(qr_col), as_q(dpr_col)
+    else:
+        s = dot(q, k, (1, 1), precision) * (scale * unit)  # [bq, bk]
     dpr_tile = rel = None
     cols = [c for c in (qr_col, dpr_col) if c is not None]
     if partial:
@@ -455,9 +484,9 @@ def tile_scores(
                 dpr_tile = gathered.pop(0)
     else:
         if qr_col is not None:
-            s = s + unit * as_col(qr_col(far_id) if qr_far is None else qr_far)
+            s = s + unit * q_side(qr_col(far_id) if qr_far is None else qr_far)
         if dpr_col is not None:
-            dpr_tile = as_col(dpr_col(far_id) if dpr_far is None else dpr_far)
+            dpr_tile = q_side(dpr_col(far_id) if dpr_far is None else dpr_far)
     if bias is not None:
         s = s + unit * bias.astype(jnp.float32)
     raw = None

@@ -10,6 +10,16 @@ also returns the gradient of the key-term table `qr` (dS summed per relative
 id) and of a bias with a key axis; the dk/dv kernel loops over the G query
 heads of its kv head, so GQA/MQA gradients never pass through an
 `[B, S, N, H]` intermediate. Layout and BlockSpecs as in `triton_forward`.
+
+The dk/dv kernel works on transposed tiles, `Sᵀ = k·qᵀ` `[bk, bq]` (as the
+Triton tutorial's and tokamax's backward do): then `dV += Pᵀ·dO`,
+`dPᵀ = v·dOᵀ` and `dK += dSᵀ·q` are dots of operands in the layout they
+are loaded in (no transposed operand for the compiler to shuffle through
+shared memory). What is indexed `[q, k]` (bias, mask and distance tiles,
+read as `[bq, bk]`) is transposed once per tile, and the positions,
+segments, dropout indices and Shaw columns are laid out the other way
+round (`tile_math.tile_scores(transposed=True)`). The dq kernel keeps
+`S = q·kᵀ`: its `dQ += dS·k` is the untransposed dot.
 """
 
 from __future__ import annotations
@@ -240,16 +250,23 @@ def _dkv_kernel(r, dk_ref, dv_ref, *db_ref, cfg: KernelConfig):
     dkv_tile(cfg, r, ids, dk_ref, dv_ref, db_ref[0] if db_ref else None)
 
 
+def _transposed(x):
+    """`[bq|1, bk|1]` -> `[bk|1, bq|1]`, or None."""
+    return None if x is None else x.T
+
+
 def dkv_tile(cfg: KernelConfig, r: KernelInputs, ids, dk_ref, dv_ref, db_ref) -> None:
     """dk and dv (and the bias gradient of kind "cols") of one key tile of
     one kv head, summed over its G query heads; `ids = (key tile, batch row,
-    kv head)`; `r` and the output refs shaped like the dk/dv kernel's blocks."""
+    kv head)`; `r` and the output refs shaped like the dk/dv kernel's blocks.
+    Every tile is transposed, `[bk, bq]` (module docstring)."""
     kind = dbias_kind(cfg)
     bq, bk = cfg.block_q, cfg.block_k
     j, batch, kv_head = ids
     k = r.key[...]  # [bk, H]
     v = r.value[...]  # [bk, Hv]
     kv_pos = r.kv_positions[...] if cfg.use_pos else None  # [bk]
+    kv_pos_col = None if kv_pos is None else kv_pos[:, None]  # [bk, 1]
     kv_seg = r.kv_segments[...] if cfg.use_seg else None
     kv_valid = kv_valid_mask(cfg, j, bk, r.tile_classes.shape[-1] * bk)
     leaves = mod_leaves(cfg, r)
@@ -268,9 +285,12 @@ def dkv_tile(cfg: KernelConfig, r: KernelInputs, ids, dk_ref, dv_ref, db_ref) ->
             qr_col = col_reader(r.key_term, qs, g)
             dpr_col = col_reader(r.d_value_mass, qs, g)
             q_pos = r.q_positions[qs] if cfg.use_pos and (partial or with_mod) else None
-            mod = tile_mod(cfg, leaves, batch, head, q_pos, kv_pos)
+            q_pos_row = None if q_pos is None else q_pos[None, :]  # [1, bq]
+            mod = tile_mod(cfg, leaves, batch, head, q_pos_row, kv_pos_col)  # on [bk, bq]
             if cfg.distance_tiles:  # additive: dS passes through unchanged
-                mod = dt.adder(r.distance_tiles, head, i, j, cfg.distance_tiles, bq, bk)
+                mod = dt.adder(
+                    r.distance_tiles, head, i, j, cfg.distance_tiles, bq, bk, transposed=True
+                )
             s, dpr_t, _, raw = ft.tile_scores(
                 partial,
                 q=q,
@@ -284,25 +304,29 @@ def dkv_tile(cfg: KernelConfig, r: KernelInputs, ids, dk_ref, dv_ref, db_ref) ->
                 q_seg=r.q_segments[qs] if cfg.use_seg and partial else None,
                 kv_seg=kv_seg,
                 kv_valid=kv_valid if partial else None,
-                bias=load_bias_kv(r.bias, cfg.bias_dims, g, i, bq),
-                mask=load_bias_kv(r.mask, cfg.mask_dims, g, i, bq) if partial else None,
+                bias=_transposed(load_bias_kv(r.bias, cfg.bias_dims, g, i, bq)),
+                mask=_transposed(load_bias_kv(r.mask, cfg.mask_dims, g, i, bq))
+                if partial
+                else None,
                 qr_col=qr_col,
                 dpr_col=dpr_col,
                 far_id=jnp.where(right, cfg.far_right, 0),
                 score_mod=mod,
                 precision=cfg.precision,
-            )
-            p = jnp.exp2(s - lse[:, None])  # [bq, bk]; base-2 logits and lse
-            z = dropout_tile(cfg, r.dropout_seed, batch, head, i * bq, j * bk)
+                transposed=True,
+            )  # Sᵀ [bk, bq]
+            p = jnp.exp2(s - lse[None, :])  # Pᵀ [bk, bq]; base-2 logits and lse
+            z = dropout_tile(cfg, r.dropout_seed, batch, head, i * bq, j * bk, transposed=True)
             p_kept = p if z is None else p * z
-            pt_do = ft.dot(p_kept.astype(do.dtype), do, (0, 0), cfg.precision)  # [bk, Hv]
-            dv_acc = dv_acc + pt_do
-            ds = ft.score_grads(p, do, v, dpr_t, z, delta[:, None], cfg.precision)  # [bq, bk]
+            dv_acc = dv_acc + ft.dot(p_kept.astype(do.dtype), do, (1, 0), cfg.precision)
+            ds = ft.score_grads(
+                p, do, v, dpr_t, z, delta[None, :], cfg.precision, transposed=True
+            )  # dSᵀ [bk, bq]
             if cfg.score_mod is not None:  # to the raw logits through the score mod
                 ds, _ = sm.tile_backward(cfg.score_mod, mod, raw, ds, with_params=False)
-            dk_acc = dk_acc + ft.dot(ds.astype(q.dtype), q, (0, 0), cfg.precision)  # [bk, H]
+            dk_acc = dk_acc + ft.dot(ds.astype(q.dtype), q, (1, 0), cfg.precision)  # [bk, H]
             if kind == "cols":
-                db = db + jnp.sum(ds, axis=0)
+                db = db + jnp.sum(ds, axis=1)
             return dk_acc, dv_acc, db
 
         bounds = tuple(r.col_bounds[map_index, c, j] for c in range(4))

@@ -200,16 +200,17 @@ def kv_valid_mask(cfg: KernelConfig, j, bk: int, padded_k: int):
     return j * bk + lax.broadcasted_iota(jnp.int32, (bk,), 0) < cfg.seq_k
 
 
-def dropout_tile(cfg: KernelConfig, seed_ref, batch, head, q_start, kv_start):
-    """Dropout multipliers `[bq, bk]` of the tile whose first query / key
-    have global indices `q_start` / `kv_start`, or None without dropout."""
+def dropout_tile(cfg: KernelConfig, seed_ref, batch, head, q_start, kv_start, transposed=False):
+    """Dropout multipliers `[bq, bk]` (`[bk, bq]` when `transposed`) of the
+    tile whose first query / key have global indices `q_start` / `kv_start`,
+    or None without dropout."""
     if not cfg.use_dropout:
         return None
     q_index = q_start + lax.broadcasted_iota(jnp.int32, (cfg.block_q,), 0)
     kv_index = kv_start + lax.broadcasted_iota(jnp.int32, (cfg.block_k,), 0)
     batch = 0 if cfg.dropout_broadcast_batch else batch
     seed = (seed_ref[0], seed_ref[1])
-    return ft.dropout_scale(seed, cfg.dropout_rate, batch, head, q_index, kv_index)
+    return ft.dropout_scale(seed, cfg.dropout_rate, batch, head, q_index, kv_index, transposed)
 
 
 def whole_specs(cfg: KernelConfig):

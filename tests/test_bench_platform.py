@@ -1,0 +1,57 @@
+"""The benchmark scripts run on the platform they are started on: none sets
+`JAX_PLATFORMS=cpu` by default, and `--platform NAME` picks one, read before
+jax starts (benchmarks/_platform.py)."""
+
+from __future__ import annotations
+
+import os
+import pathlib
+import re
+import subprocess
+import sys
+
+import pytest
+
+ROOT = pathlib.Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT / "benchmarks"))
+
+from _platform import select_platform  # noqa: E402
+
+# Scripts that pin the CPU on purpose: compiling ahead of time for a device this
+# machine lacks (aot, _tpu_aot), the window's host data child (_gpu_train), and
+# gpu.py's --cpu-smoke dry run.
+PINNED_ON_PURPOSE = {"aot.py", "_tpu_aot.py", "_gpu_train.py", "gpu.py"}
+DEFAULT_CPU = re.compile(r"setdefault\(\s*\"JAX_PLATFORMS\",\s*\"cpu\"\s*\)")
+
+
+def test_no_benchmark_defaults_to_the_cpu():
+    pinned = {
+        path.name
+        for path in (ROOT / "benchmarks").glob("*.py")
+        if DEFAULT_CPU.search(path.read_text())
+    }
+    assert pinned <= PINNED_ON_PURPOSE, pinned
+
+
+@pytest.mark.parametrize(
+    ("argv", "expect"),
+    [(["--steps", "3"], None), (["--platform", "cpu", "--x"], "cpu"), (["--platform=tpu"], "tpu")],
+)
+def test_select_platform_reads_the_flag(monkeypatch, argv, expect):
+    monkeypatch.setenv("JAX_PLATFORMS", "before")
+    assert select_platform(argv) == expect
+    assert os.environ["JAX_PLATFORMS"] == (expect or "before")
+
+
+@pytest.mark.parametrize(
+    "script", ["train.py", "decode.py", "data.py", "variants.py", "allocator.py"]
+)
+def test_each_benchmark_takes_platform(script):
+    env = {k: v for k, v in os.environ.items() if k != "JAX_PLATFORMS"}
+    env["PYTHONPATH"] = str(ROOT)
+    proc = subprocess.run(
+        [sys.executable, str(ROOT / "benchmarks" / script), "--platform", "cpu", "--help"],
+        capture_output=True, text=True, env=env, timeout=300, cwd=ROOT,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert "--platform" in proc.stdout
