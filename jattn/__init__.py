@@ -28,7 +28,9 @@ if TYPE_CHECKING:  # what the lazy names are, for readers and type checkers
         default_implementation,
         dot_product_attention,
     )
+    from jattn.attention.cope import cope_attention
     from jattn.attention.normal_form import NormalForm, normalise
+    from jattn.attention.stick_breaking import stick_breaking_attention
     from jattn.flax_attention import flax_attention_fn
     from jattn.positions import ShawRelative
     from jattn.score_mod import ScoreMod
@@ -40,6 +42,7 @@ _LAZY = {
     "ScoreMod": "jattn.score_mod",
     "ShawRelative": "jattn.positions",
     "attention_weights": "jattn.attention",
+    "cope_attention": "jattn.attention.cope",
     "default_implementation": "jattn.attention",
     "dot_product_attention": "jattn.attention",
     "dropout": "",
@@ -47,6 +50,7 @@ _LAZY = {
     "masks": "",
     "normalise": "jattn.attention.normal_form",
     "positions": "",
+    "stick_breaking_attention": "jattn.attention.stick_breaking",
 }
 # Modules reachable as attributes, as when this file imported them: the core's
 # subpackages, and `jattn.decoding` = `jattn.models.decoding` (it needs flax, so
@@ -64,6 +68,7 @@ __all__ = [
     "ScoreMod",
     "ShawRelative",
     "attention_weights",
+    "cope_attention",
     "default_implementation",
     "dot_product_attention",
     "dropout",
@@ -71,6 +76,7 @@ __all__ = [
     "masks",
     "normalise",
     "positions",
+    "stick_breaking_attention",
 ]
 
 __version__ = "0.1.0"

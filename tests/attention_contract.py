@@ -228,6 +228,19 @@ def _non_finite_at(case: Case, keys: list[int], rows=slice(None)) -> dict:
     return dict(key=k, value=v)
 
 
+def _hidden_keys(rule: str) -> tuple[Case, list[int]]:
+    """A case with keys no query may see, and those keys: the padded keys of
+    `padding_mqa` (segment 0, or the same padding as lengths), or two mask
+    columns of `gqa_mask_bias` (inside tiles with visible keys)."""
+    if rule == "mask":
+        c, hidden = CASES["gqa_mask_bias"], [4, 8]
+        mask = c.arrays["mask"].copy()
+        mask[..., hidden] = False
+        return c.replace(mask=mask), hidden
+    c = CASES["padding_mqa"]
+    return (_padding_as_lengths(c) if rule == "lengths" else c), [16, 17, 18, 19]
+
+
 def cotangent(case: Case, seed: int = 3) -> np.ndarray:
     q, v = case.arrays["query"], case.arrays["value"]
     return (
@@ -408,15 +421,7 @@ class AttentionContract:
         (padding as segment 0 or lengths, a mask column) leave every output
         and gradient bit-identical: hidden keys are selected away, never
         multiplied by a 0 weight (0 · NaN = NaN, as in jax.nn)."""
-        c = CASES["padding_mqa"] if rule != "mask" else CASES["gqa_mask_bias"]
-        hidden = [16, 17, 18, 19]  # the padded keys
-        if rule == "lengths":
-            c = _padding_as_lengths(c)
-        if rule == "mask":
-            hidden = [4, 8]
-            mask = c.arrays["mask"].copy()
-            mask[..., hidden] = False
-            c = c.replace(mask=mask)
+        c, hidden = _hidden_keys(rule)
         out, grads, _ = self.run(c)
         bad = _non_finite_at(c, hidden)
         out2, grads2, _ = self.run(c.replace(**bad))
@@ -521,13 +526,7 @@ class AttentionContract:
         float32 operand split for the tensor cores may round it to ±Inf,
         and no `0 · (dO·v - D)` may meet an overflowed dO·v (tokamax's suite
         found the first in the kernels' TF32 split)."""
-        c = CASES["padding_mqa"] if rule == "segment_0" else CASES["gqa_mask_bias"]
-        hidden = [16, 17, 18, 19]
-        if rule == "mask":
-            hidden = [4, 8]
-            mask = c.arrays["mask"].copy()
-            mask[..., hidden] = False
-            c = c.replace(mask=mask)
+        c, hidden = _hidden_keys(rule)
         out, grads, _ = self.run(c)
         big = np.finfo(np.float32).max
         k, v = c.arrays["key"].copy(), c.arrays["value"].copy()

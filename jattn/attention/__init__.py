@@ -296,27 +296,27 @@ def dot_product_attention(
             "([B, T|S, heads, head_dim]) or all rank 3 (no batch axis), got shapes "
             f"{list(np.shape(query))}, {list(np.shape(key))}, {list(np.shape(value))}"
         )
+    # Visibility and the logits' extra terms, gathered once for the rule and the
+    # normal form (cuDNN takes the jax.nn part of them).
+    visible = dict(
+        scale=scale,
+        is_causal=is_causal,
+        query_seq_lengths=query_seq_lengths,
+        key_value_seq_lengths=key_value_seq_lengths,
+        local_window_size=local_window_size,
+    )
+    extra = dict(
+        q_segment_ids=q_segment_ids,
+        kv_segment_ids=kv_segment_ids,
+        q_positions=q_positions,
+        kv_positions=kv_positions,
+        relative=relative,
+        score_mod=score_mod,
+        row_col_bias=row_col_bias,
+        dropout_rate=dropout_rate,
+    )
     if implementation is None:
-        implementation = _by_rule(
-            query,
-            key,
-            value,
-            bias,
-            mask,
-            scale=scale,
-            is_causal=is_causal,
-            query_seq_lengths=query_seq_lengths,
-            key_value_seq_lengths=key_value_seq_lengths,
-            local_window_size=local_window_size,
-            q_segment_ids=q_segment_ids,
-            kv_segment_ids=kv_segment_ids,
-            q_positions=q_positions,
-            kv_positions=kv_positions,
-            relative=relative,
-            score_mod=score_mod,
-            row_col_bias=row_col_bias,
-            dropout_rate=dropout_rate,
-        )
+        implementation = _by_rule(query, key, value, bias, mask, **visible, **extra)
     if implementation == "cudnn":
         return _cudnn(
             query,
@@ -324,11 +324,7 @@ def dot_product_attention(
             value,
             bias,
             mask,
-            scale=scale,
-            is_causal=is_causal,
-            query_seq_lengths=query_seq_lengths,
-            key_value_seq_lengths=key_value_seq_lengths,
-            local_window_size=local_window_size,
+            **visible,
             return_residual=return_residual,
             unsupported={
                 "segment ids": q_segment_ids is not None or kv_segment_ids is not None,
@@ -341,29 +337,18 @@ def dot_product_attention(
         )
     if ndim == 3:
         query, key, value = (_unbatched(a, 3) for a in (query, key, value))
-        q_segment_ids, kv_segment_ids, q_positions, kv_positions = (
-            None if a is None else jnp.asarray(a).reshape(1, -1)
-            for a in (q_segment_ids, kv_segment_ids, q_positions, kv_positions)
-        )
+        for name in ("q_segment_ids", "kv_segment_ids", "q_positions", "kv_positions"):
+            if extra[name] is not None:
+                extra[name] = jnp.asarray(extra[name]).reshape(1, -1)
+        extra["row_col_bias"] = _unbatched_pair(row_col_bias, ndim)
     nf = normalise(
         query,
         key,
         value,
         bias,
         mask,
-        scale=scale,
-        is_causal=is_causal,
-        query_seq_lengths=query_seq_lengths,
-        key_value_seq_lengths=key_value_seq_lengths,
-        local_window_size=local_window_size,
-        q_segment_ids=q_segment_ids,
-        kv_segment_ids=kv_segment_ids,
-        q_positions=q_positions,
-        kv_positions=kv_positions,
-        relative=relative,
-        score_mod=score_mod,
-        row_col_bias=_unbatched_pair(row_col_bias, ndim),
-        dropout_rate=dropout_rate,
+        **visible,
+        **extra,
         dropout_rng=dropout_rng,
         dropout_broadcast_batch=dropout_broadcast_batch,
         assume_finite=assume_finite,

@@ -33,6 +33,7 @@ EINSUM_LETTERS: dict[str, str] = {
     "H": "query / key head dim",
     "E": "value head dim (Hv in shape comments and docs/design.md)",
     "R": "Shaw relative ids, 2k + 1 for clip distance k",
+    "P": "CoPE's position embeddings (npos_max)",
     "D": "model width (d_model)",
     "F": "MLP hidden width (d_ff)",
     "V": "vocabulary size",
