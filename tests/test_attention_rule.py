@@ -173,6 +173,7 @@ def test_call_features_reads_every_argument():
         key_value_seq_lengths=np.array([5, 4]),
         relative=jattn.ShawRelative(key=np.zeros((5, 8), np.float32), max_distance=2),
         score_mod=ScoreMod(lambda p, s, *_: s, ()),
+        row_col_bias=(np.zeros((2, 4, 6), np.float32), np.zeros((2, 4, 5), np.float32)),
         dropout_rate=0.1,
         scale=0.5,
     )

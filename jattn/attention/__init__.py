@@ -83,6 +83,7 @@ def call_features(
     relative=None,
     score_mod=None,
     dropout_rate: float = 0.0,
+    row_col_bias=None,
     **_ignored,
 ) -> rule.Call:
     """What `jattn.attention.rule` reads of a `dot_product_attention` call:
@@ -103,6 +104,7 @@ def call_features(
         "bias": bias is not None,
         "shaw": relative is not None,
         "score_mod": score_mod is not None,
+        "row_col": row_col_bias is not None,
         "dropout": dropout_rate > 0,
         "traced_scale": scale is not None and not isinstance(scale, numbers.Real),
     }
@@ -177,6 +179,13 @@ def _unbatched(x, ndim: int):
     return None if x is None else jnp.asarray(x)[None] if ndim == 3 else x
 
 
+def _unbatched_pair(pair, ndim: int):
+    """`row_col_bias` of a rank-3 call (`[N, T]`, `[N, S]`) given its batch axis of 1."""
+    if ndim == 4 or not isinstance(pair, tuple | list) or len(pair) != 2:
+        return pair  # checked (and refused, if not a pair) by `normalise`
+    return tuple(_unbatched(x, 3) for x in pair)
+
+
 def dot_product_attention(
     query: Array,
     key: Array,
@@ -197,6 +206,7 @@ def dot_product_attention(
     kv_positions: Array | None = None,
     relative: ShawRelative | None = None,
     score_mod: ScoreMod | None = None,
+    row_col_bias: tuple[Array, Array] | None = None,
     dropout_rate: float = 0.0,
     dropout_rng: Array | None = None,
     dropout_broadcast_batch: bool = False,
@@ -248,6 +258,12 @@ def dot_product_attention(
         head, q_position, kv_position)` replaces each scaled logit (after
         Shaw's key term and `bias`) before visibility and softmax; applied
         per tile by the tiled implementations, with gradients to `params`.
+      row_col_bias: `(a [B, N, T], c [B, N, S])`, float: logit (b, n, i, j)
+        gains `a[b, n, i] + c[b, n, j]` (by index, with `bias`, before the
+        score mod), read per tile in O(T + S) memory, with gradients (the
+        row and column sums of dS) to both; the Forgetting Transformer's
+        gate `c_i - c_j` is this form. xla and chunked only (the Pallas
+        kernels refuse it; the rule picks a portable path).
       dropout_rate: attention-weight dropout rate in [0, 1).
       dropout_rng: a jax.random key; needed when `dropout_rate > 0`. The keep
         mask is a hash of `(rng, b, n, t, s)` (see `jattn.dropout`), the same
@@ -296,6 +312,7 @@ def dot_product_attention(
         kv_positions=kv_positions,
         relative=relative,
         score_mod=score_mod,
+        row_col_bias=row_col_bias,
         dropout_rate=dropout_rate,
     )
     if implementation is None:
@@ -314,6 +331,7 @@ def dot_product_attention(
                 "positions": q_positions is not None or kv_positions is not None,
                 "relative (Shaw) terms": relative is not None,
                 "a score_mod": score_mod is not None,
+                "row_col_bias": row_col_bias is not None,
                 "dropout": dropout_rate > 0,
             },
         )
@@ -322,6 +340,7 @@ def dot_product_attention(
         for name in ("q_segment_ids", "kv_segment_ids", "q_positions", "kv_positions"):
             if extra[name] is not None:
                 extra[name] = jnp.asarray(extra[name]).reshape(1, -1)
+        extra["row_col_bias"] = _unbatched_pair(row_col_bias, ndim)
     nf = normalise(
         query,
         key,

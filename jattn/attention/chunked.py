@@ -181,6 +181,8 @@ def _chunked_bwd(block_q: int, block_k: int, res: Residuals, cts):
         rel_key=g.rel_key,
         rel_value=g.rel_value,
         score_mod=None if g.score_mod is None else _mod_with(res.nf.score_mod, g.score_mod),
+        row_bias=g.row_bias,
+        col_bias=g.col_bias,
         q_positions=None,
         kv_positions=None,
         **none,

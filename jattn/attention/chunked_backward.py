@@ -10,6 +10,7 @@ that can see the key tile, `TilePlan.cols`):
   dq_i += scale ds k            dk_j += scale dsᵀ q
   dqr_i += scale Σ_s ds [r = R]  (Shaw key term; dq and d key_rel from it)
   dbias += ds, reduced to the bias's broadcast shape
+  drow_i += Σ_s ds              dcol_j += Σ_t ds   (row and column terms)
 
 With a score mod `s' = fn(params, s, ...)` the tile's `ds'` (of the modified
 logits) is pulled back through `fn` on the tile (`jax.vjp`, recomputed, never
@@ -56,7 +57,8 @@ __all__ = ["Gradients", "backward"]
 class Gradients(NamedTuple):
     """Cotangents of the differentiable inputs (None where absent), in the
     inputs' shapes and dtypes (`score_mod`: the cotangent of the score mod's
-    params, a pytree like them with None for integer leaves), and `trips`:
+    params, a pytree like them with None for integer leaves; `row_bias`,
+    `col_bias`: of the row and column terms), and `trips`:
     int32 `[nk]`, the query tiles each key tile's loop visited."""
 
     query: Array
@@ -66,6 +68,8 @@ class Gradients(NamedTuple):
     rel_key: Array | None
     rel_value: Array | None
     score_mod: object
+    row_bias: Array | None
+    col_bias: Array | None
     trips: Array
 
 
@@ -128,14 +132,15 @@ def _reduce_to(x: Array, shape: tuple[int, ...]) -> Array:
 
 def _tile_grads(pb: TiledProblem, res: Residuals, ct: _Cotangent, i, j, body: TileBody, inner):
     """Gradient contributions of tile (i, j). Returns the updated key-tile
-    accumulators `(dk_j [B,K,s,H], dv_j [B,K,s,Hv])` and this tile's
-    `(dq_i, dqr_i, dbias_ij, dmod_ij)` (`dmod_ij`: the score mod params'
-    cotangent from this tile, float32 leaves, or None); the caller adds those into the big buffers
+    accumulators `(dk_j [B,K,s,H], dv_j [B,K,s,Hv], dcol_j [B,K,G,1,s] or None)`
+    and this tile's `(dq_i, dqr_i, dbias_ij, dmod_ij, drow_i)` (`dmod_ij`: the
+    score mod params' cotangent from this tile, float32 leaves, or None;
+    `drow_i` `[B,K,G,t,1]` or None); the caller adds those into the big buffers
     outside the branch, so no conditional carries (and copies) a `[T, ...]`
     buffer."""
     dt = pb.dtype  # float32, or float64 for float64 inputs
     scale = pb.nf.scale
-    dk_j, dv_j = inner
+    dk_j, dv_j, dcol_j = inner
     qi = pb.q[i].astype(dt)  # [B,K,G,t,H]
     kk = pb.k[j].astype(dt)  # [B,K,s,H]
     vv = pb.v[j].astype(dt)  # [B,K,s,Hv]
@@ -159,16 +164,21 @@ def _tile_grads(pb: TiledProblem, res: Residuals, ct: _Cotangent, i, j, body: Ti
         dmod_ij = _mod_cotangent_sum(dmod_ij)
         ds = ds.astype(dt)
     dbias_ij = None if pb.bias is None else _reduce_to(ds, pb.tile_shape(pb.bias))
+    drow_i = None
+    if pb.row is not None:  # padded rows and columns have ds = 0 (p = 0 there)
+        drow_i = jnp.sum(ds, axis=-1, keepdims=True)
+        dcol_j = dcol_j + jnp.sum(ds, axis=-2, keepdims=True)
     dsl = ds * scale
     dq_i = jnp.einsum("BKGts,BKsH->BKGtH", dsl, kk)
     dk_j = dk_j + jnp.einsum("BKGts,BKGtH->BKsH", dsl, qi)
     dqr_i = None if pb.nf.rel_key is None else rel_mass(pb, i, j, dsl, r)
-    return (dk_j, dv_j), (dq_i, dqr_i, dbias_ij, dmod_ij)
+    return (dk_j, dv_j, dcol_j), (dq_i, dqr_i, dbias_ij, dmod_ij, drow_i)
 
 
 def _key_tile(pb: TiledProblem, res: Residuals, ct: _Cotangent, carry, j):
     """Backward of key tile j over the query tiles its plan column bounds:
-    returns the updated `(dq, dqr, dbias, dmod)` buffers and `(dk_j, dv_j, trips)`."""
+    returns the updated `(dq, dqr, dbias, dmod, drow)` buffers and
+    `(dk_j, dv_j, dcol_j, trips)`."""
     dt = pb.dtype  # float32, or float64 for float64 inputs
     bodies = BODIES if pb.nf.shaw else BODIES[:3]
 
@@ -178,6 +188,7 @@ def _key_tile(pb: TiledProblem, res: Residuals, ct: _Cotangent, carry, j):
             None if carry[1] is None else jnp.zeros(carry[1].shape[1:], dt),
             None if pb.bias is None else jnp.zeros(pb.tile_shape(pb.bias), dt),
             None if carry[3] is None else jax.tree.map(jnp.zeros_like, carry[3]),
+            None if carry[4] is None else jnp.zeros(carry[4].shape[1:], dt),
         )
         return inner, zeros
 
@@ -187,9 +198,11 @@ def _key_tile(pb: TiledProblem, res: Residuals, ct: _Cotangent, carry, j):
         return functools.partial(_tile_grads, pb, res, ct, i, j, body)
 
     def loop_body(i, state):
-        inner, (dq, dqr, dbias, dmod), trips = state
+        inner, (dq, dqr, dbias, dmod, drow), trips = state
         fns = [branch(body, i) for body in bodies]
-        inner, (dq_i, dqr_i, dbias_ij, dmod_ij) = jax.lax.switch(pb.plan.branch[i, j], fns, inner)
+        inner, (dq_i, dqr_i, dbias_ij, dmod_ij, drow_i) = jax.lax.switch(
+            pb.plan.branch[i, j], fns, inner
+        )
         dq = dq.at[i].add(dq_i)
         if dqr is not None:
             dqr = dqr.at[i].add(dqr_i)
@@ -198,15 +211,20 @@ def _key_tile(pb: TiledProblem, res: Residuals, ct: _Cotangent, carry, j):
             dbias = jax.lax.dynamic_update_slice(dbias, cur + dbias_ij, pb.tile_start(dbias, i, j))
         if dmod is not None:
             dmod = jax.tree.map(jnp.add, dmod, dmod_ij)
-        return inner, (dq, dqr, dbias, dmod), trips + 1
+        if drow is not None:
+            drow = drow.at[i].add(drow_i)
+        return inner, (dq, dqr, dbias, dmod, drow), trips + 1
 
     inner = (
         jnp.zeros((pb.b, pb.kh, pb.bk, pb.h), dt),
         jnp.zeros((pb.b, pb.kh, pb.bk, pb.hv), dt),
+        None if pb.col is None else jnp.zeros(pb.col.shape[1:], dt),
     )
     lo, hi = pb.plan.cols[j, 0], pb.plan.cols[j, 1]
-    (dk_j, dv_j), carry, trips = jax.lax.fori_loop(lo, hi, loop_body, (inner, carry, jnp.int32(0)))
-    return carry, (dk_j, dv_j, trips)
+    (dk_j, dv_j, dcol_j), carry, trips = jax.lax.fori_loop(
+        lo, hi, loop_body, (inner, carry, jnp.int32(0))
+    )
+    return carry, (dk_j, dv_j, dcol_j, trips)
 
 
 def _cotangent(pb: TiledProblem, res: Residuals, dout: Array) -> _Cotangent:
@@ -237,10 +255,17 @@ def backward(res: Residuals, dout: Array, *, block_q: int, block_k: int) -> Grad
     dbias0 = None if pb.bias is None else jnp.zeros(pb.bias.shape, dt)
     mod = nf.score_mod
     dmod0 = None if mod is None else _mod_cotangent_sum(_mod_cotangent_zeros(mod.params))
+    drow0 = None if pb.row is None else jnp.zeros(pb.row.shape, dt)
     step = functools.partial(_key_tile, pb, res, ct)
-    (dq, dqr, dbias, dmod), (dk, dv, trips) = jax.lax.scan(
-        step, (dq0, dqr0, dbias0, dmod0), jnp.arange(pb.nk, dtype=jnp.int32)
+    (dq, dqr, dbias, dmod, drow), (dk, dv, dcol, trips) = jax.lax.scan(
+        step, (dq0, dqr0, dbias0, dmod0, drow0), jnp.arange(pb.nk, dtype=jnp.int32)
     )
+    d_row = d_col = None
+    if drow is not None:  # [nq,B,K,G,t,1] -> [B,N,T]; [nk,B,K,G,1,s] -> [B,N,S]
+        d_row = jnp.moveaxis(drow[..., 0], 0, 3).reshape(pb.b, pb.n, pb.tp)[:, :, : pb.t]
+        d_col = jnp.moveaxis(dcol[..., 0, :], 0, 3).reshape(pb.b, pb.n, pb.sp)[:, :, : pb.s]
+        d_row = d_row.astype(nf.row_bias.dtype)
+        d_col = d_col.astype(nf.col_bias.dtype)
 
     d_rel_key = d_rel_value = None
     if nf.rel_key is not None:
@@ -264,5 +289,7 @@ def backward(res: Residuals, dout: Array, *, block_q: int, block_k: int) -> Grad
         rel_key=d_rel_key,
         rel_value=d_rel_value,
         score_mod=None if mod is None else _mod_cotangent_finish(dmod, mod.params),
+        row_bias=d_row,
+        col_bias=d_col,
         trips=trips,
     )

@@ -183,6 +183,9 @@ class TiledProblem:
         (padding repeats the last entry, so relative ids stay in range).
       kv_valid: bool `[nk, 1, s]` (False on padded keys) or None.
       bias, mask: grouped `[B|1, K|1, G|1, Tp|1, Sp|1]` or None.
+      row: `[nq, B, K, G, t, 1]` and col: `[nk, B, K, G, 1, s]`, the row and
+        column terms (`nf.row_bias`, `nf.col_bias`, zero-padded) in the
+        compute dtype, or None.
       plan: the `TilePlan`.
     """
 
@@ -217,6 +220,13 @@ class TiledProblem:
             self.kv_valid = split_tiles(valid, 1, self.nk, self.bk)
         self.bias = None if nf.bias is None else self._pad_ts(scores.group_heads(nf.bias, kh))
         self.mask = None if nf.mask is None else self._pad_ts(scores.group_heads(nf.mask, kh))
+        self.row = self.col = None
+        if nf.row_bias is not None:
+            shape = (b, kh, self.g)
+            row = pad_axis(nf.row_bias.astype(self.dtype), 2, self.tp).reshape(shape + (self.tp,))
+            col = pad_axis(nf.col_bias.astype(self.dtype), 2, self.sp).reshape(shape + (self.sp,))
+            self.row = split_tiles(row[..., None], 3, self.nq, self.bq)  # [nq,B,K,G,t,1]
+            self.col = split_tiles(col[..., None, :], 4, self.nk, self.bk)  # [nk,B,K,G,1,s]
         self.plan = plan_tiles(nf, self.bq, self.bk)
 
     def tile_q(self, x: Array) -> Array:
@@ -318,6 +328,8 @@ def tile_logits(
     else:
         s = scores.tile_logits(q, kk, scale=nf.scale, bias=bias)
     s = s.astype(pb.dtype)
+    if pb.row is not None:  # the row and column terms, with the bias (before the mod)
+        s = s + pb.row[i] + pb.col[j]
     if r is None and qr is not None:  # the constant relative id's key term: one column
         c = pb.plan.rel_id[i, j]
         s = s + nf.scale * jax.lax.dynamic_index_in_dim(qr, c, axis=-1, keepdims=True)

@@ -25,7 +25,11 @@ What normalising does:
 - `local_window_size` is a static `(left, right)` pair or None;
 - Shaw tables are per head, `[N, 2k+1, H]` and `[N, 2k+1, Hv]`, or None;
 - dropout is a static rate and an int32 `[2]` seed (None when off);
-- a score mod is a `jattn.ScoreMod` (its params traced leaves) or None.
+- a score mod is a `jattn.ScoreMod` (its params traced leaves) or None;
+- row and column terms (`row_col_bias=(a, c)`) are float `[B, N, T]` and
+  `[B, N, S]`, both or neither: logit (b, n, i, j) gains `a[b, n, i] +
+  c[b, n, j]` (indices, not positions), O(T + S) memory where a bias of the
+  same values would be `[B, N, T, S]`.
 
 Shapes: the letters of `jattn.attention.legend` (K divides N; Hv, the value
 head dim, is `E` in einsum strings).
@@ -74,6 +78,10 @@ class NormalForm:
       rel_value: Shaw value table `[N, 2k+1, Hv]` or None.
       dropout_seed: int32 `[2]` (see `jattn.dropout`) or None when off.
       score_mod: `jattn.ScoreMod` applied to the scaled logits, or None.
+      row_bias: float `[B, N, T]` or None: added to every logit of query row
+        i (with `bias`, before the score mod).
+      col_bias: float `[B, N, S]` or None (None iff `row_bias` is): added to
+        every logit of key column j.
       is_causal: key visible iff `kv_position <= q_position`.
       window: `(left, right)`: key visible iff
         `q_position - left <= kv_position <= q_position + right`; or None.
@@ -106,6 +114,8 @@ class NormalForm:
     rel_value: Array | None = None
     dropout_seed: Array | None = None
     score_mod: ScoreMod | None = None
+    row_bias: Array | None = None
+    col_bias: Array | None = None
     is_causal: bool = False
     window: tuple[int, int] | None = None
     max_distance: int = 0
@@ -248,6 +258,31 @@ def _table(x, name: str, n: int, r: int, h: int, h_name: str) -> Array:
     return x
 
 
+def _row_col(pair, b: int, n: int, t: int, s: int) -> tuple[Array | None, Array | None]:
+    """`row_col_bias=(a, c)` checked: float `[B, N, T]` and `[B, N, S]`, or (None, None)."""
+    if pair is None:
+        return None, None
+    if not isinstance(pair, tuple | list) or len(pair) != 2:
+        raise TypeError(
+            "dot_product_attention: row_col_bias must be a pair (a [B, N, T], c [B, N, S]), "
+            f"got {type(pair).__name__}"
+        )
+    out = []
+    for name, x, want in (("row", pair[0], (b, n, t)), ("column", pair[1], (b, n, s))):
+        x = jnp.asarray(x)
+        if not jnp.issubdtype(x.dtype, jnp.floating):
+            raise TypeError(
+                f"dot_product_attention: row_col_bias's {name} term must be floating, got {x.dtype}"
+            )
+        if x.shape != want:
+            raise ValueError(
+                f"dot_product_attention: row_col_bias's {name} term must have shape "
+                f"{list(want)}, got {list(x.shape)}"
+            )
+        out.append(x)
+    return out[0], out[1]
+
+
 def _fold_lengths(seg, lengths, length: int, batch: int, pad: int) -> Array | None:
     """Segment ids with positions at or past `lengths` replaced by `pad`."""
     if lengths is None:
@@ -296,6 +331,7 @@ def normalise(
     kv_positions=None,
     relative: ShawRelative | None = None,
     score_mod: ScoreMod | None = None,
+    row_col_bias=None,
     dropout_rate: float = 0.0,
     dropout_rng=None,
     dropout_broadcast_batch: bool = False,
@@ -404,6 +440,7 @@ def normalise(
             "dot_product_attention: score_mod must be a jattn.ScoreMod(fn, params), "
             f"got {type(score_mod).__name__}"
         )
+    row_bias, col_bias = _row_col(row_col_bias, b, n, t, s)
     dropout_rate = float(dropout_rate)
     if not 0.0 <= dropout_rate < 1.0:
         raise ValueError(
@@ -432,6 +469,8 @@ def normalise(
         rel_value=rel_value,
         dropout_seed=seed,
         score_mod=score_mod,
+        row_bias=row_bias,
+        col_bias=col_bias,
         is_causal=bool(is_causal),
         window=window_pair(local_window_size),
         max_distance=max_distance,

@@ -81,6 +81,7 @@ FEATURES = (
     "bias",
     "shaw",
     "score_mod",
+    "row_col",
     "dropout",
     "traced_scale",
 )

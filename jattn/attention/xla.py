@@ -36,6 +36,10 @@ def _grouped_weights(nf: NormalForm, q: Array, kk: Array, poison: Array):
         qr = jnp.einsum("BKGTH,KGRH->BKGTR", q, tab)  # [B,K,G,T,R]
     grouped_bias = None if nf.bias is None else scores.group_heads(nf.bias, k)
     logits = scores.tile_logits(q, kk, scale=nf.scale, bias=grouped_bias, qr=qr, r=r)
+    if nf.row_bias is not None:  # a[i] + c[j], broadcast: only the logits are [T, S]
+        b, t, s = nf.row_bias.shape[0], nf.row_bias.shape[2], nf.col_bias.shape[2]
+        row = nf.row_bias.astype(logits.dtype).reshape(b, k, g, t, 1)
+        logits = logits + row + nf.col_bias.astype(logits.dtype).reshape(b, k, g, 1, s)
     if nf.score_mod is not None:
         apply = scores.apply_grouped_score_mod
         if distance_table.is_arange(nf.score_mod):  # the table is the whole problem's window

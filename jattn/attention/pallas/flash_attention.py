@@ -397,8 +397,14 @@ def flash_attention(
     Raises:
       backend.PallasBackendError: on a GPU whose jax lacks the Pallas Triton
         backend (named with the jax version; there is no fallback).
-      ValueError: an unknown `backend`, or both `interpret` and `backend`.
+      ValueError: an unknown `backend`, or both `interpret` and `backend`;
+        row and column terms (`nf.row_bias`), which the kernels do not read.
     """
+    if nf.row_bias is not None:
+        raise ValueError(
+            "flash_attention: row_col_bias (row and column terms, the forget gate's) is not in "
+            "the Pallas kernels yet; use implementation='xla' or 'chunked'"
+        )
     if backend is None:
         backend = resolve_backend(interpret)
     elif interpret is not None:
