@@ -24,8 +24,8 @@ against input length with the training lengths shaded.
 (the same grid on duplication, rows of 96 tokens: 25 min 38 s here, over the
 20-minute aim; only T5 extrapolates, docs/results.md "Duplication"), "quick" (fewer
 steps and seeds, for a fast look), "ontanon" and "ontanon_duplicate" (below),
-"shaw_clip" (Shaw alone with its clip distance at 8 and 24 instead of
-the longest training length, 16: docs/results.md "Shaw's clip against the
+"shaw_clip" (Shaw alone with its clip distance at 8, 16 and 24, the
+longest training length being 16: docs/results.md "Shaw's clip against the
 training length"), "tiny" (two schemes, one seed, a few steps: the
 tests). The Shaw
 variants of Ontañón et al. (key/bias terms, rel2) are `experiments/shaw_variants.py`;
@@ -73,17 +73,17 @@ def get_config(arg=None):
         position=("model.position", SCHEMES),
     )
     if arg == "shaw_clip":
-        # Shaw alone with its clip distance off the longest training length
-        # (16): does it stop at k or where training stopped? The k = 16 arm
-        # is the main job's Shaw group (same settings, committed report).
+        # Shaw alone with its clip distance below, at and above the longest
+        # training length (16): does it stop at k or where training stopped?
+        # k = 16 is the main job's Shaw group, rerun here beside the others.
         c.grid = grid_experiment(
             "configs/reverse_digits.py",
-            reference="clip=8,position=shaw",
+            reference="clip=16,position=shaw",
             metrics=c.metrics,
-            clip=("model.position_options.shaw.max_distance", "8,24"),
+            clip=("model.position_options.shaw.max_distance", "8,16,24"),
             position=("model.position", "shaw"),
         ).grid
-        c.reference = "clip=8,position=shaw"
+        c.reference = "clip=16,position=shaw"
     if arg in (None, "", "quick", "shaw_clip"):
         # The main job skips attention's guard against non-finite hidden keys
         # (its keys are its own projections): 3-4% of its train step, and for
