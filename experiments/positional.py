@@ -3,6 +3,7 @@
     jattn ablate --config experiments/positional.py --workdir runs/positional
     jattn ablate --config experiments/positional.py:duplicate --workdir runs/positional_dup
     jattn ablate --config experiments/positional.py:quick --workdir /tmp/pos  # a few minutes
+    jattn ablate --config experiments/positional.py:shaw_clip --workdir runs/shaw_clip
     jattn ablate --config experiments/positional.py --workdir runs/positional --emit slurm
 
 Trains `configs/reverse_digits.py` (Ontañón et al. 2022's reversing: digit
@@ -23,7 +24,10 @@ against input length with the training lengths shaded.
 (the same grid on duplication, rows of 96 tokens: 25 min 38 s here, over the
 20-minute aim; only T5 extrapolates, docs/results.md "Duplication"), "quick" (fewer
 steps and seeds, for a fast look), "ontanon" and "ontanon_duplicate" (below),
-"tiny" (two schemes, one seed, a few steps: the tests). The Shaw
+"shaw_clip" (Shaw alone with its clip distance at 8, 16 and 24, the
+longest training length being 16: docs/results.md "Shaw's clip against the
+training length"), "tiny" (two schemes, one seed, a few steps: the
+tests). The Shaw
 variants of Ontañón et al. (key/bias terms, rel2) are `experiments/shaw_variants.py`;
 the earlier grid on German number words is `experiments/positional_numbers.py`.
 
@@ -68,7 +72,19 @@ def get_config(arg=None):
         metrics=length_metrics("accuracy"),
         position=("model.position", SCHEMES),
     )
-    if arg in (None, "", "quick"):
+    if arg == "shaw_clip":
+        # Shaw alone with its clip distance below, at and above the longest
+        # training length (16): does it stop at k or where training stopped?
+        # k = 16 is the main job's Shaw group, rerun here beside the others.
+        c.grid = grid_experiment(
+            "configs/reverse_digits.py",
+            reference="clip=16,position=shaw",
+            metrics=c.metrics,
+            clip=("model.position_options.shaw.max_distance", "8,16,24"),
+            position=("model.position", "shaw"),
+        ).grid
+        c.reference = "clip=16,position=shaw"
+    if arg in (None, "", "quick", "shaw_clip"):
         # The main job skips attention's guard against non-finite hidden keys
         # (its keys are its own projections): 3-4% of its train step, and for
         # this config bit-identical, every scheme's step and the whole grid's
@@ -92,9 +108,9 @@ def get_config(arg=None):
             c.train.model = ml_collections.ConfigDict({"max_len": 96})
     elif arg == "tiny":
         tiny(c, dataset="reverse_digits/tiny", position="sinusoidal,shaw")
-    elif arg:
+    elif arg and arg != "shaw_clip":
         raise ValueError(
             f"experiments/positional.py: unknown preset {arg!r} "
-            "(duplicate, ontanon, ontanon_duplicate, quick, tiny)"
+            "(duplicate, ontanon, ontanon_duplicate, quick, shaw_clip, tiny)"
         )
     return c

@@ -913,7 +913,12 @@ def test_intervals_are_clipped_to_where_a_metric_can_lie():
 @pytest.mark.parametrize(
     "spec",
     sorted(p.name for p in (ROOT / "experiments").glob("[!_]*.py"))
-    + ["decoder_only.py:long", "positional.py:duplicate", "scan.py:long"],
+    + [
+        "decoder_only.py:long",
+        "positional.py:duplicate",
+        "positional.py:shaw_clip",
+        "scan.py:long",
+    ],
 )
 def test_every_published_grid_starts(spec, tmp_path, capsys):
     """Each grid of experiments/ (as the README runs it) passes the checks made before
