@@ -194,23 +194,3 @@ def test_options_and_their_checks():
             vocab_size=11, d_model=8, num_heads=2, num_layers=1, d_ff=8,
             position_options={"forgetting": {"bias_init": float("inf")}},
         )  # fmt: skip
-
-
-def test_captured_weights_include_the_gate():
-    """`capture_attention` sows the weights the layer mixed values with: the
-    gate's terms are in them (values mixed by the sown weights and projected
-    out give the layer's output)."""
-    cfg, _ = _layer()
-    cfg = cfg.replace(capture_attention=True)
-    layer = Attention(cfg, causal=True)
-    x = jnp.asarray(np.random.default_rng(4).normal(size=(2, 7, cfg.d_model)), jnp.float32)
-    params = nn.unbox(layer.init(jax.random.key(0), x, x)["params"])
-    gate = params["forget_gate"]
-    params = {**params, "forget_gate": {**gate, "b": gate["b"] - 5.0}}
-    out, sown = layer.apply({"params": params}, x, x, mutable=["intermediates"])
-    (weights,) = sown["intermediates"]["attention_weights"]  # [B, N, T, S]
-    v = jnp.einsum("BSD,DKH->BSKH", x, params["v"])
-    mixed = jnp.einsum("BNTS,BSNH->BTNH", weights, v)
-    np.testing.assert_allclose(
-        jnp.einsum("BTNH,NHD->BTD", mixed, params["o"]), out, rtol=1e-4, atol=1e-5
-    )

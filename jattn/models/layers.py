@@ -441,7 +441,7 @@ class Attention(nn.Module):
             **visibility,
         )  # [B, T, N, H]
         if cfg.capture_attention:
-            self._probe("weights", (q, key, mod, shaw, causal, row_col, visibility))
+            self._probe("weights", (q, key, mod, shaw, causal, visibility))
         return out
 
     # -- the probe seam ------------------------------------------------------
@@ -455,7 +455,7 @@ class Attention(nn.Module):
           attention mask `[B, 1, 1, S]`, or None.
         - "heads": `x` the heads' outputs `[B, T, N, H]`, scaled by
           `interventions/head_gate` `[N]`.
-        - "weights": `x` `(q, key, mod, shaw, causal, row_col, visibility)`; sows the
+        - "weights": `x` `(q, key, mod, shaw, causal, visibility)`; sows the
           attention weights `[B, N, T, S]` into "intermediates" (the
           materialising pass of `capture_attention`; returns None).
 
@@ -480,12 +480,8 @@ class Attention(nn.Module):
             gate = get("interventions", "head_gate")  # [N]
             return x * gate.astype(x.dtype)[None, None, :, None]
         if stage == "weights":
-            q, key, mod, shaw, causal, row_col, visibility = x
+            q, key, mod, shaw, causal, visibility = x
             bias = None if mod is None else _materialise(mod, q.shape, key.shape, visibility)
-            if row_col is not None:  # the forget gates, materialised as the probe's weights are
-                a, c = row_col
-                terms = a[:, :, :, None] + c[:, :, None, :]  # [B, N, T, S]
-                bias = terms if bias is None else bias + terms
             weights = attention_weights(
                 q, key, bias, relative=shaw, is_causal=causal, **visibility
             )  # [B, N, T, S]
