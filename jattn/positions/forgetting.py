@@ -54,11 +54,11 @@ def forget_gate_param_specs(d_model: int, num_heads: int, bias_init: float = FOR
 
 
 def log_forget_gates(params, x: Array) -> Array:
-    """`log f = log σ(x·w + b)` `[B, T, N]` of `x [B, T, D]`, in float32 (float64
-    for float64 inputs; `log_sigmoid`: finite and accurate where f is near 1)."""
-    dt = jnp.promote_types(x.dtype, jnp.float32)
-    w, b = params["w"].astype(dt), params["b"].astype(dt)
-    logits = jnp.einsum("BTD,DN->BTN", x.astype(dt), w) + b[None, None]
+    """`log f = log σ(x·w + b)`, float32 `[B, T, N]`, of `x [B, T, D]`
+    (`log_sigmoid`: finite and accurate where f is near 1)."""
+    w = params["w"].astype(jnp.float32)
+    b = params["b"].astype(jnp.float32)
+    logits = jnp.einsum("BTD,DN->BTN", x.astype(jnp.float32), w) + b[None, None]
     return jax.nn.log_sigmoid(logits)
 
 
