@@ -5,7 +5,7 @@ A scheme is everything a positional encoding does to a Transformer, in one
 place: its options (a frozen dataclass of its own, `Scheme.Options`, with
 their defaults and checks), its absolute vector added to the embeddings, its
 rotation of queries and keys, its learned shift of the queries, its score
-mod on the logits, its Shaw tables, the parameters it shares across a
+mod on the logits, its Shaw tables, its forget gates, the parameters it shares across a
 stack's layers, its config checks, the longest position it supports, and
 what it declares about itself (shift invariant or not, causal-only or not).
 The layers call these hooks and never compare a scheme's name;
@@ -178,6 +178,16 @@ class Scheme:
 
     def shaw(self, module: nn.Module, cfg: TransformerConfig) -> ShawRelative | None:
         """Shaw's key/value tables of one attention layer, declared on `module`."""
+        return None
+
+    def forget_gates(
+        self, module: nn.Module, cfg: TransformerConfig, site: Site, x: Array
+    ) -> Array | None:
+        """Log forget gates `log f` float32 `[B, T, N]` of a causal
+        self-attention layer's input `x` `[B, T, D]` (parameters declared on
+        `module`), or None. The layer adds `c_i − c_j` to logit (i, j), `c`
+        the cumulative sum of `log f` (per segment; in decoding carried in
+        the cache), as row and column terms (the Forgetting Transformer)."""
         return None
 
 
