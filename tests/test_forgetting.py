@@ -7,7 +7,8 @@ causality, shift invariance, logical axes).
   the gate's `w` and `b` (and to q, k, v, x), against a float64 materialised
   formula written here: `bias[i, j] = Σ_{l=j+1..i} log σ(x_l·w + b)` summed
   from a dense `[T, T, T]` indicator, softmax and all; causal and packed
-  (the per-segment restart of `segment_cumsum` must not change a logit).
+  (a segment's sums, `segment_cumsum`, in rows whose examples are one run
+  each and in a decoder-only stream's interleaved runs).
 - A newcomer's input shifted right, by padding or by another segment in
   front, gives the same outputs shifted, at the attention layer where the
   gate acts: nothing there reads positions.
@@ -36,12 +37,24 @@ IMPLS = {
 }
 
 
-def _packed():
-    ids = np.array([[1] * 5 + [2] * 6 + [0] * 2, [1] * 13], np.int32)
+LAYOUTS = {
+    # two examples one after the other, then padding; one example a row
+    "packed": [[1] * 5 + [2] * 6 + [0] * 2, [1] * 13],
+    # a decoder-only stream: every example's inputs, padding, then every
+    # example's targets, so each example is two runs with the other between
+    "interleaved": [[1, 1, 1, 2, 2, 0, 1, 1, 2, 2, 2, 0, 0], [1, 1, 2, 2, 2, 2, 1, 1, 1, 2, 0, 1, 1]],
+}
+
+
+def _packed(layout: str = "packed"):
+    """Segment ids `[B, T]` and positions counting each segment's tokens in
+    stream order (padding at 0)."""
+    ids = np.array(LAYOUTS[layout], np.int32)
     pos = np.zeros_like(ids)
     for r in range(B):
-        for i in range(1, T):
-            pos[r, i] = pos[r, i - 1] + 1 if ids[r, i] == ids[r, i - 1] else 0
+        for s in set(ids[r].tolist()) - {0}:
+            at = np.flatnonzero(ids[r] == s)
+            pos[r, at] = np.arange(len(at))
     return ids, pos
 
 
@@ -56,7 +69,7 @@ def _problem(seed):
 
 
 def _jattn(impl, segments):
-    ids, pos = _packed() if segments else (None, None)
+    ids, pos = _packed(segments) if segments else (None, None)
     kw = dict(is_causal=True)
     if segments:
         kw.update(q_segment_ids=ids, kv_segment_ids=ids, q_positions=pos, kv_positions=pos)
@@ -71,17 +84,23 @@ def _jattn(impl, segments):
 
 
 def _materialised(segments):
-    """The paper's formula, dense: `Σ_{l=j+1..i} log f_l` per (i, j), no cumsum."""
-    ids, pos = _packed() if segments else (np.ones((B, T), np.int32), np.tile(np.arange(T), (B, 1)))
-    i, j, l_ = np.arange(T)[:, None, None], np.arange(T)[None, :, None], np.arange(T)[None, None]
-    between = jnp.asarray(((j < l_) & (l_ <= i)).astype(np.float64))  # [T, T, T]
+    """The paper's formula, dense: `Σ log f_l` over the tokens l of query i's
+    example between key j and i (`pos_j < pos_l ≤ pos_i`), no cumsum."""
+    if segments:
+        ids, pos = _packed(segments)
+    else:
+        ids, pos = np.ones((B, T), np.int32), np.tile(np.arange(T), (B, 1))
+    same = (ids[:, :, None] == ids[:, None, :]) & (ids[:, :, None] != 0)  # [B, i, l]
+    p_i, p_j, p_l = pos[:, :, None, None], pos[:, None, :, None], pos[:, None, None, :]
+    between = same[:, :, None, :] & (p_j < p_l) & (p_l <= p_i)  # [B, i, j, l]
+    between = jnp.asarray(between.astype(np.float64))
     visible = (pos[:, :, None] >= pos[:, None, :]) & (ids[:, :, None] == ids[:, None, :])
     visible &= (ids[:, :, None] != 0)[..., :]  # padding sees nothing
     visible = jnp.asarray(visible[:, None])  # [B, 1, T, T]
 
     def f(x, q, k, v, w, b):
         logf = jax.nn.log_sigmoid(jnp.einsum("BTD,DN->BTN", x, w) + b[None, None])  # [B, T, N]
-        bias = jnp.einsum("ijl,BlN->BNij", between, logf)
+        bias = jnp.einsum("Bijl,BlN->BNij", between, logf)
         s = jnp.einsum("BiNH,BjNH->BNij", q, k) / np.sqrt(H) + bias
         s = jnp.where(visible, s, -jnp.inf)
         m = jnp.max(jnp.where(visible, s, -1e300), axis=-1, keepdims=True)
@@ -93,7 +112,7 @@ def _materialised(segments):
     return f
 
 
-@pytest.mark.parametrize("segments", [False, True], ids=["causal", "packed"])
+@pytest.mark.parametrize("segments", [None, "packed", "interleaved"], ids=str)
 @pytest.mark.parametrize("impl", list(IMPLS))
 def test_gate_and_its_gradients_match_the_materialised_formula_in_float64(impl, segments):
     x, q, k, v, w, b, ct = _problem(0)
@@ -124,17 +143,18 @@ def test_the_gates_forget():
     assert np.max(np.abs(gated - open_)) > 1e-2
 
 
-def test_segment_cumsum_restarts_at_each_segment():
-    ids, _ = _packed()
+@pytest.mark.parametrize("layout", list(LAYOUTS))
+def test_segment_cumsum_sums_each_segments_own_tokens(layout):
+    """`c_i` is the sum over the tokens of i's segment up to i, wherever the
+    segment's runs sit in the row; padding adds nothing."""
+    ids, _ = _packed(layout)
     x = jnp.asarray(np.random.default_rng(2).normal(size=(B, T, N)), jnp.float32)
     got = np.asarray(pos_lib.segment_cumsum(x, jnp.asarray(ids)))
     want = np.zeros((B, T, N), np.float32)
     for r in range(B):
         for i in range(T):
-            start = i
-            while start > 0 and ids[r, start - 1] == ids[r, i]:
-                start -= 1
-            want[r, i] = np.asarray(x[r, start : i + 1]).sum(0)
+            own = (ids[r, : i + 1] == ids[r, i]) & (ids[r, : i + 1] != 0)
+            want[r, i] = np.asarray(x[r, : i + 1])[own].sum(0)
     np.testing.assert_allclose(got, want, rtol=1e-6, atol=1e-6)
 
 

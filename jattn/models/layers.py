@@ -507,6 +507,8 @@ class Attention(nn.Module):
             if self.decode and self.is_initializing():  # the cache's slots: S = T here
                 self.variable("cache", "cached_gate" + slot, jnp.zeros, c.shape, jnp.float32)
             return pos_lib.forget_row_col(c, c)
+        if segment_ids is not None:  # a prompt's padding slots (segment 0) add nothing
+            gates = jnp.where((segment_ids != 0)[..., None], gates, jnp.zeros_like(gates))
         cached = self.variable("cache", "cached_gate" + slot)
         start = jnp.maximum(index - 1, 0)
         prev = lax.dynamic_slice_in_dim(cached.value, start, 1, axis=1)  # [B, 1, N]

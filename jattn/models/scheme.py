@@ -116,6 +116,9 @@ class Scheme:
         information at all; only "none").
       causal_only: defined for causal attention only (a bidirectional layer
         with it is a config error).
+      data_dependent: its terms are functions of the tokens, not of their
+        positions (the forget gate): `relative` for its hooks to run, yet
+        drawing or shifting positions changes nothing (`reads_positions`).
 
     Class attributes:
       Options: the scheme's `SchemeOptions` class (None: it has none).
@@ -133,6 +136,12 @@ class Scheme:
     shift_invariant: bool = False
     order_blind: bool = False
     causal_only: bool = False
+    data_dependent: bool = False
+
+    @property
+    def reads_positions(self) -> bool:
+        """Whether the model's outputs depend on the positions it is given."""
+        return (self.absolute or self.relative) and not self.data_dependent
 
     def options(self, cfg: TransformerConfig) -> Any:
         """This scheme's options in `cfg` (an instance of `Options`)."""

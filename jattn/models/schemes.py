@@ -648,6 +648,7 @@ class Forgetting(Scheme):
     relative: bool = True
     shift_invariant: bool = True
     order_blind: bool = True
+    data_dependent: bool = True
 
     def forget_gates(self, module, cfg, site, x):
         if not site.causal or site.cross:

@@ -8,10 +8,11 @@ column term, which attention reads per tile in O(T + S) memory
 (`jattn.dot_product_attention(row_col_bias=(c, −c))`); the `[T, S]` decay
 matrix is never built.
 
-Packed rows: `c` restarts at each segment (`segment_cumsum`), so a segment's
-sums are those of the segment alone (the differences `c_i − c_j` within a
-segment are the same either way; restarting keeps the values, and their
-float32 rounding, as small as the segment's). Pure functions; the component
+Packed rows: `c` is summed per segment (`segment_cumsum`) over that
+segment's tokens alone, padding adding nothing, so `c_i − c_j` counts the
+gates of the tokens of one example between j and i even where the row
+interleaves examples (a decoder-only stream: inputs, then targets); the
+values, and their float32 rounding, stay as small as the segment's. Pure functions; the component
 that declares the parameters is `jattn.models.schemes.Forgetting`.
 
 Shapes: B batch, T tokens, N heads, D the layer's width.
@@ -63,20 +64,33 @@ def log_forget_gates(params, x: Array) -> Array:
 
 
 def segment_cumsum(x: Array, segment_ids: Array | None) -> Array:
-    """The cumulative sum of `x [B, T, N]` along T, restarting where the
-    segment id `[B, T]` changes (None: one segment a row)."""
+    """The cumulative sum of `x [B, T, N]` along T within each segment:
+    `c_i = Σ x_l` over the tokens `l ≤ i` of token i's segment (`[B, T]`
+    ids; None: one segment a row). Padding (segment 0) adds nothing.
+
+    A segment need not be contiguous: a decoder-only stream holds every
+    example's inputs, then every example's targets, so an example's
+    targets follow the other examples' inputs (jattn.models.decoder_only).
+    The sum is therefore taken in segment order: a stable sort by segment
+    id makes each segment one run, the scan restarts where the id changes,
+    and the inverse permutation puts the sums back, O(T) memory.
+    """
     if segment_ids is None:
         return jnp.cumsum(x, axis=1)
+    x = jnp.where((segment_ids != 0)[..., None], x, jnp.zeros_like(x))
+    order = jnp.argsort(segment_ids, axis=1, stable=True)  # [B, T]
+    ids = jnp.take_along_axis(segment_ids, order, axis=1)
+    runs = jnp.take_along_axis(x, order[..., None], axis=1)  # [B, T, N], segment by segment
     start = jnp.concatenate(
-        [jnp.ones_like(segment_ids[:, :1], bool), segment_ids[:, 1:] != segment_ids[:, :-1]],
-        axis=1,
+        [jnp.ones_like(ids[:, :1], bool), ids[:, 1:] != ids[:, :-1]], axis=1
     )[..., None]  # [B, T, 1]
 
     def combine(left, right):
         (a, ra), (b, rb) = left, right
         return jnp.where(rb, b, a + b), ra | rb
 
-    return jax.lax.associative_scan(combine, (x, jnp.broadcast_to(start, x.shape)), axis=1)[0]
+    sums = jax.lax.associative_scan(combine, (runs, jnp.broadcast_to(start, x.shape)), axis=1)[0]
+    return jnp.take_along_axis(sums, jnp.argsort(order, axis=1)[..., None], axis=1)
 
 
 def forget_row_col(c_q: Array, c_kv: Array) -> tuple[Array, Array]:
