@@ -293,21 +293,18 @@ class Attention(nn.Module):
                 q_segment_ids = kv_segment_ids = None
             else:  # the slots' own positions and segments (a decoder-only stream)
                 kv_positions, kv_segment_ids = cache_positions, cache_segment_ids
-        mod = row_col = None
+        terms = dict(mod=None, row_col=None, form=None)
         if self._relative:  # the score mod's parameters, declared before Shaw's tables
-            mod = self.config.scheme.score_mod(self, self.config, site, scheme_state)
-            gates = self.config.scheme.forget_gates(self, self.config, site, x)  # [B, T, N]
-            if gates is not None:
-                row_col = self._forget_terms(gates, mode, cache_index, q_segment_ids, cache_slot)
+            terms = self._scheme_terms(
+                site, scheme_state, x, mode, cache_index, q_segment_ids, cache_slot
+            )
         ids = dict(q_segment_ids=q_segment_ids, kv_segment_ids=kv_segment_ids)
         ids.update(q_positions=q_positions, kv_positions=kv_positions)
         mask = self._probe("mask", None)
         if visible is not None:  # the caller's rule (a prefix LM's) replaces the causal one
             mask = visible if mask is None else mask & visible
         causal = self.causal and visible is None
-        out = self._attend(
-            q, key, value, mod, mask=mask, causal=causal, train=train, row_col=row_col, **ids
-        )
+        out = self._attend(q, key, value, terms, mask=mask, causal=causal, train=train, **ids)
         return self._project_out(out, w)  # [B, T, D]
 
     # -- checks --------------------------------------------------------------
@@ -403,24 +400,22 @@ class Attention(nn.Module):
 
     # -- attention -----------------------------------------------------------
 
-    def _attend(
-        self,
-        q,
-        key,
-        value,
-        mod: ScoreMod | None,
-        *,
-        causal: bool,
-        train: bool,
-        row_col=None,
-        **visibility,
-    ):
-        """`jattn.dot_product_attention` `[B, T, N, H]`, with the scheme's score
-        mod, Shaw tables and forget-gate terms (`row_col`), attention dropout
-        in training, and the weights sown when configured.
+    def _attend(self, q, key, value, terms: dict, *, causal: bool, train: bool, **visibility):
+        """`jattn.dot_product_attention` `[B, T, N, H]`, with the scheme's
+        `terms` (`_scheme_terms`: score mod, forget-gate terms) and Shaw
+        tables, attention dropout in training, and the weights sown when
+        configured; or the scheme's attention form where it has one.
 
         `visibility`: mask, segment ids and positions, as that function takes them.
         """
+        mod, row_col, form = terms["mod"], terms["row_col"], terms["form"]
+        if form is not None:  # causal in the positions, as its site is
+            if visibility.pop("mask") is not None:
+                raise ValueError(
+                    f"Attention: position={self.config.position!r} takes no attention mask "
+                    "(a probe's key_visible intervention)"
+                )
+            return form(q, key, value, **visibility)  # [B, T, N, H]
         cfg = self.config
         shaw = cfg.scheme.shaw(self, cfg) if self._relative else None
         rate = cfg.attention_dropout_rate if train else 0.0
@@ -494,6 +489,18 @@ class Attention(nn.Module):
         raise ValueError(f"Attention._probe: unknown stage {stage!r}")
 
     # -- cache read and write ------------------------------------------------
+
+    def _scheme_terms(self, site: Site, state, x: Array, mode: str, index, segment_ids, slot):
+        """The scheme's terms in this layer, each None where it has none:
+        "mod" its score mod, "row_col" its forget gates' row and column
+        terms, "form" the attention function replacing softmax."""
+        scheme, cfg = self.config.scheme, self.config
+        mod = scheme.score_mod(self, cfg, site, state)
+        gates = scheme.forget_gates(self, cfg, site, x)  # [B, T, N]
+        row_col = None
+        if gates is not None:
+            row_col = self._forget_terms(gates, mode, index, segment_ids, slot)
+        return dict(mod=mod, row_col=row_col, form=scheme.attention_form(self, cfg, site))
 
     def _forget_terms(self, gates: Array, mode: str, index, segment_ids, slot: str):
         """The forget gates' `row_col_bias` `(c [B, N, T], −c [B, N, S])`, `c`

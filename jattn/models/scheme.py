@@ -22,12 +22,14 @@ query heads, K kv heads, H head dim, D width.
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from typing import TYPE_CHECKING, Any, ClassVar
 
 import flax.linen as nn
 import jax
+import jax.numpy as jnp
 
+from jattn.models.axes import param
 from jattn.positions import ShawRelative
 from jattn.score_mod import ScoreMod
 
@@ -41,6 +43,7 @@ __all__ = [
     "PositionOptions",
     "Scheme",
     "SchemeOptions",
+    "SchemeParams",
     "Site",
     "default_position_options",
     "get_scheme",
@@ -198,6 +201,31 @@ class Scheme:
         the cumulative sum of `log f` (per segment; in decoding carried in
         the cache), as row and column terms (the Forgetting Transformer)."""
         return None
+
+    def attention_form(
+        self, module: nn.Module, cfg: TransformerConfig, site: Site
+    ) -> Callable[..., Array] | None:
+        """The attention function that replaces softmax attention in this
+        layer (parameters declared on `module`), or None for softmax
+        attention: `form(q [B, T, N, H], k [B, S, K, H], v [B, S, K, Hv], *,
+        q_positions, kv_positions, q_segment_ids, kv_segment_ids)` ->
+        `[B, T, N, Hv]`, causal in the positions (CoPE, stick-breaking)."""
+        return None
+
+
+class SchemeParams(nn.Module):
+    """A scheme's own parameters in one sub-module: `specs` is a tuple of
+    `(name, init, shape, logical axis names)`; returns `{name: array}`."""
+
+    specs: tuple
+    dtype: Any = jnp.float32
+
+    @nn.compact
+    def __call__(self) -> dict[str, Array]:
+        return {
+            name: param(self, name, init, shape, names, self.dtype)
+            for name, init, shape, names in self.specs
+        }
 
 
 SCHEMES: dict[str, Scheme] = {}

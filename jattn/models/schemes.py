@@ -34,11 +34,13 @@ import jax.numpy as jnp
 
 from jattn import positions as pos_lib
 from jattn.models.axes import param
+from jattn.models.data_schemes import Cope, Forgetting, StickBreaking
 from jattn.models.scheme import (
     SCHEMES,
     PositionOptions,
     Scheme,
     SchemeOptions,
+    SchemeParams,
     Site,
     default_position_options,
     get_scheme,
@@ -411,21 +413,6 @@ class TransformerXL(Scheme):
 # -- score mods ----------------------------------------------------------------------
 
 
-class SchemeParams(nn.Module):
-    """A scheme's own parameters in one sub-module: `specs` is a tuple of
-    `(name, init, shape, logical axis names)`; returns `{name: array}`."""
-
-    specs: tuple
-    dtype: Any = jnp.float32
-
-    @nn.compact
-    def __call__(self) -> dict[str, Array]:
-        return {
-            name: param(self, name, init, shape, names, self.dtype)
-            for name, init, shape, names in self.specs
-        }
-
-
 def _constant(value: float):
     """An initialiser filling with `value`."""
     return lambda key, shape, dtype=jnp.float32: jnp.full(shape, value, dtype)
@@ -614,52 +601,6 @@ class T5(Scheme):
         )
 
 
-@dataclasses.dataclass(frozen=True)
-class ForgettingOptions(SchemeOptions):
-    """Options of "forgetting".
-
-    Attributes:
-      bias_init: the gate bias's initial value b (every head): gates start
-        at `σ(b)` (5.0: f ≈ 0.993, almost no forgetting at first).
-    """
-
-    bias_init: float = pos_lib.FORGET_BIAS_INIT
-
-    def check(self):
-        if isinstance(self.bias_init, bool) or not isinstance(self.bias_init, int | float):
-            raise ValueError(f"bias_init must be a number, got {self.bias_init!r}")
-        if not math.isfinite(self.bias_init):
-            raise ValueError(f"bias_init must be finite, got {self.bias_init!r}")
-
-
-@dataclasses.dataclass(frozen=True)
-class Forgetting(Scheme):
-    """Lin et al.'s Forgetting Transformer (ICLR 2025): per token and head a
-    forget gate `f = σ(w·x + b)` of the layer's input; logit (i, j) of a
-    causal self-attention layer gains `Σ_{l=j+1..i} log f_l`
-    (`jattn.positions.forgetting`). No other positions: bidirectional and
-    cross-attention layers get no term, so the encoder is order blind (the
-    paper's models are decoders). A function of the tokens, not of their
-    positions: shifting every position changes nothing."""
-
-    Options = ForgettingOptions
-    options_key = "forgetting"
-
-    relative: bool = True
-    shift_invariant: bool = True
-    order_blind: bool = True
-    data_dependent: bool = True
-
-    def forget_gates(self, module, cfg, site, x):
-        if not site.causal or site.cross:
-            return None
-        specs = pos_lib.forget_gate_param_specs(
-            cfg.d_model, cfg.num_heads, float(self.options(cfg).bias_init)
-        )
-        params = SchemeParams(specs, cfg.params_dtype, name="forget_gate")()
-        return pos_lib.log_forget_gates(params, x)  # [B, T, N]
-
-
 # -- the registry ------------------------------------------------------------------------
 
 for _scheme in (
@@ -677,5 +618,7 @@ for _scheme in (
     TransformerXL("transformer_xl"),
     Sandwich("sandwich"),
     Forgetting("forgetting"),
+    Cope("cope"),
+    StickBreaking("stick_breaking"),
 ):
     register(_scheme)
