@@ -16,14 +16,18 @@ length generalisation:
   (`jattn.attention.stick_breaking`).
 
 All three are defined for causal self-attention, as their papers' decoders
-use them: `causal_only` (an encoder, a prefix LM's bidirectional prefix or an
-encoder-only model with one is a config error), and cross-attention gets no
-term. They read no positions (`data_dependent`): a shifted input gives
-shifted outputs, and drawing positions at random changes nothing.
+use them; bidirectional layers (an encoder, a prefix LM's stack) and
+cross-attention get no term, so an encoder under them is order blind, as
+with "none", and an encoder-decoder cannot tell its source's order: compare
+them in decoder-only models (experiments/decoder_only.py:data_dependent).
+They read no positions (`data_dependent`): a shifted input gives shifted
+outputs, and drawing positions at random changes nothing.
 
 CoPE and stick-breaking replace softmax attention in the layer
 (`Scheme.attention_form`): `attention_impl="xla"` runs their materialised
-form, anything else their tiled reverse scan (O(L) memory). The Pallas
+form, "chunked" their tiled reverse scan (O(L) memory), and the default
+(None) the materialised form where the logits fit one tile (T·S ≤ 128·128)
+and the scan above. The Pallas
 kernels take none of the three (no row and column terms, no reverse scan):
 `attention_impl="pallas"` is a config error, and the rule's default
 (`attention_impl=None`) never picks them for the forget gate. They apply no attention-weight dropout (`attention_dropout_rate`
@@ -36,6 +40,7 @@ D width, P `npos_max`.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import math
 
 import jax
@@ -50,6 +55,15 @@ from jattn.models.scheme import Scheme, SchemeOptions, SchemeParams, positive_in
 
 Array = jax.Array
 
+# T·S at or below which the default runs the materialised form: the reverse
+# scan's default tiles are 128 x 128, so below it the scan is one tile.
+ONE_TILE = 128 * 128
+
+# CoPE's query tiles in the models: its backward (autodiff through the
+# checkpointed scan) keeps one query tile's residuals against every key,
+# O(block_q · L) a head, so half the function's default 128 rows halves it.
+COPE_BLOCK_Q = 64
+
 __all__ = ["Cope", "CopeOptions", "Forgetting", "ForgettingOptions", "StickBreaking"]
 
 
@@ -59,7 +73,7 @@ class DataDependent(Scheme):
 
     relative: bool = True  # their hooks run inside attention
     shift_invariant: bool = True
-    causal_only: bool = True
+    order_blind: bool = True  # an encoder under them has no term: order blind
     data_dependent: bool = True
 
     def check(self, cfg):
@@ -131,10 +145,18 @@ class Form(DataDependent):
             )
 
     def form(self, cfg, tiled, materialised, *args):
-        """`tiled` or, for `attention_impl="xla"`, `materialised`, with `args`
-        after q, k and v."""
-        fn = materialised if cfg.attention_impl == "xla" else tiled
-        return lambda q, k, v, **visibility: fn(q, k, v, *args, **visibility)
+        """The layer's attention, `args` after q, k and v: `materialised` for
+        `attention_impl="xla"`, and by default (None) where the `[T, S]`
+        logits fit one tile of the scan (T·S ≤ 128·128, where the tiled form
+        would hold as much); `tiled` otherwise."""
+
+        def attend(q, k, v, **visibility):
+            small = q.shape[1] * k.shape[1] <= ONE_TILE
+            impl = cfg.attention_impl
+            fn = materialised if impl == "xla" or (impl is None and small) else tiled
+            return fn(q, k, v, *args, **visibility)
+
+        return attend
 
 
 @dataclasses.dataclass(frozen=True)
@@ -169,7 +191,8 @@ class Cope(Form):
         zeros = jax.nn.initializers.zeros
         shape = (self.options(cfg).npos_max, cfg.head_dim)
         table = SchemeParams(((("table", zeros, shape, (None, "kv"))),), cfg.params_dtype, name="cope")()
-        return self.form(cfg, cope_attention, cope_attention_xla, table["table"])
+        tiled = functools.partial(cope_attention, block_q=COPE_BLOCK_Q)
+        return self.form(cfg, tiled, cope_attention_xla, table["table"])
 
 
 @dataclasses.dataclass(frozen=True)

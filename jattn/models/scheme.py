@@ -116,12 +116,13 @@ class Scheme:
       shift_invariant: outputs unchanged when every position moves by a
         constant (the tests hold a scheme to it when it declares it).
       order_blind: the encoder is permutation-equivariant (no positional
-        information at all; only "none").
+        information there: "none", and the data-dependent schemes, which act
+        in causal layers only).
       causal_only: defined for causal attention only (a bidirectional layer
         with it is a config error).
       data_dependent: its terms are functions of the tokens, not of their
         positions (the forget gate): `relative` for its hooks to run, yet
-        drawing or shifting positions changes nothing (`reads_positions`).
+        drawing or shifting positions changes nothing.
 
     Class attributes:
       Options: the scheme's `SchemeOptions` class (None: it has none).
@@ -140,11 +141,6 @@ class Scheme:
     order_blind: bool = False
     causal_only: bool = False
     data_dependent: bool = False
-
-    @property
-    def reads_positions(self) -> bool:
-        """Whether the model's outputs depend on the positions it is given."""
-        return (self.absolute or self.relative) and not self.data_dependent
 
     def options(self, cfg: TransformerConfig) -> Any:
         """This scheme's options in `cfg` (an instance of `Options`)."""
