@@ -72,8 +72,9 @@ def _t5_autodiff(tab, score, batch, head, i, j, *, bidirectional):
     return score + tab[head, positions.t5_relative_bucket(j - i, 32, 128, bidirectional)]
 
 
-def cells(num_heads: int, causal: bool) -> dict:
-    """name -> (implementation, params, fn(params, q_pos, kv_pos) -> (bias, score_mod))."""
+def cells(num_heads: int, causal: bool, length: int) -> dict:
+    """name -> (implementation, params, fn(params, q_pos, kv_pos) -> (bias,
+    score_mod[, row_col_bias])), for `length` queries and keys."""
     mods = registry_mods().builtin_mods(sites=(causal,), num_heads=num_heads)
     t5 = next(b.mod for b in mods.values() if b.mod.name == "t5")  # 32 buckets, [N, 32]
     bidirectional = not causal
@@ -105,9 +106,18 @@ def cells(num_heads: int, causal: bool) -> dict:
             out[cell] = ("chunked", built.mod.params, per_logit(built.mod))
     out["chunked + t5 score mod, autodiff scatter"] = ("chunked", t5.params, t5_autodiff)
     out["chunked + t5 bias [1,N,T,S]"] = ("chunked", t5.params, t5_bias)
+    gates = jnp.full((1, length, num_heads), 4.0, jnp.float32)  # σ(4): f ≈ 0.982
+    out["chunked + forget gate (row and column terms)"] = ("chunked", gates, forget_gate)
     out["xla plain"] = ("xla", None, plain)
     out["xla + t5 score mod"] = ("xla", t5.params, with_params(t5))
     return out
+
+
+def forget_gate(z, qp, kp):
+    """The Forgetting Transformer's gates as `row_col_bias`: `c` the cumulative
+    log sigmoid of the pre-activations `z` `[1, T, N]` (the cell's parameters)."""
+    c = positions.segment_cumsum(jax.nn.log_sigmoid(z), None)  # [1, T, N]
+    return None, None, positions.forget_row_col(c, c)
 
 
 def cell_fn(impl: str, term, causal: bool):
@@ -117,10 +127,11 @@ def cell_fn(impl: str, term, causal: bool):
         def loss(q, k, v, params):
             b, t = q.shape[:2]
             pos = jnp.broadcast_to(jnp.arange(t, dtype=jnp.int32), (b, t))
-            bias, mod = term(params, pos, pos)
+            bias, mod, *row_col = term(params, pos, pos)
             out = jattn.dot_product_attention(
-                q, k, v, bias, is_causal=causal, score_mod=mod, implementation=impl
-            )
+                q, k, v, bias, is_causal=causal, score_mod=mod, implementation=impl,
+                row_col_bias=row_col[0] if row_col else None,
+            )  # fmt: skip
             return jnp.sum(out.astype(jnp.float32))
 
         return jax.grad(loss, argnums=(0, 1, 2, 3))(q, k, v, params)
@@ -144,7 +155,7 @@ def run(args) -> list[dict]:
     b, t, n, h = 1, args.length, args.heads, args.head_dim
     q, k, v = (jnp.asarray(rng.normal(size=(b, t, n, h)), jnp.float32) for _ in range(3))
     rows, ready = [], []
-    for name, (impl, params, term) in cells(n, args.causal).items():
+    for name, (impl, params, term) in cells(n, args.causal, t).items():
         if args.only and name not in args.only:
             continue
         a = (q, k, v, params)
