@@ -34,6 +34,7 @@ from test_pallas_score_mod import _compare, _cot, _reference
 import jattn
 from jattn.attention.pallas import distance_tiles
 from jattn.attention.pallas import flash_attention as fa
+from jattn.attention.pallas import score_mod_tiles
 
 N_HEADS = registry_mods.SMALL["num_heads"]
 
@@ -176,7 +177,7 @@ def test_mod_whose_fn_does_not_lower_runs_from_tiles():
     mod = dataclasses.replace(LEARNED, fn=_gather_fn)
     inputs = _qkv(13, 1, 64, 64, N_HEADS, 2, 16)
     cot = _cot(inputs)
-    with pytest.raises(fa.score_mod_tiles.ScoreModLoweringError):
+    with pytest.raises(score_mod_tiles.ScoreModLoweringError):
         _run(inputs, _per_logit(mod), cot, is_causal=True, bq=16, bk=32)
     got = _run(inputs, mod, cot, is_causal=True, bq=16, bk=32)
     _compare(got, _reference(inputs, LEARNED, cot, is_causal=True))

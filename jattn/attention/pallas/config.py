@@ -1,6 +1,6 @@
 """What the flash kernels are given, shared by both kernel families.
 
-`KernelConfig` is what `flash_attention.prepare` decides once per call (tile
+`KernelConfig` is what `preparation.prepare` decides once per call (tile
 sizes, which optional inputs exist, the visibility and dropout rules) and
 what every kernel reads; it is hashable, so it keys compilation. The
 compiler parameters of each backend are built from it here, so the Mosaic

@@ -1,11 +1,18 @@
-"""The Pallas kernels of flash attention: forward, dq and dk/dv.
+"""The Triton forward kernel of flash attention, and the helpers every Triton kernel shares.
 
-Each kernel owns one output tile and loops over the tiles of the other
-sequence inside the kernel, GPU style (Triton): the forward and dq kernels run
-on a grid `(query tiles, B, N)` and loop over key tiles; the dk/dv kernel runs
-on `(key tiles, B, K)` and loops over the G query heads of its kv head and
-their query tiles, so GQA/MQA gradients are summed in registers, never through
-an `[B, S, N, H]` intermediate. Keys and values are indexed by kv head
+The helpers (`View`, `kernel_call`, the BlockSpecs, `tile_loop`,
+`dropout_tile`, the score mod's leaves, and `q_tile_scorer`, the logits of
+a kernel that owns a query tile, as the forward and the dq kernel compute
+them) are read by `triton_backward` (the dq and dk/dv kernels),
+`fused_backward` and `triton_distance_grad` too.
+
+Each Triton kernel (this forward, `triton_backward`'s dq and dk/dv) owns
+one output tile and loops over the tiles of the other sequence inside the
+kernel, GPU style: the forward and dq kernels run on a grid `(query tiles,
+B, N)` and loop over key tiles; the dk/dv kernel runs on `(key tiles, B, K)`
+and loops over the G query heads of its kv head and their query tiles, so
+GQA/MQA gradients are summed in registers, never through an `[B, S, N, H]`
+intermediate. Keys and values are indexed by kv head
 `h // G` in the BlockSpec index maps: nothing is repeated in memory.
 
 Which tiles a loop visits comes from the block map (`blockmap.tiling`): per
