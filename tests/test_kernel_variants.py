@@ -148,7 +148,7 @@ def test_a_score_mods_tiles_and_warps_follow_its_cost():
     explicitly keep T5 per logit; at default positions it reads distance
     tiles instead (a distance mod: no per-logit spec to measure)."""
     from jattn import positions
-    from jattn.attention.pallas import score_mod_tiles as smt
+    from jattn.attention.pallas import score_mod_checks, score_mod_tiles
 
     inputs = _qkv(5, 1, 128, 128, 4, 2, 128)
     q, k, v = (jnp.asarray(inputs[n], jnp.bfloat16) for n in ("query", "key", "value"))
@@ -168,13 +168,13 @@ def test_a_score_mods_tiles_and_warps_follow_its_cost():
         )
         spec = pre.fwd_cfg.score_mod
         assert spec is not None and not pre.fwd_cfg.distance_tiles, name
-        costs[name] = smt.backward_cost(spec, 16, 32)
+        costs[name] = score_mod_checks.backward_cost(spec, 16, 32)
         assert (pre.fwd_cfg.block_q, pre.fwd_cfg.block_k, pre.fwd_cfg.num_warps) == (64, 64, 8)
-        light = costs[name] <= smt.LIGHT_MOD_COST
+        is_light = costs[name] <= score_mod_checks.LIGHT_MOD_COST
         assert (pre.bwd_cfg.block_q, pre.bwd_cfg.block_k) == (16, 32), name
-        assert pre.bwd_cfg.num_warps == (2 if light else 4), name
-    assert costs["alibi"] <= smt.LIGHT_MOD_COST and costs["fire"] <= smt.LIGHT_MOD_COST
-    assert costs["t5"] > smt.LIGHT_MOD_COST
+        assert pre.bwd_cfg.num_warps == (2 if is_light else 4), name
+    light = score_mod_checks.LIGHT_MOD_COST
+    assert costs["alibi"] <= light and costs["fire"] <= light and costs["t5"] > light
     # At default positions T5 (a distance mod) reads Toeplitz tiles: no per-logit spec.
     pre = fa.prepare(
         jattn.normalise(q, k, v, is_causal=True, score_mod=mods["t5"]),
@@ -189,7 +189,8 @@ def test_a_score_mods_tiles_and_warps_follow_its_cost():
         jnp.asarray(inputs[n], jnp.float32)[..., :64] for n in ("query", "key", "value")
     )
     for name, mod in mods.items():
-        assert smt.has_loop(smt.mod_spec(mod, "gpu")[0]) == (name == "fire"), name
+        spec = score_mod_tiles.mod_spec(mod, "gpu")[0]
+        assert score_mod_checks.has_loop(spec) == (name == "fire"), name
         nf = jattn.normalise(q32, k32, v32, is_causal=True, score_mod=mod, **positions_given)
         pre = fa.prepare(nf, block_q=None, block_k=None, backend="gpu")
         fwd = (pre.fwd_cfg.block_q, pre.fwd_cfg.block_k, pre.fwd_cfg.num_warps)

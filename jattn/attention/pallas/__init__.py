@@ -26,7 +26,8 @@
   `tiles`, to keep it apart from `jattn.attention.tiles`, the tile classes of every
   tiled implementation).
 - `score_mod_tiles`: a `jattn.ScoreMod` rewritten into what the kernels
-  lower, applied per tile, forward and backward.
+  lower, applied per tile, forward and backward; `score_mod_checks`:
+  whether it lowers on a backend, and what its tile backward costs.
 - `distance_tiles`: a distance-table score mod read as Toeplitz tiles;
   `triton_distance_grad` and `mosaic_distance_grad`: those tiles' gradient.
 

@@ -26,7 +26,7 @@ kernels' padded inputs and static configs (`Prepared`), all in XLA:
    O((T/bq)·(S/bk)), and a function of the shapes alone (built once in
    numpy, `blockmap.static_tiling`) when nothing in it depends on the data;
 5. a score mod's leaves in kernel shapes, checked lowerable at every tiling
-   (`score_mod_tiles.check_lowerable`), or a distance-table mod's Toeplitz tiles, one set
+   (`score_mod_checks`), or a distance-table mod's Toeplitz tiles, one set
    per distinct tiling (`distance_tiles`);
 6. non-finite key and value entries zeroed (`scores.finite_keys`), the
    keys that had one marked by a NaN poison the forward kernel adds back.
@@ -43,7 +43,7 @@ import jax.numpy as jnp
 
 from jattn.attention import scores
 from jattn.attention.normal_form import NormalForm
-from jattn.attention.pallas import distance_tiles, score_mod_tiles
+from jattn.attention.pallas import distance_tiles, score_mod_checks, score_mod_tiles
 from jattn.attention.pallas.backend import (
     TPU_BACKENDS,
     check_backward,
@@ -131,7 +131,7 @@ def _tilings(
         max(h, hv),
         nf.query.dtype,
         score_mod=nf.score_mod is not None,
-        loop_mod=spec is not None and backend == "gpu" and score_mod_tiles.has_loop(spec),
+        loop_mod=spec is not None and backend == "gpu" and score_mod_checks.has_loop(spec),
     )
     if block_q is not None:
         fwd_q = bwd_q = check_block("block_q", block_q, backend, t)
@@ -174,7 +174,7 @@ def _mod_inputs(nf: NormalForm, backend: str, spec, leaves, tilings, padded_t, p
     if spec is None:
         return None
     for bq, bk in set(tilings):
-        score_mod_tiles.check_lowerable(spec, backend, bq, bk)
+        score_mod_checks.check_lowerable(spec, backend, bq, bk)
     return score_mod_tiles.kernel_leaves(spec, leaves)
 
 
@@ -200,7 +200,7 @@ def _backward_warps(
         return (
             spec is not None
             and dtype != jnp.float32
-            and score_mod_tiles.backward_cost(spec, bq, bk) <= score_mod_tiles.LIGHT_MOD_COST
+            and score_mod_checks.backward_cost(spec, bq, bk) <= score_mod_checks.LIGHT_MOD_COST
         )
 
     def warps(own: int | None, bq: int, bk: int) -> int:
