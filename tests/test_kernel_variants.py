@@ -36,9 +36,8 @@ from flash_harness import (
 
 import jattn
 from jattn.attention.pallas import backend as kb
-from jattn.attention.pallas import blockmap
+from jattn.attention.pallas import blockmap, tile_dot
 from jattn.attention.pallas import flash_attention as fa
-from jattn.attention.pallas import tile_math as ft
 from jattn.attention.pallas.config import with_triton_x3
 
 JAX_VERSION = tuple(int(x) for x in jax.__version__.split(".")[:2])
@@ -431,8 +430,8 @@ def test_kernel_dots_have_explicit_precision(dtype, precision):
     assert all(d == jnp.dtype(dtype).name for d, _ in dots), dots
     high = (jax.lax.Precision.HIGH, jax.lax.Precision.HIGH)
     highest = (jax.lax.Precision.HIGHEST, jax.lax.Precision.HIGHEST)
+    x3 = jax.lax.DotAlgorithmPreset.TF32_TF32_F32_X3
     if dtype == jnp.float32 and precision != "ieee":
-        x3 = jax.lax.DotAlgorithmPreset.TF32_TF32_F32_X3
         assert kernel_dots.count(high) >= 15, kernel_dots  # 3 passes of: forward 2, dk/dv 3
         assert kernel_dots.count(x3) >= 2, kernel_dots  # dq 2, one dot each
         assert all(p in (high, x3) for p in kernel_dots), kernel_dots
@@ -442,13 +441,11 @@ def test_kernel_dots_have_explicit_precision(dtype, precision):
     else:
         assert len(kernel_dots) >= 5  # forward 2, dq 2, dk/dv 3
         assert all(p is None or p == (None, None) for p in kernel_dots), kernel_dots
-    assert ft.dot_precision(jnp.float32) == jax.lax.Precision.HIGHEST
-    assert ft.dot_precision(jnp.float32, "tf32x3") == jax.lax.Precision.HIGH
-    assert ft.dot_precision(jnp.bfloat16, "tf32x3") is None
-    assert (
-        ft.dot_precision(jnp.float32, ft.TRITON_X3) == jax.lax.DotAlgorithmPreset.TF32_TF32_F32_X3
-    )
-    assert ft.dot_precision(jnp.bfloat16, ft.TRITON_X3) is None
+    assert tile_dot.dot_precision(jnp.float32) == jax.lax.Precision.HIGHEST
+    assert tile_dot.dot_precision(jnp.float32, "tf32x3") == jax.lax.Precision.HIGH
+    assert tile_dot.dot_precision(jnp.bfloat16, "tf32x3") is None
+    assert tile_dot.dot_precision(jnp.float32, tile_dot.TRITON_X3) == x3
+    assert tile_dot.dot_precision(jnp.bfloat16, tile_dot.TRITON_X3) is None
 
 
 def test_the_fused_kernels_dq_half_leaves_tf32x3_to_triton():
@@ -480,14 +477,14 @@ def test_precision_is_checked():
     assert pre.fwd_cfg.precision == pre.bwd_cfg.precision == "tf32x3"
     # Triton's own TF32x3 only where asked for "tf32x3" and compiled for a GPU;
     # not a precision a caller can name.
-    assert with_triton_x3(pre.bwd_cfg).precision == ft.TRITON_X3
+    assert with_triton_x3(pre.bwd_cfg).precision == tile_dot.TRITON_X3
     pre = fa.prepare(nf, block_q=None, block_k=None, backend="gpu", precision="ieee")
     assert pre.fwd_cfg.precision == pre.bwd_cfg.precision == "ieee"
     assert with_triton_x3(pre.bwd_cfg).precision == "ieee"
     pre = fa.prepare(nf, block_q=None, block_k=None, backend="interpret")
     assert with_triton_x3(pre.bwd_cfg).precision == "tf32x3"
     with pytest.raises(ValueError, match="precision must be one of"):
-        fa.flash_attention(nf, precision=ft.TRITON_X3)
+        fa.flash_attention(nf, precision=tile_dot.TRITON_X3)
 
 
 def test_warps_by_tile_rows():

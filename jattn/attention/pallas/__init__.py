@@ -24,7 +24,8 @@
   min/max.
 - `tile_math`: the math of one tile, shared by every kernel (named so, not
   `tiles`, to keep it apart from `jattn.attention.tiles`, the tile classes of every
-  tiled implementation).
+  tiled implementation); `tile_dot`: how two tiles multiply (the float32
+  precisions, the TF32 split).
 - `score_mod_tiles`: a `jattn.ScoreMod` rewritten into what the kernels
   lower, applied per tile, forward and backward; `score_mod_checks`:
   whether it lowers on a backend, and what its tile backward costs.

@@ -23,7 +23,7 @@ known to work, how to see the warning).
 The configuration a call picks is decided here too: tile sizes per backend
 (`default_blocks`, checked by `check_block`), Triton warps by tile rows
 (`default_warps`), the backward variant (`BACKWARD_VARIANTS`) and the name
-of the dots' precision (`matmul_precision_name`, see `tile_math.dot`).
+of the dots' precision (`matmul_precision_name`, see `tile_dot.dot`).
 `kernel_report` says what a call of a given shape would run (backend, tile
 sizes, warps, stages, matmul precision, backward variant), for users and for
 the first line of `benchmarks/gpu.py`.
@@ -36,7 +36,7 @@ import importlib
 import jax
 import jax.numpy as jnp
 
-from jattn.attention.pallas.tile_math import DEFAULT_PRECISION, PRECISIONS, dot_precision
+from jattn.attention.pallas.tile_dot import DEFAULT_PRECISION, PRECISIONS, dot_precision
 
 __all__ = [
     "BACKENDS",
@@ -268,7 +268,7 @@ def default_blocks(
 
 def matmul_precision_name(dtype, precision: str | None = None) -> str:
     """How the Triton kernels multiply operands of `dtype` at `precision`
-    (see `tile_math.dot`)."""
+    (see `tile_dot.dot`)."""
     precision = check_precision(precision)
     if dot_precision(dtype, precision) is None:
         return f"{jnp.dtype(dtype).name} inputs, float32 accumulation"

@@ -350,7 +350,7 @@ def flash_attention(
       precision: how the Triton kernels (GPU and interpret mode) multiply
         float32 operands: "tf32x3" (None, the default: three TF32
         tensor-core passes on split operands, ~float32 accuracy, see
-        `tile_math.dot`) or "ieee" (float32 FMAs, no tensor cores; slower,
+        `tile_dot.dot`) or "ieee" (float32 FMAs, no tensor cores; slower,
         and its compile spills far more). 16-bit operands always multiply
         natively; the Mosaic (TPU) kernels always use HIGHEST.
       backend: the kernel family and mode explicitly, instead of by the

@@ -15,6 +15,7 @@ from jax.experimental import pallas as pl
 from jax.experimental.pallas import tpu as pltpu
 
 from jattn.attention.pallas import score_mod_tiles as sm
+from jattn.attention.pallas import tile_dot
 from jattn.attention.pallas import tile_math as ft
 from jattn.attention.pallas.config import (
     SQ,
@@ -85,7 +86,7 @@ def _dq_kernel(classes_ref, bounds_ref, seed_ref, r, *refs, cfg: KernelConfig, m
                 new = [d for d in d_leaves if d is not None]
                 for sc, d in zip(dmod_sc, new, strict=True):
                     sc[...] += d
-        dq_sc[...] += ft.dot(ds.astype(k.dtype), k, (1, 0))
+        dq_sc[...] += tile_dot.dot(ds.astype(k.dtype), k, (1, 0))
         if cfg.use_qr:
             if partial:
                 dqr_sc[...] = ft.near_scatter(*rel, ds, dqr_sc[...])
@@ -220,11 +221,11 @@ def _dkv_kernel(classes_ref, bounds_ref, seed_ref, r, dk_ref, dv_ref, *refs, cfg
         p = jnp.exp2(s - r.lse[...])  # [bq, bk]
         z = dropout_tile(cfg, seed_ref, b, h, i, j)
         p_kept = p if z is None else p * z
-        dv_sc[...] += ft.dot(p_kept.astype(do.dtype), do, (0, 0))  # [bk, Hv]
+        dv_sc[...] += tile_dot.dot(p_kept.astype(do.dtype), do, (0, 0))  # [bk, Hv]
         ds = ft.score_grads(p, do, v, dpr_t, z, r.delta[...])  # [bq, bk]
         if cfg.score_mod is not None:  # to the raw logits through the score mod
             ds, _ = sm.tile_backward(cfg.score_mod, mod, raw, ds, with_params=False)
-        dk_sc[...] += ft.dot(ds.astype(q.dtype), q, (0, 0))  # [bk, H]
+        dk_sc[...] += tile_dot.dot(ds.astype(q.dtype), q, (0, 0))  # [bk, H]
         if kind == "cols":
             db_sc[...] += jnp.sum(ds, axis=0, keepdims=True)
 

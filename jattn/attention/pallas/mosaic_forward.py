@@ -48,6 +48,7 @@ from jax.experimental.pallas import tpu as pltpu
 
 from jattn.attention.pallas import distance_tiles as dt
 from jattn.attention.pallas import score_mod_tiles as sm
+from jattn.attention.pallas import tile_dot
 from jattn.attention.pallas import tile_math as ft
 from jattn.attention.pallas.config import (
     SQ,
@@ -313,7 +314,7 @@ def _fwd_kernel(classes_ref, bounds_ref, seed_ref, r, o_ref, lse_ref, *rest, cfg
             p = p * z
             row_sum = jnp.sum(p, axis=1, keepdims=True)
         v = r.value[...]
-        pv = ft.dot(p.astype(v.dtype), v, (1, 0))  # [bq, Hv]
+        pv = tile_dot.dot(p.astype(v.dtype), v, (1, 0))  # [bq, Hv]
         m_sc[...], l_sc[...] = m_new, l_new
         acc_sc[...] = acc_sc[...] * corr + pv
         if cfg.use_pr:

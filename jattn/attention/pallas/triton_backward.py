@@ -33,6 +33,7 @@ from jax.experimental import pallas as pl
 
 from jattn.attention.pallas import distance_tiles as dt
 from jattn.attention.pallas import score_mod_tiles as sm
+from jattn.attention.pallas import tile_dot
 from jattn.attention.pallas import tile_math as ft
 from jattn.attention.pallas.config import (
     SQ,
@@ -105,7 +106,7 @@ def dq_tile(
             if n_mod:
                 new = [d for d in d_leaves if d is not None]
                 dmods = tuple(a + d for a, d in zip(dmods, new, strict=True))
-        dq_acc = dq_acc + ft.dot(ds.astype(k.dtype), k, (1, 0), cfg.precision)
+        dq_acc = dq_acc + tile_dot.dot(ds.astype(k.dtype), k, (1, 0), cfg.precision)
         out = [dq_acc]
         if cfg.use_qr:
             acc_r, w_left, w_right = rest[:3]
@@ -318,13 +319,13 @@ def dkv_tile(cfg: KernelConfig, r: KernelInputs, ids, dk_ref, dv_ref, db_ref) ->
             p = jnp.exp2(s - lse[None, :])  # Pᵀ [bk, bq]; base-2 logits and lse
             z = dropout_tile(cfg, r.dropout_seed, batch, head, i * bq, j * bk, transposed=True)
             p_kept = p if z is None else p * z
-            dv_acc = dv_acc + ft.dot(p_kept.astype(do.dtype), do, (1, 0), cfg.precision)
+            dv_acc = dv_acc + tile_dot.dot(p_kept.astype(do.dtype), do, (1, 0), cfg.precision)
             ds = ft.score_grads(
                 p, do, v, dpr_t, z, delta[None, :], cfg.precision, transposed=True
             )  # dSᵀ [bk, bq]
             if cfg.score_mod is not None:  # to the raw logits through the score mod
                 ds, _ = sm.tile_backward(cfg.score_mod, mod, raw, ds, with_params=False)
-            dk_acc = dk_acc + ft.dot(ds.astype(q.dtype), q, (1, 0), cfg.precision)  # [bk, H]
+            dk_acc = dk_acc + tile_dot.dot(ds.astype(q.dtype), q, (1, 0), cfg.precision)  # [bk, H]
             if kind == "cols":
                 db = db + jnp.sum(ds, axis=1)
             return dk_acc, dv_acc, db

@@ -40,6 +40,7 @@ from jax.experimental import pallas as pl
 
 from jattn.attention.pallas import distance_tiles as dt
 from jattn.attention.pallas import score_mod_tiles as sm
+from jattn.attention.pallas import tile_dot
 from jattn.attention.pallas import tile_math as ft
 from jattn.attention.pallas.config import (
     SQ,
@@ -336,7 +337,7 @@ def _fwd_kernel(r, o_ref, lse_ref, *pr_ref, cfg: KernelConfig):
         if z is not None:  # dropout: l sums the weights before it, the values after
             p = p * z
             row_sum = jnp.sum(p, axis=1)
-        pv = ft.dot(p.astype(v.dtype), v, (1, 0), cfg.precision)  # [bq, Hv]
+        pv = tile_dot.dot(p.astype(v.dtype), v, (1, 0), cfg.precision)  # [bq, Hv]
         acc = acc * corr[:, None] + pv
         if not cfg.use_pr:
             return m_new, l_new, acc
