@@ -45,7 +45,7 @@ import orbax.checkpoint as ocp
 from orbax.checkpoint import checkpoint_managers as cm
 
 from jattn.data import checkpoint as data_ckpt
-from jattn.train import workdir as files
+from jattn.train import workdir as workdir_lib
 from jattn.train.config import ConfigError, config_to_dict
 from jattn.train.resume_keys import (
     allowed_changes,
@@ -73,7 +73,7 @@ __all__ = [
     "step_problem",
 ]
 
-CHECKPOINT_DIR = files.CHECKPOINTS
+CHECKPOINT_DIR = workdir_lib.CHECKPOINTS
 
 
 class DamagedStepError(Exception):
@@ -239,7 +239,7 @@ def _meta_or_run_config(step_dir: str, workdir: str) -> dict[str, Any] | None:
     meta = _read_meta(step_dir)
     if meta is not None:
         return meta
-    saved_config = files.read_json(os.path.join(workdir, files.CONFIG))
+    saved_config = workdir_lib.read_json(os.path.join(workdir, workdir_lib.CONFIG))
     if saved_config is None:
         return None
     return {"signature": signature(saved_config), "config": saved_config}

@@ -52,7 +52,7 @@ import ml_collections
 import numpy as np
 
 from jattn.data import producibility
-from jattn.train import workdir as files
+from jattn.train import workdir as workdir_lib
 from jattn.train.config import ConfigError, input_lengths
 
 __all__ = [
@@ -301,9 +301,9 @@ def _row_sums(sums: dict[str, Any]) -> tuple[np.ndarray, np.ndarray] | None:
 
 def write_decodes(workdir: str, step: int, decodes: dict[str, list[dict[str, Any]]]) -> None:
     """Writes `workdir/decodes/<split>.jsonl` (the latest eval's decoded examples)."""
-    os.makedirs(os.path.join(workdir, files.DECODES), exist_ok=True)
+    os.makedirs(os.path.join(workdir, workdir_lib.DECODES), exist_ok=True)
     for split, examples in decodes.items():
-        path = files.decodes_path(workdir, split)
+        path = workdir_lib.decodes_path(workdir, split)
         with open(path + ".tmp", "w") as f:
             for e in examples:
                 f.write(json.dumps({"step": int(step), **e}) + "\n")

@@ -34,7 +34,7 @@ from etils import epath
 from jattn.data import producibility
 from jattn.train import data_checks
 from jattn.train import mesh as mesh_lib
-from jattn.train import workdir as files
+from jattn.train import workdir as workdir_lib
 from jattn.train.checkpoints import CHECKPOINT_DIR, step_problem
 from jattn.train.config import ConfigError, build_model_config, default_config, input_lengths
 
@@ -274,7 +274,7 @@ def load_run(
     from jattn.models import Transformer, TransformerConfig  # noqa: PLC0415
 
     warn = warn or _warn
-    for name in (files.CONFIG, files.MODEL_CONFIG):
+    for name in (workdir_lib.CONFIG, workdir_lib.MODEL_CONFIG):
         if not os.path.exists(os.path.join(workdir, name)):
             raise FileNotFoundError(f"load_run: {workdir!r} has no {name}; not a jattn workdir")
     steps = checkpoint_steps(workdir)
@@ -282,9 +282,10 @@ def load_run(
         raise FileNotFoundError(f"load_run: no checkpoint in {workdir!r}")
     if step is not None and step not in steps:
         raise ValueError(f"load_run: no checkpoint at step {step} in {workdir!r}; saved: {steps}")
-    config = ml_collections.ConfigDict(files.read_json(os.path.join(workdir, files.CONFIG)))
+    saved = workdir_lib.read_json(os.path.join(workdir, workdir_lib.CONFIG))
+    config = ml_collections.ConfigDict(saved)
     model_config = TransformerConfig.from_dict(
-        files.read_json(os.path.join(workdir, files.MODEL_CONFIG))
+        workdir_lib.read_json(os.path.join(workdir, workdir_lib.MODEL_CONFIG))
     )
     named = step is not None
     step, state = _newest_intact(workdir, [step] if named else steps, warn, named)

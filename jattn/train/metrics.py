@@ -31,7 +31,7 @@ import time
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from jattn.train import workdir as files
+from jattn.train import workdir as workdir_lib
 
 __all__ = [
     "MetricsWriter",
@@ -68,7 +68,7 @@ class MetricsWriter:
 
     def __init__(self, workdir: str, *, enabled: bool = True, resume_step: int | None = None):
         self.enabled = enabled
-        self.path = os.path.join(workdir, files.METRICS)
+        self.path = os.path.join(workdir, workdir_lib.METRICS)
         self._tb = None
         self._wandb = None
         if not enabled:
@@ -145,7 +145,7 @@ def read_metrics(workdir: str) -> list[dict[str, Any]]:
 
     A torn last line (a crash mid-write) is skipped.
     """
-    return files.read_jsonl(os.path.join(workdir, files.METRICS))
+    return workdir_lib.read_jsonl(os.path.join(workdir, workdir_lib.METRICS))
 
 
 def logged_losses(workdir: str) -> list[Any]:

@@ -38,7 +38,7 @@ from jattn.data.tokenizers import check_saved, vocab_hash
 from jattn.train import checkpoints as ckpt
 from jattn.train import data_checks, evaluation, filesystem, load, recovery
 from jattn.train import mesh as mesh_lib
-from jattn.train import workdir as files
+from jattn.train import workdir as workdir_lib
 from jattn.train.config import ConfigError, check_config, config_to_dict, matmul_precision
 from jattn.train.distributed import PreemptionWatch, warn
 from jattn.train.load import Environment, Model, build_model, environment, import_wandb
@@ -124,7 +124,7 @@ def refuse_seed_program(workdir: str) -> None:
         if _MEMBER_DIR.match(name)
         and any(
             os.path.exists(os.path.join(workdir, name, part))
-            for part in (files.CONFIG, ckpt.CHECKPOINT_DIR)
+            for part in (workdir_lib.CONFIG, ckpt.CHECKPOINT_DIR)
         )
     )
     if found:
@@ -176,12 +176,12 @@ def _open(config, workdir: str, stack) -> Run | dict[str, Any]:
     open_workdir(stack, workdir)
     vocab = vocab_hash(env.task.tokenizer)
     mngr, latest = _open_checkpoints(env, workdir, config, vocab)
-    done = files.finished_metrics(workdir, config.num_train_steps)
+    done = workdir_lib.finished_metrics(workdir, config.num_train_steps)
     if latest == config.num_train_steps and done is not None:
         mngr.close()
         return done
     if env.is_main:
-        files.write_run_files(workdir, config, model.config, env.task.tokenizer, data_check)
+        workdir_lib.write_run_files(workdir, config, model.config, env.task.tokenizer, data_check)
     run = Run(config, workdir, env, model, mngr)
     run.vocab, run.data_check = vocab, data_check
     run.init_or_restore()
@@ -360,5 +360,6 @@ class Run:
             **producibility.metrics(self.data_check),
         }
         if self.env.is_main and not preempted:
-            return write_final_metrics(os.path.join(self.workdir, files.FINAL_METRICS), result)
+            path = os.path.join(self.workdir, workdir_lib.FINAL_METRICS)
+            return write_final_metrics(path, result)
         return {k: strict_json_value(v) for k, v in result.items()}

@@ -287,10 +287,10 @@ def _flash_core_bwd(fwd_cfg, bwd_cfg, res, cts):
         d_tiles = None
         if want_dmod is not None:
             if bwd_cfg.backend in _TPU_BACKENDS:
-                from jattn.attention.pallas import mosaic_distance_grad as grad
+                from jattn.attention.pallas import mosaic_distance_grad as distance_grad
             else:
-                from jattn.attention.pallas import triton_distance_grad as grad
-            d_tiles = grad.flash_dtiles(bwd_cfg, ins)
+                from jattn.attention.pallas import triton_distance_grad as distance_grad
+            d_tiles = distance_grad.flash_dtiles(bwd_cfg, ins)
         d_mod = (None, d_tiles, None)
     else:
         d_mod = _reduce_mod_grads(bwd_cfg, mod, d_mod)
