@@ -339,35 +339,14 @@ def test_lse_is_natural_log():
     np.testing.assert_allclose(np.asarray(lse), want, rtol=1e-5, atol=1e-5)
 
 
-def _kernel_dot_precisions(closed_jaxpr) -> list:
-    """(operand dtype, precision) of every dot_general inside a pallas_call."""
+def _kernel_dots(closed_jaxpr) -> list[tuple[str, object]]:
+    """`(kernel name, eqn)` of every dot_general inside a pallas_call, in order."""
     found = []
-
-    def walk(jaxpr, in_kernel):
-        for eqn in jaxpr.eqns:
-            if in_kernel and eqn.primitive.name == "dot_general":
-                found.append((str(eqn.invars[0].aval.dtype), eqn.params["precision"]))
-            inner_kernel = in_kernel or eqn.primitive.name == "pallas_call"
-            for param in eqn.params.values():
-                for sub in param if isinstance(param, (tuple, list)) else [param]:
-                    inner = getattr(sub, "jaxpr", sub)
-                    if hasattr(inner, "eqns"):
-                        walk(inner, inner_kernel)
-
-    walk(closed_jaxpr.jaxpr, False)
-    return found
-
-
-def _kernel_dot_dims(closed_jaxpr) -> dict[str, list]:
-    """`{kernel name: [(lhs contracting dims, rhs contracting dims), ...]}`
-    of the dot_generals inside each pallas_call."""
-    found: dict[str, list] = {}
 
     def walk(jaxpr, kernel):
         for eqn in jaxpr.eqns:
             if kernel is not None and eqn.primitive.name == "dot_general":
-                (lhs, rhs), _ = eqn.params["dimension_numbers"]
-                found.setdefault(kernel, []).append((tuple(lhs), tuple(rhs)))
+                found.append((kernel, eqn))
             inner_kernel = kernel
             if eqn.primitive.name == "pallas_call":
                 inner_kernel = str(eqn.params["name"])
@@ -381,6 +360,37 @@ def _kernel_dot_dims(closed_jaxpr) -> dict[str, list]:
     return found
 
 
+def _kernel_dot_precisions(closed_jaxpr) -> list:
+    """(operand dtype, precision) of every dot_general inside a pallas_call."""
+    return [
+        (str(eqn.invars[0].aval.dtype), eqn.params["precision"])
+        for _, eqn in _kernel_dots(closed_jaxpr)
+    ]
+
+
+def _kernel_dot_dims(closed_jaxpr) -> dict[str, list]:
+    """`{kernel name: [(lhs contracting dims, rhs contracting dims), ...]}`
+    of the dot_generals inside each pallas_call."""
+    found: dict[str, list] = {}
+    for kernel, eqn in _kernel_dots(closed_jaxpr):
+        (lhs, rhs), _ = eqn.params["dimension_numbers"]
+        found.setdefault(kernel, []).append((tuple(lhs), tuple(rhs)))
+    return found
+
+
+def _grad_jaxpr(nf, **kwargs):
+    """The jaxpr of the query gradient of the summed output of the Triton kernels
+    compiled for the GPU (16x16 tiles), `kwargs` passed to `flash_attention`."""
+
+    def loss(q):
+        out, _ = fa.flash_attention(
+            nf.replace(query=q), block_q=16, block_k=16, backend="gpu", **kwargs
+        )
+        return jnp.sum(out.astype(jnp.float32))
+
+    return jax.make_jaxpr(jax.grad(loss))(nf.query)
+
+
 @pytest.mark.parametrize("backward", ["split", "fused"])
 def test_backward_dots_need_no_transposed_operand(backward):
     # The dk/dv tiles are computed transposed (Sᵀ = k·qᵀ, dPᵀ = v·dOᵀ), so
@@ -389,14 +399,7 @@ def test_backward_dots_need_no_transposed_operand(backward):
     # through shared memory); the dk/dv tiles run two of each (bf16: native).
     inputs = _qkv(83, *RAGGED, dtype=jnp.bfloat16)
     nf = _normal_form(inputs, is_causal=True, max_distance=2)
-
-    def loss(q):
-        out, _ = fa.flash_attention(
-            nf.replace(query=q), block_q=16, block_k=16, backend="gpu", backward=backward
-        )
-        return jnp.sum(out.astype(jnp.float32))
-
-    dims = _kernel_dot_dims(jax.make_jaxpr(jax.grad(loss))(nf.query))
+    dims = _kernel_dot_dims(_grad_jaxpr(nf, backward=backward))
     nt, nn = ((1,), (1,)), ((1,), (0,))  # a·bᵀ and a·b
     assert all(d in (nt, nn) for ds in dims.values() for d in ds), dims
     if backward == "split":
@@ -418,14 +421,7 @@ def test_kernel_dots_have_explicit_precision(dtype, precision):
     # (HIGHEST) on request; bf16 dots are native.
     inputs = _qkv(81, *RAGGED, dtype=dtype)
     nf = _normal_form(inputs, is_causal=True, max_distance=0)
-
-    def loss(q):
-        out, _ = fa.flash_attention(
-            nf.replace(query=q), block_q=16, block_k=16, backend="gpu", precision=precision
-        )
-        return jnp.sum(out.astype(jnp.float32))
-
-    dots = _kernel_dot_precisions(jax.make_jaxpr(jax.grad(loss))(nf.query))
+    dots = _kernel_dot_precisions(_grad_jaxpr(nf, precision=precision))
     kernel_dots = [p for d, p in dots if d == jnp.dtype(dtype).name]
     assert all(d == jnp.dtype(dtype).name for d, _ in dots), dots
     high = (jax.lax.Precision.HIGH, jax.lax.Precision.HIGH)
@@ -453,14 +449,7 @@ def test_the_fused_kernels_dq_half_leaves_tf32x3_to_triton():
     # dq half uses Triton's TF32x3 (ptxas then compiles every float32
     # head-dim-128 fused variant spill-free, docs/gpu.md).
     nf = _normal_form(_qkv(82, *RAGGED), is_causal=True, max_distance=0)
-
-    def loss(q):
-        out, _ = fa.flash_attention(
-            nf.replace(query=q), block_q=16, block_k=16, backend="gpu", backward="fused"
-        )
-        return jnp.sum(out)
-
-    dots = [p for _, p in _kernel_dot_precisions(jax.make_jaxpr(jax.grad(loss))(nf.query))]
+    dots = [p for _, p in _kernel_dot_precisions(_grad_jaxpr(nf, backward="fused"))]
     high = (jax.lax.Precision.HIGH, jax.lax.Precision.HIGH)
     x3 = jax.lax.DotAlgorithmPreset.TF32_TF32_F32_X3
     assert dots.count(x3) >= 2 and dots.count(high) >= 15, dots
@@ -508,41 +497,19 @@ def test_warps_by_tile_rows():
 )
 def test_cached_block_maps_equal_per_call_maps(causal, window, dist, t, s, bq, bk):
     pt, ps = -(-t // bq) * bq, -(-s // bk) * bk
-    static = blockmap.static_tiling(
-        batch=2,
-        causal=causal,
-        window=window,
-        max_distance=dist,
-        seq_q=t,
-        seq_k=s,
-        block_q=bq,
-        block_k=bk,
-        padded_q=pt,
-        padded_k=ps,
-    )
+    rules = dict(causal=causal, window=window, max_distance=dist)
+    shapes = dict(seq_q=t, seq_k=s, block_q=bq, block_k=bk, padded_q=pt, padded_k=ps)
+    static = blockmap.static_tiling(batch=2, **rules, **shapes)
     pos = lambda n: jnp.broadcast_to(jnp.arange(n, dtype=jnp.int32), (2, n))  # noqa: E731
-    meta = dict(
-        q_pos=pos(t),
-        kv_pos=pos(s),
-        q_seg=None,
-        kv_seg=None,
-        mask=None,
-        causal=causal,
-        window=window,
-        max_distance=dist,
-        seq_k=s,
-        batch=2,
-    )
+    meta = dict(q_pos=pos(t), kv_pos=pos(s), q_seg=None, kv_seg=None, mask=None, **rules)
+    meta.update(seq_k=s, batch=2)
     dynamic = blockmap.tiling(meta, bq, bk, pt, ps)
     for a, b in zip(static, dynamic, strict=True):
         np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
     assert len(np.unique(np.asarray(static.classes))) >= 2  # not a trivial map
     # Cached: a second call builds nothing new.
     before = blockmap.static_maps.cache_info().hits
-    blockmap.static_tiling(
-        batch=3, causal=causal, window=window, max_distance=dist, seq_q=t, seq_k=s,
-        block_q=bq, block_k=bk, padded_q=pt, padded_k=ps,
-    )  # fmt: skip
+    blockmap.static_tiling(batch=3, **rules, **shapes)
     assert blockmap.static_maps.cache_info().hits == before + 1
 
 
