@@ -32,9 +32,8 @@ from flash_harness import F32_TOL, _qkv, cuda_target
 from test_pallas_score_mod import _compare, _cot, _reference
 
 import jattn
-from jattn.attention.pallas import distance_tiles
+from jattn.attention.pallas import distance_tiles, score_mod_tiles
 from jattn.attention.pallas import flash_attention as fa
-from jattn.attention.pallas import score_mod_tiles
 
 N_HEADS = registry_mods.SMALL["num_heads"]
 
