@@ -353,10 +353,9 @@ class TrainMetrics:
         return self._steady_steps / self._steady_time
 
 
-def flat_hparams(config) -> dict[str, Any]:
-    """The config as flat ``{"key": value, "model.key": value}`` for TensorBoard."""
-    from jattn.train.config import config_to_dict  # noqa: PLC0415
-
+def flat_hparams(record: dict[str, Any]) -> dict[str, Any]:
+    """A run's config as plain JSON (`Parts.record`) made flat, ``{"key": value,
+    "model.key": value}``, for TensorBoard."""
     flat = {}
 
     def add(name: str, value: Any) -> None:  # nested groups (model.position_options.rope.*) too
@@ -367,7 +366,7 @@ def flat_hparams(config) -> dict[str, Any]:
             flat[name] = "" if value is None else (
                 str(tuple(value)) if isinstance(value, list) else value)  # fmt: skip
 
-    for key, value in config_to_dict(config).items():
+    for key, value in record.items():
         add(key, value)
     return flat
 
