@@ -31,6 +31,7 @@ anything compiles.
 from __future__ import annotations
 
 import ast
+import dataclasses
 import difflib
 import importlib.util
 import os
@@ -361,7 +362,8 @@ def read_parts(config: ml_collections.ConfigDict) -> Parts:
     (`jattn.train.parts`): the model's, the optimiser's, the train step's, the
     data's, the evaluation's, the checkpoints', the loop's and the devices'.
 
-    "0 means another key" is resolved here (`max_input_len`,
+    A piece's field named as a config key holds that key's value; the others
+    are given here. "0 means another key" is resolved here (`max_input_len`,
     `eval_max_input_len`, `decode_max_len`); nothing is checked (that is
     `check_config`'s).
     """
@@ -369,33 +371,6 @@ def read_parts(config: ml_collections.ConfigDict) -> Parts:
     record = config_to_dict(c)
     train_input, eval_input = input_lengths(c)
     model = ModelPart(c.model.to_dict(), c.vocab_multiple)
-    optimizer = OptimizerPart(
-        optimizer=c.optimizer,
-        schedule=c.schedule,
-        learning_rate=c.learning_rate,
-        warmup_steps=c.warmup_steps,
-        num_train_steps=c.num_train_steps,
-        d_model=model.d_model,
-        adam_b1=c.adam_b1,
-        adam_b2=c.adam_b2,
-        adam_eps=c.adam_eps,
-        weight_decay=c.weight_decay,
-        grad_clip_norm=c.grad_clip_norm,
-    )
-    data = DataPart(
-        dataset=c.dataset,
-        data_dir=c.data_dir,
-        tokenizer=c.tokenizer,
-        vocab_size=c.vocab_size,
-        source_key=c.source_key,
-        target_key=c.target_key,
-        batch_size=c.batch_size,
-        max_len=c.max_len,
-        input_len=train_input,
-        pack=c.pack,
-        overlong=c.overlong,
-        seed=c.seed,
-    )
     evaluation = EvalPart(
         splits=tuple(c.eval_splits),
         batch_size=c.eval_batch_size,
@@ -416,24 +391,31 @@ def read_parts(config: ml_collections.ConfigDict) -> Parts:
         async_saves=bool(c.async_checkpointing),
         record=record,
     )
-    loop = LoopPart(
-        num_train_steps=c.num_train_steps,
-        log_every_steps=c.log_every_steps,
-        eval_every_steps=c.eval_every_steps,
-        checkpoint_every_steps=c.checkpoint_every_steps,
-        progress_bar=c.progress_bar,
-        wandb=c.wandb,
-        wandb_project=c.wandb_project,
-    )
     devices = DevicePart(
         mesh_shape=tuple(c.mesh_shape),
         logical_axis_rules=tuple(tuple(r) for r in c.logical_axis_rules),
         matmul_precision=c.matmul_precision,
     )
-    step = StepPart(c.label_smoothing, c.grad_accum_steps, c.debug_nan_at_step)
     return Parts(
-        model, optimizer, step, data, evaluation, checkpoints, loop, devices, c.seed, record
+        model=model,
+        optimizer=_named(OptimizerPart, c, d_model=model.d_model),
+        step=_named(StepPart, c),
+        data=_named(DataPart, c, input_len=train_input),
+        evaluation=evaluation,
+        checkpoints=checkpoints,
+        loop=_named(LoopPart, c),
+        devices=devices,
+        seed=c.seed,
+        record=record,
     )
+
+
+def _named(cls, config: ml_collections.ConfigDict, **given):
+    """The piece `cls` with each field not `given` read from the config key of its name."""
+    return cls(**{
+        f.name: given[f.name] if f.name in given else config[f.name]
+        for f in dataclasses.fields(cls)
+    })  # fmt: skip
 
 
 def matmul_precision(config: ml_collections.ConfigDict):
