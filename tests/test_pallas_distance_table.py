@@ -32,7 +32,7 @@ from flash_harness import F32_TOL, _qkv, cuda_target
 from test_pallas_score_mod import _compare, _cot, _reference
 
 import jattn
-from jattn.attention.pallas import distance_tiles, score_mod_tiles
+from jattn.attention.pallas import distance_tiles, preparation, score_mod_tiles
 from jattn.attention.pallas import flash_attention as fa
 
 N_HEADS = registry_mods.SMALL["num_heads"]
@@ -292,7 +292,7 @@ def test_tiles_compose_with_bias_segments_window_dropout(backend, bk):
 def test_forward_and_backward_tilings_differ(monkeypatch):
     """On the GPU the default forward and backward tiles differ (two tile
     sets, the gradient all on the backward's): emulated in interpret mode."""
-    monkeypatch.setattr(fa, "default_blocks", lambda *a, **k: ((64, 32), (16, 32)))
+    monkeypatch.setattr(preparation, "default_blocks", lambda *a, **k: ((64, 32), (16, 32)))
     inputs = _qkv(18, 2, 64, 96, N_HEADS, 2, 16)
     cot = _cot(inputs)
 
