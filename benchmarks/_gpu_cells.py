@@ -13,7 +13,7 @@ Cell kinds:
 - check: outputs and every gradient against the "xla" path in float64, per
   backward variant; the tolerance (`TOLERANCE`, of the largest reference
   value) is set by the precision the kernels use: float32 dots are three
-  TF32 passes (`tile_math.dot`, "tf32x3"), so 1e-4 (5x the CPU tests'
+  TF32 passes (`tile_dot.dot`, "tf32x3"), so 1e-4 (5x the CPU tests'
   2e-5); bf16 3e-2 (the CPU tests' bound, from the bf16 casts of the
   weights before `P·V` and `dS·K`).
 - check_mods: the score mods (ALiBi, T5, softcap, FIRE, Sandwich) the same

@@ -38,20 +38,20 @@ def child(spec: str, steps: int, rounds: int) -> dict:
     from jattn.train import load_config  # noqa: PLC0415
     from jattn.train import steps as steps_lib  # noqa: PLC0415
     from jattn.train.allocator import describe  # noqa: PLC0415
-    from jattn.train.config import build_model_config  # noqa: PLC0415
-    from jattn.train.load import load_task, train_loader  # noqa: PLC0415
+    from jattn.train.config import read_parts  # noqa: PLC0415
+    from jattn.train.load import open_task, train_loader  # noqa: PLC0415
     from jattn.train.optim import make_optimizer  # noqa: PLC0415
 
-    config = load_config(spec)
-    task = load_task(config)
-    model = Transformer(build_model_config(config, task.tokenizer.vocab_size))
-    tx, schedule = make_optimizer(config)
-    init_boxed = steps_lib.make_init(model, tx, config, rows=1)
+    parts = read_parts(load_config(spec))
+    task = open_task(parts.data)
+    model = Transformer(parts.model.build(task.tokenizer.vocab_size))
+    tx, schedule = make_optimizer(parts.optimizer)
+    init_boxed = steps_lib.make_init(model, tx, parts.data, rows=1)
     state = jax.jit(lambda r: nn.meta.unbox(init_boxed(r)))(jax.random.key_data(jax.random.key(0)))
-    it = iter(train_loader(task, config))
+    it = iter(train_loader(task, parts.data))
     batches = [jax.tree.map(jax.numpy.asarray, next(it)) for _ in range(steps)]
     step = jax.jit(
-        steps_lib.make_train_step(model, tx, schedule, label_smoothing=config.label_smoothing)
+        steps_lib.make_train_step(model, tx, schedule, label_smoothing=parts.step.label_smoothing)
     )
     state, _ = step(state, batches[0])  # compile
     jax.block_until_ready(state)

@@ -105,6 +105,7 @@ def test_a_get_config_that_raises_is_a_one_line_config_error(body, tmp_path, cap
 
 
 def test_base_config_is_the_papers_setup():
+    from jattn.train.config import read_parts
     from jattn.train.optim import make_optimizer
 
     c = load_config(f"{REPO}/configs/base.py")
@@ -114,7 +115,7 @@ def test_base_config_is_the_papers_setup():
     assert 24_000 <= c.batch_size * c.max_len <= 26_000
     m = c.model
     assert (m.d_model, m.num_heads, m.num_layers, m.d_ff) == (512, 8, 6, 2048)
-    _, schedule = make_optimizer(c)
+    _, schedule = make_optimizer(read_parts(c).optimizer)
     # lr = d^-0.5 * min(step^-0.5, step * warmup^-1.5), step counted from 1.
     for step in (1, 1000, 4000, 10_000):
         want = 512**-0.5 * min(step**-0.5, step * 4000**-1.5)

@@ -1,4 +1,4 @@
-"""Aggregate an ablation into results.csv, results.md and PNG plots.
+"""An ablation's report: its runs aggregated into results.csv, results.md and PNG plots.
 
 Everything is read back from the runs' workdirs (``final_metrics.json``,
 ``metrics.jsonl``, ``decodes/<split>.jsonl``, ``data_check.json``), so the

@@ -1,4 +1,4 @@
-"""Run an ablation grid on this machine, or print it for a cluster.
+"""An ablation grid run on this machine, or printed for a cluster.
 
 `run_grid` trains the runs, each seed its own run, one after another in this
 process (or several at once, each in its own pinned process:
@@ -29,14 +29,14 @@ import ml_collections
 from jattn.analysis import grid as grid_lib
 from jattn.analysis import parallel, report, sessions
 from jattn.analysis.parallel import fmt_cpus, fmt_duration
-from jattn.train import workdir as files
+from jattn.train import workdir as workdir_lib
 from jattn.train.workdir import WorkdirLock
 
 STATUS_FILE = "ablation_status.json"
 
 
 def _final(run: grid_lib.Run, num_steps: int) -> dict[str, Any] | None:
-    return files.finished_metrics(run.workdir, num_steps)
+    return workdir_lib.finished_metrics(run.workdir, num_steps)
 
 
 def _train_in_turn(todo, runs, configs, log, done, started, stop) -> bool:

@@ -18,7 +18,7 @@ from typing import Any
 import numpy as np
 
 from jattn.analysis import grid as grid_lib
-from jattn.train import workdir as files
+from jattn.train import workdir as workdir_lib
 
 __all__ = [
     "accuracy_by_length",
@@ -32,7 +32,7 @@ __all__ = [
     "unproducible_share",
 ]
 
-DATA_CHECK = files.DATA_CHECK
+DATA_CHECK = workdir_lib.DATA_CHECK
 
 
 def is_number(v: Any) -> bool:
@@ -63,7 +63,7 @@ def exact_match_counts(workdir: str, final: dict[str, Any]) -> dict[str, tuple[i
         if is_number(n) and n > 0:
             counts[split] = (round(em * n), int(n))
             continue
-        decoded = files.read_jsonl(files.decodes_path(workdir, split))
+        decoded = workdir_lib.read_jsonl(workdir_lib.decodes_path(workdir, split))
         if decoded and all(e.get("step") == final.get("step") for e in decoded):
             counts[split] = (sum(bool(e["correct"]) for e in decoded), len(decoded))
     return counts
@@ -73,7 +73,7 @@ def data_check(workdir: str, final: dict[str, Any] | None) -> dict[str, Any] | N
     """The run's data check: its ``data_check.json`` (``{split: {"examples",
     "producible", "longer_than_train"}, "train": {...}}``), else its final
     metrics ``data/<split>/<name>``; None for a run that has neither."""
-    check = files.read_json(os.path.join(workdir, files.DATA_CHECK))
+    check = workdir_lib.read_json(os.path.join(workdir, workdir_lib.DATA_CHECK))
     if check is not None:
         return check
     out: dict[str, Any] = {}
@@ -98,7 +98,7 @@ def collect(runs: list[grid_lib.Run], configs, exp) -> list[dict[str, Any]]:
     reached ``num_train_steps``), exact-match counts and data check."""
     out = []
     for run, config in zip(runs, configs, strict=True):
-        final = files.finished_metrics(run.workdir, config.num_train_steps)
+        final = workdir_lib.finished_metrics(run.workdir, config.num_train_steps)
         out.append(
             dict(
                 run=run,
@@ -115,7 +115,7 @@ def collect(runs: list[grid_lib.Run], configs, exp) -> list[dict[str, Any]]:
 def _curve(workdir: str, metric: str) -> tuple[np.ndarray, np.ndarray] | None:
     pts = [
         (m["step"], m[metric])
-        for m in files.read_jsonl(os.path.join(workdir, files.METRICS))
+        for m in workdir_lib.read_jsonl(os.path.join(workdir, workdir_lib.METRICS))
         if metric in m and isinstance(m[metric], int | float)
     ]
     if not pts:
@@ -168,13 +168,13 @@ def accuracy_by_length(rows):
             train_longest = int(check["train"]["max_input_tokens"])
         if not r["final"]:
             continue
-        folder = os.path.join(r["run"].workdir, files.DECODES)
+        folder = os.path.join(r["run"].workdir, workdir_lib.DECODES)
         names = os.listdir(folder) if os.path.isdir(folder) else []
         for split in sorted(f.removesuffix(".jsonl") for f in names if f.endswith(".jsonl")):
             if unproducible_share(check, split) is not None:
                 left_out.add(split)
                 continue
-            for e in files.read_jsonl(files.decodes_path(r["run"].workdir, split)):
+            for e in workdir_lib.read_jsonl(workdir_lib.decodes_path(r["run"].workdir, split)):
                 if e.get("step") != r["final"].get("step"):
                     continue
                 n = int(e["input_tokens"])

@@ -48,12 +48,11 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 import jax
-import ml_collections
 import numpy as np
 
 from jattn.data import producibility
-from jattn.train import workdir as files
-from jattn.train.config import ConfigError, input_lengths
+from jattn.train import workdir as workdir_lib
+from jattn.train.parts import ConfigError, EvalPart
 
 __all__ = [
     "EvalSet",
@@ -108,7 +107,7 @@ def _pad_rows(batch: dict[str, np.ndarray], rows: int) -> dict[str, np.ndarray]:
 
 
 def load_eval_sets(
-    task: Any, make_loader: Callable[..., Any], config: Any, splits: Sequence[str]
+    task: Any, make_loader: Callable[..., Any], evaluation: EvalPart, splits: Sequence[str]
 ) -> dict[str, EvalSet]:
     """Reads and caches the eval rows of `splits` (see the module docstring).
 
@@ -116,7 +115,7 @@ def load_eval_sets(
       ConfigError: a split none of whose examples fits the eval row lengths
         (its metrics would silently read 0).
     """
-    _, input_len = input_lengths(config)
+    input_len = evaluation.input_len
     metrics = tuple(getattr(task, "metrics", DECODED_METRICS))
     unknown = sorted(set(metrics) - set(DECODED_METRICS))
     if unknown:
@@ -127,10 +126,10 @@ def load_eval_sets(
         loader = make_loader(
             task,
             split,
-            batch_size=config.eval_batch_size,
-            max_len=config.eval_max_len,
+            batch_size=evaluation.batch_size,
+            max_len=evaluation.max_len,
             max_input_len=input_len,
-            seed=config.seed,
+            seed=evaluation.seed,
             shuffle=False,
             num_epochs=1,
             pack=False,
@@ -140,13 +139,13 @@ def load_eval_sets(
         for batch in loader:
             batch = {k: np.asarray(v) for k, v in batch.items()}
             count += int(np.sum(np.any(batch["targets"] > 0, axis=-1)))
-            batches.append(_pad_rows(batch, config.eval_batch_size))
-            if config.eval_max_batches and len(batches) >= config.eval_max_batches:
+            batches.append(_pad_rows(batch, evaluation.batch_size))
+            if evaluation.max_batches and len(batches) >= evaluation.max_batches:
                 break
         if count == 0:
             raise ConfigError(
                 f"eval split {split!r} has no example that fits eval_max_input_len="
-                f"{input_len} and eval_max_len={config.eval_max_len}: raise them, or drop "
+                f"{input_len} and eval_max_len={evaluation.max_len}: raise them, or drop "
                 f"{split!r} from eval_splits"
             )
         sets[split] = EvalSet(split, batches, count, metrics, longest)
@@ -301,29 +300,29 @@ def _row_sums(sums: dict[str, Any]) -> tuple[np.ndarray, np.ndarray] | None:
 
 def write_decodes(workdir: str, step: int, decodes: dict[str, list[dict[str, Any]]]) -> None:
     """Writes `workdir/decodes/<split>.jsonl` (the latest eval's decoded examples)."""
-    os.makedirs(os.path.join(workdir, files.DECODES), exist_ok=True)
+    os.makedirs(os.path.join(workdir, workdir_lib.DECODES), exist_ok=True)
     for split, examples in decodes.items():
-        path = files.decodes_path(workdir, split)
+        path = workdir_lib.decodes_path(workdir, split)
         with open(path + ".tmp", "w") as f:
             for e in examples:
                 f.write(json.dumps({"step": int(step), **e}) + "\n")
         os.replace(path + ".tmp", path)
 
 
-def decode_fn(model, config: ml_collections.ConfigDict):
+def decode_fn(model, evaluation: EvalPart):
     """`(params, inputs [B, S], targets [B, T]) -> ids [B, max_length]` per
-    `config.decode`, or None. The targets are read only by a model that is
+    `evaluation.decode`, or None. The targets are read only by a model that is
     told its output length (an encoder-only tape: `tape_lengths`, each row's
     target tokens); an autoregressive model decodes from the inputs alone."""
-    if config.eval_decode_examples <= 0:
+    if evaluation.decode_examples <= 0:
         return None
     from jattn.models import decoding  # noqa: PLC0415
 
-    max_length = config.decode_max_len or config.eval_max_len
+    max_length = evaluation.decode_max_len
     search = decoding.greedy
-    if config.decode == "beam":
+    if evaluation.decode == "beam":
         search = functools.partial(
-            decoding.beam_search, beam_size=config.beam_size, alpha=config.beam_alpha
+            decoding.beam_search, beam_size=evaluation.beam_size, alpha=evaluation.beam_alpha
         )
 
     def decode(params, inputs, targets):
