@@ -42,7 +42,10 @@ LAYOUTS = {
     "packed": [[1] * 5 + [2] * 6 + [0] * 2, [1] * 13],
     # a decoder-only stream: every example's inputs, padding, then every
     # example's targets, so each example is two runs with the other between
-    "interleaved": [[1, 1, 1, 2, 2, 0, 1, 1, 2, 2, 2, 0, 0], [1, 1, 2, 2, 2, 2, 1, 1, 1, 2, 0, 1, 1]],
+    "interleaved": [
+        [1, 1, 1, 2, 2, 0, 1, 1, 2, 2, 2, 0, 0],
+        [1, 1, 2, 2, 2, 2, 1, 1, 1, 2, 0, 1, 1],
+    ],
 }
 
 

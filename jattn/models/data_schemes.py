@@ -30,8 +30,9 @@ form, "chunked" their tiled reverse scan (O(L) memory), and the default
 and the scan above. The Pallas
 kernels take none of the three (no row and column terms, no reverse scan):
 `attention_impl="pallas"` is a config error, and the rule's default
-(`attention_impl=None`) never picks them for the forget gate. They apply no attention-weight dropout (`attention_dropout_rate`
-must be 0) and `capture_attention` cannot sow their weights.
+(`attention_impl=None`) never picks them for the forget gate. CoPE and
+stick-breaking apply no attention-weight dropout (`attention_dropout_rate`
+must be 0), and `capture_attention` cannot sow their weights.
 
 Shapes: B batch, T queries, S keys, N query heads, K kv heads, H head dim,
 D width, P `npos_max`.
@@ -190,7 +191,9 @@ class Cope(Form):
             return None
         zeros = jax.nn.initializers.zeros
         shape = (self.options(cfg).npos_max, cfg.head_dim)
-        table = SchemeParams(((("table", zeros, shape, (None, "kv"))),), cfg.params_dtype, name="cope")()
+        table = SchemeParams(
+            ((("table", zeros, shape, (None, "kv"))),), cfg.params_dtype, name="cope"
+        )()
         tiled = functools.partial(cope_attention, block_q=COPE_BLOCK_Q)
         return self.form(cfg, tiled, cope_attention_xla, table["table"])
 

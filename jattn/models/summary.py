@@ -79,9 +79,7 @@ def architecture_line(config: TransformerConfig) -> str:
         return ARCHITECTURES[name].layers(n).replace("layer", shared + "layer")
 
     others = "; ".join(
-        f"{name} {counts[name]:,}, {layers(name)}"
-        for name in counts
-        if name != config.architecture
+        f"{name} {counts[name]:,}, {layers(name)}" for name in counts if name != config.architecture
     )
     same_width = f"; at the same width: {others}" if others else ""
     return (

@@ -81,9 +81,9 @@ def segment_cumsum(x: Array, segment_ids: Array | None) -> Array:
     order = jnp.argsort(segment_ids, axis=1, stable=True)  # [B, T]
     ids = jnp.take_along_axis(segment_ids, order, axis=1)
     runs = jnp.take_along_axis(x, order[..., None], axis=1)  # [B, T, N], segment by segment
-    start = jnp.concatenate(
-        [jnp.ones_like(ids[:, :1], bool), ids[:, 1:] != ids[:, :-1]], axis=1
-    )[..., None]  # [B, T, 1]
+    start = jnp.concatenate([jnp.ones_like(ids[:, :1], bool), ids[:, 1:] != ids[:, :-1]], axis=1)[
+        ..., None
+    ]  # [B, T, 1]
 
     def combine(left, right):
         (a, ra), (b, rb) = left, right
