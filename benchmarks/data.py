@@ -19,7 +19,8 @@ REV` also in jattn as it was at git revision REV (its `jattn/` exported to a
 temporary folder), side by side in one run: each round runs one child
 process per tree, in alternating order, and the table gives the median over
 rounds of ms a batch (after the first batch, whose time is its own column:
-it includes reading the split when the tree keeps it in memory).
+it includes reading the split when the tree keeps it in memory) and of each
+round's ratio of the baseline's time to this tree's, with its range.
 """
 
 from __future__ import annotations
@@ -174,6 +175,7 @@ def compare_trees(args, data_dir: str) -> str:
         ).stdout.strip()  # fmt: skip
         trees = {f"baseline {rev}": _export(args.baseline), **trees}
     runs = {name: [] for name in trees}
+    load_before = os.getloadavg()[0]
     for r in range(args.rounds):
         for name in trees if r % 2 == 0 else reversed(trees):
             env = dict(os.environ, PYTHONPATH=trees[name], JAX_PLATFORMS="cpu")
@@ -184,26 +186,29 @@ def compare_trees(args, data_dir: str) -> str:
             ).stdout  # fmt: skip
             runs[name].append(json.loads(out.strip().splitlines()[-1]))
     header = ["config", "tree", "batch", "ms/batch", "batches/s", "examples/s", "first batch s"]
-    header += ["speed-up"] if args.baseline else []
+    header += ["speed-up (range)"] if args.baseline else []
     lines = [
         f"Input pipeline of {args.config}: {spec['dataset']}, {batch} rows of "
         f"{spec['loader']['max_input_len']} + {c.max_len}, pack={c.pack}, {args.num_batches} "
         f"batches a round, median of {args.rounds} rounds (one process a tree and round, "
         f"alternating order), {platform.processor() or platform.machine()}, "
-        f"{os.cpu_count()} cores, load average {os.getloadavg()[0]:.1f} at the end",
+        f"{os.cpu_count()} cores, load average {load_before:.1f} before and "
+        f"{os.getloadavg()[0]:.1f} after",
         "",
         "| " + " | ".join(header) + " |",
         "|" + "---|" * len(header),
     ]
-    base_ms = None
+    base = next(iter(runs.values()))
     for name, results in runs.items():
         ms = statistics.median(1e3 * x["elapsed_s"] / args.num_batches for x in results)
         examples = statistics.median(x["examples"] / x["elapsed_s"] for x in results)
         first = statistics.median(x["first_s"] for x in results)
-        base_ms = base_ms or ms
         cells = [args.config, name, str(batch), f"{ms:.2f}", f"{1e3 / ms:.1f}"]
         cells += [f"{examples:,.0f}", f"{first:.2f}"]
-        cells += [f"{base_ms / ms:.2f}x"] if args.baseline else []
+        if args.baseline:  # each round's baseline time over this tree's, paired by round
+            ratios = [b["elapsed_s"] / x["elapsed_s"] for b, x in zip(base, results, strict=True)]
+            spread = f" ({min(ratios):.2f}-{max(ratios):.2f})" if results is not base else ""
+            cells.append(f"{statistics.median(ratios):.2f}x{spread}")
         lines.append("| " + " | ".join(cells) + " |")
     print("\n".join(lines), flush=True)
     return "\n".join(lines)

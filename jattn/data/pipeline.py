@@ -393,7 +393,9 @@ def make_loader(
 def loader_stats(iterator: grain.DatasetIterator) -> dict[str, int]:
     """Counts of an iterator from `make_loader`: examples read, dropped, truncated.
 
-    Counts include examples read ahead into the packer but not yet emitted.
+    Counts run to the last example the packer has taken, in rows not yet emitted
+    too; the example a full group of rows left for the next group is not counted yet
+    (the state, restored, gives it again).
     """
     todo = [iterator]
     while todo:
