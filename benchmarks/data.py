@@ -70,7 +70,10 @@ def main(argv: list[str] | None = None) -> str:
         help="comma-separated input row lengths, 0: max_len (default 0,16)",
     )
     parser.add_argument(
-        "--batch-size", type=int, default=None, help="rows a batch (default 64; --config: its)"
+        "--batch-size",
+        type=int,
+        default=None,
+        help="rows a batch (default 64; with --config: the config's)",
     )
     parser.add_argument(
         "--num-batches", type=int, default=50, help="batches measured per row (default 50)"
@@ -178,7 +181,7 @@ def compare_trees(args, data_dir: str) -> str:
     load_before = os.getloadavg()[0]
     for r in range(args.rounds):
         for name in trees if r % 2 == 0 else reversed(trees):
-            env = dict(os.environ, PYTHONPATH=trees[name], JAX_PLATFORMS="cpu")
+            env = dict(os.environ, PYTHONPATH=trees[name])
             out = subprocess.run(
                 [sys.executable, "-c", CHILD, json.dumps(dict(spec, tree=trees[name]))],
                 env=env, cwd=tempfile.gettempdir(),  # not a folder holding another jattn/

@@ -16,8 +16,10 @@ across rows, and an example goes into a row only if both of its sides fit
 there; each side fills its own budget.
 
 `PackIterDataset` packs first fit (the algorithm of grain's FirstFitPackIterDataset,
-in a lean form) with a resumable iterator state; `unpack` is its inverse and
-`pad_to_row` the unpacked (one example a row) layout.
+in a lean form) with a resumable iterator state; `PadIterDataset` puts one example
+in a row (`pad_to_row`, the unpacked layout); both give k rows at once
+(`next_rows`), built by one scatter of all their tokens rather than a row and an
+example at a time. `unpack` is the inverse.
 """
 
 from __future__ import annotations

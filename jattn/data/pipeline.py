@@ -13,9 +13,9 @@
 
 Examples travel one at a time only where the order matters (dropping and
 first fit); tokenizing, reading and building a group's rows work on arrays
-of a whole block or group (docs/benchmarks.md, "Data pipeline": 4x the
-examples a second of the per-example pipeline before it, batch for batch
-the same).
+of a whole block or group (docs/benchmarks.md, "A config's rows, this tree
+against an earlier one": about 5x the batches a second of the per-example
+pipeline before it, batch for batch and state for state the same).
 
 Encoder rows hold `max_input_len` tokens and decoder rows `max_len` (by default
 the same): a task whose sources are much shorter than its targets (digits to
@@ -316,7 +316,8 @@ def make_loader(
       prefetch: batches prepared ahead in a background thread (overlapping training
         steps); 0 prepares each batch when asked for. Does not change the batches.
       cache: read and tokenize this process's shard of the split whole on the first
-        batch and keep its tokens in memory; None: for a shard of at most
+        batch and keep its tokens in memory; None: when the stream repeats
+        (`num_epochs` not 1) and the shard has at most
         `jattn.data.reading.CACHE_EXAMPLES` examples. Does not change the batches.
 
     Returns:
@@ -364,6 +365,8 @@ def make_loader(
         seed=seed if shuffle else None,  # with a seed: a new permutation every epoch
         num_epochs=num_epochs,
     )
+    if cache is None and num_epochs == 1:
+        cache = False  # one pass reads each example once: keeping them would read ahead
     read_block = reading.read_blocks_fn(
         source, task.tokenizer, shard_index=shard_index, shard_count=shard_count, cache=cache
     )

@@ -13,8 +13,9 @@ the iterator's state (``{"next_index": k}``) is the one it replaces.
 A shard of at most `CACHE_EXAMPLES` examples is read and tokenized whole on
 first use and kept in memory as two flat arrays (about 4 bytes a token): a
 training run repeats its data many times, and a random read from array_record
-plus its tf.Example parse cost about ten times the rest of an example's way
-to a batch. Larger shards are read a block at a time.
+plus its tf.Example parse (about 18 us an example on the shared CPU of
+docs/benchmarks.md) cost as much as all the rest of an example's way to a
+batch. Larger shards are read a block at a time.
 """
 
 from __future__ import annotations
