@@ -3,6 +3,7 @@
 import collections
 import json
 import os
+import re
 import sys
 
 import jax.numpy as jnp
@@ -1015,3 +1016,29 @@ def test_bench_data_script_reports_each_row_length(numbers, data_dir, monkeypatc
             "--max-input-lens", "16", "--num-batches", "2"]  # fmt: skip
     monkeypatch.setattr(sys, "argv", argv)
     assert "| numbers | 64 | 16 | yes |" in bench.main()
+
+
+def test_bench_data_times_a_config_here_and_at_a_baseline_revision(data_dir):
+    # `--config` times a config's training rows in child processes, one per tree and
+    # round: this tree's jattn and (`--baseline REV`) the one of git revision REV.
+    import importlib.util
+    import subprocess
+
+    root = os.path.dirname(os.path.dirname(__file__))
+    spec = importlib.util.spec_from_file_location(
+        "bench_data", os.path.join(root, "benchmarks", "data.py")
+    )
+    bench = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bench)
+    table = bench.main(
+        ["--data-dir", data_dir, "--config", "configs/smoke.py", "--baseline", "HEAD",
+         "--rounds", "2", "--num-batches", "2"]
+    )  # fmt: skip
+    head = subprocess.run(
+        ["git", "-C", root, "rev-parse", "--short", "HEAD"], capture_output=True, text=True
+    ).stdout.strip()
+    rows = [line.split(" | ") for line in table.splitlines() if line.startswith("| configs/")]
+    assert [(r[1], r[2]) for r in rows] == [(f"baseline {head}", "8"), ("this tree", "8")]
+    assert all(float(r[3]) > 0 and float(r[6]) >= 0 for r in rows)  # ms a batch, first batch s
+    assert rows[0][7] == "1.00x |" and re.fullmatch(r"\d+\.\d\dx \(\S+-\S+\) \|", rows[1][7])
+    assert "copy/tiny, 8 rows of 16 + 16, pack=True" in table
