@@ -991,27 +991,27 @@ def test_errors(data_dir, tiny):
         make(shard_index=700, shard_count=800)
 
 
-def test_bench_data_script_reports_each_row_length(numbers, data_dir, monkeypatch):
-    # benchmarks/data.py: one table row per (task, max_len, max_input_len,
+def test_bench_data_script_reports_each_row_length(numbers, data_dir, monkeypatch, capsys):
+    # benchmarks/train.py --data: one table row per (task, max_len, max_input_len,
     # pack); shorter input rows raise the inputs' share of real tokens.
-    import importlib.util
+    import runpy
 
-    path = os.path.join(os.path.dirname(os.path.dirname(__file__)), "benchmarks", "data.py")
-    spec = importlib.util.spec_from_file_location("bench_data", path)
-    bench = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(bench)
-    table = bench.main(
-        ["--data_dir", data_dir, "--tasks", "numbers", "--max_lens", "64",
+    path = os.path.join(os.path.dirname(os.path.dirname(__file__)), "benchmarks", "train.py")
+    main = runpy.run_path(path)["main"]
+    assert main(
+        ["--data", "--data_dir", data_dir, "--tasks", "numbers", "--max_lens", "64",
          "--max_input_lens", "0,16", "--num_batches", "3"]
-    )  # fmt: skip
+    ) == 0  # fmt: skip
+    table = capsys.readouterr().out
     rows = [line.split(" | ") for line in table.splitlines() if line.startswith("| numbers")]
     assert [(r[1], r[2], r[3]) for r in rows] == [
         ("64", "64", "yes"), ("64", "64", "no"), ("64", "16", "yes"), ("64", "16", "no")
     ]  # fmt: skip
     inputs_real = {(r[2], r[3]): float(r[7]) for r in rows}
     assert inputs_real[("16", "yes")] > 2 * inputs_real[("64", "yes")]
-    # `jattn bench data` runs the script as __main__: main() reads sys.argv.
-    argv = ["data.py", "--data-dir", data_dir, "--tasks", "numbers", "--max-lens", "64",
-            "--max-input-lens", "16", "--num-batches", "2"]  # fmt: skip
+    # As a script (`python benchmarks/train.py --data ...`), main() reads sys.argv.
+    argv = ["train.py", "--data", "--data-dir", data_dir, "--tasks", "numbers", "--max-lens",
+            "64", "--max-input-lens", "16", "--num-batches", "2"]  # fmt: skip
     monkeypatch.setattr(sys, "argv", argv)
-    assert "| numbers | 64 | 16 | yes |" in bench.main()
+    assert main() == 0
+    assert "| numbers | 64 | 16 | yes |" in capsys.readouterr().out
