@@ -3,7 +3,6 @@
 import collections
 import json
 import os
-import re
 import sys
 
 import jax.numpy as jnp
@@ -992,53 +991,27 @@ def test_errors(data_dir, tiny):
         make(shard_index=700, shard_count=800)
 
 
-def test_bench_data_script_reports_each_row_length(numbers, data_dir, monkeypatch):
-    # benchmarks/data.py: one table row per (task, max_len, max_input_len,
+def test_bench_data_script_reports_each_row_length(numbers, data_dir, monkeypatch, capsys):
+    # benchmarks/train.py --data: one table row per (task, max_len, max_input_len,
     # pack); shorter input rows raise the inputs' share of real tokens.
-    import importlib.util
+    import runpy
 
-    path = os.path.join(os.path.dirname(os.path.dirname(__file__)), "benchmarks", "data.py")
-    spec = importlib.util.spec_from_file_location("bench_data", path)
-    bench = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(bench)
-    table = bench.main(
-        ["--data_dir", data_dir, "--tasks", "numbers", "--max_lens", "64",
+    path = os.path.join(os.path.dirname(os.path.dirname(__file__)), "benchmarks", "train.py")
+    main = runpy.run_path(path)["main"]
+    assert main(
+        ["--data", "--data_dir", data_dir, "--tasks", "numbers", "--max_lens", "64",
          "--max_input_lens", "0,16", "--num_batches", "3"]
-    )  # fmt: skip
+    ) == 0  # fmt: skip
+    table = capsys.readouterr().out
     rows = [line.split(" | ") for line in table.splitlines() if line.startswith("| numbers")]
     assert [(r[1], r[2], r[3]) for r in rows] == [
         ("64", "64", "yes"), ("64", "64", "no"), ("64", "16", "yes"), ("64", "16", "no")
     ]  # fmt: skip
     inputs_real = {(r[2], r[3]): float(r[7]) for r in rows}
     assert inputs_real[("16", "yes")] > 2 * inputs_real[("64", "yes")]
-    # `jattn bench data` runs the script as __main__: main() reads sys.argv.
-    argv = ["data.py", "--data-dir", data_dir, "--tasks", "numbers", "--max-lens", "64",
-            "--max-input-lens", "16", "--num-batches", "2"]  # fmt: skip
+    # As a script (`python benchmarks/train.py --data ...`), main() reads sys.argv.
+    argv = ["train.py", "--data", "--data-dir", data_dir, "--tasks", "numbers", "--max-lens",
+            "64", "--max-input-lens", "16", "--num-batches", "2"]  # fmt: skip
     monkeypatch.setattr(sys, "argv", argv)
-    assert "| numbers | 64 | 16 | yes |" in bench.main()
-
-
-def test_bench_data_times_a_config_here_and_at_a_baseline_revision(data_dir):
-    # `--config` times a config's training rows in child processes, one per tree and
-    # round: this tree's jattn and (`--baseline REV`) the one of git revision REV.
-    import importlib.util
-    import subprocess
-
-    root = os.path.dirname(os.path.dirname(__file__))
-    spec = importlib.util.spec_from_file_location(
-        "bench_data", os.path.join(root, "benchmarks", "data.py")
-    )
-    bench = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(bench)
-    table = bench.main(
-        ["--data-dir", data_dir, "--config", "configs/smoke.py", "--baseline", "HEAD",
-         "--rounds", "2", "--num-batches", "2"]
-    )  # fmt: skip
-    head = subprocess.run(
-        ["git", "-C", root, "rev-parse", "--short", "HEAD"], capture_output=True, text=True
-    ).stdout.strip()
-    rows = [line.split(" | ") for line in table.splitlines() if line.startswith("| configs/")]
-    assert [(r[1], r[2]) for r in rows] == [(f"baseline {head}", "8"), ("this tree", "8")]
-    assert all(float(r[3]) > 0 and float(r[6]) >= 0 for r in rows)  # ms a batch, first batch s
-    assert rows[0][7] == "1.00x |" and re.fullmatch(r"\d+\.\d\dx \(\S+-\S+\) \|", rows[1][7])
-    assert "copy/tiny, 8 rows of 16 + 16, pack=True" in table
+    assert main() == 0
+    assert "| numbers | 64 | 16 | yes |" in capsys.readouterr().out

@@ -140,7 +140,7 @@ def test_triton_present_selects_triton(monkeypatch):
 
 def test_a_score_mods_tiles_and_warps_follow_its_cost():
     """`prepare` measures a score mod's tile backward (`backward_cost`) and
-    picks its GPU tiles and warps by it (what `jattn bench aot` compiles
+    picks its GPU tiles and warps by it (what `python benchmarks/aot.py` compiles
     without bf16 spills, docs/gpu.md): 16x32 backward tiles, 2 warps for a
     light mod (ALiBi, FIRE's loop), 4 for a heavy one (T5's select chain);
     at head dim 128 a 64x64 forward with 8 warps. Positions given

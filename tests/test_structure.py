@@ -412,6 +412,32 @@ def test_train_has_at_most_20_files():
     assert len(files) <= 20, files
 
 
+# -- the lab outside the library: the benchmarks share one harness ---------------------
+
+BENCHMARK_LINES = 3000
+
+
+def benchmark_lines(root: pathlib.Path = REPO) -> int:
+    """Lines of `benchmarks/**/*.py`, as `find benchmarks -name '*.py' | xargs wc -l` counts."""
+    return sum(p.read_bytes().count(b"\n") for p in (root / "benchmarks").rglob("*.py"))
+
+
+def test_benchmarks_stay_within_3000_lines():
+    """Issue 51: the benchmarks share one harness (benchmarks/_harness.py: the flags, a
+    timer, a child process with a timeout, tables) instead of writing it in each script
+    (4,840 lines then, half of them harness), so they stay a lab one reads."""
+    n = benchmark_lines()
+    assert n <= BENCHMARK_LINES, f"benchmarks/ has {n} lines, over {BENCHMARK_LINES}"
+
+
+def test_the_benchmark_count_is_wc_l_and_sees_an_overrun(tmp_path):
+    (tmp_path / "benchmarks" / "sub").mkdir(parents=True)
+    (tmp_path / "benchmarks" / "a.py").write_text("x = 1\n" * 3000)
+    (tmp_path / "benchmarks" / "sub" / "b.py").write_text("y = 2\n")
+    (tmp_path / "benchmarks" / "notes.md").write_text("not counted\n" * 50)
+    assert benchmark_lines(tmp_path) == 3001 > BENCHMARK_LINES
+
+
 def test_one_run_is_one_seed_no_seed_programs():
     """Issue 51: several seeds are several runs (a grid's seed axis, `jattn ablate
     --jobs N`), never one program: no module for a program's members or seed groups,

@@ -161,7 +161,7 @@ def test_a_model_that_assumes_finite_keys_trains_as_the_guarded_one(position):
     state to float32 rounding. Not bit for bit here: without the guard XLA
     fuses the value projection's gradient otherwise (this model's `v`
     gradients differ in the last bit); for the main job's config they are
-    equal bit for bit (`jattn bench variants`, docs/benchmarks.md)."""
+    equal bit for bit (`python benchmarks/train.py`, docs/benchmarks.md)."""
     guarded = dataclasses.replace(tiny(dropout=0.1), position=position)
     assert not guarded.attention_assume_finite
     state, metrics = run_step(guarded, steps=3)

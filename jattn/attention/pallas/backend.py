@@ -164,7 +164,7 @@ def default_warps(
     Shaw forward's 64-row tile (bf16) is the exception: it carries the
     `[bq, Rp]` value-term masses and the gathered key-term tile besides the
     output, 255 registers a thread at 4 warps (spilling at head dim 128,
-    `jattn bench aot`), so it gets 8; so does a forward with a score mod
+    `python benchmarks/aot.py`), so it gets 8; so does a forward with a score mod
     (`mod_forward`: FIRE's loop at head dim 128 spilled 96 B at 64x64 with
     4 warps, none with 8). A light score mod's 16-row backward tiles
     (`light_mod`, `score_mod_checks.LIGHT_MOD_COST`) get 2 warps: at 4,
@@ -217,7 +217,7 @@ def default_blocks(
 ) -> tuple[tuple[int, int], tuple[int, int]]:
     """Default `((block_q, block_k) forward, (block_q, block_k) backward)`.
 
-    GPU, chosen by what ptxas reports for sm_90a (`jattn bench aot`,
+    GPU, chosen by what ptxas reports for sm_90a (`python benchmarks/aot.py`,
     docs/gpu.md): no spills in bfloat16 and 16 KB of shared memory to spare.
     - bfloat16 / fp16 forward 128x64; 64x64 with Shaw terms (whose `[bq,
       Rp]` accumulators add register pressure). Backward 64x64 at head dim

@@ -32,7 +32,7 @@ Limits: the block map sits whole in SMEM, `B·Nm·nT·nS` int32 values (Nm = N
 with a per-head mask, else 1): B = 8 at L = 8k with 128-tiles is 128 KiB;
 longer sequences or per-head masks need larger blocks or smaller batches per
 call. Status: tested in interpret mode on the CPU, and compiled by libtpu for
-compile-only TPU v5e and v6e (`jattn bench aot --target tpu`, docs/tpu.md;
+compile-only TPU v5e and v6e (`python benchmarks/aot.py --target tpu`, docs/tpu.md;
 CI compiles a subset); never run nor timed on a TPU.
 """
 
