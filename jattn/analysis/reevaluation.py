@@ -135,14 +135,24 @@ def reevaluate_run(
 def reevaluate_grid(runs, configs, workdir: str, log=print) -> dict[str, Any]:
     """`reevaluate_run` on every finished run of a grid; writes and returns the
     grid's record (``workdir/reevaluation.json``). Runs not finished are left
-    alone (the report leaves them out too)."""
+    alone (the report leaves them out too).
+
+    Raises:
+      ConfigError: a finished run whose final checkpoint is missing or does not
+        verify (one line naming the run; the runs before it are rewritten already).
+    """
+    from jattn.train.config import ConfigError  # noqa: PLC0415
+
     start = time.time()
     done: dict[str, Any] = {}
     for run, config in zip(runs, configs, strict=True):
         if files.finished_metrics(run.workdir, config.num_train_steps) is None:
             log(f"  {run.name}: not finished, not re-evaluated")
             continue
-        record = reevaluate_run(run.workdir, config.num_train_steps)
+        try:
+            record = reevaluate_run(run.workdir, config.num_train_steps)
+        except (FileNotFoundError, ValueError) as e:  # load_run: no step, or it fails
+            raise ConfigError(f"reevaluate {run.name}: {e}") from None
         done[run.name] = record
         log(f"  {run.name}: {_run_line(record)}")
     found = {
