@@ -189,6 +189,19 @@ def signed(x: float) -> str:
     return f"{x:+.3f}".replace("-", "−")
 
 
+def same_as_decoded(folder: str) -> str:
+    """``0 of 49,152 examples differ``: where a grid's teacher-forced sequence accuracy
+    and decoded exact match disagree, as its report counts them over the decoded
+    examples (the anchors' by-length table); every run's two numbers are equal too."""
+    for r in runs(folder):
+        for split in ("test_longer", "validation"):
+            em, tf = (r[f"eval/{split}/{m}"] for m in ("exact_match", "tf_sequence_accuracy"))
+            assert float(em) == float(tf), (folder, r["run"], split, em, tf)
+    text = (DOCS / folder / "results.md").read_text(encoding="utf-8")
+    found = re.search(r"disagrees with decoded exact match on ([\d,]+) of these ([\d,]+)", text)
+    return f"{found.group(1)} of {found.group(2)} examples differ"
+
+
 def randomized() -> list[str]:
     """The Ruoss row: best-of-seeds differences of teacher-forced accuracy past training
     (their kind of metric) and mean exact-match differences, random minus plain."""
@@ -272,6 +285,8 @@ def tape_slice(folder: str) -> list[str]:
 
 
 # Each row: the record of its anchor, and what its jattn cell must say, computed from files.
+XEON = "results_rerun_xeon"  # the main job on an Intel Xeon, re-evaluated with their metric
+TF = "eval/test_longer/tf_sequence_accuracy"
 ONT_REV = "results/ontanon_reverse"
 ONT_DUP = "results/ontanon_duplicate"
 KZ_LONG = ("results/decoder_only_long", "results/decoder_only_long_alibi_rope")
@@ -293,6 +308,10 @@ SPECS = {
             f"sinusoidal+Shaw {ci('results', 'position=sinusoidal+shaw')}",
             f"sinusoidal {ci('results', 'position=sinusoidal')}",
             steps("results"),
+            f"T5 {ci(XEON, 'position=t5', TF)}",
+            f"sinusoidal+Shaw {ci(XEON, 'position=sinusoidal+shaw', TF)}",
+            f"sinusoidal {ci(XEON, 'position=sinusoidal', TF)}",
+            same_as_decoded(XEON),
         ],
     ),
     "Ontañón et al. 2022, reversing at their budget": (
@@ -478,7 +497,7 @@ ROWS = {
     **{
         anchor: ("ontanon2022", task, [(g, folder, g) for g in groups_of(folder)])
         for anchor, task, folder in (
-            ("Ontañón et al. 2022, reversing digits", "reversing", "results"),
+            ("Ontañón et al. 2022, reversing digits", "reversing", XEON),
             ("Ontañón et al. 2022, reversing at their budget", "reversing", ONT_REV),
             (
                 "Ontañón et al. 2022, Shaw's terms (rel-e, rel-b, rel-eb, rel2)",
@@ -612,17 +631,32 @@ def readme_rows() -> list[list[str]]:
     return rows
 
 
+def metric_cell(anchor: str) -> str:
+    """The README's "compared on" cell: the metric the verdict compares, and for a
+    grid with their teacher-forced score how far it is from decoded exact match."""
+    metric, setup = compared(anchor)
+    if metric == TF:
+        folder = ROWS[anchor][2][0][1]
+        return f"their teacher-forced sequence accuracy; {same_as_decoded(folder)} (Intel Xeon)"
+    if setup.differs == NO_TEACHER_FORCED:
+        return (
+            "decoded exact match; their teacher-forced score not evaluated (checkpoints not kept)"
+        )
+    return "decoded exact match" + ("" if setup.metric else "; their metric differs")
+
+
 def test_the_readme_verdicts_are_the_rules_output():
     """The README's published comparisons: one row a comparison, its verdict the
-    rule's word, its fit cell computed from the files, its link a section of
-    docs/results.md; the detailed table there has the same rows."""
+    rule's word, its fit cell computed from the files, the metric its verdict
+    compares, its link a section of docs/results.md; the detailed table there has
+    the same rows."""
     expected = []
     for anchor in ROWS:
         v, fitted = computed(anchor)
-        expected.append([anchor, v.word, fitted])
-    assert [r[:3] for r in readme_rows()] == expected
+        expected.append([anchor, v.word, fitted, metric_cell(anchor)])
+    assert [r[:4] for r in readme_rows()] == expected
     for row in readme_rows():
-        assert row[3].startswith("[details](docs/results.md#"), row
+        assert row[4].startswith("[details](docs/results.md#"), row
 
 
 def test_the_detailed_verdicts_are_the_rules_output():
