@@ -88,7 +88,7 @@ def test_reevaluation_gives_back_the_metric_and_every_recorded_number(tiny_grid,
     assert grid_record["machine"]["cores"] >= 1 and grid_record["wall_s"] > 0
     md = (workdir / "results.md").read_text()
     section = md[md.index("## Re-evaluated from the kept checkpoints") :]
-    assert "The final checkpoints of the 2 runs were evaluated again on" in section
+    assert "The final checkpoints of the 2 runs were evaluated again from 20" in section
     assert "equal their re-evaluation to the last digit, and none differs." in section
     assert "Added: `eval/test_longer/num_evaluated`, `eval/test_longer/tf_sequence_accuracy`" in (
         section

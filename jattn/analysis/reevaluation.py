@@ -144,6 +144,7 @@ def reevaluate_grid(runs, configs, workdir: str, log=print) -> dict[str, Any]:
     from jattn.train.config import ConfigError  # noqa: PLC0415
 
     start = time.time()
+    started = _utc_now()
     done: dict[str, Any] = {}
     for run, config in zip(runs, configs, strict=True):
         if files.finished_metrics(run.workdir, config.num_train_steps) is None:
@@ -156,7 +157,8 @@ def reevaluate_grid(runs, configs, workdir: str, log=print) -> dict[str, Any]:
         done[run.name] = record
         log(f"  {run.name}: {_run_line(record)}")
     found = {
-        "date_utc": datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%d %H:%M"),
+        "started_utc": started,
+        "date_utc": _utc_now(),  # when it ended
         "wall_s": round(time.time() - start, 1),
         "machine": comparisons.machine(),
         "runs": done,
@@ -164,6 +166,10 @@ def reevaluate_grid(runs, configs, workdir: str, log=print) -> dict[str, Any]:
     files.write_json(os.path.join(workdir, RECORD), found)
     log(f"reevaluate: {len(done)} runs in {found['wall_s']:.0f} s")
     return found
+
+
+def _utc_now() -> str:
+    return datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%d %H:%M")
 
 
 def _run_line(record: dict[str, Any]) -> str:
@@ -189,8 +195,9 @@ def section(workdir: str) -> list[str]:
     lines = [
         "## Re-evaluated from the kept checkpoints",
         "",
-        f"The final checkpoints of the {len(runs)} runs were evaluated again on "
-        f"{found['date_utc']} UTC (`jattn ablate --reevaluate`: each loaded and verified by "
+        f"The final checkpoints of the {len(runs)} runs were evaluated again "
+        + (f"from {found['started_utc']} to " if found.get("started_utc") else "until ")
+        + f"{found['date_utc']} UTC (`jattn ablate --reevaluate`: each loaded and verified by "
         f"`jattn.train.load.load_run`, nothing trained; {minutes} min {seconds} s), and their "
         "final metrics and decodes rewritten with the result.",
         "",
