@@ -27,10 +27,13 @@ Metrics, per split ``S``:
   included, padding not) is the argmax under the gold prefix: Ontañón et
   al. 2022's score (their code feeds the gold prefix, takes the argmax,
   cuts it after its first end token and compares it with the reference,
-  which is the same thing). It is looser than decoded exact match: a
-  wrong token is not fed back, so one slip does not derail the rest. With
-  ``eval/S/num_evaluated``, the examples it is over (N of its k/N: every
-  real row of the split, decoded or not);
+  which is the same thing). For greedy decoding it is the same event as
+  exact match, not a looser one: a greedy output is right exactly when
+  each step's argmax, fed the right prefix, is the right token. The two
+  part only where the decoder's cached steps round an argmax differently
+  from this full pass, where the decoding limit cuts an output, or with
+  beam search. With ``eval/S/num_evaluated``, the examples it is over (N
+  of its k/N: every real row of the split, decoded or not);
 - ``eval/S/exact_match``: fraction of the first `eval_decode_examples`
   examples whose decoded output equals the reference string (in [0, 1]);
 - ``eval/S/num_decoded``: how many examples were decoded (N), so that the
