@@ -19,8 +19,10 @@ import numpy as np
 
 from jattn.analysis import grid as grid_lib
 from jattn.train import workdir as workdir_lib
+from jattn.train.evaluation import TF_SEQUENCE
 
 __all__ = [
+    "TF_SEQUENCE",
     "accuracy_by_length",
     "collect",
     "data_check",
@@ -29,6 +31,7 @@ __all__ = [
     "is_number",
     "loss_curves",
     "reported_metrics",
+    "tf_sequence_counts",
     "unproducible_share",
 ]
 
@@ -69,6 +72,20 @@ def exact_match_counts(workdir: str, final: dict[str, Any]) -> dict[str, tuple[i
     return counts
 
 
+def tf_sequence_counts(final: dict[str, Any]) -> dict[str, tuple[int, int]]:
+    """Per eval split, the final teacher-forced sequence accuracy as (k right, N
+    evaluated), from ``eval/<split>/tf_sequence_accuracy`` and ``.../num_evaluated``."""
+    counts = {}
+    for key, value in final.items():
+        parts = key.split("/")
+        if len(parts) != 3 or parts[0] != "eval" or parts[2] != TF_SEQUENCE:
+            continue
+        n = final.get(f"eval/{parts[1]}/num_evaluated")
+        if is_number(value) and is_number(n) and n > 0:
+            counts[parts[1]] = (round(value * n), int(n))
+    return counts
+
+
 def data_check(workdir: str, final: dict[str, Any] | None) -> dict[str, Any] | None:
     """The run's data check: its ``data_check.json`` (``{split: {"examples",
     "producible", "longer_than_train"}, "train": {...}}``), else its final
@@ -95,7 +112,8 @@ def unproducible_share(check: dict[str, Any] | None, split: str) -> float | None
 
 def collect(runs: list[grid_lib.Run], configs, exp) -> list[dict[str, Any]]:
     """Per run: run, config, typed axes, final metrics (None unless the run
-    reached ``num_train_steps``), exact-match counts and data check."""
+    reached ``num_train_steps``), exact-match counts, teacher-forced sequence
+    counts (``tf_counts``) and data check."""
     out = []
     for run, config in zip(runs, configs, strict=True):
         final = workdir_lib.finished_metrics(run.workdir, config.num_train_steps)
@@ -106,6 +124,7 @@ def collect(runs: list[grid_lib.Run], configs, exp) -> list[dict[str, Any]]:
                 axes=grid_lib.typed_axes(run, config, exp),
                 final=final,
                 counts=exact_match_counts(run.workdir, final) if final else {},
+                tf_counts=tf_sequence_counts(final) if final else {},
                 check=data_check(run.workdir, final),
             )
         )

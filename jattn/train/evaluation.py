@@ -22,6 +22,18 @@ Metrics, per split ``S``:
   (their code scores each test length, then averages over lengths; the
   pooled ``beyond_train/accuracy`` weighs a length by its tokens, so the
   longest, hardest lengths count more there);
+- ``eval/S/tf_sequence_accuracy``: teacher-forced sequence accuracy, the
+  fraction of the evaluated examples whose every target token (EOS
+  included, padding not) is the argmax under the gold prefix: Ontañón et
+  al. 2022's score (their code feeds the gold prefix, takes the argmax,
+  cuts it after its first end token and compares it with the reference,
+  which is the same thing). For greedy decoding it is the same event as
+  exact match, not a looser one: a greedy output is right exactly when
+  each step's argmax, fed the right prefix, is the right token. The two
+  part only where the decoder's cached steps round an argmax differently
+  from this full pass, where the decoding limit cuts an output, or with
+  beam search. With ``eval/S/num_evaluated``, the examples it is over (N
+  of its k/N: every real row of the split, decoded or not);
 - ``eval/S/exact_match``: fraction of the first `eval_decode_examples`
   examples whose decoded output equals the reference string (in [0, 1]);
 - ``eval/S/num_decoded``: how many examples were decoded (N), so that the
@@ -55,6 +67,7 @@ from jattn.train import workdir as workdir_lib
 from jattn.train.parts import ConfigError, EvalPart
 
 __all__ = [
+    "TF_SEQUENCE",
     "EvalSet",
     "decode_fn",
     "evaluate",
@@ -67,6 +80,7 @@ __all__ = [
 
 EOS_ID, PAD_ID = 1, 0
 DECODED_METRICS = ("exact_match", "bleu", "chrf")  # every one `evaluate` knows
+TF_SEQUENCE = "tf_sequence_accuracy"  # eval/<split>/tf_sequence_accuracy
 
 
 @dataclasses.dataclass
@@ -192,7 +206,8 @@ def evaluate(
       eval_step: jitted `(params, batch) -> {"loss_sum", "weight_sum", "correct"}`
         with replicated outputs, and optionally per row ``row_correct`` and
         ``row_weight`` `[rows]` (teacher-forced hits and tokens; they give
-        ``beyond_train/accuracy`` and each decoded example's ``tf_correct``).
+        ``tf_sequence_accuracy``, ``beyond_train/accuracy`` and each decoded
+        example's ``tf_correct``).
       decode: jitted `(params, inputs [rows, S]) -> ids [rows, max_length]`,
         replicated output; None skips the decoded metrics.
       to_global: numpy batch (the same on every process) -> global arrays.
@@ -209,6 +224,7 @@ def evaluate(
     metrics, decodes = {}, {}
     for split, es in eval_sets.items():
         loss = weight = correct = beyond_correct = beyond_weight = 0.0
+        sequences = [0, 0]  # teacher-forced: [rows with every token right, rows]
         by_length: dict[int, list[float]] = {}  # target tokens -> [hits, tokens], beyond training
         examples: list[dict[str, Any]] = []
         for batch in es.batches:
@@ -218,6 +234,8 @@ def evaluate(
             weight += float(sums["weight_sum"])
             correct += float(sums["correct"])
             rows = _row_sums(sums)
+            if rows is not None:
+                sequences = [a + b for a, b in zip(sequences, _sequence_counts(*rows), strict=True)]
             if rows is not None and es.train_max_target_tokens is not None:
                 beyond = rows[1] > es.train_max_target_tokens  # [rows]
                 beyond_correct += float(np.sum(rows[0][beyond]))
@@ -233,6 +251,9 @@ def evaluate(
         prefix = f"eval/{split}/"
         metrics[prefix + "loss"] = loss / max(weight, 1.0)
         metrics[prefix + "accuracy"] = correct / max(weight, 1.0)
+        if sequences[1]:
+            metrics[prefix + TF_SEQUENCE] = sequences[0] / sequences[1]
+            metrics[prefix + "num_evaluated"] = sequences[1]  # N of its k/N
         if beyond_weight:
             metrics[prefix + "beyond_train/accuracy"] = beyond_correct / beyond_weight
             metrics[prefix + "beyond_train/length_avg_accuracy"] = float(
@@ -298,6 +319,13 @@ def _row_sums(sums: dict[str, Any]) -> tuple[np.ndarray, np.ndarray] | None:
     return np.asarray(sums["row_correct"]), np.asarray(sums["row_weight"])
 
 
+def _sequence_counts(hits: np.ndarray, tokens: np.ndarray) -> tuple[int, int]:
+    """(rows whose every target token is right teacher-forced, rows) of one batch's
+    per-row hits and tokens `[rows]`; padding rows (no token) are not rows."""
+    real = tokens > 0
+    return int(np.sum(real & (hits == tokens))), int(np.sum(real))
+
+
 def write_decodes(workdir: str, step: int, decodes: dict[str, list[dict[str, Any]]]) -> None:
     """Writes `workdir/decodes/<split>.jsonl` (the latest eval's decoded examples)."""
     os.makedirs(os.path.join(workdir, workdir_lib.DECODES), exist_ok=True)
@@ -337,7 +365,7 @@ def metric_names(eval_sets) -> list[str]:
     return ["train/loss", "train/accuracy"] + [
         f"eval/{es.split}/{m}"
         for es in eval_sets.values()
-        for m in ("loss", "accuracy", *es.metrics)
+        for m in ("loss", "accuracy", TF_SEQUENCE, *es.metrics)
     ]
 
 
