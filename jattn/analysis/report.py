@@ -26,11 +26,9 @@ selected on any split, so the test splits never choose what is reported.
     beside, the difference its seeds could detect at 80% power, both sides'
     fit per seed, and the machine that wrote the report;
   - whether each group fitted inside the training lengths (`jattn.analysis.fit`:
-    validation exact match at least the experiment's ``fit_threshold``, 0.99,
-    in every seed), naming the groups whose longer-than-training numbers are
-    no verdict on their scheme;
-  - one row per run and eval split: exact match as k of N decoded with its
-    95% Wilson interval (0/N shows its upper bound).
+    validation exact match ≥ ``fit_threshold``, 0.99, in every seed);
+  - one row per run and eval split: exact match as k of N decoded, 95%
+    Wilson interval (0/N shows its upper bound).
 - ``loss_curves.png``: training loss against step, one colour per group
   (thin lines: seeds; thick: their mean), validation loss dashed where the
   runs logged it; titled with the grid's keys.
@@ -40,9 +38,8 @@ selected on any split, so the test splits never choose what is reported.
 - ``exact_match.png``: each group's exact match per eval split, the mean
   over seeds with its 95% t interval.
 - ``results.md`` also has "As the anchors report" (`jattn.analysis.anchors`):
-  the best seed beside the mean, teacher-forced accuracy beyond the training
-  lengths, and exact match by length bucket (the experiment's
-  ``length_bucket``, default 5 lengths).
+  the best seed, teacher-forced accuracy beyond the training lengths, and
+  exact match by ``length_bucket`` (default 5 lengths).
 """
 
 from __future__ import annotations
