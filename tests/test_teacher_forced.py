@@ -30,6 +30,7 @@ import pytest
 from jattn.analysis import grid, report, stats
 from jattn.models import ARCHITECTURES, Transformer, TransformerConfig
 from jattn.train import evaluation, steps
+from jattn.train.parts import EvalPart
 
 TF = "eval/test_longer/tf_sequence_accuracy"
 EM = "eval/test_longer/exact_match"
@@ -191,9 +192,11 @@ def test_a_tiny_model_of_every_architecture_against_numpy(name):
         if targets is not None:
             break
     assert targets is not None, "no initialisation of 20 gave targets without PAD"
-    config = ml_collections.ConfigDict(
-        {"eval_decode_examples": B, "decode_max_len": T, "eval_max_len": T, "decode": "greedy"}
-    )
+    config = EvalPart(
+        splits=("test_longer",), batch_size=B, max_len=T, input_len=S, max_batches=0,
+        decode_examples=B, decode="greedy", beam_size=1, beam_alpha=0.6, decode_max_len=T,
+        seed=0,
+    )  # fmt: skip
     metrics, decodes = evaluation.evaluate(
         params, {"test_longer": _eval_set([{"inputs": inputs, "targets": targets}])},
         eval_step=jax.jit(steps.make_eval_step(model)),

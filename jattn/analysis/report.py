@@ -1,11 +1,10 @@
 """An ablation's report: its runs aggregated into results.csv, results.md and PNG plots.
 
 Everything is read back from the runs' workdirs (``final_metrics.json``,
-``metrics.jsonl``, ``decodes/<split>.jsonl``, ``data_check.json``), so the
-report can be rebuilt at any time, also for a grid that a cluster ran
-(``jattn ablate --report-only``). Every number is a run's evaluation at its
-final step (``num_train_steps``; `collect` drops any other): no checkpoint is
-selected on any split, so the test splits never choose what is reported.
+``metrics.jsonl``, ``decodes/<split>.jsonl``, ``data_check.json``), so
+``jattn ablate --report-only`` rebuilds it. Every number is a run's
+evaluation at its final step (``num_train_steps``; `collect` drops any
+other): no checkpoint is selected, so no test split chooses what is reported.
 
 - ``results.csv``: one row per run: axes, status, every final metric.
 - ``results.md``:
