@@ -52,24 +52,24 @@ def _evaluate(run) -> tuple[dict[str, float], dict[str, list[dict[str, Any]]]]:
     from flax import linen as nn  # noqa: PLC0415
 
     from jattn import data as data_lib  # noqa: PLC0415
-    from jattn.train import data_checks, evaluation, steps  # noqa: PLC0415
+    from jattn.train import evaluation, load, steps  # noqa: PLC0415
     from jattn.train import mesh as mesh_lib  # noqa: PLC0415
-    from jattn.train.config import matmul_precision  # noqa: PLC0415
+    from jattn.train.config import read_parts  # noqa: PLC0415
 
-    config = run.config
-    splits = data_checks.eval_splits(config, run.task)
-    eval_sets = evaluation.load_eval_sets(run.task, data_lib.make_loader, config, splits)
-    mesh = mesh_lib.make_mesh(config.mesh_shape)
-    rules = tuple(tuple(r) for r in config.logical_axis_rules) or mesh_lib.DEFAULT_RULES
-    batch = mesh_lib.batch_sharding(mesh)
-    replicated = jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec())
-    with matmul_precision(config), jax.set_mesh(mesh), nn.logical_axis_rules(rules):
+    parts = read_parts(run.config)  # as training reads it
+    env = load.environment(parts)
+    eval_sets = evaluation.load_eval_sets(
+        env.task, data_lib.make_loader, parts.evaluation, env.eval_splits
+    )
+    batch = mesh_lib.batch_sharding(env.mesh)
+    replicated = jax.sharding.NamedSharding(env.mesh, jax.sharding.PartitionSpec())
+    with parts.devices.precision(), jax.set_mesh(env.mesh), nn.logical_axis_rules(env.rules):
         params = jax.device_put(run.params, replicated)
         eval_step = jax.jit(
             steps.make_eval_step(run.model), in_shardings=(replicated, batch),
             out_shardings=replicated,
         )  # fmt: skip
-        decode = evaluation.decode_fn(run.model, config)
+        decode = evaluation.decode_fn(run.model, parts.evaluation)
         if decode is not None:
             decode = jax.jit(
                 decode, in_shardings=(replicated, batch, batch), out_shardings=replicated
@@ -77,7 +77,7 @@ def _evaluate(run) -> tuple[dict[str, float], dict[str, list[dict[str, Any]]]]:
         return evaluation.evaluate(
             params, eval_sets, eval_step=eval_step, decode=decode,
             to_global=lambda b: mesh_lib.make_global_batch(b, batch, replicated_input=True),
-            tokenizer=run.tokenizer, num_decode=config.eval_decode_examples,
+            tokenizer=run.tokenizer, num_decode=parts.evaluation.decode_examples,
         )  # fmt: skip
 
 

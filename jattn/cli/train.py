@@ -158,7 +158,14 @@ def train_command(argv: Sequence[str]) -> int:
     except DataIntegrityError as e:  # found while reading, after the start-up checks
         return fail(PROG, str(e))
     except Terminated as e:
-        return terminated_status(e, args.workdir)
+        status = terminated_status(e, args.workdir)
+        if jax.process_count() == 1:
+            # Stopped mid start-up, a compile's or the data's threads may still run in C++;
+            # the interpreter's teardown under them once ended in SIGSEGV after this line.
+            sys.stdout.flush()
+            sys.stderr.flush()
+            os._exit(status)
+        return status
     if jax.process_index() == 0:
         print(_summary(final))
     return 0

@@ -152,6 +152,7 @@ class PreemptionWatch:
         self._timer: threading.Timer | None = None
         self._previous = None
         self.stage = stage
+        self._raised: str | None = None  # the stage of a Terminated already raised
         self._multi = jax.process_count() > 1
         if not self._multi and threading.current_thread() is threading.main_thread():
             self._previous = signal.signal(signal.SIGTERM, self._handler)
@@ -170,7 +171,18 @@ class PreemptionWatch:
             later.daemon = True
             later.start()
         else:
+            self._raised = self.stage
             raise Terminated(self.stage)
+
+    def enter(self, stage: str) -> None:
+        """Moves the watch to `stage` ("training" when the loop starts). A `Terminated`
+        raised earlier that never ended the run (caught and dropped on its way up, by a
+        bare ``except:`` or ``except BaseException``) is raised again here: the likely
+        way a SIGTERM 2 s into start-up once let a test run train all its steps with
+        no word (CI, 2026-12-06)."""
+        if self._raised is not None:
+            raise Terminated(self._raised)
+        self.stage = stage
 
     def _unblock(self) -> None:
         """The loop did not see the flag in time: interrupt whatever blocks it."""

@@ -55,8 +55,8 @@ def drive(run, watch: PreemptionWatch) -> dict[str, Any]:
     loop, progress = run.loop, run.progress
     step, eval_step_done, preempted = run.start, -1, False
     last_sane, save_failed = (run.start or None), False
-    watch.stage = "training"
     try:
+        watch.enter("training")  # a start-up SIGTERM that was swallowed ends the run here
         with jax.set_mesh(run.mesh), nn.logical_axis_rules(run.rules):
             while step < loop.num_train_steps:
                 run.train_step(step + 1)

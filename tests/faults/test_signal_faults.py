@@ -67,6 +67,30 @@ def test_a_sigterm_inside_a_gc_callback_still_ends_the_start_up():
     assert time.monotonic() - t0 < 4  # not the end of the wait
 
 
+def test_a_start_up_terminated_that_something_swallowed_ends_the_run_when_training_starts():
+    """A library's bare ``except:`` can drop the `Terminated` of a start-up SIGTERM; the
+    loop's first act (`PreemptionWatch.enter`) raises it again, with its stage."""
+    watch = PreemptionWatch(stage="start-up")
+    try:
+        try:
+            os.kill(os.getpid(), signal.SIGTERM)
+            sum(range(1000))  # the handler runs here and raises
+            raise AssertionError("the handler did not raise")
+        except Terminated:  # what a bare except would do: drop it
+            pass
+        with pytest.raises(Terminated) as e:
+            watch.enter("training")
+    finally:
+        watch.close()
+    assert e.value.stage == "start-up" and watch.stage == "start-up"
+    fresh = PreemptionWatch(stage="start-up")
+    try:
+        fresh.enter("training")  # no SIGTERM: nothing raised
+    finally:
+        fresh.close()
+    assert fresh.stage == "training"
+
+
 _START_UP_HANDLER = """
 import gc, os, signal, sys, time
 from jattn.cli.signals import install_sigterm_handler
