@@ -32,6 +32,7 @@ if TYPE_CHECKING:  # what the lazy names are, for readers and type checkers
     from jattn.attention.normal_form import NormalForm, normalise
     from jattn.attention.stick_breaking import stick_breaking_attention
     from jattn.flax_attention import flax_attention_fn
+    from jattn.masks import Visibility
     from jattn.positions import ShawRelative
     from jattn.score_mod import ScoreMod
 
@@ -41,6 +42,7 @@ _LAZY = {
     "NormalForm": "jattn.attention.normal_form",
     "ScoreMod": "jattn.score_mod",
     "ShawRelative": "jattn.positions",
+    "Visibility": "jattn.masks",
     "attention_weights": "jattn.attention",
     "cope_attention": "jattn.attention.cope",
     "default_implementation": "jattn.attention",
@@ -67,6 +69,7 @@ __all__ = [
     "NormalForm",
     "ScoreMod",
     "ShawRelative",
+    "Visibility",
     "attention_weights",
     "cope_attention",
     "default_implementation",
