@@ -138,7 +138,10 @@ def _attention(impl: str, spec: dict):
             name = "cudnn" if impl == "cudnn" else "xla"
             return jax.nn.dot_product_attention(q, k, v, is_causal=causal, implementation=name)
         if impl == "pallas":
-            nf = jattn.normalise(q, k, v, is_causal=causal, relative=rel(tables), **extra)
+            vis, rest = jattn.masks.split_keywords(dict(extra, is_causal=causal))
+            rate, rng = rest.pop("dropout_rate", 0.0), rest.pop("dropout_rng", None)
+            rest.update(dropout=jattn.dropout.Dropout(rate, rng), relative=rel(tables))
+            nf = jattn.normalise(q, k, v, visibility=vis, **rest)
             bwd = spec.get("backward_blocks")
             per_kernel = {n: spec.get(n) for n in PER_KERNEL}
             for n in ("dq_blocks", "dkv_blocks"):
@@ -352,7 +355,9 @@ def _check_mods(spec, rows):
         def f(q, k, v, params):
             m = dataclasses.replace(mod, params=params)
             if impl == "pallas":
-                nf = jattn.normalise(q, k, v, is_causal=True, score_mod=m)
+                nf = jattn.normalise(
+                    q, k, v, visibility=jattn.Visibility(is_causal=True), score_mod=m
+                )
                 return fa.flash_attention(nf, backward=backward)[0]
             return jattn.dot_product_attention(
                 q, k, v, is_causal=True, score_mod=m, implementation="xla"

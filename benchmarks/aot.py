@@ -202,7 +202,9 @@ def _variant_fn(
         elif feature in SCORE_MODS:
             mod = score_mod_of(feature, q.shape[2])
             kw["score_mod"] = dataclasses.replace(mod, params=extra["mod"])
-        nf = jattn.normalise(q, k, v, **kw)
+        vis, rest = jattn.masks.split_keywords(kw)
+        drop = jattn.dropout.Dropout(rest.pop("dropout_rate", 0.0), rest.pop("dropout_rng", None))
+        nf = jattn.normalise(q, k, v, visibility=vis, dropout=drop, **rest)
         mode = dict(backend=backend) if backend else dict(interpret=interpret)
         return fa.flash_attention(
             nf, backward=backward, precision=precision, **mode, **flash_kwargs(tiles)

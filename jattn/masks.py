@@ -41,6 +41,7 @@ Array = jax.Array
 
 __all__ = [
     "PAD_KV",
+    "KEYWORDS",
     "PAD_Q",
     "Visibility",
     "as_logits_mask",
@@ -50,6 +51,7 @@ __all__ = [
     "padding",
     "padding_from_lengths",
     "segment",
+    "split_keywords",
     "visible",
     "window_pair",
 ]
@@ -488,6 +490,19 @@ class Visibility:
         inspection and tests: the implementations never build it)."""
         rule = self.normalised(batch, t, s).rule(lambda x: x[:, :, None], lambda x: x[:, None, :])
         return jnp.broadcast_to(True if rule is None else rule, (batch, t, s))
+
+
+# `dot_product_attention`'s keywords that are `Visibility`'s fields, by the same names.
+KEYWORDS = tuple(f.name for f in dataclasses.fields(Visibility) if f.name != "default_positions")
+
+
+def split_keywords(options: dict) -> tuple[Visibility, dict]:
+    """`dot_product_attention`'s keywords split into the `Visibility` of those
+    that are its fields (`KEYWORDS`) and a dict of the others: for callers
+    that take the drop-in keywords as a dict (`default_implementation`,
+    `flax_attention_fn`'s options)."""
+    vis = Visibility(**{k: v for k, v in options.items() if k in KEYWORDS})
+    return vis, {k: v for k, v in options.items() if k not in KEYWORDS}
 
 
 def _flatten_with_keys(v: Visibility):

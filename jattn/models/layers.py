@@ -20,6 +20,7 @@ import jax.numpy as jnp
 from jax import lax
 
 from jattn.attention import attention_weights, dot_product_attention
+from jattn.masks import split_keywords
 from jattn.models.axes import constrain, param
 from jattn.models.config import TransformerConfig
 from jattn.models.schemes import Site
@@ -466,8 +467,9 @@ class Attention(nn.Module):
         if stage == "weights":
             q, key, mod, shaw, causal, visibility = x
             bias = None if mod is None else _materialise(mod, q.shape, key.shape, visibility)
+            vis, rest = split_keywords(dict(visibility, is_causal=causal))
             weights = attention_weights(
-                q, key, bias, relative=shaw, is_causal=causal, **visibility
+                q, key, bias, relative=shaw, visibility=vis, **rest
             )  # [B, N, T, S]
             self.sow("intermediates", "attention_weights", weights)
             return None

@@ -41,6 +41,7 @@ from jattn.attention.pallas.config import (
     only_specified,
     triton_params,
 )
+from jattn.masks import Visibility
 
 Array = jax.Array
 
@@ -286,27 +287,33 @@ def q_tile_scorer(cfg: KernelConfig, r: KernelInputs, ids=None):
         mod = tile_mod(cfg, leaves, batch, head, q_pos, kv_pos)
         if cfg.distance_tiles:  # additive: dS needs no pull-back, so no `(mod, raw)`
             add = dt.adder(r.distance_tiles, head, i, j, cfg.distance_tiles, cfg.block_q, bk)
+        vis = None
+        if partial:
+            vis = Visibility(
+                is_causal=cfg.causal,
+                local_window_size=cfg.window,
+                q_positions=q_pos,
+                kv_positions=kv_pos,
+                q_segment_ids=q_seg,
+                kv_segment_ids=r.kv_segments[kv] if cfg.use_seg else None,
+            )
         s, dpr_tile, rel, raw = ft.tile_scores(
-            partial,
-            q=q,
-            k=k,
+            q,
+            k,
             scale=cfg.scale,
-            causal=cfg.causal,
-            window=cfg.window,
-            max_distance=cfg.max_distance,
-            q_pos=q_pos,
-            kv_pos=kv_pos if partial else None,
-            q_seg=q_seg,
-            kv_seg=r.kv_segments[kv] if cfg.use_seg and partial else None,
+            vis=vis,
             kv_valid=kv_valid_mask(cfg, j, bk, padded_s) if partial else None,
             bias=load_bias_q(r.bias, cfg.bias_dims, j, bk),
             mask=load_bias_q(r.mask, cfg.mask_dims, j, bk) if partial else None,
-            qr_col=qr_col,
-            dpr_col=dpr_col,
-            far_id=jnp.where(right, cfg.far_right, 0),
-            qr_far=far(qr_ends, partial, right),
-            dpr_far=far(dpr_ends, partial, right),
-            need_rel=need_rel,
+            shaw=ft.ShawColumns(
+                max_distance=cfg.max_distance,
+                qr_col=qr_col,
+                dpr_col=dpr_col,
+                far_id=jnp.where(right, cfg.far_right, 0),
+                qr_far=far(qr_ends, partial, right),
+                dpr_far=far(dpr_ends, partial, right),
+                need_rel=need_rel,
+            ),
             score_mod=add if cfg.distance_tiles else mod,
             precision=cfg.precision,
         )
