@@ -58,6 +58,7 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
+from jattn.masks import Visibility
 from jattn.models.architectures import register
 from jattn.models.axes import constrain
 from jattn.models.blocks import stack_blocks, stack_inputs, vocab_logits
@@ -333,24 +334,22 @@ class DecoderOnlyStack(nn.Module):
         x, state = stack_inputs(
             self, self.embed, tokens, pos, train=train, causal=not cfg.prefix_lm
         )
-        cached = {}
-        if mode == "step":
-            cached = dict(
-                cache_index=index,
-                cache_positions=self.get_variable("cache", "slot_positions"),
-                cache_segment_ids=self.get_variable("cache", "slot_segments"),
+        vis = Visibility.of_sequence(seg, pos)
+        if mode == "step":  # the keys are the cache's slots
+            vis = vis.replace(
+                kv_positions=self.get_variable("cache", "slot_positions"),
+                kv_segment_ids=self.get_variable("cache", "slot_segments"),
             )
         for block, slot in stack_blocks(cfg, cfg.stack_layers, causal=True, decode=self.decode):
             x = block(
                 x,
                 mode=mode,
                 cache_slot=slot,
-                segment_ids=seg,
-                positions=pos,
+                visibility=vis,
                 scheme_state=state,
                 visible=visible,
+                cache_index=index,
                 train=train,
-                **cached,
             )
         if cfg.pre_norm:
             x = layer_norm(cfg, "final_norm")(x)
