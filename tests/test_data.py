@@ -792,7 +792,7 @@ def test_same_seed_same_batches(tiny):
     assert _same(a, batches(make(3), 6))
     assert _same(a, batches(make(3, prefetch=0), 6))  # prefetching changes nothing
     assert not _same(a, batches(make(4), 6))
-    ordered = batches(make(3, shuffle=False, pack=False, num_epochs=1), 2)
+    ordered = batches(make(None, pack=False, num_epochs=1), 2)
     first = [(tuple(e[0]), tuple(e[1])) for e in encoded(tiny, "train")[:16]]
     assert unpacked(ordered) == first
 
@@ -918,8 +918,7 @@ def test_shards_are_disjoint_and_cover(tiny):
             max_len=96,
             seed=0,
             num_epochs=1,
-            shard_index=index,
-            shard_count=3,
+            shard=(index, 3),
         )
         seen.append(unpacked(batches(loader)))
     assert [len(s) for s in seen] == [17, 17, 16]
@@ -985,10 +984,10 @@ def test_errors(data_dir, tiny):
         )
     with pytest.raises(ValueError, match="inputs has 3 tokens, more than max_input_len=2"):
         data.pad_to_row({"inputs": [7, 7, 1], "targets": [8, 1]}, 4, max_input_len=2)
-    with pytest.raises(ValueError, match="shard_index=2, shard_count=2"):
-        make(shard_index=2, shard_count=2)
+    with pytest.raises(ValueError, match=r"0 <= index < count, got \(2, 2\)"):
+        make(shard=(2, 2))
     with pytest.raises(ValueError, match="shard 700 of 800 .* is empty"):
-        make(shard_index=700, shard_count=800)
+        make(shard=(700, 800))
 
 
 def test_bench_data_script_reports_each_row_length(numbers, data_dir, monkeypatch):

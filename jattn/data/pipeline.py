@@ -1,7 +1,8 @@
 """The grain input pipeline: shard, shuffle, tokenize, drop/truncate, pack, batch.
 
-    range(len(split))[shard_index::shard_count]   example indices of this process
-      .shuffle(seed) .repeat(num_epochs)          a new permutation every epoch
+    range(len(split))[index::count]               example indices of this shard
+      .shuffle(seed) .repeat(num_epochs)          a new permutation every epoch (seed
+                                                  None: the split's order)
       .batch(256) .map(read_block)                one batched array_record read, tokenize
     -> examples: drop or truncate those with inputs longer than max_input_len or
        targets longer than max_len (counted)
@@ -199,14 +200,12 @@ def make_loader(
     *,
     batch_size: int,
     max_len: int,
-    seed: int,
+    seed: int | None,
     max_input_len: int | None = None,
-    shuffle: bool = True,
     num_epochs: int | None = None,
     pack: bool = True,
     overlong: str = "drop",
-    shard_index: int = 0,
-    shard_count: int = 1,
+    shard: tuple[int, int] = (0, 1),
     read_threads: int = 0,
     prefetch: int = 2,
 ) -> grain.IterDataset:
@@ -218,19 +217,19 @@ def make_loader(
       batch_size: rows per batch on this process.
       max_len: target tokens per row (EOS included); also input tokens per row when
         `max_input_len` is None.
-      seed: shuffles the examples (a new permutation every epoch).
+      seed: shuffles the examples (a new permutation every epoch); None keeps the
+        split's order (evaluation).
       max_input_len: input (encoder) tokens per row, EOS included; None: `max_len`,
         which gives exactly the batches of a loader built without it. Packing fills
         each side's budget on its own and places an example only where both fit.
-      shuffle: False keeps the split's order (evaluation).
       num_epochs: passes over the data; None repeats forever.
       pack: several examples a row (first fit); False: one example a row.
       overlong: examples with more than `max_input_len` input tokens or more than
         `max_len` target tokens are "drop"ped or "truncate"d (each side cut to its
         own limit, losing its EOS; a side that fits is kept whole); both counted once
         per example, see `loader_stats`.
-      shard_index, shard_count: this process reads examples shard_index,
-        shard_index + shard_count, ... (usually jax.process_index(), jax.process_count()).
+      shard: `(index, count)`: this process reads examples index, index + count, ...
+        (usually `(jax.process_index(), jax.process_count())`).
       read_threads: threads reading and tokenizing examples (grain ReadOptions); 0 reads
         in the iterating thread, best for local files on few cores.
       prefetch: batches prepared ahead in a background thread (overlapping training
@@ -256,11 +255,9 @@ def make_loader(
     lengths = packing.row_lengths(max_len, max_input_len)  # {"inputs": Li, "targets": Lt}
     if overlong not in OVERLONG:
         raise ValueError(f"overlong must be one of {OVERLONG}, got {overlong!r}")
+    shard_index, shard_count = shard
     if not (isinstance(shard_count, int) and shard_count >= 1 and 0 <= shard_index < shard_count):
-        raise ValueError(
-            f"need 0 <= shard_index < shard_count, got shard_index={shard_index}, "
-            f"shard_count={shard_count}"
-        )
+        raise ValueError(f"need shard=(index, count) with 0 <= index < count, got {shard!r}")
     if read_threads < 0 or prefetch < 0:
         raise ValueError(f"read_threads and prefetch must be >= 0, got {read_threads}, {prefetch}")
     if num_epochs is not None and num_epochs < 1:
@@ -275,7 +272,7 @@ def make_loader(
             "is empty"
         )
     indices_per_pass = indices
-    if shuffle:
+    if seed is not None:
         indices = indices.shuffle(seed=seed)
     indices = indices.repeat(num_epochs)  # with shuffle: a new permutation every epoch
     # Read and tokenize blocks of examples: one batched array_record read per block.

@@ -130,8 +130,7 @@ def load_eval_sets(
             batch_size=config.eval_batch_size,
             max_len=config.eval_max_len,
             max_input_len=input_len,
-            seed=config.seed,
-            shuffle=False,
+            seed=None,  # the split's order
             num_epochs=1,
             pack=False,
             overlong="drop",

@@ -87,11 +87,9 @@ def train_loader(task, config: ml_collections.ConfigDict):
         max_len=config.max_len,
         max_input_len=input_lengths(config)[0],
         seed=config.seed,
-        shuffle=True,
         pack=config.pack,
         overlong=config.overlong,
-        shard_index=jax.process_index(),
-        shard_count=jax.process_count(),
+        shard=(jax.process_index(), jax.process_count()),
     )
 
 
