@@ -1,7 +1,9 @@
 """`jattn.dot_product_attention`: one entry point, several implementations.
 
-The public function checks its inputs once, puts them in one normal form and
-hands them to an implementation picked by name:
+The public function checks its inputs once (with chex, `jattn.checks`),
+gathers its visibility keywords into one `jattn.masks.Visibility`, puts
+everything in one normal form and hands it to an implementation picked by
+name:
 
 - ``"xla"``: the readable reference. Materialises the `[B, N, T, S]` logits.
 - ``"chunked"``: pure JAX, tiled over queries and keys with an online softmax
@@ -159,7 +161,8 @@ def _by_rule(call: rule.Call) -> str:
 
 
 def _cudnn(query, key, value, bias, mask, *, visibility: Visibility, scale, return_residual):
-    """Hand the call to jax.nn's cuDNN path, naming the first argument it cannot take."""
+    """Hand the call to jax.nn's cuDNN path, with the visibility it takes
+    (causal, lengths, window; `_refuse_for_cudnn` names what it cannot)."""
     return jax.nn.dot_product_attention(
         query,
         key,
@@ -177,6 +180,7 @@ def _cudnn(query, key, value, bias, mask, *, visibility: Visibility, scale, retu
 
 
 def _refuse_for_cudnn(unsupported: dict[str, bool]) -> None:
+    """A one-line error naming the first argument jax.nn's cuDNN path cannot take."""
     for name, given in unsupported.items():
         if given:
             raise ValueError(
@@ -198,8 +202,9 @@ def _check_ranks(query, key, value) -> int:
         "([B, T|S, heads, head_dim]) or all rank 3 (no batch axis), got shapes "
         f"{list(np.shape(query))}, {list(np.shape(key))}, {list(np.shape(value))}"
     )
-    for x in (query, key, value):
-        checks.rank(x, {3, 4} if x is query else ndim, message)
+    for ranks, x in (({3, 4}, query), (ndim, key), (ndim, value)):
+        x = x if hasattr(x, "shape") else np.asarray(x)  # chex reads a list as several inputs
+        checks.rank(x, ranks, message)
     return ndim
 
 
