@@ -374,52 +374,24 @@ class EncoderDecoder(Transformer):
                 f"targets {list(targets.shape)}, encoded {list(enc_shape)}"
             )
 
-    def __call__(
-        self,
-        inputs: Array,
-        targets: Array,
-        *,
-        inputs_segment_ids: Array | None = None,
-        targets_segment_ids: Array | None = None,
-        inputs_positions: Array | None = None,
-        targets_positions: Array | None = None,
-        train: bool = False,
-    ) -> Array:
-        """Next-token logits `[B, T, V]` (float32) for `targets` shifted right.
-
-        Args:
-          inputs: int `[B, S]` source tokens (0 = padding).
-          targets: int `[B, T]` target tokens (0 = padding, 1 = EOS).
-          inputs_segment_ids: int `[B, S]` for packed rows (0 = padding);
-            default `inputs != 0`. Give both segment ids or neither.
-          targets_segment_ids: int `[B, T]`; default `targets != 0`.
-          inputs_positions: int `[B, S]`; default restarts per given segment,
-            else `arange(S)`.
-          targets_positions: int `[B, T]`; likewise.
-          train: enables dropout (needs a "dropout" rng).
-        """
-        check_packing(inputs_segment_ids, targets_segment_ids)
-        cfg = self.config
-        if cfg.random_positions and (train or cfg.random_positions_eval):
-            inputs_segment_ids, inputs_positions = self._random_positions(
-                inputs, inputs_segment_ids, "inputs"
-            )
-            targets_segment_ids, targets_positions = self._random_positions(
-                targets, targets_segment_ids, "targets"
-            )
+    def forward(self, inputs: Array, targets: Array, *, segment_ids, positions, train: bool):
+        """Next-token logits `[B, T, V]` (float32) for `targets` shifted right
+        (`Transformer.__call__`): the encoder over the inputs, the decoder
+        over the targets, each side with its segment ids and positions."""
+        (in_seg, tg_seg), (in_pos, tg_pos) = segment_ids, positions
+        if self.config.random_positions and (train or self.config.random_positions_eval):
+            in_seg, in_pos = self._random_positions(inputs, in_seg, "inputs")
+            tg_seg, tg_pos = self._random_positions(targets, tg_seg, "targets")
         encoded = self.encode(
-            inputs,
-            inputs_segment_ids=inputs_segment_ids,
-            inputs_positions=inputs_positions,
-            train=train,
+            inputs, inputs_segment_ids=in_seg, inputs_positions=in_pos, train=train
         )
         return self.decode(
             encoded,
             inputs,
             targets,
-            inputs_segment_ids=inputs_segment_ids,
-            inputs_positions=inputs_positions,
-            targets_segment_ids=targets_segment_ids,
-            targets_positions=targets_positions,
+            inputs_segment_ids=in_seg,
+            inputs_positions=in_pos,
+            targets_segment_ids=tg_seg,
+            targets_positions=tg_pos,
             train=train,
         )
