@@ -56,7 +56,6 @@ from jattn.attention.pallas.config import (
     mosaic_params,
     only_specified,
 )
-from jattn.masks import Visibility
 
 Array = jax.Array
 
@@ -256,15 +255,9 @@ def ref_scores(cfg: KernelConfig, r: KernelInputs, maps: Maps, j, partial: bool,
     (static relative-id range, static far id); `mod` the block's score mod."""
     bk = cfg.block_k
     vis = None
-    if partial:
-        vis = Visibility(
-            is_causal=cfg.causal,
-            local_window_size=cfg.window,
-            q_positions=load(r.q_positions),
-            kv_positions=load(r.kv_positions),
-            q_segment_ids=load(r.q_segments),
-            kv_segment_ids=load(r.kv_segments),
-        )
+    if partial:  # read only where the tile is tested per element
+        refs = (r.q_positions, r.kv_positions, r.q_segments, r.kv_segments)
+        vis = cfg.tile_visibility(*(load(ref) for ref in refs))
     return ft.tile_scores(
         r.query[...],
         r.key[...],

@@ -59,7 +59,6 @@ from jattn.attention.pallas.triton_forward import (
     tiles_spec,
     whole_specs,
 )
-from jattn.masks import Visibility
 
 Array = jax.Array
 
@@ -294,14 +293,8 @@ def dkv_tile(cfg: KernelConfig, r: KernelInputs, ids, dk_ref, dv_ref, db_ref) ->
                 )
             vis = None
             if partial:
-                vis = Visibility(
-                    is_causal=cfg.causal,
-                    local_window_size=cfg.window,
-                    q_positions=q_pos,
-                    kv_positions=kv_pos,
-                    q_segment_ids=r.q_segments[qs] if cfg.use_seg else None,
-                    kv_segment_ids=kv_seg,
-                )
+                q_seg = r.q_segments[qs] if cfg.use_seg else None
+                vis = cfg.tile_visibility(q_pos, kv_pos, q_seg, kv_seg)
             s, dpr_t, _, raw = ft.tile_scores(
                 q,
                 k,

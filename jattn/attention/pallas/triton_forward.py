@@ -41,7 +41,6 @@ from jattn.attention.pallas.config import (
     only_specified,
     triton_params,
 )
-from jattn.masks import Visibility
 
 Array = jax.Array
 
@@ -289,14 +288,8 @@ def q_tile_scorer(cfg: KernelConfig, r: KernelInputs, ids=None):
             add = dt.adder(r.distance_tiles, head, i, j, cfg.distance_tiles, cfg.block_q, bk)
         vis = None
         if partial:
-            vis = Visibility(
-                is_causal=cfg.causal,
-                local_window_size=cfg.window,
-                q_positions=q_pos,
-                kv_positions=kv_pos,
-                q_segment_ids=q_seg,
-                kv_segment_ids=r.kv_segments[kv] if cfg.use_seg else None,
-            )
+            kv_seg = r.kv_segments[kv] if cfg.use_seg else None
+            vis = cfg.tile_visibility(q_pos, kv_pos, q_seg, kv_seg)
         s, dpr_tile, rel, raw = ft.tile_scores(
             q,
             k,
