@@ -335,20 +335,11 @@ def dot_product_attention(
         kv_positions=kv_positions,
     )
     visibility = keywords if visibility is None else keywords & visibility
+    inputs = (query, key, value, bias, mask)
     terms = dict(scale=scale, relative=relative, score_mod=score_mod, row_col_bias=row_col_bias)
     if implementation is None:
-        implementation = _by_rule(
-            call_features(
-                query,
-                key,
-                value,
-                bias,
-                mask,
-                visibility=visibility,
-                dropout_rate=dropout_rate,
-                **terms,
-            )
-        )
+        call = call_features(*inputs, visibility=visibility, dropout_rate=dropout_rate, **terms)
+        implementation = _by_rule(call)
     if implementation == "cudnn":
         _refuse_for_cudnn(
             {
@@ -360,16 +351,7 @@ def dot_product_attention(
                 "dropout": dropout_rate > 0,
             }
         )
-        return _cudnn(
-            query,
-            key,
-            value,
-            bias,
-            mask,
-            visibility=visibility,
-            scale=scale,
-            return_residual=return_residual,
-        )
+        return _cudnn(*inputs, visibility=visibility, scale=scale, return_residual=return_residual)
     if ndim == 3:  # ids and positions of one row ([T], [S]) serve the batch of 1
         query, key, value = (_unbatched(a, 3) for a in (query, key, value))
         terms["row_col_bias"] = _unbatched_pair(row_col_bias, ndim)
