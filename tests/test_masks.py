@@ -11,6 +11,7 @@ import pytest
 from attention_cases import call, make_problem
 from hypothesis import given
 
+import jattn
 from jattn import masks
 
 ids = st.lists(st.integers(0, 3), min_size=1, max_size=8)
@@ -241,3 +242,29 @@ def test_normalised_folds_lengths_marks_padding_and_is_idempotent():
     np.testing.assert_array_equal(v.mask(1, 3, 4), n.mask(1, 3, 4))
     moved = n.replace(q_positions=n.q_positions + 1)
     assert not moved.default_positions
+
+
+def test_the_value_and_the_keywords_give_the_same_attention():
+    """`visibility=` is the keywords as one value: alone, or combined with
+    keywords (here causal from a keyword, packing from the value), the
+    output is the keyword call's, to the bit."""
+    q, k, v = make_problem(1, 2, 6, 6, 2, 2, 4)
+    seg = jnp.array([[1, 1, 1, 2, 2, 0], [1, 1, 1, 1, 2, 2]])
+    pos = jnp.array([[0, 1, 2, 0, 1, 0], [0, 1, 2, 3, 0, 1]])
+    keywords = dict(q_segment_ids=seg, kv_segment_ids=seg, q_positions=pos, kv_positions=pos)
+    packed = masks.Visibility(**keywords)
+    for impl in ("xla", "chunked"):
+        want = jattn.dot_product_attention(q, k, v, is_causal=True, implementation=impl, **keywords)
+        value = jattn.dot_product_attention(
+            q, k, v, visibility=packed & masks.Visibility(is_causal=True), implementation=impl
+        )
+        both = jattn.dot_product_attention(
+            q, k, v, is_causal=True, visibility=packed, implementation=impl
+        )
+        np.testing.assert_array_equal(np.asarray(value), np.asarray(want))
+        np.testing.assert_array_equal(np.asarray(both), np.asarray(want))
+    other = seg.at[:, -1].set(3)  # another packing: two sets of ids do not combine
+    with pytest.raises(ValueError, match="both values give segment ids"):
+        jattn.dot_product_attention(
+            q, k, v, visibility=packed, q_segment_ids=other, kv_segment_ids=other
+        )
