@@ -201,8 +201,8 @@ def test_visibility_constructor_errors_are_one_line_naming_the_field(fields, err
 
 
 def test_visibility_is_a_pytree_with_static_rules():
-    """Arrays are leaves, the rules static: the value goes through jit and
-    vmap whole, and a changed rule is a new trace (not a traced flag)."""
+    """Arrays are leaves, the rules static: the value goes through jit, vmap
+    and shard_map whole, and a changed rule is a new trace (not a traced flag)."""
     v = masks.Visibility(is_causal=True, q_positions=jnp.arange(4), kv_positions=jnp.arange(4))
     assert len(jax.tree.leaves(v)) == 2
     traces = []
@@ -220,6 +220,10 @@ def test_visibility_is_a_pytree_with_static_rules():
         jnp.stack([jnp.arange(4), jnp.arange(4) + 2])
     )
     assert rows.shape == (2, 1, 4, 4) and not np.array_equal(rows[0], rows[1])
+    mesh = jax.make_mesh((1,), ("data",))
+    spec = jax.sharding.PartitionSpec()
+    sharded = jax.jit(jax.shard_map(f, mesh=mesh, in_specs=(spec,), out_specs=spec))
+    np.testing.assert_array_equal(sharded(v), v.mask(1, 4, 4))
 
 
 def test_normalised_folds_lengths_marks_padding_and_is_idempotent():
