@@ -1,23 +1,12 @@
 """Where a compiled step's time goes: a `jax.profiler` trace, classified by the HLO it ran.
 
-A helper of `jattn bench train --peak` (benchmarks/train.py). The CPU
-profiler of jax 0.10 writes an XSpace protobuf (`*.xplane.pb`, read with
-`jax.profiler.ProfileData`, no tensorboard plugin needed): every XLA thunk
-the CPU runtime executes is one event with its HLO instruction's name
-(`hlo_op`) and module (`hlo_module`), nested inside a `ThunkExecutor::Execute`
-event per program run. The instruction names are looked up in the compiled
-module's text (`compiled.as_text()`), whose metadata says what produced each
-instruction: the jax name stack (`op_name`, e.g. ``.../self_attention._attend/
-dot_general``) and the Python stack (`stack_frame_id` into the module's
-FileNames/FileLocations/StackFrames tables: optax's files mark the optimizer).
-
-Every event's exclusive time (less the events nested in it, e.g. a while
-loop's body) goes to categories (`CATEGORIES`): a fusion's time is split
-over the categories of the instructions fused in it, weighted by their
-output elements (a dot in a fusion takes all of it). Time in a program run
-that no op covers is the runtime's ("XLA runtime between ops"); time in the
-traced window outside every program run is the host's (Python dispatch,
-argument handling). The rows add up to the window, so to 100%.
+For `train.py --peak`. Each XLA thunk run is a trace event naming its HLO
+instruction and module; the instruction's metadata in the compiled module's
+text says what made it (the jax name stack, and the Python stack: optax's
+files mark the optimizer). Each event's exclusive time goes to `CATEGORIES`, a
+fusion's split over its instructions by their output elements (a dot takes
+all of it); time in a program run no op covers is the runtime's, in the traced
+window outside every run the host's. The rows add up to the window.
 """
 
 from __future__ import annotations
@@ -39,38 +28,16 @@ OTHER = "other (unclassified ops)"
 RUNTIME = "XLA runtime between ops"
 HOST = "host (dispatch, outside XLA)"
 
-CATEGORIES = (
-    DENSE,
-    ATTN_DOT,
-    ATTN_REST,
-    ELEMENTWISE,
-    DROPOUT,
-    OPTIMIZER,
-    LAYOUT,
-    GATHER,
-    OTHER,
-    RUNTIME,
-    HOST,
-)
+CATEGORIES = (DENSE, ATTN_DOT, ATTN_REST, ELEMENTWISE, DROPOUT, OPTIMIZER, LAYOUT, GATHER, OTHER)
+CATEGORIES += (RUNTIME, HOST)
 # What a flop counter counts: everything else is the cost that is not arithmetic.
 ARITHMETIC = (DENSE, ATTN_DOT)
 
 RANDOM_KEYS = ("threefry", "random_bits", "_bernoulli", "_uniform", "random_fold_in", "rng_bit")
 ATTENTION_KEYS = ("._attend", "dot_product_attention", "flash_attention")
 ATTENTION_FILES = ("/jattn/attention/", "/jattn/masks.py", "/jattn/score_mod.py")
-LAYOUT_OPS = {
-    "copy",
-    "transpose",
-    "slice",
-    "dynamic-slice",
-    "dynamic-update-slice",
-    "concatenate",
-    "pad",
-    "reverse",
-    "broadcast",
-    "reshape",
-    "iota",
-}
+LAYOUT_OPS = {"copy", "transpose", "slice", "dynamic-slice", "dynamic-update-slice", "concatenate"}
+LAYOUT_OPS |= {"pad", "reverse", "broadcast", "reshape", "iota"}
 FREE_OPS = {"parameter", "constant", "bitcast", "get-tuple-element", "tuple", "after-all"}
 
 _COMPUTATION = re.compile(r"^(?:ENTRY\s+)?%([\w.\-]+)\s.*\{\s*$")
@@ -110,9 +77,7 @@ def _skip_type(rest: str) -> str:
 def _elements(result_type: str) -> int:
     """Elements of the first array in an instruction's result type (1 for a scalar)."""
     m = _SHAPE.search(result_type)
-    if not m:
-        return 1
-    return math.prod(int(d) for d in m.group(1).split(",") if d) if m.group(1) else 1
+    return math.prod(int(d) for d in m.group(1).split(",") if d) if m else 1
 
 
 def _frames(lines: list[str]) -> dict[int, tuple[str, ...]]:
@@ -120,11 +85,10 @@ def _frames(lines: list[str]) -> dict[int, tuple[str, ...]]:
     tables: dict[str, dict[int, str]] = {}
     current = None
     for line in lines:
+        m = re.match(r"^(\d+) (.*)$", line)
         if line in ("FileNames", "FunctionNames", "FileLocations", "StackFrames"):
             current = tables.setdefault(line, {})
-            continue
-        m = re.match(r"^(\d+) (.*)$", line)
-        if current is not None and m:
+        elif current is not None and m:
             current[int(m.group(1))] = m.group(2)
         elif line.strip():
             current = None
@@ -136,8 +100,7 @@ def _frames(lines: list[str]) -> dict[int, tuple[str, ...]]:
     }
     parent, frame_file = {}, {}
     for k, v in tables.get("StackFrames", {}).items():
-        loc = re.search(r"file_location_id=(\d+)", v)
-        par = re.search(r"parent_frame_id=(\d+)", v)
+        loc, par = (re.search(rf"{x}=(\d+)", v) for x in ("file_location_id", "parent_frame_id"))
         frame_file[k] = loc_file.get(int(loc.group(1)), "") if loc else ""
         parent[k] = int(par.group(1)) if par else 0
     out = {}
@@ -163,21 +126,14 @@ def parse_hlo(text: str) -> tuple[dict[str, Instruction], dict[str, list[str]]]:
         if m and current is not None:
             name, rest = m.groups()
             after = _skip_type(rest)
-            op = _OPCODE.match(after)
-            op_name = _OP_NAME.search(rest)
-            frame = _FRAME.search(rest)
+            op, op_name, frame = _OPCODE.match(after), _OP_NAME.search(rest), _FRAME.search(rest)
             instructions[name] = Instruction(
-                name=name,
-                opcode=op.group(1) if op else "",
-                op_name=op_name.group(1) if op_name else "",
-                files=frames.get(int(frame.group(1)), ()) if frame else (),
-                elements=_elements(rest[: len(rest) - len(after)]),
-                calls=_CALLS.findall(rest),
-            )
+                name, op.group(1) if op else "", op_name.group(1) if op_name else "",
+                frames.get(int(frame.group(1)), ()) if frame else (),
+                _elements(rest[: len(rest) - len(after)]), _CALLS.findall(rest),
+            )  # fmt: skip
             current.append(name)
-            continue
-        c = _COMPUTATION.match(line)
-        if c:
+        elif c := _COMPUTATION.match(line):
             current = computations.setdefault(c.group(1), [])
         elif line.startswith("}"):
             current = None
@@ -192,9 +148,9 @@ def leaf_category(ins: Instruction) -> str | None:
         return DROPOUT
     if any("/optax/" in f for f in ins.files):
         return OPTIMIZER
-    attention = any(k in ins.op_name for k in ATTENTION_KEYS) or any(
-        a in f for f in ins.files[:1] for a in ATTENTION_FILES
-    )
+    first_file = ins.files[:1]
+    attention = any(k in ins.op_name for k in ATTENTION_KEYS)
+    attention |= any(a in f for f in first_file for a in ATTENTION_FILES)
     if ins.opcode in ("dot", "convolution"):
         return ATTN_DOT if attention else DENSE
     if attention:
@@ -208,11 +164,7 @@ def leaf_category(ins: Instruction) -> str | None:
     return ELEMENTWISE
 
 
-def op_shares(
-    ins: Instruction,
-    instructions: dict[str, Instruction],
-    computations: dict[str, list[str]],
-) -> dict[str, float]:
+def op_shares(ins: Instruction, instructions: dict, computations: dict) -> dict[str, float]:
     """How one executed instruction's time splits over categories (fractions summing to 1)."""
     if ins.opcode != "fusion":
         cat = leaf_category(ins)
@@ -221,13 +173,11 @@ def op_shares(
             cat = DROPOUT if any(k in ins.op_name for k in RANDOM_KEYS) else OTHER
         return {cat or LAYOUT: 1.0}
     fused = [instructions[n] for c in ins.calls for n in computations.get(c, [])]
-    for f in fused:
-        if f.opcode in ("dot", "convolution"):
-            return {leaf_category(f): 1.0}
+    if dot := next((f for f in fused if f.opcode in ("dot", "convolution")), None):
+        return {leaf_category(dot): 1.0}
     weights: dict[str, float] = {}
     for f in fused:
-        cat = leaf_category(f)
-        if cat is not None:
+        if (cat := leaf_category(f)) is not None:
             weights[cat] = weights.get(cat, 0.0) + f.elements
     total = sum(weights.values())
     if not total:
@@ -263,83 +213,56 @@ def _union(intervals: list[tuple[int, int]]) -> int:
 
 
 def breakdown(log_dir: str, hlo_text: str, module: str, steps: int, top_ops: int = 8) -> dict:
-    """Per-step nanoseconds by category, from the trace under `log_dir`.
-
-    Args:
-      log_dir: what `jax.profiler.trace` wrote (searched for `*.xplane.pb`).
-      hlo_text: `compiled.as_text()` of the traced program.
-      module: its module name (the text's `HloModule` name, e.g. ``jit_train_step``).
-      steps: how many runs of the program the trace holds.
-      top_ops: how many of the costliest instructions to list.
-
-    Returns:
-      ``{"ns": {category: ns a step}, "window_ns": ns a step, "ops": events
-      matched, "unknown": events whose op is not in the module, "top": the
-      `top_ops` costliest instructions as (ns a step, name, main category,
-      jax op_name)}``.
-
-    Raises:
-      RuntimeError: no trace file, or no event of `module` in it.
-    """
+    """Per-step nanoseconds by category, from the trace of `steps` runs of module
+    `module` (`hlo_text` its `compiled.as_text()`) under `log_dir`: ``ns``,
+    ``window_ns``, ``ops`` matched, ``unknown`` ops, and the `top_ops` costliest
+    instructions (ns a step, name, category, op_name). RuntimeError: no trace or op."""
     from jax.profiler import ProfileData  # noqa: PLC0415
 
     files = glob.glob(f"{log_dir}/**/*.xplane.pb", recursive=True)
     if not files:
         raise RuntimeError(f"jax.profiler wrote no *.xplane.pb under {log_dir}")
     instructions, computations = parse_hlo(hlo_text)
-    data = ProfileData.from_file(max(files))
     per_thread: dict[str, list[tuple[int, int, str]]] = {}
     executes, dispatch = [], []
-    for plane in data.planes:
+    for plane in ProfileData.from_file(max(files)).planes:
         for line in plane.lines:
             for ev in line.events:
-                stats = dict(ev.stats)
+                stats, span = dict(ev.stats), (ev.start_ns, ev.end_ns)
                 if stats.get("hlo_module") == module and "hlo_op" in stats:
-                    key = f"{plane.name}/{line.name}"
-                    per_thread.setdefault(key, []).append(
-                        (ev.start_ns, ev.end_ns, str(stats["hlo_op"]))
+                    per_thread.setdefault(f"{plane.name}/{line.name}", []).append(
+                        (*span, str(stats["hlo_op"]))
                     )
                 elif ev.name == "ThunkExecutor::Execute":
-                    executes.append((ev.start_ns, ev.end_ns))
+                    executes.append(span)
                 elif ev.name.startswith("PjitFunction("):
-                    dispatch.append((ev.start_ns, ev.end_ns))
+                    dispatch.append(span)
     if not per_thread:
         raise RuntimeError(f"the trace under {log_dir} has no op of module {module!r}")
     ops = [e for evs in per_thread.values() for e in _exclusive(evs)]
     op_start, op_end = min(e[0] for e in ops), max(e[1] for e in ops)
     executes = [e for e in executes if e[1] > op_start and e[0] < op_end]
-    ns = dict.fromkeys(CATEGORIES, 0.0)
-    unknown = 0
-    by_op: dict[str, float] = {}
+
+    def shares(name):
+        ins = instructions.get(name)
+        return op_shares(ins, instructions, computations) if ins else {OTHER: 1.0}
+
+    ns, by_op = dict.fromkeys(CATEGORIES, 0.0), {}
     for _, _, name, excl in ops:
         by_op[name] = by_op.get(name, 0.0) + excl
-        ins = instructions.get(name)
-        if ins is None:
-            unknown += 1
-            ns[OTHER] += excl
-            continue
-        for cat, share in op_shares(ins, instructions, computations).items():
+        for cat, share in shares(name).items():
             ns[cat] += excl * share
     top = []
     for name, t in sorted(by_op.items(), key=lambda kv: -kv[1])[:top_ops]:
-        ins = instructions.get(name)
-        shares = op_shares(ins, instructions, computations) if ins else {OTHER: 1.0}
-        where = ins.op_name if ins else "?"
-        top.append((t / steps, name, max(shares, key=shares.get), where))
-    busy = _union([(s, e) for s, e, _, _ in ops])
-    op_total = sum(ns.values())
+        where = instructions[name].op_name if name in instructions else "?"
+        top.append((t / steps, name, max(shares(name), key=shares(name).get), where))
+    busy, op_total = _union([(s, e) for s, e, _, _ in ops]), sum(ns.values())
     if op_total > busy:  # ops overlapped on several threads: scale them to the busy time
-        for cat in ns:
-            ns[cat] *= busy / op_total
+        ns = {cat: v * busy / op_total for cat, v in ns.items()}
     in_runs = _union(executes) if executes else busy
     start = min([op_start, *(s for s, _ in executes), *(s for s, _ in dispatch)])
     window = max([op_end, *(e for _, e in executes)]) - start
-    ns[RUNTIME] = max(in_runs - busy, 0)
-    ns[HOST] = max(window - max(in_runs, busy), 0)
-    return {
-        "ns": {k: v / steps for k, v in ns.items()},
-        "window_ns": window / steps,
-        "ops": len(ops),
-        "unknown": unknown,
-        "top": top,
-    }
+    ns[RUNTIME], ns[HOST] = max(in_runs - busy, 0), max(window - max(in_runs, busy), 0)
+    unknown = sum(name not in instructions for _, _, name, _ in ops)
+    ns = {k: v / steps for k, v in ns.items()}
+    return dict(ns=ns, window_ns=window / steps, ops=len(ops), unknown=unknown, top=top)

@@ -1,94 +1,55 @@
-"""Compile every Pallas kernel variant for an H100 (sm_90a) ahead of time, with no GPU.
+"""Compile every Pallas kernel variant ahead of time for a device this host lacks.
 
-What ptxas says of each Triton kernel (registers, spill stores and loads,
-stack) and what its launch asks for (shared memory), per variant: plain,
-segments (packed rows), window, dropout, Shaw key/value tables, and the
-score mods of `jattn.positions` applied in the kernels (ALiBi: a slope per
-head; T5: a per-head bucket table read by a compare-and-select chain;
-softcap: tanh; FIRE: a 32-unit MLP per logit); bfloat16 and float32; head
-dims 64 and 128; split (dq + dk/dv kernels) and fused backward. One variant
-is one `jax.jit` of the forward and its vjp, the vjp including the Shaw
-tables' and the score mod's parameters (T = S = 200, causal, GQA 4 query
-heads over 2 kv heads, B = 1), compiled in its own child process
-with its own timeout: a compiler abort or a 200 s float32 compile costs that
-variant only and becomes a row (`timeout after N s`, `crash: SIGABRT`).
+A variant: one `jax.jit` of the forward and its vjp (to q, k, v, the Shaw tables
+and the score mod's params), T = S = 200, causal, GQA 4/2, B = 1, with one
+feature (plain, segments, window, dropout, Shaw, or a score mod run in the
+kernels), dtype, head dim and backward; for an H100 (sm_90a, the Triton kernels,
+`--target cuda`) or TPU v5e and v6e (the Mosaic kernels, `--target tpu`), both
+compile-only. Each compiles in a child of its own with a timeout
+(`_harness.run_child`): an abort or a slow compile costs that variant only. A
+row a kernel, from the compiler's own output: ptxas's registers, spills and
+stack, the launch's shared memory, tensor-core instructions in the PTX (CUDA);
+scoped and pipelined-block VMEM against the chip's limit, the grid, the
+module's HBM peak (TPU). How, and the venvs: docs/gpu.md ("Compiled for an H100
+without one") and docs/tpu.md.
 
-How, on a CPU-only host:
-- `jax.experimental.topologies.get_topology_desc(platform="cuda",
-  target_config=H100_TARGET_CONFIG, topology="1x1x1")` gives a compile-only
-  H100 (the CUDA plugin must be installed: `pip install -e ".[aot]"` in its
-  own venv, jax[cuda12] 0.10.2 with ptxas 12.9); inputs are
-  `ShapeDtypeStruct`s sharded to it and `jax.jit(f).trace(...).lower()
-  .compile()` runs XLA's GPU compiler, Triton to PTX, and `ptxas
-  -arch=sm_90a -v`.
-- `JAX_PLATFORMS=cpu`: the plugin then skips its driver check (there is no
-  driver) and still serves the topology; `TF_CPP_VMODULE=
-  subprocess_compilation=3` logs ptxas's `-v` output, parsed here;
-  `--xla_dump_to` writes the thunk sequence (each launch's shared memory)
-  and the PTX (whose `mma` instructions say whether the dots use tensor
-  cores), read here and deleted unless `--keep-dumps`.
-- The H100's `GpuTargetConfigProto` (text format) is written below from the
-  H100 SXM5 80GB's published properties (jaxlib 0.10.2 ships no such file;
-  XLA reads these fields when no device is attached). `--target-config FILE`
-  takes another one.
-
-    python benchmarks/aot.py                                  # every variant
-    python benchmarks/aot.py --variants '*-bfloat16-*' --timeout-s 120
     python benchmarks/aot.py --variants 't5-bfloat16-*' --block-q 16 --block-k 32
-    python benchmarks/aot.py --variants 'plain-bfloat16-h128-split' \
+    python benchmarks/aot.py --variants 'plain-bfloat16-h128-split' \\
         --dq-blocks 64 32 --dkv-blocks 32 64 --dq-warps 4 --dkv-warps 4
-    python benchmarks/aot.py --list
-    python benchmarks/aot.py --target tpu                     # the Mosaic kernels
-                                                              # (benchmarks/_tpu_aot.py)
+    python benchmarks/aot.py --target tpu --ci                # CI's subset (v5e)
 """
 
 from __future__ import annotations
 
 import argparse
-import csv
+import dataclasses
 import fnmatch
+import importlib.metadata
 import importlib.util
 import itertools
 import json
+import math
 import os
 import re
 import shutil
-import signal
-import subprocess
 import sys
 import tempfile
 import time
 
-HERE = os.path.dirname(os.path.abspath(__file__))
-ROOT = os.path.dirname(HERE)
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import _harness as h  # noqa: E402
+import jax  # noqa: E402
+import jax.numpy as jnp  # noqa: E402
+import jaxlib  # noqa: E402
+from jax.experimental import topologies  # noqa: E402
 
-# NVIDIA H100 SXM5 80GB (compute capability 9.0): CUDA C Programming Guide,
-# "Technical Specifications per Compute Capability", and the H100 datasheet.
-H100_TARGET_CONFIG = """\
-gpu_device_info {
-  threads_per_block_limit: 1024
-  threads_per_warp: 32
-  shared_memory_per_block: 49152          # 48 KiB without opt-in
-  shared_memory_per_core: 233472          # 228 KiB per SM
-  shared_memory_per_block_optin: 232448   # 227 KiB per block with opt-in
-  threads_per_core_limit: 2048
-  core_count: 132                         # SMs of the SXM5 part
-  fpus_per_core: 128                      # FP32 lanes per SM
-  block_dim_limit_x: 2147483647
-  block_dim_limit_y: 65535
-  block_dim_limit_z: 65535
-  memory_bandwidth: 3352320000000         # 3.35 TB/s HBM3
-  l2_cache_size: 52428800                 # 50 MiB
-  clock_rate_ghz: 1.98                    # boost clock
-  device_memory_size: 84942979072         # 80 GB
-  registers_per_core_limit: 65536
-  registers_per_block_limit: 65536
-  cuda_compute_capability { major: 9 minor: 0 }
-}
-platform_name: "CUDA"
-dnn_version_info { major: 9 minor: 8 }
-device_description_str: "NVIDIA H100 80GB HBM3"
-"""
+import jattn  # noqa: E402
+from jattn import positions  # noqa: E402
+from jattn.attention.pallas import flash_attention as fa  # noqa: E402
+from jattn.attention.pallas.backend import cuda_target  # noqa: E402
+from jattn.attention.pallas.config import BackwardTiles  # noqa: E402
+
+H100_TARGET_CONFIG = os.path.join(os.path.dirname(os.path.abspath(__file__)), "h100.txtpb")
 
 # Features that are a `score_mod` (alibi and sandwich: distance-table mods,
 # whose per-logit form the kernels run).
@@ -96,54 +57,48 @@ SCORE_MODS = ("alibi", "t5", "softcap", "fire", "sandwich")
 FEATURES = ("plain", "segments", "window", "dropout", "shaw", *SCORE_MODS)
 DTYPES = ("bfloat16", "float32")
 HEAD_DIMS = (64, 128)
-BACKWARDS = ("split", "fused")
+BACKWARDS = {"cuda": ("split", "fused"), "tpu": ("split",)}  # Mosaic has no fused backward
 SHAPE = dict(b=1, t=200, n=4, kh=2)  # as the CUDA lowering tests
 SHAW_K = 16
 T5_BUCKETS, T5_MAX_DISTANCE = 32, 128  # T5's defaults; unidirectional (causal)
 FIRE_HIDDEN = 32  # init_fire_params' default
 SOFTCAP = 50.0  # Gemma 2's attention cap
 MODULE = "jattn_aot_variant"  # the jitted function's name: its HLO module is jit_<name>
-COLUMNS = [
-    "variant",
-    "kernel",
-    "compiled",
-    "registers",
-    "spill_stores",
-    "spill_loads",
-    "stack",
-    "shared_memory",
-    "mma",
-    "compile_s",
-    "status",
-]
+# TPU chip -> (topology name, a placeholder accelerator type for libtpu); a 1x1 is refused.
+CHIPS = {"v5e": ("v5e:2x2", "v5litepod-4"), "v6e": ("v6e:2x2", "v6e-4")}
+SCOPED_VMEM_LIMIT = {"v5e": 16 << 20, "v6e": 32 << 20}  # XLA's default scoped VMEM limit
+CI_SUBSET = tuple(f"{f}-bfloat16-h128-split-v5e" for f in ("plain", "shaw", "alibi"))
+COLUMNS = {
+    "cuda": ["variant", "kernel", "compiled", "registers", "spill_stores", "spill_loads",
+             "stack", "shared_memory", "mma", "compile_s", "status"],
+    "tpu": ["variant", "chip", "kernel", "compiled", "grid", "scoped_vmem", "block_vmem",
+            "vmem", "custom_call", "hbm_peak", "compile_s", "status"],
+}  # fmt: skip
+PER_KERNEL = ("dq_blocks", "dkv_blocks", "dq_warps", "dkv_warps")
+TILE_FLAGS = ("block_q", "block_k", "num_warps", "backward_blocks", "backward_warps", *PER_KERNEL)
+VENV_TPU = os.path.join(h.ROOT, ".venv-tpu", "bin", "python")
 
 
-def variants() -> list[str]:
-    """Every variant name, `feature-dtype-hH-backward`."""
-    grid = itertools.product(FEATURES, DTYPES, HEAD_DIMS, BACKWARDS)
-    return [f"{f}-{d}-h{h}-{b}" for f, d, h, b in grid]
+def variants(target: str = "cuda") -> list[str]:
+    """Every variant name: `feature-dtype-hH-backward`, and `-chip` on a TPU."""
+    chips = list(CHIPS) if target == "tpu" else [None]
+    grid = itertools.product(FEATURES, DTYPES, HEAD_DIMS, BACKWARDS[target], chips)
+    return ["-".join(filter(None, (f, d, f"h{hd}", b, c))) for f, d, hd, b, c in grid]
 
 
 def parse_variant(name: str) -> dict:
-    feature, dtype, head, backward = name.split("-")
-    if feature not in FEATURES or dtype not in DTYPES or backward not in BACKWARDS:
+    """A variant's feature, dtype, head dim, backward (and chip, on a TPU)."""
+    parts = name.split("-")
+    target = "tpu" if len(parts) == 5 else "cuda"
+    if len(parts) < 4 or name not in variants(target):
         raise ValueError(f"aot: unknown variant {name!r}; see --list")
-    return dict(feature=feature, dtype=dtype, head_dim=int(head[1:]), backward=backward)
+    spec = dict(feature=parts[0], dtype=parts[1], head_dim=int(parts[2][1:]), backward=parts[3])
+    return spec | ({"chip": parts[4]} if target == "tpu" else {})
 
 
-# --------------------------------------------------------------------------------------
 # The child: compile one variant.
-
-
 def score_mod_of(feature: str, num_heads: int):
-    """The `jattn.ScoreMod` of a score-mod feature, with concrete float32
-    parameters (the child replaces them by sharded `ShapeDtypeStruct`s of the
-    same shapes; `fn` is what gets compiled)."""
-    import jax
-    import jax.numpy as jnp
-
-    from jattn import positions
-
+    """The `jattn.ScoreMod` of a score-mod feature, with concrete float32 parameters."""
     if feature == "alibi":
         return positions.alibi_score_mod(positions.alibi_slopes(num_heads), mode="causal")
     if feature == "t5":
@@ -154,38 +109,16 @@ def score_mod_of(feature: str, num_heads: int):
     if feature == "sandwich":
         return positions.sandwich_score_mod(num_heads)
     if feature == "fire":
-        return positions.fire_score_mod(
-            positions.init_fire_params(jax.random.key(0), num_heads, FIRE_HIDDEN)
-        )
+        key = jax.random.key(0)
+        return positions.fire_score_mod(positions.init_fire_params(key, num_heads, FIRE_HIDDEN))
     raise ValueError(f"aot: {feature!r} is not a score-mod feature; one of {SCORE_MODS}")
 
 
-def _variant_fn(
-    feature: str,
-    backward: str,
-    precision: str | None = None,
-    interpret: bool = False,
-    tiles: dict | None = None,
-    backend: str | None = None,
-):
-    """`f(q, k, v, ct, extra) -> (out, grads)` of one variant: the forward and
-    its vjp through `flash_attention(..., interpret=False)` (the Triton
-    kernels, as on a GPU; `backend="tpu"`: the Mosaic kernels, as on a TPU,
-    `benchmarks/_tpu_aot.py`) at the kernels' float32 `precision` (None: their
-    default, "tf32x3"; "ieee" the IEEE FMAs). The vjp is taken with respect
-    to q, k, v and the `extra` entries named `rel_*` (Shaw tables) and `mod`
-    (the score mod's params); `interpret=True` runs the same function in
-    interpret mode (the tests). `tiles`: `block_q`, `block_k`, `num_warps` overriding
-    the kernels' defaults (forward and backward alike), `backward_blocks`,
-    `backward_warps` (both backward kernels) and `dq_blocks`, `dkv_blocks`,
-    `dq_warps`, `dkv_warps` (each backward kernel alone), to try other
-    tiles (the flags of the same names, `flash_kwargs`)."""
-    import dataclasses
-
-    import jax
-
-    import jattn
-    from jattn.attention.pallas import flash_attention as fa
+def _variant_fn(feature, backward, precision=None, interpret=False, tiles=None, backend=None):
+    """`f(q, k, v, ct, extra) -> (out, grads)`: the forward and its vjp (to q, k, v and
+    the `extra` entries `rel_*` and `mod`) through `flash_attention`: the Triton
+    kernels, the Mosaic ones with `backend="tpu"`, interpret mode with `interpret`;
+    `precision` their float32 dots', `tiles` the overrides (`flash_kwargs`)."""
 
     def forward(q, k, v, extra):
         kw = dict(is_causal=True)
@@ -196,121 +129,99 @@ def _variant_fn(
         elif feature == "dropout":
             kw.update(dropout_rate=0.1, dropout_rng=extra["dropout_rng"])
         elif feature == "shaw":
-            kw["relative"] = jattn.ShawRelative(
-                key=extra["rel_key"], value=extra["rel_value"], max_distance=SHAW_K
-            )
+            kw["relative"] = jattn.ShawRelative(extra["rel_key"], extra["rel_value"], SHAW_K)
         elif feature in SCORE_MODS:
             mod = score_mod_of(feature, q.shape[2])
             kw["score_mod"] = dataclasses.replace(mod, params=extra["mod"])
+        mode = dict(backend=backend) if backend else dict(interpret=interpret)
         vis, rest = jattn.masks.split_keywords(kw)
         drop = jattn.dropout.Dropout(rest.pop("dropout_rate", 0.0), rest.pop("dropout_rng", None))
         nf = jattn.normalise(q, k, v, visibility=vis, dropout=drop, **rest)
-        mode = dict(backend=backend) if backend else dict(interpret=interpret)
-        return fa.flash_attention(
-            nf, backward=backward, precision=precision, **mode, **flash_kwargs(tiles)
-        )[0]
-
-    def differentiable(name):
-        return name.startswith("rel_") or name == "mod"
+        kw = dict(backward=backward, precision=precision, **mode, **flash_kwargs(tiles))
+        return fa.flash_attention(nf, **kw)[0]
 
     def jattn_aot_variant(q, k, v, ct, extra):
-        diff = {n: x for n, x in extra.items() if differentiable(n)}
-        fixed = {n: x for n, x in extra.items() if not differentiable(n)}
+        diff = {n: x for n, x in extra.items() if n.startswith("rel_") or n == "mod"}
+        fixed = {n: x for n, x in extra.items() if n not in diff}
         out, vjp = jax.vjp(lambda q, k, v, d: forward(q, k, v, {**fixed, **d}), q, k, v, diff)
         return out, vjp(ct)
 
     return jattn_aot_variant
 
 
-PER_KERNEL = ("dq_blocks", "dkv_blocks", "dq_warps", "dkv_warps")
-
-
 def flash_kwargs(tiles: dict | None) -> dict:
-    """`flash_attention`'s keyword arguments of the tile overrides `tiles`
-    (`_tiles`): the per-kernel ones in one `BackwardTiles`."""
-    from jattn.attention.pallas.config import BackwardTiles
-
-    tiles = dict(tiles or {})
+    """`flash_attention`'s keyword arguments of the tile overrides `tiles` (the flags
+    of the same names): pairs as tuples, the per-kernel ones in one `BackwardTiles`."""
+    tiles = {n: tuple(v) if isinstance(v, list | tuple) else v for n, v in (tiles or {}).items()}
     per_kernel = {n: tiles.pop(n) for n in PER_KERNEL if n in tiles}
-    for name in ("backward_blocks", *PER_KERNEL[:2]):
-        for source in (tiles, per_kernel):
-            if source.get(name) is not None:
-                source[name] = tuple(source[name])
-    if per_kernel:
-        tiles["backward_tiles"] = BackwardTiles(**per_kernel)
-    return tiles
+    return tiles | ({"backward_tiles": BackwardTiles(**per_kernel)} if per_kernel else {})
 
 
 def variant_inputs(spec: dict, sds) -> tuple:
     """`(q, k, v, ct, extra)` of a variant as `sds(shape, dtype)` (sharded
-    `ShapeDtypeStruct`s on the compile-only device): `q`, `ct` `[B, T, N, H]`,
-    `k`, `v` `[B, T, K, H]`, and the feature's extra inputs."""
-    import jax
-    import jax.numpy as jnp
-
-    b, t, n, kh, h = SHAPE["b"], SHAPE["t"], SHAPE["n"], SHAPE["kh"], spec["head_dim"]
-    dtype = jnp.dtype(spec["dtype"])
-    q, ct = sds((b, t, n, h), dtype), sds((b, t, n, h), dtype)
-    k = v = sds((b, t, kh, h), dtype)
+    `ShapeDtypeStruct`s): `q`, `ct` `[B, T, N, H]`, `k`, `v` `[B, T, K, H]`, extras."""
+    b, t, n, kh, hd = SHAPE["b"], SHAPE["t"], SHAPE["n"], SHAPE["kh"], spec["head_dim"]
+    dtype, feature = jnp.dtype(spec["dtype"]), spec["feature"]
+    q, ct, k = sds((b, t, n, hd), dtype), sds((b, t, n, hd), dtype), sds((b, t, kh, hd), dtype)
     extra = {}
-    if spec["feature"] == "segments":
+    if feature == "segments":
         for key in ("q_segment_ids", "kv_segment_ids", "q_positions", "kv_positions"):
             extra[key] = sds((b, t), jnp.int32)
-    elif spec["feature"] == "dropout":
+    elif feature == "dropout":
         extra["dropout_rng"] = sds((2,), jnp.uint32)
-    elif spec["feature"] == "shaw":
-        extra["rel_key"] = sds((2 * SHAW_K + 1, h), jnp.float32)
-        extra["rel_value"] = sds((2 * SHAW_K + 1, h), jnp.float32)
-    elif spec["feature"] in SCORE_MODS:
-        params = score_mod_of(spec["feature"], n).params
+    elif feature == "shaw":
+        extra["rel_key"] = extra["rel_value"] = sds((2 * SHAW_K + 1, hd), jnp.float32)
+    elif feature in SCORE_MODS:
+        params = score_mod_of(feature, n).params
         extra["mod"] = jax.tree.map(lambda x: sds(jnp.shape(x), jnp.result_type(x)), params)
-    return q, k, v, ct, extra
+    return q, k, k, ct, extra
 
 
-def child_main(
-    name: str, target_config: str, precision: str | None = None, tiles: dict | None = None
-) -> int:
-    import jax
-    import jaxlib
-    from jax.experimental import topologies
-
-    spec = parse_variant(name)
-    topology = topologies.get_topology_desc(
+def child_main(name: str, target_config: str | None, precision=None, tiles=None) -> int:
+    """Compiles variant `name` (CUDA: for `target_config`) and prints ``AOT_RESULT
+    {json}`` (an exception: ``AOT_ERROR`` and its first line, then the traceback)."""
+    spec, tiles = parse_variant(name), tiles or {}
+    tpu = "chip" in spec
+    where = dict(topology_name=CHIPS[spec["chip"]][0], platform="tpu") if tpu else dict(
         platform="cuda", target_config=target_config, topology="1x1x1"
-    )
-    device = topology.devices[0]
+    )  # fmt: skip
+    device = topologies.get_topology_desc(**where).devices[0]
     sharding = jax.sharding.SingleDeviceSharding(device)
-
-    def sds(shape, dtype):
-        return jax.ShapeDtypeStruct(shape, dtype, sharding=sharding)
-
-    fn = jax.jit(_variant_fn(spec["feature"], spec["backward"], precision, tiles=tiles))
-    inputs = variant_inputs(spec, sds)
+    kw = dict(tiles=tiles, backend="tpu" if tpu else None)
+    fn = jax.jit(_variant_fn(spec["feature"], spec["backward"], precision, **kw))
+    inputs = variant_inputs(spec, lambda s, d: jax.ShapeDtypeStruct(s, d, sharding=sharding))
     start = time.perf_counter()
-    jax.eval_shape(fn, *inputs)  # fills the kernels' static block maps outside the mesh
-    from jattn.attention.pallas.backend import cuda_target
-
-    with cuda_target(device.device_kind):
-        lowered = fn.trace(*inputs).lower()
-    lowered_at = time.perf_counter()
-    lowered.compile()
-    done = time.perf_counter()
+    try:
+        if tpu:
+            lowered = fn.trace(*inputs).lower()
+        else:
+            jax.eval_shape(fn, *inputs)  # fills the kernels' static block maps outside the mesh
+            with cuda_target(device.device_kind):
+                lowered = fn.trace(*inputs).lower()
+        lowered_at = time.perf_counter()
+        compiled = lowered.compile()
+    except Exception as e:  # one line for the table; the traceback stays in the log
+        first = str(e).strip().splitlines()[0] if str(e).strip() else ""
+        print(f"AOT_ERROR {type(e).__name__}: {first}"[:400], flush=True)
+        raise
+    text = [f"{k} {' '.join(map(str, v)) if isinstance(v, list) else v}" for k, v in tiles.items()]
     result = dict(
-        precision=precision or "tf32x3 (default)",
-        tiles=", ".join(f"{k} {_flag_value(v)}" for k, v in (tiles or {}).items()) or "default",
-        device=device.device_kind,
-        jax=jax.__version__,
-        jaxlib=jaxlib.__version__,
-        lower_s=round(lowered_at - start, 2),
-        compile_s=round(done - lowered_at, 2),
-    )
+        device=device.device_kind, jax=jax.__version__, jaxlib=jaxlib.__version__,
+        tiles=", ".join(text) or "default", lower_s=round(lowered_at - start, 2),
+        compile_s=round(time.perf_counter() - lowered_at, 2),
+    )  # fmt: skip
+    if tpu:
+        kernels, targets = parse_custom_calls(compiled.as_text())
+        peak = getattr(compiled.memory_analysis(), "peak_memory_in_bytes", "")
+        result.update(kernels=kernels, custom_calls=targets, hbm_peak=peak)
+        result["libtpu"] = importlib.metadata.version("libtpu")
+    else:
+        result["precision"] = precision or "tf32x3 (default)"
     print("AOT_RESULT " + json.dumps(result), flush=True)
     return 0
 
 
-# --------------------------------------------------------------------------------------
-# Reading what the compiler said.
-
+# Reading what the compilers said.
 _PTXAS_BLOCK = re.compile(
     r"Compiling entry function '(?P<name>\w+)' for '(?P<arch>sm_\w+)'.*?"
     r"(?P<stack>\d+) bytes stack frame, (?P<stores>\d+) bytes spill stores, "
@@ -320,6 +231,17 @@ _PTXAS_BLOCK = re.compile(
 _PTXAS_VERSION = re.compile(r"ptxas with version (\S+)")
 _LAUNCH = re.compile(r"\] (?P<name>\w+) grid: .*?shared_memory: (?P<bytes>\d+) bytes")
 _MMA = re.compile(r"^\s*(?:@%p\d+\s+)?(?:wgmma\.mma_async|mma\.sync)", re.M)
+_CALL = re.compile(r'custom_call_target="(?P<target>[^"]+)"')
+_OP_NAME = re.compile(r'op_name="[^"]*?(?P<kernel>jattn_\w+?)\)*/pallas_call')
+_SCOPED = re.compile(r'"used_scoped_memory_configs":\[(?P<configs>[^\]]*)\]')
+_SIZE = re.compile(r'"size":"(\d+)"')
+_FUNC = re.compile(r"func\.func @(?P<name>\w+)\((?P<args>.*?)\) attributes \{(?P<attrs>.*)$", re.M)
+_MEMREF = re.compile(
+    r"memref<(?P<dims>(?:\d+x)*)(?P<dtype>\w+), #tpu\.tiled<\((?P<tile>[\d,]+)\)[^>]*>, "
+    r"#tpu\.memory_space<(?P<space>\w+)>>"
+)
+ITEMSIZE = {"bf16": 2, "f16": 2, "f32": 4, "i32": 4, "ui32": 4, "i16": 2, "i8": 1, "i1": 1}
+KERNEL_ORDER = ("_fwd", "_dq", "_dkv")  # a variant's TPU rows: forward, then backward
 
 
 def parse_ptxas(log: str) -> dict[str, dict]:
@@ -329,19 +251,14 @@ def parse_ptxas(log: str) -> dict[str, dict]:
     for chunk in re.split(r"\n(?=[IWEF]\d{4} )", log):
         for m in _PTXAS_BLOCK.finditer(chunk):
             if m["name"].startswith("jattn_"):
-                kernels[m["name"]] = dict(
-                    arch=m["arch"],
-                    registers=int(m["registers"]),
-                    spill_stores=int(m["stores"]),
-                    spill_loads=int(m["loads"]),
-                    stack=int(m["stack"]),
-                )
+                r, st, lo, sk = (int(m[k]) for k in ("registers", "stores", "loads", "stack"))
+                kernels[m["name"]] = dict(arch=m["arch"], registers=r, spill_stores=st,
+                                          spill_loads=lo, stack=sk)  # fmt: skip
     return kernels
 
 
 def ptxas_version(log: str) -> str:
-    m = _PTXAS_VERSION.search(log)
-    return m[1] if m else "?"
+    return m[1] if (m := _PTXAS_VERSION.search(log)) else "?"
 
 
 def parse_launches(thunks: str) -> dict[str, int]:
@@ -353,150 +270,172 @@ def count_mma(ptx_files: list[str]) -> dict[str, int]:
     """Tensor-core instructions (`mma.sync`, `wgmma.mma_async`) in the PTX of
     each jattn kernel: 0 means the dots run as FMAs."""
     counts = {}
-    for path in ptx_files:
-        with open(path) as f:
-            text = f.read()
-        entries = list(re.finditer(r"\.entry (\w+)\(", text))
-        for m, after in zip(entries, [*entries[1:], None][: len(entries)], strict=True):
-            if m[1].startswith("jattn_"):
-                body = text[m.start() : after.start() if after else len(text)]
+    for text in map(_read, ptx_files):  # an entry's body runs to the next entry
+        for body in re.split(r"(?=\.entry \w+\()", text):
+            if m := re.match(r"\.entry (jattn_\w+)\(", body):
                 counts[m[1]] = len(_MMA.findall(body))
     return counts
 
 
-def _dump_files(dump: str, suffix: str) -> list[str]:
-    if not os.path.isdir(dump):
-        return []
-    return [os.path.join(dump, f) for f in sorted(os.listdir(dump)) if f.endswith(suffix)]
+def parse_custom_calls(hlo: str) -> tuple[dict[str, dict], list[str]]:
+    """`({kernel: {custom_call, scoped_vmem}}, every custom-call target)` of
+    a compiled TPU module's text (`compiled.as_text()`)."""
+    kernels, targets = {}, []
+    for line in hlo.splitlines():
+        if call := _CALL.search(line):
+            targets.append(call["target"])
+        if call and (name := _OP_NAME.search(line)):
+            scoped = _SCOPED.search(line)
+            size = sum(int(x) for x in _SIZE.findall(scoped["configs"])) if scoped else None
+            kernels[name["kernel"]] = dict(custom_call=call["target"], scoped_vmem=size)
+    return kernels, sorted(set(targets))
 
 
-# --------------------------------------------------------------------------------------
-# The parent: run the children, write the table.
+def memref_bytes(dims: list[int], dtype: str, tile: list[int]) -> int:
+    """Bytes of a memref in a tiled layout: its last dims padded to the tile."""
+    lead, last = dims[: len(dims) - len(tile)], dims[len(dims) - len(tile) :]
+    padded = [math.ceil(d / t) * t for d, t in zip(last, tile, strict=True)]
+    return math.prod(lead) * math.prod(padded) * ITEMSIZE[dtype]
 
 
-def _signal_name(rc: int) -> str:
-    try:
-        return signal.Signals(-rc).name
-    except ValueError:
-        return f"signal {-rc}"
+def parse_mosaic_kernel(text: str) -> dict | None:
+    """`{name, grid, block_vmem, scratch_vmem}` of the kernel in one Mosaic dump after
+    memref layout inference (windows: two buffers each; scratch: the last ones)."""
+    if not (func := _FUNC.search(text)):
+        return None
+    vmem = [
+        memref_bytes([int(d) for d in m["dims"].split("x") if d], m["dtype"],
+                     [int(t) for t in m["tile"].split(",")])
+        for m in _MEMREF.finditer(func["args"])
+        if m["space"] == "vmem"
+    ]  # fmt: skip
+    scratch = re.search(r"scratch_operands = (\d+)", func["attrs"])
+    windows = len(vmem) - (int(scratch[1]) if scratch else 0)
+    bounds = re.search(r"iteration_bounds = array<i64: ([\d, ]+)>", func["attrs"])
+    grid = "x".join(bounds[1].replace(" ", "").split(",")) if bounds else ""
+    return dict(name=func["name"], grid=grid, block_vmem=2 * sum(vmem[:windows]),
+                scratch_vmem=sum(vmem[windows:]))  # fmt: skip
 
 
+def _files(folder: str, suffix: str) -> list[str]:
+    names = sorted(os.listdir(folder)) if os.path.isdir(folder) else []
+    return [os.path.join(folder, f) for f in names if f.endswith(suffix)]
+
+
+def _read(path: str) -> str:
+    with open(path, errors="replace") as f:
+        return f.read()
+
+
+def _rows(target, name, status, result, wall, kernels: dict) -> list[dict]:
+    """A row per kernel (its `kernels[kernel]` figures), or one for the variant when
+    none got as far as the compiler's report."""
+    compiled, seconds = "yes" if status == "ok" else "no", result.get("compile_s", round(wall, 1))
+    common = dict(variant=name, compiled=compiled, compile_s=seconds, status=status)
+    if target == "tpu":
+        common["chip"] = name.rsplit("-", 1)[1]
+    if not kernels:
+        failed = dict(compiled="no", compile_s=round(wall, 1))
+        return [dict.fromkeys(COLUMNS[target], "") | common | failed]
+    return [common | {"kernel": kernel} | figures for kernel, figures in kernels.items()]
+
+
+def cuda_rows(name: str, status: str, result: dict, log: str, dump: str, wall: float):
+    """One row per Triton kernel of a variant (or one for the variant when none compiled)."""
+    kernels = parse_ptxas(log)
+    launches = {}
+    for path in _files(dump, "thunk_sequence.txt"):
+        launches.update(parse_launches(_read(path)))
+    mma = count_mma(_files(dump, ".ptx"))
+    names = sorted(set(kernels) | {k for k in launches if k.startswith("jattn_")})
+    figures = {k: {c: kernels.get(k, {}).get(c, "") for c in COLUMNS["cuda"][3:7]} for k in names}
+    for k in names:
+        figures[k].update(shared_memory=launches.get(k, ""), mma=mma.get(k, ""))
+    return _rows("cuda", name, status, result, wall, figures)
+
+
+def kernel_rows(name: str, status: str, result: dict, mosaic: dict[str, dict], wall: float):
+    """One row per Mosaic kernel of a variant (or one for the variant when none compiled)."""
+    calls, figures = result.get("kernels", {}), {}
+    order = lambda k: (next((i for i, w in enumerate(KERNEL_ORDER) if w in k), 9), k)
+    for kernel in sorted(set(calls) | set(mosaic), key=order):
+        call, mo = calls.get(kernel, {}), mosaic.get(kernel, {})
+        scoped, block = call.get("scoped_vmem"), mo.get("block_vmem")
+        total = scoped + block if scoped is not None and block is not None else ""
+        figures[kernel] = dict(
+            grid=mo.get("grid", ""), scoped_vmem="" if scoped is None else scoped, vmem=total,
+            block_vmem="" if block is None else block, custom_call=call.get("custom_call", ""),
+            hbm_peak=result.get("hbm_peak", ""),
+        )  # fmt: skip
+    return _rows("tpu", name, status, result, wall, figures)
+
+
+def over_limit(rows: list[dict]) -> list[str]:
+    """TPU kernels whose VMEM exceeds their chip's default scoped VMEM limit."""
+    return [f"{r['variant']} {r['kernel']}" for r in rows
+            if r["vmem"] != "" and r["vmem"] > SCOPED_VMEM_LIMIT[r["chip"]]]  # fmt: skip
+
+
+# The parent: a child a variant, the table.
 def run_variant(name: str, args, dump_root: str) -> tuple[list[dict], dict]:
     """Compile one variant in a child process: its kernel rows and the child's result."""
     dump = os.path.join(dump_root, name)
-    os.makedirs(dump, exist_ok=True)
-    env = dict(os.environ)
-    env.update(
-        JAX_PLATFORMS="cpu",
-        TF_CPP_MIN_LOG_LEVEL="0",
-        TF_CPP_VMODULE="subprocess_compilation=3",
-        PYTHONPATH=os.pathsep.join(filter(None, [ROOT, env.get("PYTHONPATH")])),
-        XLA_FLAGS=" ".join(
-            filter(
-                None,
-                [
-                    env.get("XLA_FLAGS"),
-                    f"--xla_dump_to={dump}",
-                    f"--xla_dump_hlo_module_re=.*{MODULE}.*",
-                ],
-            )
-        ),
-    )
-    cmd = [sys.executable, os.path.abspath(__file__), "--child", name]
-    cmd += ["--target-config", args.target_config] if args.target_config else []
-    cmd += ["--precision", args.precision] if args.precision else []
-    cmd += tile_flags(_tiles(args))
-    start = time.perf_counter()
-    log_path = os.path.join(dump, "compile.log")
-    with open(log_path, "w") as out:
-        proc = subprocess.Popen(
-            cmd, stdout=out, stderr=subprocess.STDOUT, env=env, start_new_session=True
-        )
-        try:
-            rc = proc.wait(timeout=args.timeout_s)
-            status = "ok" if rc == 0 else (f"crash: {_signal_name(rc)}" if rc < 0 else f"exit {rc}")
-        except subprocess.TimeoutExpired:
-            os.killpg(proc.pid, signal.SIGKILL)  # the child and its ptxas processes
-            proc.wait()
-            status = f"timeout after {args.timeout_s:.0f} s"
-    wall = time.perf_counter() - start
-    with open(log_path, errors="replace") as f:
-        log = f.read()
-    result = {}
-    for line in log.splitlines():
+    os.makedirs(os.path.join(dump, "mosaic"), exist_ok=True)
+    env = h.child_env(JAX_PLATFORMS="cpu")  # CUDA: the plugin then skips its driver check
+    if args.target == "tpu":  # what libtpu needs to serve a topology on a host that is no TPU VM
+        env.update(TPU_SKIP_MDS_QUERY="1", TPU_WORKER_HOSTNAMES="localhost")
+        env["TPU_ACCELERATOR_TYPE"] = CHIPS[parse_variant(name)["chip"]][1]
+        flags = f"--xla_mosaic_dump_to={os.path.join(dump, 'mosaic')}"
+        env["LIBTPU_INIT_ARGS"] = " ".join(filter(None, [env.get("LIBTPU_INIT_ARGS"), flags]))
+    else:  # ptxas's -v report in the log; the thunk sequence and the PTX in the dump
+        env.update(TF_CPP_MIN_LOG_LEVEL="0", TF_CPP_VMODULE="subprocess_compilation=3")
+        flags = f"--xla_dump_to={dump} --xla_dump_hlo_module_re=.*{MODULE}.*"
+        env["XLA_FLAGS"] = " ".join(filter(None, [env.get("XLA_FLAGS"), flags]))
+    cmd = [args.python, os.path.abspath(__file__), *args.argv, "--child", name]  # the same flags
+    child = h.run_child(cmd, os.path.join(dump, "compile.log"), timeout_s=args.timeout_s, env=env)
+    result, error = {}, ""
+    for line in child.output.splitlines():
         if line.startswith("AOT_RESULT "):
             result = json.loads(line[len("AOT_RESULT ") :])
-    result.update(ptxas=ptxas_version(log), wall_s=round(wall, 1))
+        elif line.startswith("AOT_ERROR "):
+            error = line[len("AOT_ERROR ") :]
+    result.update(ptxas=ptxas_version(child.output), wall_s=round(child.seconds, 1))
+    status = child.status
     if status.startswith("exit"):
-        lines = [ln for ln in log.splitlines() if ln.strip() and ln[:1] not in "IW "]
-        status += ": " + (lines[-1][:160] if lines else "no output")
-    kernels = parse_ptxas(log)
-    launches = {}
-    for path in _dump_files(dump, "thunk_sequence.txt"):
-        with open(path) as f:
-            launches.update(parse_launches(f.read()))
-    mma = count_mma(_dump_files(dump, ".ptx"))
-    rows = []
-    for kernel in sorted(set(kernels) | {k for k in launches if k.startswith("jattn_")}):
-        ptx = kernels.get(kernel, {})
-        rows.append(
-            dict(
-                variant=name,
-                kernel=kernel,
-                compiled="yes" if status == "ok" else "no",
-                registers=ptx.get("registers", ""),
-                spill_stores=ptx.get("spill_stores", ""),
-                spill_loads=ptx.get("spill_loads", ""),
-                stack=ptx.get("stack", ""),
-                shared_memory=launches.get(kernel, ""),
-                mma=mma.get(kernel, ""),
-                compile_s=result.get("compile_s", round(wall, 1)),
-                status=status,
-            )
-        )
-    if not rows:  # nothing reached ptxas: one row for the variant
-        rows.append(dict.fromkeys(COLUMNS, ""))
-        rows[-1].update(variant=name, compiled="no", compile_s=round(wall, 1), status=status)
+        lines = [ln for ln in child.output.splitlines() if ln.strip() and ln[:1] not in "IW "]
+        status += ": " + (error or (lines[-1][:200] if lines else "no output"))
+    if args.target == "tpu":
+        mosaic = {}
+        for path in _files(os.path.join(dump, "mosaic"), "-post-infer-memref-layout.txt"):
+            if kernel := parse_mosaic_kernel(_read(path)):
+                mosaic[kernel["name"]] = kernel
+        rows = kernel_rows(name, status, result, mosaic, child.seconds)
+    else:
+        rows = cuda_rows(name, status, result, child.output, dump, child.seconds)
     if status == "ok" and not args.keep_dumps:
         shutil.rmtree(dump, ignore_errors=True)
     return rows, result
 
 
-def write_table(path: str, rows: list[dict], header: dict) -> None:
+def write_table(path: str, rows: list[dict], header: dict, target: str) -> None:
     """The markdown table at `path` and the same rows as CSV beside it."""
-    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
-    with open(os.path.splitext(path)[0] + ".csv", "w", newline="") as f:
-        writer = csv.DictWriter(f, fieldnames=COLUMNS)
-        writer.writeheader()
-        writer.writerows(rows)
-    lines = [
-        f"AOT compile for {header.get('device', '?')} (sm_90a), jax {header.get('jax', '?')}, "
-        f"jaxlib {header.get('jaxlib', '?')}, ptxas {header.get('ptxas', '?')}; "
-        f"T = {SHAPE['t']}, causal, GQA {SHAPE['n']}/{SHAPE['kh']}, Shaw k = {SHAW_K}; "
-        f"float32 dots {header.get('precision', '?')}; tiles {header.get('tiles', '?')}. "
-        "Bytes for spills, stack and shared memory; mma: tensor-core instructions in the PTX.",
-        "",
-        "| " + " | ".join(COLUMNS) + " |",
-        "|" + "---|" * len(COLUMNS),
-    ]
-    lines += ["| " + " | ".join(str(r[c]) for c in COLUMNS) + " |" for r in rows]
+    h.write_csv(os.path.splitext(path)[0] + ".csv", rows, COLUMNS[target])
+    versions = f"jax {header.get('jax', '?')}, jaxlib {header.get('jaxlib', '?')}"
+    shape = f"T = {SHAPE['t']}, causal, GQA {SHAPE['n']}/{SHAPE['kh']}, Shaw k = {SHAW_K}"
+    tiles, calls = f"tiles {header.get('tiles', '?')}", ", ".join(header.get("custom_calls", []))
+    title = {
+        "tpu": f"AOT compile for TPU v5e and v6e (compile-only), {versions}, libtpu "
+        f"{header.get('libtpu', '?')}; {shape}; {tiles}; module custom calls {calls or '?'}. "
+        "Bytes: scoped_vmem (libtpu), block_vmem (pipelined blocks, two buffers each), vmem "
+        "(their sum), hbm_peak (the whole module).",
+        "cuda": f"AOT compile for {header.get('device', '?')} (sm_90a), {versions}, ptxas "
+        f"{header.get('ptxas', '?')}; {shape}; float32 dots {header.get('precision', '?')}; "
+        f"{tiles}. Bytes for spills, stack and shared memory; mma: tensor-core instructions "
+        "in the PTX.",
+    }[target]
+    cells = [[r[c] for c in COLUMNS[target]] for r in rows]
     with open(path, "w") as f:
-        f.write("\n".join(lines) + "\n")
-
-
-def has_cuda_plugin() -> bool:
-    """Whether jax's CUDA plugin (CUDA 12 or 13) is installed (looked up, not imported)."""
-    try:
-        return any(
-            importlib.util.find_spec(f"jax_plugins.xla_cuda{major}") is not None
-            for major in (12, 13)
-        )
-    except ModuleNotFoundError:  # no jax_plugins package at all
-        return False
-
-
-TILE_FLAGS = ("block_q", "block_k", "num_warps", "backward_blocks", "backward_warps", *PER_KERNEL)
-PAIR_FLAGS = ("backward_blocks", "dq_blocks", "dkv_blocks")  # two numbers: block_q block_k
+        f.write(title + "\n\n" + h.table(COLUMNS[target], cells) + "\n")
 
 
 def _tiles(args) -> dict:
@@ -504,109 +443,95 @@ def _tiles(args) -> dict:
     return {n: getattr(args, n) for n in TILE_FLAGS if getattr(args, n) is not None}
 
 
-def tile_flags(tiles: dict) -> list[str]:
-    """The command-line flags of the tile overrides `tiles` (for the child)."""
-    flags = []
-    for name, value in tiles.items():
-        flags += [f"--{name.replace('_', '-')}", *_flag_value(value).split()]
-    return flags
+def installed(target: str) -> bool:
+    """Whether this interpreter has what `target` compiles with (looked up, not
+    imported): jax's CUDA plugin (CUDA 12 or 13), or libtpu."""
+    names = ["libtpu"] if target == "tpu" else [f"jax_plugins.xla_cuda{v}" for v in (12, 13)]
+    try:
+        return any(importlib.util.find_spec(n) for n in names)
+    except ModuleNotFoundError:  # no jax_plugins package at all
+        return False
 
 
-def _flag_value(value) -> str:
-    """A tile flag's value as the command line writes it (`16 32` for a pair)."""
-    return " ".join(map(str, value)) if isinstance(value, (list, tuple)) else str(value)
+def child_python(target: str, given: str | None = None) -> str | None:
+    """The children's interpreter: `--python`; this one if `installed`; on a TPU,
+    else the checkout's .venv-tpu (so that the main venv can run `--target tpu`)."""
+    if given or installed(target):
+        return given or sys.executable
+    return VENV_TPU if target == "tpu" and os.access(VENV_TPU, os.X_OK) else None
 
 
-TARGETS = ("cuda", "tpu")
-
-
-def split_target(argv) -> tuple[str, list[str]]:
-    """`--target` and the other arguments (those of the target's own parser)."""
-    pre = argparse.ArgumentParser(add_help=False)
-    pre.add_argument("--target", choices=TARGETS, default="cuda")
-    known, rest = pre.parse_known_args(argv)
-    return known.target, rest
+REFUSAL = dict(
+    cuda="needs jax's CUDA plugin for the compile-only H100 (ptxas included): pip "
+    'install -e ".[aot]" in a venv of its own',
+    tpu="needs libtpu for the compile-only "
+    'TPUs: python3 -m venv .venv-tpu && .venv-tpu/bin/pip install -e ".[aot-tpu]"',
+)
 
 
 def main(argv=None) -> int:
-    target, argv = split_target(argv)
-    if target == "tpu":  # the Mosaic kernels for TPU v5e / v6e: their own options
-        sys.path.insert(0, HERE)
-        import _tpu_aot
-
-        return _tpu_aot.main(argv)
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument(
-        "--target",
-        choices=TARGETS,
-        default="cuda",
-        help="cuda: an H100, sm_90a (these options); tpu: TPU v5e and v6e "
-        "(benchmarks/_tpu_aot.py; see --target tpu --help)",
-    )
-    parser.add_argument("--variants", nargs="*", default=["*"], help="names or globs (--list)")
-    parser.add_argument("--timeout-s", type=float, default=300.0, help="per variant")
-    parser.add_argument("--out", default=os.path.join("runs", "bench", "aot.md"))
-    parser.add_argument("--dump-dir", default=None, help="default: a temporary folder")
-    parser.add_argument("--keep-dumps", action="store_true")
-    parser.add_argument("--target-config", default=None, help="GpuTargetConfigProto text file")
-    parser.add_argument(
-        "--precision",
-        default=None,
-        choices=["tf32x3", "ieee"],
-        help="the kernels' float32 precision (default: theirs, tf32x3)",
-    )
+    p = h.parser(__doc__)
+    p.add_argument("--timeout-s", type=float, default=300.0, help="per variant")
+    p.add_argument("--out", help="the table (default runs/bench/aot.md, aot_tpu.md on a TPU)")
+    p.add_argument("--target", choices=("cuda", "tpu"), default="cuda", help="the device kind")
+    p.add_argument("--variants", nargs="*", default=["*"], help="names or globs (--list)")
+    p.add_argument("--ci", action="store_true", help=f"TPU: CI's subset, {', '.join(CI_SUBSET)}")
+    p.add_argument("--dump-dir", default=None, help="default: a temporary folder")
+    p.add_argument("--keep-dumps", action="store_true", help="keep the dumps of compiled variants")
+    p.add_argument("--target-config", default=None, help="CUDA: a GpuTargetConfigProto text file")
+    precisions = ["tf32x3", "ieee"]
+    p.add_argument("--precision", choices=precisions, help="CUDA: the kernels' float32 dots")
     for flag in ("--block-q", "--block-k", "--num-warps"):
-        parser.add_argument(flag, type=int, default=None, help="override the default (all kernels)")
+        p.add_argument(flag, type=int, default=None, help="override the default (all kernels)")
     for flag in ("--backward-blocks", "--dq-blocks", "--dkv-blocks"):
-        parser.add_argument(
-            flag, type=int, nargs=2, default=None, metavar=("BLOCK_Q", "BLOCK_K"),
-            help="the backward's tiles (both kernels, the dq kernel's, the dk/dv kernel's)",
-        )  # fmt: skip
+        p.add_argument(flag, type=int, nargs=2, metavar=("BQ", "BK"), help="backward tiles")
     for flag in ("--backward-warps", "--dq-warps", "--dkv-warps"):
-        parser.add_argument(flag, type=int, default=None, help="the backward kernels' warps")
-    parser.add_argument("--list", action="store_true")
-    parser.add_argument("--child", default=None, help=argparse.SUPPRESS)
-    args = parser.parse_args(argv)
+        p.add_argument(flag, type=int, default=None, help="the backward kernels' warps")
+    p.add_argument("--python", default=None, help="the children's interpreter")
+    p.add_argument("--list", action="store_true", help="list the variants and stop")
+    p.add_argument("--child", default=None, help=argparse.SUPPRESS)
+    args = h.parse(p, argv)
+    args.argv = [a for a in (sys.argv[1:] if argv is None else argv) if a != "--list"]
+    cuda_only = set(_tiles(args)) - {"block_q", "block_k"} or args.precision or args.target_config
+    if args.target == "tpu" and cuda_only:
+        p.error("--target tpu takes no --precision, --target-config or tiles but --block-q/k")
     if args.child:
-        config = H100_TARGET_CONFIG
-        if args.target_config:
-            with open(args.target_config) as f:
-                config = f.read()
+        config = _read(args.target_config or H100_TARGET_CONFIG)
         return child_main(args.child, config, args.precision, _tiles(args))
-    names = [v for v in variants() if any(fnmatch.fnmatch(v, p) for p in args.variants)]
+    args.out = args.out or os.path.join(h.OUT_DIR, f"aot{'_tpu' * (args.target == 'tpu')}.md")
+    patterns = list(CI_SUBSET) if args.ci else args.variants
+    names = [v for v in variants(args.target) if any(fnmatch.fnmatch(v, x) for x in patterns)]
     if args.list:
         print("\n".join(names))
         return 0
     if not names:
-        print(f"aot: no variant matches {args.variants}; see --list", file=sys.stderr)
+        print(f"aot: no variant matches {patterns}; see --list", file=sys.stderr)
         return 2
-    if not has_cuda_plugin():
-        print(
-            "aot: needs jax's CUDA plugin for the compile-only H100 (ptxas included): "
-            'pip install -e ".[aot]" in a venv of its own',
-            file=sys.stderr,
-        )
+    if (python := child_python(args.target, args.python)) is None:
+        print(f"aot --target {args.target}: {REFUSAL[args.target]} (in {h.ROOT})", file=sys.stderr)
         return 2
+    args.python = python
     dump_root = args.dump_dir or tempfile.mkdtemp(prefix="jattn_aot_")
-    rows, header = [], {}
-    start = time.perf_counter()
+    rows, header, start = [], {}, time.perf_counter()
     for i, name in enumerate(names):
         new, result = run_variant(name, args, dump_root)
-        header = {**result, **header} if header else result
-        rows += new
-        write_table(args.out, rows, header)
-        worst = max((r["spill_stores"] or 0 for r in new if r["spill_stores"] != ""), default="-")
-        elapsed = time.perf_counter() - start
-        print(
-            f"[{elapsed:7.1f}s] {i + 1}/{len(names)} {name}: {new[0]['status']}, "
-            f"{sum(1 for r in new if r['kernel'])} "
-            f"kernel(s), compile {new[0]['compile_s']} s, max spill stores {worst}",
-            flush=True,
-        )
+        header, rows = {**result, **header}, rows + new
+        write_table(args.out, rows, header, args.target)
+        figure = "vmem" if args.target == "tpu" else "spill_stores"
+        worst = max((r[figure] for r in new if r[figure] != ""), default="-")
+        print(f"[{time.perf_counter() - start:7.1f}s] {i + 1}/{len(names)} {name}: "
+              f"{new[0]['status']}, {sum(1 for r in new if r['kernel'])} kernel(s), "
+              f"compile {new[0]['compile_s']} s, max {figure} {worst}", flush=True)  # fmt: skip
     if not args.dump_dir:
         shutil.rmtree(dump_root, ignore_errors=True)
     print(f"wrote {args.out} and {os.path.splitext(args.out)[0]}.csv")
-    return 0 if all(r["compiled"] == "yes" for r in rows) else 1
+    failed = sorted({r["variant"] for r in rows if r["compiled"] != "yes"})
+    over = over_limit(rows) if args.target == "tpu" else []
+    for kernel in over:
+        print(f"aot --target tpu: {kernel} is over the default scoped VMEM limit", flush=True)
+    if failed:
+        print(f"aot: {len(failed)} variant(s) failed: {failed}")
+    return 0 if not failed and not over else 1
 
 
 if __name__ == "__main__":

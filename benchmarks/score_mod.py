@@ -1,70 +1,36 @@
-"""Benchmark: score mods inside the tiles against a materialised bias.
+"""Benchmark: score mods inside the tiles against a materialised bias; a table's gradient.
 
-At the attention level (one batch row, 8 heads, head dim 32 by default),
-forward+backward (gradients to query, key, value and the positional
-parameters), in one run on the same inputs:
-
-- chunked, plain (no positional term): the baseline;
-- chunked + every score mod the built-in schemes of `jattn.models.SCHEMES`
-  build in a causal (or, with --no-causal, a bidirectional) layer of
-  `--heads` heads at the config's defaults (T5: 32 buckets; FIRE: 32 hidden
-  units), parameters from each scheme's initialisers: the catalogue
-  tests/registry_mods.py, which the kernel tests run too, so a new scheme
-  is timed with no edit here; a distance-table mod (`ScoreMod.from_distance`)
-  twice, read from its table and per logit (its `fn` on every logit);
-- chunked + the T5 term read as `table[head, bucket]` with the gather's
-  own autodiff backward (a scatter-add of every element), which the T5 mod
-  used before its table read got a row-scatter backward;
-- chunked + the T5 bias materialised as `[1, N, T, S]` (what the models did
-  before score mods: the table read at every position pair's bucket, handed
-  over as `bias`);
-- xla, plain and with the T5 score mod, where its compiled temporaries fit
-  in --max-gib.
-
-For each cell: XLA's compiled temporary bytes (`jax.jit(...).lower(...)
-.compile().memory_analysis()`, read before anything runs) and the median wall
-time, timed round-robin over the cells (each timed call after an untimed one
-of the same cell) so a change in machine load hits all cells alike. Ratios
-are against chunked plain. Prints the table last and writes it as CSV.
+Forward+backward at the attention level: chunked plain (the baseline), chunked
+with every built-in scheme's score mod (tests/registry_mods.py: a new scheme is
+timed with no edit here; a distance-table mod also per logit), the T5 term
+with the gather's autodiff backward and as a materialised `[1, N, T, S]` bias
+(what came before), xla plain and with T5: compiled temporaries and round-robin
+times against chunked plain. `--table-gradient`: why a distance-table mod moves
+a trained model's numbers.
 
     python benchmarks/score_mod.py --length 4096
-    jattn bench score_mod --length 2048 --repeats 3 --out runs/bench/score_mod.csv
-    jattn bench score_mod --tile-pieces --repeats 9   # the T5 mod's pieces on one tile
+    python benchmarks/score_mod.py --tile-pieces --repeats 9   # the T5 mod's pieces on one tile
+    python benchmarks/score_mod.py --table-gradient t5 --implementation chunked
 """
 
 from __future__ import annotations
 
-import argparse
-import csv
 import dataclasses
-import importlib.util
 import os
-import pathlib
 import statistics
 import sys
-import time
 
-import jax
-import jax.numpy as jnp
-import numpy as np
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import _harness as h  # noqa: E402  (reads --platform before jax starts)
+import jax  # noqa: E402
+import jax.numpy as jnp  # noqa: E402
+import numpy as np  # noqa: E402
 
-import jattn
-from jattn import positions
-from jattn.cli.common import normalize_flags
-from jattn.score_mod import with_settings
+import jattn  # noqa: E402
+from jattn import positions  # noqa: E402
+from jattn.score_mod import with_settings  # noqa: E402
 
-MIB = 2**20
-ROOT = pathlib.Path(__file__).resolve().parent.parent
-
-
-def registry_mods():
-    """tests/registry_mods.py, the catalogue of the registry's score mods."""
-    if "registry_mods" not in sys.modules:  # its dataclass needs it registered
-        path = ROOT / "tests" / "registry_mods.py"
-        spec = importlib.util.spec_from_file_location("registry_mods", path)
-        sys.modules["registry_mods"] = importlib.util.module_from_spec(spec)
-        spec.loader.exec_module(sys.modules["registry_mods"])
-    return sys.modules["registry_mods"]
+BASE = "chunked plain"
 
 
 def _t5_autodiff(tab, score, batch, head, i, j, *, bidirectional):
@@ -72,112 +38,83 @@ def _t5_autodiff(tab, score, batch, head, i, j, *, bidirectional):
     return score + tab[head, positions.t5_relative_bucket(j - i, 32, 128, bidirectional)]
 
 
-def cells(num_heads: int, causal: bool) -> dict:
-    """name -> (implementation, params, fn(params, q_pos, kv_pos) -> (bias, score_mod))."""
-    mods = registry_mods().builtin_mods(sites=(causal,), num_heads=num_heads)
+def cells_of(num_heads: int, causal: bool, length: int) -> dict:
+    """name -> (implementation, params, fn(params, positions) -> (bias, score_mod[,
+    row_col_bias])), for `length` queries and keys."""
+    sys.path.insert(0, str(h.ROOT / "tests"))
+    import registry_mods  # noqa: PLC0415  (the registry's score mods, the kernel tests' too)
+
+    mods = registry_mods.builtin_mods(sites=(causal,), num_heads=num_heads)
     t5 = next(b.mod for b in mods.values() if b.mod.name == "t5")  # 32 buckets, [N, 32]
-    bidirectional = not causal
 
-    def plain(p, qp, kp):
-        return None, None
+    with_params = lambda mod: lambda p, pos: (None, dataclasses.replace(mod, params=p))
+    per_logit = lambda mod: lambda p, pos: (None, jattn.ScoreMod(mod.fn, p, mod.name))  # no table
 
-    def with_params(mod):  # the mod with the cell's (differentiated) parameters
-        return lambda p, qp, kp: (None, dataclasses.replace(mod, params=p))
-
-    def per_logit(mod):  # a distance-table mod without its table: fn on every logit
-        return lambda p, qp, kp: (None, jattn.ScoreMod(mod.fn, p, mod.name))
-
-    def t5_autodiff(table, qp, kp):
-        fn = with_settings(_t5_autodiff, bidirectional=bidirectional)
+    def t5_autodiff(table, pos):
+        fn = with_settings(_t5_autodiff, bidirectional=not causal)
         return None, jattn.ScoreMod(fn, table, "t5_autodiff")
 
-    def t5_bias(table, qp, kp):
-        rel = kp[:, None, :] - qp[:, :, None]  # [1, T, S]
-        buckets = positions.t5_relative_bucket(rel, 32, 128, bidirectional)
-        bias = jnp.take(table, buckets, axis=1)  # [N, 1, T, S]
-        return jnp.transpose(bias, (1, 0, 2, 3)), None  # [1, N, T, S]
+    def t5_bias(table, pos):
+        rel = pos[:, None, :] - pos[:, :, None]  # [1, T, S]
+        buckets = positions.t5_relative_bucket(rel, 32, 128, not causal)
+        return jnp.transpose(jnp.take(table, buckets, axis=1), (1, 0, 2, 3)), None  # [1, N, T, S]
 
-    out = {"chunked plain": ("chunked", None, plain)}
+    plain = lambda p, pos: (None, None)
+    out = {BASE: ("chunked", None, plain)}
     for label, built in mods.items():
         out[f"chunked + {label} score mod"] = ("chunked", built.mod.params, with_params(built.mod))
         if built.mod.distance is not None:  # the table (above) against the per-logit form
-            cell = f"chunked + {label} score mod, per logit"
-            out[cell] = ("chunked", built.mod.params, per_logit(built.mod))
+            out[f"chunked + {label} score mod, per logit"] = (
+                "chunked", built.mod.params, per_logit(built.mod))  # fmt: skip
     out["chunked + t5 score mod, autodiff scatter"] = ("chunked", t5.params, t5_autodiff)
     out["chunked + t5 bias [1,N,T,S]"] = ("chunked", t5.params, t5_bias)
+    gates = jnp.full((1, length, num_heads), 4.0, jnp.float32)  # pre-activations, σ(4) ≈ 0.982
+    out["chunked + forget gate (row and column terms)"] = ("chunked", gates, forget_gate)
     out["xla plain"] = ("xla", None, plain)
     out["xla + t5 score mod"] = ("xla", t5.params, with_params(t5))
     return out
 
 
+def forget_gate(z, pos):
+    """The Forgetting Transformer's gates as `row_col_bias`: `(c, −c)`, `c` the
+    cumulative log sigmoid of the pre-activations `z` `[1, T, N]`."""
+    c = positions.segment_cumsum(jax.nn.log_sigmoid(z), None)  # [1, T, N]
+    return None, None, positions.forget_row_col(c, c)
+
+
 def cell_fn(impl: str, term, causal: bool):
     """Gradient of a sum of the output w.r.t. query, key, value and params."""
 
-    def f(q, k, v, params):
-        def loss(q, k, v, params):
-            b, t = q.shape[:2]
-            pos = jnp.broadcast_to(jnp.arange(t, dtype=jnp.int32), (b, t))
-            bias, mod = term(params, pos, pos)
-            out = jattn.dot_product_attention(
-                q, k, v, bias, is_causal=causal, score_mod=mod, implementation=impl
-            )
-            return jnp.sum(out.astype(jnp.float32))
+    def loss(q, k, v, params):
+        b, t = q.shape[:2]
+        bias, mod, *row_col = term(params, jnp.broadcast_to(jnp.arange(t, dtype=jnp.int32), (b, t)))
+        kw = dict(is_causal=causal, score_mod=mod, implementation=impl)
+        kw.update(row_col_bias=row_col[0] if row_col else None)
+        return jnp.sum(jattn.dot_product_attention(q, k, v, bias, **kw).astype(jnp.float32))
 
-        return jax.grad(loss, argnums=(0, 1, 2, 3))(q, k, v, params)
-
-    return f
-
-
-def time_round_robin(compiled_cells, repeats: int) -> list[float]:
-    ts = [[] for _ in compiled_cells]
-    for _ in range(repeats):
-        for (compiled, a), out in zip(compiled_cells, ts, strict=True):
-            jax.block_until_ready(compiled(*a))  # warm
-            t0 = time.perf_counter()
-            jax.block_until_ready(compiled(*a))
-            out.append(time.perf_counter() - t0)
-    return [statistics.median(t) for t in ts]
+    return jax.grad(loss, argnums=(0, 1, 2, 3))
 
 
 def run(args) -> list[dict]:
     rng = np.random.default_rng(0)
-    b, t, n, h = 1, args.length, args.heads, args.head_dim
-    q, k, v = (jnp.asarray(rng.normal(size=(b, t, n, h)), jnp.float32) for _ in range(3))
-    rows, ready = [], []
-    for name, (impl, params, term) in cells(n, args.causal).items():
-        if args.only and name not in args.only:
-            continue
-        a = (q, k, v, params)
-        t0 = time.perf_counter()
-        compiled = jax.jit(cell_fn(impl, term, args.causal)).lower(*a).compile()
-        mem = compiled.memory_analysis()
-        temp = None if mem is None else mem.temp_size_in_bytes
-        row = dict(L=t, cell=name, temp_mib=None if temp is None else temp / MIB, seconds=None)
-        print(f"compiled {name}: {row['temp_mib']:.1f} MiB ({time.perf_counter() - t0:.0f} s)")
-        if temp is not None and temp > args.max_gib * 2**30:
-            row["note"] = f"skipped: over --max-gib {args.max_gib}"
-        else:
-            ready.append((len(rows), (compiled, a)))
-        rows.append(row)
-    seconds = time_round_robin([c for _, c in ready], args.repeats)
-    for (i, _), s in zip(ready, seconds, strict=True):
-        rows[i]["seconds"] = s
-    base = next((r for r in rows if r["cell"] == "chunked plain"), None)
-    for r in rows:
-        r.setdefault("note", "")
-        ok = base is not None and base["seconds"] and r["seconds"]
-        r["time_vs_plain"] = r["seconds"] / base["seconds"] if ok else None
-        ok = base is not None and base["temp_mib"] and r["temp_mib"] is not None
-        r["temp_vs_plain"] = r["temp_mib"] / base["temp_mib"] if ok else None
-    return rows
+    shape = (1, args.length, args.heads, args.head_dim)
+    q, k, v = (jnp.asarray(rng.normal(size=shape), jnp.float32) for _ in range(3))
+    cells = {
+        name: (cell_fn(impl, term, args.causal), (q, k, v, params))
+        for name, (impl, params, term) in cells_of(args.heads, args.causal, args.length).items()
+        if not args.only or name in args.only
+    }
+    out = h.time_cells(cells, args.repeats, args.max_gib)
+    base = out.get(BASE, {})
+    vs = lambda r: dict(time_vs_plain=h.ratio(r["seconds"], base.get("seconds")),
+                        temp_vs_plain=h.ratio(r["temp_mib"], base.get("temp_mib")))  # fmt: skip
+    return [dict(L=args.length, cell=name, **r, **vs(r)) for name, r in out.items()]
 
 
 def tile_pieces(num_heads: int, block: int, repeats: int) -> str:
-    """Where the T5 mod's time goes on one chunked tile `[1, N, 1, block,
-    block]` (causal positions): an elementwise op, the buckets, the forward
-    (buckets and gather), and `jax.vjp` (forward and backward, gradients to
-    the table and the logits) with the table read's row-scatter backward
-    (now) and with the gather's own autodiff (before). Round-robin medians."""
+    """Where the T5 mod's time goes on one tile `[1, N, 1, block, block]`: an
+    elementwise op, the buckets, the forward, and `jax.vjp` with the row-scatter
+    backward (now) and the gather's autodiff (before). Round-robin medians."""
     from jattn.attention import scores  # noqa: PLC0415
 
     rng = np.random.default_rng(0)
@@ -186,17 +123,12 @@ def tile_pieces(num_heads: int, block: int, repeats: int) -> str:
     qp = jnp.arange(2 * block, 3 * block, dtype=jnp.int32)[None]  # [1, t]
     kp = jnp.arange(block, 2 * block, dtype=jnp.int32)[None] + 100  # [1, s]
     head = jnp.arange(num_heads, dtype=jnp.int32).reshape(1, num_heads, 1, 1, 1)
-
-    def bucket():  # [1, 1, 1, t, s]
-        rel = kp[:, None, None, None, :] - qp[:, None, None, :, None]
-        return positions.t5_relative_bucket(rel, 32, 128, False)
+    rel = kp[:, None, None, None, :] - qp[:, None, None, :, None]
+    bucket = lambda: positions.t5_relative_bucket(rel, 32, 128, False)
 
     def t5_now(tab, s):
         mod = positions.t5_score_mod(tab, bidirectional=False)
         return scores.apply_grouped_score_mod(mod, s, jnp.arange(1), 0, qp, kp)
-
-    def t5_before(tab, s):
-        return s + tab[head, bucket()]
 
     def vjp_of(f):
         def g(tab, s):
@@ -210,76 +142,91 @@ def tile_pieces(num_heads: int, block: int, repeats: int) -> str:
         "buckets (log, division, clip)": lambda tab, s: s + bucket().astype(jnp.float32),
         "buckets + gather (forward)": t5_now,
         "fwd+bwd, row-scatter backward (now)": vjp_of(t5_now),
-        "fwd+bwd, autodiff scatter (before)": vjp_of(t5_before),
+        "fwd+bwd, autodiff scatter (before)": vjp_of(lambda tab, s: s + tab[head, bucket()]),
     }
-    compiled = [(jax.jit(f).lower(tab, s).compile(), (tab, s)) for f in pieces.values()]
-    seconds = time_round_robin(compiled, repeats)
-    out = [
-        f"| piece, one {block} x {block} tile of {num_heads} heads | median (ms) |",
-        "|---|---:|",
-    ]
-    out += [f"| {k} | {1e3 * t:.2f} |" for k, t in zip(pieces, seconds, strict=True)]
-    return "\n".join(out)
+    compiled = [jax.jit(f).lower(tab, s).compile() for f in pieces.values()]
+    times = h.rounds([lambda c=c: c(tab, s) for c in compiled], repeats)
+    rows = [[k, f"{1e3 * statistics.median(t):.2f}"] for k, t in zip(pieces, times, strict=True)]
+    return h.table([f"piece, one {block} x {block} tile of {num_heads} heads", "median (ms)"],
+                   rows, "lr")  # fmt: skip
+
+
+def table_gradient(name: str, implementation: str, b: int, t: int | None) -> str:
+    """`--table-gradient`: a distance mod read from its table against per logit (4
+    heads of 16, bidirectional): the same logits, a gradient summed in another order."""
+    n, hd, t = 4, 16, t or 64
+    with jax.enable_x64(True):
+        keys = jax.random.split(jax.random.PRNGKey(0), 4)
+        q, k, v = (jax.random.normal(kk, (b, t, n, hd), jnp.float64) for kk in keys[:3])
+        params = 0.5 * jax.random.normal(keys[3], (n, 32) if name == "t5" else (n,), jnp.float64)
+        if name == "alibi":
+            params = jnp.abs(params) + 0.1
+
+        def loss(p, q, k, v, table: bool):
+            mod = positions.t5_score_mod(p, max_distance=128, bidirectional=True)
+            if name == "alibi":
+                mod = positions.alibi_score_mod(p, mode="symmetric")
+            mod = mod if table else dataclasses.replace(mod, distance=None)
+            out = jattn.dot_product_attention(q, k, v, score_mod=mod, implementation=implementation)
+            return jnp.sum(out * jnp.cos(out)), out
+
+        grad = jax.grad(loss, has_aux=True)
+        g_table, out_table = grad(*(x.astype(jnp.float32) for x in (params, q, k, v)), True)
+        g_logit, out_logit = grad(*(x.astype(jnp.float32) for x in (params, q, k, v)), False)
+        g64, _ = grad(params, q, k, v, False)
+        scale = float(jnp.max(jnp.abs(g64)))
+        rel = lambda a, ref: float(jnp.max(jnp.abs(a.astype(jnp.float64) - ref))) / scale
+        ratio = "max abs(g_{} - g_{}) / max abs(g_float64)"
+        same = bool(jnp.all(out_table == out_logit))
+        rows = [
+            ("outputs bit-identical (table vs per logit, float32)", same),
+            ("params' gradients bit-identical", bool(jnp.all(g_table == g_logit))),
+            (ratio.format("table", "logit"), f"{rel(g_table, g_logit.astype(jnp.float64)):.2e}"),
+            (ratio.format("table", "float64"), f"{rel(g_table, g64):.2e}"),
+            (ratio.format("logit", "float64"), f"{rel(g_logit, g64):.2e}"),
+        ]  # fmt: skip
+    head = f"{name}, implementation={implementation}, B={b} T=S={t} N={n} H={hd}, bidirectional"
+    versions = f"jax {jax.__version__} on {jax.default_backend()}"
+    return f"{head}, {versions}\n\n" + h.table(["measure", "value"], rows)
 
 
 def table(rows) -> str:
-    def f(x, fmt):
-        return "-" if x is None else format(x, fmt)
-
     out = [
-        "| L | cell | compiled temporaries (MiB) | vs chunked plain | fwd+bwd (ms) "
-        "| vs chunked plain | note |",
-        "|---:|---|---:|---:|---:|---:|---|",
-    ]
-    for r in rows:
-        ms = None if r["seconds"] is None else 1e3 * r["seconds"]
-        out.append(
-            f"| {r['L']} | {r['cell']} | {f(r['temp_mib'], ',.1f')} | "
-            f"{f(r['temp_vs_plain'], '.2f')}x | {f(ms, ',.0f')} | "
-            f"{f(r['time_vs_plain'], '.2f')}x | {r['note']} |"
-        )
-    return "\n".join(out)
+        [r["L"], r["cell"], h.fmt(r["temp_mib"], ",.1f"), h.fmt(r["temp_vs_plain"], ".2f") + "x",
+         h.fmt(r["seconds"] and 1e3 * r["seconds"], ",.0f"), h.fmt(r["time_vs_plain"], ".2f") + "x",
+         r["note"]]
+        for r in rows
+    ]  # fmt: skip
+    header = ["L", "cell", "compiled temporaries (MiB)", "vs chunked plain", "fwd+bwd (ms)"]
+    return h.table([*header, "vs chunked plain", "note"], out, "rlrrrr")
 
 
 def main(argv=None):
-    argv = normalize_flags(sys.argv[1:] if argv is None else argv)
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--length", type=int, default=4096, help="T = S (default 4096)")
-    p.add_argument("--heads", type=int, default=8, help="heads N (default 8)")
-    p.add_argument("--head-dim", type=int, default=32, help="head dimension H (default 32)")
-    p.add_argument(
-        "--no-causal", dest="causal", action="store_false", help="full instead of causal attention"
-    )
-    p.add_argument("--repeats", type=int, default=3, help="timed rounds (default 3)")
-    p.add_argument(
-        "--max-gib", type=float, default=6.0, help="skip timing a cell above this many GiB"
-    )
+    p = h.parser(__doc__, out="score_mod.csv")
+    p.add_argument("--repeats", type=int, default=3, help="timed rounds, every cell once a round")
+    p.add_argument("--max-gib", type=float, default=6.0, help="skip timing a cell over this")
+    p.add_argument("--length", type=int, help="T = S (default 4096; --table-gradient 64)")
+    p.add_argument("--heads", type=int, default=8, help="heads N")
+    p.add_argument("--head-dim", type=int, default=32, help="head dimension H")
+    p.add_argument("--no-causal", dest="causal", action="store_false", help="not causal")
     p.add_argument("--only", nargs="*", help="cells to run (names as printed)")
-    p.add_argument(
-        "--tile-pieces",
-        action="store_true",
-        help="instead: time the T5 mod's pieces on one 512 x 512 tile",
-    )
-    p.add_argument(
-        "--out",
-        default=os.path.join("runs", "bench", "score_mod.csv"),
-        help="CSV path for the table (default %(default)s)",
-    )
-    args = p.parse_args(argv)
-    print(
-        f"jax {jax.__version__}, backend {jax.default_backend()}, devices {jax.devices()}, "
-        f"B=1 N={args.heads} H={args.head_dim} L={args.length} causal={args.causal} float32",
-        flush=True,
-    )
+    p.add_argument("--tile-pieces", action="store_true", help="the T5 mod's pieces on one tile")
+    p.add_argument("--table-gradient", choices=("t5", "alibi"), help="the mod's table gradient")
+    p.add_argument("--implementation", choices=("xla", "chunked"), default="xla", help="its path")
+    p.add_argument("--batch", type=int, default=16, help="--table-gradient: rows B")
+    args = h.parse(p, argv)
+    if args.table_gradient:
+        print(table_gradient(args.table_gradient, args.implementation, args.batch, args.length))
+        return 0
+    args.length = args.length or 4096
+    where = f"jax {jax.__version__}, backend {jax.default_backend()}, devices {jax.devices()}"
+    print(f"{where}, B=1 N={args.heads} H={args.head_dim} L={args.length} causal={args.causal}",
+          "float32")  # fmt: skip
     if args.tile_pieces:
         print(tile_pieces(args.heads, 512, args.repeats))
         return 0
     rows = run(args)
-    os.makedirs(os.path.dirname(args.out) or ".", exist_ok=True)
-    with open(args.out, "w", newline="") as fh:
-        w = csv.DictWriter(fh, fieldnames=list(rows[0]))
-        w.writeheader()
-        w.writerows(rows)
+    h.write_csv(args.out, rows)
     print(f"\nwrote {args.out}\n")
     print(table(rows))
     return 0

@@ -16,11 +16,15 @@ SEEDS = "0,1,2"
 
 def length_metrics(accuracy: str, *, speed: bool = True) -> tuple[str, ...]:
     """The report's metrics of a length-generalisation grid: exact match on
-    `test_longer` and validation, the share of the right length, `test_longer`'s
+    `test_longer` (compared with the reference), its teacher-forced sequence
+    accuracy (Ontañón et al.'s score; a run evaluated before it existed has
+    none, and the report leaves the column out), exact match on validation,
+    the share of the right length, `test_longer`'s
     `accuracy` (token accuracy, or "beyond_train/accuracy" past the training
     lengths), loss, size and (with `speed`) steps per second."""
     found = (
         "eval/test_longer/exact_match",
+        "eval/test_longer/tf_sequence_accuracy",
         "eval/validation/exact_match",
         "eval/test_longer/length_match",
         f"eval/test_longer/{accuracy}",

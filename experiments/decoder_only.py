@@ -16,13 +16,19 @@ seed, and exact match by length (`jattn.analysis.anchors`).
 Every run is `model.architecture = "decoder_only"`: one causal stack over
 the input, a separator and the target (`jattn.models.decoder_only`).
 
-`:arg` picks a preset: "" (copy and reverse, six schemes, 3 seeds), "long"
+`:arg` picks a preset: "" (copy and reverse, six schemes, 3 seeds),
+"data_dependent" (below), "long"
 (NoPE and T5 on copy at 3,600 steps: is NoPE's shortfall under-training?
 `--config.grid.position.values=alibi,rope
 --config.reference=task=kz_copy,position=alibi` runs the same for ALiBi and
 RoPE, as docs/results.md's second check did, and `=sinusoidal` its third),
 "repeated" (their copy variants with repeated tokens, below), "tiny" (one
 task, two schemes, one seed, a few steps: the tests).
+
+"data_dependent" trains the schemes of the tokens, the Forgetting
+Transformer's gates, CoPE and stick-breaking attention, beside NoPE, ALiBi
+and RoPE on both tasks (6 schemes, 3 seeds, 1,200 steps: 36 runs), RoPE the
+reference, the Transformer their papers compare with.
 
 "repeated" is where their ALiBi falls below NoPE: on copy with one token
 repeated n times (``kz_copy_rsc``: NoPE 0.986, T5 0.771, ALiBi 0.289, RoPE
@@ -75,8 +81,15 @@ def get_config(arg=None):
         c.grid.task.values = "kz_copy_rsc,kz_copy_rdc"
         c.grid.position.values = "none,t5,alibi,rope,sinusoidal"
         c.reference = "task=kz_copy_rsc,position=none"
+    elif arg == "data_dependent":
+        # The schemes of the tokens (forget gates, CoPE, stick-breaking)
+        # beside NoPE, ALiBi and RoPE, on copy and reverse; RoPE is the
+        # Transformer each of their papers compares against.
+        c.grid.position.values = "none,alibi,rope,forgetting,cope,stick_breaking"
+        c.reference = "task=kz_copy,position=rope"
     elif arg:
         raise ValueError(
-            f"experiments/decoder_only.py: unknown preset {arg!r} (long, repeated, tiny)"
+            f"experiments/decoder_only.py: unknown preset {arg!r} "
+            "(long, repeated, data_dependent, tiny)"
         )
     return c

@@ -36,7 +36,7 @@ budget: their code trains 2 epochs of 200,000 strings on reversing and 4 on
 duplication, at batch 64 (`docs/results/anchors.json`, Ontañón et al.).
 jattn's packed rows hold 89.2 reversing strings a step (16 rows of 64 tokens
 a side) and 68.9 duplication strings (rows of 96 target tokens), counted
-over 200 training batches (`jattn bench data`, docs/results/ontanon_reverse/
+over 200 training batches (`python benchmarks/train.py --data`, docs/results/ontanon_reverse/
 examples_per_step.md), so 3,600 steps see 321k reversing strings (0.80 of
 their 400,000) and 7,200 steps 496k duplication strings (0.62 of their
 800,000); matching them would take about 4,480 and 11,600 steps. Their

@@ -67,8 +67,8 @@ mkdir -p "$kit/fallback"
 ls "$kit/fallback" | grep -qi '^protobuf-' || $PIP download -q --no-deps --only-binary=:all: \
   --python-version 3.12 --implementation cp "${platforms[@]}" -d "$kit/fallback" protobuf==7.36.2
 
-# The data of the window's training (benchmarks/_gpu_train.py: its DATASETS).
-datasets=$(PYTHONPATH=$root "$PYTHON" -c 'import runpy; print(" ".join(runpy.run_path("benchmarks/_gpu_train.py")["DATASETS"]))')
+# The data of the window's training (benchmarks/gpu.py: its DATASETS).
+datasets=$(PYTHONPATH=$root "$PYTHON" -c 'import runpy; print(" ".join(runpy.run_path("benchmarks/gpu.py")["DATASETS"]))')
 for d in $datasets; do
   PYTHONPATH=$root JAX_PLATFORMS=cpu "$PYTHON" -c "
 import sys, jattn.data

@@ -31,7 +31,7 @@ rm -rf "$SITE"
 "$VENV/bin/python" -m pip check 2>&1 | sed 's/^/pip check (venv alone): /' || true
 echo "gpu_kit_check: venv $("$VENV/bin/python" -c 'import sys,jax,flax;print(sys.version.split()[0],"jax",jax.__version__,"flax",flax.__version__)')"
 out=$(mktemp -d)
-PYTHONPATH="$SITE:$root" JAX_PLATFORMS=cpu "$VENV/bin/python" benchmarks/_gpu_train.py \
+PYTHONPATH="$SITE:$root" JAX_PLATFORMS=cpu "$VENV/bin/python" benchmarks/gpu.py --train \
   --cpu-smoke --total-s 400 --data-dir .gpukit/data --out "$out/train.csv"
 cat "$out/train.csv"
 echo "gpu_kit_check: ok (the kit installs with --no-index and trains in a clean 3.12 venv)"

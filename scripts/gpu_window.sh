@@ -3,7 +3,7 @@
 # prepared window"), every stage under its own timeout, everything in OUTDIR:
 #   window.log   probe (nvidia-smi, versions, jax.devices()) and every stage's output
 #   check.csv    benchmarks/gpu.py --stage check (the float64 gate)
-#   train.csv    benchmarks/_gpu_train.py (Delétang tape model, default rule and xla)
+#   train.csv    benchmarks/gpu.py --train (Delétang tape model, default rule and xla)
 #   timing.csv   benchmarks/gpu.py headline + the backward tile sweep
 #   dumps.tgz    the XLA dumps and logs of failed cells (only if there are any)
 # Stage budgets (GPU): probe 20 s, check 200, train 130, timing 150 (WINDOW_CHECK_S,
@@ -123,7 +123,7 @@ stage check $((check_s + 10)) "$PY" benchmarks/gpu.py --stage check "${smoke[@]}
 
 train_args=(--out "$out/train.csv" --total-s "$train_s" --data-dir "$data_dir")
 [ "$cpu" = 1 ] && train_args+=(--cpu-smoke)
-stage train $((train_s + 10)) "$PY" benchmarks/_gpu_train.py "${train_args[@]}"
+stage train $((train_s + 10)) "$PY" benchmarks/gpu.py --train "${train_args[@]}"
 
 stage timing $((timing_s + 10)) "$PY" benchmarks/gpu.py --stage headline sweep "${smoke[@]}" \
   --only "${timing_only[@]}" --total-s "$timing_s" --continue-on-fail \

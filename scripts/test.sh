@@ -14,7 +14,7 @@ PY=${PYTHON:-python3}
 .venv/bin/ruff check jattn tests experiments benchmarks configs
 .venv/bin/ruff format --check jattn tests experiments benchmarks configs
 # The Mosaic (TPU) kernels compiled by libtpu for a compile-only TPU v5e (no
-# TPU needed): CI's subset of `jattn bench aot --target tpu` (plain, Shaw and
+# TPU needed): CI's subset of `python benchmarks/aot.py --target tpu` (plain, Shaw and
 # ALiBi; bfloat16, head dim 128; forward + vjp), in .venv-tpu (libtpu pins
 # jax), so a kernel change that Mosaic cannot compile fails here. About 2
 # minutes with the install (docs/tpu.md).

@@ -2,7 +2,7 @@
 
 The tests of score mods inside the attention implementations
 (tests/test_score_mod.py against float64, tests/test_pallas_score_mod.py in
-the kernels and their lowering) and `jattn bench score_mod` take their mods
+the kernels and their lowering) and `python benchmarks/score_mod.py` take their mods
 from `builtin_mods`, not from a hand list, so a scheme registered in
 `jattn.models.SCHEMES` whose `score_mod` hook returns a `jattn.ScoreMod` is
 covered with no edit. Each scheme's own hooks (`stack_state`, `score_mod`)

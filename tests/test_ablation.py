@@ -915,6 +915,7 @@ def test_intervals_are_clipped_to_where_a_metric_can_lie():
     sorted(p.name for p in (ROOT / "experiments").glob("[!_]*.py"))
     + [
         "decoder_only.py:long",
+        "decoder_only.py:data_dependent",
         "positional.py:duplicate",
         "positional.py:shaw_clip",
         "scan.py:long",

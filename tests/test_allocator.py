@@ -48,13 +48,23 @@ def test_describe_before_any_call_says_not_tuned():
 
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="glibc's mallopt")
 def test_the_allocator_bench_measures_both_settings_in_their_own_process():
-    """`jattn bench allocator` on the smoke config: one row a setting, each child
+    """`benchmarks/train.py --allocator` on the smoke config: one row a setting, each child
     reporting the allocator it ran with (no timing is asserted)."""
     repo = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-    script = os.path.join(repo, "benchmarks", "allocator.py")
+    script = os.path.join(repo, "benchmarks", "train.py")
     config = os.path.join(repo, "configs", "smoke.py")
     out = subprocess.run(
-        [sys.executable, script, "--config", config, "--steps", "2", "--rounds", "1"],
+        [
+            sys.executable,
+            script,
+            "--allocator",
+            "--config",
+            config,
+            "--steps",
+            "2",
+            "--rounds",
+            "1",
+        ],
         capture_output=True,
         text=True,
         check=True,

@@ -18,6 +18,7 @@ Contracts:
 from __future__ import annotations
 
 import csv
+import dataclasses
 import functools
 import pathlib
 import re
@@ -188,6 +189,19 @@ def signed(x: float) -> str:
     return f"{x:+.3f}".replace("-", "−")
 
 
+def same_as_decoded(folder: str) -> str:
+    """``0 of 49,152 examples differ``: where a grid's teacher-forced sequence accuracy
+    and decoded exact match disagree, as its report counts them over the decoded
+    examples (the anchors' by-length table); every run's two numbers are equal too."""
+    for r in runs(folder):
+        for split in ("test_longer", "validation"):
+            em, tf = (r[f"eval/{split}/{m}"] for m in ("exact_match", "tf_sequence_accuracy"))
+            assert float(em) == float(tf), (folder, r["run"], split, em, tf)
+    text = (DOCS / folder / "results.md").read_text(encoding="utf-8")
+    found = re.search(r"disagrees with decoded exact match on ([\d,]+) of these ([\d,]+)", text)
+    return f"{found.group(1)} of {found.group(2)} examples differ"
+
+
 def randomized() -> list[str]:
     """The Ruoss row: best-of-seeds differences of teacher-forced accuracy past training
     (their kind of metric) and mean exact-match differences, random minus plain."""
@@ -271,6 +285,8 @@ def tape_slice(folder: str) -> list[str]:
 
 
 # Each row: the record of its anchor, and what its jattn cell must say, computed from files.
+XEON = "results_rerun_xeon"  # the main job on an Intel Xeon, re-evaluated with their metric
+TF = "eval/test_longer/tf_sequence_accuracy"
 ONT_REV = "results/ontanon_reverse"
 ONT_DUP = "results/ontanon_duplicate"
 KZ_LONG = ("results/decoder_only_long", "results/decoder_only_long_alibi_rope")
@@ -292,6 +308,10 @@ SPECS = {
             f"sinusoidal+Shaw {ci('results', 'position=sinusoidal+shaw')}",
             f"sinusoidal {ci('results', 'position=sinusoidal')}",
             steps("results"),
+            f"T5 {ci(XEON, 'position=t5', TF)}",
+            f"sinusoidal+Shaw {ci(XEON, 'position=sinusoidal+shaw', TF)}",
+            f"sinusoidal {ci(XEON, 'position=sinusoidal', TF)}",
+            same_as_decoded(XEON),
         ],
     ),
     "Ontañón et al. 2022, reversing at their budget": (
@@ -477,7 +497,7 @@ ROWS = {
     **{
         anchor: ("ontanon2022", task, [(g, folder, g) for g in groups_of(folder)])
         for anchor, task, folder in (
-            ("Ontañón et al. 2022, reversing digits", "reversing", "results"),
+            ("Ontañón et al. 2022, reversing digits", "reversing", XEON),
             ("Ontañón et al. 2022, reversing at their budget", "reversing", ONT_REV),
             (
                 "Ontañón et al. 2022, Shaw's terms (rel-e, rel-b, rel-eb, rel2)",
@@ -518,12 +538,9 @@ ROWS = {
 EXACT, VALIDATION = "eval/test_longer/exact_match", "eval/validation/exact_match"
 # How a row's setup differs from its anchor's in kind (the rest: same kind). With their
 # numbers unread these rows are "unchecked" first; once read, they are "not comparable"
-# until the difference is removed (Ontañón et al.: their teacher-forced score beside ours).
-_TEACHER_FORCED = verdicts.Setup(
-    metric=False, differs="decoded exact match here; their sequence accuracy is teacher-forced"
-)
+# until the difference is removed. The metric is the anchor's own where the grid has it
+# (`verdicts.compared_metric`: Ontañón et al.'s teacher-forced sequence accuracy).
 SETUPS = {
-    **{anchor: _TEACHER_FORCED for anchor in ROWS if anchor.startswith("Ontañón")},
     "Ruoss et al. 2023, randomised positions": verdicts.Setup(
         architecture=False,
         metric=False,
@@ -534,27 +551,68 @@ SETUPS = {
         verdicts.Setup(metric=False, differs="exact match here; their score is token accuracy")
     ),
 }
+NO_TEACHER_FORCED = (
+    "decoded exact match here (this grid was evaluated before the teacher-forced score "
+    "existed); their sequence accuracy is teacher-forced"
+)
+
+
+def compared(anchor: str) -> tuple[str, verdicts.Setup]:
+    """The metric a row's verdict compares and its setup: the anchor's own metric
+    (`verdicts.compared_metric` of its record) where every folder of the row has
+    it, else decoded exact match with the metric marked as differing in kind."""
+    key, _, rows = ROWS[anchor]
+    metric, same = verdicts.compared_metric(anchor_records.record(key).setup["metric"].value)
+    setup = SETUPS.get(anchor, verdicts.Setup())
+    if all(metric in runs(folder)[0] for _, folder, _ in rows):
+        return metric, dataclasses.replace(setup, metric=setup.metric and same)
+    return EXACT, dataclasses.replace(setup, metric=False, differs=NO_TEACHER_FORCED)
+
+
+def _counts(metric: str, rs) -> tuple[int, int]:
+    """(k, N) of a metric summed over runs: exact match is over the decoded
+    examples, teacher-forced sequence accuracy over the evaluated ones."""
+    n_key = "num_evaluated" if metric.endswith("tf_sequence_accuracy") else "num_decoded"
+    ns = [int(float(r[f"eval/test_longer/{n_key}"])) for r in rs]
+    return round(sum(float(r[metric]) * n for r, n in zip(rs, ns, strict=True))), sum(ns)
 
 
 def computed(anchor: str) -> tuple[verdicts.Verdict, str]:
     """The row's verdict by the rule, and its 'every scheme fitted' cell."""
-    key, task, compared = ROWS[anchor]
+    key, task, compared_groups = ROWS[anchor]
+    metric, setup = compared(anchor)
     ours, theirs, fitted, counts, short = {}, {}, {}, {}, []
-    for scheme, folder, group in compared:
+    for scheme, folder, group in compared_groups:
         rs = [r for r in runs(folder) if r["group"] == group]
-        ours[scheme] = [float(r[EXACT]) for r in rs]
+        ours[scheme] = [float(r[metric]) for r in rs]
         seeds = [float(r[VALIDATION]) >= fit.DEFAULT_THRESHOLD for r in rs]
         fitted[scheme] = all(seeds)
         if not all(seeds):
             short.append(f"{label(group)} {sum(seeds)} of {len(seeds)}")
-        n = [int(float(r["eval/test_longer/num_decoded"])) for r in rs]
-        counts[scheme] = (round(sum(e * m for e, m in zip(ours[scheme], n, strict=True))), sum(n))
+        counts[scheme] = _counts(metric, rs)
         theirs[scheme] = anchor_records.per_seed(key, task, scheme)
-    v = verdicts.verdict(ours, theirs, fitted, SETUPS.get(anchor, verdicts.Setup()), counts)
+    v = verdicts.verdict(ours, theirs, fitted, setup, counts)
     names = ", ".join(short)
     cell = "yes" if not short else f"no: {names}" if len(names) <= 70 else (
-        f"no: {len(short)} of {len(compared)} groups")  # fmt: skip
+        f"no: {len(short)} of {len(compared_groups)} groups")  # fmt: skip
     return v, cell
+
+
+def test_ontanons_rows_compare_their_teacher_forced_score_where_the_grid_has_it():
+    """The verdict reads the anchor's own metric: teacher-forced sequence accuracy
+    for Ontañón et al. where the grid was evaluated with it, decoded exact match
+    (and a metric that differs in kind) where it was not; exact match for the
+    anchors that decode."""
+    chosen = {anchor: compared(anchor) for anchor in ROWS}
+    forced = [a for a, (m, _) in chosen.items() if m.endswith("tf_sequence_accuracy")]
+    assert forced and all(a.startswith("Ontañón") for a in forced)
+    for anchor, (metric, setup) in chosen.items():
+        if anchor.startswith("Ontañón") and anchor not in forced:
+            assert metric == EXACT and not setup.metric and setup.differs == NO_TEACHER_FORCED
+        elif anchor in forced:
+            assert setup.metric, anchor
+        else:
+            assert metric == EXACT, anchor
 
 
 def verdict_cell(anchor: str) -> str:
@@ -573,17 +631,32 @@ def readme_rows() -> list[list[str]]:
     return rows
 
 
+def metric_cell(anchor: str) -> str:
+    """The README's "compared on" cell: the metric the verdict compares, and for a
+    grid with their teacher-forced score how far it is from decoded exact match."""
+    metric, setup = compared(anchor)
+    if metric == TF:
+        folder = ROWS[anchor][2][0][1]
+        return f"their teacher-forced sequence accuracy; {same_as_decoded(folder)} (Intel Xeon)"
+    if setup.differs == NO_TEACHER_FORCED:
+        return (
+            "decoded exact match; their teacher-forced score not evaluated (checkpoints not kept)"
+        )
+    return "decoded exact match" + ("" if setup.metric else "; their metric differs")
+
+
 def test_the_readme_verdicts_are_the_rules_output():
     """The README's published comparisons: one row a comparison, its verdict the
-    rule's word, its fit cell computed from the files, its link a section of
-    docs/results.md; the detailed table there has the same rows."""
+    rule's word, its fit cell computed from the files, the metric its verdict
+    compares, its link a section of docs/results.md; the detailed table there has
+    the same rows."""
     expected = []
     for anchor in ROWS:
         v, fitted = computed(anchor)
-        expected.append([anchor, v.word, fitted])
-    assert [r[:3] for r in readme_rows()] == expected
+        expected.append([anchor, v.word, fitted, metric_cell(anchor)])
+    assert [r[:4] for r in readme_rows()] == expected
     for row in readme_rows():
-        assert row[3].startswith("[details](docs/results.md#"), row
+        assert row[4].startswith("[details](docs/results.md#"), row
 
 
 def test_the_detailed_verdicts_are_the_rules_output():

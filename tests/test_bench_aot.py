@@ -1,4 +1,4 @@
-"""`jattn bench aot` (benchmarks/aot.py) without the CUDA plugin: the variant
+"""benchmarks/aot.py without the CUDA plugin or libtpu: the variant
 grid, what a score-mod variant computes (its function in interpret mode
 against float64, the mod's params in the vjp), the refusal, and the parsers
 of what ptxas and XLA write (on text in the formats ptxas 12.9 and jaxlib
@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import importlib.util
 import pathlib
-import sys
 
 import jax
 import jax.numpy as jnp
@@ -93,7 +92,7 @@ def test_shared_memory_and_tensor_core_counts(tmp_path):
 
 
 def test_refuses_without_the_cuda_plugin(capsys):
-    if aot.has_cuda_plugin():
+    if aot.installed("cuda"):
         pytest.skip("the CUDA plugin is installed here: the refusal cannot be seen")
     assert aot.main(["--variants", "plain-bfloat16-h64-split"]) == 2
     assert 'pip install -e ".[aot]"' in capsys.readouterr().err
@@ -103,7 +102,7 @@ def test_refuses_without_the_cuda_plugin(capsys):
 def test_backward_tile_flags_reach_each_kernel_and_the_child(monkeypatch):
     # --dq-blocks / --dkv-blocks / --dq-warps / --dkv-warps become one
     # BackwardTiles; --backward-blocks / --backward-warps stay flash_attention's
-    # own (both kernels); the flags written for the child parse back to the same.
+    # own (both kernels). (The parent hands a child its own flags.)
     from jattn.attention.pallas.config import BackwardTiles
 
     seen = []
@@ -118,13 +117,6 @@ def test_backward_tile_flags_reach_each_kernel_and_the_child(monkeypatch):
         backward_tiles=BackwardTiles(dq_blocks=(64, 32), dkv_blocks=(32, 64), dkv_warps=8),
     )
     assert aot.flash_kwargs({"block_k": 32}) == {"block_k": 32}  # no BackwardTiles unasked
-    flags = aot.tile_flags(seen[0])
-    assert flags == [
-        "--block-q", "128", "--backward-blocks", "16", "16", "--backward-warps", "2",
-        "--dq-blocks", "64", "32", "--dkv-blocks", "32", "64", "--dkv-warps", "8",
-    ]  # fmt: skip
-    assert aot.main(["--child", "plain-bfloat16-h128-split", *flags]) == 0
-    assert seen[1] == seen[0]
 
 
 # --------------------------------------------------------------------------------------
@@ -202,14 +194,12 @@ def test_score_mod_variant_matches_float64_with_params_gradient(feature):
 
 
 # --------------------------------------------------------------------------------------
-# `--target tpu` (benchmarks/_tpu_aot.py) without libtpu: the grid, the
-# readers of what libtpu writes (a compiled module's text and a Mosaic dump,
-# in the formats libtpu 0.0.42.1 writes, as seen in a real run), the rows,
-# and the variant's function on the Mosaic kernels in interpret mode.
+# `--target tpu` without libtpu: the grid, the readers of what libtpu writes
+# (a compiled module's text and a Mosaic dump, in the formats libtpu 0.0.42.1
+# writes, as seen in a real run), the rows, and the variant's function on the
+# Mosaic kernels in interpret mode.
 
-tspec = importlib.util.spec_from_file_location("bench_tpu_aot", ROOT / "benchmarks" / "_tpu_aot.py")
-tpu = importlib.util.module_from_spec(tspec)
-tspec.loader.exec_module(tpu)
+tpu = aot
 
 # One custom call of a compiled module (its serialized Mosaic body shortened).
 HLO = """\
@@ -245,7 +235,7 @@ func.func @jattn_flash_fwd_tpu(%arg0: i32
 
 
 def test_tpu_variant_grid_both_chips_split_backward_only():
-    names = tpu.variants()
+    names = tpu.variants("tpu")
     assert len(names) == len(set(names)) == 10 * 2 * 2 * 2
     assert "t5-float32-h64-split-v6e" in names and "shaw-bfloat16-h128-split-v5e" in names
     assert not any("fused" in n for n in names)  # the Mosaic family has no fused backward
@@ -258,11 +248,15 @@ def test_tpu_variant_grid_both_chips_split_backward_only():
             tpu.parse_variant(bad)
 
 
-def test_target_flag_routes_and_keeps_cuda_default():
-    assert aot.split_target(["--variants", "x*"]) == ("cuda", ["--variants", "x*"])
-    assert aot.split_target(["--target", "tpu", "--ci"]) == ("tpu", ["--ci"])
-    with pytest.raises(SystemExit):
-        aot.split_target(["--target", "rocm"])
+def test_target_flag_picks_the_grid_and_keeps_cuda_default(capsys):
+    assert aot.main(["--list"]) == 0
+    assert capsys.readouterr().out.split() == aot.variants("cuda")
+    assert aot.main(["--target", "tpu", "--ci", "--list"]) == 0
+    assert capsys.readouterr().out.split() == list(aot.CI_SUBSET)
+    for argv in (["--target", "rocm"], ["--target", "tpu", "--precision", "ieee", "--list"]):
+        with pytest.raises(SystemExit) as e:
+            aot.main(argv)
+        assert e.value.code == 2
 
 
 def test_custom_calls_and_scoped_vmem_of_each_kernel():
@@ -311,15 +305,14 @@ def test_rows_per_kernel_failure_row_and_vmem_limit():
     assert tpu.over_limit(rows) == ["plain-bfloat16-h64-split-v5e jattn_flash_fwd_tpu"]
     failed = tpu.kernel_rows("t5-float32-h64-split-v6e", "exit 1: boom", {}, {}, 3.25)
     assert len(failed) == 1 and failed[0]["compiled"] == "no" and failed[0]["compile_s"] == 3.2
-    assert failed[0]["status"] == "exit 1: boom" and set(failed[0]) == set(tpu.COLUMNS)
+    assert failed[0]["status"] == "exit 1: boom" and set(failed[0]) == set(tpu.COLUMNS["tpu"])
 
 
 def test_tpu_refuses_without_libtpu_or_its_venv(capsys, monkeypatch):
-    if tpu.has_libtpu():
+    if aot.installed("tpu"):
         pytest.skip("libtpu is installed in this interpreter: the refusal cannot be seen")
-    monkeypatch.setattr(tpu, "VENV_PYTHON", "/nonexistent/.venv-tpu/bin/python")
-    monkeypatch.setitem(sys.modules, "_tpu_aot", tpu)  # what aot.main imports
-    assert tpu.child_python(None) is None and tpu.child_python("/x/python") == "/x/python"
+    monkeypatch.setattr(aot, "VENV_TPU", "/nonexistent/.venv-tpu/bin/python")
+    assert aot.child_python("tpu") is None and aot.child_python("tpu", "/x/python") == "/x/python"
     assert aot.main(["--target", "tpu", "--variants", "plain-bfloat16-h64-split-v5e"]) == 2
     assert 'pip install -e ".[aot-tpu]"' in capsys.readouterr().err
     assert aot.main(["--target", "tpu", "--variants", "nothing*"]) == 2

@@ -1,6 +1,6 @@
 """The benchmark scripts run on the platform they are started on: none sets
 `JAX_PLATFORMS=cpu` by default, and `--platform NAME` picks one, read before
-jax starts (benchmarks/_platform.py)."""
+jax starts (benchmarks/_harness.py)."""
 
 from __future__ import annotations
 
@@ -15,12 +15,11 @@ import pytest
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "benchmarks"))
 
-from _platform import select_platform  # noqa: E402
+from _harness import select_platform  # noqa: E402
 
 # Scripts that pin the CPU on purpose: compiling ahead of time for a device this
-# machine lacks (aot, _tpu_aot), the window's host data child (_gpu_train), and
-# gpu.py's --cpu-smoke dry run.
-PINNED_ON_PURPOSE = {"aot.py", "_tpu_aot.py", "_gpu_train.py", "gpu.py"}
+# machine lacks (aot), the window's host data child and gpu.py's --cpu-smoke dry run.
+PINNED_ON_PURPOSE = {"aot.py", "gpu.py"}
 DEFAULT_CPU = re.compile(r"setdefault\(\s*\"JAX_PLATFORMS\",\s*\"cpu\"\s*\)")
 
 
@@ -44,7 +43,7 @@ def test_select_platform_reads_the_flag(monkeypatch, argv, expect):
 
 
 @pytest.mark.parametrize(
-    "script", ["train.py", "decode.py", "data.py", "variants.py", "allocator.py"]
+    "script", ["attention.py", "decode.py", "memory.py", "score_mod.py", "train.py"]
 )
 def test_each_benchmark_takes_platform(script):
     env = {k: v for k, v in os.environ.items() if k != "JAX_PLATFORMS"}

@@ -1,4 +1,4 @@
-"""`jattn bench train --peak`: the step against the matmul rate, and the profile's classifier."""
+"""`benchmarks/train.py --peak`: the step against the matmul rate, and the profile's classifier."""
 
 import os
 import re

@@ -105,6 +105,7 @@ def test_a_get_config_that_raises_is_a_one_line_config_error(body, tmp_path, cap
 
 
 def test_base_config_is_the_papers_setup():
+    from jattn.train.config import read_parts
     from jattn.train.optim import make_optimizer
 
     c = load_config(f"{REPO}/configs/base.py")
@@ -114,7 +115,7 @@ def test_base_config_is_the_papers_setup():
     assert 24_000 <= c.batch_size * c.max_len <= 26_000
     m = c.model
     assert (m.d_model, m.num_heads, m.num_layers, m.d_ff) == (512, 8, 6, 2048)
-    _, schedule = make_optimizer(c)
+    _, schedule = make_optimizer(read_parts(c).optimizer)
     # lr = d^-0.5 * min(step^-0.5, step * warmup^-1.5), step counted from 1.
     for step in (1, 1000, 4000, 10_000):
         want = 512**-0.5 * min(step**-0.5, step * 4000**-1.5)
@@ -159,7 +160,7 @@ def test_unknown_command_and_help(capsys):
     assert "unknown command 'trian'" in capsys.readouterr().err
     assert cli.main(["--help"]) == 0
     out = capsys.readouterr().out
-    assert "train" in out and "bench" in out
+    assert "train" in out and "bench" not in out
 
 
 def test_console_script_reports_errors_in_one_line(tmp_path):
@@ -177,29 +178,16 @@ def test_console_script_reports_errors_in_one_line(tmp_path):
     ]
 
 
-# -- jattn bench ------------------------------------------------------------------------
+# -- the benchmarks are scripts of the checkout, not a subcommand ------------------------
 
 
-def test_bench_runs_the_named_script_with_its_arguments(tmp_path, monkeypatch, capsys):
-    (tmp_path / "benchmarks").mkdir()
-    (tmp_path / "benchmarks" / "echo.py").write_text(
-        "import sys\nprint('ARGS', sys.argv[1:], __name__)\nsys.exit(int(sys.argv[1]))\n"
-    )
-    monkeypatch.chdir(tmp_path)
-    assert cli.main(["bench", "echo", "3", "--flag"]) == 3
-    assert "ARGS ['3', '--flag'] __main__" in capsys.readouterr().out
-    assert cli.main(["bench", "echo", "0"]) == 0
-
-
-def test_bench_unknown_name_lists_what_exists(tmp_path, monkeypatch, capsys):
-    (tmp_path / "benchmarks").mkdir()
-    (tmp_path / "benchmarks" / "alpha.py").write_text("")
-    (tmp_path / "benchmarks" / "_helper.py").write_text("")
-    monkeypatch.chdir(tmp_path)
-    assert cli.main(["bench", "nope"]) == 2
-    err = capsys.readouterr().err
-    assert "unknown benchmark 'nope'; available: " in err and "alpha" in err
-    assert "_helper" not in err and "_gpu_cells" not in err
+def test_jattn_bench_is_gone_and_says_what_to_run(capsys):
+    """`jattn bench NAME` only ran benchmarks/NAME.py from a checkout: the scripts are
+    the lab's (they read configs/ and tests/), run as `python benchmarks/NAME.py`."""
+    assert "bench" not in cli.COMMANDS
+    assert cli.main(["bench", "attention"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err == "jattn: error: `jattn bench` was removed: run `python benchmarks/NAME.py`"
 
 
 def test_every_subcommand_has_help(capsys):
@@ -208,8 +196,6 @@ def test_every_subcommand_has_help(capsys):
             cli.main([name, "--help"])
         assert e.value.code == 0
         assert f"usage: jattn {name}" in capsys.readouterr().out
-    assert cli.main(["bench", "--help"]) == 0
-    assert "usage: jattn bench NAME" in capsys.readouterr().out
 
 
 def test_model_keys_are_the_fields_of_the_model_config():
@@ -330,13 +316,14 @@ def test_configs_lists_configs_variants_datasets_and_experiments(capsys, monkeyp
                  "dataset numbers, ", "takes :VARIANT", "sinusoidal+shaw", "chunked", "bf16",
                  "numbers/{de,en,fr,de_7to8,de_millions,de_tiny}", "copy/{default,tiny}",
                  "reverse_digits/{default,small,tiny}", "experiments/shaw_variants.py",
-                 "experiments/positional.py", "jattn bench NAME", "attention"):  # fmt: skip
+                 "experiments/positional.py", "python benchmarks/NAME.py",
+                 "attention"):  # fmt: skip
         assert want in out, want
     experiments = out.split("experiments  (")[1].split("benchmarks  (")[0]
     # Only ablation grids are experiments; benchmarks and their helpers are not.
-    for name in ("attention", "gpu", "_gpu_cells", "_gpu_stages"):
+    for name in ("attention", "gpu", "_gpu_cells", "_harness"):
         assert f"experiments/{name}.py" not in experiments and f"{name}.py" not in experiments
-    benches = out.split("benchmarks  (jattn bench NAME): ")[1].splitlines()[0].split(", ")
+    benches = out.split("benchmarks  (python benchmarks/NAME.py): ")[1].splitlines()[0].split(", ")
     assert {"attention", "gpu", "memory"} <= set(benches) and "_gpu_cells" not in benches
     assert cli.main(["--help"]) == 0
     assert "configs" in capsys.readouterr().out
@@ -373,7 +360,7 @@ def _bench_parser(name, monkeypatch):
 
 
 @pytest.mark.parametrize(
-    "name", ["attention", "data", "decode", "gpu", "memory", "train", "variants"]
+    "name", ["aot", "attention", "decode", "gpu", "memory", "score_mod", "train"]
 )
 def test_bench_flags_are_dashed_with_help(name, monkeypatch):
     parser = _bench_parser(name, monkeypatch)
@@ -385,13 +372,13 @@ def test_bench_flags_are_dashed_with_help(name, monkeypatch):
             assert action.default.startswith(os.path.join("runs", "bench", "")), action.default
 
 
-def test_bench_variants_times_each_arm_against_the_first(capsys):
+def test_bench_train_times_each_arm_against_the_first(capsys):
     """Arms of the smoke config: the same config again, another learning rate, and
     rows half as long and twice as many. The table has each, the first at 1.00x
     of itself, the short rows as their overrides make them; the state column
     says the same config ends bit for bit in the first's state, another
     learning rate does not, and other rows are not compared."""
-    main = _bench_module("variants")["main"]
+    main = _bench_module("train")["main"]
     spec = str(REPO / "configs" / "smoke.py")
     arms = [
         "base:",
@@ -410,8 +397,8 @@ def test_bench_variants_times_each_arm_against_the_first(capsys):
     assert out.count("round ") == 2
 
 
-def test_bench_variants_refuses_a_malformed_arm(capsys):
-    main = _bench_module("variants")["main"]
+def test_bench_train_refuses_a_malformed_arm(capsys):
+    main = _bench_module("train")["main"]
     spec = str(REPO / "configs" / "smoke.py")
     with pytest.raises(SystemExit) as e:
         main(["--config", spec, "base:", "bad:max_len"])
@@ -419,7 +406,7 @@ def test_bench_variants_refuses_a_malformed_arm(capsys):
     assert "override 'max_len' is not key=value" in capsys.readouterr().err
 
 
-def test_bench_data_takes_old_underscore_flags(monkeypatch):
+def test_bench_train_data_takes_old_underscore_flags(monkeypatch):
     import argparse
 
     seen = []
@@ -431,16 +418,9 @@ def test_bench_data_takes_old_underscore_flags(monkeypatch):
 
     monkeypatch.setattr(argparse.ArgumentParser, "parse_args", capture)
     with pytest.raises(_Parsed):
-        _bench_module("data")["main"](["--max_input_lens", "0", "--num_batches=2", "--data-dir=d"])
+        _bench_module("train")["main"](["--data", "--max_input_lens", "0", "--num_batches=2",
+                                        "--data-dir=d"])  # fmt: skip
     assert (seen[0].max_input_lens, seen[0].num_batches, seen[0].data_dir) == ("0", 2, "d")
-
-
-def test_bench_attention_lists_gpu_in_help(capsys):
-    with pytest.raises(SystemExit) as e:
-        _bench_module("attention")["main"](["--help"])
-    assert e.value.code == 0
-    out = capsys.readouterr().out
-    assert "--gpu" in out and "--cpu-smoke" in out
 
 
 def test_bench_gpu_without_a_gpu_refuses_at_once(tmp_path, capsys, compiles, monkeypatch):
@@ -449,18 +429,14 @@ def test_bench_gpu_without_a_gpu_refuses_at_once(tmp_path, capsys, compiles, mon
 
     assert jax.default_backend() != "gpu"
     monkeypatch.chdir(tmp_path)
-    main = _bench_module("attention")["main"]
+    main = _bench_module("gpu")["main"]
     t0 = time.perf_counter()
-    status = main(["--gpu", "--out", str(tmp_path / "gpu.csv")])
+    status = main(["--out", str(tmp_path / "gpu.csv")])
     elapsed = time.perf_counter() - t0
     err = capsys.readouterr().err.strip()
     assert status == 2 and elapsed < 1.0, elapsed
-    assert "--gpu needs a GPU, but jax.default_backend() is 'cpu'" in err and "--cpu-smoke" in err
-    assert not compiles and not list(tmp_path.iterdir())
-    t0 = time.perf_counter()
-    assert cli.main(["bench", "attention", "--gpu"]) == 2
-    assert time.perf_counter() - t0 < 1.0
-    assert "needs a GPU" in capsys.readouterr().err
+    assert err.startswith("bench_gpu: error: no GPU: ") and "--cpu-smoke" in err, err
+    assert "\n" not in err and not compiles and not list(tmp_path.iterdir())
 
 
 def test_bench_attention_writes_under_runs_bench_by_default(tmp_path, capsys, monkeypatch):

@@ -163,7 +163,7 @@ def test_tensorboard_hparams_name_each_scheme_option():
 
     config = load_config(str(REPO / "configs" / "smoke.py"))
     config.model.position_options.rope.yarn.convention = "hf"
-    flat = flat_hparams(config)
+    flat = flat_hparams(config_to_dict(config))
     assert flat["model.position_options.rope.yarn.convention"] == "hf"
     assert flat["model.position_options.t5.num_buckets"] == 32
     assert flat["model.d_model"] == 32 and "model.position_options" not in flat

@@ -649,7 +649,7 @@ def test_default_input_length_gives_exactly_the_batches_of_before(
 ):
     task = request.getfixturevalue(task_name)
     for same in ({}, {"max_input_len": None}, {"max_input_len": kwargs["max_len"]}):
-        it = iter(data.make_loader(task, "train", prefetch=0, **kwargs, **same))
+        it = iter(data.make_loader(task, "train", io=data.LoaderIO(prefetch=0), **kwargs, **same))
         assert _fingerprint([next(it) for _ in range(6)]) == before, same
 
 
@@ -697,7 +697,13 @@ def test_model_sees_each_packed_example_as_if_alone(tiny):
     from jattn.train.steps import model_kwargs
 
     loader = data.make_loader(
-        tiny, "train", batch_size=4, max_len=64, max_input_len=12, seed=1, prefetch=0
+        tiny,
+        "train",
+        batch_size=4,
+        max_len=64,
+        max_input_len=12,
+        seed=1,
+        io=data.LoaderIO(prefetch=0),
     )
     # The first batch with a row of three examples.
     packed = next(b for b in loader if b["targets_segment_ids"].max() >= 3)
@@ -790,9 +796,11 @@ def test_same_seed_same_batches(tiny):
     )
     a = batches(make(3), 6)
     assert _same(a, batches(make(3), 6))
-    assert _same(a, batches(make(3, prefetch=0), 6))  # prefetching changes nothing
+    assert _same(
+        a, batches(make(3, io=data.LoaderIO(prefetch=0)), 6)
+    )  # prefetching changes nothing
     assert not _same(a, batches(make(4), 6))
-    ordered = batches(make(None, pack=False, num_epochs=1), 2)
+    ordered = batches(make(3, shuffle=False, pack=False, num_epochs=1), 2)
     first = [(tuple(e[0]), tuple(e[1])) for e in encoded(tiny, "train")[:16]]
     assert unpacked(ordered) == first
 
@@ -818,7 +826,10 @@ def test_epochs_reshuffle(tiny):
 
 @pytest.mark.parametrize(
     "kwargs",
-    [dict(pack=True), dict(pack=False, overlong="truncate", max_len=24, prefetch=0)],
+    [
+        dict(pack=True),
+        dict(pack=False, overlong="truncate", max_len=24, io=data.LoaderIO(prefetch=0)),
+    ],
     ids=["packed", "unpacked-truncate"],
 )
 def test_checkpoint_resume_gives_the_same_batches(tiny, tmp_path, kwargs):
@@ -855,7 +866,7 @@ def test_checkpoint_resume_gives_the_same_batches(tiny, tmp_path, kwargs):
     np.testing.assert_array_equal(restored["state"]["params"], state["params"])
     assert restored["data"] is fresh
     assert _same([next(fresh) for _ in range(m)], reference[k:])
-    if kwargs.get("prefetch") == 0:  # without read-ahead the counts are exact too
+    if "io" in kwargs:  # without read-ahead the counts are exact too
         assert data.loader_stats(fresh) == data.loader_stats(ref_it)
         assert data.loader_stats(fresh)["truncated"] > 0
 
@@ -884,7 +895,7 @@ def test_pipeline_resumes_from_every_batch(tiny, max_input_len):
         max_input_len=max_input_len,
         seed=9,
         num_epochs=1,
-        prefetch=0,
+        io=data.LoaderIO(prefetch=0),
     )
     it = iter(loader)
     states, reference = [it.get_state()], []
@@ -990,27 +1001,27 @@ def test_errors(data_dir, tiny):
         make(shard=(700, 800))
 
 
-def test_bench_data_script_reports_each_row_length(numbers, data_dir, monkeypatch):
-    # benchmarks/data.py: one table row per (task, max_len, max_input_len,
+def test_bench_data_script_reports_each_row_length(numbers, data_dir, monkeypatch, capsys):
+    # benchmarks/train.py --data: one table row per (task, max_len, max_input_len,
     # pack); shorter input rows raise the inputs' share of real tokens.
-    import importlib.util
+    import runpy
 
-    path = os.path.join(os.path.dirname(os.path.dirname(__file__)), "benchmarks", "data.py")
-    spec = importlib.util.spec_from_file_location("bench_data", path)
-    bench = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(bench)
-    table = bench.main(
-        ["--data_dir", data_dir, "--tasks", "numbers", "--max_lens", "64",
+    path = os.path.join(os.path.dirname(os.path.dirname(__file__)), "benchmarks", "train.py")
+    main = runpy.run_path(path)["main"]
+    assert main(
+        ["--data", "--data_dir", data_dir, "--tasks", "numbers", "--max_lens", "64",
          "--max_input_lens", "0,16", "--num_batches", "3"]
-    )  # fmt: skip
+    ) == 0  # fmt: skip
+    table = capsys.readouterr().out
     rows = [line.split(" | ") for line in table.splitlines() if line.startswith("| numbers")]
     assert [(r[1], r[2], r[3]) for r in rows] == [
         ("64", "64", "yes"), ("64", "64", "no"), ("64", "16", "yes"), ("64", "16", "no")
     ]  # fmt: skip
     inputs_real = {(r[2], r[3]): float(r[7]) for r in rows}
     assert inputs_real[("16", "yes")] > 2 * inputs_real[("64", "yes")]
-    # `jattn bench data` runs the script as __main__: main() reads sys.argv.
-    argv = ["data.py", "--data-dir", data_dir, "--tasks", "numbers", "--max-lens", "64",
-            "--max-input-lens", "16", "--num-batches", "2"]  # fmt: skip
+    # As a script (`python benchmarks/train.py --data ...`), main() reads sys.argv.
+    argv = ["train.py", "--data", "--data-dir", data_dir, "--tasks", "numbers", "--max-lens",
+            "64", "--max-input-lens", "16", "--num-batches", "2"]  # fmt: skip
     monkeypatch.setattr(sys, "argv", argv)
-    assert "| numbers | 64 | 16 | yes |" in bench.main()
+    assert main() == 0
+    assert "| numbers | 64 | 16 | yes |" in capsys.readouterr().out

@@ -30,7 +30,7 @@ def _rows(path):
 
 @pytest.mark.slow  # four stages of child processes (~4 minutes on a shared 2-core CPU)
 def test_gpu_window_cpu_dry_run(tmp_path, data_dir):
-    for name in runpy.run_path(os.path.join(ROOT, "benchmarks", "_gpu_train.py"))["DATASETS"]:
+    for name in runpy.run_path(os.path.join(ROOT, "benchmarks", "gpu.py"))["DATASETS"]:
         jattn.data.load(name, data_dir=data_dir)
     out = tmp_path / "window"
     env = dict(

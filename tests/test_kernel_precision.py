@@ -21,7 +21,7 @@ import pytest
 from flash_harness import GRAD_NAMES, _normal_form, _oracle, _qkv
 
 from jattn.attention.pallas import flash_attention as fa
-from jattn.attention.pallas import tile_math as ft
+from jattn.attention.pallas import tile_dot
 
 SHAPE = (2, 128, 128, 4, 2, 64)  # B, T, S, N, K, H
 TF32_MASK = (1 << 13) - 1
@@ -39,7 +39,7 @@ def test_tf32_split_is_two_tf32_values_summing_to_the_input():
             np.float32([0.0, -0.0, 1.0, -1.0, 2.0**-126, 3.0e38, 1.0 + 2.0**-11]),
         ]
     ).astype(np.float32)
-    hi, lo = jax.jit(ft.tf32_split)(jnp.asarray(x))
+    hi, lo = jax.jit(tile_dot.tf32_split)(jnp.asarray(x))
     assert not np.any(_bits(hi) & TF32_MASK) and not np.any(_bits(lo) & TF32_MASK)
     x64 = x.astype(np.float64)
     err = np.abs(np.asarray(hi, np.float64) + np.asarray(lo, np.float64) - x64)
@@ -58,7 +58,7 @@ def test_tf32_split_keeps_float32_extremes_finite():
     finite TF32 halves summing to the input."""
     big = np.finfo(np.float32).max
     x = np.float32([big, -big, np.nextafter(big, 0), 3.4025e38, -3.4025e38, 3.40e38])
-    hi, lo = jax.jit(ft.tf32_split)(jnp.asarray(x))
+    hi, lo = jax.jit(tile_dot.tf32_split)(jnp.asarray(x))
     hi, lo = np.asarray(hi), np.asarray(lo)
     assert np.all(np.isfinite(hi)) and np.all(np.isfinite(lo))
     assert not np.any(_bits(hi) & TF32_MASK) and not np.any(_bits(lo) & TF32_MASK)
@@ -80,11 +80,13 @@ def test_tf32x3_dot_is_float32_accurate(contract):
     scale = np.einsum(sub, np.abs(a).astype(np.float64), np.abs(b).astype(np.float64))
 
     def run(precision, x, y):
-        return np.asarray(ft.dot(jnp.asarray(x), jnp.asarray(y), contract, precision), np.float64)
+        out = tile_dot.dot(jnp.asarray(x), jnp.asarray(y), contract, precision)
+        return np.asarray(out, np.float64)
 
     err3 = np.max(np.abs(run("tf32x3", a, b) - want) / scale)
     err_ieee = np.max(np.abs(run("ieee", a, b) - want) / scale)
-    one_pass = np.max(np.abs(run("ieee", ft.tf32_round(a), ft.tf32_round(b)) - want) / scale)
+    rounded = (tile_dot.tf32_round(a), tile_dot.tf32_round(b))
+    one_pass = np.max(np.abs(run("ieee", *rounded) - want) / scale)
     assert err3 <= 4 * 2.0**-24 * 64 and err3 <= 4 * max(err_ieee, 2.0**-24), (err3, err_ieee)
     assert one_pass > 30 * err3  # one TF32 pass is what "tf32x3" avoids
 

@@ -37,9 +37,8 @@ from flash_harness import (
 
 import jattn
 from jattn.attention.pallas import backend as kb
-from jattn.attention.pallas import blockmap
+from jattn.attention.pallas import blockmap, tile_dot
 from jattn.attention.pallas import flash_attention as fa
-from jattn.attention.pallas import tile_math as ft
 from jattn.attention.pallas.config import with_triton_x3
 
 JAX_VERSION = tuple(int(x) for x in jax.__version__.split(".")[:2])
@@ -142,14 +141,14 @@ def test_triton_present_selects_triton(monkeypatch):
 
 def test_a_score_mods_tiles_and_warps_follow_its_cost():
     """`prepare` measures a score mod's tile backward (`backward_cost`) and
-    picks its GPU tiles and warps by it (what `jattn bench aot` compiles
+    picks its GPU tiles and warps by it (what `python benchmarks/aot.py` compiles
     without bf16 spills, docs/gpu.md): 16x32 backward tiles, 2 warps for a
     light mod (ALiBi, FIRE's loop), 4 for a heavy one (T5's select chain);
     at head dim 128 a 64x64 forward with 8 warps. Positions given
     explicitly keep T5 per logit; at default positions it reads distance
     tiles instead (a distance mod: no per-logit spec to measure)."""
     from jattn import positions
-    from jattn.attention.pallas import score_mod_tiles as smt
+    from jattn.attention.pallas import score_mod_checks, score_mod_tiles
 
     inputs = _qkv(5, 1, 128, 128, 4, 2, 128)
     q, k, v = (jnp.asarray(inputs[n], jnp.bfloat16) for n in ("query", "key", "value"))
@@ -169,13 +168,13 @@ def test_a_score_mods_tiles_and_warps_follow_its_cost():
         )
         spec = pre.fwd_cfg.score_mod
         assert spec is not None and not pre.fwd_cfg.distance_tiles, name
-        costs[name] = smt.backward_cost(spec, 16, 32)
+        costs[name] = score_mod_checks.backward_cost(spec, 16, 32)
         assert (pre.fwd_cfg.block_q, pre.fwd_cfg.block_k, pre.fwd_cfg.num_warps) == (64, 64, 8)
-        light = costs[name] <= smt.LIGHT_MOD_COST
+        is_light = costs[name] <= score_mod_checks.LIGHT_MOD_COST
         assert (pre.bwd_cfg.block_q, pre.bwd_cfg.block_k) == (16, 32), name
-        assert pre.bwd_cfg.num_warps == (2 if light else 4), name
-    assert costs["alibi"] <= smt.LIGHT_MOD_COST and costs["fire"] <= smt.LIGHT_MOD_COST
-    assert costs["t5"] > smt.LIGHT_MOD_COST
+        assert pre.bwd_cfg.num_warps == (2 if is_light else 4), name
+    light = score_mod_checks.LIGHT_MOD_COST
+    assert costs["alibi"] <= light and costs["fire"] <= light and costs["t5"] > light
     # At default positions T5 (a distance mod) reads Toeplitz tiles: no per-logit spec.
     pre = fa.prepare(
         normal_form(q, k, v, is_causal=True, score_mod=mods["t5"]),
@@ -190,7 +189,8 @@ def test_a_score_mods_tiles_and_warps_follow_its_cost():
         jnp.asarray(inputs[n], jnp.float32)[..., :64] for n in ("query", "key", "value")
     )
     for name, mod in mods.items():
-        assert smt.has_loop(smt.mod_spec(mod, "gpu")[0]) == (name == "fire"), name
+        spec = score_mod_tiles.mod_spec(mod, "gpu")[0]
+        assert score_mod_checks.has_loop(spec) == (name == "fire"), name
         nf = normal_form(q32, k32, v32, is_causal=True, score_mod=mod, **positions_given)
         pre = fa.prepare(nf, block_q=None, block_k=None, backend="gpu")
         fwd = (pre.fwd_cfg.block_q, pre.fwd_cfg.block_k, pre.fwd_cfg.num_warps)
@@ -340,35 +340,14 @@ def test_lse_is_natural_log():
     np.testing.assert_allclose(np.asarray(lse), want, rtol=1e-5, atol=1e-5)
 
 
-def _kernel_dot_precisions(closed_jaxpr) -> list:
-    """(operand dtype, precision) of every dot_general inside a pallas_call."""
+def _kernel_dots(closed_jaxpr) -> list[tuple[str, object]]:
+    """`(kernel name, eqn)` of every dot_general inside a pallas_call, in order."""
     found = []
-
-    def walk(jaxpr, in_kernel):
-        for eqn in jaxpr.eqns:
-            if in_kernel and eqn.primitive.name == "dot_general":
-                found.append((str(eqn.invars[0].aval.dtype), eqn.params["precision"]))
-            inner_kernel = in_kernel or eqn.primitive.name == "pallas_call"
-            for param in eqn.params.values():
-                for sub in param if isinstance(param, (tuple, list)) else [param]:
-                    inner = getattr(sub, "jaxpr", sub)
-                    if hasattr(inner, "eqns"):
-                        walk(inner, inner_kernel)
-
-    walk(closed_jaxpr.jaxpr, False)
-    return found
-
-
-def _kernel_dot_dims(closed_jaxpr) -> dict[str, list]:
-    """`{kernel name: [(lhs contracting dims, rhs contracting dims), ...]}`
-    of the dot_generals inside each pallas_call."""
-    found: dict[str, list] = {}
 
     def walk(jaxpr, kernel):
         for eqn in jaxpr.eqns:
             if kernel is not None and eqn.primitive.name == "dot_general":
-                (lhs, rhs), _ = eqn.params["dimension_numbers"]
-                found.setdefault(kernel, []).append((tuple(lhs), tuple(rhs)))
+                found.append((kernel, eqn))
             inner_kernel = kernel
             if eqn.primitive.name == "pallas_call":
                 inner_kernel = str(eqn.params["name"])
@@ -382,6 +361,37 @@ def _kernel_dot_dims(closed_jaxpr) -> dict[str, list]:
     return found
 
 
+def _kernel_dot_precisions(closed_jaxpr) -> list:
+    """(operand dtype, precision) of every dot_general inside a pallas_call."""
+    return [
+        (str(eqn.invars[0].aval.dtype), eqn.params["precision"])
+        for _, eqn in _kernel_dots(closed_jaxpr)
+    ]
+
+
+def _kernel_dot_dims(closed_jaxpr) -> dict[str, list]:
+    """`{kernel name: [(lhs contracting dims, rhs contracting dims), ...]}`
+    of the dot_generals inside each pallas_call."""
+    found: dict[str, list] = {}
+    for kernel, eqn in _kernel_dots(closed_jaxpr):
+        (lhs, rhs), _ = eqn.params["dimension_numbers"]
+        found.setdefault(kernel, []).append((tuple(lhs), tuple(rhs)))
+    return found
+
+
+def _grad_jaxpr(nf, **kwargs):
+    """The jaxpr of the query gradient of the summed output of the Triton kernels
+    compiled for the GPU (16x16 tiles), `kwargs` passed to `flash_attention`."""
+
+    def loss(q):
+        out, _ = fa.flash_attention(
+            nf.replace(query=q), block_q=16, block_k=16, backend="gpu", **kwargs
+        )
+        return jnp.sum(out.astype(jnp.float32))
+
+    return jax.make_jaxpr(jax.grad(loss))(nf.query)
+
+
 @pytest.mark.parametrize("backward", ["split", "fused"])
 def test_backward_dots_need_no_transposed_operand(backward):
     # The dk/dv tiles are computed transposed (Sᵀ = k·qᵀ, dPᵀ = v·dOᵀ), so
@@ -390,14 +400,7 @@ def test_backward_dots_need_no_transposed_operand(backward):
     # through shared memory); the dk/dv tiles run two of each (bf16: native).
     inputs = _qkv(83, *RAGGED, dtype=jnp.bfloat16)
     nf = _normal_form(inputs, is_causal=True, max_distance=2)
-
-    def loss(q):
-        out, _ = fa.flash_attention(
-            nf.replace(query=q), block_q=16, block_k=16, backend="gpu", backward=backward
-        )
-        return jnp.sum(out.astype(jnp.float32))
-
-    dims = _kernel_dot_dims(jax.make_jaxpr(jax.grad(loss))(nf.query))
+    dims = _kernel_dot_dims(_grad_jaxpr(nf, backward=backward))
     nt, nn = ((1,), (1,)), ((1,), (0,))  # a·bᵀ and a·b
     assert all(d in (nt, nn) for ds in dims.values() for d in ds), dims
     if backward == "split":
@@ -419,20 +422,13 @@ def test_kernel_dots_have_explicit_precision(dtype, precision):
     # (HIGHEST) on request; bf16 dots are native.
     inputs = _qkv(81, *RAGGED, dtype=dtype)
     nf = _normal_form(inputs, is_causal=True, max_distance=0)
-
-    def loss(q):
-        out, _ = fa.flash_attention(
-            nf.replace(query=q), block_q=16, block_k=16, backend="gpu", precision=precision
-        )
-        return jnp.sum(out.astype(jnp.float32))
-
-    dots = _kernel_dot_precisions(jax.make_jaxpr(jax.grad(loss))(nf.query))
+    dots = _kernel_dot_precisions(_grad_jaxpr(nf, precision=precision))
     kernel_dots = [p for d, p in dots if d == jnp.dtype(dtype).name]
     assert all(d == jnp.dtype(dtype).name for d, _ in dots), dots
     high = (jax.lax.Precision.HIGH, jax.lax.Precision.HIGH)
     highest = (jax.lax.Precision.HIGHEST, jax.lax.Precision.HIGHEST)
+    x3 = jax.lax.DotAlgorithmPreset.TF32_TF32_F32_X3
     if dtype == jnp.float32 and precision != "ieee":
-        x3 = jax.lax.DotAlgorithmPreset.TF32_TF32_F32_X3
         assert kernel_dots.count(high) >= 15, kernel_dots  # 3 passes of: forward 2, dk/dv 3
         assert kernel_dots.count(x3) >= 2, kernel_dots  # dq 2, one dot each
         assert all(p in (high, x3) for p in kernel_dots), kernel_dots
@@ -442,13 +438,11 @@ def test_kernel_dots_have_explicit_precision(dtype, precision):
     else:
         assert len(kernel_dots) >= 5  # forward 2, dq 2, dk/dv 3
         assert all(p is None or p == (None, None) for p in kernel_dots), kernel_dots
-    assert ft.dot_precision(jnp.float32) == jax.lax.Precision.HIGHEST
-    assert ft.dot_precision(jnp.float32, "tf32x3") == jax.lax.Precision.HIGH
-    assert ft.dot_precision(jnp.bfloat16, "tf32x3") is None
-    assert (
-        ft.dot_precision(jnp.float32, ft.TRITON_X3) == jax.lax.DotAlgorithmPreset.TF32_TF32_F32_X3
-    )
-    assert ft.dot_precision(jnp.bfloat16, ft.TRITON_X3) is None
+    assert tile_dot.dot_precision(jnp.float32) == jax.lax.Precision.HIGHEST
+    assert tile_dot.dot_precision(jnp.float32, "tf32x3") == jax.lax.Precision.HIGH
+    assert tile_dot.dot_precision(jnp.bfloat16, "tf32x3") is None
+    assert tile_dot.dot_precision(jnp.float32, tile_dot.TRITON_X3) == x3
+    assert tile_dot.dot_precision(jnp.bfloat16, tile_dot.TRITON_X3) is None
 
 
 def test_the_fused_kernels_dq_half_leaves_tf32x3_to_triton():
@@ -456,14 +450,7 @@ def test_the_fused_kernels_dq_half_leaves_tf32x3_to_triton():
     # dq half uses Triton's TF32x3 (ptxas then compiles every float32
     # head-dim-128 fused variant spill-free, docs/gpu.md).
     nf = _normal_form(_qkv(82, *RAGGED), is_causal=True, max_distance=0)
-
-    def loss(q):
-        out, _ = fa.flash_attention(
-            nf.replace(query=q), block_q=16, block_k=16, backend="gpu", backward="fused"
-        )
-        return jnp.sum(out)
-
-    dots = [p for _, p in _kernel_dot_precisions(jax.make_jaxpr(jax.grad(loss))(nf.query))]
+    dots = [p for _, p in _kernel_dot_precisions(_grad_jaxpr(nf, backward="fused"))]
     high = (jax.lax.Precision.HIGH, jax.lax.Precision.HIGH)
     x3 = jax.lax.DotAlgorithmPreset.TF32_TF32_F32_X3
     assert dots.count(x3) >= 2 and dots.count(high) >= 15, dots
@@ -480,14 +467,14 @@ def test_precision_is_checked():
     assert pre.fwd_cfg.precision == pre.bwd_cfg.precision == "tf32x3"
     # Triton's own TF32x3 only where asked for "tf32x3" and compiled for a GPU;
     # not a precision a caller can name.
-    assert with_triton_x3(pre.bwd_cfg).precision == ft.TRITON_X3
+    assert with_triton_x3(pre.bwd_cfg).precision == tile_dot.TRITON_X3
     pre = fa.prepare(nf, block_q=None, block_k=None, backend="gpu", precision="ieee")
     assert pre.fwd_cfg.precision == pre.bwd_cfg.precision == "ieee"
     assert with_triton_x3(pre.bwd_cfg).precision == "ieee"
     pre = fa.prepare(nf, block_q=None, block_k=None, backend="interpret")
     assert with_triton_x3(pre.bwd_cfg).precision == "tf32x3"
     with pytest.raises(ValueError, match="precision must be one of"):
-        fa.flash_attention(nf, precision=ft.TRITON_X3)
+        fa.flash_attention(nf, precision=tile_dot.TRITON_X3)
 
 
 def test_warps_by_tile_rows():
@@ -511,38 +498,21 @@ def test_warps_by_tile_rows():
 )
 def test_cached_block_maps_equal_per_call_maps(causal, window, dist, t, s, bq, bk):
     pt, ps = -(-t // bq) * bq, -(-s // bk) * bk
-    static = blockmap.static_tiling(
-        batch=2,
-        causal=causal,
-        window=window,
-        max_distance=dist,
-        seq_q=t,
-        seq_k=s,
-        block_q=bq,
-        block_k=bk,
-        padded_q=pt,
-        padded_k=ps,
-    )
+    rules = dict(causal=causal, window=window, max_distance=dist)
+    shapes = dict(seq_q=t, seq_k=s, block_q=bq, block_k=bk, padded_q=pt, padded_k=ps)
+    static = blockmap.static_tiling(batch=2, **rules, **shapes)
     pos = lambda n: jnp.broadcast_to(jnp.arange(n, dtype=jnp.int32), (2, n))  # noqa: E731
-    meta = dict(
-        vis=jattn.Visibility(
-            is_causal=causal, local_window_size=window, q_positions=pos(t), kv_positions=pos(s)
-        ),
-        mask=None,
-        max_distance=dist,
-        seq_k=s,
-        batch=2,
+    vis = jattn.Visibility(
+        is_causal=causal, local_window_size=window, q_positions=pos(t), kv_positions=pos(s)
     )
+    meta = dict(vis=vis, mask=None, max_distance=dist, seq_k=s, batch=2)
     dynamic = blockmap.tiling(meta, bq, bk, pt, ps)
     for a, b in zip(static, dynamic, strict=True):
         np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
     assert len(np.unique(np.asarray(static.classes))) >= 2  # not a trivial map
     # Cached: a second call builds nothing new.
     before = blockmap.static_maps.cache_info().hits
-    blockmap.static_tiling(
-        batch=3, causal=causal, window=window, max_distance=dist, seq_q=t, seq_k=s,
-        block_q=bq, block_k=bk, padded_q=pt, padded_k=ps,
-    )  # fmt: skip
+    blockmap.static_tiling(batch=3, **rules, **shapes)
     assert blockmap.static_maps.cache_info().hits == before + 1
 
 

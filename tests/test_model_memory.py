@@ -10,7 +10,7 @@ would add 8 times that). The model is tiny (d_model 16, 2 heads), so what
 grows linearly (6.3 MiB for `none` here, about 800 floats a token) stays
 well below a `[T, S]` row's 4096 floats a token; both lengths are above the
 512-row tiles, so the tiles themselves are a constant. The measure is `model_temp_bytes` of
-benchmarks/model_memory.py (what `jattn bench model_memory` prints),
+benchmarks/memory.py (what its `--schemes` mode prints),
 compiled and never run.
 
 Every built-in scheme that acts inside attention (`Scheme.relative`) is
@@ -40,9 +40,7 @@ MIB = 2**20
 
 
 def _bench():
-    spec = importlib.util.spec_from_file_location(
-        "bench_model_memory", ROOT / "benchmarks" / "model_memory.py"
-    )
+    spec = importlib.util.spec_from_file_location("bench_memory", ROOT / "benchmarks" / "memory.py")
     mod = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(mod)
     return mod

@@ -531,14 +531,13 @@ def test_block_size_validation():
 
 @pytest.mark.slow  # child processes import jax and compile the kernels (~45 s)
 def test_bench_gpu_cpu_smoke(tmp_path):
-    # The staged GPU script end to end on the CPU, through the attention
-    # benchmark's --gpu mode: probe, then the smoke stage's cells, each in a
-    # child process, rows written as they finish, status 0. (No wall-time
-    # assertion: speed is the benchmarks' to report; the timeout only stops
-    # a hang.)
+    # The staged GPU script end to end on the CPU: probe, then the smoke stage's
+    # cells, each in a child process, rows written as they finish, status 0. (No
+    # wall-time assertion: speed is the benchmarks' to report; the timeout only
+    # stops a hang.)
     out = tmp_path / "bench.csv"
     env = dict(os.environ, JAX_PLATFORMS="cpu")
-    cmd = [sys.executable, os.path.join(ROOT, "benchmarks", "attention.py"), "--gpu"]
+    cmd = [sys.executable, os.path.join(ROOT, "benchmarks", "gpu.py")]
     cmd += ["--stage", "smoke", "--cpu-smoke", "--out", str(out)]
     proc = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=300, cwd=ROOT)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]

@@ -33,7 +33,7 @@ from flash_harness import F32_TOL, _qkv, cuda_target
 from test_pallas_score_mod import _compare, _cot, _reference
 
 import jattn
-from jattn.attention.pallas import distance_tiles
+from jattn.attention.pallas import distance_tiles, preparation, score_mod_tiles
 from jattn.attention.pallas import flash_attention as fa
 
 N_HEADS = registry_mods.SMALL["num_heads"]
@@ -177,7 +177,7 @@ def test_mod_whose_fn_does_not_lower_runs_from_tiles():
     mod = dataclasses.replace(LEARNED, fn=_gather_fn)
     inputs = _qkv(13, 1, 64, 64, N_HEADS, 2, 16)
     cot = _cot(inputs)
-    with pytest.raises(fa.score_mod_tiles.ScoreModLoweringError):
+    with pytest.raises(score_mod_tiles.ScoreModLoweringError):
         _run(inputs, _per_logit(mod), cot, is_causal=True, bq=16, bk=32)
     got = _run(inputs, mod, cot, is_causal=True, bq=16, bk=32)
     _compare(got, _reference(inputs, LEARNED, cot, is_causal=True))
@@ -293,7 +293,7 @@ def test_tiles_compose_with_bias_segments_window_dropout(backend, bk):
 def test_forward_and_backward_tilings_differ(monkeypatch):
     """On the GPU the default forward and backward tiles differ (two tile
     sets, the gradient all on the backward's): emulated in interpret mode."""
-    monkeypatch.setattr(fa, "default_blocks", lambda *a, **k: ((64, 32), (16, 32)))
+    monkeypatch.setattr(preparation, "default_blocks", lambda *a, **k: ((64, 32), (16, 32)))
     inputs = _qkv(18, 2, 64, 96, N_HEADS, 2, 16)
     cot = _cot(inputs)
 

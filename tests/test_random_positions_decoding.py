@@ -210,9 +210,10 @@ def test_cached_greedy_equals_full_recomputation_at_the_drawn_positions(position
     # Greedy's token at t is the argmax of the recomputed logits at t, up to EOS.
     keep = before_eos(greedy)
     np.testing.assert_array_equal(np.where(keep, full.argmax(-1), 0), greedy)
-    # The drawn positions matter (but for NoPE, whose causal order they keep):
-    # plain positions give other logits.
-    if SCHEMES[position].absolute or SCHEMES[position].relative:
+    # The drawn positions matter (but for NoPE, whose causal order they keep,
+    # and schemes of the tokens alone): plain positions give other logits.
+    scheme = SCHEMES[position]
+    if (scheme.absolute or scheme.relative) and not scheme.data_dependent:
         plain = plain_positions(cfg, np.asarray(inputs))
         other = full_logits64(cfg, params, np.asarray(inputs), greedy, plain)
         assert np.abs(other - full).max() > 1e-3

@@ -166,10 +166,13 @@ def test_memory_is_linear_in_length(grad):
 
 
 def test_bench_reverse_scan_script_runs(capsys):
-    """`jattn bench reverse_scan` times both forms beside softmax (tiny length)."""
-    import jattn.cli
+    """`benchmarks/attention.py --reverse-scan` times both forms beside softmax (tiny length)."""
+    import pathlib
+    import runpy
 
-    assert jattn.cli.main(["bench", "reverse_scan", "--length", "64", "--repeats", "1"]) == 0
+    path = pathlib.Path(__file__).resolve().parent.parent / "benchmarks" / "attention.py"
+    main = runpy.run_path(str(path))["main"]
+    assert main(["--reverse-scan", "--lengths", "64", "--block", "32", "--repeats", "1"]) == 0
     table = capsys.readouterr().out
     for cell in ("softmax chunked", "stick-breaking", "cope", "stick-breaking xla", "cope xla"):
         assert f"| {cell} |" in table

@@ -19,7 +19,12 @@ experiments/ (the second also over tests/):
   flax for `nnx` only when a flax module records the weights).
 
 The last tests feed the checker small made-up packages, so each rule is seen
-to fail on what it forbids.
+to fail on what it forbids. The guards further down follow the same pattern:
+models picked by architecture, scheme options in their schemes, one einsum
+legend, the README's shape, every module opening on what it holds, import
+aliases that read as their modules, files over 500 lines split or saying why;
+and two that run one training step: the modules from the command to the loss,
+and the run's config read once, at the top, by the config modules alone.
 """
 
 from __future__ import annotations
@@ -368,11 +373,69 @@ def test_a_step_from_the_command_to_the_loss_opens_at_most_6_modules(tmp_path, m
     assert len(stacks[0]) <= 6, stacks[0]
 
 
+# The modules that may read a run's `ml_collections.ConfigDict`: where it is checked
+# (`checks`) and read, once, into the pieces the run's parts take (`config.read_parts`,
+# `parts`). Issue 51: followed from `train_and_evaluate` it was handed to 12 modules
+# (39 stops, 27 of them returns to a module it had left) and read in 11 (31 stops).
+CONFIG_READERS = {"jattn.train.config", "jattn.train.checks", "jattn.train.parts"}
+
+
+def test_the_run_config_is_read_once_at_the_top(tmp_path):
+    """Followed from `train_and_evaluate` (one step of configs/smoke.py that evaluates,
+    decodes and saves), the ConfigDict is read only by `CONFIG_READERS`, in one pass
+    (no return to a module it had left), and handed to no other function but
+    `train_and_evaluate` itself; every other module takes the piece it reads
+    (`jattn.train.parts`). The tracer is tests/config_reads.py."""
+    from config_reads import smoke_config, traced_calls, traced_reads  # noqa: PLC0415
+
+    from jattn.train import train_and_evaluate  # noqa: PLC0415
+    from jattn.train.resume_keys import allowed_changes  # noqa: PLC0415
+
+    config = smoke_config()
+    with traced_reads(config) as reads, traced_calls(config) as calls:
+        final = train_and_evaluate(config, str(tmp_path))
+    assert final["step"] == 1 and "eval/validation/exact_match" in final
+    assert set(reads.readers) <= CONFIG_READERS, reads.summary() + f": {reads.readers}"
+    assert reads.returns == 0 and "jattn.train.config" in reads.readers, reads.stops
+    assert set(calls.readers) <= CONFIG_READERS | {"jattn.train.run"}, calls.readers
+    assert calls.stops.count("jattn.train.run") == 1, calls.stops  # train_and_evaluate
+    # The tracer sees a read anywhere else in jattn, and the function it is handed to.
+    with traced_reads(config) as reads, traced_calls(config) as calls:
+        allowed_changes(config)
+    assert reads.readers == calls.readers == ["jattn.train.resume_keys"]
+
+
 def test_train_has_at_most_20_files():
     """One run, one process: `jattn/train/` stays a package one reads in an afternoon
     (issue 34)."""
     files = sorted(p.name for p in (REPO / "jattn" / "train").glob("*.py"))
     assert len(files) <= 20, files
+
+
+# -- the lab outside the library: the benchmarks share one harness ---------------------
+
+BENCHMARK_LINES = 3000
+
+
+def benchmark_lines(root: pathlib.Path = REPO) -> int:
+    """Lines of `benchmarks/**/*.py`, as `find benchmarks -name '*.py' | xargs wc -l` counts."""
+    return sum(p.read_bytes().count(b"\n") for p in (root / "benchmarks").rglob("*.py"))
+
+
+def test_benchmarks_stay_within_3000_lines():
+    """Issue 51: the benchmarks share one harness (benchmarks/_harness.py: the flags, a
+    timer, a child process with a timeout, tables) instead of writing it in each script
+    (4,840 lines then, half of them harness), so they stay a lab one reads."""
+    n = benchmark_lines()
+    assert n <= BENCHMARK_LINES, f"benchmarks/ has {n} lines, over {BENCHMARK_LINES}"
+
+
+def test_the_benchmark_count_is_wc_l_and_sees_an_overrun(tmp_path):
+    (tmp_path / "benchmarks" / "sub").mkdir(parents=True)
+    (tmp_path / "benchmarks" / "a.py").write_text("x = 1\n" * 3000)
+    (tmp_path / "benchmarks" / "sub" / "b.py").write_text("y = 2\n")
+    (tmp_path / "benchmarks" / "notes.md").write_text("not counted\n" * 50)
+    assert benchmark_lines(tmp_path) == 3001 > BENCHMARK_LINES
 
 
 def test_one_run_is_one_seed_no_seed_programs():
@@ -732,6 +795,230 @@ def test_no_file_cites_a_design_document_the_repository_lacks():
                 if re.search(r"(?<![/\w])DESIGN\.md", line):
                     cited.append(f"{path.relative_to(REPO)}:{n}")
     assert not cited, "cites the shared design file, not docs/design.md:\n" + "\n".join(cited)
+
+
+# -- every module says what it holds, in names that read as what they are ----------------
+
+# First words that make a module docstring's first sentence an instruction, not a
+# statement of what the module holds ("Count the representation you are ...").
+IMPERATIVES = {
+    "aggregate", "build", "call", "check", "compute", "count", "do", "make", "note",
+    "read", "rebuild", "run", "see", "todo", "use", "write",
+}  # fmt: skip
+# A version note or a measurement: "jaxlib 0.10.2", "0.63 / 0.56", "17.8 MB", "1.5x".
+VERSION_OR_MEASURE = re.compile(
+    r"\bjax(lib)?\s+\d|\b\d+\.\d+\.\d+|\b\d+(\.\d+)?\s*(ms|µs|MB|MiB|GB|GiB|KB|x)\b|\d\s*%"
+)
+
+
+def first_sentence(docstring: str) -> str:
+    """The docstring's first sentence: its first paragraph up to the first full stop
+    that ends a sentence (not "e.g." or "et al."), or the whole paragraph."""
+    paragraph = " ".join(docstring.strip().split("\n\n")[0].split())
+    match = re.search(r"(?<!e\.g)(?<!i\.e)(?<!et al)[.?!](\s|$)", paragraph)
+    return paragraph[: match.end()].strip() if match else paragraph
+
+
+def docstring_problems(modules) -> list[str]:
+    """``module: why`` for every jattn module whose docstring does not open on a
+    sentence about what it holds: none at all, a question, an instruction (its
+    first word in `IMPERATIVES`), or a version note or a measurement."""
+    out = []
+    for name, (_, tree) in sorted(modules.items()):
+        if name.split(".")[0] != "jattn":
+            continue
+        doc = ast.get_docstring(tree)
+        if not doc or not doc.strip():
+            out.append(f"{name}: no module docstring")
+            continue
+        sentence = first_sentence(doc)
+        word = re.sub(r"[^a-z']", "", sentence.split()[0].lower())
+        if sentence.endswith("?"):
+            out.append(f"{name}: opens on a question: {sentence!r}")
+        elif word in IMPERATIVES:
+            out.append(f"{name}: opens on an instruction: {sentence!r}")
+        elif VERSION_OR_MEASURE.search(sentence):
+            out.append(f"{name}: opens on a version or a measurement: {sentence!r}")
+    return out
+
+
+def test_every_module_opens_on_what_it_holds(repo):
+    """House style (docs/design.md): every module's first docstring line says what
+    it holds, so a reader skimming the tree's first lines gets a true table of
+    contents (issue 51: memory.py opened on jaxlib-version measurements)."""
+    modules, _ = repo
+    problems = docstring_problems(modules)
+    assert not problems, "\n".join(problems)
+
+
+def test_the_docstring_check_finds_what_is_not_a_statement_of_contents(tmp_path):
+    modules, _ = _package(
+        tmp_path,
+        {
+            "jattn/__init__.py": '"""jattn: attention, e.g. flash attention. More."""\n',
+            "jattn/a.py": '"""Count the bytes you are materialising."""\n',
+            "jattn/b.py": '"""Did each group fit?\n\nMore."""\n',
+            "jattn/c.py": '"""Measured on jaxlib 0.10.2: it holds 1.06 of the count."""\n',
+            "jattn/d.py": "x = 1\n",
+            "jattn/e.py": '"""The shape legend: one letter per dimension, in every\neinsum."""\n',
+            "jattn/f.py": '"""Speed: 17.8 MB held at T = 512."""\n',
+        },
+    )
+    assert first_sentence('"e.g. this" and et al. that. Then more.') == (
+        '"e.g. this" and et al. that.'
+    )
+    assert [p.split(":")[0] for p in docstring_problems(modules)] == [
+        "jattn.a", "jattn.b", "jattn.c", "jattn.d", "jattn.f",
+    ]  # fmt: skip
+
+
+# Short forms an import may take, each the field's or the project's usual name for
+# the module (numpy as np) or a name qualified by what it is (`data_ckpt`: the data
+# iterator's checkpointing). Any other alias must be the imported name itself, a
+# tail of its words (`mosaic_distance_grad as distance_grad`) or the name qualified
+# by a word before or after it (`mesh as mesh_lib`, `TASKS as CHOMSKY_TASKS`).
+SHORT_FORMS = {
+    "numpy": "np",
+    "jax.numpy": "jnp",
+    "flax.linen": "nn",
+    "jax.sharding.PartitionSpec": "P",
+    "jax.experimental.pallas": "pl",
+    "jax.experimental.pallas.tpu": "pltpu",
+    "jax.experimental.pallas.triton": "pltriton",
+    "jax.extend.core": "jex_core",
+    "orbax.checkpoint": "ocp",
+    "orbax.checkpoint.checkpoint_managers": "cm",
+    "tensorflow_datasets": "tfds",
+    "sentencepiece": "spm",
+    "matplotlib.pyplot": "plt",
+    "jattn.train.checkpoints": "ckpt",
+    "jattn.data.checkpoint": "data_ckpt",
+    "jattn.positions": "pos_lib",
+}
+
+
+def alias_reads_as_its_module(full: str, alias: str) -> bool:
+    """Whether `import full as alias` (or ``from a import b as alias``, `full` =
+    "a.b") binds a name that reads as what it imports."""
+    name = full.split(".")[-1]
+    if alias == name or SHORT_FORMS.get(full) == alias:
+        return True
+    low, low_name = alias.lower(), name.lower()
+    return (
+        low_name.endswith("_" + low)
+        or low.startswith(low_name + "_")
+        or low.endswith("_" + low_name)
+    )
+
+
+def misleading_aliases(modules) -> list[str]:
+    """``module:line import ... as alias`` for every alias in jattn that does not
+    read as what it imports (`alias_reads_as_its_module`)."""
+    out = []
+    for source, (path, tree) in sorted(modules.items()):
+        if source.split(".")[0] != "jattn":
+            continue
+        for node, _ in _walk(tree):
+            if isinstance(node, ast.Import):
+                pairs = [(a.name, a.asname) for a in node.names]
+            elif isinstance(node, ast.ImportFrom):
+                base = _absolute(source, path.name == "__init__.py", node)
+                pairs = [(f"{base}.{a.name}", a.asname) for a in node.names]
+            else:
+                continue
+            out += [
+                f"{source}:{node.lineno} {full} as {alias}"
+                for full, alias in pairs
+                if alias and not alias_reads_as_its_module(full, alias)
+            ]
+    return out
+
+
+def test_import_aliases_read_as_their_modules(repo):
+    """An alias names what it imports (issue 51: `workdir as files`, `distance_tiles as
+    dt` and `tile_math as ft` read as other things)."""
+    modules, _ = repo
+    found = misleading_aliases(modules)
+    assert not found, "aliases that read as something else:\n" + "\n".join(found)
+
+
+def test_the_alias_check_finds_an_alias_that_reads_as_something_else(tmp_path):
+    modules, _ = _package(
+        tmp_path,
+        {
+            "jattn/__init__.py": "",
+            "jattn/train/__init__.py": "",
+            "jattn/train/run.py": (
+                "import numpy as np\n"
+                "from jattn.train import workdir as files\n"
+                "from jattn.train import mesh as mesh_lib\n"
+                "def f():\n"
+                "    from jattn.attention.pallas import tile_math as ft\n"
+                "    from jattn.attention.pallas import triton_distance_grad as distance_grad\n"
+                "    from jattn.cli.slurm import DEFAULTS as SLURM_DEFAULTS\n"
+            ),
+        },
+    )
+    assert misleading_aliases(modules) == [
+        "jattn.train.run:2 jattn.train.workdir as files",
+        "jattn.train.run:5 jattn.attention.pallas.tile_math as ft",
+    ]
+
+
+# -- a file over 500 lines is split by concern, or says why it is one file ----------------
+
+MAX_LINES = 500
+# Over the bound and not yet split, left for later (issue 51): the models, while the
+# coordinator reworks them. Each must still be over the bound (so a split shows here
+# and the entry goes); none may be added.
+PENDING_SPLIT = {"jattn/models/decoding.py", "jattn/models/layers.py", "jattn/models/schemes.py"}
+# The paragraph of a module docstring that says why the file is long.
+LENGTH_NOTE = re.compile(r"^One file of \d+ lines:", re.MULTILINE)
+
+
+def long_files(root: pathlib.Path) -> dict[str, int]:
+    """``{path: lines}`` of every .py file under `root`/jattn over `MAX_LINES`."""
+    return {
+        path.relative_to(root).as_posix(): n
+        for path in sorted((root / "jattn").rglob("*.py"))
+        if (n := len(path.read_text().splitlines())) > MAX_LINES
+    }
+
+
+def unexplained_long_files(root: pathlib.Path) -> list[str]:
+    """The files of `long_files` whose module docstring has no paragraph starting
+    "One file of N lines:" (why it is not split), `PENDING_SPLIT`'s left out."""
+    out = []
+    for path, n in long_files(root).items():
+        doc = ast.get_docstring(ast.parse((root / path).read_text())) or ""
+        if path not in PENDING_SPLIT and not LENGTH_NOTE.search(doc):
+            out.append(f"{path} ({n} lines)")
+    return out
+
+
+def test_a_file_over_500_lines_is_split_or_says_why():
+    """Issue 51: one concern a file; a file over 500 lines is split by concern or
+    its docstring says why it is one file ("One file of N lines: ...")."""
+    assert not unexplained_long_files(REPO), unexplained_long_files(REPO)
+    still_long = set(long_files(REPO))
+    assert PENDING_SPLIT <= still_long, (
+        f"{sorted(PENDING_SPLIT - still_long)} are at most {MAX_LINES} lines now: "
+        "take them out of PENDING_SPLIT"
+    )
+
+
+def test_the_length_check_finds_a_long_file_that_does_not_say_why(tmp_path):
+    body = "x = 1\n" * MAX_LINES
+    _package(
+        tmp_path,
+        {
+            "jattn/__init__.py": "",
+            "jattn/long.py": '"""Many things."""\n' + body,
+            "jattn/said.py": '"""Many things.\n\nOne file of 503 lines: why."""\n' + body,
+            "jattn/short.py": '"""A few things."""\nx = 1\n',
+        },
+    )
+    assert unexplained_long_files(tmp_path) == ["jattn/long.py (501 lines)"]
 
 
 # -- no function takes more than 12 parameters ------------------------------------------

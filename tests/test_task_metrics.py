@@ -113,8 +113,9 @@ def test_load_eval_sets_carries_the_task_metrics():
 
     cfg = config_lib.default_config()
     cfg.eval_batch_size, cfg.eval_max_len, cfg.eval_max_batches = 2, 8, 1
-    sets = evaluation.load_eval_sets(Task(), make_loader, cfg, ["validation"])
+    part = config_lib.read_parts(cfg).evaluation
+    sets = evaluation.load_eval_sets(Task(), make_loader, part, ["validation"])
     assert sets["validation"].metrics == ("exact_match", "chrf")
     Task.metrics = ("exact_match", "rouge")
     with pytest.raises(config_lib.ConfigError, match="rouge"):
-        evaluation.load_eval_sets(Task(), make_loader, cfg, ["validation"])
+        evaluation.load_eval_sets(Task(), make_loader, part, ["validation"])

@@ -20,6 +20,7 @@ from jax.sharding import PartitionSpec as P
 from jattn.models import Transformer, TransformerConfig
 from jattn.train import ConfigError, check_config, default_config
 from jattn.train import mesh as mesh_lib
+from jattn.train.config import read_parts
 from jattn.train.distributed import cluster_detected
 from jattn.train.optim import make_optimizer
 from jattn.train.steps import TrainState, cross_entropy, make_train_step
@@ -160,7 +161,7 @@ def test_a_model_that_assumes_finite_keys_trains_as_the_guarded_one(position):
     state to float32 rounding. Not bit for bit here: without the guard XLA
     fuses the value projection's gradient otherwise (this model's `v`
     gradients differ in the last bit); for the main job's config they are
-    equal bit for bit (`jattn bench variants`, docs/benchmarks.md)."""
+    equal bit for bit (`python benchmarks/train.py`, docs/benchmarks.md)."""
     guarded = dataclasses.replace(tiny(dropout=0.1), position=position)
     assert not guarded.attention_assume_finite
     state, metrics = run_step(guarded, steps=3)
@@ -183,25 +184,25 @@ def test_schedules():
     c = default_config()
     c.learning_rate, c.warmup_steps, c.num_train_steps = 1.0, 10, 110
     c.schedule = "constant"
-    _, s = make_optimizer(c)
+    _, s = make_optimizer(read_parts(c).optimizer)
     assert [float(s(i)) for i in (0, 4, 9, 50)] == pytest.approx([0.1, 0.5, 1.0, 1.0])
     c.schedule = "cosine"
-    _, s = make_optimizer(c)
+    _, s = make_optimizer(read_parts(c).optimizer)
     assert float(s(9)) == pytest.approx(1.0) and float(s(60)) == pytest.approx(0.5)
     assert float(s(110)) == pytest.approx(0.0, abs=1e-7)
     c.schedule = "linear"
-    _, s = make_optimizer(c)
+    _, s = make_optimizer(read_parts(c).optimizer)
     assert float(s(60)) == pytest.approx(0.5)
     c.schedule = "nope"
     with pytest.raises(ConfigError, match="schedule='nope'"):
-        make_optimizer(c)
+        make_optimizer(read_parts(c).optimizer)
 
 
 def test_gradient_clipping_is_applied():
     c = default_config()
     c.schedule, c.learning_rate, c.warmup_steps, c.optimizer = "constant", 1.0, 0, "sgd"
     c.adam_b1, c.grad_clip_norm = 0.0, 1.0
-    tx, _ = make_optimizer(c)
+    tx, _ = make_optimizer(read_parts(c).optimizer)
     grads = {"w": jnp.array([3.0, 4.0])}
     updates, _ = tx.update(grads, tx.init(grads))
     np.testing.assert_allclose(np.asarray(updates["w"]), [-0.6, -0.8], rtol=1e-6)
@@ -292,7 +293,7 @@ def test_retention_keeps_the_last_n_and_the_best(tmp_path, mode, best):
 
     c = default_config()
     c.keep_checkpoints, c.best_metric, c.best_mode = 2, "eval/validation/exact_match", mode
-    mngr = ckpt.make_manager(str(tmp_path), c)
+    mngr = ckpt.make_manager(str(tmp_path), read_parts(c).checkpoints)
     scores = {1: 0.2, 2: 0.9, 3: 0.1, 4: None, 5: 0.5, 6: None}
     for step, score in scores.items():
         metrics = None if score is None else {"eval/validation/exact_match": score}
@@ -381,7 +382,7 @@ def test_optax_schedules_equal_the_hand_written_ones(name, lr, warmup, total):
     learning_rate (one float32 ulp of the peak; not bit-identical)."""
     c = default_config()
     c.schedule, c.learning_rate, c.warmup_steps, c.num_train_steps = name, lr, warmup, total
-    _, new = make_optimizer(c)
+    _, new = make_optimizer(read_parts(c).optimizer)
     counts = jnp.arange(total + 5, dtype=jnp.int32)
     got = np.asarray(jax.vmap(new)(counts))
     want = np.asarray(jax.vmap(lambda i: _old_schedule(c, i))(counts))

@@ -182,6 +182,29 @@ def test_pair_signs_use_the_counts_where_no_seed_varies_and_adjust_by_holm():
     assert set(verdicts.pair_signs(close)) == set(itertools.combinations(close, 2))
 
 
+def test_the_compared_metric_is_the_anchors_own():
+    """Teacher-forced sequence accuracy for the anchor whose code scores it (Ontañón
+    et al.), decoded exact match for those that decode, and exact match marked as
+    differing in kind against a per-token accuracy; from the records' own words."""
+    import anchor_data
+
+    chosen = {
+        key: verdicts.compared_metric(r.setup["metric"].value)
+        for key, r in anchor_data.RECORDS.items()
+    }
+    assert chosen == {
+        "ontanon2022": ("eval/test_longer/tf_sequence_accuracy", True),
+        "kazemnejad2023": ("eval/test_longer/exact_match", True),
+        "csordas2021": ("eval/test_longer/exact_match", True),
+        "ruoss2023": ("eval/test_longer/exact_match", False),
+        "deletang2023": ("eval/test_longer/exact_match", False),
+    }
+    assert verdicts.compared_metric("Teacher-forced sequence accuracy", "validation") == (
+        "eval/validation/tf_sequence_accuracy",
+        True,
+    )
+
+
 def test_the_vocabulary_is_fixed():
     with pytest.raises(ValueError, match="not one of"):
         verdicts.Verdict("reproduced in direction")

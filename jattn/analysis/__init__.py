@@ -5,7 +5,8 @@
 
 `grid` expands an experiment config into runs, `runner` trains them (or
 prints them for a cluster), `report` writes tables and plots (`refresh`
-rebuilds a kept report from its results.csv), `verdicts` holds a grid
+rebuilds a kept report from its results.csv; `reevaluation` evaluates
+finished runs again from their checkpoints), `verdicts` holds a grid
 against a paper by the rule of docs/results.md, `probe` intervenes on a
 trained model (import these as `jattn.analysis.<module>`).
 """

@@ -11,6 +11,14 @@ reader comparing with them needs those too:
   `seeds_table` puts the maximum over the grid's seeds beside the mean and
   its 95% Student t interval (the maximum of 3 seeds is an optimistic,
   noisy statistic, which is why the mean stays beside it);
+- teacher-forced sequence accuracy (``eval/<split>/tf_sequence_accuracy``,
+  the score of Ontañón et al. 2022's code): beside exact match in the
+  seeds table, and per length bucket from each decoded example's
+  ``tf_correct`` / ``tf_tokens`` (right where they are equal). For greedy
+  decoding it is the same event as exact match: a decoded output is
+  right exactly when every step's argmax, fed the right prefix, is the
+  right token. The buckets count the examples where the two disagree,
+  which only the decoder's cached arithmetic (or a decoding limit) can make;
 - teacher-forced token accuracy beyond the training lengths (the score of
   Delétang et al. and Ruoss et al.): ``eval/<split>/beyond_train/accuracy``,
   computed by `jattn.train.evaluation` over the examples whose targets are
@@ -45,7 +53,7 @@ import os
 from typing import Any
 
 from jattn.analysis import stats
-from jattn.analysis.runs import exact_match_split, unproducible_share
+from jattn.analysis.runs import TF_SEQUENCE, exact_match_split, unproducible_share
 
 __all__ = [
     "BEYOND_TRAIN",
@@ -71,18 +79,21 @@ def _number(v: Any) -> bool:
 
 
 def _split_of(metric: str) -> str | None:
-    """The eval split of an exact-match or beyond-training accuracy metric."""
+    """The eval split of an exact-match, teacher-forced sequence or beyond-training
+    accuracy metric."""
     split = exact_match_split(metric)
     if split:
         return split
     prefix, _, rest = metric.partition("/")
     split, _, name = rest.partition("/")
-    return split if prefix == "eval" and name in (BEYOND_TRAIN, BEYOND_TRAIN_BY_LENGTH) else None
+    known = (TF_SEQUENCE, BEYOND_TRAIN, BEYOND_TRAIN_BY_LENGTH)
+    return split if prefix == "eval" and name in known else None
 
 
 def anchor_metrics(rows) -> list[str]:
-    """The exact-match and beyond-training accuracy metrics the finished runs have,
-    per eval split in order of appearance (exact match first)."""
+    """The exact-match, teacher-forced sequence and beyond-training accuracy metrics
+    the finished runs have, per eval split in order of appearance (exact match
+    first, teacher-forced sequence accuracy beside it)."""
     found: dict[str, list[str]] = collections.OrderedDict()
     for r in rows:
         for key, value in (r["final"] or {}).items():
@@ -90,8 +101,11 @@ def anchor_metrics(rows) -> list[str]:
             if split and _number(value) and key not in found.setdefault(split, []):
                 found[split].append(key)
 
-    def order(metric: str) -> int:  # exact match, pooled accuracy, then by length
-        return 2 if BEYOND_TRAIN_BY_LENGTH in metric else int(BEYOND_TRAIN in metric)
+    def order(metric: str) -> int:  # exact match, sequences, pooled accuracy, by length
+        for rank, name in enumerate((TF_SEQUENCE, BEYOND_TRAIN, BEYOND_TRAIN_BY_LENGTH), 1):
+            if metric.endswith("/" + name):
+                return rank
+        return 0
 
     return [m for ms in found.values() for m in sorted(ms, key=order)]
 
@@ -171,8 +185,10 @@ def length_buckets(rows, width: int = DEFAULT_WIDTH):
     final step's decoded examples, pooled over seeds and producible eval splits.
 
     Returns:
-      (group -> bucket -> {"k", "n", "tf": {run name: [hits, tokens]}}, the
-      longest training length or None).
+      (group -> bucket -> {"k", "n", "tf": {run name: [hits, tokens]}, "seq":
+      [teacher-forced right, examples with teacher-forced counts], "differ":
+      examples where that and exact match disagree}, the longest training
+      length or None).
     """
     edge = train_length(rows)
     table: dict[str, dict[tuple[int, int], dict[str, Any]]] = collections.OrderedDict()
@@ -189,7 +205,8 @@ def length_buckets(rows, width: int = DEFAULT_WIDTH):
                 if e.get("step") != r["final"].get("step") or "target_tokens" not in e:
                     continue  # another step's, or written before lengths were recorded
                 cell = g.setdefault(
-                    bucket_of(int(e["target_tokens"]), width, edge), {"k": 0, "n": 0, "tf": {}}
+                    bucket_of(int(e["target_tokens"]), width, edge),
+                    {"k": 0, "n": 0, "tf": {}, "seq": [0, 0], "differ": 0},
                 )
                 cell["k"] += bool(e["correct"])
                 cell["n"] += 1
@@ -197,6 +214,10 @@ def length_buckets(rows, width: int = DEFAULT_WIDTH):
                     tf = cell["tf"].setdefault(r["run"].name, [0, 0])
                     tf[0] += int(e["tf_correct"])
                     tf[1] += int(e["tf_tokens"])
+                    right = int(e["tf_correct"]) == int(e["tf_tokens"])
+                    cell["seq"][0] += right
+                    cell["seq"][1] += 1
+                    cell["differ"] += right != bool(e["correct"])
     return table, edge
 
 
@@ -225,6 +246,7 @@ def bucket_tables(rows, width: int = DEFAULT_WIDTH) -> list[str]:
     sep = "|---|" + "---:|" * len(buckets)
     exact = [head, sep]
     forced = [head, sep]
+    sequences = [head, sep]
     for group, cells in table.items():
         exact.append(
             f"| {group} | "
@@ -236,6 +258,14 @@ def bucket_tables(rows, width: int = DEFAULT_WIDTH) -> list[str]:
         forced.append(
             f"| {group} | "
             + " | ".join(_tf_cell(cells[b]["tf"]) if b in cells else "-" for b in buckets)
+            + " |"
+        )
+        sequences.append(
+            f"| {group} | "
+            + " | ".join(
+                _wilson_cell(*cells[b]["seq"]) if b in cells and cells[b]["seq"][1] else "-"
+                for b in buckets
+            )
             + " |"
         )
     beyond = (
@@ -251,7 +281,16 @@ def bucket_tables(rows, width: int = DEFAULT_WIDTH) -> list[str]:
         "",
     ]
     if any(cell["tf"] for g in table.values() for cell in g.values()):
+        cells = [cell for g in table.values() for cell in g.values()]
+        differ, counted = sum(c["differ"] for c in cells), sum(c["seq"][1] for c in cells)
         out += [
+            "Teacher-forced sequence accuracy (Ontañón et al.'s score: every target token, "
+            "EOS included, the argmax under the gold prefix) by the same buckets, the same "
+            "examples: k/N with its 95% Wilson interval. It disagrees with decoded exact "
+            f"match on {differ:,} of these {counted:,} examples.",
+            "",
+            *sequences,
+            "",
             "Teacher-forced token accuracy (EOS included) by the same buckets: mean over "
             "seeds [95% t interval] of each seed's accuracy in the bucket.",
             "",
@@ -320,7 +359,8 @@ def section(rows, width: int = DEFAULT_WIDTH) -> list[str]:
         out += [
             f"Best of seeds (of up to {n}; how many seeds the anchors ran and which they report "
             "was not read here, see docs/results/anchors.json) beside the mean [95% t "
-            f"interval]; `{BEYOND_TRAIN}` is teacher-forced "
+            f"interval]; `{TF_SEQUENCE}` (where the runs have it) is teacher-forced sequence "
+            f"accuracy (Ontañón et al.'s score); `{BEYOND_TRAIN}` is teacher-forced "
             "token accuracy over the examples longer than every training target, pooled over "
             f"their tokens; `{BEYOND_TRAIN_BY_LENGTH}` (where the runs have it) the same per "
             "target length, averaged over the lengths (how Ruoss et al.'s code scores).",

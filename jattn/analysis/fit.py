@@ -1,4 +1,4 @@
-"""Did each group learn its task inside the training lengths?
+"""Whether each group learnt its task inside the training lengths: the report's fit section.
 
 A length-generalisation grid reads a scheme off the split longer than
 training. That reading holds only for a model that has learnt the task where

@@ -198,9 +198,9 @@ def stopped_status(run, config) -> dict[str, str]:
     """A run that a SIGTERM stopped outside its steps (`Terminated`: as it started,
     or once its last step was saved): "finished" when its final metrics are
     written, else "preempted" (a rerun resumes it)."""
-    from jattn.train import workdir as run_files  # noqa: PLC0415
+    from jattn.train import workdir as workdir_lib  # noqa: PLC0415
 
-    done = run_files.finished_metrics(run.workdir, config.num_train_steps)
+    done = workdir_lib.finished_metrics(run.workdir, config.num_train_steps)
     return {run.name: "finished" if done else "preempted"}
 
 

@@ -1,4 +1,4 @@
-"""Rebuild a committed report's tables from its ``results.csv``, with no workdir.
+"""A committed report's tables rebuilt from its ``results.csv``, with no workdir.
 
 A grid's workdir (checkpoints, decode files) is not kept; its ``results.csv``
 and ``results.md`` are. When the report's rules change (Holm's adjustment,

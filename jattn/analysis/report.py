@@ -1,11 +1,10 @@
-"""Aggregate an ablation into results.csv, results.md and PNG plots.
+"""An ablation's report: its runs aggregated into results.csv, results.md and PNG plots.
 
 Everything is read back from the runs' workdirs (``final_metrics.json``,
-``metrics.jsonl``, ``decodes/<split>.jsonl``, ``data_check.json``), so the
-report can be rebuilt at any time, also for a grid that a cluster ran
-(``jattn ablate --report-only``). Every number is a run's evaluation at its
-final step (``num_train_steps``; `collect` drops any other): no checkpoint is
-selected on any split, so the test splits never choose what is reported.
+``metrics.jsonl``, ``decodes/<split>.jsonl``, ``data_check.json``), so
+``jattn ablate --report-only`` rebuilds it. Every number is a run's
+evaluation at its final step (``num_train_steps``; `collect` drops any
+other): no checkpoint is selected, so no test split chooses what is reported.
 
 - ``results.csv``: one row per run: axes, status, every final metric.
 - ``results.md``:
@@ -26,11 +25,9 @@ selected on any split, so the test splits never choose what is reported.
     beside, the difference its seeds could detect at 80% power, both sides'
     fit per seed, and the machine that wrote the report;
   - whether each group fitted inside the training lengths (`jattn.analysis.fit`:
-    validation exact match at least the experiment's ``fit_threshold``, 0.99,
-    in every seed), naming the groups whose longer-than-training numbers are
-    no verdict on their scheme;
-  - one row per run and eval split: exact match as k of N decoded with its
-    95% Wilson interval (0/N shows its upper bound).
+    validation exact match ≥ ``fit_threshold``, 0.99, in every seed);
+  - one row per run and eval split: exact match as k of N decoded, 95%
+    Wilson interval (0/N shows its upper bound).
 - ``loss_curves.png``: training loss against step, one colour per group
   (thin lines: seeds; thick: their mean), validation loss dashed where the
   runs logged it; titled with the grid's keys.
@@ -40,9 +37,8 @@ selected on any split, so the test splits never choose what is reported.
 - ``exact_match.png``: each group's exact match per eval split, the mean
   over seeds with its 95% t interval.
 - ``results.md`` also has "As the anchors report" (`jattn.analysis.anchors`):
-  the best seed beside the mean, teacher-forced accuracy beyond the training
-  lengths, and exact match by length bucket (the experiment's
-  ``length_bucket``, default 5 lengths).
+  the best seed, teacher-forced accuracy beyond the training lengths, and
+  exact match by ``length_bucket`` (default 5 lengths).
 """
 
 from __future__ import annotations
@@ -54,7 +50,7 @@ import math
 import os
 from typing import Any
 
-from jattn.analysis import anchors, fit, plots, sessions, stats
+from jattn.analysis import anchors, fit, plots, reevaluation, sessions, stats
 from jattn.analysis import comparisons as comparisons_lib
 from jattn.analysis.references import (  # noqa: F401 -- the runner and tests call them here
     check_reference,
@@ -65,6 +61,7 @@ from jattn.analysis.references import (  # noqa: F401 -- the runner and tests ca
 )
 from jattn.analysis.runs import (  # noqa: F401 -- collect & co. stay report's API
     DATA_CHECK,
+    TF_SEQUENCE,
     accuracy_by_length,
     collect,
     exact_match_split,
@@ -108,7 +105,7 @@ def write_csv(rows, path: str, status: dict[str, str] | None) -> None:
 def _range(metric: str) -> tuple[float, float]:
     """Where a metric can lie: intervals are clipped to it."""
     name = metric.rsplit("/", 1)[-1]
-    if name in ("exact_match", "accuracy", "length_match"):
+    if name in ("exact_match", "accuracy", "length_match", TF_SEQUENCE):
         return 0.0, 1.0
     if name in ("chrf", "bleu"):
         return 0.0, 100.0
@@ -322,11 +319,24 @@ def group_table(
     return "\n".join(lines), notes
 
 
+def _kn_cells(kn: tuple[int, int] | None, share: float | None, value: Any) -> list[str]:
+    """A k/N cell and its Wilson interval's (unproducible, or N unknown, said so)."""
+    if share is not None:
+        return [_unproducible(share), "-"]
+    if kn is None:
+        return [f"{value:.3f} (N unknown)" if is_number(value) else "-", "-"]
+    k, n = kn
+    return [f"{k}/{n} ({_pct(k / n)})", fmt_wilson(k, n)]
+
+
 def run_table(rows) -> str:
-    """Per finished run and eval split: exact match as k/N and its Wilson interval."""
+    """Per finished run and eval split: exact match as k/N and its Wilson interval,
+    and where the runs have it the teacher-forced sequence accuracy the same way."""
+    forced = any(r.get("tf_counts") for r in rows if r["final"])
     lines = [
-        "| run | split | exact match k/N | 95% Wilson interval |",
-        "|---|---|---:|---:|",
+        "| run | split | exact match k/N | 95% Wilson interval |"
+        + (" teacher-forced sequence k/N | 95% Wilson interval |" if forced else ""),
+        "|---|---|---:|---:|" + ("---:|---:|" if forced else ""),
     ]
     for r in rows:
         if not r["final"]:
@@ -334,14 +344,11 @@ def run_table(rows) -> str:
         splits = [s for k in r["final"] if (s := exact_match_split(k)) and is_number(r["final"][k])]
         for split in splits:
             share = unproducible_share(r.get("check"), split)
-            kn = r.get("counts", {}).get(split)
-            if share is not None:
-                cells = [_unproducible(share), "-"]
-            elif kn is None:
-                cells = [f"{r['final'][f'eval/{split}/exact_match']:.3f} (N unknown)", "-"]
-            else:
-                k, n = kn
-                cells = [f"{k}/{n} ({_pct(k / n)})", fmt_wilson(k, n)]
+            value = r["final"][f"eval/{split}/exact_match"]
+            cells = _kn_cells(r.get("counts", {}).get(split), share, value)
+            if forced:
+                value = r["final"].get(f"eval/{split}/{TF_SEQUENCE}")
+                cells += _kn_cells(r.get("tf_counts", {}).get(split), share, value)
             lines.append(f"| {r['run'].name} | {split} | " + " | ".join(cells) + " |")
     return "\n".join(lines) if len(lines) > 2 else ""
 
@@ -461,9 +468,12 @@ def write_report(exp, runs, configs, workdir: str, *, status) -> dict[str, Any]:
     if runs_md:
         md += ["## Exact match per run", "", runs_md, "",
                "k of N decoded examples correct; 95% Wilson score interval (an upper bound "
-               "at 0/N, a lower bound at N/N).", ""]  # fmt: skip
+               "at 0/N, a lower bound at N/N). Teacher-forced sequence (where the runs have "
+               "it): k of N evaluated examples whose every target token is the argmax under "
+               "the gold prefix.", ""]  # fmt: skip
     md += anchors.section(rows, width=exp.get("length_bucket", anchors.DEFAULT_WIDTH))
     md += sessions.cost_section(workdir, [c.num_train_steps for c in configs])
+    md += reevaluation.section(workdir)
     figures = {
         "loss_curves.png": plots.plot_loss_curves(
             loss_curves(rows), group_keys(rows), os.path.join(workdir, "loss_curves.png")

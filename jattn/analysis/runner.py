@@ -1,4 +1,4 @@
-"""Run an ablation grid on this machine, or print it for a cluster.
+"""An ablation grid run on this machine, or printed for a cluster.
 
 `run_grid` trains the runs, each seed its own run, one after another in this
 process (or several at once, each in its own pinned process:
@@ -29,14 +29,14 @@ import ml_collections
 from jattn.analysis import grid as grid_lib
 from jattn.analysis import parallel, report, sessions
 from jattn.analysis.parallel import fmt_cpus, fmt_duration
-from jattn.train import workdir as files
+from jattn.train import workdir as workdir_lib
 from jattn.train.workdir import WorkdirLock
 
 STATUS_FILE = "ablation_status.json"
 
 
 def _final(run: grid_lib.Run, num_steps: int) -> dict[str, Any] | None:
-    return files.finished_metrics(run.workdir, num_steps)
+    return workdir_lib.finished_metrics(run.workdir, num_steps)
 
 
 def _train_in_turn(todo, runs, configs, log, done, started, stop) -> bool:
@@ -237,6 +237,7 @@ def main_ablate(
     report_only: bool,
     repo_root: str,
     parallel_jobs: int = 1,
+    reevaluate: bool = False,
 ) -> int:
     """`jattn ablate` (see `jattn.cli.ablate`): runs, emits or reports the grid.
 
@@ -250,6 +251,8 @@ def main_ablate(
       report_only: only rebuild the report from the runs in `workdir`.
       repo_root: where relative base-config paths resolve.
       parallel_jobs: see `run_grid`.
+      reevaluate: evaluate every finished run again from its final checkpoint
+        (`jattn.analysis.reevaluation`), then rebuild the report; nothing trains.
 
     Returns:
       The exit status, 0 (errors are raised as ConfigError).
@@ -263,9 +266,14 @@ def main_ablate(
             emit(exp, workdir, fmt=emit_fmt, repo_root=repo_root, config_spec=config_spec)
         )
         return 0
-    if report_only:
+    if report_only or reevaluate:
         runs = grid_lib.expand(exp, workdir)
         configs = grid_lib.checked_configs(exp, runs, repo_root)
+        if reevaluate:
+            from jattn.analysis import reevaluation  # noqa: PLC0415 -- imports jax
+
+            with WorkdirLock(workdir):  # no `jattn ablate` trains it meanwhile
+                reevaluation.reevaluate_grid(runs, configs, workdir)
         summary = report.write_report(exp, runs, configs, workdir, status=None)
     else:
         summary = run_grid(exp, workdir, repo_root=repo_root, parallel_jobs=parallel_jobs)

@@ -18,9 +18,11 @@ from typing import Any
 import numpy as np
 
 from jattn.analysis import grid as grid_lib
-from jattn.train import workdir as files
+from jattn.train import workdir as workdir_lib
+from jattn.train.evaluation import TF_SEQUENCE
 
 __all__ = [
+    "TF_SEQUENCE",
     "accuracy_by_length",
     "collect",
     "data_check",
@@ -29,10 +31,11 @@ __all__ = [
     "is_number",
     "loss_curves",
     "reported_metrics",
+    "tf_sequence_counts",
     "unproducible_share",
 ]
 
-DATA_CHECK = files.DATA_CHECK
+DATA_CHECK = workdir_lib.DATA_CHECK
 
 
 def is_number(v: Any) -> bool:
@@ -63,9 +66,23 @@ def exact_match_counts(workdir: str, final: dict[str, Any]) -> dict[str, tuple[i
         if is_number(n) and n > 0:
             counts[split] = (round(em * n), int(n))
             continue
-        decoded = files.read_jsonl(files.decodes_path(workdir, split))
+        decoded = workdir_lib.read_jsonl(workdir_lib.decodes_path(workdir, split))
         if decoded and all(e.get("step") == final.get("step") for e in decoded):
             counts[split] = (sum(bool(e["correct"]) for e in decoded), len(decoded))
+    return counts
+
+
+def tf_sequence_counts(final: dict[str, Any]) -> dict[str, tuple[int, int]]:
+    """Per eval split, the final teacher-forced sequence accuracy as (k right, N
+    evaluated), from ``eval/<split>/tf_sequence_accuracy`` and ``.../num_evaluated``."""
+    counts = {}
+    for key, value in final.items():
+        parts = key.split("/")
+        if len(parts) != 3 or parts[0] != "eval" or parts[2] != TF_SEQUENCE:
+            continue
+        n = final.get(f"eval/{parts[1]}/num_evaluated")
+        if is_number(value) and is_number(n) and n > 0:
+            counts[parts[1]] = (round(value * n), int(n))
     return counts
 
 
@@ -73,7 +90,7 @@ def data_check(workdir: str, final: dict[str, Any] | None) -> dict[str, Any] | N
     """The run's data check: its ``data_check.json`` (``{split: {"examples",
     "producible", "longer_than_train"}, "train": {...}}``), else its final
     metrics ``data/<split>/<name>``; None for a run that has neither."""
-    check = files.read_json(os.path.join(workdir, files.DATA_CHECK))
+    check = workdir_lib.read_json(os.path.join(workdir, workdir_lib.DATA_CHECK))
     if check is not None:
         return check
     out: dict[str, Any] = {}
@@ -95,10 +112,11 @@ def unproducible_share(check: dict[str, Any] | None, split: str) -> float | None
 
 def collect(runs: list[grid_lib.Run], configs, exp) -> list[dict[str, Any]]:
     """Per run: run, config, typed axes, final metrics (None unless the run
-    reached ``num_train_steps``), exact-match counts and data check."""
+    reached ``num_train_steps``), exact-match counts, teacher-forced sequence
+    counts (``tf_counts``) and data check."""
     out = []
     for run, config in zip(runs, configs, strict=True):
-        final = files.finished_metrics(run.workdir, config.num_train_steps)
+        final = workdir_lib.finished_metrics(run.workdir, config.num_train_steps)
         out.append(
             dict(
                 run=run,
@@ -106,6 +124,7 @@ def collect(runs: list[grid_lib.Run], configs, exp) -> list[dict[str, Any]]:
                 axes=grid_lib.typed_axes(run, config, exp),
                 final=final,
                 counts=exact_match_counts(run.workdir, final) if final else {},
+                tf_counts=tf_sequence_counts(final) if final else {},
                 check=data_check(run.workdir, final),
             )
         )
@@ -115,7 +134,7 @@ def collect(runs: list[grid_lib.Run], configs, exp) -> list[dict[str, Any]]:
 def _curve(workdir: str, metric: str) -> tuple[np.ndarray, np.ndarray] | None:
     pts = [
         (m["step"], m[metric])
-        for m in files.read_jsonl(os.path.join(workdir, files.METRICS))
+        for m in workdir_lib.read_jsonl(os.path.join(workdir, workdir_lib.METRICS))
         if metric in m and isinstance(m[metric], int | float)
     ]
     if not pts:
@@ -168,13 +187,13 @@ def accuracy_by_length(rows):
             train_longest = int(check["train"]["max_input_tokens"])
         if not r["final"]:
             continue
-        folder = os.path.join(r["run"].workdir, files.DECODES)
+        folder = os.path.join(r["run"].workdir, workdir_lib.DECODES)
         names = os.listdir(folder) if os.path.isdir(folder) else []
         for split in sorted(f.removesuffix(".jsonl") for f in names if f.endswith(".jsonl")):
             if unproducible_share(check, split) is not None:
                 left_out.add(split)
                 continue
-            for e in files.read_jsonl(files.decodes_path(r["run"].workdir, split)):
+            for e in workdir_lib.read_jsonl(workdir_lib.decodes_path(r["run"].workdir, split)):
                 if e.get("step") != r["final"].get("step"):
                     continue
                 n = int(e["input_tokens"])

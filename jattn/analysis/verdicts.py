@@ -21,6 +21,14 @@ The rule (docs/results.md, "How a verdict is reached", says the same):
 6. **partly reproduced**: some pairs agree and none is opposite, but a pair
    of theirs is not seen here or a scheme has a seed that did not fit.
 
+Both sides are compared on the anchor's own metric where this grid has it
+(`compared_metric`, from the metric its record describes): teacher-forced
+sequence accuracy for Ontañón et al. 2022, whose code scores that, decoded
+exact match for an anchor that decodes. A metric the grid lacks (a grid
+evaluated before the teacher-forced score existed) leaves decoded exact
+match, and the setup then differs in metric ("not comparable" once their
+numbers are read).
+
 The verdict uses Welch over seeds with Holm's adjustment; the
 seed-and-example bootstrap of the reports is not used (with three seeds it
 sees less seed spread than there is). Their side is tested the same way on
@@ -35,8 +43,9 @@ import itertools
 from collections.abc import Mapping, Sequence
 
 from jattn.analysis import stats
+from jattn.analysis.runs import TF_SEQUENCE
 
-__all__ = ["VOCABULARY", "Setup", "Verdict", "pair_signs", "verdict"]
+__all__ = ["VOCABULARY", "Setup", "Verdict", "compared_metric", "pair_signs", "verdict"]
 
 VOCABULARY = (
     "reproduced",
@@ -53,8 +62,8 @@ class Setup:
 
     Attributes:
       architecture, task, metric: False where it differs in kind (an
-        encoder-decoder against their encoder-only tape; decoded exact match
-        against their teacher-forced score).
+        encoder-decoder against their encoder-only tape; exact match against
+        their per-token accuracy).
       differs: what differs, in words (shown with a "not comparable" verdict).
     """
 
@@ -111,6 +120,23 @@ class Verdict:
         return f"{self.word}: " + "; ".join(parts)
 
 
+def compared_metric(anchor_metric: str, split: str = "test_longer") -> tuple[str, bool]:
+    """The metric of a grid's `split` that a verdict compares with an anchor whose own
+    metric its record describes as `anchor_metric`, and whether the two are the same
+    in kind.
+
+    Teacher-forced sequence accuracy (Ontañón et al.: their code feeds the gold
+    prefix and compares the argmax) -> ``eval/<split>/tf_sequence_accuracy``;
+    exact match or sequence accuracy of a decoded output -> ``exact_match``; any
+    other (a per-token accuracy) -> ``exact_match``, not the same in kind.
+    """
+    text = anchor_metric.lower()
+    if "teacher-forced" in text and "sequence accuracy" in text:
+        return f"eval/{split}/{TF_SEQUENCE}", True
+    same = "exact match" in text or "sequence accuracy" in text
+    return f"eval/{split}/exact_match", same
+
+
 def pair_signs(
     values: Mapping[str, Sequence[float]],
     counts: Mapping[str, tuple[int, int]] | None = None,
@@ -150,7 +176,7 @@ def verdict(
       theirs: the anchor's numbers on the same task and metric per scheme.
       fitted: scheme -> whether every seed here fitted the training lengths.
       setup: how the setups stand in kind.
-      counts: scheme -> this grid's exact-match (k, N) summed over seeds.
+      counts: scheme -> this grid's (k, N) of the compared metric summed over seeds.
     """
     schemes = [s for s in ours if theirs.get(s) is not None]
     if len(schemes) < 2:

@@ -1,7 +1,7 @@
-"""Count the representation you are materialising.
+"""Closed-form byte counts of what attention keeps in memory: its logits and the KV cache.
 
-Closed-form byte counts for what attention keeps in memory, so a config can
-be sized before anything compiles, and a check of those counts against XLA's
+They size a config before anything compiles (count the representation you
+are materialising), and `xla_attention_temp_bytes` checks them against XLA's
 own figure for the compiled program (`memory_analysis()`).
 
 - Logits: the xla path holds the `[B, N, T, S]` float32 scores and the
@@ -13,22 +13,24 @@ own figure for the compiled program (`memory_analysis()`).
 - What the logits count predicts, per compiler: `total` (2 arrays) is what
   the xla path's program holds when XLA keeps the scores and the weights
   apart, and an upper bound: XLA may write the softmax over the scores'
-  buffer, leaving one array (`per_array`) and query-sized arrays.
-  Measured with `xla_attention_temp_bytes` (B·N = 8, H = 64, float32, T = S
-  = 512 / 1024 / 2048, compiled temp over `total`): XLA:CPU of jaxlib 0.10.2
-  and 0.11.2 keeps both arrays, causal or not (1.06 / 1.03 / 1.02);
-  XLA:CPU of jaxlib 0.12.0.1 keeps both under a causal mask (the same
-  ratios) and, without a mask, one on this machine (0.63 / 0.56 / 0.53:
-  `per_array` plus `B·N·T·(2H+1)` floats) but both at T = 512 on CI's
-  (17.8 MB, 1.06): the reuse is the compiler's choice per machine, so only
-  the bounds hold. XLA:GPU: not measured yet. tests/test_memory.py holds
-  each compiler to its figure, or to the bounds where it varies.
+  buffer, leaving one array (`per_array`) and query-sized arrays. Which it
+  does is the compiler's choice (measured below), so only the bounds hold
+  everywhere.
 - KV cache for decoding: `layers × 2 (K and V) × kv heads × (context +
   source) × head dim × bytes` per sequence. Each decoder layer caches its
   self-attention keys/values for the `context` target positions and its
   cross-attention keys/values for the `source` encoder positions (projected
   once per decode call instead of at every step). MHA (kv heads = heads),
   GQA and MQA (kv heads = 1) differ only in the kv-head count.
+
+The compilers measured with `xla_attention_temp_bytes` (B·N = 8, H = 64,
+float32, T = S = 512 / 1024 / 2048, compiled temp over `total`): XLA:CPU of
+jaxlib 0.10.2 and 0.11.2 keeps both arrays, causal or not (1.06 / 1.03 /
+1.02); XLA:CPU of jaxlib 0.12.0.1 keeps both under a causal mask (the same
+ratios) and, without a mask, one on this machine (0.63 / 0.56 / 0.53:
+`per_array` plus `B·N·T·(2H+1)` floats) but both at T = 512 on CI's
+(17.8 MB, 1.06). XLA:GPU: not measured yet. tests/test_memory.py holds each
+compiler to its figure, or to the bounds where it varies.
 
 Pure python and jax; no flax.
 """

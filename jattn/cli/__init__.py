@@ -3,11 +3,10 @@
     jattn train --config configs/numbers.py --workdir runs/numbers [--config.key=value ...]
     jattn ablate --config experiments/positional.py --workdir runs/positional
     jattn probe --workdir runs/positional/runs/position-shaw_seed-0 --out probe/
-    jattn bench NAME [args ...]          # runs benchmarks/NAME.py from the checkout
     jattn configs                        # configs, variants, data sets, experiments
 
 Each subcommand is a function ``argv -> exit status`` in its own module
-(`jattn.cli.train`, `.ablate`, `.probe`, `.bench`, `.configs`); what they share (errors,
+(`jattn.cli.train`, `.ablate`, `.probe`, `.configs`); what they share (errors,
 ``--config`` handling, the compilation cache, the one flag style: dashes,
 with the old underscore spellings accepted) is in `jattn.cli.common`.
 
@@ -32,7 +31,6 @@ __all__ = ["COMMANDS", "config_arguments", "load_config_from_args", "main"]
 # within milliseconds of the process's start (`jattn.cli.signals`).
 COMMANDS: dict[str, tuple[str, str]] = {
     "train": ("jattn.cli.train:train_command", "train (or resume) one run from a config"),
-    "bench": ("jattn.cli.bench:bench_command", "run benchmarks/NAME.py with the given args"),
     "ablate": ("jattn.cli.ablate:ablate_command", "run, emit or report an ablation grid"),
     "probe": ("jattn.cli.probe:probe_command", "interventions on a trained run"),
     "configs": (
@@ -83,6 +81,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     tune_host_allocator()  # XLA:CPU's per-step temporaries off mmap: see its docstring
     if name not in COMMANDS:
         from jattn.cli.common import fail  # noqa: PLC0415
+
+        if name == "bench":  # the benchmarks are scripts of the checkout (docs/benchmarks.md)
+            return fail("jattn", "`jattn bench` was removed: run `python benchmarks/NAME.py`")
 
         print(_usage(), file=sys.stderr)
         return fail("jattn", f"unknown command {name!r}; choose one of {', '.join(COMMANDS)}")

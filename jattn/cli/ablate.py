@@ -5,6 +5,7 @@
     jattn ablate ... --emit slurm --slurm-gpus-per-node 1 --slurm-partition gpu
     jattn ablate ... --emit commands   # one `jattn train` line per run
     jattn ablate ... --report-only     # rebuild results from finished runs
+    jattn ablate ... --reevaluate      # evaluate finished runs again from their checkpoints
     jattn ablate ... --jobs 2          # two runs at once, each on its own CPUs
 
 Overrides address the experiment config, e.g. ``--config.grid.seed.values=0,1,2``;
@@ -61,6 +62,13 @@ def make_parser() -> argparse.ArgumentParser:
         "--report-only", action="store_true", help="only aggregate the runs already in --workdir"
     )
     parser.add_argument(
+        "--reevaluate",
+        action="store_true",
+        help="evaluate every finished run again from its final checkpoint (verified as "
+        "`jattn decode` loads it), rewrite its final metrics and decodes, then the report; "
+        "nothing trains. Each run's reevaluation.json says which recorded metrics changed",
+    )
+    parser.add_argument(
         "--jobs",
         type=int,
         default=1,
@@ -104,8 +112,12 @@ def ablate_command(argv: Sequence[str]) -> int:
         if given and args.emit != "slurm":
             flags = ", ".join("--slurm-" + k.replace("_", "-") for k in given)
             raise UsageError(f"{flags}: only with --emit slurm")
-        if args.jobs != 1 and (args.emit or args.report_only):
-            raise UsageError("--jobs: only when training (not with --emit or --report-only)")
+        if args.jobs != 1 and (args.emit or args.report_only or args.reevaluate):
+            raise UsageError(
+                "--jobs: only when training (not with --emit, --report-only or --reevaluate)"
+            )
+        if args.reevaluate and (args.emit or args.report_only):
+            raise UsageError("--reevaluate: not with --emit or --report-only")
         try:
             cpu_slots(args.jobs)
         except ValueError as e:
@@ -125,6 +137,7 @@ def ablate_command(argv: Sequence[str]) -> int:
             report_only=args.report_only,
             repo_root=_repo_root(),
             parallel_jobs=args.jobs,
+            reevaluate=args.reevaluate,
         )
     except (ConfigError, UsageError) as e:
         return fail(PROG, str(e))

@@ -6,8 +6,8 @@ Lists the training configs (``configs/*.py``, with the data set, steps and
 positional scheme each sets), the ``:VARIANT`` items every config built with
 `jattn.train.apply_variant` takes, the data sets ``config.dataset`` may name,
 the experiment files of `jattn ablate` (``experiments/*.py``) and the
-benchmarks of `jattn bench` (``benchmarks/*.py``). Files are looked up in the current directory,
-then in the checkout jattn was installed from.
+benchmark scripts (``benchmarks/*.py``, run from a checkout). Files are looked up in the current
+directory, then in the checkout jattn was installed from.
 """
 
 from __future__ import annotations
@@ -17,7 +17,6 @@ import ast
 from collections.abc import Sequence
 from pathlib import Path
 
-from jattn.cli.bench import FOLDER, bench_names
 from jattn.cli.common import checkout_root, normalize_flags
 
 __all__ = ["configs_command", "describe"]
@@ -109,8 +108,9 @@ def _experiment_lines(root: Path) -> list[str]:
 
 
 def _bench_lines(root: Path) -> list[str]:
-    benches = bench_names(root / FOLDER)
-    return [f"benchmarks  (jattn bench NAME): {', '.join(benches) or 'none found'}"]
+    """The benchmark scripts: `benchmarks/*.py` not starting with `_` (their helpers)."""
+    names = sorted(p.stem for p in (root / "benchmarks").glob("*.py") if not p.name.startswith("_"))
+    return [f"benchmarks  (python benchmarks/NAME.py): {', '.join(names) or 'none found'}"]
 
 
 def describe() -> str:
@@ -120,7 +120,7 @@ def describe() -> str:
         _variant_lines(),
         _dataset_lines(),
         _experiment_lines(_root("experiments")),
-        _bench_lines(_root(FOLDER)),
+        _bench_lines(_root("benchmarks")),
     ]
     return "\n\n".join("\n".join(p) for p in parts)
 

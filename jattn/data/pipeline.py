@@ -1,14 +1,21 @@
 """The grain input pipeline: shard, shuffle, tokenize, drop/truncate, pack, batch.
 
     range(len(split))[index::count]               example indices of this shard
-      .shuffle(seed) .repeat(num_epochs)          a new permutation every epoch (seed
-                                                  None: the split's order)
-      .batch(256) .map(read_block)                one batched array_record read, tokenize
+      .shuffle(seed) .repeat(num_epochs)          a new permutation every epoch
+      .batch(256) .map(read_block)                tokens of 256 examples in flat arrays
+                                                  (jattn.data.reading: the shard read
+                                                  and tokenized once, kept in memory)
     -> examples: drop or truncate those with inputs longer than max_input_len or
        targets longer than max_len (counted)
       -> pack (first fit over `batch_size` rows) or pad (one example a row)
       -> batch(batch_size)                        a short last batch gets empty rows
       -> prefetch (a background thread)
+
+Examples travel one at a time only where the order matters (dropping and
+first fit); tokenizing, reading and building a group's rows work on arrays
+of a whole block or group (docs/benchmarks.md, "A config's rows, this tree
+against an earlier one": about 5x the batches a second of the per-example
+pipeline before it, batch for batch and state for state the same).
 
 Encoder rows hold `max_input_len` tokens and decoder rows `max_len` (by default
 the same): a task whose sources are much shorter than its targets (digits to
@@ -26,12 +33,13 @@ import atexit
 import copy
 import time
 import weakref
-from typing import Any
+from typing import Any, NamedTuple
 
 import grain
 import numpy as np
 
-from jattn.data import packing
+from jattn.data import packing, reading
+from jattn.data.ragged import Ragged
 from jattn.data.tasks import Task
 
 OVERLONG = ("drop", "truncate")
@@ -63,13 +71,51 @@ class _ExamplesIterDataset(grain.IterDataset):
         )
 
 
+class _Block:
+    """A block's examples as the packer takes them: those it yields (all, or those that
+    fit when over-long ones are dropped, each side cut to its limit when truncated),
+    and the counts an offset into the block stands for."""
+
+    def __init__(self, block: dict[str, Ragged], lengths: dict[str, int], overlong: str):
+        inputs, targets = block["inputs"], block["targets"]
+        self.size = len(inputs)
+        n_in, n_tg = inputs.lengths, targets.lengths  # [size]
+        fits = (n_in <= lengths["inputs"]) & (n_tg <= lengths["targets"])
+        if overlong == "drop":
+            kept, truncated = np.flatnonzero(fits), np.zeros(self.size, bool)
+            n_in, n_tg = n_in[kept], n_tg[kept]
+        else:
+            kept, truncated = np.arange(self.size), ~fits
+            n_in = np.minimum(n_in, lengths["inputs"])
+            n_tg = np.minimum(n_tg, lengths["targets"])
+        self.examples = packing.ExampleBlock(
+            inputs.ids, inputs.offsets[kept], n_in.tolist(),
+            targets.ids, targets.offsets[kept], n_tg.tolist(),
+        )  # fmt: skip
+        self.offset_after = (kept + 1).tolist()  # [K]: the offset just after example k
+        is_kept = np.zeros(self.size, np.int64)
+        is_kept[kept] = 1
+        # [size + 1]: examples kept, resp. truncated, among the first i of the block.
+        self.kept_before = np.concatenate([[0], np.cumsum(is_kept)]).tolist()
+        self.truncated_before = np.concatenate([[0], np.cumsum(truncated)]).tolist()
+
+    def counts(self, start: int, stop: int) -> tuple[int, int, int]:
+        """(examples, dropped, truncated) of offsets start..stop-1."""
+        kept = self.kept_before[stop] - self.kept_before[start]
+        truncated = self.truncated_before[stop] - self.truncated_before[start]
+        return stop - start, stop - start - kept, truncated
+
+
 class _ExamplesIterator(grain.DatasetIterator):
     """State: the blocks' state before the current block, the offset in it, the counts.
 
-    The counts are per example: one that is over-long on both sides counts once.
-    Dropping `num_examples` examples in a row (a whole pass over the shard)
-    is an error: no example fits, and a repeating stream would otherwise
-    spin forever without yielding.
+    The packer takes examples a span at a time (`next_span`: the examples of one block
+    from here, tokens in flat arrays) and says how many it used (`commit`); the state
+    moves only on a commit, so an example looked at and left for the next group is
+    before the state. `next()` gives one example, as a dict of views. The counts are
+    per example: one that is over-long on both sides counts once. Dropping
+    `num_examples` examples in a row (a whole pass over the shard) is an error: no
+    example fits, and a repeating stream would otherwise spin forever without yielding.
     """
 
     def __init__(
@@ -83,39 +129,66 @@ class _ExamplesIterator(grain.DatasetIterator):
         self._lengths = lengths
         self._overlong = overlong
         self._num_examples = num_examples
-        self._dropped_in_a_row = 0
         self.counts = {"examples": 0, "dropped": 0, "truncated": 0}
         self._block_state = blocks.get_state()
-        self._block: list | None = None  # None: not read yet (fresh or restored)
         self._offset = 0  # examples of the current block already taken
+        # Blocks read: the current one first (once read), then those looked ahead into,
+        # each with the blocks' state before it.
+        self._ahead: list[tuple[Any, _Block]] = []
+
+    def _read(self) -> bool:
+        before = self._parent.get_state()
+        block = next(self._parent, None)
+        if block is None:
+            return False
+        self._ahead.append((before, _Block(block, self._lengths, self._overlong)))
+        return True
+
+    def next_span(self) -> tuple[packing.ExampleBlock, int] | None:
+        """(examples, k): the examples to take next are examples[k:]; None at the end."""
+        i, offset, dropped = 0, self._offset, 0
+        while True:
+            if i == len(self._ahead) and not self._read():
+                if self._ahead:  # the end: the drops after the last example are counted
+                    self._move(len(self._ahead) - 1, self._ahead[-1][1].size)
+                return None
+            block = self._ahead[i][1]
+            k = block.kept_before[offset]  # the first kept example at or after `offset`
+            stop = block.offset_after[k] - 1 if k < len(block.examples) else block.size
+            dropped += stop - offset
+            if self._num_examples and dropped >= self._num_examples:
+                raise ValueError(
+                    f"no example fits the row lengths {self._lengths} (tokens, EOS "
+                    f"included): all {self._num_examples} were dropped; raise them or "
+                    "use overlong='truncate'"
+                )
+            if k < len(block.examples):
+                return block.examples, k
+            i, offset = i + 1, 0
+
+    def commit(self, examples: packing.ExampleBlock, stop: int) -> None:
+        """The examples of `next_span`'s block before `stop` are taken."""
+        i = next(i for i, (_, b) in enumerate(self._ahead) if b.examples is examples)
+        self._move(i, self._ahead[i][1].offset_after[stop - 1])
+
+    def _move(self, i: int, offset: int) -> None:
+        """To `offset` in the i-th block read, counting the examples passed."""
+        for j in range(i + 1):
+            block = self._ahead[j][1]
+            start = self._offset if j == 0 else 0
+            passed = block.counts(start, offset if j == i else block.size)
+            for key, n in zip(("examples", "dropped", "truncated"), passed, strict=True):
+                self.counts[key] += n
+        self._block_state, self._offset = self._ahead[i][0], offset
+        del self._ahead[:i]
 
     def __next__(self) -> dict[str, np.ndarray]:
-        while True:
-            if self._block is None:
-                self._block = next(self._parent)
-            if self._offset == len(self._block):
-                before = self._parent.get_state()
-                block = next(self._parent)  # at the end: raises, leaving the state whole
-                self._block_state, self._block, self._offset = before, block, 0
-                continue
-            example = self._block[self._offset]
-            self._offset += 1
-            self.counts["examples"] += 1
-            if all(len(example[k]) <= n for k, n in self._lengths.items()):
-                self._dropped_in_a_row = 0
-                return example
-            if self._overlong == "drop":
-                self.counts["dropped"] += 1
-                self._dropped_in_a_row += 1
-                if self._num_examples and self._dropped_in_a_row >= self._num_examples:
-                    raise ValueError(
-                        f"no example fits the row lengths {self._lengths} (tokens, EOS "
-                        f"included): all {self._num_examples} were dropped; raise them or "
-                        "use overlong='truncate'"
-                    )
-                continue
-            self.counts["truncated"] += 1
-            return {k: example[k][:n] for k, n in self._lengths.items()}
+        span = self.next_span()
+        if span is None:
+            raise StopIteration
+        examples, k = span
+        self.commit(examples, k + 1)
+        return examples.example(k)
 
     def get_state(self) -> dict[str, Any]:
         return {"parent": self._block_state, "offset": self._offset, "counts": dict(self.counts)}
@@ -123,11 +196,47 @@ class _ExamplesIterator(grain.DatasetIterator):
     def set_state(self, state: dict[str, Any]) -> None:
         self._parent.set_state(state["parent"])
         self._block_state = state["parent"]
-        self._block = next(self._parent, None) if state["offset"] else None
-        if self._block is None and state["offset"]:
+        self._ahead = []
+        if state["offset"] and not self._read():
             raise ValueError(f"cannot restore {state}: the data ended before it")
         self._offset = state["offset"]
         self.counts = dict(state["counts"])
+
+
+class _BatchIterDataset(grain.IterDataset):
+    """`batch_size` rows a batch from a packer's or padder's `next_rows`; a short
+    last batch gets empty rows (segment id 0). The state is the rows' state."""
+
+    def __init__(self, parent: grain.IterDataset, batch_size: int):
+        super().__init__(parent)
+        self._batch_size = batch_size
+
+    def __iter__(self) -> _BatchIterator:
+        return _BatchIterator(self._parent.__iter__(), self._batch_size)
+
+
+class _BatchIterator(grain.DatasetIterator):
+    def __init__(self, parent: grain.DatasetIterator, batch_size: int):
+        super().__init__(parent)
+        self._batch_size = batch_size
+
+    def __next__(self) -> dict[str, np.ndarray]:
+        rows = self._parent.next_rows(self._batch_size)
+        if rows is None:
+            raise StopIteration
+        short = self._batch_size - len(rows["inputs"])
+        if short:  # the last batch of a finite stream
+            rows = {
+                k: np.concatenate([v, np.zeros((short, v.shape[1]), np.int32)])
+                for k, v in rows.items()
+            }
+        return {key: rows[key] for key in packing.BATCH_KEYS}  # [batch_size, L]
+
+    def get_state(self):
+        return self._parent.get_state()
+
+    def set_state(self, state) -> None:
+        self._parent.set_state(state)
 
 
 class _PrefetchIterDataset(grain.IterDataset):
@@ -163,35 +272,23 @@ def _close_prefetchers() -> None:
         it.close()
 
 
-_BLOCK = 256  # examples read (and tokenized) together
+class LoaderIO(NamedTuple):
+    """How `make_loader` reads a split: none of it changes the batches.
 
+    Attributes:
+      threads: threads reading and tokenizing examples (grain ReadOptions); 0 reads
+        in the iterating thread, best for local files on few cores.
+      prefetch: batches prepared ahead in a background thread (overlapping training
+        steps); 0 prepares each batch when asked for.
+      cache: read and tokenize this process's shard of the split whole on the first
+        batch and keep its tokens in memory; None: when the stream repeats
+        (`num_epochs` not 1) and the shard has at most
+        `jattn.data.reading.CACHE_EXAMPLES` examples.
+    """
 
-def _read_block_fn(source, tokenizer):
-    encode = tokenizer.encode
-
-    def read_block(indices: np.ndarray) -> list[dict[str, np.ndarray]]:
-        return [
-            {
-                "inputs": np.asarray(encode(ex["inputs"]), np.int32),
-                "targets": np.asarray(encode(ex["targets"]), np.int32),
-            }
-            for ex in source.__getitems__(indices.tolist())
-        ]
-
-    return read_block
-
-
-def _batch_fn(batch_size: int):
-    def stack_and_pad(rows: list[dict[str, np.ndarray]]) -> dict[str, np.ndarray]:
-        out = {}
-        for key in packing.BATCH_KEYS:
-            x = np.stack([r[key] for r in rows]).astype(np.int32)  # [n, L]
-            if len(rows) < batch_size:  # the last batch of a finite stream
-                x = np.concatenate([x, np.zeros((batch_size - len(rows), x.shape[1]), np.int32)])
-            out[key] = x  # [batch_size, L]
-        return out
-
-    return stack_and_pad
+    threads: int = 0
+    prefetch: int = 2
+    cache: bool | None = None
 
 
 def make_loader(
@@ -200,14 +297,14 @@ def make_loader(
     *,
     batch_size: int,
     max_len: int,
-    seed: int | None,
+    seed: int,
     max_input_len: int | None = None,
+    shuffle: bool = True,
     num_epochs: int | None = None,
     pack: bool = True,
     overlong: str = "drop",
     shard: tuple[int, int] = (0, 1),
-    read_threads: int = 0,
-    prefetch: int = 2,
+    io: LoaderIO = LoaderIO(),  # noqa: B008 (an immutable default)
 ) -> grain.IterDataset:
     """The batches of one split, for one process.
 
@@ -217,11 +314,11 @@ def make_loader(
       batch_size: rows per batch on this process.
       max_len: target tokens per row (EOS included); also input tokens per row when
         `max_input_len` is None.
-      seed: shuffles the examples (a new permutation every epoch); None keeps the
-        split's order (evaluation).
+      seed: shuffles the examples (a new permutation every epoch).
       max_input_len: input (encoder) tokens per row, EOS included; None: `max_len`,
         which gives exactly the batches of a loader built without it. Packing fills
         each side's budget on its own and places an example only where both fit.
+      shuffle: False keeps the split's order (evaluation).
       num_epochs: passes over the data; None repeats forever.
       pack: several examples a row (first fit); False: one example a row.
       overlong: examples with more than `max_input_len` input tokens or more than
@@ -230,10 +327,8 @@ def make_loader(
         per example, see `loader_stats`.
       shard: `(index, count)`: this process reads examples index, index + count, ...
         (usually `(jax.process_index(), jax.process_count())`).
-      read_threads: threads reading and tokenizing examples (grain ReadOptions); 0 reads
-        in the iterating thread, best for local files on few cores.
-      prefetch: batches prepared ahead in a background thread (overlapping training
-        steps); 0 prepares each batch when asked for. Does not change the batches.
+      io: how the split is read (threads, prefetch, cache; `LoaderIO`), which never
+        changes the batches.
 
     Returns:
       A grain IterDataset; `iter()` of it yields dicts of int32 arrays: "inputs",
@@ -258,32 +353,39 @@ def make_loader(
     shard_index, shard_count = shard
     if not (isinstance(shard_count, int) and shard_count >= 1 and 0 <= shard_index < shard_count):
         raise ValueError(f"need shard=(index, count) with 0 <= index < count, got {shard!r}")
+    read_threads, prefetch, cache = io
     if read_threads < 0 or prefetch < 0:
-        raise ValueError(f"read_threads and prefetch must be >= 0, got {read_threads}, {prefetch}")
+        raise ValueError(f"io: threads and prefetch must be >= 0, got {read_threads}, {prefetch}")
     if num_epochs is not None and num_epochs < 1:
         raise ValueError(f"num_epochs must be None or >= 1, got {num_epochs}")
     source = task.source(split)
     if len(source) == 0:
         raise ValueError(f"split {split!r} of task {task.name!r} is empty")
-    indices = grain.MapDataset.range(len(source))[shard_index::shard_count]
-    if len(indices) == 0:
+    per_pass = reading.shard_size(len(source), shard_index, shard_count)
+    if per_pass == 0:
         raise ValueError(
             f"shard {shard_index} of {shard_count} of split {split!r} ({len(source)} examples) "
             "is empty"
         )
-    indices_per_pass = indices
-    if seed is not None:
-        indices = indices.shuffle(seed=seed)
-    indices = indices.repeat(num_epochs)  # with shuffle: a new permutation every epoch
-    # Read and tokenize blocks of examples: one batched array_record read per block.
-    blocks = indices.batch(_BLOCK, drop_remainder=False).map(_read_block_fn(source, task.tokenizer))
+    indices = reading.index_blocks(
+        len(source),
+        shard_index=shard_index,
+        shard_count=shard_count,
+        seed=seed if shuffle else None,  # with a seed: a new permutation every epoch
+        num_epochs=num_epochs,
+    )
+    if cache is None and num_epochs == 1:
+        cache = False  # one pass reads each example once: keeping them would read ahead
+    read_block = reading.read_blocks_fn(
+        source, task.tokenizer, shard_index=shard_index, shard_count=shard_count, cache=cache
+    )
     read = grain.ReadOptions(num_threads=read_threads, prefetch_buffer_size=2 * read_threads)
     examples = _ExamplesIterDataset(
-        blocks.to_iter_dataset(read),
+        indices.map(read_block).to_iter_dataset(read),
         lengths,
         overlong,
         # A repeating stream that drops a whole pass would spin forever; a finite one ends.
-        num_examples=len(indices_per_pass) if num_epochs is None else None,
+        num_examples=per_pass if num_epochs is None else None,
     )
     if pack:
         rows = packing.PackIterDataset(
@@ -293,17 +395,19 @@ def make_loader(
             num_bins=batch_size,
         )
     else:
-        rows = examples.map(
-            lambda ex: packing.pad_to_row(ex, lengths["targets"], lengths["inputs"])
+        rows = packing.PadIterDataset(
+            examples, max_len=lengths["targets"], max_input_len=lengths["inputs"]
         )
-    batches = rows.batch(batch_size, drop_remainder=False, batch_fn=_batch_fn(batch_size))
+    batches = _BatchIterDataset(rows, batch_size)
     return _PrefetchIterDataset(batches, prefetch) if prefetch else batches
 
 
 def loader_stats(iterator: grain.DatasetIterator) -> dict[str, int]:
     """Counts of an iterator from `make_loader`: examples read, dropped, truncated.
 
-    Counts include examples read ahead into the packer but not yet emitted.
+    Counts run to the last example the packer has taken, in rows not yet emitted
+    too; the example a full group of rows left for the next group is not counted yet
+    (the state, restored, gives it again).
     """
     todo = [iterator]
     while todo:
@@ -338,7 +442,7 @@ def measure_loader(
         the batches (its row length is `max_input_len`, resp. `max_len`).
       dropped_fraction, truncated_fraction: of the examples read.
     """
-    loader_kwargs.setdefault("prefetch", 0)
+    loader_kwargs.setdefault("io", LoaderIO(prefetch=0))
     loader = make_loader(
         task,
         split,

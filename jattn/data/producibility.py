@@ -1,4 +1,4 @@
-"""Can a model produce an evaluation split's targets from what training shows?
+"""Whether a model can produce an evaluation split's targets from what training shows.
 
 A length-generalisation split measures something only if its answers are
 reachable: every target token must occur in some training target (a model

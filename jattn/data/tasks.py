@@ -115,21 +115,17 @@ class TextSource:
     def _parse_raw(self, records: list[bytes], indices: list[int]) -> list[dict[str, str]]:
         src, tgt = self._flat_keys
         out = []
+        parse = tf_example_pb2.Example.FromString
         for record, index in zip(records, indices, strict=True):
-            feature = tf_example_pb2.Example.FromString(record).features.feature
-            missing = [k for k in (src, tgt) if not feature[k].bytes_list.value]
-            if missing:
+            feature = parse(record).features.feature
+            inputs, targets = feature[src].bytes_list.value, feature[tgt].bytes_list.value
+            if not (inputs and targets):
                 raise integrity.DataIntegrityError(
-                    f"feature {missing[0]!r} is missing in "
+                    f"feature {src if not inputs else tgt!r} is missing in "
                     f"{integrity.record_location(self._data, index)}; the data is damaged: "
                     "delete its folder to prepare it again"
                 )
-            out.append(
-                {
-                    "inputs": feature[src].bytes_list.value[0].decode("utf-8"),
-                    "targets": feature[tgt].bytes_list.value[0].decode("utf-8"),
-                }
-            )
+            out.append({"inputs": inputs[0].decode("utf-8"), "targets": targets[0].decode("utf-8")})
         return out
 
     def __getitem__(self, index: int) -> dict[str, str]:

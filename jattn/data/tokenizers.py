@@ -2,7 +2,10 @@
 
 Every tokenizer shares the id conventions of the models: ``PAD_ID = 0`` (padding
 and the decoder's start symbol), ``EOS_ID = 1`` (end of sequence), ``UNK_ID = 2``.
-`encode` appends EOS; `decode` stops at the first EOS or PAD.
+`encode` appends EOS; `decode` stops at the first EOS or PAD. `encode_flat`
+encodes many texts at once into one flat array, as the input pipeline reads
+them (a character vocabulary by one table lookup, without a Python list a
+text).
 
 Vocabularies are learned from the training split (source and target together:
 one shared vocabulary) and cached in the data directory, beside a small JSON
@@ -14,12 +17,14 @@ the file and the differing settings.
 from __future__ import annotations
 
 import hashlib
+import itertools
 import json
 import os
 import tempfile
 from collections.abc import Callable, Iterable, Sequence
 from typing import Protocol
 
+import numpy as np
 import sentencepiece as spm
 
 PAD_ID = 0
@@ -36,6 +41,29 @@ class Tokenizer(Protocol):
     def encode(self, text: str) -> list[int]: ...
 
     def decode(self, ids: Iterable[int]) -> str: ...
+
+
+def encode_flat(tokenizer: Tokenizer, texts: Sequence[str]) -> tuple[np.ndarray, np.ndarray]:
+    """What `tokenizer.encode` gives each of `texts`, end to end in one array.
+
+    A tokenizer with its own `encode_flat` (the character and SentencePiece
+    ones) encodes the texts together; any other is called text by text.
+
+    Returns:
+      ids: int32 [sum(lengths)], each text's ids followed by its EOS_ID.
+      lengths: int64 [len(texts)], each text's ids, its EOS included.
+    """
+    own = getattr(tokenizer, "encode_flat", None)
+    if own is not None:
+        return own(texts)
+    return _flat_lists([tokenizer.encode(t) for t in texts])
+
+
+def _flat_lists(encoded: list[list[int]]) -> tuple[np.ndarray, np.ndarray]:
+    """Lists of ids -> (int32 [total] ids end to end, int64 [n] lengths)."""
+    lengths = np.fromiter(map(len, encoded), np.int64, len(encoded))
+    ids = np.fromiter(itertools.chain.from_iterable(encoded), np.int32, int(lengths.sum()))
+    return ids, lengths
 
 
 def _until_end(ids: Iterable[int]) -> list[int]:
@@ -60,6 +88,11 @@ class CharTokenizer:
         self.chars = tuple(chars)
         self._ids = {c: i + 3 for i, c in enumerate(self.chars)}
         self.vocab_size = len(self.chars) + 3
+        # The id of each code point up to the largest in the vocabulary, then one UNK
+        # standing for every code point above it: int32 [max code point + 2].
+        codes = np.array([ord(c) for c in self.chars], np.int64)
+        self._table = np.full(int(codes.max(initial=-1)) + 2, UNK_ID, np.int32)
+        self._table[codes] = np.arange(3, self.vocab_size, dtype=np.int32)
 
     @classmethod
     def train(cls, texts: Iterable[str]) -> CharTokenizer:
@@ -72,6 +105,19 @@ class CharTokenizer:
     def encode(self, text: str) -> list[int]:
         ids = self._ids
         return [ids.get(c, UNK_ID) for c in text] + [EOS_ID]
+
+    def encode_flat(self, texts: Sequence[str]) -> tuple[np.ndarray, np.ndarray]:
+        """The ids of `texts` end to end (see `encode_flat`): one table lookup for all."""
+        lengths = np.fromiter(map(len, texts), np.int64, len(texts)) + 1  # [n], EOS included
+        # A str is a sequence of code points: UTF-32 gives one uint32 each ("surrogatepass":
+        # a lone surrogate is a code point too, an unknown character as in `encode`).
+        text = "".join(texts).encode("utf-32-le", "surrogatepass")
+        codes = np.frombuffer(text, np.uint32)  # [sum(lengths) - n]
+        ids = np.full(int(lengths.sum()), EOS_ID, np.int32)
+        chars = np.ones(len(ids), bool)
+        chars[np.cumsum(lengths) - 1] = False  # each text's last slot keeps its EOS
+        ids[chars] = self._table[np.minimum(codes, len(self._table) - 1)]
+        return ids, lengths
 
     def decode(self, ids: Iterable[int]) -> str:
         chars = self.chars
@@ -181,6 +227,10 @@ class SentencePieceTokenizer:
 
     def encode(self, text: str) -> list[int]:
         return self._sp.encode(text) + [EOS_ID]
+
+    def encode_flat(self, texts: Sequence[str]) -> tuple[np.ndarray, np.ndarray]:
+        """The ids of `texts` end to end (see `encode_flat`): one SentencePiece call."""
+        return _flat_lists([ids + [EOS_ID] for ids in self._sp.encode(list(texts))])
 
     def decode(self, ids: Iterable[int]) -> str:
         return self._sp.decode(_until_end(ids))

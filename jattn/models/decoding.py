@@ -18,6 +18,8 @@ The "cache" collection (`init_cache`), per decoder layer `i`:
     decoder/index                                   int32 []   next position
     decoder/layer_i/self_attention/cached_{key,value}   [B, L, K, H]
     decoder/layer_i/cross_attention/cached_{key,value}  [B, S, K, H]
+    decoder/layer_i/self_attention/cached_gate          [B, L, N]  float32, forget
+                                                    gates' running sums (`position="forgetting"`)
 
 Beam search keeps B·W rows of both: the encoder output is tiled over the
 beams before the prefill, so row `b·W + j` is beam `j` of source `b`. That

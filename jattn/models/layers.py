@@ -19,6 +19,7 @@ import jax
 import jax.numpy as jnp
 from jax import lax
 
+from jattn import positions as pos_lib
 from jattn.attention import attention_weights, dot_product_attention
 from jattn.masks import Visibility
 from jattn.models.axes import constrain, param
@@ -290,15 +291,17 @@ class Attention(nn.Module):
             )
             if vis.kv_positions is None:
                 vis = vis.replace(kv_positions=slots)
-        mod = None
+        terms = dict(mod=None, row_col=None, form=None)
         if self._relative:  # the score mod's parameters, declared before Shaw's tables
-            mod = cfg.scheme.score_mod(self, cfg, site, scheme_state)
+            terms = self._scheme_terms(
+                site, scheme_state, x, mode, cache_index, vis.q_segment_ids, cache_slot
+            )
         mask = self._probe("mask", None)
         if visible is not None:  # the caller's rule (a prefix LM's) replaces the causal one
             mask = visible if mask is None else mask & visible
         elif self.causal:
             vis = vis & Visibility(is_causal=True)
-        out = self._attend(q, key, value, mod, mask=mask, visibility=vis, train=train)
+        out = self._attend(q, key, value, terms, mask=mask, visibility=vis, train=train)
         return self._project_out(out, w)  # [B, T, D]
 
     # -- checks --------------------------------------------------------------
@@ -394,12 +397,29 @@ class Attention(nn.Module):
 
     # -- attention -----------------------------------------------------------
 
-    def _attend(
-        self, q, key, value, mod: ScoreMod | None, *, mask, visibility: Visibility, train: bool
-    ):
+    def _attend(self, q, key, value, terms: dict, *, mask, visibility: Visibility, train: bool):
         """`jattn.dot_product_attention` `[B, T, N, H]` under `mask` and
-        `visibility`, with the scheme's score mod and Shaw tables, attention
-        dropout in training, and the weights sown when configured."""
+        `visibility`, with the scheme's `terms` (`_scheme_terms`: score mod,
+        forget-gate terms) and Shaw tables, attention dropout in training,
+        and the weights sown when configured; or the scheme's attention form
+        where it has one."""
+        mod, row_col, form = terms["mod"], terms["row_col"], terms["form"]
+        if form is not None:  # causal in the positions, as its site is
+            if mask is not None:
+                raise ValueError(
+                    f"Attention: position={self.config.position!r} takes no attention mask "
+                    "(a probe's key_visible intervention)"
+                )
+            vis = visibility  # a form's own signature: its positions and segment ids
+            return form(
+                q,
+                key,
+                value,
+                q_positions=vis.q_positions,
+                kv_positions=vis.kv_positions,
+                q_segment_ids=vis.q_segment_ids,
+                kv_segment_ids=vis.kv_segment_ids,
+            )  # [B, T, N, H]
         cfg = self.config
         shaw = cfg.scheme.shaw(self, cfg) if self._relative else None
         rate = cfg.attention_dropout_rate if train else 0.0
@@ -411,6 +431,7 @@ class Attention(nn.Module):
             visibility=visibility,
             relative=shaw,
             score_mod=mod,
+            row_col_bias=row_col,
             implementation=cfg.attention_impl,
             dropout_rate=rate,
             dropout_rng=self.make_rng("dropout") if rate > 0 else None,
@@ -419,7 +440,7 @@ class Attention(nn.Module):
             assume_finite=cfg.attention_assume_finite and train,
         )  # [B, T, N, H]
         if cfg.capture_attention:
-            self._probe("weights", (q, key, mod, shaw, mask, visibility))
+            self._probe("weights", (q, key, mod, shaw, row_col, mask, visibility))
         return out
 
     # -- the probe seam ------------------------------------------------------
@@ -433,7 +454,7 @@ class Attention(nn.Module):
           attention mask `[B, 1, 1, S]`, or None.
         - "heads": `x` the heads' outputs `[B, T, N, H]`, scaled by
           `interventions/head_gate` `[N]`.
-        - "weights": `x` `(q, key, mod, shaw, mask, visibility)`; sows the
+        - "weights": `x` `(q, key, mod, shaw, row_col, mask, visibility)`; sows the
           attention weights `[B, N, T, S]` into "intermediates" (the
           materialising pass of `capture_attention`; returns None).
 
@@ -458,8 +479,12 @@ class Attention(nn.Module):
             gate = get("interventions", "head_gate")  # [N]
             return x * gate.astype(x.dtype)[None, None, :, None]
         if stage == "weights":
-            q, key, mod, shaw, mask, vis = x
+            q, key, mod, shaw, row_col, mask, vis = x
             bias = None if mod is None else _materialise(mod, q.shape, key.shape, vis)
+            if row_col is not None:  # the forget gates, materialised as the probe's weights are
+                a, c = row_col
+                terms = a[:, :, :, None] + c[:, :, None, :]  # [B, N, T, S]
+                bias = terms if bias is None else bias + terms
             weights = attention_weights(
                 q, key, bias, mask, visibility=vis, relative=shaw
             )  # [B, N, T, S]
@@ -468,6 +493,40 @@ class Attention(nn.Module):
         raise ValueError(f"Attention._probe: unknown stage {stage!r}")
 
     # -- cache read and write ------------------------------------------------
+
+    def _scheme_terms(self, site: Site, state, x: Array, mode: str, index, segment_ids, slot):
+        """The scheme's terms in this layer, each None where it has none:
+        "mod" its score mod, "row_col" its forget gates' row and column
+        terms, "form" the attention function replacing softmax."""
+        scheme, cfg = self.config.scheme, self.config
+        mod = scheme.score_mod(self, cfg, site, state)
+        gates = scheme.forget_gates(self, cfg, site, x)  # [B, T, N]
+        row_col = None
+        if gates is not None:
+            row_col = self._forget_terms(gates, mode, index, segment_ids, slot)
+        return dict(mod=mod, row_col=row_col, form=scheme.attention_form(self, cfg, site))
+
+    def _forget_terms(self, gates: Array, mode: str, index, segment_ids, slot: str):
+        """The forget gates' `row_col_bias` `(c [B, N, T], −c [B, N, S])`, `c`
+        the cumulative sum of the log gates `[B, T, N]`: per segment in a full
+        pass; in decoding carried in the cache ("cached_gate", `[B, L, N]`,
+        each slot's sum since the start of the row), the step's block summed
+        on from the slot before it. Within a segment only differences of `c`
+        reach the logits, so both give the same attention."""
+        if mode != "step":
+            c = pos_lib.segment_cumsum(gates, segment_ids)  # [B, T, N]
+            if self.decode and self.is_initializing():  # the cache's slots: S = T here
+                self.variable("cache", "cached_gate" + slot, jnp.zeros, c.shape, jnp.float32)
+            return pos_lib.forget_row_col(c, c)
+        if segment_ids is not None:  # a prompt's padding slots (segment 0) add nothing
+            gates = jnp.where((segment_ids != 0)[..., None], gates, jnp.zeros_like(gates))
+        cached = self.variable("cache", "cached_gate" + slot)
+        start = jnp.maximum(index - 1, 0)
+        prev = lax.dynamic_slice_in_dim(cached.value, start, 1, axis=1)  # [B, 1, N]
+        prev = jnp.where(index > 0, prev, jnp.zeros_like(prev))
+        c = prev + jnp.cumsum(gates, axis=1)  # [B, T, N]
+        cached.value = lax.dynamic_update_slice_in_dim(cached.value, c, index, axis=1)
+        return pos_lib.forget_row_col(c, cached.value)
 
     def _create_cache(self, key: Array, value: Array, slot: str) -> None:
         """At init: zero "cached_key"/"cached_value" (+ `slot`) shaped like

@@ -5,7 +5,7 @@ A scheme is everything a positional encoding does to a Transformer, in one
 place: its options (a frozen dataclass of its own, `Scheme.Options`, with
 their defaults and checks), its absolute vector added to the embeddings, its
 rotation of queries and keys, its learned shift of the queries, its score
-mod on the logits, its Shaw tables, the parameters it shares across a
+mod on the logits, its Shaw tables, its forget gates, the parameters it shares across a
 stack's layers, its config checks, the longest position it supports, and
 what it declares about itself (shift invariant or not, causal-only or not).
 The layers call these hooks and never compare a scheme's name;
@@ -22,12 +22,14 @@ query heads, K kv heads, H head dim, D width.
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from typing import TYPE_CHECKING, Any, ClassVar
 
 import flax.linen as nn
 import jax
+import jax.numpy as jnp
 
+from jattn.models.axes import param
 from jattn.positions import ShawRelative
 from jattn.score_mod import ScoreMod
 
@@ -41,6 +43,7 @@ __all__ = [
     "PositionOptions",
     "Scheme",
     "SchemeOptions",
+    "SchemeParams",
     "Site",
     "default_position_options",
     "get_scheme",
@@ -113,9 +116,13 @@ class Scheme:
       shift_invariant: outputs unchanged when every position moves by a
         constant (the tests hold a scheme to it when it declares it).
       order_blind: the encoder is permutation-equivariant (no positional
-        information at all; only "none").
+        information there: "none", and the data-dependent schemes, which act
+        in causal layers only).
       causal_only: defined for causal attention only (a bidirectional layer
         with it is a config error).
+      data_dependent: its terms are functions of the tokens, not of their
+        positions (the forget gate): `relative` for its hooks to run, yet
+        drawing or shifting positions changes nothing.
 
     Class attributes:
       Options: the scheme's `SchemeOptions` class (None: it has none).
@@ -133,6 +140,7 @@ class Scheme:
     shift_invariant: bool = False
     order_blind: bool = False
     causal_only: bool = False
+    data_dependent: bool = False
 
     def options(self, cfg: TransformerConfig) -> Any:
         """This scheme's options in `cfg` (an instance of `Options`)."""
@@ -179,6 +187,41 @@ class Scheme:
     def shaw(self, module: nn.Module, cfg: TransformerConfig) -> ShawRelative | None:
         """Shaw's key/value tables of one attention layer, declared on `module`."""
         return None
+
+    def forget_gates(
+        self, module: nn.Module, cfg: TransformerConfig, site: Site, x: Array
+    ) -> Array | None:
+        """Log forget gates `log f` float32 `[B, T, N]` of a causal
+        self-attention layer's input `x` `[B, T, D]` (parameters declared on
+        `module`), or None. The layer adds `c_i − c_j` to logit (i, j), `c`
+        the cumulative sum of `log f` (per segment; in decoding carried in
+        the cache), as row and column terms (the Forgetting Transformer)."""
+        return None
+
+    def attention_form(
+        self, module: nn.Module, cfg: TransformerConfig, site: Site
+    ) -> Callable[..., Array] | None:
+        """The attention function that replaces softmax attention in this
+        layer (parameters declared on `module`), or None for softmax
+        attention: `form(q [B, T, N, H], k [B, S, K, H], v [B, S, K, Hv], *,
+        q_positions, kv_positions, q_segment_ids, kv_segment_ids)` ->
+        `[B, T, N, Hv]`, causal in the positions (CoPE, stick-breaking)."""
+        return None
+
+
+class SchemeParams(nn.Module):
+    """A scheme's own parameters in one sub-module: `specs` is a tuple of
+    `(name, init, shape, logical axis names)`; returns `{name: array}`."""
+
+    specs: tuple
+    dtype: Any = jnp.float32
+
+    @nn.compact
+    def __call__(self) -> dict[str, Array]:
+        return {
+            name: param(self, name, init, shape, names, self.dtype)
+            for name, init, shape, names in self.specs
+        }
 
 
 SCHEMES: dict[str, Scheme] = {}

@@ -34,11 +34,13 @@ import jax.numpy as jnp
 
 from jattn import positions as pos_lib
 from jattn.models.axes import param
+from jattn.models.data_schemes import Cope, Forgetting, StickBreaking
 from jattn.models.scheme import (
     SCHEMES,
     PositionOptions,
     Scheme,
     SchemeOptions,
+    SchemeParams,
     Site,
     default_position_options,
     get_scheme,
@@ -411,21 +413,6 @@ class TransformerXL(Scheme):
 # -- score mods ----------------------------------------------------------------------
 
 
-class SchemeParams(nn.Module):
-    """A scheme's own parameters in one sub-module: `specs` is a tuple of
-    `(name, init, shape, logical axis names)`; returns `{name: array}`."""
-
-    specs: tuple
-    dtype: Any = jnp.float32
-
-    @nn.compact
-    def __call__(self) -> dict[str, Array]:
-        return {
-            name: param(self, name, init, shape, names, self.dtype)
-            for name, init, shape, names in self.specs
-        }
-
-
 def _constant(value: float):
     """An initialiser filling with `value`."""
     return lambda key, shape, dtype=jnp.float32: jnp.full(shape, value, dtype)
@@ -630,5 +617,8 @@ for _scheme in (
     Kerple("kerple"),
     TransformerXL("transformer_xl"),
     Sandwich("sandwich"),
+    Forgetting("forgetting"),
+    Cope("cope"),
+    StickBreaking("stick_breaking"),
 ):
     register(_scheme)

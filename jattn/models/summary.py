@@ -53,7 +53,8 @@ def architecture_counts(config: TransformerConfig) -> dict[str, int]:
     vector `[D]`.
 
     Returns:
-      `{architecture: count}` for every name in `ARCHITECTURES`.
+      `{architecture: count}` for every name in `ARCHITECTURES` that can run
+      the config's scheme (a causal-only scheme: the causal architectures).
     """
     return {
         name: count_params(
@@ -61,7 +62,8 @@ def architecture_counts(config: TransformerConfig) -> dict[str, int]:
                 config.replace(architecture=name, prefix_lm=False, relative_cross=False)
             )
         )
-        for name in ARCHITECTURES
+        for name, arch in ARCHITECTURES.items()
+        if arch.causal or not config.scheme.causal_only
     }
 
 
@@ -77,13 +79,12 @@ def architecture_line(config: TransformerConfig) -> str:
         return ARCHITECTURES[name].layers(n).replace("layer", shared + "layer")
 
     others = "; ".join(
-        f"{name} {counts[name]:,}, {layers(name)}"
-        for name in ARCHITECTURES
-        if name != config.architecture
+        f"{name} {counts[name]:,}, {layers(name)}" for name in counts if name != config.architecture
     )
+    same_width = f"; at the same width: {others}" if others else ""
     return (
         f"parameters: {counts[config.architecture]:,} ({config.architecture}, "
-        f"{layers(config.architecture)}; at the same width: {others})"
+        f"{layers(config.architecture)}{same_width})"
     )
 
 

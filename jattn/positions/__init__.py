@@ -16,8 +16,9 @@ R = 2k + 1 relative distances for Shaw with clip distance k.
 One module per family: `absolute` (sinusoidal), `rotary` (RoPE, its
 scalings, xPos), `relative` (Shaw's ids and tables, Transformer-XL's as
 Shaw's), `biases` (the score mods: ALiBi, T5, Shaw's bias, KERPLE,
-Sandwich, soft-capping), `fire` (FIRE) and `tables` (the per-head table
-read the score mods share); every public name is imported
+Sandwich, soft-capping), `fire` (FIRE), `forgetting` (the Forgetting
+Transformer's data-dependent forget gate, a row and a column term) and
+`tables` (the per-head table read the score mods share); every public name is imported
 here, so `jattn.positions.X` is the one name to use.
 """
 
@@ -36,6 +37,13 @@ from jattn.positions.biases import (
     t5_score_mod,
 )
 from jattn.positions.fire import FIRE_HIDDEN, fire_param_specs, fire_score_mod, init_fire_params
+from jattn.positions.forgetting import (
+    FORGET_BIAS_INIT,
+    forget_gate_param_specs,
+    forget_row_col,
+    log_forget_gates,
+    segment_cumsum,
+)
 from jattn.positions.relative import ShawRelative, relative_ids, transformer_xl_tables
 from jattn.positions.rotary import (
     ROPE_SCALINGS,
@@ -51,6 +59,7 @@ from jattn.positions.rotary import (
 __all__ = [
     "ALIBI_MODES",
     "FIRE_HIDDEN",
+    "FORGET_BIAS_INIT",
     "ROPE_SCALINGS",
     "SANDWICH_DIM",
     "YARN_CONVENTIONS",
@@ -60,13 +69,17 @@ __all__ = [
     "alibi_slopes",
     "fire_param_specs",
     "fire_score_mod",
+    "forget_gate_param_specs",
+    "forget_row_col",
     "init_fire_params",
     "kerple_score_mod",
+    "log_forget_gates",
     "relative_ids",
     "rope",
     "rope_frequencies",
     "sandwich_bias",
     "sandwich_score_mod",
+    "segment_cumsum",
     "shaw_bias_score_mod",
     "sinusoidal",
     "softcap_score_mod",

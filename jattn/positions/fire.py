@@ -185,7 +185,7 @@ def fire_score_mod(params: dict):
     (`_fire_tile_bwd`). The Pallas kernels run its `TileParts` instead
     (`_fire_core`: the units as a loop, with a hand-written backward that
     recomputes each unit), which keeps the dq kernels' registers from
-    spilling and their compile short (`jattn bench aot`, docs/gpu.md).
+    spilling and their compile short (`python benchmarks/aot.py`, docs/gpu.md).
 
     Args:
       params: from `init_fire_params` (or trained).

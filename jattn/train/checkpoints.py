@@ -25,7 +25,9 @@ recorded when it was saved.
 A resume compares every key of the config with the checkpoint's saved config
 (`check_compatible`, and `check_saved_config` before the data set is even
 loaded) by the rules of `jattn.train.resume_keys`: which keys may never
-change, which only when allowed, which freely.
+change, which only when allowed, which freely. What is read here is the
+run's `CheckpointPart` (`jattn.train.parts`): retention, and the whole
+config as plain JSON (`record`) that a step saves and a resume compares.
 """
 
 from __future__ import annotations
@@ -39,14 +41,13 @@ from typing import Any
 
 import jax
 import jax.numpy as jnp
-import ml_collections
 import numpy as np
 import orbax.checkpoint as ocp
 from orbax.checkpoint import checkpoint_managers as cm
 
 from jattn.data import checkpoint as data_ckpt
-from jattn.train import workdir as files
-from jattn.train.config import ConfigError, config_to_dict
+from jattn.train import workdir as workdir_lib
+from jattn.train.parts import CheckpointPart, ConfigError
 from jattn.train.resume_keys import (
     allowed_changes,
     check_allowed_changes,
@@ -73,7 +74,7 @@ __all__ = [
     "step_problem",
 ]
 
-CHECKPOINT_DIR = files.CHECKPOINTS
+CHECKPOINT_DIR = workdir_lib.CHECKPOINTS
 
 
 class DamagedStepError(Exception):
@@ -85,13 +86,13 @@ def _sane_step(metrics: dict[str, Any]) -> float:
     return float(metrics.get(SANE_STEP_METRIC, -1))
 
 
-def make_manager(workdir: str, config: ml_collections.ConfigDict) -> ocp.CheckpointManager:
+def make_manager(workdir: str, part: CheckpointPart) -> ocp.CheckpointManager:
     """The run's CheckpointManager (creates `workdir/checkpoints`)."""
-    mode = config.best_mode
+    mode = part.best_mode
     if mode not in ("max", "min"):
         raise ConfigError(f"best_mode={mode!r}: choose 'max' or 'min'")
     policies = [
-        cm.LatestN(n=max(int(config.keep_checkpoints), 1)),
+        cm.LatestN(n=max(int(part.keep), 1)),
         # The last sane checkpoint survives a divergence (see `jattn.train.sanity`).
         cm.BestN(
             get_metric_fn=_sane_step,
@@ -100,8 +101,8 @@ def make_manager(workdir: str, config: ml_collections.ConfigDict) -> ocp.Checkpo
             keep_checkpoints_without_metrics=False,
         ),
     ]
-    if config.best_metric:
-        name = config.best_metric
+    if part.best_metric:
+        name = part.best_metric
         sign = 1.0 if mode == "max" else -1.0
         policies.append(
             cm.BestN(
@@ -117,7 +118,7 @@ def make_manager(workdir: str, config: ml_collections.ConfigDict) -> ocp.Checkpo
         # item), so retention still knows them after a restart; `best_step()` is
         # then the last sane step.
         best_fn=_sane_step,
-        enable_async_checkpointing=bool(config.async_checkpointing),
+        enable_async_checkpointing=part.async_saves,
         cleanup_tmp_directories=True,
         create=True,
     )
@@ -198,14 +199,10 @@ def latest_complete_step(checkpoint_dir: str) -> int | None:
 
 
 def _check_meta(
-    meta: dict[str, Any],
-    workdir: str,
-    step: int,
-    config: ml_collections.ConfigDict,
-    vocab: str | None,
+    meta: dict[str, Any], workdir: str, step: int, config: dict[str, Any], vocab: str | None
 ) -> None:
-    """Refuses (ConfigError, one line) a `config` that cannot continue the checkpoint
-    of `step` whose ``meta`` is `meta`; see `check_compatible`."""
+    """Refuses (ConfigError, one line) a `config` (a run's `record`) that cannot
+    continue the checkpoint of `step` whose ``meta`` is `meta`; see `check_compatible`."""
     diffs = incompatibilities(meta["signature"], config, meta.get("config"))
     diffs += [d for d in [_vocabulary_changed(meta, vocab)] if d]
     if diffs:
@@ -239,7 +236,7 @@ def _meta_or_run_config(step_dir: str, workdir: str) -> dict[str, Any] | None:
     meta = _read_meta(step_dir)
     if meta is not None:
         return meta
-    saved_config = files.read_json(os.path.join(workdir, files.CONFIG))
+    saved_config = workdir_lib.read_json(os.path.join(workdir, workdir_lib.CONFIG))
     if saved_config is None:
         return None
     return {"signature": signature(saved_config), "config": saved_config}
@@ -248,10 +245,11 @@ def _meta_or_run_config(step_dir: str, workdir: str) -> dict[str, Any] | None:
 def check_compatible(
     mngr: ocp.CheckpointManager,
     workdir: str,
-    config: ml_collections.ConfigDict,
+    part: CheckpointPart,
     vocab: str | None = None,
 ) -> int | None:
-    """Checks that the latest checkpoint in `workdir` can continue under `config`.
+    """Checks that the latest checkpoint in `workdir` can continue under the run's
+    config (`part.record`).
 
     `vocab` is the hash of the tokenizer's vocabulary
     (`jattn.data.tokenizers.vocab_hash`): the tokenizer's name is in the
@@ -272,14 +270,14 @@ def check_compatible(
     step = mngr.latest_step()
     if step is None:
         return None
-    check_allowed_changes(config)
+    check_allowed_changes(part.record)
     meta = _meta_or_run_config(os.path.join(str(mngr.directory), str(step)), workdir)
     if meta is not None:
-        _check_meta(meta, workdir, step, config, vocab)
+        _check_meta(meta, workdir, step, part.record, vocab)
     return step
 
 
-def check_saved_config(workdir: str, config: ml_collections.ConfigDict) -> None:
+def check_saved_config(workdir: str, part: CheckpointPart) -> None:
     """`check_compatible` before any manager is opened or data loaded (the
     vocabulary is checked later, once the data set is loaded): a config that
     cannot continue the newest complete checkpoint in `workdir` is refused
@@ -288,14 +286,14 @@ def check_saved_config(workdir: str, config: ml_collections.ConfigDict) -> None:
     Raises:
       ConfigError: as `check_compatible`.
     """
-    check_allowed_changes(config)
+    check_allowed_changes(part.record)
     folder = os.path.join(workdir, CHECKPOINT_DIR)
     step = latest_complete_step(folder)
     if step is None:
         return
     meta = _meta_or_run_config(os.path.join(folder, str(step)), workdir)
     if meta is not None:
-        _check_meta(meta, workdir, step, config, None)
+        _check_meta(meta, workdir, step, part.record, None)
 
 
 # -- checksums ---------------------------------------------------------------------------
@@ -416,19 +414,21 @@ def save(
     step: int,
     state: Any,
     data_iter: Any,
-    config: ml_collections.ConfigDict,
+    part: CheckpointPart,
     metrics: dict[str, float] | None = None,
     vocab: str | None = None,
 ) -> None:
     """Starts an (async) save of `state` and the data iterator at `step`.
 
     `metrics` are what retention ranks by (`best_metric`, `SANE_STEP_METRIC`);
+    the run's config (`part.record`) and its signature go into ``meta``;
     `vocab` (the tokenizer's vocabulary hash) is recorded in ``meta``, and so
     are the number of processes, and the checksums a restore checks: of every
     array of `state` (`checksums`) and, with one process, of the iterator's
     position. They are part of the same atomic save as what they describe.
     """
-    meta = {"config": config_to_dict(config), "signature": signature(config), "step": int(step)}
+    config = json.loads(json.dumps(part.record))  # the meta's own copy
+    meta = {"config": config, "signature": signature(config), "step": int(step)}
     meta["process_count"] = jax.process_count()
     meta["checksums"] = {"state": checksums(state)}
     position = _position_sha256(data_iter) if jax.process_count() == 1 else None

@@ -1,10 +1,11 @@
-"""Experiment configs, in one place: defaults, loading, overrides, checks, the model config.
+"""A run's config from a file and the command line, and its one reading into pieces.
 
 A config file (`configs/X.py`) is a python file with
 `get_config(arg=None) -> ml_collections.ConfigDict` that starts from
 `default_config()` (every key of `jattn train`, with its default and
-meaning) and changes what it needs; `apply_variant` handles the common
-``:arg`` variants. Then, in the order `jattn train` runs them:
+meaning, `jattn.train.parts`) and changes what it needs; `apply_variant`
+handles the common ``:arg`` variants. Then, in the order `jattn train` runs
+them:
 
 1. `load_config` imports the file, calls `get_config` (with the text after
    the last ``:`` when there is one) and locks the result, so that a
@@ -12,13 +13,15 @@ meaning) and changes what it needs; `apply_variant` handles the common
 2. `apply_overrides` parses ``--config.model.d_model=128`` style arguments,
    converting each value to the type of the field it replaces;
 3. `check_config` checks every key and value that needs nothing but the
-   config, the model's fields included (by building the model config);
-4. `build_model_config` makes the `jattn.models.TransformerConfig` of the
-   run once the tokenizer's vocabulary is known.
+   config, the model's fields included (`jattn.train.checks`);
+4. `read_parts` reads the checked config, once, into the frozen pieces each
+   part of the run takes (`jattn.train.parts.Parts`): from here on no module
+   reads the config itself (tests/test_structure.py follows it from
+   `train_and_evaluate`).
 
-``model.*`` are the fields of `TransformerConfig` with their defaults (read
-from the dataclass, so a new field is a new key); the dataclass itself
-checks their values.
+This module is also where the config's public names are imported from: the
+keys and their defaults, `ConfigError` and the config's JSON form
+(`jattn.train.parts`), and `check_config` (`jattn.train.checks`).
 
 Every problem is reported as a `ConfigError` whose message is one line that
 names the key and the value it got; the CLI prints it and exits before
@@ -31,16 +34,36 @@ import ast
 import dataclasses
 import difflib
 import importlib.util
-import json
-import math
 import os
 import traceback
-import typing
 from collections.abc import Sequence
 from typing import Any
 
 import ml_collections
 from ml_collections import config_dict
+
+from jattn.train.checks import check_config
+from jattn.train.parts import (
+    REMOVED_KEYS,
+    CheckpointPart,
+    ConfigError,
+    DataPart,
+    DevicePart,
+    EvalPart,
+    LoopPart,
+    ModelPart,
+    OptimizerPart,
+    Parts,
+    StepPart,
+    build_model_config,
+    config_to_dict,
+    config_to_json,
+    default_config,
+    input_lengths,
+    model_defaults,
+    precision_context,
+    removed_key_error,
+)
 
 __all__ = [
     "ConfigError",
@@ -54,168 +77,14 @@ __all__ = [
     "default_config",
     "input_lengths",
     "load_config",
+    "matmul_precision",
     "model_defaults",
+    "read_parts",
     "removed_key_error",
     "split_overrides",
 ]
 
 _OVERRIDE_PREFIX = "--config."
-
-
-class ConfigError(ValueError):
-    """A bad config, config key, override value, or a config that does not fit the run."""
-
-
-# -- defaults ---------------------------------------------------------------------------
-
-
-def _placeholder_type(annotation: Any) -> type:
-    """The type a None default stands for: int for ``int | None`` (str if unclear)."""
-    kinds = [a for a in typing.get_args(annotation) if a is not type(None)]
-    kind = kinds[0] if len(kinds) == 1 else annotation
-    return kind if kind in (int, float, str, bool) else str
-
-
-def _device_keys(c: ml_collections.ConfigDict) -> None:
-    """How a run uses its devices: the mesh and the precision of its matmuls."""
-    # Sharding: sizes of the mesh axes ("data", "fsdp", "tensor"); one may be -1.
-    c.mesh_shape = (-1, 1, 1)
-    c.logical_axis_rules = ()  # () -> jattn.train.mesh.DEFAULT_RULES
-    # Precision of float32 matmuls (jax's default_matmul_precision for the whole
-    # run): "default" leaves jax's default, which on a GPU runs them as TF32 (and
-    # exact float32 on the CPU); "highest" (= "float32") asks for IEEE float32
-    # everywhere, e.g. to compare a GPU run with the CPU's tables; also "high"
-    # (bf16_3x on TPU), "tensorfloat32", "bfloat16". jattn.dot_product_attention's
-    # kernels set their own (docs/gpu.md).
-    c.matmul_precision = "default"
-
-
-def model_defaults() -> ml_collections.ConfigDict:
-    """`model.*`: every field of `jattn.models.TransformerConfig` with its default.
-
-    ``vocab_size=-1`` means "the tokenizer's size, rounded up to a multiple of
-    `vocab_multiple`". Fields whose default is None become typed placeholders
-    (the type from the field's annotation), so that
-    ``--config.model.num_kv_heads=2`` is checked as an int.
-    """
-    from jattn.models import TransformerConfig  # noqa: PLC0415
-
-    hints = typing.get_type_hints(TransformerConfig)
-    model = {}
-    for f in dataclasses.fields(TransformerConfig):
-        if f.default is not dataclasses.MISSING:
-            default = f.default
-        elif f.default_factory is not dataclasses.MISSING:
-            default = f.default_factory()
-        else:  # a required field: only vocab_size, which follows the tokenizer
-            default = -1
-        if default is None:
-            default = config_dict.placeholder(_placeholder_type(hints[f.name]))
-        model[f.name] = default
-    return ml_collections.ConfigDict(model)
-
-
-# Keys earlier jattn releases had for training several seeds (and swept optimiser
-# values) in one program; a run is one seed now. Each is refused by name, in one
-# line that says what replaces it.
-_SEED_AXIS = (
-    "a run trains one seed (config.seed): train several side by side as a grid with a "
-    "seed axis, `jattn ablate --jobs N` (e.g. --config.grid.seed.values=0,1,2)"
-)
-REMOVED_KEYS = {
-    "seeds": _SEED_AXIS,
-    "seed_mesh_axis": _SEED_AXIS,
-    "seed_program": _SEED_AXIS,
-    "debug_nan_seed": _SEED_AXIS,
-    "sweep_learning_rate": "a run trains one learning rate: sweep it as a grid axis on "
-    "learning_rate, `jattn ablate --jobs N`",
-    "sweep_warmup_steps": "a run trains one warmup: sweep it as a grid axis on "
-    "warmup_steps, `jattn ablate --jobs N`",
-}
-
-
-def removed_key_error(key: str) -> ConfigError:
-    """The one-line error for a key of `REMOVED_KEYS` (``config.seeds``, ...)."""
-    return ConfigError(f"config.{key} was removed: {REMOVED_KEYS[key]}")
-
-
-def default_config() -> ml_collections.ConfigDict:
-    """All keys, unlocked, with defaults suited to nothing in particular."""
-    c = ml_collections.ConfigDict()
-    c.seed = 0  # initialisation, dropout and the data order (jattn.train.load)
-
-    # Data (jattn.data.load / make_loader).
-    c.dataset = "numbers"  # jattn task name or a tfds translation data set
-    c.data_dir = config_dict.placeholder(str)  # None: $TFDS_DATA_DIR or ~/tensorflow_datasets
-    c.tokenizer = "char"  # "char" | "spm" | "spm_bpe"
-    c.vocab_size = 8000  # SentencePiece vocabulary size (ignored by "char")
-    c.vocab_multiple = 8  # model vocab = tokenizer vocab rounded up to this (sharding)
-    c.source_key = config_dict.placeholder(str)
-    c.target_key = config_dict.placeholder(str)
-    c.max_len = 64  # target (decoder) tokens a row in training, EOS included
-    # Input (encoder) tokens a row in training; 0: max_len (the layout before this
-    # key existed). Set it near the longest input when inputs are much shorter than
-    # targets (configs/numbers.py), so encoder rows are not mostly padding.
-    c.max_input_len = 0
-    c.pack = True  # several examples a row; each side fills its own row length
-    # "drop" | "truncate" training examples whose inputs exceed max_input_len or
-    # whose targets exceed max_len (truncate cuts each side to its own limit).
-    c.overlong = "drop"
-
-    # Optimisation.
-    c.batch_size = 64  # global rows a step (split over processes and the data axes)
-    c.num_train_steps = 1000
-    c.optimizer = "adam"  # "adam" | "adamw" | "sgd"
-    c.schedule = "rsqrt"  # "rsqrt" (the paper) | "constant" | "cosine" | "linear"
-    c.learning_rate = 1.0  # rsqrt: multiplier of d_model^-0.5 ...; others: peak rate
-    c.warmup_steps = 4000
-    c.adam_b1 = 0.9
-    c.adam_b2 = 0.98
-    c.adam_eps = 1e-9
-    c.weight_decay = 0.0  # adamw only
-    c.grad_clip_norm = 0.0  # > 0: clip the global gradient norm
-    c.grad_accum_steps = 1  # micro-batches a step (one update)
-    c.label_smoothing = 0.1
-    # Resuming a workdir whose checkpoint was saved under another num_train_steps,
-    # schedule, warmup_steps or learning_rate is refused unless this is True.
-    c.allow_schedule_change = False
-    # Resuming under another value of any other key that changes training (adam_b2,
-    # label_smoothing, grad_clip_norm, ...) is refused unless it is named here, e.g.
-    # --config.allow_config_change=adam_b2,label_smoothing (docs/reliability.md).
-    c.allow_config_change = ()
-
-    _device_keys(c)
-
-    # Evaluation.
-    c.eval_every_steps = 500
-    c.eval_splits = ("validation", "test_longer")  # those the task has are used
-    c.eval_batch_size = 64  # global rows
-    c.eval_max_len = 128  # target tokens a row for evaluation (longer examples are dropped)
-    c.eval_max_input_len = 0  # input tokens a row for evaluation (longer: dropped); 0: eval_max_len
-    c.eval_max_batches = 4  # per split, for loss/accuracy (0: the whole split)
-    c.eval_decode_examples = 128  # per split, decoded for exact match / BLEU / chrF
-    c.decode = "greedy"  # "greedy" | "beam"
-    c.beam_size = 4
-    c.beam_alpha = 0.6
-    c.decode_max_len = 0  # 0: eval_max_len
-
-    # Checkpoints and output.
-    c.checkpoint_every_steps = 500
-    c.keep_checkpoints = 2  # the last N, plus the best by best_metric
-    c.best_metric = "eval/validation/exact_match"  # "" keeps only the last N
-    c.best_mode = "max"  # "max" | "min"
-    c.async_checkpointing = True
-    c.log_every_steps = 50
-    c.progress_bar = True
-    # Also log to Weights & Biases (needs the `wandb` package; never required).
-    c.wandb = False
-    c.wandb_project = "jattn"
-
-    # Testing aid: > 0 makes the loss of that step NaN (see steps.make_train_step).
-    c.debug_nan_at_step = 0
-
-    c.model = model_defaults()
-    return c
 
 
 # -- variants (a config file's :arg) ----------------------------------------------------
@@ -485,198 +354,72 @@ def apply_overrides(
     return config
 
 
-# -- checks and what a config builds ---------------------------------------------------
+# -- the one reading of a checked config ---------------------------------------------------
 
 
-_POSITIVE = (
-    "batch_size",
-    "num_train_steps",
-    "eval_every_steps",
-    "checkpoint_every_steps",
-    "log_every_steps",
-    "eval_batch_size",
-    "eval_max_len",
-    "max_len",
-    "grad_accum_steps",
-    "keep_checkpoints",
-    "vocab_multiple",
-    "beam_size",
-)
-# 0 means "the same as another key" (see `input_lengths`).
-_NON_NEGATIVE = ("max_input_len", "eval_max_input_len")
-_CHOICES = {
-    "matmul_precision": ("default", "high", "highest", "float32", "tensorfloat32", "bfloat16"),
-    "decode": ("greedy", "beam"),
-    "best_mode": ("max", "min"),
-    "overlong": ("drop", "truncate"),
-}
+def read_parts(config: ml_collections.ConfigDict) -> Parts:
+    """The checked `config` read into the pieces each part of a run takes
+    (`jattn.train.parts`): the model's, the optimiser's, the train step's, the
+    data's, the evaluation's, the checkpoints', the loop's and the devices'.
+
+    A piece's field named as a config key holds that key's value; the others
+    are given here. "0 means another key" is resolved here (`max_input_len`,
+    `eval_max_input_len`, `decode_max_len`); nothing is checked (that is
+    `check_config`'s).
+    """
+    c = config
+    record = config_to_dict(c)
+    train_input, eval_input = input_lengths(c)
+    model = ModelPart(c.model.to_dict(), c.vocab_multiple)
+    evaluation = EvalPart(
+        splits=tuple(c.eval_splits),
+        batch_size=c.eval_batch_size,
+        max_len=c.eval_max_len,
+        input_len=eval_input,
+        max_batches=c.eval_max_batches,
+        decode_examples=c.eval_decode_examples,
+        decode=c.decode,
+        beam_size=c.beam_size,
+        beam_alpha=c.beam_alpha,
+        decode_max_len=c.decode_max_len or c.eval_max_len,
+        seed=c.seed,
+    )
+    checkpoints = CheckpointPart(
+        keep=c.keep_checkpoints,
+        best_metric=c.best_metric,
+        best_mode=c.best_mode,
+        async_saves=bool(c.async_checkpointing),
+        record=record,
+    )
+    devices = DevicePart(
+        mesh_shape=tuple(c.mesh_shape),
+        logical_axis_rules=tuple(tuple(r) for r in c.logical_axis_rules),
+        matmul_precision=c.matmul_precision,
+    )
+    return Parts(
+        model=model,
+        optimizer=_named(OptimizerPart, c, d_model=model.d_model),
+        step=_named(StepPart, c),
+        data=_named(DataPart, c, input_len=train_input),
+        evaluation=evaluation,
+        checkpoints=checkpoints,
+        loop=_named(LoopPart, c),
+        devices=devices,
+        seed=c.seed,
+        record=record,
+    )
+
+
+def _named(cls, config: ml_collections.ConfigDict, **given):
+    """The piece `cls` with each field not `given` read from the config key of its name."""
+    return cls(**{
+        f.name: given[f.name] if f.name in given else config[f.name]
+        for f in dataclasses.fields(cls)
+    })  # fmt: skip
 
 
 def matmul_precision(config: ml_collections.ConfigDict):
     """A context in which the run's matmuls take `config.matmul_precision`
-    (nothing at "default", so a run without the key traces as before)."""
-    import contextlib  # noqa: PLC0415
-
-    value = config.get("matmul_precision", "default")
-    if value == "default":
-        return contextlib.nullcontext()
-    import jax  # noqa: PLC0415
-
-    return jax.default_matmul_precision(value)
-
-
-def check_config(config: ml_collections.ConfigDict) -> None:
-    """Checks keys and values that need nothing but the config, the model's included.
-
-    Raises:
-      ConfigError: a missing or unknown key (configs should start from
-        `default_config`), an out-of-range value, or a model field that
-        `TransformerConfig` rejects, in one line.
-    """
-    reference = default_config()
-    missing = sorted(set(reference.keys()) - set(config.keys()))
-    if missing:
-        raise ConfigError(f"config lacks keys {missing}; start from jattn.train.default_config()")
-    extra = sorted(set(config.keys()) - set(reference.keys()))
-    for key in extra:
-        if key in REMOVED_KEYS:  # a config file of an earlier release
-            raise removed_key_error(key)
-    if extra:
-        raise ConfigError(f"unknown config keys {extra}")
-    for key in _POSITIVE:
-        value = config[key]
-        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-            raise ConfigError(f"config.{key} must be a positive int, got {value!r}")
-    for key in _NON_NEGATIVE:
-        value = config[key]
-        if isinstance(value, bool) or not isinstance(value, int) or value < 0:
-            raise ConfigError(f"config.{key} must be an int >= 0 (0: the default), got {value!r}")
-    for key, options in _CHOICES.items():
-        if config[key] not in options:
-            raise ConfigError(f"config.{key}={config[key]!r}: choose one of {options}")
-    for key in ("learning_rate", "warmup_steps", "weight_decay", "grad_clip_norm"):
-        value = config[key]
-        if isinstance(value, bool) or not isinstance(value, int | float) or not value >= 0:
-            raise ConfigError(f"config.{key} must be a number >= 0, got {value!r}")
-        if not math.isfinite(value):
-            raise ConfigError(f"config.{key} must be finite, got {value!r}")
-    if not 0.0 <= config.label_smoothing < 1.0:
-        raise ConfigError(f"config.label_smoothing must be in [0, 1), got {config.label_smoothing}")
-    if config.batch_size % config.grad_accum_steps:
-        raise ConfigError(
-            f"config.batch_size={config.batch_size} is not divisible by "
-            f"grad_accum_steps={config.grad_accum_steps}"
-        )
-    model = build_model_config(config)  # unknown model keys and the model's own checks
-    if model.random_positions:
-        _check_random_positions(config, model)
-    if model.max_position is not None:
-        # The scheme supports model.max_position positions (a learned table's
-        # rows): every row length must fit it.
-        name, longest = max(_row_lengths(config).items(), key=lambda kv: kv[1])
-        if longest > model.max_position:
-            raise ConfigError(
-                f"model.position={model.position!r} has model.max_len={model.max_position} "
-                f"positions, but {name} resolves to {longest}: raise model.max_len"
-            )
-
-
-def _check_random_positions(config: ml_collections.ConfigDict, model) -> None:
-    """Every segment a run draws random positions for fits in [0, M).
-
-    A segment of n tokens takes n distinct positions of [0, M), so n > M
-    cannot be drawn (in a jitted step it would repeat positions silently). A
-    decoder-only example is one segment of its input and target tokens; with
-    `random_positions_eval` evaluation and decoding draw them too.
-    """
-    rows = _row_lengths(config)
-    if model.arch.joined:  # (input, target) rows that form one segment
-        pairs = [("max_input_len", "max_len")]
-        if model.random_positions_eval:
-            pairs += [
-                ("eval_max_input_len", "eval_max_len"),
-                ("eval_max_input_len", "decode_max_len"),
-            ]
-        needs = {f"{a} + {b}": rows[a] + rows[b] for a, b in pairs}
-    else:
-        names = ["max_len", "max_input_len"]
-        if model.random_positions_eval:
-            names += ["eval_max_len", "eval_max_input_len", "decode_max_len"]
-        needs = {n: rows[n] for n in names}
-    name, need = max(needs.items(), key=lambda kv: kv[1])
-    if need > model.random_positions:
-        raise ConfigError(
-            f"model.random_positions={model.random_positions} must be >= {name}={need}: a "
-            "segment's positions are a sample of distinct values of [0, random_positions)"
-        )
-
-
-def _row_lengths(config: ml_collections.ConfigDict) -> dict[str, int]:
-    """Every row length a run uses, resolved (0 means max_len / eval_max_len):
-    max_len, max_input_len (training), eval_max_len, eval_max_input_len,
-    decode_max_len."""
-    train_in, eval_in = input_lengths(config)
-    return {
-        "max_len": config.max_len,
-        "max_input_len": train_in,
-        "eval_max_len": config.eval_max_len,
-        "eval_max_input_len": eval_in,
-        "decode_max_len": config.decode_max_len or config.eval_max_len,
-    }
-
-
-def input_lengths(config: ml_collections.ConfigDict) -> tuple[int, int]:
-    """(training, evaluation) input tokens a row, resolving 0 to max_len / eval_max_len."""
-    return (
-        config.max_input_len or config.max_len,
-        config.eval_max_input_len or config.eval_max_len,
-    )
-
-
-def build_model_config(config: ml_collections.ConfigDict, tokenizer_vocab: int | None = None):
-    """The run's `TransformerConfig`, from `config.model`; the model's own checks run here.
-
-    Args:
-      config: a full config.
-      tokenizer_vocab: the tokenizer's vocabulary size; ``model.vocab_size=-1``
-        becomes it, rounded up to a multiple of `vocab_multiple`. None (before
-        the data is loaded, as `check_config` calls it) checks every other
-        field with the smallest vocabulary.
-
-    Raises:
-      ConfigError: an invalid model field, or a vocab_size below the tokenizer's.
-    """
-    from jattn.models import TransformerConfig  # noqa: PLC0415
-
-    fields = config.model.to_dict()
-    if fields["vocab_size"] <= 0:
-        multiple = config.vocab_multiple
-        fields["vocab_size"] = math.ceil((tokenizer_vocab or 2) / multiple) * multiple
-    elif tokenizer_vocab is not None and fields["vocab_size"] < tokenizer_vocab:
-        raise ConfigError(
-            f"model.vocab_size={fields['vocab_size']} is smaller than the tokenizer's "
-            f"{tokenizer_vocab} (use -1 to follow the tokenizer)"
-        )
-    try:
-        return TransformerConfig.from_dict(fields)
-    except (ValueError, TypeError) as e:
-        raise ConfigError(f"config.model: {e}") from None
-
-
-# -- output ----------------------------------------------------------------------------
-
-
-def config_to_dict(config: ml_collections.ConfigDict) -> dict[str, Any]:
-    """A plain, JSON-friendly dict of the config (tuples become lists)."""
-    return json.loads(config_to_json(config))
-
-
-def config_to_json(config: ml_collections.ConfigDict) -> str:
-    """The resolved config as indented JSON, keys sorted."""
-
-    def default(o):
-        if isinstance(o, config_dict.FieldReference):
-            return o.get()
-        return str(o)
-
-    return json.dumps(config.to_dict(), indent=2, sort_keys=True, default=default)
+    (nothing at "default", so a run without the key traces as before);
+    `DevicePart.precision` of a read config."""
+    return precision_context(config.get("matmul_precision", "default"))

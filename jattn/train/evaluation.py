@@ -22,6 +22,18 @@ Metrics, per split ``S``:
   (their code scores each test length, then averages over lengths; the
   pooled ``beyond_train/accuracy`` weighs a length by its tokens, so the
   longest, hardest lengths count more there);
+- ``eval/S/tf_sequence_accuracy``: teacher-forced sequence accuracy, the
+  fraction of the evaluated examples whose every target token (EOS
+  included, padding not) is the argmax under the gold prefix: Ontañón et
+  al. 2022's score (their code feeds the gold prefix, takes the argmax,
+  cuts it after its first end token and compares it with the reference,
+  which is the same thing). For greedy decoding it is the same event as
+  exact match, not a looser one: a greedy output is right exactly when
+  each step's argmax, fed the right prefix, is the right token. The two
+  part only where the decoder's cached steps round an argmax differently
+  from this full pass, where the decoding limit cuts an output, or with
+  beam search. With ``eval/S/num_evaluated``, the examples it is over (N
+  of its k/N: every real row of the split, decoded or not);
 - ``eval/S/exact_match``: fraction of the first `eval_decode_examples`
   examples whose decoded output equals the reference string (in [0, 1]);
 - ``eval/S/num_decoded``: how many examples were decoded (N), so that the
@@ -48,14 +60,14 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 import jax
-import ml_collections
 import numpy as np
 
 from jattn.data import producibility
-from jattn.train import workdir as files
-from jattn.train.config import ConfigError, input_lengths
+from jattn.train import workdir as workdir_lib
+from jattn.train.parts import ConfigError, EvalPart
 
 __all__ = [
+    "TF_SEQUENCE",
     "EvalSet",
     "decode_fn",
     "evaluate",
@@ -68,6 +80,7 @@ __all__ = [
 
 EOS_ID, PAD_ID = 1, 0
 DECODED_METRICS = ("exact_match", "bleu", "chrf")  # every one `evaluate` knows
+TF_SEQUENCE = "tf_sequence_accuracy"  # eval/<split>/tf_sequence_accuracy
 
 
 @dataclasses.dataclass
@@ -108,7 +121,7 @@ def _pad_rows(batch: dict[str, np.ndarray], rows: int) -> dict[str, np.ndarray]:
 
 
 def load_eval_sets(
-    task: Any, make_loader: Callable[..., Any], config: Any, splits: Sequence[str]
+    task: Any, make_loader: Callable[..., Any], evaluation: EvalPart, splits: Sequence[str]
 ) -> dict[str, EvalSet]:
     """Reads and caches the eval rows of `splits` (see the module docstring).
 
@@ -116,7 +129,7 @@ def load_eval_sets(
       ConfigError: a split none of whose examples fits the eval row lengths
         (its metrics would silently read 0).
     """
-    _, input_len = input_lengths(config)
+    input_len = evaluation.input_len
     metrics = tuple(getattr(task, "metrics", DECODED_METRICS))
     unknown = sorted(set(metrics) - set(DECODED_METRICS))
     if unknown:
@@ -127,10 +140,11 @@ def load_eval_sets(
         loader = make_loader(
             task,
             split,
-            batch_size=config.eval_batch_size,
-            max_len=config.eval_max_len,
+            batch_size=evaluation.batch_size,
+            max_len=evaluation.max_len,
             max_input_len=input_len,
-            seed=None,  # the split's order
+            seed=evaluation.seed,
+            shuffle=False,
             num_epochs=1,
             pack=False,
             overlong="drop",
@@ -139,13 +153,13 @@ def load_eval_sets(
         for batch in loader:
             batch = {k: np.asarray(v) for k, v in batch.items()}
             count += int(np.sum(np.any(batch["targets"] > 0, axis=-1)))
-            batches.append(_pad_rows(batch, config.eval_batch_size))
-            if config.eval_max_batches and len(batches) >= config.eval_max_batches:
+            batches.append(_pad_rows(batch, evaluation.batch_size))
+            if evaluation.max_batches and len(batches) >= evaluation.max_batches:
                 break
         if count == 0:
             raise ConfigError(
                 f"eval split {split!r} has no example that fits eval_max_input_len="
-                f"{input_len} and eval_max_len={config.eval_max_len}: raise them, or drop "
+                f"{input_len} and eval_max_len={evaluation.max_len}: raise them, or drop "
                 f"{split!r} from eval_splits"
             )
         sets[split] = EvalSet(split, batches, count, metrics, longest)
@@ -192,7 +206,8 @@ def evaluate(
       eval_step: jitted `(params, batch) -> {"loss_sum", "weight_sum", "correct"}`
         with replicated outputs, and optionally per row ``row_correct`` and
         ``row_weight`` `[rows]` (teacher-forced hits and tokens; they give
-        ``beyond_train/accuracy`` and each decoded example's ``tf_correct``).
+        ``tf_sequence_accuracy``, ``beyond_train/accuracy`` and each decoded
+        example's ``tf_correct``).
       decode: jitted `(params, inputs [rows, S]) -> ids [rows, max_length]`,
         replicated output; None skips the decoded metrics.
       to_global: numpy batch (the same on every process) -> global arrays.
@@ -209,6 +224,7 @@ def evaluate(
     metrics, decodes = {}, {}
     for split, es in eval_sets.items():
         loss = weight = correct = beyond_correct = beyond_weight = 0.0
+        sequences = [0, 0]  # teacher-forced: [rows with every token right, rows]
         by_length: dict[int, list[float]] = {}  # target tokens -> [hits, tokens], beyond training
         examples: list[dict[str, Any]] = []
         for batch in es.batches:
@@ -218,6 +234,8 @@ def evaluate(
             weight += float(sums["weight_sum"])
             correct += float(sums["correct"])
             rows = _row_sums(sums)
+            if rows is not None:
+                sequences = [a + b for a, b in zip(sequences, _sequence_counts(*rows), strict=True)]
             if rows is not None and es.train_max_target_tokens is not None:
                 beyond = rows[1] > es.train_max_target_tokens  # [rows]
                 beyond_correct += float(np.sum(rows[0][beyond]))
@@ -233,6 +251,9 @@ def evaluate(
         prefix = f"eval/{split}/"
         metrics[prefix + "loss"] = loss / max(weight, 1.0)
         metrics[prefix + "accuracy"] = correct / max(weight, 1.0)
+        if sequences[1]:
+            metrics[prefix + TF_SEQUENCE] = sequences[0] / sequences[1]
+            metrics[prefix + "num_evaluated"] = sequences[1]  # N of its k/N
         if beyond_weight:
             metrics[prefix + "beyond_train/accuracy"] = beyond_correct / beyond_weight
             metrics[prefix + "beyond_train/length_avg_accuracy"] = float(
@@ -298,31 +319,38 @@ def _row_sums(sums: dict[str, Any]) -> tuple[np.ndarray, np.ndarray] | None:
     return np.asarray(sums["row_correct"]), np.asarray(sums["row_weight"])
 
 
+def _sequence_counts(hits: np.ndarray, tokens: np.ndarray) -> tuple[int, int]:
+    """(rows whose every target token is right teacher-forced, rows) of one batch's
+    per-row hits and tokens `[rows]`; padding rows (no token) are not rows."""
+    real = tokens > 0
+    return int(np.sum(real & (hits == tokens))), int(np.sum(real))
+
+
 def write_decodes(workdir: str, step: int, decodes: dict[str, list[dict[str, Any]]]) -> None:
     """Writes `workdir/decodes/<split>.jsonl` (the latest eval's decoded examples)."""
-    os.makedirs(os.path.join(workdir, files.DECODES), exist_ok=True)
+    os.makedirs(os.path.join(workdir, workdir_lib.DECODES), exist_ok=True)
     for split, examples in decodes.items():
-        path = files.decodes_path(workdir, split)
+        path = workdir_lib.decodes_path(workdir, split)
         with open(path + ".tmp", "w") as f:
             for e in examples:
                 f.write(json.dumps({"step": int(step), **e}) + "\n")
         os.replace(path + ".tmp", path)
 
 
-def decode_fn(model, config: ml_collections.ConfigDict):
+def decode_fn(model, evaluation: EvalPart):
     """`(params, inputs [B, S], targets [B, T]) -> ids [B, max_length]` per
-    `config.decode`, or None. The targets are read only by a model that is
+    `evaluation.decode`, or None. The targets are read only by a model that is
     told its output length (an encoder-only tape: `tape_lengths`, each row's
     target tokens); an autoregressive model decodes from the inputs alone."""
-    if config.eval_decode_examples <= 0:
+    if evaluation.decode_examples <= 0:
         return None
     from jattn.models import decoding  # noqa: PLC0415
 
-    max_length = config.decode_max_len or config.eval_max_len
+    max_length = evaluation.decode_max_len
     search = decoding.greedy
-    if config.decode == "beam":
+    if evaluation.decode == "beam":
         search = functools.partial(
-            decoding.beam_search, beam_size=config.beam_size, alpha=config.beam_alpha
+            decoding.beam_search, beam_size=evaluation.beam_size, alpha=evaluation.beam_alpha
         )
 
     def decode(params, inputs, targets):
@@ -337,7 +365,7 @@ def metric_names(eval_sets) -> list[str]:
     return ["train/loss", "train/accuracy"] + [
         f"eval/{es.split}/{m}"
         for es in eval_sets.values()
-        for m in ("loss", "accuracy", *es.metrics)
+        for m in ("loss", "accuracy", TF_SEQUENCE, *es.metrics)
     ]
 
 

@@ -1,9 +1,10 @@
-"""What a run is made of, and a trained run: `load_task(config)`, `environment`,
+"""What a run is made of, and a trained run: `open_task`, `environment`,
 `build_model`, `load_run(workdir)`.
 
-A run about to train loads its data set (`load_task`, `train_loader`), its
+A run about to train loads its data set (`open_task`, `train_loader`), its
 mesh and evaluation splits (`environment`) and its model and optimiser
-(`build_model`), and says so before the first step (`startup_summary`).
+(`build_model`), each from the pieces of its config that say what it is
+(`jattn.train.parts`), and says so before the first step (`startup_summary`).
 
     run = jattn.train.load_run("runs/numbers")            # the latest checkpoint
     logits = run.model.apply({"params": run.params}, inputs, targets)
@@ -11,7 +12,8 @@ mesh and evaluation splits (`environment`) and its model and optimiser
     run.tokenizer.decode(ids[0])                          # the run's own vocabulary
 
 The training loop and `load_run` open a config's data set the same way
-(`load_task`), so an analysis sees the tokenizer and splits the run trained on.
+(`open_task`, and `load_task` for a saved config), so an analysis sees the
+tokenizer and splits the run trained on.
 
 Parameters are restored onto one device (the first local one) whatever mesh
 the run was trained on, so a checkpoint of an 8-device run opens on a laptop.
@@ -32,11 +34,11 @@ import orbax.checkpoint as ocp
 from etils import epath
 
 from jattn.data import producibility
-from jattn.train import data_checks
+from jattn.train import checks
 from jattn.train import mesh as mesh_lib
-from jattn.train import workdir as files
+from jattn.train import workdir as workdir_lib
 from jattn.train.checkpoints import CHECKPOINT_DIR, step_problem
-from jattn.train.config import ConfigError, build_model_config, default_config, input_lengths
+from jattn.train.parts import TASK_KEYS, ConfigError, DataPart, LoopPart, Parts, default_config
 
 __all__ = [
     "TASK_KEYS",
@@ -49,16 +51,23 @@ __all__ = [
     "import_wandb",
     "load_run",
     "load_task",
+    "open_task",
     "startup_summary",
     "train_loader",
 ]
 
-# The config keys that name a run's data (`load_task`).
-TASK_KEYS = ("dataset", "data_dir", "tokenizer", "vocab_size", "source_key", "target_key")
+
+def open_task(data: DataPart):
+    """The `jattn.data` task (data set and tokenizer) of a run's data piece.
+
+    Raises:
+      ConfigError: an unknown data set or an unusable data key.
+    """
+    return _task(data.task_keys())
 
 
 def load_task(config: ml_collections.ConfigDict):
-    """The `jattn.data` task (data set and tokenizer) of a config.
+    """The `jattn.data` task of a saved config (a workdir's ``config.json``).
 
     Keys a config lacks (a run saved before they existed) take their
     `default_config` values.
@@ -66,29 +75,35 @@ def load_task(config: ml_collections.ConfigDict):
     Raises:
       ConfigError: an unknown data set or an unusable data key.
     """
+    defaults = default_config()
+    return _task({k: config.get(k, defaults[k]) for k in TASK_KEYS})
+
+
+def _task(keys: dict[str, Any]):
     from jattn import data  # noqa: PLC0415
 
-    defaults = default_config()
-    keys = {k: config.get(k, defaults[k]) for k in TASK_KEYS}
+    keys = dict(keys)
+    dataset = keys.pop("dataset")
     try:
-        return data.load(keys.pop("dataset"), **keys)
+        return data.load(dataset, **keys)
     except ValueError as e:
-        raise ConfigError(f"dataset={config.get('dataset')!r}: {e}") from None
+        raise ConfigError(f"dataset={dataset!r}: {e}") from None
 
 
-def train_loader(task, config: ml_collections.ConfigDict):
+def train_loader(task, data: DataPart):
     """This process's shard of the shuffled, packed training stream."""
     from jattn import data as data_lib  # noqa: PLC0415
 
     return data_lib.make_loader(
         task,
         "train",
-        batch_size=config.batch_size // jax.process_count(),
-        max_len=config.max_len,
-        max_input_len=input_lengths(config)[0],
-        seed=config.seed,
-        pack=config.pack,
-        overlong=config.overlong,
+        batch_size=data.batch_size // jax.process_count(),
+        max_len=data.max_len,
+        max_input_len=data.input_len,
+        seed=data.seed,
+        shuffle=True,
+        pack=data.pack,
+        overlong=data.overlong,
         shard=(jax.process_index(), jax.process_count()),
     )
 
@@ -117,35 +132,36 @@ class Model:
     schedule: Any
 
 
-def environment(config: ml_collections.ConfigDict) -> Environment:
-    """The mesh, the rules, the data set and the checked evaluation splits of `config`
-    (the config is checked already; this raises ConfigError before anything compiles)."""
-    mesh = mesh_lib.make_mesh(config.mesh_shape)
-    rules = tuple(tuple(r) for r in config.logical_axis_rules) or mesh_lib.DEFAULT_RULES
-    mesh_lib.check_sizes(config, mesh)
-    task = load_task(config)
-    eval_splits = data_checks.eval_splits(config, task)
-    data_checks.check_best_metric(config, task, eval_splits)
+def environment(parts: Parts) -> Environment:
+    """The mesh, the rules, the data set and the checked evaluation splits of a run
+    (its config is checked already; this raises ConfigError before anything compiles)."""
+    devices, data, evaluation = parts.devices, parts.data, parts.evaluation
+    mesh = mesh_lib.make_mesh(devices.mesh_shape)
+    rules = devices.logical_axis_rules or mesh_lib.DEFAULT_RULES
+    mesh_lib.check_sizes(mesh, data.batch_size, evaluation.batch_size, parts.step.grad_accum_steps)
+    task = open_task(data)
+    eval_splits = checks.eval_splits(evaluation, data, task)
+    checks.check_best_metric(parts.checkpoints.best_metric, task, eval_splits)
     return Environment(mesh, rules, task, eval_splits, jax.process_index() == 0)
 
 
-def build_model(config: ml_collections.ConfigDict, task) -> Model:
-    """The Transformer of `config` for `task`'s vocabulary, and its optimiser."""
+def build_model(parts: Parts, task) -> Model:
+    """The Transformer of a run for `task`'s vocabulary, and its optimiser."""
     from jattn.models import Transformer  # noqa: PLC0415 -- the model layer, on demand
     from jattn.train.optim import make_optimizer  # noqa: PLC0415
 
-    model_config = build_model_config(config, task.tokenizer.vocab_size)
-    tx, schedule = make_optimizer(config)
+    model_config = parts.model.build(task.tokenizer.vocab_size)
+    tx, schedule = make_optimizer(parts.optimizer)
     return Model(model_config, Transformer(model_config), tx, schedule)
 
 
-def import_wandb(config: ml_collections.ConfigDict):
-    """The `wandb` module when `config.wandb` asks for it, else None.
+def import_wandb(loop: LoopPart):
+    """The `wandb` module when `loop.wandb` (``config.wandb``) asks for it, else None.
 
     Raises:
       ConfigError: `config.wandb=True` without the package installed.
     """
-    if not config.wandb:
+    if not loop.wandb:
         return None
     try:
         import wandb  # noqa: PLC0415 -- optional, never required
@@ -157,18 +173,15 @@ def import_wandb(config: ml_collections.ConfigDict):
     return wandb
 
 
-def _architectures_line(config, task) -> str:
-    """This model's parameter count beside every other registered
-    architecture's at this width (and "shared" layers where they are), so
-    runs of different architectures can be compared at equal size."""
+def startup_summary(
+    workdir, parts: Parts, model: Model, mesh, task, eval_sets, start: int, data_check
+) -> str:
+    """What the run is about to do, printed before the first step. The parameter
+    count is the architecture line's (`jattn.models.architecture_line`): this
+    model's beside every other registered architecture's at this width (and
+    "shared" layers where they are), so runs of different architectures can be
+    compared at equal size."""
     from jattn.models import architecture_line  # noqa: PLC0415 -- the model layer
-
-    return architecture_line(build_model_config(config, task.tokenizer.vocab_size))
-
-
-def startup_summary(workdir, config, mesh, task, eval_sets, start: int, data_check) -> str:
-    """What the run is about to do, printed before the first step (the
-    parameter count is the architecture line's, `jattn.models.architecture_line`)."""
     from jattn.train import allocator  # noqa: PLC0415
 
     devices = jax.devices()
@@ -179,16 +192,16 @@ def startup_summary(workdir, config, mesh, task, eval_sets, start: int, data_che
             sizes.append(f"{split} {len(task.source(split)):,} examples")
         except (TypeError, ValueError):  # a source without a length
             sizes.append(f"{split} (size unknown)")
-    input_len, _ = input_lengths(config)
+    data = parts.data
     lines = [
         f"workdir: {workdir}" + (f" (resuming at step {start})" if start else ""),
-        _architectures_line(config, task),  # "parameters: N (architecture, ...)"
+        architecture_line(model.config),  # "parameters: N (architecture, ...)"
         f"devices: {len(devices)} x {', '.join(kinds)} ({jax.process_count()} process(es)); "
         f"mesh {dict(mesh.shape)}"
         + ("; " + allocator.describe() if devices[0].platform == "cpu" else ""),
-        f"data {config.dataset}: " + ", ".join(sizes),
-        f"training rows: {config.batch_size} a step ({input_len} input + {config.max_len} "
-        f"target tokens), {config.num_train_steps:,} steps",
+        f"data {data.dataset}: " + ", ".join(sizes),
+        f"training rows: {data.batch_size} a step ({data.input_len} input + {data.max_len} "
+        f"target tokens), {parts.loop.num_train_steps:,} steps",
     ]
     if eval_sets:
         lines.append(
@@ -272,7 +285,7 @@ def load_run(
     from jattn.models import Transformer, TransformerConfig  # noqa: PLC0415
 
     warn = warn or _warn
-    for name in (files.CONFIG, files.MODEL_CONFIG):
+    for name in (workdir_lib.CONFIG, workdir_lib.MODEL_CONFIG):
         if not os.path.exists(os.path.join(workdir, name)):
             raise FileNotFoundError(f"load_run: {workdir!r} has no {name}; not a jattn workdir")
     steps = checkpoint_steps(workdir)
@@ -280,9 +293,10 @@ def load_run(
         raise FileNotFoundError(f"load_run: no checkpoint in {workdir!r}")
     if step is not None and step not in steps:
         raise ValueError(f"load_run: no checkpoint at step {step} in {workdir!r}; saved: {steps}")
-    config = ml_collections.ConfigDict(files.read_json(os.path.join(workdir, files.CONFIG)))
+    saved = workdir_lib.read_json(os.path.join(workdir, workdir_lib.CONFIG))
+    config = ml_collections.ConfigDict(saved)
     model_config = TransformerConfig.from_dict(
-        files.read_json(os.path.join(workdir, files.MODEL_CONFIG))
+        workdir_lib.read_json(os.path.join(workdir, workdir_lib.MODEL_CONFIG))
     )
     named = step is not None
     step, state = _newest_intact(workdir, [step] if named else steps, warn, named)

@@ -2,7 +2,7 @@
 
 `drive(run, watch)` runs a `jattn.train.run.Run` (built, initialised or
 restored and jitted before it gets here) from its start step to
-``config.num_train_steps``:
+``num_train_steps``, reading the config's `LoopPart` (`run.loop`):
 
     while step < num_train_steps:
         train one step; check the background saves
@@ -40,7 +40,7 @@ class TrainingDivergedError(RuntimeError):
 
 
 def drive(run, watch: PreemptionWatch) -> dict[str, Any]:
-    """Trains `run` to ``config.num_train_steps`` (or to a SIGTERM) and finishes it.
+    """Trains `run` to ``run.loop.num_train_steps`` (or to a SIGTERM) and finishes it.
 
     Returns:
       What `run.finish` returns.
@@ -52,19 +52,19 @@ def drive(run, watch: PreemptionWatch) -> dict[str, Any]:
         one during the last step's log, evaluation or save, once the run is
         finished (its files written).
     """
-    config, progress = run.config, run.progress
+    loop, progress = run.loop, run.progress
     step, eval_step_done, preempted = run.start, -1, False
     last_sane, save_failed = (run.start or None), False
     watch.stage = "training"
     try:
         with jax.set_mesh(run.mesh), nn.logical_axis_rules(run.rules):
-            while step < config.num_train_steps:
+            while step < loop.num_train_steps:
                 run.train_step(step + 1)
                 step += 1
                 filesystem.check_saves(run.mngr)  # a background save that failed stops the run
-                do_eval = step % config.eval_every_steps == 0 or step == config.num_train_steps
-                do_save = step % config.checkpoint_every_steps == 0 or do_eval
-                do_log = step % config.log_every_steps == 0 or do_save
+                do_eval = step % loop.eval_every_steps == 0 or step == loop.num_train_steps
+                do_save = step % loop.checkpoint_every_steps == 0 or do_eval
+                do_log = step % loop.log_every_steps == 0 or do_save
                 preempted = watch.reached(step)
                 if do_log or preempted:
                     run.log(step)

@@ -21,13 +21,12 @@ from collections.abc import Sequence
 from typing import Any
 
 import jax
-import ml_collections
 import numpy as np
 from flax import linen as nn
 from jax.sharding import AxisType, Mesh, NamedSharding
 from jax.sharding import PartitionSpec as P
 
-from jattn.train.config import ConfigError
+from jattn.train.parts import ConfigError
 
 __all__ = [
     "BATCH_SPEC",
@@ -176,19 +175,22 @@ def make_global_batch(
     return {k: jax.make_array_from_process_local_data(sharding, v) for k, v in local.items()}
 
 
-def check_sizes(config: ml_collections.ConfigDict, mesh: jax.sharding.Mesh) -> None:
-    """Batch sizes against the data-parallel axes and the processes (before compiling)."""
+def check_sizes(
+    mesh: jax.sharding.Mesh, batch_size: int, eval_batch_size: int, grad_accum_steps: int
+) -> None:
+    """The global batch sizes (training, evaluation) and the training micro-batch
+    against the data-parallel axes and the processes (before compiling)."""
     rows = mesh.shape["data"] * mesh.shape["fsdp"]
     nproc = jax.process_count()
-    for key in ("batch_size", "eval_batch_size"):
-        if config[key] % rows:
+    for key, size in (("batch_size", batch_size), ("eval_batch_size", eval_batch_size)):
+        if size % rows:
             raise ConfigError(
-                f"{key}={config[key]} is not divisible by the data-parallel devices "
+                f"{key}={size} is not divisible by the data-parallel devices "
                 f"data*fsdp={rows} of mesh {dict(mesh.shape)}"
             )
-    if config.batch_size % nproc:
-        raise ConfigError(f"batch_size={config.batch_size} is not divisible by {nproc} processes")
-    micro = config.batch_size // config.grad_accum_steps
+    if batch_size % nproc:
+        raise ConfigError(f"batch_size={batch_size} is not divisible by {nproc} processes")
+    micro = batch_size // grad_accum_steps
     if micro % rows:
         raise ConfigError(
             f"micro-batch batch_size/grad_accum_steps={micro} is not divisible by data*fsdp={rows}"

@@ -31,7 +31,7 @@ import time
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from jattn.train import workdir as files
+from jattn.train import workdir as workdir_lib
 
 __all__ = [
     "MetricsWriter",
@@ -68,7 +68,7 @@ class MetricsWriter:
 
     def __init__(self, workdir: str, *, enabled: bool = True, resume_step: int | None = None):
         self.enabled = enabled
-        self.path = os.path.join(workdir, files.METRICS)
+        self.path = os.path.join(workdir, workdir_lib.METRICS)
         self._tb = None
         self._wandb = None
         if not enabled:
@@ -145,7 +145,7 @@ def read_metrics(workdir: str) -> list[dict[str, Any]]:
 
     A torn last line (a crash mid-write) is skipped.
     """
-    return files.read_jsonl(os.path.join(workdir, files.METRICS))
+    return workdir_lib.read_jsonl(os.path.join(workdir, workdir_lib.METRICS))
 
 
 def logged_losses(workdir: str) -> list[Any]:
@@ -353,10 +353,9 @@ class TrainMetrics:
         return self._steady_steps / self._steady_time
 
 
-def flat_hparams(config) -> dict[str, Any]:
-    """The config as flat ``{"key": value, "model.key": value}`` for TensorBoard."""
-    from jattn.train.config import config_to_dict  # noqa: PLC0415
-
+def flat_hparams(record: dict[str, Any]) -> dict[str, Any]:
+    """A run's config as plain JSON (`Parts.record`) made flat, ``{"key": value,
+    "model.key": value}``, for TensorBoard."""
     flat = {}
 
     def add(name: str, value: Any) -> None:  # nested groups (model.position_options.rope.*) too
@@ -367,7 +366,7 @@ def flat_hparams(config) -> dict[str, Any]:
             flat[name] = "" if value is None else (
                 str(tuple(value)) if isinstance(value, list) else value)  # fmt: skip
 
-    for key, value in config_to_dict(config).items():
+    for key, value in record.items():
         add(key, value)
     return flat
 

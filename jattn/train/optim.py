@@ -1,8 +1,9 @@
-"""Learning-rate schedules and optimisers, picked by name from the config.
+"""Learning-rate schedules and optimisers, picked by name from the optimiser's piece.
 
-Config keys read here: `schedule`, `learning_rate`, `warmup_steps`,
-`num_train_steps`, `model.d_model`, `optimizer`, `adam_b1`, `adam_b2`,
-`adam_eps`, `weight_decay`, `grad_clip_norm`.
+What is read here is the config's `OptimizerPart` (`jattn.train.parts`):
+`schedule`, `learning_rate`, `warmup_steps`, `num_train_steps`, `d_model`
+(``model.d_model``), `optimizer`, `adam_b1`, `adam_b2`, `adam_eps`,
+`weight_decay`, `grad_clip_norm`.
 
 The paper's schedule ("rsqrt", Vaswani et al. 2017, eq. 3) is
 
@@ -22,10 +23,9 @@ from __future__ import annotations
 from collections.abc import Callable
 
 import jax.numpy as jnp
-import ml_collections
 import optax
 
-from jattn.train.config import ConfigError
+from jattn.train.parts import ConfigError, OptimizerPart
 
 __all__ = [
     "OPTIMIZERS",
@@ -48,39 +48,39 @@ def rsqrt_schedule(learning_rate: float, d_model: int, warmup_steps: int) -> Sch
     return schedule
 
 
-def _rsqrt(c: ml_collections.ConfigDict) -> Schedule:
-    return rsqrt_schedule(c.learning_rate, c.model.d_model, c.warmup_steps)
+def _rsqrt(c: OptimizerPart) -> Schedule:
+    return rsqrt_schedule(c.learning_rate, c.d_model, c.warmup_steps)
 
 
-def _warmup(c: ml_collections.ConfigDict) -> optax.Schedule:
+def _warmup(c: OptimizerPart) -> optax.Schedule:
     """Linear warmup: `learning_rate * (count + 1) / warmup_steps`, reaching the peak at
     count `warmup_steps - 1` (constant at the peak without warmup)."""
     w = max(c.warmup_steps, 1)
     return optax.linear_schedule(c.learning_rate / w, c.learning_rate, w - 1)
 
 
-def _then(c: ml_collections.ConfigDict, decay: optax.Schedule) -> optax.Schedule:
+def _then(c: OptimizerPart, decay: optax.Schedule) -> optax.Schedule:
     """Warmup for `warmup_steps` counts, then `decay` (counted from the end of warmup)."""
     return optax.join_schedules([_warmup(c), decay], boundaries=[c.warmup_steps])
 
 
-def _decay_steps(c: ml_collections.ConfigDict) -> int:
+def _decay_steps(c: OptimizerPart) -> int:
     return max(c.num_train_steps - c.warmup_steps, 1)
 
 
-def _constant(c: ml_collections.ConfigDict) -> Schedule:
+def _constant(c: OptimizerPart) -> Schedule:
     return _warmup(c)
 
 
-def _cosine(c: ml_collections.ConfigDict) -> Schedule:
+def _cosine(c: OptimizerPart) -> Schedule:
     return _then(c, optax.cosine_decay_schedule(c.learning_rate, _decay_steps(c)))
 
 
-def _linear(c: ml_collections.ConfigDict) -> Schedule:
+def _linear(c: OptimizerPart) -> Schedule:
     return _then(c, optax.linear_schedule(c.learning_rate, 0.0, _decay_steps(c)))
 
 
-SCHEDULES: dict[str, Callable[[ml_collections.ConfigDict], Schedule]] = {
+SCHEDULES: dict[str, Callable[[OptimizerPart], Schedule]] = {
     "rsqrt": _rsqrt,
     "constant": _constant,
     "cosine": _cosine,
@@ -88,11 +88,11 @@ SCHEDULES: dict[str, Callable[[ml_collections.ConfigDict], Schedule]] = {
 }
 
 
-def make_schedule(config: ml_collections.ConfigDict) -> Schedule:
-    """The learning-rate schedule named by `config.schedule`."""
-    if config.schedule not in SCHEDULES:
-        raise ConfigError(f"schedule={config.schedule!r}: choose one of {sorted(SCHEDULES)}")
-    return SCHEDULES[config.schedule](config)
+def make_schedule(part: OptimizerPart) -> Schedule:
+    """The learning-rate schedule named by `part.schedule`."""
+    if part.schedule not in SCHEDULES:
+        raise ConfigError(f"schedule={part.schedule!r}: choose one of {sorted(SCHEDULES)}")
+    return SCHEDULES[part.schedule](part)
 
 
 def _adam(c, lr):
@@ -110,26 +110,24 @@ def _sgd(c, lr):
 OPTIMIZERS = {"adam": _adam, "adamw": _adamw, "sgd": _sgd}
 
 
-def make_optimizer(
-    config: ml_collections.ConfigDict,
-) -> tuple[optax.GradientTransformation, Schedule]:
-    """The optimiser named by `config.optimizer`, with global-norm clipping when
-    `config.grad_clip_norm > 0`.
+def make_optimizer(part: OptimizerPart) -> tuple[optax.GradientTransformation, Schedule]:
+    """The optimiser named by `part.optimizer`, with global-norm clipping when
+    `part.grad_clip_norm > 0`.
 
     Gradient accumulation is not an optax wrapper here: the train step scans
     over `grad_accum_steps` micro-batches and applies one update, so the step
     counter, schedule and checkpoints mean the same with or without it.
 
     Args:
-      config: the run's config.
+      part: the run's optimiser piece (`Parts.optimizer`).
 
     Returns:
       (the optax transformation, the schedule, for logging).
     """
-    if config.optimizer not in OPTIMIZERS:
-        raise ConfigError(f"optimizer={config.optimizer!r}: choose one of {sorted(OPTIMIZERS)}")
-    schedule = make_schedule(config)
-    tx = OPTIMIZERS[config.optimizer](config, schedule)
-    if config.grad_clip_norm and config.grad_clip_norm > 0:
-        tx = optax.chain(optax.clip_by_global_norm(config.grad_clip_norm), tx)
+    if part.optimizer not in OPTIMIZERS:
+        raise ConfigError(f"optimizer={part.optimizer!r}: choose one of {sorted(OPTIMIZERS)}")
+    schedule = make_schedule(part)
+    tx = OPTIMIZERS[part.optimizer](part, schedule)
+    if part.grad_clip_norm and part.grad_clip_norm > 0:
+        tx = optax.chain(optax.clip_by_global_norm(part.grad_clip_norm), tx)
     return tx, schedule

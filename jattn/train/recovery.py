@@ -67,7 +67,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from jattn.train import workdir as files
+from jattn.train import workdir as workdir_lib
 from jattn.train.checkpoints import (
     DamagedStepError,
     checksums,
@@ -388,13 +388,13 @@ def archive_metrics(workdir: str, warn: Callable[[str], None]) -> str | None:
     Returns:
       The archived ``metrics.jsonl`` path, or None if there was nothing to keep.
     """
-    path = os.path.join(workdir, files.METRICS)
+    path = os.path.join(workdir, workdir_lib.METRICS)
     if not os.path.exists(path) or os.path.getsize(path) == 0:
         return None
     stamp = time.strftime("%Y%m%dT%H%M%S")
     kept = os.path.join(workdir, f"metrics.{stamp}.jsonl")
     os.replace(path, kept)
-    final = os.path.join(workdir, files.FINAL_METRICS)
+    final = os.path.join(workdir, workdir_lib.FINAL_METRICS)
     if os.path.exists(final):
         os.replace(final, os.path.join(workdir, f"final_metrics.{stamp}.json"))
     warn(

@@ -15,7 +15,8 @@ the data set is even loaded):
 
 Keys a checkpoint's saved config lacks (added to jattn after it was saved)
 are not compared. Nothing here reads a checkpoint: these are pure functions
-of two configs.
+of two configs, each a plain dict (a run's `Parts.record`, a checkpoint's
+saved config) or, from a caller outside a run, a `ConfigDict`.
 """
 
 from __future__ import annotations
@@ -25,7 +26,7 @@ from typing import Any
 
 import ml_collections
 
-from jattn.train.config import ConfigError, config_to_dict, model_defaults
+from jattn.train.parts import ConfigError, config_to_dict, model_defaults
 
 __all__ = [
     "COMPAT_KEYS",
@@ -110,14 +111,21 @@ MODEL_RESUME_SAFE_KEYS = ("attention_assume_finite",)
 _BY_SIGNATURE = ("max_input_len",)
 
 
-def signature(config: ml_collections.ConfigDict | dict[str, Any]) -> dict[str, Any]:
+Config = ml_collections.ConfigDict | dict[str, Any]
+
+
+def _plain(config: Config) -> dict[str, Any]:
+    return config if isinstance(config, dict) else config_to_dict(config)
+
+
+def signature(config: Config) -> dict[str, Any]:
     """The part of a config a checkpoint must agree with to be resumed.
 
     `input_len` is the effective training input row length (`max_input_len`,
     0 meaning `max_len`): it decides how examples pack into rows, so a run
     cannot continue its data stream under another value.
     """
-    flat = config if isinstance(config, dict) else config_to_dict(config)
+    flat = _plain(config)
     sig = {k: flat.get(k) for k in COMPAT_KEYS}
     if isinstance(sig["model"], dict):
         sig["model"] = _model_signature(sig["model"])
@@ -130,12 +138,12 @@ def _model_signature(model: dict[str, Any]) -> dict[str, Any]:
     return {k: v for k, v in model.items() if k not in MODEL_RESUME_SAFE_KEYS}
 
 
-def allowed_changes(config: ml_collections.ConfigDict) -> set[str]:
+def allowed_changes(config: Config) -> set[str]:
     """The keys `allow_config_change` names."""
     return set(config.get("allow_config_change", ()) or ())
 
 
-def schedule_changes(meta: dict[str, Any], config: ml_collections.ConfigDict) -> dict[str, str]:
+def schedule_changes(meta: dict[str, Any], config: Config) -> dict[str, str]:
     """What differs in `SCHEDULE_KEYS` between a checkpoint's ``meta`` item (its
     ``config``) and `config`: ``{key: "key: checkpoint A != config B"}`` (none
     for a meta without a config)."""
@@ -147,7 +155,7 @@ def schedule_changes(meta: dict[str, Any], config: ml_collections.ConfigDict) ->
     }
 
 
-def config_changes(meta: dict[str, Any], config: ml_collections.ConfigDict) -> dict[str, str]:
+def config_changes(meta: dict[str, Any], config: Config) -> dict[str, str]:
     """Every top-level key outside `COMPAT_KEYS`, `SCHEDULE_KEYS` and
     `RESUME_SAFE_KEYS` whose value differs between a checkpoint's saved config
     (``meta["config"]``) and `config`: ``{key: "key: checkpoint A != config B"}``.
@@ -157,7 +165,7 @@ def config_changes(meta: dict[str, Any], config: ml_collections.ConfigDict) -> d
     config compares nothing.
     """
     saved = meta.get("config") or {}
-    now = config_to_dict(config)
+    now = _plain(config)
     skip = set(COMPAT_KEYS) | set(SCHEDULE_KEYS) | set(RESUME_SAFE_KEYS) | set(_BY_SIGNATURE)
     return {
         k: f"{k}: checkpoint {saved[k]!r} != config {now[k]!r}"
@@ -166,7 +174,7 @@ def config_changes(meta: dict[str, Any], config: ml_collections.ConfigDict) -> d
     }
 
 
-def check_allowed_changes(config: ml_collections.ConfigDict) -> None:
+def check_allowed_changes(config: Config) -> None:
     """`allow_config_change` names top-level keys a resume may change.
 
     Raises:
@@ -193,7 +201,7 @@ def check_allowed_changes(config: ml_collections.ConfigDict) -> None:
 
 def incompatibilities(
     saved: dict[str, Any],
-    config: ml_collections.ConfigDict,
+    config: Config,
     saved_config: dict[str, Any] | None = None,
 ) -> list[str]:
     """What differs between a checkpoint's saved signature and `config`'s, one

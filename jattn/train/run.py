@@ -3,9 +3,11 @@
 Every run does seven stages, the first five here, the loop in
 `jattn.train.loop`:
 
-1. check the config, and against the workdir's checkpoint (if any) what
-   needs no data; build the mesh, load the data, build the model
-   (`jattn.train.load`: the config is read into the pieces each part uses,
+1. check the config and read it, once, into the pieces each part of the run
+   takes (`jattn.train.config.read_parts`: the model's, the optimiser's, the
+   data's, the checkpoints', ...; no module below reads the config itself);
+   check against the workdir's checkpoint (if any) what needs no data; build
+   the mesh, load the data, build the model (`jattn.train.load`:
    `Environment` and `Model`);
 2. open the workdir and its checkpoints, refuse an incompatible one (or a
    workdir an earlier jattn laid out for several seeds), return the saved
@@ -24,6 +26,7 @@ axis (`jattn ablate --jobs N`, `jattn.analysis.runner`).
 from __future__ import annotations
 
 import contextlib
+import copy
 import math
 import os
 import re
@@ -36,10 +39,10 @@ from flax import linen as nn
 from jattn.data import producibility
 from jattn.data.tokenizers import check_saved, vocab_hash
 from jattn.train import checkpoints as ckpt
-from jattn.train import data_checks, evaluation, filesystem, load, recovery
+from jattn.train import checks, evaluation, filesystem, load, recovery
 from jattn.train import mesh as mesh_lib
-from jattn.train import workdir as files
-from jattn.train.config import ConfigError, check_config, config_to_dict, matmul_precision
+from jattn.train import workdir as workdir_lib
+from jattn.train.config import ConfigError, check_config, read_parts
 from jattn.train.distributed import PreemptionWatch, warn
 from jattn.train.load import Environment, Model, build_model, environment, import_wandb
 from jattn.train.loop import TrainingDivergedError, drive
@@ -53,6 +56,7 @@ from jattn.train.metrics import (
     strict_json_value,
     write_final_metrics,
 )
+from jattn.train.parts import Parts
 from jattn.train.sanity import SANE_STEP_METRIC, LossSanity, insane_warning
 from jattn.train.steps import jit_steps, make_init
 from jattn.train.workdir import WorkdirLock
@@ -98,9 +102,11 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict[
     """
     watch = PreemptionWatch(stage="start-up")  # SIGTERM from here on ends the run
     with contextlib.ExitStack() as stack:
-        stack.enter_context(matmul_precision(config))  # the steps are traced under it
         stack.callback(watch.close)
-        run = _open(config, os.path.abspath(workdir), stack)
+        check_config(config)
+        parts = read_parts(config)  # the one reading of the config
+        stack.enter_context(parts.devices.precision())  # the steps are traced under it
+        run = _open(parts, os.path.abspath(workdir), stack)
         return run if isinstance(run, dict) else drive(run, watch)
 
 
@@ -124,7 +130,7 @@ def refuse_seed_program(workdir: str) -> None:
         if _MEMBER_DIR.match(name)
         and any(
             os.path.exists(os.path.join(workdir, name, part))
-            for part in (files.CONFIG, ckpt.CHECKPOINT_DIR)
+            for part in (workdir_lib.CONFIG, ckpt.CHECKPOINT_DIR)
         )
     )
     if found:
@@ -149,11 +155,11 @@ def open_workdir(stack, workdir: str) -> None:
     recovery.set_aside_incomplete(checkpoints, warn)
 
 
-def _open_checkpoints(env, workdir: str, config, vocab) -> tuple[Any, int | None]:
+def _open_checkpoints(env, workdir: str, parts: Parts, vocab) -> tuple[Any, int | None]:
     """The run's checkpoint manager and latest step, compatible with its config."""
-    mngr = ckpt.make_manager(workdir, config)
-    latest = ckpt.check_compatible(mngr, workdir, config, vocab)
-    data_checks.check_row_lengths(config, env.task, warn)  # a resume's diffs say more
+    mngr = ckpt.make_manager(workdir, parts.checkpoints)
+    latest = ckpt.check_compatible(mngr, workdir, parts.checkpoints, vocab)
+    checks.check_row_lengths(parts.data, env.task, warn)  # a resume's diffs say more
     if latest is not None:
         try:
             check_saved(workdir, env.task.tokenizer)
@@ -162,27 +168,28 @@ def _open_checkpoints(env, workdir: str, config, vocab) -> tuple[Any, int | None
     return mngr, latest
 
 
-def _open(config, workdir: str, stack) -> Run | dict[str, Any]:
+def _open(parts: Parts, workdir: str, stack) -> Run | dict[str, Any]:
     """Stages 1-5: a `Run` ready for `drive`, or the saved result of a finished one."""
-    check_config(config)
-    wandb = import_wandb(config)
+    wandb = import_wandb(parts.loop)
     # What needs no data is refused before the data set is prepared (minutes for a large one).
     refuse_seed_program(workdir)
-    ckpt.check_saved_config(workdir, config)
-    env = environment(config)
+    ckpt.check_saved_config(workdir, parts.checkpoints)
+    env = environment(parts)
     data_check = producibility.check(env.task, env.eval_splits)
-    model = build_model(config, env.task)
+    model = build_model(parts, env.task)
 
     open_workdir(stack, workdir)
     vocab = vocab_hash(env.task.tokenizer)
-    mngr, latest = _open_checkpoints(env, workdir, config, vocab)
-    done = files.finished_metrics(workdir, config.num_train_steps)
-    if latest == config.num_train_steps and done is not None:
+    mngr, latest = _open_checkpoints(env, workdir, parts, vocab)
+    steps = parts.loop.num_train_steps
+    done = workdir_lib.finished_metrics(workdir, steps)
+    if latest == steps and done is not None:
         mngr.close()
         return done
     if env.is_main:
-        files.write_run_files(workdir, config, model.config, env.task.tokenizer, data_check)
-    run = Run(config, workdir, env, model, mngr)
+        tokenizer = env.task.tokenizer
+        workdir_lib.write_run_files(workdir, parts.record, model.config, tokenizer, data_check)
+    run = Run(parts, workdir, env, model, mngr)
     run.vocab, run.data_check = vocab, data_check
     run.init_or_restore()
     run.compile()
@@ -197,21 +204,22 @@ class Run:
     """The state of one run, its jitted steps and bookkeeping, stepped by
     `jattn.train.loop.drive`.
 
-    Attributes read by the loop: `config`, `workdir` (named in a failed write's
-    error), `mesh`, `rules`, `mngr` (the run's checkpoint manager), `progress`,
-    `start` (0, or the restored step).
+    Attributes read by the loop: `loop` (the config's `LoopPart`: how long, how
+    often), `workdir` (named in a failed write's error), `mesh`, `rules`, `mngr`
+    (the run's checkpoint manager), `progress`, `start` (0, or the restored step).
     """
 
-    def __init__(self, config, workdir: str, env: Environment, model: Model, mngr):
-        self.config, self.workdir, self.env, self.model = config, workdir, env, model
+    def __init__(self, parts: Parts, workdir: str, env: Environment, model: Model, mngr):
+        self.parts, self.workdir, self.env, self.model = parts, workdir, env, model
+        self.loop = parts.loop
         self.mesh, self.rules = env.mesh, env.rules
         self.mngr = mngr
         self.vocab, self.data_check = None, {}
         self.eval_metrics: dict[str, float] = {}
         # 3. The abstract state and its shardings, from the logical axis names.
         rows = env.mesh.shape["data"] * env.mesh.shape["fsdp"]
-        self.init_boxed = make_init(model.module, model.tx, config, rows=rows)
-        self.root = jax.random.key_data(jax.random.key(config.seed))  # uint32 [2]
+        self.init_boxed = make_init(model.module, model.tx, parts.data, rows=rows)
+        self.root = jax.random.key_data(jax.random.key(parts.seed))  # uint32 [2]
         self.abstract, self.shardings = mesh_lib.abstract_state(
             self.init_boxed, self.root, env.mesh, env.rules
         )
@@ -222,13 +230,13 @@ class Run:
         """4. The newest step that restores, or a new state; the data iterator."""
         from jattn import data as data_lib  # noqa: PLC0415
 
-        env, mngr = self.env, self.mngr
+        env, mngr, parts = self.env, self.mngr, self.parts
         self.eval_sets = evaluation.load_eval_sets(
-            env.task, data_lib.make_loader, self.config, env.eval_splits
+            env.task, data_lib.make_loader, parts.evaluation, env.eval_splits
         )
 
         def restore(step: int):
-            it = iter(load.train_loader(env.task, self.config))
+            it = iter(load.train_loader(env.task, parts.data))
             return ckpt.restore(mngr, step, self.abstract, it), it
 
         with jax.set_mesh(env.mesh), nn.logical_axis_rules(env.rules):
@@ -242,15 +250,16 @@ class Run:
                     lambda r: nn.meta.unbox(self.init_boxed(r)), out_shardings=self.shardings
                 )
                 self.state = init(self.root)
-                self.iterator = iter(load.train_loader(env.task, self.config))
+                self.iterator = iter(load.train_loader(env.task, parts.data))
         self.start = step or 0
 
     def compile(self) -> None:
         """5. The jitted train step, eval and decode (`jattn.train.steps.jit_steps`)."""
-        model = self.model
+        model, parts = self.model, self.parts
         self.step_fn, self.eval_step, self.decode = jit_steps(
-            model.module, model.tx, model.schedule, self.config, self.mesh, self.shardings
-        )
+            model.module, model.tx, model.schedule, parts.step, parts.evaluation, self.mesh,
+            self.shardings,
+        )  # fmt: skip
         self.batch_sharding = mesh_lib.batch_sharding(self.mesh)
         self.to_global = lambda b: mesh_lib.make_global_batch(
             b, self.batch_sharding, replicated_input=True
@@ -258,29 +267,31 @@ class Run:
 
     def open_metrics(self, wandb) -> None:
         """The writer, the step metrics, the loss sanity, the bar, the start-up summary."""
-        config, is_main = self.config, self.env.is_main
+        loop, is_main = self.loop, self.env.is_main
         self.progress = Progress(
-            config.num_train_steps,
+            loop.num_train_steps,
             self.start,
-            enabled=is_main and config.progress_bar,
+            enabled=is_main and loop.progress_bar,
             is_main=is_main,
         )
         self.writer = MetricsWriter(self.workdir, enabled=is_main, resume_step=self.start)
-        self.writer.hparams(flat_hparams(config), evaluation.metric_names(self.eval_sets))
+        self.writer.hparams(
+            flat_hparams(self.parts.record), evaluation.metric_names(self.eval_sets)
+        )
         self.tracker = TrainMetrics(self.writer, self.progress)
         self.sanity = LossSanity(logged_losses(self.workdir))
         self.last_sane = True  # whether the last logged loss was sane
         if wandb is not None and is_main:
             run = wandb.init(
-                project=config.wandb_project,
+                project=loop.wandb_project,
                 name=os.path.basename(self.workdir),
                 dir=self.workdir,
-                config=config_to_dict(config),
+                config=copy.deepcopy(self.parts.record),
             )
             self.writer.log_to_wandb(run)
         summary = load.startup_summary(
-            self.workdir, config, self.mesh, self.env.task, self.eval_sets, self.start,
-            self.data_check,
+            self.workdir, self.parts, self.model, self.mesh, self.env.task, self.eval_sets,
+            self.start, self.data_check,
         )  # fmt: skip
         self.progress.write(summary)
 
@@ -302,7 +313,7 @@ class Run:
         metrics, decodes = evaluation.evaluate(
             self.state.params, self.eval_sets, eval_step=self.eval_step, decode=self.decode,
             to_global=self.to_global, tokenizer=self.env.task.tokenizer,
-            num_decode=self.config.eval_decode_examples,
+            num_decode=self.parts.evaluation.decode_examples,
         )  # fmt: skip
         if self.env.is_main:
             evaluation.write_decodes(self.workdir, step, decodes)
@@ -318,7 +329,10 @@ class Run:
             SANE_STEP_METRIC: step if self.last_sane else -1,
         }
         with filesystem.checked_save(self.mngr, step, self.save_bytes):
-            ckpt.save(self.mngr, step, self.state, self.iterator, self.config, saved, self.vocab)
+            ckpt.save(
+                self.mngr, step, self.state, self.iterator, self.parts.checkpoints, saved,
+                self.vocab,
+            )  # fmt: skip
 
     @property
     def sane(self) -> bool:
@@ -360,5 +374,6 @@ class Run:
             **producibility.metrics(self.data_check),
         }
         if self.env.is_main and not preempted:
-            return write_final_metrics(os.path.join(self.workdir, files.FINAL_METRICS), result)
+            path = os.path.join(self.workdir, workdir_lib.FINAL_METRICS)
+            return write_final_metrics(path, result)
         return {k: strict_json_value(v) for k, v in result.items()}

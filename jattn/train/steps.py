@@ -24,9 +24,9 @@ from flax import linen as nn
 from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
-from jattn.train import evaluation
+from jattn.train import evaluation as evaluation_lib
 from jattn.train import mesh as mesh_lib
-from jattn.train.config import input_lengths
+from jattn.train.parts import DataPart, EvalPart, StepPart
 
 __all__ = [
     "TrainState",
@@ -245,14 +245,15 @@ def make_eval_step(model: nn.Module) -> Callable[[Any, Batch], dict[str, jax.Arr
     return eval_step
 
 
-def make_init(model, tx, config, rows: int):
-    """`rng key data -> TrainState` with boxed (logically annotated) parameters."""
-    input_len, _ = input_lengths(config)  # encoder row length; config.max_len: decoder's
+def make_init(model, tx, data: DataPart, rows: int):
+    """`rng key data -> TrainState` with boxed (logically annotated) parameters, of
+    `rows` rows of the training data's lengths (inputs `data.input_len`, targets
+    `data.max_len`)."""
 
     def init_boxed(rng: jax.Array) -> TrainState:
         init_rng, state_rng = jax.random.split(jax.random.wrap_key_data(rng))
-        inputs = jnp.zeros((rows, input_len), jnp.int32)  # [rows, S]
-        targets = jnp.zeros((rows, config.max_len), jnp.int32)  # [rows, T]
+        inputs = jnp.zeros((rows, data.input_len), jnp.int32)  # [rows, S]
+        targets = jnp.zeros((rows, data.max_len), jnp.int32)  # [rows, T]
         params = model.init({"params": init_rng}, inputs, targets, train=False)["params"]
         return TrainState(
             step=jnp.zeros((), jnp.int32),
@@ -264,19 +265,21 @@ def make_init(model, tx, config, rows: int):
     return init_boxed
 
 
-def jit_steps(module: nn.Module, tx, schedule, config, mesh, shardings):
+def jit_steps(
+    module: nn.Module, tx, schedule, step: StepPart, evaluation: EvalPart, mesh, shardings
+):
     """The run's `(train_step, eval_step, decode or None)`, jitted with explicit shardings.
 
     ``train_step(state, batch) -> (state, metrics)`` donates the state (a
     non-finite loss is the caller's error: `jattn.train.metrics.TrainMetrics`);
     ``eval_step(params, batch)`` is `make_eval_step`'s; ``decode(params, inputs,
-    targets)`` decodes per `config.decode` (None without decoded examples).
+    targets)`` decodes per `evaluation.decode` (None without decoded examples).
     Metrics and outputs come back replicated.
 
     Args:
       module, tx, schedule: the model, its optimiser and learning-rate schedule.
-      config: reads `label_smoothing`, `grad_accum_steps`, `debug_nan_at_step`
-        and what `jattn.train.evaluation.decode_fn` reads.
+      step: the train step's piece (label smoothing, micro-batches, the NaN aid).
+      evaluation: what `jattn.train.evaluation.decode_fn` reads.
       mesh: the run's mesh; batches are sharded over its data axes.
       shardings: the `TrainState`'s shardings (`jattn.train.mesh.abstract_state`).
     """
@@ -287,10 +290,10 @@ def jit_steps(module: nn.Module, tx, schedule, config, mesh, shardings):
             module,
             tx,
             schedule,
-            label_smoothing=config.label_smoothing,
-            grad_accum_steps=config.grad_accum_steps,
+            label_smoothing=step.label_smoothing,
+            grad_accum_steps=step.grad_accum_steps,
             micro_spec=NamedSharding(mesh, P(None, *mesh_lib.BATCH_SPEC)),
-            debug_nan_at_step=config.debug_nan_at_step,
+            debug_nan_at_step=step.debug_nan_at_step,
         ),
         in_shardings=(shardings, batch_sharding),
         out_shardings=(shardings, replicated),
@@ -301,7 +304,7 @@ def jit_steps(module: nn.Module, tx, schedule, config, mesh, shardings):
         in_shardings=(shardings.params, batch_sharding),
         out_shardings=replicated,
     )
-    decode_one = evaluation.decode_fn(module, config)
+    decode_one = evaluation_lib.decode_fn(module, evaluation)
     decode = decode_one and jax.jit(
         decode_one,
         in_shardings=(shardings.params, batch_sharding, batch_sharding),

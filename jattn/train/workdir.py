@@ -121,15 +121,15 @@ def finished_metrics(workdir: str, num_train_steps: int) -> dict[str, Any] | Non
 
 
 def write_run_files(
-    workdir: str, config, model_config, tokenizer, data_check: Mapping[str, Any]
+    workdir: str, record: Mapping[str, Any], model_config, tokenizer, data_check: Mapping[str, Any]
 ) -> None:
-    """What makes a workdir self-contained (`load_run`): ``config.json``,
+    """What makes a workdir self-contained (`load_run`): ``config.json`` (the run's
+    config as plain JSON, `Parts.record`, written as `config_to_json` writes it),
     ``model_config.json``, the tokenizer and ``data_check.json``."""
     from jattn.data.tokenizers import save_to_dir  # noqa: PLC0415 -- keeps this module light
-    from jattn.train.config import config_to_json  # noqa: PLC0415
 
     with open(os.path.join(workdir, CONFIG), "w") as f:
-        f.write(config_to_json(config))
+        json.dump(record, f, indent=2, sort_keys=True)
     with open(os.path.join(workdir, MODEL_CONFIG), "w") as f:
         json.dump(model_config.to_dict(), f, indent=2, sort_keys=True)
     save_to_dir(tokenizer, workdir)

@@ -171,7 +171,7 @@ def term_in(cls, name, when):
         return original(self, *args, **kwargs)
     setattr(cls, name, patched)
 
-last = lambda self, step, *rest: step == self.config.num_train_steps
+last = lambda self, step, *rest: step == self.loop.num_train_steps
 if stage == "first run starts":
     term_in(program, "init_or_restore", lambda self: True)
 elif stage == "second run starts":

@@ -23,7 +23,7 @@ known to work, how to see the warning).
 The configuration a call picks is decided here too: tile sizes per backend
 (`default_blocks`, checked by `check_block`), Triton warps by tile rows
 (`default_warps`), the backward variant (`BACKWARD_VARIANTS`) and the name
-of the dots' precision (`matmul_precision_name`, see `tile_math.dot`).
+of the dots' precision (`matmul_precision_name`, see `tile_dot.dot`).
 `kernel_report` says what a call of a given shape would run (backend, tile
 sizes, warps, stages, matmul precision, backward variant), for users and for
 the first line of `benchmarks/gpu.py`.
@@ -36,7 +36,7 @@ import importlib
 import jax
 import jax.numpy as jnp
 
-from jattn.attention.pallas.tile_math import DEFAULT_PRECISION, PRECISIONS, dot_precision
+from jattn.attention.pallas.tile_dot import DEFAULT_PRECISION, PRECISIONS, dot_precision
 
 __all__ = [
     "BACKENDS",
@@ -164,10 +164,10 @@ def default_warps(
     Shaw forward's 64-row tile (bf16) is the exception: it carries the
     `[bq, Rp]` value-term masses and the gathered key-term tile besides the
     output, 255 registers a thread at 4 warps (spilling at head dim 128,
-    `jattn bench aot`), so it gets 8; so does a forward with a score mod
+    `python benchmarks/aot.py`), so it gets 8; so does a forward with a score mod
     (`mod_forward`: FIRE's loop at head dim 128 spilled 96 B at 64x64 with
     4 warps, none with 8). A light score mod's 16-row backward tiles
-    (`light_mod`, `score_mod_tiles.LIGHT_MOD_COST`) get 2 warps: at 4,
+    (`light_mod`, `score_mod_checks.LIGHT_MOD_COST`) get 2 warps: at 4,
     ALiBi's dk/dv kernel at head dim 64 spilled 8 B with 96 registers, and
     none at 2; a heavy one (T5's select chain) keeps 4, where 2 spill.
     float32 at head dim > 64 (`wide_f32`) takes 8 in every kernel: three
@@ -217,7 +217,7 @@ def default_blocks(
 ) -> tuple[tuple[int, int], tuple[int, int]]:
     """Default `((block_q, block_k) forward, (block_q, block_k) backward)`.
 
-    GPU, chosen by what ptxas reports for sm_90a (`jattn bench aot`,
+    GPU, chosen by what ptxas reports for sm_90a (`python benchmarks/aot.py`,
     docs/gpu.md): no spills in bfloat16 and 16 KB of shared memory to spare.
     - bfloat16 / fp16 forward 128x64; 64x64 with Shaw terms (whose `[bq,
       Rp]` accumulators add register pressure). Backward 64x64 at head dim
@@ -236,7 +236,7 @@ def default_blocks(
       terms), 32x32 above (16x32 with Shaw terms; a 64x64 tile there asks
       256 KB of shared memory, over the H100's 227 KB); backward 16x32.
       The fewest spills of the tiles tried. A score mod whose forward runs
-      a loop (`loop_mod`, `score_mod_tiles.has_loop`: FIRE's MLP) takes a
+      a loop (`loop_mod`, `score_mod_checks.has_loop`: FIRE's MLP) takes a
       32x64 forward at head dim <= 64 too: FIRE's spilled 144 B at 128x64
       (8 warps) and 260 B at 64x64, none at 32x64 (4 warps), with ptxas
       12.9 and 13.5 alike.
@@ -268,7 +268,7 @@ def default_blocks(
 
 def matmul_precision_name(dtype, precision: str | None = None) -> str:
     """How the Triton kernels multiply operands of `dtype` at `precision`
-    (see `tile_math.dot`)."""
+    (see `tile_dot.dot`)."""
     precision = check_precision(precision)
     if dot_precision(dtype, precision) is None:
         return f"{jnp.dtype(dtype).name} inputs, float32 accumulation"
@@ -380,9 +380,9 @@ def kernel_report(
     length `s` and head dim `head_dim` here: a dict with the backend,
     versions, tile sizes, warps and stages (forward and backward), the
     matmul precision and the backward variant. `score_mod`: a score mod is
-    applied; `light_mod`: and it is light (`score_mod_tiles.backward_cost`
+    applied; `light_mod`: and it is light (`score_mod_checks.backward_cost`
     at most `LIGHT_MOD_COST`, which the call itself measures); `loop_mod`:
-    and its forward runs a loop (`score_mod_tiles.has_loop`); `blocks`:
+    and its forward runs a loop (`score_mod_checks.has_loop`); `blocks`:
     `flash_attention`'s `(block_q, block_k)`, None for the default. Raises
     `PallasBackendError` where the call itself would."""
     backend = resolve_backend(interpret)

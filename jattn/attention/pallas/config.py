@@ -1,6 +1,6 @@
 """What the flash kernels are given, shared by both kernel families.
 
-`KernelConfig` is what `flash_attention.prepare` decides once per call (tile
+`KernelConfig` is what `preparation.prepare` decides once per call (tile
 sizes, which optional inputs exist, the visibility and dropout rules) and
 what every kernel reads; it is hashable, so it keys compilation. The
 compiler parameters of each backend are built from it here, so the Mosaic
@@ -20,7 +20,7 @@ from typing import Any, NamedTuple
 import jax
 from jax.experimental import pallas as pl
 
-from jattn.attention.pallas.tile_math import TRITON_X3
+from jattn.attention.pallas.tile_dot import TRITON_X3
 from jattn.masks import Visibility
 
 Array = jax.Array
@@ -94,7 +94,7 @@ class KernelConfig:
     dropout_broadcast_batch: bool = False  # one keep mask for every batch row
     backward: str = "split"  # "split" (dq and dk/dv kernels) | "fused" (one kernel)
     score_mod: Any = None  # score_mod_tiles.ModSpec or None (its `grad`: params' gradient)
-    precision: str = "tf32x3"  # float32 dots of the Triton kernels: tile_math.PRECISIONS
+    precision: str = "tf32x3"  # float32 dots of the Triton kernels: tile_dot.PRECISIONS
     # Tp (the padded query length) when the Triton kernels add a distance mod's
     # Toeplitz tiles (`distance_tiles`, input `KernelInputs.distance_tiles`), else 0.
     distance_tiles: int = 0
@@ -250,7 +250,7 @@ def mosaic_params(cfg: KernelConfig, semantics: tuple[str, ...]):
 
 
 def with_triton_x3(cfg: KernelConfig) -> KernelConfig:
-    """`cfg` with its "tf32x3" dots done by Triton (`tile_math.TRITON_X3`)
+    """`cfg` with its "tf32x3" dots done by Triton (`tile_dot.TRITON_X3`)
     when it compiles for a GPU; unchanged otherwise. For the code whose
     float32 head-dim-128 builds spill with the hand split and not with
     Triton's: the split dq kernel, the fused kernel's dq half and the

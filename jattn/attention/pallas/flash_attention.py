@@ -1,29 +1,19 @@
 """`implementation="pallas"`: tiled flash attention with a custom VJP.
 
 The public entry `flash_attention` receives the normal form of
-`jattn.attention` and:
-
-1. moves the Shaw tables out of the inner loop: the key term becomes a
-   per-query table `qr = scale * q @ key_tableᵀ` (`[B, T, N, 2k+1]`, one XLA
-   matmul) that the kernel reads one column per relative id, and the value
-   term comes back from the kernel as the weight mass per relative id
-   (`pr`, `[B, T, N, 2k+1]`), multiplied by the value table here. Neither a
-   `[T, S, H]` tensor nor a `[T, S]` mask ever exists;
-2. pads lengths to the tile sizes (and head dims to powers of two on the
-   GPU); padded keys are masked in-kernel, padded queries are sliced away;
-3. builds the block map: per (query tile, key tile) a class of `jattn.attention.tiles`
-   (SKIP / PARTIAL / FULL_LEFT / FULL_RIGHT) from the tiles' min/max positions
-   and segment ids, the causal and local-window rules and, if given, the
-   user mask; and per row / column the loop bounds, so tiles outside a
-   window are never visited. It is O((T/bq)·(S/bk));
-4. runs the forward kernel, whose custom VJP runs the backward, recomputing
-   probabilities from the saved log-sum-exp: the Triton kernels
-   (`triton_forward`, `triton_backward`, `fused_backward`) on GPUs and in
-   interpret mode, the Mosaic ones (`mosaic_forward`, `mosaic_backward`) on
-   TPU. Both take the same padded inputs (`config.KernelInputs`) and block
-   map and return the same layouts, so everything here is shared. The
-   backward is `backward="split"` (a dq kernel and a dk/dv kernel) or, for
-   the Triton kernels, `"fused"` (one kernel, see `fused_backward`).
+`jattn.attention`; `preparation.prepare` pads it and builds what the kernels
+read (tile sizes, the Shaw key term as a per-query table `qr`, the block
+maps, the static `KernelConfig`s); this module then runs the forward kernel,
+whose custom VJP runs the backward, recomputing probabilities from the saved
+log-sum-exp: the Triton kernels (`triton_forward`, `triton_backward`,
+`fused_backward`) on GPUs and in interpret mode, the Mosaic ones
+(`mosaic_forward`, `mosaic_backward`) on TPU. Both take the same padded
+inputs (`config.KernelInputs`) and block map and return the same layouts,
+so everything here is shared. The backward is `backward="split"` (a dq
+kernel and a dk/dv kernel) or, for the Triton kernels, `"fused"` (one
+kernel, see `fused_backward`). The Shaw value term comes back from the
+kernel as the weight mass per relative id (`pr`, `[B, T, N, 2k+1]`),
+multiplied by the value table here.
 
 Backend choice is `jattn.attention.pallas.backend`'s: on a GPU the Triton lowering or
 a `PallasBackendError`, never a silent switch to Mosaic GPU.
@@ -82,37 +72,24 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-import math
-from typing import NamedTuple
 
 import jax
 import jax.numpy as jnp
 from jax.custom_derivatives import CustomVJPPrimal, SymbolicZero
 
-from jattn.attention import scores
 from jattn.attention.normal_form import EMPTY_ROW_LSE, NormalForm
-from jattn.attention.pallas import (
-    distance_tiles,
-    score_mod_tiles,
-    tile_math,
-    triton_backward,
-    triton_forward,
-)
+from jattn.attention.pallas import tile_math, triton_backward, triton_forward
 from jattn.attention.pallas.backend import (
     BACKENDS,
     TPU_BACKENDS,
     check_backward,
     check_block,
     check_precision,
-    default_backward_stages,
     default_blocks,
-    default_warps,
     matmul_precision_name,
-    pad_size,
-    pow2_size,
     resolve_backend,
 )
-from jattn.attention.pallas.blockmap import block_map, run_bounds, static_tiling, tiling
+from jattn.attention.pallas.blockmap import block_map, run_bounds
 from jattn.attention.pallas.config import (
     BackwardTiles,
     FixedInputs,
@@ -122,7 +99,7 @@ from jattn.attention.pallas.config import (
     dbias_kind,
     dkv_config,
 )
-from jattn.attention.tiles import pad_axis
+from jattn.attention.pallas.preparation import Prepared, prepare
 
 Array = jax.Array
 
@@ -310,10 +287,10 @@ def _flash_core_bwd(fwd_cfg, bwd_cfg, res, cts):
         d_tiles = None
         if want_dmod is not None:
             if bwd_cfg.backend in _TPU_BACKENDS:
-                from jattn.attention.pallas import mosaic_distance_grad as grad
+                from jattn.attention.pallas import mosaic_distance_grad as distance_grad
             else:
-                from jattn.attention.pallas import triton_distance_grad as grad
-            d_tiles = grad.flash_dtiles(bwd_cfg, ins)
+                from jattn.attention.pallas import triton_distance_grad as distance_grad
+            d_tiles = distance_grad.flash_dtiles(bwd_cfg, ins)
         d_mod = (None, d_tiles, None)
     else:
         d_mod = _reduce_mod_grads(bwd_cfg, mod, d_mod)
@@ -373,7 +350,7 @@ def flash_attention(
       precision: how the Triton kernels (GPU and interpret mode) multiply
         float32 operands: "tf32x3" (None, the default: three TF32
         tensor-core passes on split operands, ~float32 accuracy, see
-        `tile_math.dot`) or "ieee" (float32 FMAs, no tensor cores; slower,
+        `tile_dot.dot`) or "ieee" (float32 FMAs, no tensor cores; slower,
         and its compile spills far more). 16-bit operands always multiply
         natively; the Mosaic (TPU) kernels always use HIGHEST.
       backend: the kernel family and mode explicitly, instead of by the
@@ -425,25 +402,6 @@ def flash_attention(
     )
 
 
-class Prepared(NamedTuple):
-    """Padded kernel inputs and static configs of one call (see `prepare`)."""
-
-    fwd_cfg: KernelConfig
-    bwd_cfg: KernelConfig
-    q: Array  # [B, Tp, N, Hp]
-    k: Array  # [B, Sp, K, Hp]
-    v: Array  # [B, Sp, K, Hvp]
-    qr: Array | None  # [B, Tp, N, Rp] float32
-    bias: Array | None  # [B|1, N|1, Tp|1, Sp|1]
-    mod: tuple[Array, ...] | None  # the score mod's leaves, in kernel shapes
-    fixed: FixedInputs  # positions, segment ids, int mask, dropout seed, block maps
-
-    @property
-    def dkv_cfg(self) -> KernelConfig:
-        """The split backward's dk/dv kernel's config (`config.dkv_config`)."""
-        return dkv_config(self.bwd_cfg)
-
-
 def _flash_attention(
     nf: NormalForm,
     *,
@@ -488,262 +446,3 @@ def _flash_attention(
     # Base 2 -> natural; the kernels' empty rows -> the normal form's sentinel.
     lse = jnp.where(lse == tile_math.EMPTY_LSE, EMPTY_ROW_LSE, lse * tile_math.LN2)
     return out.astype(nf.query.dtype), lse
-
-
-def prepare(
-    nf: NormalForm,
-    *,
-    block_q: int | None,
-    block_k: int | None,
-    backend: str,
-    backward: str = "split",
-    num_warps: int | None = None,
-    precision: str | None = None,
-    backward_blocks: tuple[int, int] | None = None,
-    backward_warps: int | None = None,
-    backward_tiles: BackwardTiles | None = None,
-) -> Prepared:
-    """Everything before the kernels: tile sizes, padding, the Shaw key-term
-    table, block maps and bounds, static configs."""
-    check_backward(backward)
-    precision = check_precision(precision)
-    tiles_ = backward_tiles or BackwardTiles()
-    if not isinstance(tiles_, BackwardTiles):
-        raise ValueError(
-            f"flash_attention: backward_tiles must be a BackwardTiles, got {type(tiles_).__name__}"
-        )
-    warp_args = (
-        ("num_warps", num_warps),
-        ("backward_warps", backward_warps),
-        ("backward_tiles.dq_warps", tiles_.dq_warps),
-        ("backward_tiles.dkv_warps", tiles_.dkv_warps),
-    )
-    for name, warps in warp_args:
-        if warps is not None and (warps < 1 or warps & (warps - 1)):
-            raise ValueError(f"flash_attention: {name} must be a power of two, got {warps}")
-    query, key, value, bias, mask = nf.query, nf.key, nf.value, nf.bias, nf.mask
-    b, t, n, h = query.shape
-    _, s, kh, hv = value.shape
-    use_qr, use_pr = nf.rel_key is not None, nf.rel_value is not None
-    # A per-logit score mod's spec (a distance mod read from Toeplitz tiles
-    # has none: its function never runs in a kernel).
-    use_tiles = distance_tiles.applies(nf, backend)
-    spec = leaves = None
-    if nf.score_mod is not None and not use_tiles:
-        spec, leaves = score_mod_tiles.mod_spec(nf.score_mod, backend)
-    (fwd_block_q, fwd_block_k), (bwd_block_q, bwd_block_k) = default_blocks(
-        backend,
-        t,
-        s,
-        nf.shaw,
-        max(h, hv),
-        query.dtype,
-        score_mod=nf.score_mod is not None,
-        loop_mod=spec is not None and backend == "gpu" and score_mod_tiles.has_loop(spec),
-    )
-    if block_q is not None:
-        fwd_block_q = bwd_block_q = check_block("block_q", block_q, backend, t)
-    if block_k is not None:
-        fwd_block_k = bwd_block_k = check_block("block_k", block_k, backend, s)
-
-    def blocks(name: str, given, default: tuple[int, int]) -> tuple[int, int]:
-        if given is None:
-            return default
-        if len(given) != 2:
-            raise ValueError(f"flash_attention: {name} is (block_q, block_k), got {given!r}")
-        return (
-            check_block(f"{name}[0]", given[0], backend, t),
-            check_block(f"{name}[1]", given[1], backend, s),
-        )
-
-    bwd_blocks = blocks("backward_blocks", backward_blocks, (bwd_block_q, bwd_block_k))
-    # The dq kernel's tiling is the backward config's own (also the fused
-    # kernel's, the Mosaic kernels' and the distance tiles' gradient's).
-    bwd_block_q, bwd_block_k = blocks("backward_tiles.dq_blocks", tiles_.dq_blocks, bwd_blocks)
-    dkv_block_q, dkv_block_k = blocks("backward_tiles.dkv_blocks", tiles_.dkv_blocks, bwd_blocks)
-    own_dkv = (dkv_block_q, dkv_block_k) != (bwd_block_q, bwd_block_k)
-    if backward == "fused" and own_dkv:
-        raise ValueError(
-            'flash_attention: backward="fused" runs one tiling for dq and dk/dv, got dq tiles '
-            f"{(bwd_block_q, bwd_block_k)} and dk/dv tiles {(dkv_block_q, dkv_block_k)}"
-        )
-    # Lengths padded to every tiling; on the GPU head dims and the relative
-    # tables' width padded to powers of two (Triton blocks).
-    padded_t = pad_size(t, math.lcm(fwd_block_q, bwd_block_q, dkv_block_q))
-    padded_s = pad_size(s, math.lcm(fwd_block_k, bwd_block_k, dkv_block_k))
-    gpu = backend == "gpu"
-    padded_h = max(16, pow2_size(h)) if gpu else h
-    padded_hv = max(16, pow2_size(hv)) if gpu else hv
-    num_rel = 2 * nf.max_distance + 1
-    padded_rel = max(16, pow2_size(num_rel)) if gpu else num_rel
-    vis = nf.visibility
-    map_pos = vis.is_causal or nf.shaw or vis.local_window_size is not None
-    # A score mod reads the positions of every tile (the block map does not).
-    use_pos = map_pos or (nf.score_mod is not None and not use_tiles)
-    use_seg = vis.segments
-    mod = None
-    # The forward's, the dq kernel's and the dk/dv kernel's tilings.
-    tilings = ((fwd_block_q, fwd_block_k), (bwd_block_q, bwd_block_k), (dkv_block_q, dkv_block_k))
-    if use_tiles:  # read from Toeplitz tiles built here; fn never runs in a kernel
-        build = functools.partial(distance_tiles.build, nf.score_mod, n, padded_t, padded_s)
-        built: dict[tuple[int, int], Array] = {}  # one tile set per distinct tiling
-        for tiling_ in tilings:
-            if tiling_ not in built:
-                built[tiling_] = build(*tiling_)
-        mod = tuple(built[tiling_] for tiling_ in tilings)
-    elif spec is not None:
-        for bq_, bk_ in set(tilings):
-            score_mod_tiles.check_lowerable(spec, backend, bq_, bk_)
-        mod = score_mod_tiles.kernel_leaves(spec, leaves)
-    f32 = jnp.float32
-
-    # Shaw key term as a per-query table (scaled), padded to the table width.
-    qr = None
-    if use_qr:
-        qr = nf.scale * jnp.einsum(
-            "BTNH,NRH->BTNR",
-            query.astype(f32),
-            nf.rel_key.astype(f32),
-            precision=_HIGHEST,
-        )  # [B, T, N, R]
-        qr = pad_axis(pad_axis(qr, 3, padded_rel), 1, padded_t)
-
-    # Non-finite key / value entries zeroed; poison [B, S, K] marks their keys.
-    key, value, poison = scores.finite_keys(key, value, nf.assume_finite)
-    # One dtype for the kernel's dots (the Triton dot needs equal operand types).
-    q = pad_axis(pad_axis(query, 3, padded_h), 1, padded_t)
-    k = pad_axis(pad_axis(key.astype(query.dtype), 3, padded_h), 1, padded_s)
-    v = pad_axis(pad_axis(value.astype(query.dtype), 3, padded_hv), 1, padded_s)
-
-    def full_axes(x):  # which of (B, N, T, S) x has in full
-        return tuple(bool(x.shape[a] == size) for a, size in enumerate((b, n, t, s)))
-
-    def pad_lengths(x, dims):
-        x = pad_axis(x, 2, padded_t) if dims[2] else x
-        return pad_axis(x, 3, padded_s) if dims[3] else x
-
-    bias_padded = bias_dims = None
-    if bias is not None:
-        bias_dims = full_axes(bias)
-        bias_padded = pad_lengths(bias, bias_dims)
-    mask_padded = mask_dims = None
-    if mask is not None:
-        mask_dims = full_axes(mask)
-        # int8 for Triton; int32 for Mosaic, whose int8 blocks need 32-row tiles.
-        mask_padded = pad_lengths(
-            mask.astype(jnp.int32 if backend in _TPU_BACKENDS else jnp.int8), mask_dims
-        )
-
-    map_args = dict(
-        vis=vis if map_pos else vis.replace(q_positions=None, kv_positions=None),
-        mask=mask,
-        max_distance=nf.max_distance if nf.shaw else None,
-        seq_k=s,
-        batch=b,
-    )
-    edge = lambda x, size: pad_axis(x, 1, size, "edge")
-
-    def maps(bq: int, bk: int) -> TileMaps:
-        # Nothing data-dependent (default positions, no segments or mask):
-        # the map is a function of the shapes alone, built once in numpy and
-        # cached (`blockmap.static_tiling`); else built in XLA per call.
-        if vis.default_positions and not use_seg and mask is None:
-            return static_tiling(
-                batch=b,
-                causal=vis.is_causal,
-                window=vis.local_window_size,
-                max_distance=nf.max_distance if nf.shaw else None,
-                seq_q=t,
-                seq_k=s,
-                block_q=bq,
-                block_k=bk,
-                padded_q=padded_t,
-                padded_k=padded_s,
-            )
-        return tiling(map_args, bq, bk, padded_t, padded_s)
-
-    fixed = FixedInputs(
-        q_positions=edge(vis.q_positions, padded_t) if use_pos else None,
-        kv_positions=edge(vis.kv_positions, padded_s) if use_pos else None,
-        q_segments=edge(vis.q_segment_ids, padded_t) if use_seg else None,
-        kv_segments=edge(vis.kv_segment_ids, padded_s) if use_seg else None,
-        mask=mask_padded,
-        dropout_seed=nf.dropout_seed,  # int32 [2] or None
-        forward_maps=maps(fwd_block_q, fwd_block_k),
-        backward_maps=maps(bwd_block_q, bwd_block_k),
-        key_poison=pad_axis(poison, 1, padded_s)[..., None].astype(query.dtype),
-        dkv_maps=maps(dkv_block_q, dkv_block_k) if own_dkv else None,
-    )
-    common = dict(
-        seq_k=s,
-        num_heads=n,
-        num_kv_heads=kh,
-        scale=float(nf.scale),
-        causal=vis.is_causal,
-        max_distance=int(nf.max_distance),
-        use_pos=use_pos,
-        use_seg=use_seg,
-        use_qr=use_qr,
-        use_pr=use_pr,
-        bias_dims=bias_dims,
-        mask_dims=mask_dims,
-        map_per_head=fixed.forward_maps.classes.shape[1] > 1,
-        num_rel=padded_rel,
-        backend=backend,
-        window=vis.local_window_size,
-        dropout_rate=float(nf.dropout_rate) if nf.dropout else 0.0,
-        dropout_broadcast_batch=nf.dropout_broadcast_batch,
-        backward=backward,
-        score_mod=spec,
-        precision=precision,
-        distance_tiles=padded_t if use_tiles else 0,
-    )
-
-    def light_mod(bq_: int, bk_: int) -> bool:
-        # A light score mod's 16-bit backward tiles take 2 warps (backend.default_warps).
-        return (
-            spec is not None
-            and query.dtype != jnp.float32
-            and score_mod_tiles.backward_cost(spec, bq_, bk_) <= score_mod_tiles.LIGHT_MOD_COST
-        )
-
-    wide_f32 = query.dtype == jnp.float32 and max(h, hv) > 64  # 8 warps (default_warps)
-
-    def bwd_warps(own: int | None, bq_: int, bk_: int) -> int:
-        return (
-            own
-            or backward_warps
-            or num_warps
-            or default_warps(bq_, light_mod=light_mod(bq_, bk_), wide_f32=wide_f32)
-        )
-
-    dq_warps = bwd_warps(tiles_.dq_warps, bwd_block_q, bwd_block_k)
-    dkv_warps = bwd_warps(tiles_.dkv_warps, dkv_block_q, dkv_block_k)
-    # The dk/dv kernel's own tiling, where its tiles or warps differ from dq's.
-    dkv_tiling = None
-    if own_dkv or dkv_warps != dq_warps:
-        if backward == "fused":
-            raise ValueError(
-                'flash_attention: backward="fused" runs one kernel; give it one warp count, '
-                f"got dq {dq_warps} and dk/dv {dkv_warps}"
-            )
-        dkv_tiling = (dkv_block_q, dkv_block_k, dkv_warps)
-    fwd_cfg = KernelConfig(
-        block_q=fwd_block_q,
-        block_k=fwd_block_k,
-        num_warps=num_warps
-        or default_warps(
-            fwd_block_q, shaw_forward=nf.shaw, mod_forward=spec is not None, wide_f32=wide_f32
-        ),
-        num_stages=3,
-        **common,
-    )
-    bwd_cfg = KernelConfig(
-        block_q=bwd_block_q,
-        block_k=bwd_block_k,
-        num_warps=dq_warps,
-        num_stages=default_backward_stages(wide_f32=wide_f32),
-        dkv_tiling=dkv_tiling,
-        **common,
-    )
-    return Prepared(fwd_cfg, bwd_cfg, q, k, v, qr, bias_padded, mod, fixed)

@@ -14,8 +14,7 @@ import jax.numpy as jnp
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import tpu as pltpu
 
-from jattn.attention.pallas import score_mod_tiles as sm
-from jattn.attention.pallas import tile_math as ft
+from jattn.attention.pallas import score_mod_tiles, tile_dot, tile_math
 from jattn.attention.pallas.config import (
     SQ,
     KernelConfig,
@@ -78,17 +77,17 @@ def _dq_kernel(classes_ref, bounds_ref, seed_ref, r, *refs, cfg: KernelConfig, m
         )
         p = jnp.exp2(s - r.lse[...])  # [bq, bk]; lse = EMPTY_LSE on empty rows: p = 0
         z = dropout_tile(cfg, seed_ref, b, h, i, j)
-        ds = ft.score_grads(p, do, v, dpr_t, z, r.delta[...])  # [bq, bk]
+        ds = tile_math.score_grads(p, do, v, dpr_t, z, r.delta[...])  # [bq, bk]
         if cfg.score_mod is not None:  # through the score mod: to the raw logits and params
-            ds, d_leaves = sm.tile_backward(cfg.score_mod, mod, raw, ds, cfg.mod_grad)
+            ds, d_leaves = score_mod_tiles.tile_backward(cfg.score_mod, mod, raw, ds, cfg.mod_grad)
             if n_mod:
                 new = [d for d in d_leaves if d is not None]
                 for sc, d in zip(dmod_sc, new, strict=True):
                     sc[...] += d
-        dq_sc[...] += ft.dot(ds.astype(k.dtype), k, (1, 0))
+        dq_sc[...] += tile_dot.dot(ds.astype(k.dtype), k, (1, 0))
         if cfg.use_qr:
             if partial:
-                dqr_sc[...] = ft.near_scatter(*rel, ds, dqr_sc[...])
+                dqr_sc[...] = tile_math.near_scatter(*rel, ds, dqr_sc[...])
             else:
                 far = cfg.far_right if right else 0
                 dqr_sc[...] = add_column(dqr_sc[...], far, jnp.sum(ds, axis=1, keepdims=True))
@@ -101,7 +100,7 @@ def _dq_kernel(classes_ref, bounds_ref, seed_ref, r, *refs, cfg: KernelConfig, m
     when_visible(tile_class, body)
     if kind == "full":  # every (i, j) block of the gradient is written once
 
-        @pl.when(tile_class == ft.SKIP)
+        @pl.when(tile_class == tile_math.SKIP)
         def _zero():
             db_ref[...] = jnp.zeros(db_ref.shape, db_ref.dtype)
 
@@ -220,11 +219,11 @@ def _dkv_kernel(classes_ref, bounds_ref, seed_ref, r, dk_ref, dv_ref, *refs, cfg
         p = jnp.exp2(s - r.lse[...])  # [bq, bk]
         z = dropout_tile(cfg, seed_ref, b, h, i, j)
         p_kept = p if z is None else p * z
-        dv_sc[...] += ft.dot(p_kept.astype(do.dtype), do, (0, 0))  # [bk, Hv]
-        ds = ft.score_grads(p, do, v, dpr_t, z, r.delta[...])  # [bq, bk]
+        dv_sc[...] += tile_dot.dot(p_kept.astype(do.dtype), do, (0, 0))  # [bk, Hv]
+        ds = tile_math.score_grads(p, do, v, dpr_t, z, r.delta[...])  # [bq, bk]
         if cfg.score_mod is not None:  # to the raw logits through the score mod
-            ds, _ = sm.tile_backward(cfg.score_mod, mod, raw, ds, with_params=False)
-        dk_sc[...] += ft.dot(ds.astype(q.dtype), q, (0, 0))  # [bk, H]
+            ds, _ = score_mod_tiles.tile_backward(cfg.score_mod, mod, raw, ds, with_params=False)
+        dk_sc[...] += tile_dot.dot(ds.astype(q.dtype), q, (0, 0))  # [bk, H]
         if kind == "cols":
             db_sc[...] += jnp.sum(ds, axis=0, keepdims=True)
 

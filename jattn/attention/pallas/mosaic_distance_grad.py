@@ -21,7 +21,7 @@ import jax.numpy as jnp
 from jax import lax
 from jax.experimental import pallas as pl
 
-from jattn.attention.pallas import tile_math as ft
+from jattn.attention.pallas import tile_math
 from jattn.attention.pallas.config import SQ, KernelConfig, KernelInputs
 from jattn.attention.pallas.mosaic_backward import backward_input_specs
 from jattn.attention.pallas.mosaic_forward import (
@@ -62,9 +62,9 @@ def _kernel(classes_ref, bounds_ref, seed_ref, r, out_ref, *, cfg: KernelConfig,
         s, dpr_t, _, _ = ref_scores(cfg, r, maps, j, partial, right, mod=tile_adder(cfg, r))
         p = jnp.exp2(s - r.lse[...])  # [bq, bk]; base-2 logits and lse
         z = dropout_tile(cfg, seed_ref, b, h, m, j)
-        out_ref[...] += ft.score_grads(p, r.d_out[...], r.value[...], dpr_t, z, r.delta[...])
+        out_ref[...] += tile_math.score_grads(p, r.d_out[...], r.value[...], dpr_t, z, r.delta[...])
 
-    tile_class = jnp.where(exists, maps.tile_class(classes_ref, b, h, m, j), ft.SKIP)
+    tile_class = jnp.where(exists, maps.tile_class(classes_ref, b, h, m, j), tile_math.SKIP)
     when_visible(tile_class, body)
 
 

@@ -32,7 +32,7 @@ Limits: the block map sits whole in SMEM, `B·Nm·nT·nS` int32 values (Nm = N
 with a per-head mask, else 1): B = 8 at L = 8k with 128-tiles is 128 KiB;
 longer sequences or per-head masks need larger blocks or smaller batches per
 call. Status: tested in interpret mode on the CPU, and compiled by libtpu for
-compile-only TPU v5e and v6e (`jattn bench aot --target tpu`, docs/tpu.md;
+compile-only TPU v5e and v6e (`python benchmarks/aot.py --target tpu`, docs/tpu.md;
 CI compiles a subset); never run nor timed on a TPU.
 """
 
@@ -46,9 +46,7 @@ from jax import lax
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import tpu as pltpu
 
-from jattn.attention.pallas import distance_tiles as dt
-from jattn.attention.pallas import score_mod_tiles as sm
-from jattn.attention.pallas import tile_math as ft
+from jattn.attention.pallas import distance_tiles, score_mod_tiles, tile_dot, tile_math
 from jattn.attention.pallas.config import (
     SQ,
     KernelConfig,
@@ -186,9 +184,9 @@ def kv_valid_row(cfg: KernelConfig, j, bk: int, padded_k: int):
 def when_visible(tile_class, body):
     """Run `body(partial, right_id)` for the class of the current tile
     (nothing for SKIP)."""
-    pl.when(tile_class == ft.PARTIAL)(lambda: body(True, False))
-    pl.when(tile_class == ft.FULL_LEFT)(lambda: body(False, False))
-    pl.when(tile_class == ft.FULL_RIGHT)(lambda: body(False, True))
+    pl.when(tile_class == tile_math.PARTIAL)(lambda: body(True, False))
+    pl.when(tile_class == tile_math.FULL_LEFT)(lambda: body(False, False))
+    pl.when(tile_class == tile_math.FULL_RIGHT)(lambda: body(False, True))
 
 
 def dropout_tile(cfg: KernelConfig, seed_ref, batch, head, q_tile, kv_tile):
@@ -201,7 +199,7 @@ def dropout_tile(cfg: KernelConfig, seed_ref, batch, head, q_tile, kv_tile):
     kv_index = kv_tile * bk + lax.broadcasted_iota(jnp.int32, (1, bk), 1)
     batch = 0 if cfg.dropout_broadcast_batch else batch
     seed = (seed_ref[0], seed_ref[1])
-    return ft.dropout_scale(seed, cfg.dropout_rate, batch, head, q_index, kv_index)
+    return tile_math.dropout_scale(seed, cfg.dropout_rate, batch, head, q_index, kv_index)
 
 
 def tile_mod(cfg: KernelConfig, r: KernelInputs, batch, head):
@@ -210,7 +208,9 @@ def tile_mod(cfg: KernelConfig, r: KernelInputs, batch, head):
     if cfg.score_mod is None:
         return None
     leaves = tuple(ref[...] for ref in r.mod_params)
-    return sm.bind(cfg.score_mod, leaves, batch, head, load(r.q_positions), load(r.kv_positions))
+    return score_mod_tiles.bind(
+        cfg.score_mod, leaves, batch, head, load(r.q_positions), load(r.kv_positions)
+    )
 
 
 def tile_adder(cfg: KernelConfig, r: KernelInputs):
@@ -231,7 +231,11 @@ def tiles_spec(cfg: KernelConfig, head, q_tile, kv_tile):
     bq, bk = cfg.block_q, cfg.block_k
 
     def index(*a):
-        return (head(*a), dt.diagonal(q_tile(*a), kv_tile(*a), cfg.distance_tiles, bq, bk), 0)
+        return (
+            head(*a),
+            distance_tiles.diagonal(q_tile(*a), kv_tile(*a), cfg.distance_tiles, bq, bk),
+            0,
+        )
 
     return pl.BlockSpec((SQ, bq, bk), index)
 
@@ -258,7 +262,7 @@ def ref_scores(cfg: KernelConfig, r: KernelInputs, maps: Maps, j, partial: bool,
     if partial:  # read only where the tile is tested per element
         refs = (r.q_positions, r.kv_positions, r.q_segments, r.kv_segments)
         vis = cfg.tile_visibility(*(load(ref) for ref in refs))
-    return ft.tile_scores(
+    return tile_math.tile_scores(
         r.query[...],
         r.key[...],
         scale=cfg.scale,
@@ -266,7 +270,7 @@ def ref_scores(cfg: KernelConfig, r: KernelInputs, maps: Maps, j, partial: bool,
         kv_valid=kv_valid_row(cfg, j, bk, maps.kv_tiles * bk) if partial else None,
         bias=load(r.bias),
         mask=load_mask(r.mask) if partial else None,
-        shaw=ft.ShawColumns(
+        shaw=tile_math.ShawColumns(
             max_distance=cfg.max_distance,
             qr_col=column_reader(load(r.key_term)),
             dpr_col=column_reader(load(r.d_value_mass)),
@@ -298,7 +302,7 @@ def _fwd_kernel(classes_ref, bounds_ref, seed_ref, r, o_ref, lse_ref, *rest, cfg
 
     @pl.when(j == 0)
     def _init():
-        m_sc[...] = jnp.full(m_sc.shape, ft.NEG_INF, jnp.float32)
+        m_sc[...] = jnp.full(m_sc.shape, tile_math.NEG_INF, jnp.float32)
         l_sc[...] = jnp.zeros(l_sc.shape, jnp.float32)
         acc_sc[...] = jnp.zeros(acc_sc.shape, jnp.float32)
         if cfg.use_pr:
@@ -307,19 +311,19 @@ def _fwd_kernel(classes_ref, bounds_ref, seed_ref, r, o_ref, lse_ref, *rest, cfg
     def body(partial, right):
         mod = tile_adder(cfg, r) or tile_mod(cfg, r, b, h)
         s, _, rel, _ = ref_scores(cfg, r, maps, j, partial, right, need_rel=cfg.use_pr, mod=mod)
-        p, m_new, l_new, corr, row_sum = ft.online_softmax_step(s, m_sc[...], l_sc[...])
+        p, m_new, l_new, corr, row_sum = tile_math.online_softmax_step(s, m_sc[...], l_sc[...])
         z = dropout_tile(cfg, seed_ref, b, h, i, j)
         if z is not None:  # dropout: l sums the weights before it, the values after
             p = p * z
             row_sum = jnp.sum(p, axis=1, keepdims=True)
         v = r.value[...]
-        pv = ft.dot(p.astype(v.dtype), v, (1, 0))  # [bq, Hv]
+        pv = tile_dot.dot(p.astype(v.dtype), v, (1, 0))  # [bq, Hv]
         m_sc[...], l_sc[...] = m_new, l_new
         acc_sc[...] = acc_sc[...] * corr + pv
         if cfg.use_pr:
             accr = accr_sc[0][...] * corr  # [bq, R] weight mass per relative id
             if partial:
-                accr = ft.near_scatter(*rel, p, accr)
+                accr = tile_math.near_scatter(*rel, p, accr)
             else:
                 accr = add_column(accr, cfg.far_right if right else 0, row_sum)
             accr_sc[0][...] = accr
@@ -332,7 +336,9 @@ def _fwd_kernel(classes_ref, bounds_ref, seed_ref, r, o_ref, lse_ref, *rest, cfg
         empty = l == 0.0
         l_safe = jnp.where(empty, 1.0, l)
         o_ref[...] = (acc_sc[...] / l_safe).astype(o_ref.dtype)
-        lse_ref[...] = jnp.where(empty, ft.EMPTY_LSE, ft.safe_max(m) + jnp.log2(l_safe))
+        lse_ref[...] = jnp.where(
+            empty, tile_math.EMPTY_LSE, tile_math.safe_max(m) + jnp.log2(l_safe)
+        )
         if cfg.use_pr:
             pr_ref[...] = accr_sc[0][...] / l_safe
 

@@ -31,14 +31,9 @@ jvp rules are both rewritten, so derivatives stay jax.nn's (relu's at 0).
 Triton tensors must have power-of-two sizes: a leaf whose size is not one
 (a Shaw bias table `[N, 2k+1]`, ALiBi slopes of 12 heads) goes to the
 Triton kernels flattened and zero-padded, and fn may only index it
-(`FlatLeaf`). Before the kernels are built, `check_lowerable` traces `fn`
-and its vjp at the tile shapes and refuses, naming the ScoreMod and the
-primitive, any primitive the chosen backend has no lowering rule for
-(`gather` for a table looked up with an array index, `sort`, ...), a
-captured array constant, and a whole use of a flat leaf. Interpret mode
-runs the same rewritten `fn` and is refused on the same grounds as the
-backend it emulates, so the CPU tests see what a GPU or TPU would. A
-distance-table mod that the kernels read as Toeplitz tiles
+(`FlatLeaf`). Before the kernels are built, `score_mod_checks` traces the
+rewritten `fn` and its vjp at the tile shapes and refuses what the chosen
+backend cannot lower. A distance-table mod that the kernels read as Toeplitz tiles
 (`distance_tiles`: default positions) never comes here, so its `fn` need
 not lower.
 """
@@ -47,7 +42,6 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-import importlib
 import math
 from collections.abc import Callable
 from typing import Any
@@ -63,12 +57,8 @@ Array = jax.Array
 
 __all__ = [
     "ModSpec",
-    "LIGHT_MOD_COST",
-    "has_loop",
     "ScoreModLoweringError",
-    "backward_cost",
     "bind",
-    "check_lowerable",
     "kernel_leaves",
     "mod_spec",
     "tile_backward",
@@ -495,104 +485,3 @@ def tile_backward(
     it = iter(d_wrt)
     d_leaves = tuple(next(it).astype(jnp.float32) if d else None for d in diff)
     return ds_raw, d_leaves
-
-
-# --------------------------------------------------------------------------------------
-# Refusal before anything is built.
-
-_TRITON_RULES = ("jax._src.pallas.triton.lowering", "triton_lowering_rules")
-_MOSAIC_RULES = ("jax._src.pallas.mosaic.lowering", "lowering_rules")
-
-
-def _rule_names(backend: str) -> set[str] | None:
-    """Names of the primitives the backend's Pallas lowering has rules for,
-    or None when jax's (private) tables cannot be read."""
-    try:
-        if backend in ("tpu", "tpu_interpret"):
-            module, attr = _MOSAIC_RULES
-            core_type = importlib.import_module("jax._src.pallas.mosaic.core").CoreType
-            rules = getattr(importlib.import_module(module), attr)[core_type.TC]
-        else:
-            module, attr = _TRITON_RULES
-            rules = getattr(importlib.import_module(module), attr)
-    except (ImportError, AttributeError, KeyError):
-        return None
-    return {p.name for p in rules}
-
-
-def _primitives(jaxpr, found: set[str]) -> set[str]:
-    for eqn in jaxpr.eqns:
-        found.add(eqn.primitive.name)
-        for sub in jex_core.jaxprs_in_params(eqn.params):
-            _primitives(sub, found)
-    return found
-
-
-_ALWAYS_OK = {"pjit", "jit", "custom_jvp_call", "stop_gradient"}
-
-
-# A mod whose traced tile backward has at most this many tile-valued
-# operations is "light" (`backward.default_warps`): ALiBi 8, softcap 14,
-# FIRE's loop 14, KERPLE 15, against T5's select chain 237 and Shaw's bias 232.
-LIGHT_MOD_COST = 64
-
-
-@functools.lru_cache(maxsize=64)
-def _tile_jaxprs(spec: ModSpec, block_q: int, block_k: int):
-    """The mod's forward and backward (the params' gradient included when
-    `spec.grad`) traced on one `[block_q, block_k]` tile, after the rewrite:
-    what `check_lowerable` and `backward_cost` read (traced once for both)."""
-    sds = jax.ShapeDtypeStruct
-    leaves = tuple(sds(s, d) for s, d in zip(spec.kernel_shapes, spec.dtypes, strict=True))
-    tile = sds((block_q, block_k), jnp.float32)
-    i32 = lambda shape: sds(shape, jnp.int32)  # noqa: E731
-    idx = (i32(()), i32(()), i32((block_q, 1)), i32((1, block_k)))
-
-    def forward(leaves, s, *idx):
-        return bind(spec, leaves, *idx)(s)
-
-    def backward(leaves, s, ds, *idx):
-        return tile_backward(spec, bind(spec, leaves, *idx), s, ds, with_params=spec.grad)
-
-    return (
-        jax.make_jaxpr(forward)(leaves, tile, *idx),
-        jax.make_jaxpr(backward)(leaves, tile, tile, *idx),
-    )
-
-
-def backward_cost(spec: ModSpec, block_q: int, block_k: int) -> int:
-    """Tile-valued operations of the mod's backward on a `[block_q, block_k]`
-    tile, the params' gradient included (top level: a loop body counts
-    once): a proxy for how many tiles its vjp keeps live in the dq kernels,
-    which decides their warps (`LIGHT_MOD_COST`)."""
-    jaxpr = _tile_jaxprs(spec, block_q, block_k)[1].jaxpr
-    shape = (block_q, block_k)
-    return sum(1 for e in jaxpr.eqns for v in e.outvars if tuple(v.aval.shape) == shape)
-
-
-def has_loop(spec: ModSpec) -> bool:
-    """Whether the mod's forward on a tile runs a loop (FIRE's MLP over its
-    hidden units, `jax.lax.fori_loop`): each iteration keeps tile-sized
-    temporaries live beside the forward's accumulators, so the float32
-    forward at head dim <= 64 takes narrower tiles (`backend.default_blocks`)."""
-    return bool(_primitives(_tile_jaxprs(spec, 16, 16)[0].jaxpr, set()) & {"while", "scan"})
-
-
-def check_lowerable(spec: ModSpec, backend: str, block_q: int, block_k: int) -> None:
-    """Raise `ScoreModLoweringError` if the kernels of `backend` cannot run the
-    score mod: its forward and its vjp are traced at the tile shapes (after
-    the rewrite) and every primitive must have a lowering rule; a Triton
-    leaf whose size is not a power of two may only be indexed (`FlatLeaf`)."""
-    triton = backend in ("gpu", "interpret")
-    family = "Triton" if triton else "Mosaic (TPU)"
-    jaxprs = _tile_jaxprs(spec, block_q, block_k)
-    rules = _rule_names(backend)
-    if rules is None:
-        return
-    for closed in jaxprs:
-        for prim in sorted(_primitives(closed.jaxpr, set())):
-            if prim not in rules and prim not in _ALWAYS_OK:
-                raise ScoreModLoweringError(
-                    f"ScoreMod {spec.name!r} cannot run in the Pallas {family} kernels: "
-                    f"primitive {prim!r} (in fn or its gradient) has no {family} lowering"
-                )

@@ -25,29 +25,8 @@ log-sum-exp is in base 2 too (`m2 + log2(l)`); `flash_attention` converts
 it to natural units for the caller. Weights, and so every gradient, are
 unchanged: `exp2(s2 - lse2) = exp(s - lse)`.
 
-Matmul precision (`dot`): every dot accumulates in float32; bf16 / fp16
-operands multiply natively (tensor cores). Float32 operands have two
-precisions (`PRECISIONS`, the kernels' `precision` argument):
-- "tf32x3" (the default): each operand is split into a TF32 head and a
-  TF32 tail (`tf32_split`, 10+1-bit significands, exact in float32) and
-  three dots are summed, tails first: `lo_a·hi_b + hi_a·lo_b + hi_a·hi_b`
-  (the dropped `lo_a·lo_b` and the tails' rounding are ~2^-22 of each
-  product). The passes run at `Precision.HIGH`, which the Triton lowering
-  (jax 0.10-0.12) maps to TF32 tensor-core instructions; their operands are
-  already TF32 values, so the products are exact there as in interpret mode
-  (where the CPU multiplies in float32): the CPU tests measure the GPU's
-  arithmetic, up to summation order. One exception: the compiled dq tiles
-  (the split dq kernel and the fused kernel's dq half) and the distance
-  tiles' gradient kernel leave the split to Triton
-  (`TRITON_X3`, its TF32x3 algorithm: the same three passes, which ptxas
-  compiles without spills at float32 and head dim 128 where the hand split
-  spilled); its rounding of the tails may differ from `tf32_split`'s at
-  ~2^-22 of a product, which only a GPU run measures (benchmarks/gpu.py's
-  check stage).
-- "ieee": `Precision.HIGHEST`, float32 FMAs with no tensor cores (Triton's
-  IEEE input precision; without it Triton would run one TF32 pass, 10-bit
-  mantissas).
-The Mosaic (TPU) kernels always use "ieee" (HIGHEST: the MXU's 6-pass bf16).
+Products of two tiles go through `tile_dot.dot` (float32 accumulation, the
+kernels' float32 precision).
 
 Dropout: `dropout_scale` rebuilds a tile's keep mask from the hash of
 `jattn.dropout` with global indices (never stored), as multipliers
@@ -66,6 +45,7 @@ import numpy as np
 from jax import lax
 
 from jattn import dropout, masks
+from jattn.attention.pallas.tile_dot import dot
 from jattn.attention.tiles import FULL_LEFT, FULL_RIGHT, PARTIAL, SKIP
 
 Array = jax.Array
@@ -79,14 +59,7 @@ __all__ = [
     "NEG_INF",
     "PARTIAL",
     "SKIP",
-    "DEFAULT_PRECISION",
-    "PRECISIONS",
     "ShawColumns",
-    "TRITON_X3",
-    "dot",
-    "dot_precision",
-    "tf32_round",
-    "tf32_split",
 ]
 
 NEG_INF = float("-inf")
@@ -96,85 +69,6 @@ LN2 = math.log(2.0)  # base-2 log-sum-exp -> natural
 # pallas_call output must pass `jax.debug_infs`) and so large that the
 # backward's recomputation `exp(s - lse)` is exactly 0 for any logit s.
 EMPTY_LSE = float(np.finfo(np.float32).max)
-
-
-PRECISIONS = ("tf32x3", "ieee")  # float32 operands; the first is the default
-DEFAULT_PRECISION = PRECISIONS[0]
-# "tf32x3" done by Triton itself (its TF32x3 input precision, through
-# `lax.DotAlgorithmPreset.TF32_TF32_F32_X3`): the same three passes, split
-# inside Triton's dot lowering. Not a user's choice: the compiled GPU code
-# whose ptxas registers it leaves spill-free (the dq tiles and the
-# distance-tiles kernel at float32 and head dim 128, docs/gpu.md) gets it
-# instead of "tf32x3" (`with_triton_x3`). XLA:CPU has no such algorithm, so
-# interpret mode always splits by hand.
-TRITON_X3 = "tf32x3_triton"
-
-
-def dot_precision(dtype, precision: str = "ieee") -> lax.Precision | lax.DotAlgorithmPreset | None:
-    """The precision of each pass of a kernel dot with operands of `dtype`:
-    HIGH (TF32, on split operands) for float32 at "tf32x3", HIGHEST (IEEE)
-    for float32 at "ieee", Triton's own three passes at `TRITON_X3`, the
-    native product (None) for 16-bit floats."""
-    if jnp.dtype(dtype) != jnp.float32:
-        return None
-    if precision == TRITON_X3:
-        return lax.DotAlgorithmPreset.TF32_TF32_F32_X3
-    return lax.Precision.HIGH if precision == "tf32x3" else lax.Precision.HIGHEST
-
-
-_TF32_DROP = -0x2000  # keeps sign, exponent and 10 mantissa bits
-_NEAR_MAX = 0x7F7FF000  # |x| from here up rounds past float32's largest finite value
-
-
-def _near_max(x: Array) -> Array:
-    bits = lax.bitcast_convert_type(x, jnp.int32)
-    return (bits & jnp.int32(0x7FFFFFFF)) >= jnp.int32(_NEAR_MAX)
-
-
-def _tf32(x: Array, truncate: Array) -> Array:
-    """`x` to TF32, rounded (ties away from zero) or, where `truncate`,
-    truncated toward zero. Integer work only: no Inf is ever formed (a
-    debug_infs run of the interpret-mode kernels would stop at one)."""
-    bits = lax.bitcast_convert_type(x, jnp.int32)
-    half = jnp.where(truncate, jnp.int32(0), jnp.int32(0x1000))
-    return lax.bitcast_convert_type((bits + half) & jnp.int32(_TF32_DROP), jnp.float32)
-
-
-def tf32_round(x: Array) -> Array:
-    """float32 `x` rounded to the nearest TF32 value (10 stored mantissa
-    bits; ties away from zero): the low 13 bits of the float32 pattern
-    cleared after adding half of their range. Finite in, finite out: within
-    half a TF32 step of float32's largest value (|x| >= 3.4025e38) rounding
-    would carry into the exponent and give ±Inf, which a 0 weight turns into
-    NaN, so such an `x` is truncated instead."""
-    return _tf32(x, _near_max(x))
-
-
-def tf32_split(x: Array) -> tuple[Array, Array]:
-    """`(hi, lo)`, both TF32 values, with `hi + lo = x` to ~2^-22 relative:
-    `hi = tf32(x)`, `lo = tf32(x - hi)` (the difference is exact in float32).
-    Near float32's largest value both are truncated toward zero, so that
-    `|hi + lo| <= |x|` and the three-pass product cannot overflow where the
-    exact one does not."""
-    near = _near_max(x)
-    hi = _tf32(x, near)
-    return hi, _tf32(x - hi, near)
-
-
-def dot(a: Array, b: Array, contract: tuple[int, int], precision: str = "ieee") -> Array:
-    """2-D `a · b` contracting axis `contract[0]` of `a` with `contract[1]`
-    of `b`, accumulated in float32; float32 operands at `precision` (one of
-    `PRECISIONS`: three TF32 passes or IEEE), see the module docstring."""
-    dims = (((contract[0],), (contract[1],)), ((), ()))
-    prec = dot_precision(a.dtype, precision)
-
-    def one(x, y):
-        return lax.dot_general(x, y, dims, precision=prec, preferred_element_type=jnp.float32)
-
-    if prec != lax.Precision.HIGH:
-        return one(a, b)
-    (a_hi, a_lo), (b_hi, b_lo) = tf32_split(a), tf32_split(b)
-    return (one(a_lo, b_hi) + one(a_hi, b_lo)) + one(a_hi, b_hi)
 
 
 # Per-query vectors arrive as `[bq]` (Triton kernels) or as `[bq, 1]` columns

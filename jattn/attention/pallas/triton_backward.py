@@ -31,9 +31,7 @@ import jax.numpy as jnp
 from jax import lax
 from jax.experimental import pallas as pl
 
-from jattn.attention.pallas import distance_tiles as dt
-from jattn.attention.pallas import score_mod_tiles as sm
-from jattn.attention.pallas import tile_math as ft
+from jattn.attention.pallas import distance_tiles, score_mod_tiles, tile_dot, tile_math
 from jattn.attention.pallas.config import (
     SQ,
     KernelConfig,
@@ -99,19 +97,19 @@ def dq_tile(
         dq_acc, *rest = carry
         s, dpr_t, rel, k, v, z, mod_raw = score(j, partial, right)
         p = jnp.exp2(s - lse[:, None])  # [bq, bk]; base-2 logits and lse
-        ds = ft.score_grads(p, do, v, dpr_t, z, delta[:, None], cfg.precision)  # [bq, bk]
+        ds = tile_math.score_grads(p, do, v, dpr_t, z, delta[:, None], cfg.precision)  # [bq, bk]
         if mod_raw is not None:  # through the score mod: to the raw logits and params
-            ds, d_leaves = sm.tile_backward(cfg.score_mod, *mod_raw, ds, cfg.mod_grad)
+            ds, d_leaves = score_mod_tiles.tile_backward(cfg.score_mod, *mod_raw, ds, cfg.mod_grad)
             if n_mod:
                 new = [d for d in d_leaves if d is not None]
                 dmods = tuple(a + d for a, d in zip(dmods, new, strict=True))
-        dq_acc = dq_acc + ft.dot(ds.astype(k.dtype), k, (1, 0), cfg.precision)
+        dq_acc = dq_acc + tile_dot.dot(ds.astype(k.dtype), k, (1, 0), cfg.precision)
         out = [dq_acc]
         if cfg.use_qr:
             acc_r, w_left, w_right = rest[:3]
             rest = rest[3:]
             if partial:
-                acc_r = ft.near_scatter(*rel, ds, acc_r)
+                acc_r = tile_math.near_scatter(*rel, ds, acc_r)
             else:
                 ds_sum = jnp.sum(ds, axis=1)
                 w_left = w_left + jnp.where(right, 0.0, ds_sum)
@@ -139,7 +137,7 @@ def dq_tile(
     dq_ref[...] = (carry[0] * cfg.scale).astype(dq_ref.dtype)
     if cfg.use_qr:
         acc_r, w_left, w_right = carry[1:4]
-        dqr_ref[...] = ft.add_far_columns(acc_r, w_left, w_right, cfg.far_right)
+        dqr_ref[...] = tile_math.add_far_columns(acc_r, w_left, w_right, cfg.far_right)
     if kind == "rows":
         db_ref[...] = carry[-1]
 
@@ -288,14 +286,14 @@ def dkv_tile(cfg: KernelConfig, r: KernelInputs, ids, dk_ref, dv_ref, db_ref) ->
             q_pos_row = None if q_pos is None else q_pos[None, :]  # [1, bq]
             mod = tile_mod(cfg, leaves, batch, head, q_pos_row, kv_pos_col)  # on [bk, bq]
             if cfg.distance_tiles:  # additive: dS passes through unchanged
-                mod = dt.adder(
+                mod = distance_tiles.adder(
                     r.distance_tiles, head, i, j, cfg.distance_tiles, bq, bk, transposed=True
                 )
             vis = None
             if partial:
                 q_seg = r.q_segments[qs] if cfg.use_seg else None
                 vis = cfg.tile_visibility(q_pos, kv_pos, q_seg, kv_seg)
-            s, dpr_t, _, raw = ft.tile_scores(
+            s, dpr_t, _, raw = tile_math.tile_scores(
                 q,
                 k,
                 scale=cfg.scale,
@@ -305,7 +303,7 @@ def dkv_tile(cfg: KernelConfig, r: KernelInputs, ids, dk_ref, dv_ref, db_ref) ->
                 mask=_transposed(load_bias_kv(r.mask, cfg.mask_dims, g, i, bq))
                 if partial
                 else None,
-                shaw=ft.ShawColumns(
+                shaw=tile_math.ShawColumns(
                     max_distance=cfg.max_distance,
                     qr_col=qr_col,
                     dpr_col=dpr_col,
@@ -318,13 +316,15 @@ def dkv_tile(cfg: KernelConfig, r: KernelInputs, ids, dk_ref, dv_ref, db_ref) ->
             p = jnp.exp2(s - lse[None, :])  # Pᵀ [bk, bq]; base-2 logits and lse
             z = dropout_tile(cfg, r.dropout_seed, batch, head, i * bq, j * bk, transposed=True)
             p_kept = p if z is None else p * z
-            dv_acc = dv_acc + ft.dot(p_kept.astype(do.dtype), do, (1, 0), cfg.precision)
-            ds = ft.score_grads(
+            dv_acc = dv_acc + tile_dot.dot(p_kept.astype(do.dtype), do, (1, 0), cfg.precision)
+            ds = tile_math.score_grads(
                 p, do, v, dpr_t, z, delta[None, :], cfg.precision, transposed=True
             )  # dSᵀ [bk, bq]
             if cfg.score_mod is not None:  # to the raw logits through the score mod
-                ds, _ = sm.tile_backward(cfg.score_mod, mod, raw, ds, with_params=False)
-            dk_acc = dk_acc + ft.dot(ds.astype(q.dtype), q, (1, 0), cfg.precision)  # [bk, H]
+                ds, _ = score_mod_tiles.tile_backward(
+                    cfg.score_mod, mod, raw, ds, with_params=False
+                )
+            dk_acc = dk_acc + tile_dot.dot(ds.astype(q.dtype), q, (1, 0), cfg.precision)  # [bk, H]
             if kind == "cols":
                 db = db + jnp.sum(ds, axis=1)
             return dk_acc, dv_acc, db

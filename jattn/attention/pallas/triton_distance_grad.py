@@ -23,7 +23,7 @@ import jax.numpy as jnp
 from jax import lax
 from jax.experimental import pallas as pl
 
-from jattn.attention.pallas import tile_math as ft
+from jattn.attention.pallas import tile_math
 from jattn.attention.pallas.config import (
     SQ,
     KernelConfig,
@@ -54,7 +54,7 @@ def _kernel(r: KernelInputs, out_ref, *, cfg: KernelConfig, n_q_tiles: int, n_kv
         j = jnp.minimum(lax.div(num, bk), n_kv_tiles - 1)
         exists = (d0 + i * bq >= 0) & (lax.rem(num, bk) == 0) & (lax.div(num, bk) < n_kv_tiles)
         exists &= (j >= r.row_bounds[0, i]) & (j < r.row_bounds[3, i])  # as the dq loop visits
-        tile_class = jnp.where(exists, r.tile_classes[i, j], ft.SKIP)
+        tile_class = jnp.where(exists, r.tile_classes[i, j], tile_math.SKIP)
         qs = pl.ds(pl.multiple_of(i * bq, bq), bq)
         rq = r._replace(
             query=View(r.query, (qs,)),  # [bq, H]
@@ -74,14 +74,14 @@ def _kernel(r: KernelInputs, out_ref, *, cfg: KernelConfig, n_q_tiles: int, n_kv
             s, dpr_t, _, _, v, z, _ = score(j, partial, right)
             p = jnp.exp2(s - rq.lse[...][:, None])  # base-2 logits and lse
             delta = rq.delta[...][:, None]
-            return acc + ft.score_grads(p, rq.d_out[...], v, dpr_t, z, delta, cfg.precision)
+            return acc + tile_math.score_grads(p, rq.d_out[...], v, dpr_t, z, delta, cfg.precision)
 
         branches = [
             lambda a: a,  # SKIP (or no tile of this diagonal in row i)
             lambda a: step(True, False, a),  # PARTIAL
-            lambda a: step(False, tile_class == ft.FULL_RIGHT, a),  # FULL_*
+            lambda a: step(False, tile_class == tile_math.FULL_RIGHT, a),  # FULL_*
         ]
-        return lax.switch(jnp.minimum(tile_class, ft.FULL_LEFT), branches, acc)
+        return lax.switch(jnp.minimum(tile_class, tile_math.FULL_LEFT), branches, acc)
 
     acc = lax.fori_loop(0, n_q_tiles, body, jnp.zeros((bq, bk), jnp.float32))
     out_ref[...] = acc

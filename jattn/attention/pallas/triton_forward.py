@@ -1,11 +1,18 @@
-"""The Pallas kernels of flash attention: forward, dq and dk/dv.
+"""The Triton forward kernel of flash attention, and the helpers every Triton kernel shares.
 
-Each kernel owns one output tile and loops over the tiles of the other
-sequence inside the kernel, GPU style (Triton): the forward and dq kernels run
-on a grid `(query tiles, B, N)` and loop over key tiles; the dk/dv kernel runs
-on `(key tiles, B, K)` and loops over the G query heads of its kv head and
-their query tiles, so GQA/MQA gradients are summed in registers, never through
-an `[B, S, N, H]` intermediate. Keys and values are indexed by kv head
+The helpers (`View`, `kernel_call`, the BlockSpecs, `tile_loop`,
+`dropout_tile`, the score mod's leaves, and `q_tile_scorer`, the logits of
+a kernel that owns a query tile, as the forward and the dq kernel compute
+them) are read by `triton_backward` (the dq and dk/dv kernels),
+`fused_backward` and `triton_distance_grad` too.
+
+Each Triton kernel (this forward, `triton_backward`'s dq and dk/dv) owns
+one output tile and loops over the tiles of the other sequence inside the
+kernel, GPU style: the forward and dq kernels run on a grid `(query tiles,
+B, N)` and loop over key tiles; the dk/dv kernel runs on `(key tiles, B, K)`
+and loops over the G query heads of its kv head and their query tiles, so
+GQA/MQA gradients are summed in registers, never through an `[B, S, N, H]`
+intermediate. Keys and values are indexed by kv head
 `h // G` in the BlockSpec index maps: nothing is repeated in memory.
 
 Which tiles a loop visits comes from the block map (`blockmap.tiling`): per
@@ -31,9 +38,7 @@ import jax.numpy as jnp
 from jax import lax
 from jax.experimental import pallas as pl
 
-from jattn.attention.pallas import distance_tiles as dt
-from jattn.attention.pallas import score_mod_tiles as sm
-from jattn.attention.pallas import tile_math as ft
+from jattn.attention.pallas import distance_tiles, score_mod_tiles, tile_dot, tile_math
 from jattn.attention.pallas.config import (
     SQ,
     KernelConfig,
@@ -183,12 +188,12 @@ def tile_loop(bounds, class_at, step, carry):
         branches = [
             lambda c: c,  # SKIP
             lambda c: step(t, True, False, c),  # PARTIAL
-            lambda c: step(t, False, tile_class == ft.FULL_RIGHT, c),  # FULL_*
+            lambda c: step(t, False, tile_class == tile_math.FULL_RIGHT, c),  # FULL_*
         ]
-        return lax.switch(jnp.minimum(tile_class, ft.FULL_LEFT), branches, c)
+        return lax.switch(jnp.minimum(tile_class, tile_math.FULL_LEFT), branches, c)
 
     def full(t, c):
-        return step(t, False, class_at(t) == ft.FULL_RIGHT, c)
+        return step(t, False, class_at(t) == tile_math.FULL_RIGHT, c)
 
     carry = lax.fori_loop(flo, fhi, full, carry)
     return lax.fori_loop(0, hi - lo - run, dispatch, carry)
@@ -210,7 +215,9 @@ def dropout_tile(cfg: KernelConfig, seed_ref, batch, head, q_start, kv_start, tr
     kv_index = kv_start + lax.broadcasted_iota(jnp.int32, (cfg.block_k,), 0)
     batch = 0 if cfg.dropout_broadcast_batch else batch
     seed = (seed_ref[0], seed_ref[1])
-    return ft.dropout_scale(seed, cfg.dropout_rate, batch, head, q_index, kv_index, transposed)
+    return tile_math.dropout_scale(
+        seed, cfg.dropout_rate, batch, head, q_index, kv_index, transposed
+    )
 
 
 def whole_specs(cfg: KernelConfig):
@@ -235,7 +242,9 @@ def tile_mod(cfg: KernelConfig, leaves, batch, head, q_pos, kv_pos):
     """The score mod bound to one tile (`score_mod_tiles.bind`), or None."""
     if cfg.score_mod is None:
         return None
-    return sm.bind(cfg.score_mod, leaves, batch, head, ft.as_col(q_pos), ft.as_row(kv_pos))
+    return score_mod_tiles.bind(
+        cfg.score_mod, leaves, batch, head, tile_math.as_col(q_pos), tile_math.as_row(kv_pos)
+    )
 
 
 def col_reader(ref, *lead):
@@ -285,12 +294,14 @@ def q_tile_scorer(cfg: KernelConfig, r: KernelInputs, ids=None):
         kv_pos = r.kv_positions[kv] if cfg.use_pos and (partial or with_mod) else None
         mod = tile_mod(cfg, leaves, batch, head, q_pos, kv_pos)
         if cfg.distance_tiles:  # additive: dS needs no pull-back, so no `(mod, raw)`
-            add = dt.adder(r.distance_tiles, head, i, j, cfg.distance_tiles, cfg.block_q, bk)
+            add = distance_tiles.adder(
+                r.distance_tiles, head, i, j, cfg.distance_tiles, cfg.block_q, bk
+            )
         vis = None
         if partial:
             kv_seg = r.kv_segments[kv] if cfg.use_seg else None
             vis = cfg.tile_visibility(q_pos, kv_pos, q_seg, kv_seg)
-        s, dpr_tile, rel, raw = ft.tile_scores(
+        s, dpr_tile, rel, raw = tile_math.tile_scores(
             q,
             k,
             scale=cfg.scale,
@@ -298,7 +309,7 @@ def q_tile_scorer(cfg: KernelConfig, r: KernelInputs, ids=None):
             kv_valid=kv_valid_mask(cfg, j, bk, padded_s) if partial else None,
             bias=load_bias_q(r.bias, cfg.bias_dims, j, bk),
             mask=load_bias_q(r.mask, cfg.mask_dims, j, bk) if partial else None,
-            shaw=ft.ShawColumns(
+            shaw=tile_math.ShawColumns(
                 max_distance=cfg.max_distance,
                 qr_col=qr_col,
                 dpr_col=dpr_col,
@@ -325,11 +336,11 @@ def _fwd_kernel(r, o_ref, lse_ref, *pr_ref, cfg: KernelConfig):
     def step(j, partial, right, carry):
         m, l, acc, *prs = carry
         s, _, rel, _, v, z, _ = score(j, partial, right, need_rel=cfg.use_pr)
-        p, m_new, l_new, corr, row_sum = ft.online_softmax_step(s, m, l)
+        p, m_new, l_new, corr, row_sum = tile_math.online_softmax_step(s, m, l)
         if z is not None:  # dropout: l sums the weights before it, the values after
             p = p * z
             row_sum = jnp.sum(p, axis=1)
-        pv = ft.dot(p.astype(v.dtype), v, (1, 0), cfg.precision)  # [bq, Hv]
+        pv = tile_dot.dot(p.astype(v.dtype), v, (1, 0), cfg.precision)  # [bq, Hv]
         acc = acc * corr[:, None] + pv
         if not cfg.use_pr:
             return m_new, l_new, acc
@@ -337,8 +348,8 @@ def _fwd_kernel(r, o_ref, lse_ref, *pr_ref, cfg: KernelConfig):
         w_left, w_right = w_left * corr, w_right * corr
         if partial:
             # Lazy rescale: acc_r is relative to m_r, only touched on PARTIAL tiles.
-            acc_r = acc_r * jnp.exp2(m_r - ft.safe_max(m_new))[:, None]
-            acc_r = ft.near_scatter(*rel, p, acc_r)
+            acc_r = acc_r * jnp.exp2(m_r - tile_math.safe_max(m_new))[:, None]
+            acc_r = tile_math.near_scatter(*rel, p, acc_r)
             m_r = m_new
         else:
             w_left = w_left + jnp.where(right, 0.0, row_sum)
@@ -347,7 +358,7 @@ def _fwd_kernel(r, o_ref, lse_ref, *pr_ref, cfg: KernelConfig):
 
     zeros = jnp.zeros((bq,), jnp.float32)
     carry = (
-        jnp.full((bq,), ft.NEG_INF),
+        jnp.full((bq,), tile_math.NEG_INF),
         zeros,
         jnp.zeros((bq, o_ref.shape[-1]), jnp.float32),
     )
@@ -356,22 +367,22 @@ def _fwd_kernel(r, o_ref, lse_ref, *pr_ref, cfg: KernelConfig):
             zeros,
             zeros,
             jnp.zeros((bq, num_rel), jnp.float32),
-            jnp.full((bq,), ft.NEG_INF),
+            jnp.full((bq,), tile_math.NEG_INF),
         )
     bounds = tuple(r.row_bounds[c, i] for c in range(4))
     carry = tile_loop(bounds, lambda j: r.tile_classes[i, j], step, carry)
 
     m, l, acc = carry[:3]
-    shift = ft.safe_max(m)
+    shift = tile_math.safe_max(m)
     empty = l == 0.0
     l_safe = jnp.where(empty, 1.0, l)
     o_ref[...] = (acc / l_safe[:, None]).astype(o_ref.dtype)
     # A huge finite lse for a row with nothing visible: exp(s - lse) is then 0.
-    lse_ref[...] = jnp.where(empty, ft.EMPTY_LSE, shift + jnp.log2(l_safe))
+    lse_ref[...] = jnp.where(empty, tile_math.EMPTY_LSE, shift + jnp.log2(l_safe))
     if cfg.use_pr:
         w_left, w_right, acc_r, m_r = carry[3:]
         acc_r = acc_r * jnp.exp2(m_r - shift)[:, None]
-        acc_r = ft.add_far_columns(acc_r, w_left, w_right, cfg.far_right)
+        acc_r = tile_math.add_far_columns(acc_r, w_left, w_right, cfg.far_right)
         pr_ref[0][...] = acc_r / l_safe[:, None]
 
 
@@ -409,7 +420,7 @@ def tiles_spec(cfg: KernelConfig, ins: KernelInputs):
     """The distance tiles, whole, in every program (any grid), or None."""
     if not cfg.distance_tiles:
         return None
-    return dt.whole_spec(ins.distance_tiles.shape)
+    return distance_tiles.whole_spec(ins.distance_tiles.shape)
 
 
 def flash_forward(cfg: KernelConfig, ins: KernelInputs) -> tuple[Array, Array, Array | None]:
