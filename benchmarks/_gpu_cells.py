@@ -77,7 +77,7 @@ def _attention(impl: str, spec: dict):
             name = "cudnn" if impl == "cudnn" else "xla"
             return jax.nn.dot_product_attention(q, k, v, is_causal=causal, implementation=name)
         if impl == "pallas":
-            vis, rest = jattn.masks.split_keywords(dict(extra, is_causal=causal))
+            vis, rest = jattn.visibility.split_keywords(dict(extra, is_causal=causal))
             rate, rng = rest.pop("dropout_rate", 0.0), rest.pop("dropout_rng", None)
             rest.update(dropout=jattn.dropout.Dropout(rate, rng), relative=rel)
             nf = jattn.normalise(q, k, v, visibility=vis, **rest)

@@ -21,7 +21,7 @@ import importlib
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:  # what the lazy names are, for readers and type checkers
-    from jattn import dropout, masks, positions
+    from jattn import dropout, masks, positions, visibility
     from jattn.attention import (
         IMPLEMENTATIONS,
         attention_weights,
@@ -32,9 +32,9 @@ if TYPE_CHECKING:  # what the lazy names are, for readers and type checkers
     from jattn.attention.normal_form import NormalForm, normalise
     from jattn.attention.stick_breaking import stick_breaking_attention
     from jattn.flax_attention import flax_attention_fn
-    from jattn.masks import Visibility
     from jattn.positions import ShawRelative
     from jattn.score_mod import ScoreMod
+    from jattn.visibility import Visibility
 
 # name -> the module that defines it ("" after the module: the name is that module).
 _LAZY = {
@@ -42,7 +42,7 @@ _LAZY = {
     "NormalForm": "jattn.attention.normal_form",
     "ScoreMod": "jattn.score_mod",
     "ShawRelative": "jattn.positions",
-    "Visibility": "jattn.masks",
+    "Visibility": "jattn.visibility",
     "attention_weights": "jattn.attention",
     "cope_attention": "jattn.attention.cope",
     "default_implementation": "jattn.attention",
@@ -53,6 +53,7 @@ _LAZY = {
     "normalise": "jattn.attention.normal_form",
     "positions": "",
     "stick_breaking_attention": "jattn.attention.stick_breaking",
+    "visibility": "",
 }
 # Modules reachable as attributes, as when this file imported them: the core's
 # subpackages, and `jattn.decoding` = `jattn.models.decoding` (it needs flax, so
@@ -80,6 +81,7 @@ __all__ = [
     "normalise",
     "positions",
     "stick_breaking_attention",
+    "visibility",
 ]
 
 __version__ = "0.1.0"

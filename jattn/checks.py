@@ -2,7 +2,7 @@
 
 docs/design.md promises that bad input fails early, with shapes and dtypes
 checked by chex where it enters (`jattn.dot_product_attention`,
-`jattn.normalise`, `jattn.masks.Visibility`), and that the error is one line
+`jattn.normalise`, `jattn.visibility.Visibility`), and that the error is one line
 naming the argument. Each function here runs one chex assertion and, when it
 fails, raises `ValueError` (rank, shape) or `TypeError` (dtype) whose one
 line is chex's finding followed by the caller's message in brackets:

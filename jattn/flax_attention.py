@@ -54,7 +54,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from jattn.attention import IMPLEMENTATIONS, attention_weights, dot_product_attention
-from jattn.masks import Visibility, split_keywords
+from jattn.visibility import Visibility, split_keywords
 
 Array = jax.Array
 

@@ -10,9 +10,9 @@ import jax.numpy as jnp
 import numpy as np
 
 import jattn
-from jattn import masks
 from jattn.attention import IMPLEMENTATIONS
 from jattn.dropout import Dropout
+from jattn.visibility import split_keywords
 
 
 def implementation(name: str):
@@ -22,9 +22,9 @@ def implementation(name: str):
 
 def normal_form(q, k, v, bias=None, mask=None, **kw):
     """`jattn.normalise` of `dot_product_attention`'s arguments, as the entry
-    point builds it: its visibility keywords as one `jattn.masks.Visibility`,
+    point builds it: its visibility keywords as one `jattn.visibility.Visibility`,
     its dropout keywords as one `jattn.dropout.Dropout`, the others as given."""
-    visibility, rest = masks.split_keywords(kw)
+    visibility, rest = split_keywords(kw)
     dropout = Dropout(
         rest.pop("dropout_rate", 0.0),
         rest.pop("dropout_rng", None),

@@ -177,7 +177,7 @@ def test_call_features_reads_every_argument():
         dropout_rate=0.1,
         scale=0.5,
     )
-    vis, rest = jattn.masks.split_keywords(kw)
+    vis, rest = jattn.visibility.split_keywords(kw)
     call = call_features(
         q, k, v, np.zeros((1, 1, 6, 5)), np.ones((1, 1, 6, 5), bool), visibility=vis, **rest
     )

@@ -26,7 +26,7 @@ from attention_cases import normal_form
 from jattn import positions as pos_lib
 from jattn.attention.chunked import attention_chunked
 from jattn.attention.xla import attention_xla
-from jattn.masks import Visibility
+from jattn.visibility import Visibility
 from jattn.models import TransformerConfig
 from jattn.models.layers import Attention
 

@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 
 from jattn.analysis import probe
-from jattn.masks import Visibility
+from jattn.visibility import Visibility
 from jattn.models import Transformer, TransformerConfig
 from jattn.models.layers import Attention
 

@@ -1026,7 +1026,7 @@ def test_the_length_check_finds_a_long_file_that_does_not_say_why(tmp_path):
 MAX_PARAMETERS = 12
 # The two drop-in entry points keep the signatures they stand in for (docs/design.md):
 # `jax.nn.dot_product_attention`'s, and flax's `attention_fn` (which `flax_attention_fn`
-# returns). Everything else passes visibility as one `jattn.masks.Visibility`.
+# returns). Everything else passes visibility as one `jattn.visibility.Visibility`.
 DROP_INS = (
     "jattn.attention.dot_product_attention",
     "jattn.flax_attention.flax_attention_fn.attention_fn",

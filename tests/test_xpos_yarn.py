@@ -27,7 +27,7 @@ import numpy as np
 import pytest
 
 from jattn import positions as pos_lib
-from jattn.masks import Visibility
+from jattn.visibility import Visibility
 from jattn.models import SCHEMES, TransformerConfig
 from jattn.models.layers import Attention
 from jattn.models.schemes import Site

@@ -1,7 +1,7 @@
 """`jattn.dot_product_attention`: one entry point, several implementations.
 
 The public function checks its inputs once (with chex, `jattn.checks`),
-gathers its visibility keywords into one `jattn.masks.Visibility`, puts
+gathers its visibility keywords into one `jattn.visibility.Visibility`, puts
 everything in one normal form and hands it to an implementation picked by
 name:
 
@@ -37,9 +37,9 @@ from jattn.attention.chunked import attention_chunked
 from jattn.attention.normal_form import EMPTY_ROW_LSE, NormalForm, normalise
 from jattn.attention.xla import attention_xla
 from jattn.dropout import Dropout
-from jattn.masks import Visibility, split_keywords
 from jattn.positions import ShawRelative
 from jattn.score_mod import ScoreMod
+from jattn.visibility import Visibility, split_keywords
 
 Array = jax.Array
 
@@ -308,7 +308,7 @@ def dot_product_attention(
         rounding (bit for bit in the main job's train step, not in every
         program). Unchecked: a non-finite hidden key may then reach every
         query of its row.
-      visibility: the visibility rules as one `jattn.masks.Visibility` (how
+      visibility: the visibility rules as one `jattn.visibility.Visibility` (how
         jattn's models and adapters pass them), combined (`&`) with those of
         the keywords above: `is_causal`, `query_seq_lengths`,
         `key_value_seq_lengths`, `local_window_size`, the segment ids and the
@@ -403,7 +403,7 @@ def attention_weights(
     """The weights `dot_product_attention` mixes values with, for probing.
 
     Same arguments and visibility rules as `dot_product_attention`, its
-    visibility keywords as one `jattn.masks.Visibility` (the Shaw value
+    visibility keywords as one `jattn.visibility.Visibility` (the Shaw value
     table plays no part in the weights). Materialises `[B, N, T, S]` by
     design: for inspecting small inputs, never for training.
 

@@ -12,7 +12,7 @@ What normalising does:
   (rank-3 inputs are given a batch axis of 1 by the caller);
 - bias and mask are rank 4, each axis 1 or full (`[B|1, N|1, T|1, S|1]`);
   the mask is boolean;
-- visibility is one `jattn.masks.Visibility`, normalised
+- visibility is one `jattn.visibility.Visibility`, normalised
   (`Visibility.normalised`): positions always present, int32 `[B, T]` and
   `[B, S]`; padding given segment ids that equal nothing
   (`jattn.masks.mark_padding`): segment id 0, a query past its row's length
@@ -49,9 +49,10 @@ import numpy as np
 from jattn import checks
 from jattn import dropout as dropout_lib
 from jattn.dropout import Dropout
-from jattn.masks import PAD_KV, PAD_Q, Visibility
+from jattn.masks import PAD_KV, PAD_Q
 from jattn.positions import ShawRelative
 from jattn.score_mod import ScoreMod
+from jattn.visibility import Visibility
 
 Array = jax.Array
 
@@ -340,7 +341,7 @@ def normalise(
 
     The arguments of `jattn.dot_product_attention` (rank-4 inputs only; the
     entry point adds the batch axis of rank-3 ones), with its visibility
-    keywords as one `jattn.masks.Visibility` (None: every key visible) and
+    keywords as one `jattn.visibility.Visibility` (None: every key visible) and
     its dropout keywords as one `jattn.dropout.Dropout` (None: off). Shapes
     and dtypes are checked with chex; every error is one line that names
     the argument and the shapes involved.
@@ -354,7 +355,7 @@ def normalise(
         visibility = Visibility()
     elif not isinstance(visibility, Visibility):
         raise TypeError(
-            "dot_product_attention: visibility must be a jattn.masks.Visibility, "
+            "dot_product_attention: visibility must be a jattn.visibility.Visibility, "
             f"got {type(visibility).__name__}"
         )
     rel_key, rel_value, max_distance = _shaw_tables(relative, n, h, value.shape[-1])

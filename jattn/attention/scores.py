@@ -21,6 +21,7 @@ import jax.numpy as jnp
 
 from jattn import masks
 from jattn.score_mod import ScoreMod, apply_score_mod
+from jattn.visibility import Visibility
 
 Array = jax.Array
 
@@ -72,11 +73,9 @@ def rel_scatter(p: Array, r: Array, num_relative: int) -> Array:
     return jnp.moveaxis(out, -1, 1).reshape(b, k, g, t, num_relative)
 
 
-def visibility(
-    vis: masks.Visibility, *, kv_valid: Array | None, mask: Array | None
-) -> Array | None:
+def visibility(vis: Visibility, *, kv_valid: Array | None, mask: Array | None) -> Array | None:
     """Boolean visibility of a tile, broadcastable to `[B, K, G, t, s]`:
-    the value's rule (`jattn.masks.Visibility.rule`) on the tile's positions
+    the value's rule (`jattn.visibility.Visibility.rule`) on the tile's positions
     and ids, and the user mask.
 
     Args:

@@ -25,10 +25,10 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
-from jattn.masks import Visibility
 from jattn.models.axes import constrain, param
 from jattn.models.config import TransformerConfig
 from jattn.models.layers import MLP, AbsolutePositions, Attention, layer_norm
+from jattn.visibility import Visibility
 
 Array = jax.Array
 
@@ -127,7 +127,7 @@ class Block(nn.Module):
           encoded: the encoder output `[B, S, D]` (cross only); None for "step".
           mode: "full", "step", "recompute" or "prefill".
           visibility: self-attention's segment ids and positions
-            (`jattn.masks.Visibility`, see `Attention`): `x`'s on both sides
+            (`jattn.visibility.Visibility`, see `Attention`): `x`'s on both sides
             (`Visibility.of_sequence`), or in a step the query's and the
             cache slots' (none: slots at `arange(L)`, no segments).
           cross_visibility: cross-attention's: the targets' (query side) and

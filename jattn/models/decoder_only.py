@@ -58,7 +58,6 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
-from jattn.masks import Visibility
 from jattn.models.architectures import register
 from jattn.models.axes import constrain
 from jattn.models.blocks import stack_blocks, stack_inputs, vocab_logits
@@ -73,6 +72,7 @@ from jattn.models.inputs import (
 )
 from jattn.models.layers import Embed, layer_norm
 from jattn.models.transformer import Transformer
+from jattn.visibility import Visibility
 
 Array = jax.Array
 

@@ -22,7 +22,6 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
-from jattn.masks import Visibility
 from jattn.models.architectures import register
 from jattn.models.blocks import DECODER_MODES, Encoder, stack_blocks, stack_inputs, vocab_logits
 from jattn.models.config import TransformerConfig
@@ -37,6 +36,7 @@ from jattn.models.inputs import (
 )
 from jattn.models.layers import Embed, layer_norm
 from jattn.models.transformer import Transformer
+from jattn.visibility import Visibility
 
 Array = jax.Array
 

@@ -21,11 +21,11 @@ from jax import lax
 
 from jattn import positions as pos_lib
 from jattn.attention import attention_weights, dot_product_attention
-from jattn.masks import Visibility
 from jattn.models.axes import constrain, param
 from jattn.models.config import TransformerConfig
 from jattn.models.schemes import Site
 from jattn.score_mod import ScoreMod, apply_score_mod
+from jattn.visibility import Visibility
 
 Array = jax.Array
 
@@ -236,7 +236,7 @@ class Attention(nn.Module):
             cross-attention "step", which reads the cache.
           mode: "full", "step" or "prefill".
           visibility: the segment ids and positions of the call
-            (`jattn.masks.Visibility`; the layer adds its causal rule): the
+            (`jattn.visibility.Visibility`; the layer adds its causal rule): the
             query side `x`'s `[B, T]` (a step's: at `cache_index`), the key
             side `kv`'s `[B, S]`, or in a causal "step" the cache slots'
             `[B, L]` (with them a step may write a block of T tokens at

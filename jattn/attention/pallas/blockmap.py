@@ -18,7 +18,7 @@ import numpy as np
 
 from jattn.attention import tiles
 from jattn.attention.pallas.config import TileMaps
-from jattn.masks import Visibility
+from jattn.visibility import Visibility
 
 Array = jax.Array
 

@@ -21,7 +21,7 @@ import jax
 from jax.experimental import pallas as pl
 
 from jattn.attention.pallas.tile_dot import TRITON_X3
-from jattn.masks import Visibility
+from jattn.visibility import Visibility
 
 Array = jax.Array
 
@@ -121,7 +121,7 @@ class KernelConfig:
         return self.score_mod is not None and self.score_mod.grad
 
     def tile_visibility(self, q_pos, kv_pos, q_seg, kv_seg) -> Visibility:
-        """A PARTIAL tile's `jattn.masks.Visibility` (`tile_math.tile_scores`):
+        """A PARTIAL tile's `jattn.visibility.Visibility` (`tile_math.tile_scores`):
         the call's rules (causal, window) on the tile's query and key
         positions and segment ids (vectors, or None where unused)."""
         return Visibility(

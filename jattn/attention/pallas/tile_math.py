@@ -47,6 +47,7 @@ from jax import lax
 from jattn import dropout, masks
 from jattn.attention.pallas.tile_dot import dot
 from jattn.attention.tiles import FULL_LEFT, FULL_RIGHT, PARTIAL, SKIP
+from jattn.visibility import Visibility
 
 Array = jax.Array
 
@@ -100,7 +101,7 @@ def rel_range(q_pos: Array, kv_pos: Array, max_distance: int) -> tuple[Array, Ar
 
 
 def visibility(
-    vis: masks.Visibility,
+    vis: Visibility,
     kv_valid: Array | None,
     mask: Array | None,
     col: Callable[[Array], Array] = as_col,
@@ -108,7 +109,7 @@ def visibility(
 ) -> Array | None:
     """Boolean `[bq, bk]` (or broadcastable) visibility of a tile; None = all.
 
-    The rule is the call's `jattn.masks.Visibility` itself (`rule`: the
+    The rule is the call's `jattn.visibility.Visibility` itself (`rule`: the
     same `jattn.masks.visible`), on a query column and a key row, and-ed
     with the keys' validity (padding to the tile) and the user mask.
 
@@ -303,7 +304,7 @@ def tile_scores(
     k: Array,
     *,
     scale: float,
-    vis: masks.Visibility | None,
+    vis: Visibility | None,
     kv_valid: Array | None = None,
     bias: Array | None,
     mask: Array | None = None,
@@ -322,7 +323,7 @@ def tile_scores(
 
     Args:
       q: `[bq, H]`; k: `[bk, H]` (input dtype; the dot accumulates in float32).
-      vis: a PARTIAL tile's `jattn.masks.Visibility` (its positions and
+      vis: a PARTIAL tile's `jattn.visibility.Visibility` (its positions and
         segment ids as tile vectors, see `visibility`): per-element
         visibility and relative ids. None for a FULL tile: nothing masked,
         one relative id `shaw.far_id` for the whole tile.
