@@ -77,7 +77,10 @@ def _attention(impl: str, spec: dict):
             name = "cudnn" if impl == "cudnn" else "xla"
             return jax.nn.dot_product_attention(q, k, v, is_causal=causal, implementation=name)
         if impl == "pallas":
-            nf = jattn.normalise(q, k, v, is_causal=causal, relative=rel, **extra)
+            vis, rest = jattn.visibility.split_keywords(dict(extra, is_causal=causal))
+            rate, rng = rest.pop("dropout_rate", 0.0), rest.pop("dropout_rng", None)
+            rest.update(dropout=jattn.dropout.Dropout(rate, rng), relative=rel)
+            nf = jattn.normalise(q, k, v, visibility=vis, **rest)
             tiles = flash_kwargs({n: spec[n] for n in TILE_FLAGS if spec.get(n)})
             return fa.flash_attention(nf, backward=spec.get("backward", "split"), **tiles)[0]
         kw = dict(is_causal=causal, relative=rel, implementation=impl)
@@ -199,7 +202,7 @@ def _check_mods(spec, rows):
             if backward is None:
                 kw = dict(is_causal=True, score_mod=m, implementation="xla")
                 return jattn.dot_product_attention(q, k, v, **kw)
-            nf = jattn.normalise(q, k, v, is_causal=True, score_mod=m)
+            nf = jattn.normalise(q, k, v, visibility=jattn.Visibility(is_causal=True), score_mod=m)
             return fa.flash_attention(nf, backward=backward)[0]
 
         def g(q, k, v, params, ct):

@@ -134,7 +134,9 @@ def _variant_fn(feature, backward, precision=None, interpret=False, tiles=None, 
             mod = score_mod_of(feature, q.shape[2])
             kw["score_mod"] = dataclasses.replace(mod, params=extra["mod"])
         mode = dict(backend=backend) if backend else dict(interpret=interpret)
-        nf = jattn.normalise(q, k, v, **kw)
+        vis, rest = jattn.visibility.split_keywords(kw)
+        drop = jattn.dropout.Dropout(rest.pop("dropout_rate", 0.0), rest.pop("dropout_rng", None))
+        nf = jattn.normalise(q, k, v, visibility=vis, dropout=drop, **rest)
         kw = dict(backward=backward, precision=precision, **mode, **flash_kwargs(tiles))
         return fa.flash_attention(nf, **kw)[0]
 

@@ -21,7 +21,7 @@ import importlib
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:  # what the lazy names are, for readers and type checkers
-    from jattn import dropout, masks, positions
+    from jattn import dropout, masks, positions, visibility
     from jattn.attention import (
         IMPLEMENTATIONS,
         attention_weights,
@@ -34,6 +34,7 @@ if TYPE_CHECKING:  # what the lazy names are, for readers and type checkers
     from jattn.flax_attention import flax_attention_fn
     from jattn.positions import ShawRelative
     from jattn.score_mod import ScoreMod
+    from jattn.visibility import Visibility
 
 # name -> the module that defines it ("" after the module: the name is that module).
 _LAZY = {
@@ -41,6 +42,7 @@ _LAZY = {
     "NormalForm": "jattn.attention.normal_form",
     "ScoreMod": "jattn.score_mod",
     "ShawRelative": "jattn.positions",
+    "Visibility": "jattn.visibility",
     "attention_weights": "jattn.attention",
     "cope_attention": "jattn.attention.cope",
     "default_implementation": "jattn.attention",
@@ -51,6 +53,7 @@ _LAZY = {
     "normalise": "jattn.attention.normal_form",
     "positions": "",
     "stick_breaking_attention": "jattn.attention.stick_breaking",
+    "visibility": "",
 }
 # Modules reachable as attributes, as when this file imported them: the core's
 # subpackages, and `jattn.decoding` = `jattn.models.decoding` (it needs flax, so
@@ -67,6 +70,7 @@ __all__ = [
     "NormalForm",
     "ScoreMod",
     "ShawRelative",
+    "Visibility",
     "attention_weights",
     "cope_attention",
     "default_implementation",
@@ -77,6 +81,7 @@ __all__ = [
     "normalise",
     "positions",
     "stick_breaking_attention",
+    "visibility",
 ]
 
 __version__ = "0.1.0"

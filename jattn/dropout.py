@@ -23,13 +23,30 @@ log-sum-exp does not depend on it), as in flax and FlashAttention.
 
 from __future__ import annotations
 
+from typing import NamedTuple
+
 import jax
 import jax.numpy as jnp
 import numpy as np
 
 Array = jax.Array
 
-__all__ = ["keep", "multiplier", "seed_words", "threshold"]
+__all__ = ["Dropout", "keep", "multiplier", "seed_words", "threshold"]
+
+
+class Dropout(NamedTuple):
+    """Attention-weight dropout as one argument (`jattn.normalise`'s).
+
+    Attributes:
+      rate: in [0, 1); 0 is off.
+      rng: a jax.random key, needed when `rate > 0`; its `seed_words` seed the hash.
+      broadcast_batch: one keep mask for every batch row (flax's
+        `broadcast_dropout`): the hash sees batch row 0 everywhere.
+    """
+
+    rate: float = 0.0
+    rng: Array | None = None
+    broadcast_batch: bool = False
 
 
 def _i32(x: int) -> np.int32:

@@ -54,6 +54,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from jattn.attention import IMPLEMENTATIONS, attention_weights, dot_product_attention
+from jattn.visibility import Visibility, split_keywords
 
 Array = jax.Array
 
@@ -242,10 +243,9 @@ def flax_attention_fn(implementation: str | None = None, **options) -> Callable[
                 f"flax_attention_fn: unknown option {name!r}; the options forwarded to "
                 f"every call are {list(FORWARDED_OPTIONS)}"
             )
-    opt_causal = bool(options.get("is_causal", False))
-    scale = options.get("scale")
-    window = options.get("local_window_size")
-    relative = options.get("relative")
+    # The options' rules as one value, built (and checked) once for every call.
+    base, rest = split_keywords(options)
+    scale, relative = rest.get("scale"), rest.get("relative")
 
     def attention_fn(
         query: Array,
@@ -309,8 +309,8 @@ def flax_attention_fn(implementation: str | None = None, **options) -> Callable[
                 f"flax_attention_fn: dropout_rate={dropout_rate} with deterministic=False "
                 "needs a dropout_rng"
             )
-        causal = opt_causal or bool(is_causal)
-        common = dict(scale=scale, is_causal=causal, local_window_size=window, relative=relative)
+        rules = base if not is_causal else base & Visibility(is_causal=True)  # nnx's per call
+        common = dict(scale=scale, relative=relative, visibility=rules)
 
         def compute() -> Array:
             if not dropout_on:

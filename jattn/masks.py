@@ -13,6 +13,9 @@ sequence lengths fold into the same ids), so the rule stays one equality
 and padding is one more case of "different segments" in every
 implementation, tile skipping included.
 
+The rules of one attention call travel as one value,
+`jattn.visibility.Visibility`, whose `rule` is `visible` here.
+
 Shapes: B batch, T query length, S key length. Results broadcast against
 `[B, N, T, S]` logits once a head axis is inserted (`as_logits_mask`).
 """

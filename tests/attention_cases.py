@@ -11,6 +11,8 @@ import numpy as np
 
 import jattn
 from jattn.attention import IMPLEMENTATIONS
+from jattn.dropout import Dropout
+from jattn.visibility import split_keywords
 
 
 def implementation(name: str):
@@ -18,11 +20,24 @@ def implementation(name: str):
     return IMPLEMENTATIONS[name]
 
 
+def normal_form(q, k, v, bias=None, mask=None, **kw):
+    """`jattn.normalise` of `dot_product_attention`'s arguments, as the entry
+    point builds it: its visibility keywords as one `jattn.visibility.Visibility`,
+    its dropout keywords as one `jattn.dropout.Dropout`, the others as given."""
+    visibility, rest = split_keywords(kw)
+    dropout = Dropout(
+        rest.pop("dropout_rate", 0.0),
+        rest.pop("dropout_rng", None),
+        rest.pop("dropout_broadcast_batch", False),
+    )
+    return jattn.normalise(q, k, v, bias, mask, visibility=visibility, dropout=dropout, **rest)
+
+
 def call(impl: str, q, k, v, *, options=None, residual=False, **kw):
     """Run one implementation on public-API arguments, with impl options
     (e.g. block sizes) that the public entry point does not expose. Returns
     the output, or `(out, lse)` with `residual=True`."""
-    out, lse = implementation(impl)(jattn.normalise(q, k, v, **kw), **(options or {}))
+    out, lse = implementation(impl)(normal_form(q, k, v, **kw), **(options or {}))
     return (out, lse) if residual else out
 
 

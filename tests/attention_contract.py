@@ -28,7 +28,7 @@ import jax.numpy as jnp
 import numpy as np
 import oracle
 import pytest
-from attention_cases import packed_ids, packed_positions
+from attention_cases import normal_form, packed_ids, packed_positions
 
 import jattn
 
@@ -162,7 +162,7 @@ def vjp_fn(attend: Callable, static: tuple):
             rel = None
             if dist is not None:
                 rel = jattn.ShawRelative(diff["rel_key"], diff["rel_value"], dist)
-            nf = jattn.normalise(
+            nf = normal_form(
                 diff["query"],
                 diff["key"],
                 diff["value"],
@@ -186,7 +186,7 @@ def scale_vjp_fn(attend: Callable):
 
     def f(arrays, scale, ct):
         def g(arrays, scale):
-            nf = jattn.normalise(
+            nf = normal_form(
                 arrays["query"],
                 arrays["key"],
                 arrays["value"],
@@ -328,7 +328,7 @@ class AttentionContract:
         k = np.array([[1.0, 0.0], [0.0, 1.0], [-1.0, 0.0]], np.float32).reshape(1, 3, 1, 2)
         v = np.array([10.0, 20.0, 40.0], np.float32).reshape(1, 3, 1, 1)
         if self.name is None:
-            out = type(self).attend(jattn.normalise(q, k, v))[0]
+            out = type(self).attend(normal_form(q, k, v))[0]
         else:
             out = jattn.dot_product_attention(q, k, v, implementation=self.name)
         w = np.exp(np.array([1, 0, -1]) / np.sqrt(2))  # scores .707, 0, -.707

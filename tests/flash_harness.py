@@ -12,6 +12,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import oracle
+from attention_cases import normal_form
 
 import jattn
 from jattn.attention.normal_form import EMPTY_ROW_LSE
@@ -46,7 +47,7 @@ def _normal_form(
     broadcast_batch: bool = False,
 ):
     rel = _relative(inputs, max_distance)
-    return jattn.normalise(
+    return normal_form(
         inputs["query"],
         inputs["key"],
         inputs["value"],

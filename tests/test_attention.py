@@ -66,8 +66,11 @@ def test_attention_weights_are_what_the_output_mixes():
     mask = np.ones((1, 1, 6, 6), bool)
     mask[..., 2, :] = False  # one fully hidden row
     rel = shaw(15, 4, 4, 4, 2, value=False)
-    kw = dict(is_causal=True, q_segment_ids=seg, kv_segment_ids=seg, mask=mask, relative=rel)
-    w = np.asarray(jattn.attention_weights(q, k, **kw))
+    rules = dict(is_causal=True, q_segment_ids=seg, kv_segment_ids=seg)
+    kw = dict(rules, mask=mask, relative=rel)
+    w = np.asarray(
+        jattn.attention_weights(q, k, mask=mask, relative=rel, visibility=jattn.Visibility(**rules))
+    )
     assert w.shape == (1, 4, 6, 6)
     sums = w.sum(-1)
     np.testing.assert_allclose(np.delete(sums, 2, axis=-1), 1.0, rtol=1e-6)

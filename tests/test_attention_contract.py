@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import jax
 import numpy as np
+from attention_cases import normal_form
 from attention_contract import AttentionContract
 
 import jattn
@@ -78,16 +79,12 @@ def test_padded_tiles_are_skipped():
             key_value_seq_lengths=lengths,
         ),
     ):
-        nf = jattn.normalise(x, x, x, **padding)
+        nf = normal_form(x, x, x, **padding)
         plan = np.asarray(plan_tiles(nf, bq, bq).cls)  # [nT, nS]
         classes = np.asarray(
             block_map(
-                q_pos=None,
-                kv_pos=None,
-                q_seg=nf.q_segment_ids,
-                kv_seg=nf.kv_segment_ids,
+                vis=nf.visibility.replace(q_positions=None, kv_positions=None),
                 mask=None,
-                causal=False,
                 max_distance=None,
                 seq_k=t,
                 block_q=bq,

@@ -177,11 +177,15 @@ def test_call_features_reads_every_argument():
         dropout_rate=0.1,
         scale=0.5,
     )
-    call = call_features(q, k, v, np.zeros((1, 1, 6, 5)), np.ones((1, 1, 6, 5), bool), **kw)
+    vis, rest = jattn.visibility.split_keywords(kw)
+    call = call_features(
+        q, k, v, np.zeros((1, 1, 6, 5)), np.ones((1, 1, 6, 5), bool), visibility=vis, **rest
+    )
     assert (call.t, call.s, call.head_dim, call.value_head_dim, call.batch_heads) == (6, 5, 8, 8, 8)
     assert call.dtype == "float32"
     assert call.features == set(rule.FEATURES) - {"window_right", "traced_scale"}
-    bare = call_features(q[0].astype(jnp.bfloat16), k[0], v[0], local_window_size=2)
+    window = jattn.Visibility(local_window_size=2)
+    bare = call_features(q[0].astype(jnp.bfloat16), k[0], v[0], visibility=window)
     assert bare.batch_heads == 4 and bare.dtype == "bfloat16"
     assert bare.features == {"window", "window_right"}  # an int window reaches right too
     seen = []

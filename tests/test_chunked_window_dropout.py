@@ -17,7 +17,14 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from attention_cases import implementation, make_problem, packed_ids, packed_positions, shaw
+from attention_cases import (
+    implementation,
+    make_problem,
+    normal_form,
+    packed_ids,
+    packed_positions,
+    shaw,
+)
 from oracle import attention_and_grads
 
 import jattn
@@ -39,7 +46,7 @@ def run(impl, q, k, v, ct, *, options=None, bias=None, relative=None, **kw):
     def f(q, k, v, bias, rk, rv, arrays, ct):
         def g(q, k, v, bias, rk, rv):
             rel = None if dist is None else jattn.ShawRelative(rk, rv, dist)
-            nf = jattn.normalise(q, k, v, bias, relative=rel, **arrays, **static)
+            nf = normal_form(q, k, v, bias, relative=rel, **arrays, **static)
             return implementation(impl)(nf, **(options or {}))
 
         (out, lse), vjp = jax.vjp(g, q, k, v, bias, rk, rv)
@@ -123,7 +130,7 @@ def kept_weights(rng_key, *, rate, b=2, n=2, t=64, s=48, broadcast=False, blocks
     q = jnp.zeros((b, t, n, 4))
     k = jnp.zeros((b, s, 1, 4))
     v = jnp.broadcast_to(jnp.eye(s)[None, :, None, :], (b, s, 1, s))
-    nf = jattn.normalise(
+    nf = normal_form(
         q,
         k,
         v,
@@ -226,7 +233,7 @@ def test_window_with_shaw_uses_every_tile_body():
     t, (bq, bk), window, k = 64, (8, 8), (40, 0), 3
     q, kk, v = make_problem(31, 1, t, t, 2, 1, 4)
     kw = dict(is_causal=True, relative=shaw(31, 2, 4, 4, k))
-    nf = jattn.normalise(q, kk, v, local_window_size=window, **kw)
+    nf = normal_form(q, kk, v, local_window_size=window, **kw)
     branches = np.asarray(TiledProblem(nf, bq, bk).plan.branch)
     assert set(np.unique(branches)) == {0, 1, 2, 3}, np.bincount(branches.ravel())
     ct = np.random.default_rng(31).normal(size=(1, t, 2, 4))
@@ -249,7 +256,7 @@ def test_window_with_shaw_uses_every_tile_body():
 def trips(length, *, window, is_causal, block=8):
     """Query-tile trips of the forward and key-tile trips of the backward."""
     q, k, v = make_problem(40, 1, length, length, 2, 2, 4)
-    nf = jattn.normalise(q, k, v, is_causal=is_causal, local_window_size=window)
+    nf = normal_form(q, k, v, is_causal=is_causal, local_window_size=window)
     pb = TiledProblem(nf, block, block)
     ft = forward(pb)
     grads = backward(
@@ -312,7 +319,7 @@ def test_eager_calls_are_clean_under_strict_numerics(blocks):
 
     def loss(impl, q, k, v):
         if impl == "chunked" and blocks is not None:
-            nf = jattn.normalise(q, k, v, **kw)
+            nf = normal_form(q, k, v, **kw)
             out, _ = attention_chunked(nf, block_q=blocks[0], block_k=blocks[1])
         else:
             out = jattn.dot_product_attention(q, k, v, implementation=impl, **kw)

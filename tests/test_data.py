@@ -649,7 +649,7 @@ def test_default_input_length_gives_exactly_the_batches_of_before(
 ):
     task = request.getfixturevalue(task_name)
     for same in ({}, {"max_input_len": None}, {"max_input_len": kwargs["max_len"]}):
-        it = iter(data.make_loader(task, "train", prefetch=0, **kwargs, **same))
+        it = iter(data.make_loader(task, "train", io=data.LoaderIO(prefetch=0), **kwargs, **same))
         assert _fingerprint([next(it) for _ in range(6)]) == before, same
 
 
@@ -697,7 +697,13 @@ def test_model_sees_each_packed_example_as_if_alone(tiny):
     from jattn.train.steps import model_kwargs
 
     loader = data.make_loader(
-        tiny, "train", batch_size=4, max_len=64, max_input_len=12, seed=1, prefetch=0
+        tiny,
+        "train",
+        batch_size=4,
+        max_len=64,
+        max_input_len=12,
+        seed=1,
+        io=data.LoaderIO(prefetch=0),
     )
     # The first batch with a row of three examples.
     packed = next(b for b in loader if b["targets_segment_ids"].max() >= 3)
@@ -790,7 +796,9 @@ def test_same_seed_same_batches(tiny):
     )
     a = batches(make(3), 6)
     assert _same(a, batches(make(3), 6))
-    assert _same(a, batches(make(3, prefetch=0), 6))  # prefetching changes nothing
+    assert _same(
+        a, batches(make(3, io=data.LoaderIO(prefetch=0)), 6)
+    )  # prefetching changes nothing
     assert not _same(a, batches(make(4), 6))
     ordered = batches(make(3, shuffle=False, pack=False, num_epochs=1), 2)
     first = [(tuple(e[0]), tuple(e[1])) for e in encoded(tiny, "train")[:16]]
@@ -818,7 +826,10 @@ def test_epochs_reshuffle(tiny):
 
 @pytest.mark.parametrize(
     "kwargs",
-    [dict(pack=True), dict(pack=False, overlong="truncate", max_len=24, prefetch=0)],
+    [
+        dict(pack=True),
+        dict(pack=False, overlong="truncate", max_len=24, io=data.LoaderIO(prefetch=0)),
+    ],
     ids=["packed", "unpacked-truncate"],
 )
 def test_checkpoint_resume_gives_the_same_batches(tiny, tmp_path, kwargs):
@@ -855,7 +866,7 @@ def test_checkpoint_resume_gives_the_same_batches(tiny, tmp_path, kwargs):
     np.testing.assert_array_equal(restored["state"]["params"], state["params"])
     assert restored["data"] is fresh
     assert _same([next(fresh) for _ in range(m)], reference[k:])
-    if kwargs.get("prefetch") == 0:  # without read-ahead the counts are exact too
+    if "io" in kwargs:  # without read-ahead the counts are exact too
         assert data.loader_stats(fresh) == data.loader_stats(ref_it)
         assert data.loader_stats(fresh)["truncated"] > 0
 
@@ -884,7 +895,7 @@ def test_pipeline_resumes_from_every_batch(tiny, max_input_len):
         max_input_len=max_input_len,
         seed=9,
         num_epochs=1,
-        prefetch=0,
+        io=data.LoaderIO(prefetch=0),
     )
     it = iter(loader)
     states, reference = [it.get_state()], []
@@ -918,8 +929,7 @@ def test_shards_are_disjoint_and_cover(tiny):
             max_len=96,
             seed=0,
             num_epochs=1,
-            shard_index=index,
-            shard_count=3,
+            shard=(index, 3),
         )
         seen.append(unpacked(batches(loader)))
     assert [len(s) for s in seen] == [17, 17, 16]
@@ -985,10 +995,10 @@ def test_errors(data_dir, tiny):
         )
     with pytest.raises(ValueError, match="inputs has 3 tokens, more than max_input_len=2"):
         data.pad_to_row({"inputs": [7, 7, 1], "targets": [8, 1]}, 4, max_input_len=2)
-    with pytest.raises(ValueError, match="shard_index=2, shard_count=2"):
-        make(shard_index=2, shard_count=2)
+    with pytest.raises(ValueError, match=r"0 <= index < count, got \(2, 2\)"):
+        make(shard=(2, 2))
     with pytest.raises(ValueError, match="shard 700 of 800 .* is empty"):
-        make(shard_index=700, shard_count=800)
+        make(shard=(700, 800))
 
 
 def test_bench_data_script_reports_each_row_length(numbers, data_dir, monkeypatch, capsys):

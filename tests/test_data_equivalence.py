@@ -56,7 +56,7 @@ BEFORE = [
      10, "26ac4e950a10ed0b"),
     # Over-long examples dropped, a shard, two epochs to the end (a short last batch).
     ("numbers/de_tiny", dict(batch_size=16, max_len=24, max_input_len=8, seed=2, num_epochs=2,
-                             shard_index=1, shard_count=2), None, "46e1138d6e7f37d6"),
+                             shard=(1, 2)), None, "46e1138d6e7f37d6"),
     # Evaluation's loader: in order, one example a row, one pass.
     ("numbers/de_tiny", dict(batch_size=64, max_len=96, seed=0, shuffle=False, pack=False,
                              num_epochs=1), None, "6e139f640e264c25"),
@@ -71,7 +71,7 @@ BEFORE = [
 @pytest.mark.parametrize("cache", [True, False], ids=["cached", "read"])
 def test_batches_and_states_are_those_of_before(data_dir, name, kwargs, n, before, cache):
     task = data.load(name, data_dir=data_dir)
-    loader = data.make_loader(task, "train", prefetch=0, cache=cache, **kwargs)
+    loader = data.make_loader(task, "train", io=data.LoaderIO(prefetch=0, cache=cache), **kwargs)
     batches, states = _run(loader, n)
     assert _fingerprint(batches, states) == before
 
@@ -141,7 +141,7 @@ def _reference_batches(task, *, batch_size, max_len, max_input_len, seed, num_ba
 def test_packed_batches_are_grains_example_by_example(data_dir, name, max_input_len, max_len):
     task = data.load(name, data_dir=data_dir)
     kw = dict(batch_size=32, max_len=max_len, max_input_len=max_input_len, seed=4)
-    ours, _ = _run(data.make_loader(task, "train", prefetch=0, **kw), 25)
+    ours, _ = _run(data.make_loader(task, "train", io=data.LoaderIO(prefetch=0), **kw), 25)
     reference = _reference_batches(task, num_batches=25, **kw)
     assert len(ours) == len(reference) == 25
     for a, b in zip(ours, reference, strict=True):
@@ -153,7 +153,8 @@ def test_resuming_mid_group_restores_the_examples_left_for_the_next_one(data_dir
     """States taken between batches of one packing group (batch 8 of 16 bins' rows is
     not a group boundary: `next_rows` of half a group) restore to the same stream."""
     task = data.load("numbers/de_tiny", data_dir=data_dir)
-    kw = dict(batch_size=8, max_len=64, max_input_len=16, seed=6, prefetch=0, num_epochs=2)
+    kw = dict(batch_size=8, max_len=64, max_input_len=16, seed=6, num_epochs=2)
+    kw["io"] = data.LoaderIO(prefetch=0)
     loader = data.make_loader(task, "train", **kw)
     batches, states = _run(loader)
     for k in range(0, len(states) - 1, 5):

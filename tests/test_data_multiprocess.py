@@ -20,7 +20,7 @@ import jattn.data as data
 data_dir, shard_index, out = sys.argv[1], int(sys.argv[2]), sys.argv[3]
 task = data.load("numbers/de_tiny", data_dir=data_dir)
 loader = data.make_loader(task, "train", batch_size=16, max_len=96, seed=7, num_epochs=1,
-                          shard_index=shard_index, shard_count=2)
+                          shard=(shard_index, 2))
 seen, shapes = [], set()
 for batch in loader:
     shapes.add(tuple(batch["inputs"].shape))

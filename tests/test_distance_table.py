@@ -24,7 +24,7 @@ import numpy as np
 import oracle
 import pytest
 import registry_mods
-from attention_cases import implementation, packed_ids, packed_positions
+from attention_cases import implementation, normal_form, packed_ids, packed_positions
 
 import jattn
 from jattn import positions
@@ -115,7 +115,7 @@ def _grad_fn(impl: str, is_causal: bool):
 
     def f(q, k, v, mod, arrays, ct):
         def g(q, k, v, mod):
-            nf = jattn.normalise(q, k, v, score_mod=mod, is_causal=is_causal, **arrays)
+            nf = normal_form(q, k, v, score_mod=mod, is_causal=is_causal, **arrays)
             return run(nf, **OPTIONS.get(impl, {}))[0]
 
         out, vjp = jax.vjp(g, q, k, v, mod)
@@ -200,7 +200,7 @@ def test_the_term_is_evaluated_once_per_call_on_its_table(impl, layout, table_le
     arrays = {n: jnp.asarray(x) for n, x in arrays.items()}
 
     def loss(q, mod):
-        nf = jattn.normalise(q, k, v, score_mod=mod, is_causal=causal, **arrays)
+        nf = normal_form(q, k, v, score_mod=mod, is_causal=causal, **arrays)
         return jnp.sum(implementation(impl)(nf, **OPTIONS[impl])[0] * ct)
 
     jax.make_jaxpr(jax.grad(loss, argnums=(0, 1)))(q, mod)
@@ -217,9 +217,7 @@ def test_tabulate_bounds_cover_the_distances_or_say_they_do_not():
     q, k, v, _ = _inputs()
     for layout, want in (("shifted", True), ("packed", True), ("random", False)):
         arrays, _ = _positions(layout)
-        nf = jattn.normalise(
-            q, k, v, score_mod=mod, **{n: jnp.asarray(x) for n, x in arrays.items()}
-        )
+        nf = normal_form(q, k, v, score_mod=mod, **{n: jnp.asarray(x) for n, x in arrays.items()})
         table_mod, fits = distance_table.tabulate(nf, L, L)
         assert bool(fits) is want, layout
         qp, kp = arrays["q_positions"], arrays["kv_positions"]
@@ -240,7 +238,7 @@ def test_tabulate_bounds_cover_the_distances_or_say_they_do_not():
 def test_a_clipped_mod_gets_a_2k_plus_1_table_whatever_the_positions():
     q, k, v, _ = _inputs()
     arrays, _ = _positions("random")
-    nf = jattn.normalise(
+    nf = normal_form(
         q, k, v, score_mod=MODS["clipped"], **{n: jnp.asarray(x) for n, x in arrays.items()}
     )
     table_mod, fits = distance_table.tabulate(nf, L, L)
@@ -279,7 +277,7 @@ def test_from_distance_reuses_one_fn_per_form():
 @functools.partial(jax.jit, static_argnames=("backend",))
 def _pallas(q, k, v, mod, arrays, ct, *, backend):
     def f(q, k, v, mod):
-        nf = jattn.normalise(q, k, v, score_mod=mod, **arrays)
+        nf = normal_form(q, k, v, score_mod=mod, **arrays)
         block_k = L if backend == "tpu_interpret" else 16  # Mosaic: 128-multiples or all keys
         return fa.flash_attention(nf, block_q=16, block_k=block_k, backend=backend)[0]
 

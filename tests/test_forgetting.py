@@ -21,13 +21,14 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from attention_cases import normal_form
 
 from jattn import positions as pos_lib
 from jattn.attention.chunked import attention_chunked
-from jattn.attention.normal_form import normalise
 from jattn.attention.xla import attention_xla
 from jattn.models import TransformerConfig
 from jattn.models.layers import Attention
+from jattn.visibility import Visibility
 
 B, T, N, H, D = 2, 13, 2, 4, 6
 
@@ -80,7 +81,7 @@ def _jattn(impl, segments):
     def f(x, q, k, v, w, b):
         logf = pos_lib.log_forget_gates({"w": w, "b": b}, x)  # [B, T, N]
         c = pos_lib.segment_cumsum(logf, None if ids is None else jnp.asarray(ids))
-        nf = normalise(q, k, v, row_col_bias=pos_lib.forget_row_col(c, c), **kw)
+        nf = normal_form(q, k, v, row_col_bias=pos_lib.forget_row_col(c, c), **kw)
         return IMPLS[impl](nf)[0]
 
     return f
@@ -174,10 +175,8 @@ def _layer(gate_shift: float = -5.0):
     params = {**params, "forget_gate": {**gate, "b": gate["b"] + gate_shift}}
 
     def run(x, seg, pos):
-        return layer.apply(
-            {"params": params}, x, x, q_segment_ids=seg, kv_segment_ids=seg,
-            q_positions=pos, kv_positions=pos,
-        )  # fmt: skip
+        vis = Visibility.of_sequence(seg, pos)
+        return layer.apply({"params": params}, x, x, visibility=vis)
 
     return cfg, run
 

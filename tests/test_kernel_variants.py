@@ -24,6 +24,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from attention_cases import normal_form
 from flash_harness import (
     BF16_TOL,
     _check,
@@ -160,7 +161,7 @@ def test_a_score_mods_tiles_and_warps_follow_its_cost():
     costs = {}
     for name, mod in mods.items():
         pre = fa.prepare(
-            jattn.normalise(q, k, v, is_causal=True, score_mod=mod, **positions_given),
+            normal_form(q, k, v, is_causal=True, score_mod=mod, **positions_given),
             block_q=None,
             block_k=None,
             backend="gpu",
@@ -176,7 +177,7 @@ def test_a_score_mods_tiles_and_warps_follow_its_cost():
     assert costs["alibi"] <= light and costs["fire"] <= light and costs["t5"] > light
     # At default positions T5 (a distance mod) reads Toeplitz tiles: no per-logit spec.
     pre = fa.prepare(
-        jattn.normalise(q, k, v, is_causal=True, score_mod=mods["t5"]),
+        normal_form(q, k, v, is_causal=True, score_mod=mods["t5"]),
         block_q=None,
         block_k=None,
         backend="gpu",
@@ -190,14 +191,14 @@ def test_a_score_mods_tiles_and_warps_follow_its_cost():
     for name, mod in mods.items():
         spec = score_mod_tiles.mod_spec(mod, "gpu")[0]
         assert score_mod_checks.has_loop(spec) == (name == "fire"), name
-        nf = jattn.normalise(q32, k32, v32, is_causal=True, score_mod=mod, **positions_given)
+        nf = normal_form(q32, k32, v32, is_causal=True, score_mod=mod, **positions_given)
         pre = fa.prepare(nf, block_q=None, block_k=None, backend="gpu")
         fwd = (pre.fwd_cfg.block_q, pre.fwd_cfg.block_k, pre.fwd_cfg.num_warps)
         assert fwd == ((32, 64, 4) if name == "fire" else (128, 64, 8)), name
         assert (pre.bwd_cfg.block_q, pre.bwd_cfg.block_k) == (16, 32), name
     # Without a mod, nothing changes: 32x32 backward, 4 warps (head dim 128).
     pre = fa.prepare(
-        jattn.normalise(q, k, v, is_causal=True), block_q=None, block_k=None, backend="gpu"
+        normal_form(q, k, v, is_causal=True), block_q=None, block_k=None, backend="gpu"
     )
     assert (pre.bwd_cfg.block_q, pre.bwd_cfg.num_warps, pre.fwd_cfg.block_q) == (32, 4, 128)
 
@@ -501,8 +502,10 @@ def test_cached_block_maps_equal_per_call_maps(causal, window, dist, t, s, bq, b
     shapes = dict(seq_q=t, seq_k=s, block_q=bq, block_k=bk, padded_q=pt, padded_k=ps)
     static = blockmap.static_tiling(batch=2, **rules, **shapes)
     pos = lambda n: jnp.broadcast_to(jnp.arange(n, dtype=jnp.int32), (2, n))  # noqa: E731
-    meta = dict(q_pos=pos(t), kv_pos=pos(s), q_seg=None, kv_seg=None, mask=None, **rules)
-    meta.update(seq_k=s, batch=2)
+    vis = jattn.Visibility(
+        is_causal=causal, local_window_size=window, q_positions=pos(t), kv_positions=pos(s)
+    )
+    meta = dict(vis=vis, mask=None, max_distance=dist, seq_k=s, batch=2)
     dynamic = blockmap.tiling(meta, bq, bk, pt, ps)
     for a, b in zip(static, dynamic, strict=True):
         np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
@@ -516,19 +519,18 @@ def test_cached_block_maps_equal_per_call_maps(causal, window, dist, t, s, bq, b
 def test_default_positions_flag_and_replace():
     inputs = _qkv(83, *RAGGED)
     nf = _normal_form(inputs, is_causal=True, max_distance=0)
-    assert nf.default_positions
-    moved = nf.replace(q_positions=nf.q_positions + 3)
+    assert nf.visibility.default_positions
+    moved = nf.visibility.replace(q_positions=nf.visibility.q_positions + 3)
     assert not moved.default_positions
-    # None (a cotangent's integer leaves, as the chunked path's VJP builds)
-    # keeps the flag, so the cotangent has the primal's pytree structure.
-    assert nf.replace(q_positions=None, kv_positions=None).default_positions
+    # None (as the block map's value without positions) keeps the flag.
+    assert nf.visibility.replace(q_positions=None, kv_positions=None).default_positions
     given = _normal_form({**inputs, "q_positions": np.zeros((2, 40), np.int32)},
                          is_causal=True, max_distance=0)  # fmt: skip
-    assert not given.default_positions
+    assert not given.visibility.default_positions
     # Shifted positions give a different causal map than the cached one.
     out = functools.partial(fa.flash_attention, block_q=16, block_k=16, backend="interpret")
     a, _ = out(nf)
-    b, _ = out(moved)
+    b, _ = out(nf.replace(visibility=moved))
     assert not np.allclose(np.asarray(a), np.asarray(b))
 
 

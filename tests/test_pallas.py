@@ -28,6 +28,7 @@ import jax.numpy as jnp
 import kernel_oracle
 import numpy as np
 import pytest
+from attention_cases import normal_form
 from flash_harness import (
     F32_TOL,
     _check,
@@ -134,7 +135,7 @@ def test_dq_and_dkv_kernels_on_their_own_tiles(case, tiles):
 def test_backward_tiles_per_kernel_configure_each_kernel():
     # backward_blocks / backward_warps give both kernels; a BackwardTiles
     # field overrides it for its kernel; equal tilings keep one config.
-    nf = jattn.normalise(*(_qkv(0, *RAGGED)[x] for x in ("query", "key", "value")))
+    nf = normal_form(*(_qkv(0, *RAGGED)[x] for x in ("query", "key", "value")))
     pre = fa.prepare(nf, block_q=32, block_k=16, backend="gpu", backward_blocks=(16, 64))
     assert pre.bwd_cfg.dkv_tiling is None and pre.dkv_cfg is pre.bwd_cfg
     assert pre.fixed.dkv_maps is None
@@ -180,7 +181,7 @@ def test_per_kernel_backward_tiles_lower_to_triton():
 
     def f(q, k, v, ct):
         def attend(q, k, v):
-            nf = jattn.normalise(q, k, v, is_causal=True, local_window_size=(100, 0))
+            nf = normal_form(q, k, v, is_causal=True, local_window_size=(100, 0))
             return fa.flash_attention(nf, backend="gpu", backward_tiles=tiles)[0]
 
         return jax.vjp(attend, q, k, v)[1](ct)
@@ -301,6 +302,9 @@ def test_kernel_parts_and_custom_vjp_match_reference(window, dropout_rate):
     )
     q, k, v = nf.query, nf.key, nf.value
     kw = {f.name: getattr(nf, f.name) for f in dataclasses.fields(nf)}
+    vis = nf.visibility
+    kw.update({f.name: getattr(vis, f.name) for f in dataclasses.fields(vis)})
+    kw["window"] = vis.local_window_size
     pre = fa.prepare(nf, block_q=16, block_k=32, backend="interpret")
     assert pre.fwd_cfg.use_qr and pre.fwd_cfg.use_pr
     ins = fa.kernel_inputs(pre.q, pre.k, pre.v, pre.qr, pre.bias, pre.fixed, pre.fixed.forward_maps)
@@ -360,13 +364,15 @@ def test_block_map_is_sound(causal, window):
     tp, sp = 96, 96
     cls = np.asarray(
         fa.block_map(
-            q_pos=jnp.asarray(pos),
-            kv_pos=jnp.asarray(kv_pos),
-            q_seg=jnp.asarray(seg),
-            kv_seg=jnp.asarray(kv_seg),
+            vis=jattn.Visibility(
+                is_causal=causal,
+                local_window_size=window,
+                q_positions=jnp.asarray(pos),
+                kv_positions=jnp.asarray(kv_pos),
+                q_segment_ids=jnp.asarray(seg),
+                kv_segment_ids=jnp.asarray(kv_seg),
+            ).normalised(b, t, s),
             mask=jnp.asarray(mask),
-            causal=causal,
-            window=window,
             max_distance=dist,
             seq_k=s,
             block_q=bq,

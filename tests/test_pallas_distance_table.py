@@ -28,6 +28,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 import registry_mods
+from attention_cases import normal_form
 from flash_harness import F32_TOL, _qkv, cuda_target
 from test_pallas_score_mod import _compare, _cot, _reference
 
@@ -79,7 +80,7 @@ def _run(inputs, mod, cot, *, is_causal, backend="interpret", backward="split", 
     `mod` keeps its distance form if it has one; positions from `inputs` if given."""
 
     def f(q, k, v, params):
-        nf = jattn.normalise(
+        nf = normal_form(
             q, k, v, is_causal=is_causal, score_mod=dataclasses.replace(mod, params=params),
             q_positions=inputs.get("q_positions"), kv_positions=inputs.get("kv_positions"),
         )  # fmt: skip
@@ -208,7 +209,7 @@ def _lowered_text(mod, *, platform="cuda", backend="gpu", backward="split", with
 
     def f(q, k, v, params):
         def loss(q, k, v, params):
-            nf = jattn.normalise(
+            nf = normal_form(
                 q, k, v, is_causal=True, score_mod=dataclasses.replace(mod, params=params)
             )
             out = fa.flash_attention(nf, backend=backend, backward=backward)[0]
@@ -243,7 +244,7 @@ def test_no_params_gradient_no_diagonal_kernel():
             lambda q, k, v: jax.grad(
                 lambda q: jnp.sum(
                     fa.flash_attention(
-                        jattn.normalise(q, k, v, is_causal=True, score_mod=LEARNED),
+                        normal_form(q, k, v, is_causal=True, score_mod=LEARNED),
                         block_q=16, block_k=32, backend="interpret",
                     )[0]
                 )
@@ -259,7 +260,7 @@ def _run_composed(inputs, mod, cot, *, backend, bk):
     (default positions): output and gradients of q, k, v, bias and params."""
 
     def f(q, k, v, bias, params):
-        nf = jattn.normalise(
+        nf = normal_form(
             q, k, v, bias=bias, is_causal=True, local_window_size=(40, 0),
             q_segment_ids=inputs["segments"], kv_segment_ids=inputs["segments"],
             dropout_rate=0.25, dropout_rng=jax.random.key(5),
@@ -298,13 +299,13 @@ def test_forward_and_backward_tilings_differ(monkeypatch):
 
     def run(mod):
         def f(q, k, v, params):
-            nf = jattn.normalise(q, k, v, score_mod=dataclasses.replace(mod, params=params))
+            nf = normal_form(q, k, v, score_mod=dataclasses.replace(mod, params=params))
             return fa.flash_attention(nf, backend="interpret")[0]
 
         out, vjp = jax.vjp(f, inputs["query"], inputs["key"], inputs["value"], mod.params)
         return out, vjp(cot)
 
-    nf = jattn.normalise(inputs["query"], inputs["key"], inputs["value"], score_mod=LEARNED)
+    nf = normal_form(inputs["query"], inputs["key"], inputs["value"], score_mod=LEARNED)
     pre = fa.prepare(nf, block_q=None, block_k=None, backend="interpret")
     assert (pre.fwd_cfg.block_q, pre.bwd_cfg.block_q) == (64, 16)
     assert pre.mod[0].shape != pre.mod[1].shape  # one tile set per tiling

@@ -27,6 +27,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 import registry_mods
+from attention_cases import normal_form
 from flash_harness import F32_TOL, _close, _packed, _qkv, cuda_target
 
 import jattn
@@ -196,7 +197,7 @@ def _pallas(inputs, mod, cot, *, is_causal, backend, backward="split", bq=16, bk
     `tiles` each backward kernel's (`fa.BackwardTiles`) or None."""
 
     def f(q, k, v, params):
-        nf = jattn.normalise(
+        nf = normal_form(
             q,
             k,
             v,
@@ -442,7 +443,7 @@ def gathered_t5(p, s, b, h, q, k):
 def test_unlowerable_fn_is_refused_by_name(backend):
     inputs = _causal_inputs()
     mod = jattn.ScoreMod(gathered_t5, {"table": jnp.zeros((N_HEADS, 8))})
-    nf = jattn.normalise(inputs["query"], inputs["key"], inputs["value"], score_mod=mod)
+    nf = normal_form(inputs["query"], inputs["key"], inputs["value"], score_mod=mod)
     bk = 64 if backend == "tpu_interpret" else 32
     with pytest.raises(ScoreModLoweringError, match=r"ScoreMod 'gathered_t5'.*gather"):
         fa.flash_attention(nf, block_q=16, block_k=bk, backend=backend)
@@ -458,7 +459,7 @@ def whole_odd_leaf(p, s, b, h, q, k):
 
 def test_refuses_unlowerable_primitives_and_whole_odd_leaves_on_triton():
     inputs = _causal_inputs()
-    nf = lambda mod: jattn.normalise(  # noqa: E731
+    nf = lambda mod: normal_form(  # noqa: E731
         inputs["query"], inputs["key"], inputs["value"], score_mod=mod
     )
     sort = jattn.ScoreMod(sorted_mod, {"w": jnp.ones((N_HEADS,))})
@@ -499,7 +500,7 @@ def test_fixed_params_skip_the_params_gradient():
     qkv = (inputs["query"], inputs["key"], inputs["value"])
 
     def f(q, k, v, params):
-        nf = jattn.normalise(q, k, v, is_causal=True, score_mod=jattn.ScoreMod(mod.fn, params))
+        nf = normal_form(q, k, v, is_causal=True, score_mod=jattn.ScoreMod(mod.fn, params))
         return fa.flash_attention(nf, block_q=16, block_k=32, backend="interpret")[0]
 
     fixed = lambda *a: jax.vjp(lambda q, k, v: f(q, k, v, mod.params), *a)[1](cot)  # noqa: E731
@@ -529,7 +530,7 @@ def _lower(platform: str, backend: str, name: str, *, t: int, h: int, backward="
 
     def f(q, k, v, params, seg, pos, cot):
         def g(q, k, v, params):
-            nf = jattn.normalise(
+            nf = normal_form(
                 q,
                 k,
                 v,

@@ -15,6 +15,7 @@ import pytest
 from jattn.analysis import probe
 from jattn.models import Transformer, TransformerConfig
 from jattn.models.layers import Attention
+from jattn.visibility import Visibility
 
 HAND = TransformerConfig(
     vocab_size=8,
@@ -53,10 +54,9 @@ def _apply(interventions=None, params=None):
             variables,
             x,
             kv,
-            q_segment_ids=None,
-            kv_segment_ids=None,
-            q_positions=jnp.zeros((1, 1), jnp.int32),
-            kv_positions=jnp.arange(3)[None],
+            visibility=Visibility(
+                q_positions=jnp.zeros((1, 1), jnp.int32), kv_positions=jnp.arange(3)[None]
+            ),
         )
     )
 

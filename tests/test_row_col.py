@@ -16,10 +16,10 @@ import jax.numpy as jnp
 import numpy as np
 import oracle
 import pytest
+from attention_cases import normal_form
 
 import jattn
 from jattn.attention.chunked import attention_chunked
-from jattn.attention.normal_form import normalise
 from jattn.attention.xla import attention_xla
 
 B, T, S, N, K, H = 2, 19, 19, 4, 2, 8
@@ -64,7 +64,7 @@ def _run(impl, q, k, v, a, c, ct, **kw):
     """Output and gradients (q, k, v, a, c) of one implementation, float64."""
 
     def f(q, k, v, a, c):
-        nf = normalise(q, k, v, row_col_bias=(a, c), **kw)
+        nf = normal_form(q, k, v, row_col_bias=(a, c), **kw)
         return IMPLS[impl](nf)[0]
 
     with jax.enable_x64(True):

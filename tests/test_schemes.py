@@ -457,11 +457,12 @@ def test_bias_schemes_equal_the_materialised_biases_they_replaced(case, causal):
     x = jnp.asarray(rng.normal(size=(2, 7, 16)), jnp.float32)
     pos = jnp.asarray([[0, 1, 2, 3, 4, 5, 6], [3, 4, 5, 6, 7, 8, 9]], jnp.int32)
     state = jnp.asarray(rng.normal(size=(8, 4)), jnp.float32) if case == "t5" else None
-    shapes = jax.eval_shape(lambda: layer.init(jax.random.key(0), x, x, q_positions=pos,
-                                               kv_positions=pos, scheme_state=state))  # fmt: skip
+    vis = jattn.Visibility.of_sequence(positions=pos)
+    shapes = jax.eval_shape(lambda: layer.init(jax.random.key(0), x, x, visibility=vis,
+                                               scheme_state=state))  # fmt: skip
     p = jax.tree.map(lambda s: jnp.asarray(rng.normal(size=s.shape), jnp.float32),
                      nn.unbox(shapes["params"]))  # fmt: skip
-    got = layer.apply({"params": p}, x, x, q_positions=pos, kv_positions=pos, scheme_state=state)
+    got = layer.apply({"params": p}, x, x, visibility=vis, scheme_state=state)
     want = _layer_reference(cfg, p, x, pos, causal, state)
     np.testing.assert_allclose(got, want, rtol=1e-6, atol=1e-6)
 

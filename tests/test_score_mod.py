@@ -22,7 +22,7 @@ import numpy as np
 import oracle
 import pytest
 import registry_mods
-from attention_cases import implementation, make_problem, packed_ids, packed_positions
+from attention_cases import implementation, make_problem, normal_form, packed_ids, packed_positions
 
 import jattn
 from jattn import positions
@@ -94,7 +94,7 @@ def _grad_fn(impl: str, static: tuple):
     def f(q, k, v, mod, rk, rv, arrays, ct):
         def g(q, k, v, mod, rk, rv):
             rel = None if dist is None else jattn.ShawRelative(rk, rv, dist)
-            nf = jattn.normalise(q, k, v, relative=rel, score_mod=mod, **arrays, **kw)
+            nf = normal_form(q, k, v, relative=rel, score_mod=mod, **arrays, **kw)
             return implementation(impl)(nf, **dict(OPTIONS.get(impl, ())))
 
         (out, lse), vjp = jax.vjp(g, q, k, v, mod, rk, rv)
@@ -242,8 +242,8 @@ def test_fire_reads_the_query_position_beyond_its_threshold():
 
 def test_a_score_mod_changes_values_not_the_tile_plan():
     q, k, v = make_problem(5, B, 64, 64, N, K, H)
-    plain = jattn.normalise(q, k, v, is_causal=True)
-    with_mod = jattn.normalise(q, k, v, is_causal=True, score_mod=MODS[T5])
+    plain = normal_form(q, k, v, is_causal=True)
+    with_mod = normal_form(q, k, v, is_causal=True, score_mod=MODS[T5])
     trips = [np.asarray(forward(TiledProblem(nf, 16, 16)).trips) for nf in (plain, with_mod)]
     np.testing.assert_array_equal(trips[0], trips[1])
     # Causal: query tile i visits key tiles 0..i, the ones above the diagonal are skipped.

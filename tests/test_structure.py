@@ -1019,3 +1019,88 @@ def test_the_length_check_finds_a_long_file_that_does_not_say_why(tmp_path):
         },
     )
     assert unexplained_long_files(tmp_path) == ["jattn/long.py (501 lines)"]
+
+
+# -- no function takes more than 12 parameters ------------------------------------------
+
+MAX_PARAMETERS = 12
+# The two drop-in entry points keep the signatures they stand in for (docs/design.md):
+# `jax.nn.dot_product_attention`'s, and flax's `attention_fn` (which `flax_attention_fn`
+# returns). Everything else passes visibility as one `jattn.visibility.Visibility`.
+DROP_INS = (
+    "jattn.attention.dot_product_attention",
+    "jattn.flax_attention.flax_attention_fn.attention_fn",
+)
+
+
+def functions(tree: ast.AST, prefix: str):
+    """`(qualified name, node)` of every function and method in `tree`, nested
+    ones named after their parents (`module.Class.method`, `module.f.inner`)."""
+    for node in ast.iter_child_nodes(tree):
+        if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef):
+            name = f"{prefix}.{node.name}"
+            yield name, node
+            yield from functions(node, name)
+        elif isinstance(node, ast.ClassDef):
+            yield from functions(node, f"{prefix}.{node.name}")
+        else:
+            yield from functions(node, prefix)
+
+
+def parameter_count(node: ast.FunctionDef | ast.AsyncFunctionDef) -> int:
+    """Every parameter a caller may pass, `*args` and `**kwargs` one each; a
+    method's `self` or `cls` does not count."""
+    a = node.args
+    named = [*a.posonlyargs, *a.args, *a.kwonlyargs]
+    if named and named[0].arg in ("self", "cls"):
+        named = named[1:]
+    return len(named) + (a.vararg is not None) + (a.kwarg is not None)
+
+
+def wide_functions(modules) -> list[str]:
+    """``file:line name (n parameters)`` for every jattn function over `MAX_PARAMETERS`."""
+    return [
+        f"{path}:{node.lineno} {name} ({parameter_count(node)} parameters)"
+        for module, (path, tree) in modules.items()
+        if module == "jattn" or module.startswith("jattn.")
+        for name, node in functions(tree, module)
+        if parameter_count(node) > MAX_PARAMETERS and name not in DROP_INS
+    ]
+
+
+def test_no_function_in_jattn_takes_more_than_12_parameters(repo):
+    """Issue 51: a call's visibility (causal, window, lengths, segment ids,
+    positions) travels as one value, not ~10 keywords re-declared by every
+    function on its way; only the two drop-in entry points keep the wide
+    signatures of the libraries they stand in for."""
+    modules, _ = repo
+    wide = wide_functions(modules)
+    assert not wide, "\n".join(wide)
+    names = {name for m, (_, tree) in modules.items() for name, _ in functions(tree, m)}
+    assert set(DROP_INS) <= names, "an exempt entry point was renamed: update DROP_INS"
+
+
+def test_the_parameter_check_finds_a_wide_function(tmp_path):
+    params = lambda n: ", ".join(f"a{i}" for i in range(n))  # noqa: E731
+    modules, _ = _package(
+        tmp_path,
+        {
+            "jattn/__init__.py": "",
+            "jattn/attention/__init__.py": f"def dot_product_attention({params(22)}): ...\n",
+            "jattn/wide.py": (
+                f"def fine({params(11)}, **kw): ...\n"
+                f"def wide({params(12)}, *more): ...\n"
+                "class Layer:\n"
+                f"    def __call__(self, {params(12)}): ...\n"
+                f"    def call(self, {params(13)}): ...\n"
+                "def outer():\n"
+                "    if True:\n"
+                f"        def inner(*, {params(13)}): ...\n"
+            ),
+        },
+    )
+    assert sorted(wide_functions(modules)) == [
+        "jattn/wide.py:2 jattn.wide.wide (13 parameters)",
+        "jattn/wide.py:5 jattn.wide.Layer.call (13 parameters)",
+        "jattn/wide.py:8 jattn.wide.outer.inner (13 parameters)",
+    ]

@@ -30,6 +30,7 @@ from jattn import positions as pos_lib
 from jattn.models import SCHEMES, TransformerConfig
 from jattn.models.layers import Attention
 from jattn.models.schemes import Site
+from jattn.visibility import Visibility
 
 TINY = dict(
     vocab_size=13,
@@ -130,7 +131,7 @@ def _full_and_cached(params, x, pos, cache):
     `pos` (`cache_positions`, as decoder-only decoding and random positions
     give them)."""
     layer = _xpos_layer()
-    full = layer.apply({"params": params}, x, x, q_positions=pos, kv_positions=pos)
+    full = layer.apply({"params": params}, x, x, visibility=Visibility.of_sequence(positions=pos))
 
     def step(cache, t):
         xt = jax.lax.dynamic_slice_in_dim(x, t, 1, axis=1)  # [B, 1, D]
@@ -140,10 +141,8 @@ def _full_and_cached(params, x, pos, cache):
             xt,
             xt,
             mode="step",
-            q_positions=pt,
-            kv_positions=pt,
+            visibility=Visibility(q_positions=pt, kv_positions=pos),  # the keys: the slots
             cache_index=t,
-            cache_positions=pos,
             mutable=["cache"],
         )
         return mutated["cache"], out[:, 0]
@@ -162,7 +161,7 @@ def test_xpos_layer_decodes_from_its_cache_at_a_million_as_its_full_pass():
     small = np.sort(rng.choice(30, (b, t), replace=False), axis=1).astype(np.int32)
     large = small + np.array([[1_000_000], [2_500_000]], np.int32)
     variables = _xpos_layer().init(
-        jax.random.key(0), x, x, q_positions=jnp.asarray(small), kv_positions=jnp.asarray(small)
+        jax.random.key(0), x, x, visibility=Visibility.of_sequence(positions=jnp.asarray(small))
     )
     params, cache = variables["params"], variables["cache"]
     full_small, cached_small = map(np.asarray, _full_and_cached(params, x, small, cache))

@@ -1,7 +1,9 @@
 """`jattn.dot_product_attention`: one entry point, several implementations.
 
-The public function checks its inputs once, puts them in one normal form and
-hands them to an implementation picked by name:
+The public function checks its inputs once (with chex, `jattn.checks`),
+gathers its visibility keywords into one `jattn.visibility.Visibility`, puts
+everything in one normal form and hands it to an implementation picked by
+name:
 
 - ``"xla"``: the readable reference. Materialises the `[B, N, T, S]` logits.
 - ``"chunked"``: pure JAX, tiled over queries and keys with an online softmax
@@ -29,12 +31,15 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from jattn import checks
 from jattn.attention import rule
 from jattn.attention.chunked import attention_chunked
 from jattn.attention.normal_form import EMPTY_ROW_LSE, NormalForm, normalise
 from jattn.attention.xla import attention_xla
+from jattn.dropout import Dropout
 from jattn.positions import ShawRelative
 from jattn.score_mod import ScoreMod
+from jattn.visibility import Visibility, split_keywords
 
 Array = jax.Array
 
@@ -71,35 +76,28 @@ def call_features(
     bias=None,
     mask=None,
     *,
+    visibility: Visibility | None = None,
     scale=None,
-    is_causal: bool = False,
-    query_seq_lengths=None,
-    key_value_seq_lengths=None,
-    local_window_size=None,
-    q_segment_ids=None,
-    kv_segment_ids=None,
-    q_positions=None,
-    kv_positions=None,
     relative=None,
     score_mod=None,
-    dropout_rate: float = 0.0,
     row_col_bias=None,
+    dropout_rate: float = 0.0,
     **_ignored,
 ) -> rule.Call:
     """What `jattn.attention.rule` reads of a `dot_product_attention` call:
-    its features, dtype and sizes (shapes only; nothing is computed)."""
+    its features, dtype and sizes (shapes only; nothing is computed).
+    `_ignored`: the call's other keywords (the rule does not read them)."""
     qs, ks, vs = np.shape(query), np.shape(key), np.shape(value)
     batch = 1 if len(qs) == 3 else qs[0]
-    window = local_window_size
-    if isinstance(window, int):
-        window = (window, window)
+    vis = Visibility() if visibility is None else visibility
+    window = vis.local_window_size
     given = {
-        "causal": is_causal,
-        "segments": q_segment_ids is not None or kv_segment_ids is not None,
-        "positions": q_positions is not None or kv_positions is not None,
+        "causal": vis.is_causal,
+        "segments": vis.segments,
+        "positions": vis.positions,
         "window": window is not None,
-        "window_right": window is not None and window[1] > 0 and not is_causal,
-        "lengths": query_seq_lengths is not None or key_value_seq_lengths is not None,
+        "window_right": window is not None and window[1] > 0 and not vis.is_causal,
+        "lengths": vis.lengths,
         "mask": mask is not None,
         "bias": bias is not None,
         "shaw": relative is not None,
@@ -125,8 +123,10 @@ def default_implementation(
     """The implementation `dot_product_attention(query, key, value, bias, mask,
     **options)` runs with `implementation=None` on `platform` (default: jax's
     default backend): `jattn.attention.rule.choose` of the call's features,
-    dtype and sizes. Says nothing; the call itself announces its choice once."""
-    call = call_features(query, key, value, bias, mask, **options)
+    dtype and sizes. Says nothing; the call itself announces its choice once.
+    `options` are `dot_product_attention`'s keywords."""
+    visibility, rest = split_keywords(options)
+    call = call_features(query, key, value, bias, mask, visibility=visibility, **rest)
     return rule.choose(call, platform or _platform()).name
 
 
@@ -151,32 +151,61 @@ def _gpu_is_rocm() -> bool:
     return "rocm" in str(version).lower()
 
 
-def _by_rule(query, key, value, bias, mask, **options) -> str:
+def _by_rule(call: rule.Call) -> str:
     """`implementation=None` resolved: the rule's choice for this call on jax's
     default backend, announced once per process per path (`rule.announce`)."""
-    call = call_features(query, key, value, bias, mask, **options)
     platform = _platform()
     choice = rule.choose(call, platform)
     rule.announce(choice, call, platform)
     return choice.name
 
 
-def _cudnn(query, key, value, bias, mask, *, unsupported: dict[str, bool], **jax_nn_options):
-    """Hand the call to jax.nn's cuDNN path, naming the first argument it cannot take."""
+def _cudnn(query, key, value, bias, mask, *, visibility: Visibility, scale, return_residual):
+    """Hand the call to jax.nn's cuDNN path, with the visibility it takes
+    (causal, lengths, window; `_refuse_for_cudnn` names what it cannot)."""
+    return jax.nn.dot_product_attention(
+        query,
+        key,
+        value,
+        bias,
+        mask,
+        scale=scale,
+        is_causal=visibility.is_causal,
+        query_seq_lengths=visibility.query_seq_lengths,
+        key_value_seq_lengths=visibility.key_value_seq_lengths,
+        local_window_size=visibility.local_window_size,
+        implementation="cudnn",
+        return_residual=return_residual,
+    )
+
+
+def _refuse_for_cudnn(unsupported: dict[str, bool]) -> None:
+    """A one-line error naming the first argument jax.nn's cuDNN path cannot take."""
     for name, given in unsupported.items():
         if given:
             raise ValueError(
                 f'dot_product_attention: implementation="cudnn" (jax.nn\'s cuDNN path) '
                 f"cannot take {name}; use implementation=None, 'xla', 'chunked' or 'pallas'"
             )
-    return jax.nn.dot_product_attention(
-        query, key, value, bias, mask, implementation="cudnn", **jax_nn_options
-    )
 
 
 def _unbatched(x, ndim: int):
     """Add a batch axis of 1 to a rank-3 input (jax.nn's `[T, N, H]` form)."""
     return None if x is None else jnp.asarray(x)[None] if ndim == 3 else x
+
+
+def _check_ranks(query, key, value) -> int:
+    """The rank of the call: query, key and value all rank 4 or all rank 3 (chex)."""
+    ndim = np.ndim(query)
+    message = (
+        "dot_product_attention: query, key and value must all have rank 4 "
+        "([B, T|S, heads, head_dim]) or all rank 3 (no batch axis), got shapes "
+        f"{list(np.shape(query))}, {list(np.shape(key))}, {list(np.shape(value))}"
+    )
+    for ranks, x in (({3, 4}, query), (ndim, key), (ndim, value)):
+        x = x if hasattr(x, "shape") else np.asarray(x)  # chex reads a list as several inputs
+        checks.rank(x, ranks, message)
+    return ndim
 
 
 def _unbatched_pair(pair, ndim: int):
@@ -211,6 +240,7 @@ def dot_product_attention(
     dropout_rng: Array | None = None,
     dropout_broadcast_batch: bool = False,
     assume_finite: bool = False,
+    visibility: Visibility | None = None,
 ):
     """Scaled dot-product attention: jax.nn's function, plus packing, relative
     positions and dropout.
@@ -278,6 +308,11 @@ def dot_product_attention(
         rounding (bit for bit in the main job's train step, not in every
         program). Unchecked: a non-finite hidden key may then reach every
         query of its row.
+      visibility: the visibility rules as one `jattn.visibility.Visibility` (how
+        jattn's models and adapters pass them), combined (`&`) with those of
+        the keywords above: `is_causal`, `query_seq_lengths`,
+        `key_value_seq_lengths`, `local_window_size`, the segment ids and the
+        positions, which the call gathers into one such value either way.
 
     Returns:
       `[B, T, N, Hv]` (`[T, N, Hv]` for rank-3 inputs) in the dtype of
@@ -288,70 +323,48 @@ def dot_product_attention(
       see never reaches it (docs/reliability.md lists where this differs
       from jax.nn).
     """
-    ndim = np.ndim(query)
-    ranks = (ndim, np.ndim(key), np.ndim(value))
-    if len(set(ranks)) > 1 or ndim not in (3, 4):
-        raise ValueError(
-            "dot_product_attention: query, key and value must all have rank 4 "
-            "([B, T|S, heads, head_dim]) or all rank 3 (no batch axis), got shapes "
-            f"{list(np.shape(query))}, {list(np.shape(key))}, {list(np.shape(value))}"
-        )
-    # Visibility and the logits' extra terms, gathered once for the rule and the
-    # normal form (cuDNN takes the jax.nn part of them).
-    visible = dict(
-        scale=scale,
+    ndim = _check_ranks(query, key, value)
+    keywords = Visibility(
         is_causal=is_causal,
+        local_window_size=local_window_size,
         query_seq_lengths=query_seq_lengths,
         key_value_seq_lengths=key_value_seq_lengths,
-        local_window_size=local_window_size,
-    )
-    extra = dict(
         q_segment_ids=q_segment_ids,
         kv_segment_ids=kv_segment_ids,
         q_positions=q_positions,
         kv_positions=kv_positions,
-        relative=relative,
-        score_mod=score_mod,
-        row_col_bias=row_col_bias,
-        dropout_rate=dropout_rate,
     )
+    visibility = keywords if visibility is None else keywords & visibility
+    inputs = (query, key, value, bias, mask)
+    terms = dict(scale=scale, relative=relative, score_mod=score_mod, row_col_bias=row_col_bias)
     if implementation is None:
-        implementation = _by_rule(query, key, value, bias, mask, **visible, **extra)
+        call = call_features(*inputs, visibility=visibility, dropout_rate=dropout_rate, **terms)
+        implementation = _by_rule(call)
     if implementation == "cudnn":
-        return _cudnn(
-            query,
-            key,
-            value,
-            bias,
-            mask,
-            **visible,
-            return_residual=return_residual,
-            unsupported={
-                "segment ids": q_segment_ids is not None or kv_segment_ids is not None,
-                "positions": q_positions is not None or kv_positions is not None,
+        _refuse_for_cudnn(
+            {
+                "segment ids": visibility.segments,
+                "positions": visibility.positions,
                 "relative (Shaw) terms": relative is not None,
                 "a score_mod": score_mod is not None,
                 "row_col_bias": row_col_bias is not None,
                 "dropout": dropout_rate > 0,
-            },
+            }
         )
-    if ndim == 3:
+        return _cudnn(*inputs, visibility=visibility, scale=scale, return_residual=return_residual)
+    if ndim == 3:  # ids and positions of one row ([T], [S]) serve the batch of 1
         query, key, value = (_unbatched(a, 3) for a in (query, key, value))
-        for name in ("q_segment_ids", "kv_segment_ids", "q_positions", "kv_positions"):
-            if extra[name] is not None:
-                extra[name] = jnp.asarray(extra[name]).reshape(1, -1)
-        extra["row_col_bias"] = _unbatched_pair(row_col_bias, ndim)
+        terms["row_col_bias"] = _unbatched_pair(row_col_bias, ndim)
     nf = normalise(
         query,
         key,
         value,
         bias,
         mask,
-        **visible,
-        **extra,
-        dropout_rng=dropout_rng,
-        dropout_broadcast_batch=dropout_broadcast_batch,
+        visibility=visibility,
+        dropout=Dropout(dropout_rate, dropout_rng, dropout_broadcast_batch),
         assume_finite=assume_finite,
+        **terms,
     )
     if 0 in (nf.query.shape[0], nf.query.shape[1], nf.key.shape[1]):
         out, lse = _empty(nf)  # as jax.nn: no batch, no query, or nothing to attend to
@@ -383,22 +396,16 @@ def attention_weights(
     bias: Array | None = None,
     mask: Array | None = None,
     *,
-    is_causal: bool = False,
-    query_seq_lengths: Array | None = None,
-    key_value_seq_lengths: Array | None = None,
-    local_window_size: int | tuple[int, int] | None = None,
-    q_segment_ids: Array | None = None,
-    kv_segment_ids: Array | None = None,
-    q_positions: Array | None = None,
-    kv_positions: Array | None = None,
+    visibility: Visibility | None = None,
     relative: ShawRelative | None = None,
     scale: float | None = None,
 ) -> Array:
     """The weights `dot_product_attention` mixes values with, for probing.
 
-    Same arguments and visibility rules as `dot_product_attention` (the Shaw
-    value table plays no part in the weights). Materialises `[B, N, T, S]`
-    by design: for inspecting small inputs, never for training.
+    Same arguments and visibility rules as `dot_product_attention`, its
+    visibility keywords as one `jattn.visibility.Visibility` (the Shaw value
+    table plays no part in the weights). Materialises `[B, N, T, S]` by
+    design: for inspecting small inputs, never for training.
 
     Returns:
       float32 `[B, N, T, S]`; each row sums to 1 over its visible keys, and a
@@ -407,20 +414,6 @@ def attention_weights(
     from jattn.attention.xla import attention_weights_xla
 
     nf = normalise(
-        query,
-        key,
-        key,
-        bias,
-        mask,
-        scale=scale,
-        is_causal=is_causal,
-        query_seq_lengths=query_seq_lengths,
-        key_value_seq_lengths=key_value_seq_lengths,
-        local_window_size=local_window_size,
-        q_segment_ids=q_segment_ids,
-        kv_segment_ids=kv_segment_ids,
-        q_positions=q_positions,
-        kv_positions=kv_positions,
-        relative=relative,
+        query, key, key, bias, mask, visibility=visibility, relative=relative, scale=scale
     )
     return attention_weights_xla(nf.replace(rel_value=None))

@@ -171,8 +171,9 @@ def _mod_with(mod, params):
 def _chunked_bwd(block_q: int, block_k: int, res: Residuals, cts):
     dout, _ = cts  # the lse is a residual: its cotangent is ignored (as jax.nn)
     g = backward(res, dout, block_q=block_q, block_k=block_k)
-    # Integer ids, the mask and the dropout seed are not differentiable: None.
-    none = {f: None for f in ("mask", "q_segment_ids", "kv_segment_ids", "dropout_seed")}
+    # The mask, the visibility value (integer ids and positions) and the
+    # dropout seed are not differentiable: None.
+    none = {f: None for f in ("mask", "visibility", "dropout_seed")}
     d_nf = res.nf.replace(
         query=g.query,
         key=g.key,
@@ -183,8 +184,6 @@ def _chunked_bwd(block_q: int, block_k: int, res: Residuals, cts):
         score_mod=None if g.score_mod is None else _mod_with(res.nf.score_mod, g.score_mod),
         row_bias=g.row_bias,
         col_bias=g.col_bias,
-        q_positions=None,
-        kv_positions=None,
         **none,
     )
     return (d_nf,)

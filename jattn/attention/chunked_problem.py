@@ -131,16 +131,17 @@ def plan_tiles(nf: NormalForm, bq: int, bk: int) -> TilePlan:
     def summary(x, block, padded):
         return None if x is None else tiles.tile_min_max(x, block, padded)
 
-    qp, kp = summary(nf.q_positions, bq, tp), summary(nf.kv_positions, bk, sp)
+    v = nf.visibility
+    qp, kp = summary(v.q_positions, bq, tp), summary(v.kv_positions, bk, sp)
     vis = tiles.classify(
         (b, nq, nk),
         q_pos=qp,
         kv_pos=kp,
-        q_seg=summary(nf.q_segment_ids, bq, tp),
-        kv_seg=summary(nf.kv_segment_ids, bk, sp),
+        q_seg=summary(v.q_segment_ids, bq, tp),
+        kv_seg=summary(v.kv_segment_ids, bk, sp),
         mask_any_all=None if nf.mask is None else _mask_any_all(nf.mask, bq, bk, tp, sp),
-        is_causal=nf.is_causal,
-        window=nf.window,
+        is_causal=v.is_causal,
+        window=v.local_window_size,
         kv_ragged=sp > s,
     )  # [B, N|1, nq, nk]: SKIP, PARTIAL or FULL_LEFT (no Shaw distinction)
     skip = jnp.all(vis == tiles.SKIP, axis=(0, 1))  # [nq, nk]
@@ -206,12 +207,15 @@ class TiledProblem:
         self.k = self._tile_kv(key)
         self.v = self._tile_kv(value)
         self.poison = self._tile_kv(poison[..., None])
-        self.qpos = split_tiles(pad_axis(nf.q_positions, 1, self.tp, "edge"), 1, self.nq, self.bq)
-        self.kvpos = split_tiles(pad_axis(nf.kv_positions, 1, self.sp, "edge"), 1, self.nk, self.bk)
+        vis = nf.visibility
+        self.qpos = split_tiles(pad_axis(vis.q_positions, 1, self.tp, "edge"), 1, self.nq, self.bq)
+        self.kvpos = split_tiles(
+            pad_axis(vis.kv_positions, 1, self.sp, "edge"), 1, self.nk, self.bk
+        )
         self.qseg = self.kvseg = None
-        if nf.q_segment_ids is not None:
-            qseg = pad_axis(nf.q_segment_ids, 1, self.tp, "edge")
-            kvseg = pad_axis(nf.kv_segment_ids, 1, self.sp, "edge")
+        if vis.segments:
+            qseg = pad_axis(vis.q_segment_ids, 1, self.tp, "edge")
+            kvseg = pad_axis(vis.kv_segment_ids, 1, self.sp, "edge")
             self.qseg = split_tiles(qseg, 1, self.nq, self.bq)
             self.kvseg = split_tiles(kvseg, 1, self.nk, self.bk)
         self.kv_valid = None
@@ -269,15 +273,16 @@ class TiledProblem:
 
     def visibility(self, i, j) -> Array | None:
         """Per-element visibility of tile (i, j), bool broadcastable to
-        `[B, K, G, t, s]` (`jattn.masks.visible` and the user mask), or None."""
-        nf = self.nf
+        `[B, K, G, t, s]` (the normal form's `Visibility` cut to the tile, and
+        the user mask), or None."""
+        tile = self.nf.visibility.replace(
+            q_positions=self.qpos[i],
+            kv_positions=self.kvpos[j],
+            q_segment_ids=None if self.qseg is None else self.qseg[i],
+            kv_segment_ids=None if self.kvseg is None else self.kvseg[j],
+        )
         return scores.visibility(
-            q_pos=self.qpos[i],
-            kv_pos=self.kvpos[j],
-            is_causal=nf.is_causal,
-            window=nf.window,
-            q_seg=None if self.qseg is None else self.qseg[i],
-            kv_seg=None if self.kvseg is None else self.kvseg[j],
+            tile,
             kv_valid=None if self.kv_valid is None else self.kv_valid[j],
             mask=None if self.mask is None else self.slice_ts(self.mask, i, j),
         )

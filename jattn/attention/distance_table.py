@@ -95,12 +95,12 @@ def tabulate(nf, t_len: int, s_len: int) -> tuple[ScoreMod, Array | None]:
     n = nf.query.shape[2]
     k = mod.distance.max_distance
     fits = None
-    if nf.default_positions:
+    if nf.visibility.default_positions:
         fn, lo, size = lookup_arange, jnp.full((1,), -(t_len - 1), jnp.int32), t_len + s_len - 1
     elif k is not None:
         fn, lo, size = lookup, jnp.full((1,), -k, jnp.int32), 2 * k + 1
     else:
-        q, kv = nf.q_positions, nf.kv_positions  # [B, T], [B, S]
+        q, kv = nf.visibility.q_positions, nf.visibility.kv_positions  # [B, T], [B, S]
         size = q.shape[1] + kv.shape[1] - 1
         lo = jnp.min(kv, axis=1) - jnp.max(q, axis=1)  # [B]
         hi = jnp.max(kv, axis=1) - jnp.min(q, axis=1)

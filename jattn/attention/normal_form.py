@@ -12,19 +12,21 @@ What normalising does:
   (rank-3 inputs are given a batch axis of 1 by the caller);
 - bias and mask are rank 4, each axis 1 or full (`[B|1, N|1, T|1, S|1]`);
   the mask is boolean;
-- positions are always present, int32 `[B, T]` and `[B, S]`;
-- padding gets segment ids that equal nothing (`jattn.masks.mark_padding`):
-  segment id 0, a query past its row's length (`PAD_Q`) and a key past its
-  length (`PAD_KV`) alike, so padding is one more case of "different
-  segments", lengths and segment id 0 give the same result, and every
-  implementation skips padded tiles the way it skips other segments' tiles;
-  segment ids are both present or both None;
+- visibility is one `jattn.visibility.Visibility`, normalised
+  (`Visibility.normalised`): positions always present, int32 `[B, T]` and
+  `[B, S]`; padding given segment ids that equal nothing
+  (`jattn.masks.mark_padding`): segment id 0, a query past its row's length
+  (`PAD_Q`) and a key past its length (`PAD_KV`) alike, so padding is one
+  more case of "different segments", lengths and segment id 0 give the
+  same result, and every implementation skips padded tiles the way it
+  skips other segments' tiles; segment ids both present or both None; the
+  window a static `(left, right)` pair or None;
 - a traced `scale` (under jit) is folded into the query (`scale * q`, the
   same logits up to rounding, with its gradient by autodiff) and the static
   scale is 1, so the kernels keep a compile-time constant;
-- `local_window_size` is a static `(left, right)` pair or None;
 - Shaw tables are per head, `[N, 2k+1, H]` and `[N, 2k+1, Hv]`, or None;
-- dropout is a static rate and an int32 `[2]` seed (None when off);
+- dropout (a `jattn.dropout.Dropout`) is a static rate and an int32 `[2]`
+  seed (None when off);
 - a score mod is a `jattn.ScoreMod` (its params traced leaves) or None;
 - row and column terms (`row_col_bias=(a, c)`) are float `[B, N, T]` and
   `[B, N, S]`, both or neither: logit (b, n, i, j) gains `a[b, n, i] +
@@ -44,10 +46,13 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from jattn import checks
 from jattn import dropout as dropout_lib
-from jattn.masks import PAD_KV, PAD_Q, mark_padding, window_pair
+from jattn.dropout import Dropout
+from jattn.masks import PAD_KV, PAD_Q
 from jattn.positions import ShawRelative
 from jattn.score_mod import ScoreMod
+from jattn.visibility import Visibility
 
 Array = jax.Array
 
@@ -68,12 +73,13 @@ class NormalForm:
       value: `[B, S, K, Hv]`.
       bias: float `[B|1, N|1, T|1, S|1]` or None; added to the scaled logits.
       mask: bool `[B|1, N|1, T|1, S|1]` or None; True = may attend.
-      q_segment_ids: int32 `[B, T]` or None (padding, id 0 or past the
-        sequence length, marked `PAD_Q`).
-      kv_segment_ids: int32 `[B, S]` or None (None iff `q_segment_ids` is;
-        padding marked `PAD_KV`).
-      q_positions: int32 `[B, T]`.
-      kv_positions: int32 `[B, S]`.
+      visibility: the call's rules, normalised (`Visibility.normalised`):
+        int32 segment ids `[B, T]`, `[B, S]` or None (padding, id 0 or past
+        the sequence length, marked `PAD_Q` / `PAD_KV`), int32 positions
+        `[B, T]`, `[B, S]`, `is_causal`, the window as a pair or None, and
+        `default_positions` (the positions are `arange`: what is visible
+        then depends on the shapes alone, which lets kernels build their
+        block maps once per shape).
       rel_key: Shaw key table `[N, 2k+1, H]` or None.
       rel_value: Shaw value table `[N, 2k+1, Hv]` or None.
       dropout_seed: int32 `[2]` (see `jattn.dropout`) or None when off.
@@ -82,9 +88,6 @@ class NormalForm:
         i (with `bias`, before the score mod).
       col_bias: float `[B, N, S]` or None (None iff `row_bias` is): added to
         every logit of key column j.
-      is_causal: key visible iff `kv_position <= q_position`.
-      window: `(left, right)`: key visible iff
-        `q_position - left <= kv_position <= q_position + right`; or None.
       max_distance: Shaw clip distance k (0 without Shaw tables).
       scale: logit scale.
       dropout_rate: attention-weight dropout rate in [0, 1).
@@ -95,10 +98,6 @@ class NormalForm:
         a query (`scores.finite_keys`) is skipped: a few small XLA ops a
         call, and for finite inputs the same arithmetic (equal to float32
         rounding where XLA fuses the smaller program otherwise).
-      default_positions: the positions are `arange(T)` / `arange(S)`
-        (neither was given): what is visible then depends on the shapes
-        alone, which lets kernels build their block maps once per shape.
-        `replace` with new (not None) positions clears it.
     """
 
     query: Array
@@ -106,24 +105,18 @@ class NormalForm:
     value: Array
     bias: Array | None = None
     mask: Array | None = None
-    q_segment_ids: Array | None = None
-    kv_segment_ids: Array | None = None
-    q_positions: Array | None = None
-    kv_positions: Array | None = None
+    visibility: Visibility = dataclasses.field(default_factory=Visibility)
     rel_key: Array | None = None
     rel_value: Array | None = None
     dropout_seed: Array | None = None
     score_mod: ScoreMod | None = None
     row_bias: Array | None = None
     col_bias: Array | None = None
-    is_causal: bool = False
-    window: tuple[int, int] | None = None
     max_distance: int = 0
     scale: float = 1.0
     dropout_rate: float = 0.0
     dropout_broadcast_batch: bool = False
     assume_finite: bool = False
-    default_positions: bool = False
 
     @property
     def shaw(self) -> bool:
@@ -136,23 +129,10 @@ class NormalForm:
         return self.dropout_seed is not None
 
     def replace(self, **changes) -> NormalForm:
-        # New positions may break the arange assumption; None (a cotangent's
-        # integer leaves) keeps the pytree structure of the primal.
-        if any(changes.get(k) is not None for k in ("q_positions", "kv_positions")):
-            changes.setdefault("default_positions", False)
         return dataclasses.replace(self, **changes)
 
 
-_META = (
-    "is_causal",
-    "window",
-    "max_distance",
-    "scale",
-    "dropout_rate",
-    "dropout_broadcast_batch",
-    "assume_finite",
-    "default_positions",
-)
+_META = ("max_distance", "scale", "dropout_rate", "dropout_broadcast_batch", "assume_finite")
 jax.tree_util.register_dataclass(
     NormalForm,
     data_fields=[f.name for f in dataclasses.fields(NormalForm) if f.name not in _META],
@@ -203,51 +183,6 @@ def _as_rank4(x, name: str, full: tuple[int, int, int, int]) -> Array:
     return x
 
 
-def _fits_int32(x, name: str) -> None:
-    """Refuses concrete 64-bit ids outside int32: converting them would wrap silently
-    (2**31 becomes -2**31). Traced values cannot be checked here."""
-    if isinstance(x, jax.core.Tracer):
-        return
-    dtype = getattr(x, "dtype", None)
-    if dtype is None or not np.issubdtype(dtype, np.integer) or np.dtype(dtype).itemsize <= 4:
-        return
-    arr = np.asarray(x)
-    info = np.iinfo(np.int32)
-    if arr.size and (arr.min() < info.min or arr.max() > info.max):
-        raise ValueError(
-            f"dot_product_attention: {name} holds values in [{arr.min()}, {arr.max()}], "
-            f"outside int32 [{info.min}, {info.max}] that attention computes in"
-        )
-
-
-def _int_ids(x, name: str, batch: int, length: int, what: str) -> Array:
-    _fits_int32(x, name)
-    x = jnp.asarray(x)
-    if not jnp.issubdtype(x.dtype, jnp.integer):
-        raise TypeError(
-            f"dot_product_attention: {name} must be an integer array, got dtype {x.dtype}"
-        )
-    if x.ndim == 1:
-        x = jnp.broadcast_to(x[None], (batch, x.shape[0]))
-    if x.shape != (batch, length):
-        raise ValueError(
-            f"dot_product_attention: {name} must have shape [B, {what}]=[{batch}, {length}], "
-            f"got {list(x.shape)}"
-        )
-    return x.astype(jnp.int32)
-
-
-def _lengths(x, name: str, batch: int) -> Array:
-    x = jnp.asarray(x)
-    if not jnp.issubdtype(x.dtype, jnp.integer):
-        raise TypeError(f"dot_product_attention: {name} must be integer, got dtype {x.dtype}")
-    if x.shape != (batch,):
-        raise ValueError(
-            f"dot_product_attention: {name} must have shape [B]=[{batch}], got {list(x.shape)}"
-        )
-    return x.astype(jnp.int32)
-
-
 def _table(x, name: str, n: int, r: int, h: int, h_name: str) -> Array:
     x = jnp.asarray(x)
     want = f"[2k+1, {h_name}]=[{r}, {h}] or [N, 2k+1, {h_name}]=[{n}, {r}, {h}]"
@@ -270,26 +205,11 @@ def _row_col(pair, b: int, n: int, t: int, s: int) -> tuple[Array | None, Array 
     out = []
     for name, x, want in (("row", pair[0], (b, n, t)), ("column", pair[1], (b, n, s))):
         x = jnp.asarray(x)
-        if not jnp.issubdtype(x.dtype, jnp.floating):
-            raise TypeError(
-                f"dot_product_attention: row_col_bias's {name} term must be floating, got {x.dtype}"
-            )
-        if x.shape != want:
-            raise ValueError(
-                f"dot_product_attention: row_col_bias's {name} term must have shape "
-                f"{list(want)}, got {list(x.shape)}"
-            )
+        what = f"dot_product_attention: row_col_bias's {name} term must"
+        checks.dtype_kind(x, "floating", f"{what} be floating, got {x.dtype}")
+        checks.shape(x, want, f"{what} have shape {list(want)}, got {list(x.shape)}")
         out.append(x)
     return out[0], out[1]
-
-
-def _fold_lengths(seg, lengths, length: int, batch: int, pad: int) -> Array | None:
-    """Segment ids with positions at or past `lengths` replaced by `pad`."""
-    if lengths is None:
-        return seg
-    valid = jnp.arange(length, dtype=jnp.int32)[None, :] < lengths[:, None]  # [B, L]
-    base = jnp.ones((batch, length), jnp.int32) if seg is None else seg
-    return jnp.where(valid, base, jnp.int32(pad))
 
 
 def _static_scale(query: Array, scale, head_dim: int) -> tuple[Array, float]:
@@ -313,61 +233,31 @@ def _static_scale(query: Array, scale, head_dim: int) -> tuple[Array, float]:
     return query, float(scale)
 
 
-def normalise(
-    query,
-    key,
-    value,
-    bias=None,
-    mask=None,
-    *,
-    scale: float | None = None,
-    is_causal: bool = False,
-    query_seq_lengths=None,
-    key_value_seq_lengths=None,
-    local_window_size: int | tuple[int, int] | None = None,
-    q_segment_ids=None,
-    kv_segment_ids=None,
-    q_positions=None,
-    kv_positions=None,
-    relative: ShawRelative | None = None,
-    score_mod: ScoreMod | None = None,
-    row_col_bias=None,
-    dropout_rate: float = 0.0,
-    dropout_rng=None,
-    dropout_broadcast_batch: bool = False,
-    assume_finite: bool = False,
-) -> NormalForm:
-    """Check rank-4 `dot_product_attention` arguments and build their normal form.
-
-    Same arguments and meaning as `jattn.dot_product_attention` (rank-4
-    inputs only; the entry point adds the batch axis of rank-3 ones). Every
-    error names the argument and the shapes involved.
-    """
-    query, key, value = (jnp.asarray(a) for a in (query, key, value))
+def _check_qkv(query: Array, key: Array, value: Array) -> None:
+    """Ranks and dtypes of each input (chex), then how their shapes agree."""
     for name, a in (("query", query), ("key", key), ("value", value)):
-        if a.ndim != 4:
-            raise ValueError(
-                f"dot_product_attention: {name} must have rank 4 ([B, T|S, heads, head_dim]) "
-                f"or 3 (no batch axis), got shape {list(a.shape)}"
-            )
-        if not jnp.issubdtype(a.dtype, jnp.floating):
-            raise TypeError(f"dot_product_attention: {name} must be floating, got {a.dtype}")
-    b, t, n, h = query.shape
-    bk, s, k, hk = key.shape
-    if bk != b or value.shape[0] != b:
-        raise ValueError(
-            "dot_product_attention: batch sizes differ: query "
-            f"{list(query.shape)}, key {list(key.shape)}, value {list(value.shape)}"
+        checks.rank(
+            a,
+            4,
+            f"dot_product_attention: {name} must have rank 4 ([B, T|S, heads, head_dim]) "
+            f"or 3 (no batch axis), got shape {list(a.shape)}",
         )
+        checks.dtype_kind(
+            a, "floating", f"dot_product_attention: {name} must be floating, got {a.dtype}"
+        )
+    b, _, n, h = query.shape
+    bk, s, k, hk = key.shape
+    shapes = f"query {list(query.shape)}, key {list(key.shape)}, value {list(value.shape)}"
+    if bk != b or value.shape[0] != b:
+        raise ValueError(f"dot_product_attention: batch sizes differ: {shapes}")
     if h == 0 or value.shape[3] == 0:
         raise ValueError(
-            "dot_product_attention: head_dim must be at least 1, got query "
-            f"{list(query.shape)}, value {list(value.shape)} (the last axis is the head dim)"
+            f"dot_product_attention: head_dim must be at least 1, got {shapes} "
+            "(the last axis is the head dim)"
         )
     if hk != h:
         raise ValueError(
-            f"dot_product_attention: query head dim {h} != key head dim {hk} "
-            f"(query {list(query.shape)}, key {list(key.shape)})"
+            f"dot_product_attention: query head dim {h} != key head dim {hk} ({shapes})"
         )
     if value.shape[1] != s or value.shape[2] != k:
         raise ValueError(
@@ -376,84 +266,107 @@ def normalise(
         )
     if k == 0 or n % k:
         raise ValueError(
-            f"dot_product_attention: key heads K={k} must divide query heads N={n} "
-            f"(query {list(query.shape)}, key {list(key.shape)})"
+            f"dot_product_attention: key heads K={k} must divide query heads N={n} ({shapes})"
         )
-    full = (b, n, t, s)
+
+
+def _pairwise(bias, mask, full: tuple[int, int, int, int]) -> tuple[Array | None, Array | None]:
+    """bias and mask as rank 4, each axis 1 or full; bias floating, mask boolean (chex)."""
     if bias is not None:
         bias = _as_rank4(bias, "bias", full)
-        if not jnp.issubdtype(bias.dtype, jnp.floating):
-            raise TypeError(f"dot_product_attention: bias must be floating, got {bias.dtype}")
+        checks.dtype_kind(
+            bias, "floating", f"dot_product_attention: bias must be floating, got {bias.dtype}"
+        )
     if mask is not None:
         mask = _as_rank4(mask, "mask", full)
-        if mask.dtype != jnp.bool_:
-            raise TypeError(
-                f"dot_product_attention: mask must be boolean (True = may attend), got {mask.dtype}"
-            )
-    if (q_segment_ids is None) != (kv_segment_ids is None):
-        missing = "kv_segment_ids" if kv_segment_ids is None else "q_segment_ids"
-        raise ValueError(f"dot_product_attention: segment ids come in pairs; {missing} is missing")
-    if q_segment_ids is not None:
-        q_segment_ids = mark_padding(_int_ids(q_segment_ids, "q_segment_ids", b, t, "T"), PAD_Q)
-        kv_segment_ids = mark_padding(_int_ids(kv_segment_ids, "kv_segment_ids", b, s, "S"), PAD_KV)
-    if query_seq_lengths is not None or key_value_seq_lengths is not None:
-        q_len = None
-        kv_len = None
-        if query_seq_lengths is not None:
-            q_len = _lengths(query_seq_lengths, "query_seq_lengths", b)
-        if key_value_seq_lengths is not None:
-            kv_len = _lengths(key_value_seq_lengths, "key_value_seq_lengths", b)
-        q_segment_ids = _fold_lengths(q_segment_ids, q_len, t, b, PAD_Q)
-        kv_segment_ids = _fold_lengths(kv_segment_ids, kv_len, s, b, PAD_KV)
-        if q_segment_ids is None:
-            q_segment_ids = jnp.ones((b, t), jnp.int32)
-        if kv_segment_ids is None:
-            kv_segment_ids = jnp.ones((b, s), jnp.int32)
-    q_pos = (
-        jnp.broadcast_to(jnp.arange(t, dtype=jnp.int32), (b, t))
-        if q_positions is None
-        else _int_ids(q_positions, "q_positions", b, t, "T")
-    )
-    kv_pos = (
-        jnp.broadcast_to(jnp.arange(s, dtype=jnp.int32), (b, s))
-        if kv_positions is None
-        else _int_ids(kv_positions, "kv_positions", b, s, "S")
-    )
+        checks.dtype_kind(
+            mask,
+            "boolean",
+            f"dot_product_attention: mask must be boolean (True = may attend), got {mask.dtype}",
+        )
+    return bias, mask
+
+
+def _shaw_tables(relative, n: int, h: int, hv: int) -> tuple[Array | None, Array | None, int]:
+    """`(rel_key [N, 2k+1, H], rel_value [N, 2k+1, Hv], k)` of a `ShawRelative` (or Nones, 0)."""
+    if relative is None:
+        return None, None, 0
+    if not isinstance(relative, ShawRelative):
+        raise TypeError(
+            "dot_product_attention: relative must be a jattn.ShawRelative, "
+            f"got {type(relative).__name__}"
+        )
+    max_distance = int(relative.max_distance)
+    if max_distance < 0:
+        raise ValueError(f"ShawRelative.max_distance must be >= 0, got {max_distance}")
+    r = 2 * max_distance + 1
     rel_key = rel_value = None
-    max_distance = 0
-    if relative is not None:
-        if not isinstance(relative, ShawRelative):
-            raise TypeError(
-                "dot_product_attention: relative must be a jattn.ShawRelative, "
-                f"got {type(relative).__name__}"
-            )
-        max_distance = int(relative.max_distance)
-        if max_distance < 0:
-            raise ValueError(f"ShawRelative.max_distance must be >= 0, got {max_distance}")
-        r = 2 * max_distance + 1
-        if relative.key is not None:
-            rel_key = _table(relative.key, "key", n, r, h, "H")
-        if relative.value is not None:
-            rel_value = _table(relative.value, "value", n, r, value.shape[-1], "Hv")
+    if relative.key is not None:
+        rel_key = _table(relative.key, "key", n, r, h, "H")
+    if relative.value is not None:
+        rel_value = _table(relative.value, "value", n, r, hv, "Hv")
+    return rel_key, rel_value, max_distance
+
+
+def _dropout_seed(dropout: Dropout) -> tuple[float, Array | None]:
+    """`(rate, int32 [2] seed)` of a `Dropout`, `(0.0, None)` when off."""
+    rate = float(dropout.rate)
+    if not 0.0 <= rate < 1.0:
+        raise ValueError(f"dot_product_attention: dropout_rate must be in [0, 1), got {rate}")
+    if rate == 0.0:
+        return 0.0, None
+    if dropout.rng is None:
+        raise ValueError(
+            f"dot_product_attention: dropout_rate={rate} needs a dropout_rng (a jax.random key)"
+        )
+    return rate, dropout_lib.seed_words(dropout.rng)
+
+
+def normalise(
+    query,
+    key,
+    value,
+    bias=None,
+    mask=None,
+    *,
+    visibility: Visibility | None = None,
+    scale: float | None = None,
+    relative: ShawRelative | None = None,
+    score_mod: ScoreMod | None = None,
+    row_col_bias=None,
+    dropout: Dropout | None = None,
+    assume_finite: bool = False,
+) -> NormalForm:
+    """Check rank-4 `dot_product_attention` arguments and build their normal form.
+
+    The arguments of `jattn.dot_product_attention` (rank-4 inputs only; the
+    entry point adds the batch axis of rank-3 ones), with its visibility
+    keywords as one `jattn.visibility.Visibility` (None: every key visible) and
+    its dropout keywords as one `jattn.dropout.Dropout` (None: off). Shapes
+    and dtypes are checked with chex; every error is one line that names
+    the argument and the shapes involved.
+    """
+    query, key, value = (jnp.asarray(a) for a in (query, key, value))
+    _check_qkv(query, key, value)
+    b, t, n, h = query.shape
+    s = key.shape[1]
+    bias, mask = _pairwise(bias, mask, (b, n, t, s))
+    if visibility is None:
+        visibility = Visibility()
+    elif not isinstance(visibility, Visibility):
+        raise TypeError(
+            "dot_product_attention: visibility must be a jattn.visibility.Visibility, "
+            f"got {type(visibility).__name__}"
+        )
+    rel_key, rel_value, max_distance = _shaw_tables(relative, n, h, value.shape[-1])
     if score_mod is not None and not isinstance(score_mod, ScoreMod):
         raise TypeError(
             "dot_product_attention: score_mod must be a jattn.ScoreMod(fn, params), "
             f"got {type(score_mod).__name__}"
         )
     row_bias, col_bias = _row_col(row_col_bias, b, n, t, s)
-    dropout_rate = float(dropout_rate)
-    if not 0.0 <= dropout_rate < 1.0:
-        raise ValueError(
-            f"dot_product_attention: dropout_rate must be in [0, 1), got {dropout_rate}"
-        )
-    seed = None
-    if dropout_rate > 0.0:
-        if dropout_rng is None:
-            raise ValueError(
-                f"dot_product_attention: dropout_rate={dropout_rate} needs a dropout_rng "
-                "(a jax.random key)"
-            )
-        seed = dropout_lib.seed_words(dropout_rng)
+    dropout = Dropout() if dropout is None else dropout
+    dropout_rate, seed = _dropout_seed(dropout)
     query, scale = _static_scale(query, scale, h)
     return NormalForm(
         query=query,
@@ -461,22 +374,16 @@ def normalise(
         value=value,
         bias=bias,
         mask=mask,
-        q_segment_ids=q_segment_ids,
-        kv_segment_ids=kv_segment_ids,
-        q_positions=q_pos,
-        kv_positions=kv_pos,
+        visibility=visibility.normalised(b, t, s),
         rel_key=rel_key,
         rel_value=rel_value,
         dropout_seed=seed,
         score_mod=score_mod,
         row_bias=row_bias,
         col_bias=col_bias,
-        is_causal=bool(is_causal),
-        window=window_pair(local_window_size),
         max_distance=max_distance,
-        default_positions=q_positions is None and kv_positions is None,
         scale=scale,
-        dropout_rate=dropout_rate if seed is not None else 0.0,
-        dropout_broadcast_batch=bool(dropout_broadcast_batch),
+        dropout_rate=dropout_rate,
+        dropout_broadcast_batch=bool(dropout.broadcast_batch),
         assume_finite=bool(assume_finite),
     )

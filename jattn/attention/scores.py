@@ -21,6 +21,7 @@ import jax.numpy as jnp
 
 from jattn import masks
 from jattn.score_mod import ScoreMod, apply_score_mod
+from jattn.visibility import Visibility
 
 Array = jax.Array
 
@@ -72,41 +73,23 @@ def rel_scatter(p: Array, r: Array, num_relative: int) -> Array:
     return jnp.moveaxis(out, -1, 1).reshape(b, k, g, t, num_relative)
 
 
-def visibility(
-    *,
-    q_pos: Array,
-    kv_pos: Array,
-    is_causal: bool,
-    window: tuple[int, int] | None = None,
-    q_seg: Array | None,
-    kv_seg: Array | None,
-    kv_valid: Array | None,
-    mask: Array | None,
-) -> Array | None:
+def visibility(vis: Visibility, *, kv_valid: Array | None, mask: Array | None) -> Array | None:
     """Boolean visibility of a tile, broadcastable to `[B, K, G, t, s]`:
-    `jattn.masks.visible` on the tile's positions and ids, and the user mask.
+    the value's rule (`jattn.visibility.Visibility.rule`) on the tile's positions
+    and ids, and the user mask.
 
     Args:
-      q_pos, kv_pos: int `[B, t]`, `[B, s]`.
-      is_causal, window: as in `jattn.masks.visible`.
-      q_seg, kv_seg: int `[B, t]`, `[B, s]` or None.
+      vis: the normalised value, or a tile cut from it (its arrays `[B, t]`,
+        `[B, s]`).
       kv_valid: bool `[B, s]` or None (False for keys padded to a tile size).
       mask: bool `[B|1, K|1, G|1, t|1, s|1]` (already grouped) or None.
 
     Returns:
       bool array or None when everything is visible.
     """
-    col = lambda x: None if x is None else x[:, None, None, :, None]  # noqa: E731
-    row = lambda x: None if x is None else x[:, None, None, None, :]  # noqa: E731
-    vis = masks.visible(
-        col(q_pos),
-        row(kv_pos),
-        is_causal=is_causal,
-        window=window,
-        q_seg=col(q_seg),
-        kv_seg=row(kv_seg),
-    )
-    return masks.combine(vis, row(kv_valid), mask)
+    col = lambda x: x[:, None, None, :, None]  # noqa: E731
+    row = lambda x: x[:, None, None, None, :]  # noqa: E731
+    return masks.combine(vis.rule(col, row), None if kv_valid is None else row(kv_valid), mask)
 
 
 def tile_logits(

@@ -28,9 +28,10 @@ def _grouped_weights(nf: NormalForm, q: Array, kk: Array, poison: Array):
     with a non-finite entry (`scores.finite_keys`)."""
     _, k, g, _, h = q.shape
     num_rel = 2 * nf.max_distance + 1
+    vis = nf.visibility
     r = qr = None
     if nf.shaw:
-        r = relative_ids(nf.q_positions, nf.kv_positions, nf.max_distance)  # [B,T,S]
+        r = relative_ids(vis.q_positions, vis.kv_positions, nf.max_distance)  # [B,T,S]
     if nf.rel_key is not None:
         tab = nf.rel_key.astype(q.dtype).reshape(k, g, num_rel, h)
         qr = jnp.einsum("BKGTH,KGRH->BKGTR", q, tab)  # [B,K,G,T,R]
@@ -45,20 +46,18 @@ def _grouped_weights(nf: NormalForm, q: Array, kk: Array, poison: Array):
         if distance_table.is_arange(nf.score_mod):  # the table is the whole problem's window
             apply = distance_table.tile_applier(0, 0)
         logits = apply(
-            nf.score_mod, logits, jnp.arange(nf.query.shape[0]), 0, nf.q_positions, nf.kv_positions
+            nf.score_mod,
+            logits,
+            jnp.arange(nf.query.shape[0]),
+            0,
+            vis.q_positions,
+            vis.kv_positions,
         )
     logits = logits.astype(q.dtype) + poison[:, :, None, None, :].astype(q.dtype)  # [B,K,G,T,S]
-    vis = scores.visibility(
-        q_pos=nf.q_positions,
-        kv_pos=nf.kv_positions,
-        is_causal=nf.is_causal,
-        window=nf.window,
-        q_seg=nf.q_segment_ids,
-        kv_seg=nf.kv_segment_ids,
-        kv_valid=None,
-        mask=None if nf.mask is None else scores.group_heads(nf.mask, k),
+    visible = scores.visibility(
+        vis, kv_valid=None, mask=None if nf.mask is None else scores.group_heads(nf.mask, k)
     )
-    m, p = scores.masked_softmax_parts(logits, vis)  # [B,K,G,T,1], [B,K,G,T,S]
+    m, p = scores.masked_softmax_parts(logits, visible)  # [B,K,G,T,1], [B,K,G,T,S]
     return p, m, jnp.sum(p, axis=-1, keepdims=True), r
 
 

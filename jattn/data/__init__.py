@@ -14,7 +14,7 @@ Checkpoint the iterator with the train state in one orbax step: see
 """
 
 from jattn.data.packing import BATCH_KEYS, pad_to_row, unpack
-from jattn.data.pipeline import loader_stats, make_loader, measure_loader
+from jattn.data.pipeline import LoaderIO, loader_stats, make_loader, measure_loader
 from jattn.data.tasks import Task, TextSource, load
 from jattn.data.tokenizers import (
     EOS_ID,
@@ -29,6 +29,7 @@ from jattn.data.tokenizers import (
 __all__ = [
     "BATCH_KEYS",
     "EOS_ID",
+    "LoaderIO",
     "PAD_ID",
     "UNK_ID",
     "CharTokenizer",

@@ -1,6 +1,6 @@
 """The grain input pipeline: shard, shuffle, tokenize, drop/truncate, pack, batch.
 
-    range(len(split))[shard_index::shard_count]   example indices of this process
+    range(len(split))[index::count]               example indices of this shard
       .shuffle(seed) .repeat(num_epochs)          a new permutation every epoch
       .batch(256) .map(read_block)                tokens of 256 examples in flat arrays
                                                   (jattn.data.reading: the shard read
@@ -33,7 +33,7 @@ import atexit
 import copy
 import time
 import weakref
-from typing import Any
+from typing import Any, NamedTuple
 
 import grain
 import numpy as np
@@ -272,6 +272,25 @@ def _close_prefetchers() -> None:
         it.close()
 
 
+class LoaderIO(NamedTuple):
+    """How `make_loader` reads a split: none of it changes the batches.
+
+    Attributes:
+      threads: threads reading and tokenizing examples (grain ReadOptions); 0 reads
+        in the iterating thread, best for local files on few cores.
+      prefetch: batches prepared ahead in a background thread (overlapping training
+        steps); 0 prepares each batch when asked for.
+      cache: read and tokenize this process's shard of the split whole on the first
+        batch and keep its tokens in memory; None: when the stream repeats
+        (`num_epochs` not 1) and the shard has at most
+        `jattn.data.reading.CACHE_EXAMPLES` examples.
+    """
+
+    threads: int = 0
+    prefetch: int = 2
+    cache: bool | None = None
+
+
 def make_loader(
     task: Task,
     split: str,
@@ -284,11 +303,8 @@ def make_loader(
     num_epochs: int | None = None,
     pack: bool = True,
     overlong: str = "drop",
-    shard_index: int = 0,
-    shard_count: int = 1,
-    read_threads: int = 0,
-    prefetch: int = 2,
-    cache: bool | None = None,
+    shard: tuple[int, int] = (0, 1),
+    io: LoaderIO = LoaderIO(),  # noqa: B008 (an immutable default)
 ) -> grain.IterDataset:
     """The batches of one split, for one process.
 
@@ -309,16 +325,10 @@ def make_loader(
         `max_len` target tokens are "drop"ped or "truncate"d (each side cut to its
         own limit, losing its EOS; a side that fits is kept whole); both counted once
         per example, see `loader_stats`.
-      shard_index, shard_count: this process reads examples shard_index,
-        shard_index + shard_count, ... (usually jax.process_index(), jax.process_count()).
-      read_threads: threads reading and tokenizing examples (grain ReadOptions); 0 reads
-        in the iterating thread, best for local files on few cores.
-      prefetch: batches prepared ahead in a background thread (overlapping training
-        steps); 0 prepares each batch when asked for. Does not change the batches.
-      cache: read and tokenize this process's shard of the split whole on the first
-        batch and keep its tokens in memory; None: when the stream repeats
-        (`num_epochs` not 1) and the shard has at most
-        `jattn.data.reading.CACHE_EXAMPLES` examples. Does not change the batches.
+      shard: `(index, count)`: this process reads examples index, index + count, ...
+        (usually `(jax.process_index(), jax.process_count())`).
+      io: how the split is read (threads, prefetch, cache; `LoaderIO`), which never
+        changes the batches.
 
     Returns:
       A grain IterDataset; `iter()` of it yields dicts of int32 arrays: "inputs",
@@ -340,13 +350,12 @@ def make_loader(
     lengths = packing.row_lengths(max_len, max_input_len)  # {"inputs": Li, "targets": Lt}
     if overlong not in OVERLONG:
         raise ValueError(f"overlong must be one of {OVERLONG}, got {overlong!r}")
+    shard_index, shard_count = shard
     if not (isinstance(shard_count, int) and shard_count >= 1 and 0 <= shard_index < shard_count):
-        raise ValueError(
-            f"need 0 <= shard_index < shard_count, got shard_index={shard_index}, "
-            f"shard_count={shard_count}"
-        )
+        raise ValueError(f"need shard=(index, count) with 0 <= index < count, got {shard!r}")
+    read_threads, prefetch, cache = io
     if read_threads < 0 or prefetch < 0:
-        raise ValueError(f"read_threads and prefetch must be >= 0, got {read_threads}, {prefetch}")
+        raise ValueError(f"io: threads and prefetch must be >= 0, got {read_threads}, {prefetch}")
     if num_epochs is not None and num_epochs < 1:
         raise ValueError(f"num_epochs must be None or >= 1, got {num_epochs}")
     source = task.source(split)
@@ -433,7 +442,7 @@ def measure_loader(
         the batches (its row length is `max_input_len`, resp. `max_len`).
       dropped_fraction, truncated_fraction: of the examples read.
     """
-    loader_kwargs.setdefault("prefetch", 0)
+    loader_kwargs.setdefault("io", LoaderIO(prefetch=0))
     loader = make_loader(
         task,
         split,

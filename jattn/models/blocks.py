@@ -28,6 +28,7 @@ import jax.numpy as jnp
 from jattn.models.axes import constrain, param
 from jattn.models.config import TransformerConfig
 from jattn.models.layers import MLP, AbsolutePositions, Attention, layer_norm
+from jattn.visibility import Visibility
 
 Array = jax.Array
 
@@ -109,16 +110,12 @@ class Block(nn.Module):
         encoded: Array | None = None,
         *,
         mode: str = "full",
-        segment_ids: Array | None = None,
-        positions: Array | None = None,
-        encoded_segment_ids: Array | None = None,
-        encoded_positions: Array | None = None,
+        visibility: Visibility | None = None,
+        cross_visibility: Visibility | None = None,
         scheme_state: Any = None,
         cache_index: Array | None = None,
         train: bool = False,
         visible: Array | None = None,
-        cache_positions: Array | None = None,
-        cache_segment_ids: Array | None = None,
         cache_slot: str = "",
     ) -> Array | None:
         """One layer in one of `DECODER_MODES`.
@@ -129,19 +126,17 @@ class Block(nn.Module):
             keys/values.
           encoded: the encoder output `[B, S, D]` (cross only); None for "step".
           mode: "full", "step", "recompute" or "prefill".
-          segment_ids: int `[B, T]`, or None while decoding (the query then
-            belongs to the row's only segment).
-          positions: int `[B, T]`.
-          encoded_segment_ids: int `[B, S]` (0 = padding).
-          encoded_positions: int `[B, S]`.
+          visibility: self-attention's segment ids and positions
+            (`jattn.visibility.Visibility`, see `Attention`): `x`'s on both sides
+            (`Visibility.of_sequence`), or in a step the query's and the
+            cache slots' (none: slots at `arange(L)`, no segments).
+          cross_visibility: cross-attention's: the targets' (query side) and
+            the encoder's `[B, S]` (0 = padding; key side). Cross only.
           scheme_state: the scheme's parameters shared by the stack, or None.
           cache_index: int scalar, the slot a step writes.
           train: dropout, attention dropout included (needs a "dropout" rng).
           visible: bool broadcastable to `[B, 1, T, S]`, replacing the causal
             rule (a prefix LM's), or None.
-          cache_positions, cache_segment_ids: int `[B, L]`, the positions and
-            segment ids of a step's self-attention cache slots; None: the
-            slots are at `arange(L)`, no segments.
           cache_slot: suffix of this call's cache entries (a shared block
             keeps one cache per depth).
 
@@ -168,25 +163,17 @@ class Block(nn.Module):
                 h,
                 h,
                 mode=self_mode,
-                q_segment_ids=segment_ids,
-                kv_segment_ids=segment_ids,
-                q_positions=positions,
-                kv_positions=positions,
+                visibility=visibility,
                 scheme_state=scheme_state,
                 cache_index=cache_index,
                 train=train,
                 visible=visible,
-                cache_positions=cache_positions,
-                cache_segment_ids=cache_segment_ids,
                 cache_slot=cache_slot,
             ),
             layer_norm(cfg, "self_attention_norm"),
             train,
         )
         if self.cross:
-            # While decoding one token there are no target segment ids: the query
-            # belongs to the row's only segment, and the encoder's real tokens are 1.
-            cross_q = jnp.ones(x.shape[:2], jnp.int32) if segment_ids is None else segment_ids
             x = sublayer(
                 cfg,
                 x,
@@ -194,10 +181,7 @@ class Block(nn.Module):
                     h,
                     encoded,
                     mode=cross_mode,
-                    q_segment_ids=cross_q,
-                    kv_segment_ids=encoded_segment_ids,
-                    q_positions=positions,
-                    kv_positions=encoded_positions,
+                    visibility=cross_visibility,
                     train=train,
                     cache_slot=cache_slot,
                 ),
@@ -281,15 +265,9 @@ class Encoder(nn.Module):
         x, state = stack_inputs(
             self, self.embed, inputs, positions, train=train, causal=False, tape=tape
         )
+        vis = Visibility.of_sequence(segment_ids, positions)
         for block, slot in stack_blocks(cfg, self.depth or cfg.num_layers):
-            x = block(
-                x,
-                segment_ids=segment_ids,
-                positions=positions,
-                scheme_state=state,
-                train=train,
-                cache_slot=slot,
-            )
+            x = block(x, visibility=vis, scheme_state=state, train=train, cache_slot=slot)
         if cfg.pre_norm:
             x = layer_norm(cfg, "final_norm")(x)
         return constrain(x, ("batch", "length", "embed"))

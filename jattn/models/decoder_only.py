@@ -64,7 +64,6 @@ from jattn.models.blocks import stack_blocks, stack_inputs, vocab_logits
 from jattn.models.config import TransformerConfig
 from jattn.models.inputs import (
     check_ids,
-    check_packing,
     check_position_length,
     check_tokens,
     random_positions,
@@ -73,6 +72,7 @@ from jattn.models.inputs import (
 )
 from jattn.models.layers import Embed, layer_norm
 from jattn.models.transformer import Transformer
+from jattn.visibility import Visibility
 
 Array = jax.Array
 
@@ -84,6 +84,7 @@ __all__ = [
     "prompt_offsets",
     "stream_layout",
     "stream_random_positions",
+    "stream_sides",
     "target_offsets",
 ]
 
@@ -120,6 +121,30 @@ def prompt_offsets(inputs: Array) -> Array:
     the separator's position, int32 `[B]`."""
     s = inputs.shape[1]
     return jnp.max(jnp.where(inputs != 0, jnp.arange(1, s + 1), 0), axis=1).astype(jnp.int32)
+
+
+def stream_sides(cfg: TransformerConfig, inputs, targets, segment_ids, positions):
+    """Each side's segment ids and positions of a joined stream `[inputs |
+    target side]` (`segments_and_positions`: defaults from the tokens), once
+    the batch sizes agree and the config's positions cover `S + T`.
+
+    Args:
+      cfg: the model config.
+      inputs, targets: int `[B, S]`, `[B, T]`.
+      segment_ids, positions: `(inputs', targets')` pairs, each None or int.
+
+    Returns:
+      `((in_seg, tg_seg), (in_pos, tg_pos))`, int `[B, S]` and `[B, T]`.
+    """
+    if inputs.shape[0] != targets.shape[0]:
+        raise ValueError(
+            f"Transformer: batch mismatch: inputs {list(inputs.shape)}, targets "
+            f"{list(targets.shape)}"
+        )
+    check_position_length(cfg, inputs.shape[1] + targets.shape[1], "inputs + targets")
+    in_seg, in_pos = segments_and_positions(inputs, segment_ids[0], positions[0], "inputs")
+    tg_seg, tg_pos = segments_and_positions(targets, segment_ids[1], positions[1], "targets")
+    return (in_seg, tg_seg), (in_pos, tg_pos)
 
 
 def stream_layout(
@@ -201,10 +226,8 @@ class DecoderOnlyStack(nn.Module):
         targets: Array | None,
         *,
         mode: str = "full",
-        inputs_segment_ids: Array | None = None,
-        targets_segment_ids: Array | None = None,
-        inputs_positions: Array | None = None,
-        targets_positions: Array | None = None,
+        segment_ids: tuple[Array | None, Array | None] = (None, None),
+        positions: tuple[Array | None, Array | None] = (None, None),
         train: bool = False,
     ) -> Array | None:
         """Run the stack in one of `DECODER_ONLY_MODES`.
@@ -214,11 +237,11 @@ class DecoderOnlyStack(nn.Module):
           targets: int `[B, T]` ("full"), the previous token `[B, 1]`
             ("step"), None ("prefill").
           mode: "full", "prefill" or "step".
-          inputs_segment_ids, targets_segment_ids, inputs_positions,
-            targets_positions: as `Transformer.__call__` ("full"); for
-            "prefill" the positions are optional, both or neither: the
-            prompt's `[B, S]` and those of the slots after it `[B, L - S]`
-            (drawn before decoding: randomised positions).
+          segment_ids, positions: `(inputs', targets')`, as
+            `Transformer.__call__` ("full"); for "prefill" the positions
+            only, both or neither: the prompt's `[B, S]` and those of the
+            slots after it `[B, L - S]` (drawn before decoding: randomised
+            positions).
           train: dropout (needs a "dropout" rng).
 
         Returns:
@@ -231,11 +254,7 @@ class DecoderOnlyStack(nn.Module):
         inputs = check_tokens("inputs", inputs)
         if mode == "full":
             return self._full(
-                inputs,
-                check_tokens("targets", targets),
-                (inputs_segment_ids, targets_segment_ids),
-                (inputs_positions, targets_positions),
-                train,
+                inputs, check_tokens("targets", targets), segment_ids, positions, train
             )
         if not self.has_variable("cache", "index"):
             raise ValueError(
@@ -243,7 +262,7 @@ class DecoderOnlyStack(nn.Module):
                 "(jattn.models.decoding.init_cache)"
             )
         if mode == "prefill":
-            return self._prefill(inputs, inputs_positions, targets_positions)
+            return self._prefill(inputs, *positions)
         return self._step(check_tokens("tokens", targets))
 
     # -- modes ---------------------------------------------------------------
@@ -251,16 +270,10 @@ class DecoderOnlyStack(nn.Module):
     def _full(self, inputs, targets, segment_ids, positions, train: bool) -> Array:
         """Teacher forcing: logits `[B, T, V]` of the target side of the stream."""
         cfg = self.config
-        check_packing(segment_ids[0], segment_ids[1])
-        if inputs.shape[0] != targets.shape[0]:
-            raise ValueError(
-                f"Transformer: batch mismatch: inputs {list(inputs.shape)}, targets "
-                f"{list(targets.shape)}"
-            )
         s, t = inputs.shape[1], targets.shape[1]
-        check_position_length(cfg, s + t, "inputs + targets")
-        in_seg, in_pos = segments_and_positions(inputs, segment_ids[0], positions[0], "inputs")
-        tg_seg, tg_pos = segments_and_positions(targets, segment_ids[1], positions[1], "targets")
+        (in_seg, tg_seg), (in_pos, tg_pos) = stream_sides(
+            cfg, inputs, targets, segment_ids, positions
+        )
         tokens, seg, pos = stream_layout(inputs, targets, in_seg, tg_seg, in_pos, tg_pos)
         if cfg.random_positions and (train or cfg.random_positions_eval):
             rng = self.make_rng("dropout") if self.has_rng("dropout") else jax.random.key(0)
@@ -333,24 +346,22 @@ class DecoderOnlyStack(nn.Module):
         x, state = stack_inputs(
             self, self.embed, tokens, pos, train=train, causal=not cfg.prefix_lm
         )
-        cached = {}
-        if mode == "step":
-            cached = dict(
-                cache_index=index,
-                cache_positions=self.get_variable("cache", "slot_positions"),
-                cache_segment_ids=self.get_variable("cache", "slot_segments"),
+        vis = Visibility.of_sequence(seg, pos)
+        if mode == "step":  # the keys are the cache's slots
+            vis = vis.replace(
+                kv_positions=self.get_variable("cache", "slot_positions"),
+                kv_segment_ids=self.get_variable("cache", "slot_segments"),
             )
         for block, slot in stack_blocks(cfg, cfg.stack_layers, causal=True, decode=self.decode):
             x = block(
                 x,
                 mode=mode,
                 cache_slot=slot,
-                segment_ids=seg,
-                positions=pos,
+                visibility=vis,
                 scheme_state=state,
                 visible=visible,
+                cache_index=index,
                 train=train,
-                **cached,
             )
         if cfg.pre_norm:
             x = layer_norm(cfg, "final_norm")(x)
@@ -377,31 +388,11 @@ class DecoderOnly(Transformer):
         self.embed = Embed(self.config)
         self.decoder = DecoderOnlyStack(self.config, embed=self.embed, decode=self.use_cache)
 
-    def __call__(
-        self,
-        inputs: Array,
-        targets: Array,
-        *,
-        inputs_segment_ids: Array | None = None,
-        targets_segment_ids: Array | None = None,
-        inputs_positions: Array | None = None,
-        targets_positions: Array | None = None,
-        train: bool = False,
-    ) -> Array:
-        """Next-token logits `[B, T, V]` (float32) of the target side of the stream.
-
-        Args: as `jattn.models.EncoderDecoder.__call__` (inputs `[B, S]`,
-        targets `[B, T]`, segment ids and positions for packed rows, train).
-        """
+    def forward(self, inputs: Array, targets: Array, *, segment_ids, positions, train: bool):
+        """Next-token logits `[B, T, V]` (float32) of the target side of the
+        stream (`Transformer.__call__`)."""
         return self.decoder(
-            inputs,
-            targets,
-            mode="full",
-            inputs_segment_ids=inputs_segment_ids,
-            targets_segment_ids=targets_segment_ids,
-            inputs_positions=inputs_positions,
-            targets_positions=targets_positions,
-            train=train,
+            inputs, targets, mode="full", segment_ids=segment_ids, positions=positions, train=train
         )
 
     def step(
@@ -446,10 +437,4 @@ class DecoderOnly(Transformer):
         `arange(S)` and the separator at one past its last real token."""
         if not self.use_cache:
             raise ValueError("Transformer.prefill_prompt needs use_cache=True")
-        self.decoder(
-            inputs,
-            None,
-            mode="prefill",
-            inputs_positions=inputs_positions,
-            targets_positions=targets_positions,
-        )
+        self.decoder(inputs, None, mode="prefill", positions=(inputs_positions, targets_positions))

@@ -36,6 +36,7 @@ from jattn.models.inputs import (
 )
 from jattn.models.layers import Embed, layer_norm
 from jattn.models.transformer import Transformer
+from jattn.visibility import Visibility
 
 Array = jax.Array
 
@@ -112,41 +113,56 @@ class Decoder(nn.Module):
             for block, slot in stack_blocks(cfg, cfg.num_layers, **self._kinds()):
                 block(None, encoded, mode="prefill", cache_slot=slot)
             return None
-        cache_index = slots = None
+        cache_index = None
         if mode == "full":
             y = shift_right(targets, segment_ids)  # [B, T]
             if self.decode and self.is_initializing():
                 self.variable("cache", "index", lambda: jnp.zeros((), jnp.int32))
+            vis = Visibility.of_sequence(segment_ids, positions)
         else:
             y, cache_index = targets, self._next_index()
-            segment_ids = None
-            if positions is None:  # the slots at arange(L): the query's is the index
-                positions = jnp.full((targets.shape[0], 1), cache_index, jnp.int32)
-            else:  # every slot's position [B, L] given (random positions): the query's
-                slots = positions.astype(jnp.int32)
-                positions = jax.lax.dynamic_slice_in_dim(slots, cache_index, 1, axis=1)
-                segment_ids = jnp.ones_like(positions)  # [B, 1]
+            vis = self._step_visibility(cache_index, targets.shape[0], positions)
+            positions, segment_ids = vis.q_positions, vis.q_segment_ids
             encoded_segment_ids = (encoded_segment_ids != 0).astype(jnp.int32)
-        stepping = {}
-        if slots is not None:  # every slot real, at its drawn position
-            stepping = dict(cache_positions=slots, cache_segment_ids=jnp.ones_like(slots))
+        # While decoding one token there are no target segment ids: the query
+        # belongs to the row's only segment, and the encoder's real tokens are 1.
+        cross = Visibility(
+            q_segment_ids=jnp.ones(y.shape, jnp.int32) if segment_ids is None else segment_ids,
+            kv_segment_ids=encoded_segment_ids,
+            q_positions=positions,
+            kv_positions=encoded_positions,
+        )
         x, state = stack_inputs(self, self.embed, y, positions, train=train, causal=True)
         for block, slot in stack_blocks(cfg, cfg.num_layers, **self._kinds()):
             x = block(
                 x,
                 encoded,
                 mode=mode,
-                segment_ids=segment_ids,
-                positions=positions,
-                encoded_segment_ids=encoded_segment_ids,
-                encoded_positions=encoded_positions,
+                visibility=vis,
+                cross_visibility=cross,
                 scheme_state=state,
                 cache_index=cache_index,
                 train=train,
                 cache_slot=slot,
-                **stepping,
             )
         return self._logits(x)
+
+    @staticmethod
+    def _step_visibility(index: Array, batch: int, slots: Array | None) -> Visibility:
+        """A step's self-attention: the query at `index`; the L cache slots at
+        `arange(L)` (the query's position is the index), or at their drawn
+        positions `slots` `[B, L]` (randomised positions: the query's is the
+        one at the index), every slot real."""
+        if slots is None:
+            return Visibility(q_positions=jnp.full((batch, 1), index, jnp.int32))
+        slots = slots.astype(jnp.int32)
+        position = jax.lax.dynamic_slice_in_dim(slots, index, 1, axis=1)  # [B, 1]
+        return Visibility(
+            q_positions=position,
+            q_segment_ids=jnp.ones_like(position),
+            kv_positions=slots,
+            kv_segment_ids=jnp.ones_like(slots),
+        )
 
     def _kinds(self) -> dict[str, bool]:
         """The decoder's blocks: causal, with cross-attention, cached when decoding."""
@@ -358,52 +374,24 @@ class EncoderDecoder(Transformer):
                 f"targets {list(targets.shape)}, encoded {list(enc_shape)}"
             )
 
-    def __call__(
-        self,
-        inputs: Array,
-        targets: Array,
-        *,
-        inputs_segment_ids: Array | None = None,
-        targets_segment_ids: Array | None = None,
-        inputs_positions: Array | None = None,
-        targets_positions: Array | None = None,
-        train: bool = False,
-    ) -> Array:
-        """Next-token logits `[B, T, V]` (float32) for `targets` shifted right.
-
-        Args:
-          inputs: int `[B, S]` source tokens (0 = padding).
-          targets: int `[B, T]` target tokens (0 = padding, 1 = EOS).
-          inputs_segment_ids: int `[B, S]` for packed rows (0 = padding);
-            default `inputs != 0`. Give both segment ids or neither.
-          targets_segment_ids: int `[B, T]`; default `targets != 0`.
-          inputs_positions: int `[B, S]`; default restarts per given segment,
-            else `arange(S)`.
-          targets_positions: int `[B, T]`; likewise.
-          train: enables dropout (needs a "dropout" rng).
-        """
-        check_packing(inputs_segment_ids, targets_segment_ids)
-        cfg = self.config
-        if cfg.random_positions and (train or cfg.random_positions_eval):
-            inputs_segment_ids, inputs_positions = self._random_positions(
-                inputs, inputs_segment_ids, "inputs"
-            )
-            targets_segment_ids, targets_positions = self._random_positions(
-                targets, targets_segment_ids, "targets"
-            )
+    def forward(self, inputs: Array, targets: Array, *, segment_ids, positions, train: bool):
+        """Next-token logits `[B, T, V]` (float32) for `targets` shifted right
+        (`Transformer.__call__`): the encoder over the inputs, the decoder
+        over the targets, each side with its segment ids and positions."""
+        (in_seg, tg_seg), (in_pos, tg_pos) = segment_ids, positions
+        if self.config.random_positions and (train or self.config.random_positions_eval):
+            in_seg, in_pos = self._random_positions(inputs, in_seg, "inputs")
+            tg_seg, tg_pos = self._random_positions(targets, tg_seg, "targets")
         encoded = self.encode(
-            inputs,
-            inputs_segment_ids=inputs_segment_ids,
-            inputs_positions=inputs_positions,
-            train=train,
+            inputs, inputs_segment_ids=in_seg, inputs_positions=in_pos, train=train
         )
         return self.decode(
             encoded,
             inputs,
             targets,
-            inputs_segment_ids=inputs_segment_ids,
-            inputs_positions=inputs_positions,
-            targets_segment_ids=targets_segment_ids,
-            targets_positions=targets_positions,
+            inputs_segment_ids=in_seg,
+            inputs_positions=in_pos,
+            targets_segment_ids=tg_seg,
+            targets_positions=tg_pos,
             train=train,
         )

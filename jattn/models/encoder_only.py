@@ -45,12 +45,9 @@ import jax.numpy as jnp
 
 from jattn.models.architectures import register
 from jattn.models.blocks import Encoder, vocab_logits
-from jattn.models.decoder_only import stream_layout, stream_random_positions
+from jattn.models.decoder_only import stream_layout, stream_random_positions, stream_sides
 from jattn.models.inputs import (
-    check_packing,
-    check_position_length,
     check_tokens,
-    segments_and_positions,
 )
 from jattn.models.layers import Embed
 from jattn.models.transformer import Transformer
@@ -85,48 +82,21 @@ class EncoderOnly(Transformer):
     """
 
     @nn.compact
-    def __call__(
-        self,
-        inputs: Array,
-        targets: Array,
-        *,
-        inputs_segment_ids: Array | None = None,
-        targets_segment_ids: Array | None = None,
-        inputs_positions: Array | None = None,
-        targets_positions: Array | None = None,
-        train: bool = False,
-    ) -> Array:
-        """Logits `[B, T, V]` (float32) of the T tape cells.
+    def forward(self, inputs: Array, targets: Array, *, segment_ids, positions, train: bool):
+        """Logits `[B, T, V]` (float32) of the T tape cells (`Transformer.__call__`).
 
-        Args:
-          inputs: int `[B, S]` (0 = padding).
-          targets: int `[B, T]`: a real (nonzero) token marks a tape cell; the
-            values are not read. Decoding passes ones for a full tape.
-          inputs_segment_ids, targets_segment_ids: int, packed rows (both or
-            neither); default `tokens != 0`.
-          inputs_positions, targets_positions: int; default restarts per
-            given segment, else `arange`. Tape positions are offset by one
-            past the example's last input position.
-          train: dropout (needs a "dropout" rng).
+        `targets` give the tape: a real (nonzero) token marks a cell, whose
+        value is not read (decoding passes ones for a full tape). Tape
+        positions are offset by one past the example's last input position.
         """
         self._check_config()
         cfg = self.config
         embed = Embed(cfg, name="embed")
         encoder = Encoder(cfg, embed=embed, name="encoder")  # num_layers blocks
         inputs, targets = check_tokens("inputs", inputs), check_tokens("targets", targets)
-        check_packing(inputs_segment_ids, targets_segment_ids)
-        if inputs.shape[0] != targets.shape[0]:
-            raise ValueError(
-                f"Transformer: batch mismatch: inputs {list(inputs.shape)}, targets "
-                f"{list(targets.shape)}"
-            )
-        s, t = inputs.shape[1], targets.shape[1]
-        check_position_length(cfg, s + t, "inputs + targets")
-        in_seg, in_pos = segments_and_positions(
-            inputs, inputs_segment_ids, inputs_positions, "inputs"
-        )
-        tg_seg, tg_pos = segments_and_positions(
-            targets, targets_segment_ids, targets_positions, "targets"
+        s = inputs.shape[1]
+        (in_seg, tg_seg), (in_pos, tg_pos) = stream_sides(
+            cfg, inputs, targets, segment_ids, positions
         )
         tape_tokens, blank = tape_layout(tg_seg)  # [B, T]
         # The decoder-only stream's layout, on the tape instead of the shifted targets.

@@ -25,6 +25,7 @@ from jattn.models.axes import constrain, param
 from jattn.models.config import TransformerConfig
 from jattn.models.schemes import Site
 from jattn.score_mod import ScoreMod, apply_score_mod
+from jattn.visibility import Visibility
 
 Array = jax.Array
 
@@ -146,16 +147,14 @@ class MLP(nn.Module):
         return constrain(y, ("batch", "length", "embed"))
 
 
-def _materialise(mod: ScoreMod, q_shape, k_shape, visibility) -> Array:
+def _materialise(mod: ScoreMod, q_shape, k_shape, vis: Visibility) -> Array:
     """The additive term `[B, N, T, S]` of a positional score mod, for the
     materialising probe pass only (`capture_attention`): the mod applied to
     zero logits, which is the term itself for every additive mod."""
     b, t, n, _ = q_shape
     s = k_shape[1]
-    q_pos = visibility.get("q_positions")
-    kv_pos = visibility.get("kv_positions")
-    q_pos = jnp.broadcast_to(jnp.arange(t), (b, t)) if q_pos is None else q_pos
-    kv_pos = jnp.broadcast_to(jnp.arange(s), (b, s)) if kv_pos is None else kv_pos
+    vis = vis.normalised(b, t, s)  # positions int32 [B, T], [B, S] (arange if none)
+    q_pos, kv_pos = vis.q_positions, vis.kv_positions
     return apply_score_mod(
         mod,
         jnp.zeros((b, n, t, s), jnp.float32),
@@ -221,16 +220,11 @@ class Attention(nn.Module):
         kv: Array | None = None,
         *,
         mode: str = "full",
-        q_segment_ids: Array | None = None,
-        kv_segment_ids: Array | None = None,
-        q_positions: Array | None = None,
-        kv_positions: Array | None = None,
+        visibility: Visibility | None = None,
         scheme_state: Any = None,
         cache_index: Array | None = None,
         train: bool = False,
         visible: Array | None = None,
-        cache_positions: Array | None = None,
-        cache_segment_ids: Array | None = None,
         cache_slot: str = "",
     ) -> Array | None:
         """Attend from `x` to `kv` in the given mode (see the class docstring).
@@ -241,8 +235,14 @@ class Attention(nn.Module):
             self-attention, the encoder output for cross-attention; None in a
             cross-attention "step", which reads the cache.
           mode: "full", "step" or "prefill".
-          q_segment_ids, kv_segment_ids: int `[B, T]`, `[B, S]`, or both None.
-          q_positions, kv_positions: int `[B, T]` (a step's: `cache_index`), `[B, S]`.
+          visibility: the segment ids and positions of the call
+            (`jattn.visibility.Visibility`; the layer adds its causal rule): the
+            query side `x`'s `[B, T]` (a step's: at `cache_index`), the key
+            side `kv`'s `[B, S]`, or in a causal "step" the cache slots'
+            `[B, L]` (with them a step may write a block of T tokens at
+            `cache_index`: a decoder-only prompt's prefill; without them the
+            slots are at `arange(L)`, no segments). None: no segments,
+            positions `arange`.
           scheme_state: the positional scheme's parameters shared by the
             stack (`Scheme.stack_state`), or None.
           cache_index: int scalar, the slot a causal "step" writes.
@@ -250,10 +250,6 @@ class Attention(nn.Module):
             a "dropout" rng).
           visible: bool broadcastable to `[B, 1, T, S]`, replacing a causal
             layer's causal rule (a prefix LM's, `jattn.models.decoder_only`).
-          cache_positions, cache_segment_ids: int `[B, L]`, the positions and
-            segment ids of a causal step's cache slots (default `arange(L)`,
-            no segments); with them a step may write a block of T tokens at
-            `cache_index` (a decoder-only prompt's prefill).
           cache_slot: suffix of this call's cache entries ("cached_key" +
             suffix): a block shared by every depth (`shared_layers`) keeps
             one cache per depth.
@@ -262,49 +258,50 @@ class Attention(nn.Module):
           `[B, T, D]` in the compute dtype; None for "prefill".
         """
         self._check_call(mode, x, kv, cache_index)
+        vis = Visibility() if visibility is None else visibility
+        step = self.causal and mode == "step"  # writes its keys into the cache, reads it all
         reads_cache = self.cross and mode == "step"
         w = self._weights(queries=mode != "prefill", keys=not reads_cache)
         if mode == "prefill":
             return self._write_cross_cache(*self._project_kv(kv, w), cache_slot)  # None
         q = constrain(self._project_q(x, w), _HEADS)  # [B, T, N, H]
         key, value = (
-            self._read_cross_cache(kv_segment_ids, cache_slot)
+            self._read_cross_cache(vis.kv_segment_ids, cache_slot)
             if reads_cache
             else self._project_kv(kv, w)
         )
         key, value = constrain(key, _HEADS), constrain(value, _HEADS)  # [B, S, K, H]
+        cfg = self.config
         site = Site(
-            causal=self.causal and not self.config.prefix_lm,
+            causal=self.causal and not cfg.prefix_lm,
             cross=self.cross,
             train=train,
-            cache_positions=self._slot_positions(mode, cache_positions, cache_slot),
+            cache_positions=self._slot_positions(step, vis.kv_positions, cache_slot),
         )
-        if self._relative:
-            q, key = self.config.scheme.rotate(self.config, q, key, q_positions, kv_positions, site)
-            q = self.config.scheme.shift_queries(self, self.config, site, q)  # [B, T, N, H]
+        if self._relative:  # a step's new keys are at its queries' positions
+            kv_pos = vis.q_positions if step else vis.kv_positions
+            q, key = cfg.scheme.rotate(cfg, q, key, vis.q_positions, kv_pos, site)
+            q = cfg.scheme.shift_queries(self, cfg, site, q)  # [B, T, N, H]
         value = self._probe("values", value)
         if self.decode and self.is_initializing():
             self._create_cache(key, value, cache_slot)
-        if self.causal and mode == "step":
-            key, value, kv_positions = self._write_step(
-                key, value, cache_index, cache_positions, cache_slot
+        if step:  # [B, L, K, H], every slot; at positions arange(L) unless given
+            key, value, slots = self._write_step(
+                key, value, cache_index, vis.kv_positions, cache_slot
             )
-            if cache_positions is None:  # [B, L, K, H], slots at positions arange(L)
-                q_segment_ids = kv_segment_ids = None
-            else:  # the slots' own positions and segments (a decoder-only stream)
-                kv_positions, kv_segment_ids = cache_positions, cache_segment_ids
+            if vis.kv_positions is None:
+                vis = vis.replace(kv_positions=slots)
         terms = dict(mod=None, row_col=None, form=None)
         if self._relative:  # the score mod's parameters, declared before Shaw's tables
             terms = self._scheme_terms(
-                site, scheme_state, x, mode, cache_index, q_segment_ids, cache_slot
+                site, scheme_state, x, mode, cache_index, vis.q_segment_ids, cache_slot
             )
-        ids = dict(q_segment_ids=q_segment_ids, kv_segment_ids=kv_segment_ids)
-        ids.update(q_positions=q_positions, kv_positions=kv_positions)
         mask = self._probe("mask", None)
         if visible is not None:  # the caller's rule (a prefix LM's) replaces the causal one
             mask = visible if mask is None else mask & visible
-        causal = self.causal and visible is None
-        out = self._attend(q, key, value, terms, mask=mask, causal=causal, train=train, **ids)
+        elif self.causal:
+            vis = vis & Visibility(is_causal=True)
+        out = self._attend(q, key, value, terms, mask=mask, visibility=vis, train=train)
         return self._project_out(out, w)  # [B, T, D]
 
     # -- checks --------------------------------------------------------------
@@ -400,22 +397,29 @@ class Attention(nn.Module):
 
     # -- attention -----------------------------------------------------------
 
-    def _attend(self, q, key, value, terms: dict, *, causal: bool, train: bool, **visibility):
-        """`jattn.dot_product_attention` `[B, T, N, H]`, with the scheme's
-        `terms` (`_scheme_terms`: score mod, forget-gate terms) and Shaw
-        tables, attention dropout in training, and the weights sown when
-        configured; or the scheme's attention form where it has one.
-
-        `visibility`: mask, segment ids and positions, as that function takes them.
-        """
+    def _attend(self, q, key, value, terms: dict, *, mask, visibility: Visibility, train: bool):
+        """`jattn.dot_product_attention` `[B, T, N, H]` under `mask` and
+        `visibility`, with the scheme's `terms` (`_scheme_terms`: score mod,
+        forget-gate terms) and Shaw tables, attention dropout in training,
+        and the weights sown when configured; or the scheme's attention form
+        where it has one."""
         mod, row_col, form = terms["mod"], terms["row_col"], terms["form"]
         if form is not None:  # causal in the positions, as its site is
-            if visibility.pop("mask") is not None:
+            if mask is not None:
                 raise ValueError(
                     f"Attention: position={self.config.position!r} takes no attention mask "
                     "(a probe's key_visible intervention)"
                 )
-            return form(q, key, value, **visibility)  # [B, T, N, H]
+            vis = visibility  # a form's own signature: its positions and segment ids
+            return form(
+                q,
+                key,
+                value,
+                q_positions=vis.q_positions,
+                kv_positions=vis.kv_positions,
+                q_segment_ids=vis.q_segment_ids,
+                kv_segment_ids=vis.kv_segment_ids,
+            )  # [B, T, N, H]
         cfg = self.config
         shaw = cfg.scheme.shaw(self, cfg) if self._relative else None
         rate = cfg.attention_dropout_rate if train else 0.0
@@ -423,20 +427,20 @@ class Attention(nn.Module):
             q,
             key,
             value,
+            mask=mask,
+            visibility=visibility,
             relative=shaw,
             score_mod=mod,
             row_col_bias=row_col,
             implementation=cfg.attention_impl,
-            is_causal=causal,
             dropout_rate=rate,
             dropout_rng=self.make_rng("dropout") if rate > 0 else None,
             # Training steps only: evaluation and decoding keep the guard, and
             # with it the programs (and the rounding) they always had.
             assume_finite=cfg.attention_assume_finite and train,
-            **visibility,
         )  # [B, T, N, H]
         if cfg.capture_attention:
-            self._probe("weights", (q, key, mod, shaw, causal, row_col, visibility))
+            self._probe("weights", (q, key, mod, shaw, row_col, mask, visibility))
         return out
 
     # -- the probe seam ------------------------------------------------------
@@ -450,7 +454,7 @@ class Attention(nn.Module):
           attention mask `[B, 1, 1, S]`, or None.
         - "heads": `x` the heads' outputs `[B, T, N, H]`, scaled by
           `interventions/head_gate` `[N]`.
-        - "weights": `x` `(q, key, mod, shaw, causal, row_col, visibility)`; sows the
+        - "weights": `x` `(q, key, mod, shaw, row_col, mask, visibility)`; sows the
           attention weights `[B, N, T, S]` into "intermediates" (the
           materialising pass of `capture_attention`; returns None).
 
@@ -475,14 +479,14 @@ class Attention(nn.Module):
             gate = get("interventions", "head_gate")  # [N]
             return x * gate.astype(x.dtype)[None, None, :, None]
         if stage == "weights":
-            q, key, mod, shaw, causal, row_col, visibility = x
-            bias = None if mod is None else _materialise(mod, q.shape, key.shape, visibility)
+            q, key, mod, shaw, row_col, mask, vis = x
+            bias = None if mod is None else _materialise(mod, q.shape, key.shape, vis)
             if row_col is not None:  # the forget gates, materialised as the probe's weights are
                 a, c = row_col
                 terms = a[:, :, :, None] + c[:, :, None, :]  # [B, N, T, S]
                 bias = terms if bias is None else bias + terms
             weights = attention_weights(
-                q, key, bias, relative=shaw, is_causal=causal, **visibility
+                q, key, bias, mask, visibility=vis, relative=shaw
             )  # [B, N, T, S]
             self.sow("intermediates", "attention_weights", weights)
             return None
@@ -586,11 +590,11 @@ class Attention(nn.Module):
         positions = jnp.broadcast_to(jnp.arange(length, dtype=jnp.int32), (b, length))
         return cached_key.value, cached_value.value, positions
 
-    def _slot_positions(self, mode: str, slots: Array | None, slot: str) -> Array | None:
+    def _slot_positions(self, step: bool, slots: Array | None, slot: str) -> Array | None:
         """`Site.cache_positions`: a causal step's cache slot positions `[B, L]`
         (`slots`, or `_write_step`'s `arange(L)`); None in any other call, and
         at init (no cache yet)."""
-        if not (self.causal and mode == "step"):
+        if not step:
             return None
         if slots is not None or not self.has_variable("cache", "cached_key" + slot):
             return slots

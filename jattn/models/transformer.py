@@ -8,11 +8,15 @@ the code above the models (training, evaluation, decoding, probes) never asks
 which one it has: it asks the registered `Architecture`'s properties
 (`model.architecture`).
 
-Every model keeps one signature:
+Every model keeps one signature, written once (`Transformer.__call__`):
 
     model(inputs, targets, *, inputs_segment_ids=None, targets_segment_ids=None,
           inputs_positions=None, targets_positions=None, train=False)
         -> float32 logits [B, T, V] for the target positions
+
+and an architecture defines `forward(inputs, targets, *, segment_ids,
+positions, train)`, which takes each side's segment ids and positions as an
+`(inputs', targets')` pair.
 
 Token 0 is padding and the decoder's start symbol, token 1 is end of
 sequence. Packed rows carry segment ids (>= 1 for real tokens, 0 for padding)
@@ -34,7 +38,7 @@ import jax
 
 from jattn.models.architectures import Architecture
 from jattn.models.config import TransformerConfig
-from jattn.models.inputs import positions_from_segments, shift_right
+from jattn.models.inputs import check_packing, positions_from_segments, shift_right
 
 Array = jax.Array
 
@@ -67,6 +71,46 @@ class Transformer(nn.Module):
                 )
             cls = config.arch.model
         return super().__new__(cls)
+
+    def __call__(
+        self,
+        inputs: Array,
+        targets: Array,
+        *,
+        inputs_segment_ids: Array | None = None,
+        targets_segment_ids: Array | None = None,
+        inputs_positions: Array | None = None,
+        targets_positions: Array | None = None,
+        train: bool = False,
+    ) -> Array:
+        """Logits `[B, T, V]` (float32) for the target positions: every
+        architecture's one signature, written once here; the architecture's
+        `forward` computes them.
+
+        Args:
+          inputs: int `[B, S]` source tokens (0 = padding).
+          targets: int `[B, T]` target tokens (0 = padding, 1 = EOS).
+          inputs_segment_ids: int `[B, S]` for packed rows (0 = padding);
+            default `inputs != 0`. Give both segment ids or neither.
+          targets_segment_ids: int `[B, T]`; default `targets != 0`.
+          inputs_positions: int `[B, S]`; default restarts per given segment,
+            else `arange(S)`.
+          targets_positions: int `[B, T]`; likewise.
+          train: enables dropout (needs a "dropout" rng).
+        """
+        check_packing(inputs_segment_ids, targets_segment_ids)
+        return self.forward(
+            inputs,
+            targets,
+            segment_ids=(inputs_segment_ids, targets_segment_ids),
+            positions=(inputs_positions, targets_positions),
+            train=train,
+        )
+
+    def forward(self, inputs: Array, targets: Array, *, segment_ids, positions, train: bool):
+        """The architecture's forward pass: `__call__` with the segment ids and
+        the positions as `(inputs', targets')` pairs (each None or int)."""
+        raise NotImplementedError(f"{type(self).__name__} does not define forward")
 
     def _check_config(self) -> None:
         """A config of this architecture (a subclass built directly, or a clone)."""

@@ -104,8 +104,7 @@ def train_loader(task, data: DataPart):
         shuffle=True,
         pack=data.pack,
         overlong=data.overlong,
-        shard_index=jax.process_index(),
-        shard_count=jax.process_count(),
+        shard=(jax.process_index(), jax.process_count()),
     )
 
 

@@ -103,7 +103,11 @@ def test_positions_beyond_int32_are_refused_not_wrapped():
 
 def test_a_loader_that_drops_every_example_raises_instead_of_spinning(pristine_data):
     task = data.load("copy/tiny", data_dir=str(pristine_data))
-    it = iter(data.make_loader(task, "train", batch_size=4, max_len=1, seed=0, prefetch=0))
+    it = iter(
+        data.make_loader(
+            task, "train", batch_size=4, max_len=1, seed=0, io=data.LoaderIO(prefetch=0)
+        )
+    )
     start = time.monotonic()
     with pytest.raises(ValueError, match="no example fits the row lengths"):
         next(it)

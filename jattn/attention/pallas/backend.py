@@ -371,8 +371,7 @@ def kernel_report(
     score_mod: bool = False,
     light_mod: bool = False,
     loop_mod: bool = False,
-    block_q: int | None = None,
-    block_k: int | None = None,
+    blocks: tuple[int | None, int | None] = (None, None),
     backward: str = "split",
     interpret: bool | None = None,
     precision: str | None = None,
@@ -383,13 +382,15 @@ def kernel_report(
     matmul precision and the backward variant. `score_mod`: a score mod is
     applied; `light_mod`: and it is light (`score_mod_checks.backward_cost`
     at most `LIGHT_MOD_COST`, which the call itself measures); `loop_mod`:
-    and its forward runs a loop (`score_mod_checks.has_loop`). Raises
+    and its forward runs a loop (`score_mod_checks.has_loop`); `blocks`:
+    `flash_attention`'s `(block_q, block_k)`, None for the default. Raises
     `PallasBackendError` where the call itself would."""
     backend = resolve_backend(interpret)
     f32 = jnp.dtype(dtype) == jnp.float32
     (fq, fk), (bq, bk) = default_blocks(
         backend, t, s, shaw, head_dim, dtype, score_mod, loop_mod=score_mod and loop_mod
     )
+    block_q, block_k = blocks
     if block_q is not None:
         fq = bq = check_block("block_q", block_q, backend, t)
     if block_k is not None:

@@ -18,6 +18,7 @@ import numpy as np
 
 from jattn.attention import tiles
 from jattn.attention.pallas.config import TileMaps
+from jattn.visibility import Visibility
 
 Array = jax.Array
 
@@ -45,12 +46,8 @@ def _mask_tiles(
 
 def block_map(
     *,
-    q_pos: Array | None,
-    kv_pos: Array | None,
-    q_seg: Array | None,
-    kv_seg: Array | None,
+    vis: Visibility,
     mask: Array | None,
-    causal: bool,
     max_distance: int | None,
     seq_k: int,
     block_q: int,
@@ -58,23 +55,25 @@ def block_map(
     padded_q: int,
     padded_k: int,
     batch: int,
-    window: tuple[int, int] | None = None,
 ) -> Array:
     """Class of every (query tile, key tile) pair: int32 `[B, N|1, nT, nS]`
-    (`jattn.attention.tiles.classify` on this tiling's per-tile summaries)."""
+    (`jattn.attention.tiles.classify` on this tiling's per-tile summaries of
+    the normalised `vis`'s positions and segment ids; positions may be None
+    where no rule reads them)."""
     nt, ns = padded_q // block_q, padded_k // block_k
     summary = lambda x, block, padded: None if x is None else tiles.tile_min_max(x, block, padded)
-    need_pos = causal or window is not None or max_distance is not None
+    window = vis.local_window_size
+    need_pos = vis.is_causal or window is not None or max_distance is not None
     return tiles.classify(
         (batch, nt, ns),
-        q_pos=summary(q_pos, block_q, padded_q) if need_pos else None,
-        kv_pos=summary(kv_pos, block_k, padded_k) if need_pos else None,
-        q_seg=summary(q_seg, block_q, padded_q),
-        kv_seg=summary(kv_seg, block_k, padded_k),
+        q_pos=summary(vis.q_positions, block_q, padded_q) if need_pos else None,
+        kv_pos=summary(vis.kv_positions, block_k, padded_k) if need_pos else None,
+        q_seg=summary(vis.q_segment_ids, block_q, padded_q),
+        kv_seg=summary(vis.kv_segment_ids, block_k, padded_k),
         mask_any_all=None
         if mask is None
         else _mask_tiles(mask, block_q, block_k, padded_q, padded_k),
-        is_causal=causal,
+        is_causal=vis.is_causal,
         window=window,
         max_distance=max_distance,
         kv_ragged=seq_k < padded_k,
@@ -112,16 +111,10 @@ def static_maps(
     data-dependent, evaluated once (numpy results, `[1, 1, ...]`; cached, so
     the same arguments return the same arrays)."""
     with jax.ensure_compile_time_eval():
-        q_pos = jnp.arange(seq_q, dtype=jnp.int32)[None]  # [1, T]
-        kv_pos = jnp.arange(seq_k, dtype=jnp.int32)[None]  # [1, S]
+        vis = Visibility(is_causal=causal, local_window_size=window).normalised(1, seq_q, seq_k)
         meta = dict(
-            q_pos=q_pos,
-            kv_pos=kv_pos,
-            q_seg=None,
-            kv_seg=None,
+            vis=vis,
             mask=None,
-            causal=causal,
-            window=window,
             max_distance=max_distance,
             seq_k=seq_k,
             batch=1,

@@ -21,6 +21,7 @@ import jax
 from jax.experimental import pallas as pl
 
 from jattn.attention.pallas.tile_dot import TRITON_X3
+from jattn.visibility import Visibility
 
 Array = jax.Array
 
@@ -118,6 +119,19 @@ class KernelConfig:
     def mod_grad(self) -> bool:
         """The backward computes the score mod's params gradient."""
         return self.score_mod is not None and self.score_mod.grad
+
+    def tile_visibility(self, q_pos, kv_pos, q_seg, kv_seg) -> Visibility:
+        """A PARTIAL tile's `jattn.visibility.Visibility` (`tile_math.tile_scores`):
+        the call's rules (causal, window) on the tile's query and key
+        positions and segment ids (vectors, or None where unused)."""
+        return Visibility(
+            is_causal=self.causal,
+            local_window_size=self.window,
+            q_positions=q_pos,
+            kv_positions=kv_pos,
+            q_segment_ids=q_seg,
+            kv_segment_ids=kv_seg,
+        )
 
 
 class TileMaps(NamedTuple):

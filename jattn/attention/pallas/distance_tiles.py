@@ -50,7 +50,7 @@ def applies(nf, backend: str) -> bool:
     """Whether a call's score mod runs from distance tiles: a distance mod and
     default positions (either kernel family; `backend` kept for the callers)."""
     mod = nf.score_mod
-    return mod is not None and mod.distance is not None and nf.default_positions
+    return mod is not None and mod.distance is not None and nf.visibility.default_positions
 
 
 def num_diagonals(padded_t: int, padded_s: int, bq: int, bk: int) -> int:

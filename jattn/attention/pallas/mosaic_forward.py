@@ -258,26 +258,26 @@ def ref_scores(cfg: KernelConfig, r: KernelInputs, maps: Maps, j, partial: bool,
     every input read from the kernel's refs `r`, with the Mosaic conventions
     (static relative-id range, static far id); `mod` the block's score mod."""
     bk = cfg.block_k
+    vis = None
+    if partial:  # read only where the tile is tested per element
+        refs = (r.q_positions, r.kv_positions, r.q_segments, r.kv_segments)
+        vis = cfg.tile_visibility(*(load(ref) for ref in refs))
     return tile_math.tile_scores(
-        partial,
-        q=r.query[...],
-        k=r.key[...],
+        r.query[...],
+        r.key[...],
         scale=cfg.scale,
-        causal=cfg.causal,
-        window=cfg.window,
-        max_distance=cfg.max_distance,
-        q_pos=load(r.q_positions) if partial else None,
-        kv_pos=load(r.kv_positions) if partial else None,
-        q_seg=load(r.q_segments) if partial else None,
-        kv_seg=load(r.kv_segments) if partial else None,
+        vis=vis,
         kv_valid=kv_valid_row(cfg, j, bk, maps.kv_tiles * bk) if partial else None,
         bias=load(r.bias),
         mask=load_mask(r.mask) if partial else None,
-        qr_col=column_reader(load(r.key_term)),
-        dpr_col=column_reader(load(r.d_value_mass)),
-        far_id=cfg.far_right if right else 0,
-        need_rel=need_rel,
-        num_rel=2 * cfg.max_distance + 1,
+        shaw=tile_math.ShawColumns(
+            max_distance=cfg.max_distance,
+            qr_col=column_reader(load(r.key_term)),
+            dpr_col=column_reader(load(r.d_value_mass)),
+            far_id=cfg.far_right if right else 0,
+            need_rel=need_rel,
+            num_rel=2 * cfg.max_distance + 1,
+        ),
         score_mod=mod,
     )
 

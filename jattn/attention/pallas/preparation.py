@@ -273,10 +273,11 @@ def prepare(
     padded_hv = max(16, pow2_size(hv)) if gpu else hv
     num_rel = 2 * nf.max_distance + 1
     padded_rel = max(16, pow2_size(num_rel)) if gpu else num_rel
-    map_pos = nf.is_causal or nf.shaw or nf.window is not None
+    vis = nf.visibility
+    map_pos = vis.is_causal or nf.shaw or vis.local_window_size is not None
     # A score mod reads the positions of every tile (the block map does not).
     use_pos = map_pos or (nf.score_mod is not None and not use_tiles)
-    use_seg = nf.q_segment_ids is not None
+    use_seg = vis.segments
     mod = _mod_inputs(nf, backend, spec, leaves, tilings, padded_t, padded_s)
     f32 = jnp.float32
 
@@ -318,13 +319,8 @@ def prepare(
         )
 
     map_args = dict(
-        q_pos=nf.q_positions if map_pos else None,
-        kv_pos=nf.kv_positions if map_pos else None,
-        q_seg=nf.q_segment_ids,
-        kv_seg=nf.kv_segment_ids,
+        vis=vis if map_pos else vis.replace(q_positions=None, kv_positions=None),
         mask=mask,
-        causal=nf.is_causal,
-        window=nf.window,
         max_distance=nf.max_distance if nf.shaw else None,
         seq_k=s,
         batch=b,
@@ -335,11 +331,11 @@ def prepare(
         # Nothing data-dependent (default positions, no segments or mask):
         # the map is a function of the shapes alone, built once in numpy and
         # cached (`blockmap.static_tiling`); else built in XLA per call.
-        if nf.default_positions and not use_seg and mask is None:
+        if vis.default_positions and not use_seg and mask is None:
             return static_tiling(
                 batch=b,
-                causal=nf.is_causal,
-                window=nf.window,
+                causal=vis.is_causal,
+                window=vis.local_window_size,
                 max_distance=nf.max_distance if nf.shaw else None,
                 seq_q=t,
                 seq_k=s,
@@ -351,10 +347,10 @@ def prepare(
         return tiling(map_args, bq, bk, padded_t, padded_s)
 
     fixed = FixedInputs(
-        q_positions=edge(nf.q_positions, padded_t) if use_pos else None,
-        kv_positions=edge(nf.kv_positions, padded_s) if use_pos else None,
-        q_segments=edge(nf.q_segment_ids, padded_t) if use_seg else None,
-        kv_segments=edge(nf.kv_segment_ids, padded_s) if use_seg else None,
+        q_positions=edge(vis.q_positions, padded_t) if use_pos else None,
+        kv_positions=edge(vis.kv_positions, padded_s) if use_pos else None,
+        q_segments=edge(vis.q_segment_ids, padded_t) if use_seg else None,
+        kv_segments=edge(vis.kv_segment_ids, padded_s) if use_seg else None,
         mask=mask_padded,
         dropout_seed=nf.dropout_seed,  # int32 [2] or None
         forward_maps=maps(*fwd),
@@ -367,7 +363,7 @@ def prepare(
         num_heads=n,
         num_kv_heads=kh,
         scale=float(nf.scale),
-        causal=nf.is_causal,
+        causal=vis.is_causal,
         max_distance=int(nf.max_distance),
         use_pos=use_pos,
         use_seg=use_seg,
@@ -378,7 +374,7 @@ def prepare(
         map_per_head=fixed.forward_maps.classes.shape[1] > 1,
         num_rel=padded_rel,
         backend=backend,
-        window=nf.window,
+        window=vis.local_window_size,
         dropout_rate=float(nf.dropout_rate) if nf.dropout else 0.0,
         dropout_broadcast_batch=nf.dropout_broadcast_batch,
         backward=backward,

@@ -37,6 +37,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Sequence
+from typing import NamedTuple
 
 import jax
 import jax.numpy as jnp
@@ -46,6 +47,7 @@ from jax import lax
 from jattn import dropout, masks
 from jattn.attention.pallas.tile_dot import dot
 from jattn.attention.tiles import FULL_LEFT, FULL_RIGHT, PARTIAL, SKIP
+from jattn.visibility import Visibility
 
 Array = jax.Array
 
@@ -58,6 +60,7 @@ __all__ = [
     "NEG_INF",
     "PARTIAL",
     "SKIP",
+    "ShawColumns",
 ]
 
 NEG_INF = float("-inf")
@@ -98,40 +101,27 @@ def rel_range(q_pos: Array, kv_pos: Array, max_distance: int) -> tuple[Array, Ar
 
 
 def visibility(
-    *,
-    causal: bool,
-    window: tuple[int, int] | None = None,
-    q_pos: Array | None,
-    kv_pos: Array | None,
-    q_seg: Array | None,
-    kv_seg: Array | None,
+    vis: Visibility,
     kv_valid: Array | None,
     mask: Array | None,
+    col: Callable[[Array], Array] = as_col,
+    row: Callable[[Array], Array] = as_row,
 ) -> Array | None:
     """Boolean `[bq, bk]` (or broadcastable) visibility of a tile; None = all.
 
-    The rule is `jattn.masks.visible` itself, on a query column and a key row,
-    and-ed with the keys' validity (padding to the tile) and the user mask.
+    The rule is the call's `jattn.visibility.Visibility` itself (`rule`: the
+    same `jattn.masks.visible`), on a query column and a key row, and-ed
+    with the keys' validity (padding to the tile) and the user mask.
 
     Args:
-      causal, window: as in `jattn.masks.visible`.
-      q_pos, kv_pos: int `[bq]|[bq, 1]`, `[bk]|[1, bk]` (needed with causal
-        or a window).
-      q_seg, kv_seg: int `[bq]|[bq, 1]`, `[bk]|[1, bk]` or None.
+      vis: the tile's value: positions `[bq]|[bq, 1]`, `[bk]|[1, bk]` (needed
+        with causal or a window) and segment ids (or None), the call's rules.
       kv_valid: bool `[bk]|[1, bk]` (False for keys padded to the tile) or None.
       mask: bool `[bq|1, bk|1]` user mask tile or None.
+      col, row: lift a query-side / key-side vector to the tile's axes
+        (`as_col`, `as_row`; the transposed tile of the dk/dv kernel swaps them).
     """
-    use_pos = causal or window is not None
-    lift = lambda x, as_2d: None if x is None else as_2d(x)  # noqa: E731
-    vis = masks.visible(
-        lift(q_pos, as_col) if use_pos else None,
-        lift(kv_pos, as_row) if use_pos else None,
-        is_causal=causal,
-        window=window,
-        q_seg=lift(q_seg, as_col),
-        kv_seg=lift(kv_seg, as_row),
-    )
-    return masks.combine(vis, lift(kv_valid, as_row), mask)
+    return masks.combine(vis.rule(col, row), None if kv_valid is None else row(kv_valid), mask)
 
 
 def dropout_scale(
@@ -280,29 +270,45 @@ def online_softmax_step(
     return p, m_new, l_prev * corr + row_sum, corr, row_sum
 
 
+class ShawColumns(NamedTuple):
+    """A tile's Shaw terms as `tile_scores` reads them.
+
+    Attributes:
+      max_distance: the clip distance k (relative ids in `[0, 2k]`).
+      qr_col, dpr_col: `c -> [bq]` readers of the Shaw key-term table and of
+        the cotangent of the value-term masses (backward only), or None.
+      far_id: the constant relative id of a FULL tile.
+      qr_far, dpr_far: the columns at `far_id` when the caller already has
+        them (hoisted out of the loop), else they are read with the readers.
+      need_rel: return the relative ids of a PARTIAL tile even without
+        columns to gather (the forward's value-term scatter needs them).
+      num_rel: visit every id in `[0, num_rel)` instead of the tile's own
+        range. Mosaic kernels use it: the range would be a vector-to-scalar
+        reduction, and a near-diagonal tile spans min(bq + bk - 1, 2k + 1)
+        ids anyway, so the static loop costs at most that many extra passes
+        on tiles far from the diagonal.
+    """
+
+    max_distance: int = 0
+    qr_col: Callable[[Array], Array] | None = None
+    dpr_col: Callable[[Array], Array] | None = None
+    far_id: Array | int = 0
+    qr_far: Array | None = None
+    dpr_far: Array | None = None
+    need_rel: bool = False
+    num_rel: int | None = None
+
+
 def tile_scores(
-    partial: bool,
-    *,
     q: Array,
     k: Array,
+    *,
     scale: float,
-    causal: bool,
-    window: tuple[int, int] | None = None,
-    max_distance: int,
-    q_pos: Array | None,
-    kv_pos: Array | None,
-    q_seg: Array | None,
-    kv_seg: Array | None,
-    kv_valid: Array | None,
+    vis: Visibility | None,
+    kv_valid: Array | None = None,
     bias: Array | None,
-    mask: Array | None,
-    qr_col: Callable[[Array], Array] | None,
-    dpr_col: Callable[[Array], Array] | None,
-    far_id: Array | int,
-    qr_far: Array | None = None,
-    dpr_far: Array | None = None,
-    need_rel: bool = False,
-    num_rel: int | None = None,
+    mask: Array | None = None,
+    shaw: ShawColumns,
     score_mod: Callable[[Array], Array] | None = None,
     precision: str = "ieee",
     transposed: bool = False,
@@ -316,21 +322,14 @@ def tile_scores(
     natural logits, as everywhere else.
 
     Args:
-      partial: False for a FULL tile (nothing masked, one relative id
-        `far_id` for the whole tile); True for a PARTIAL one.
       q: `[bq, H]`; k: `[bk, H]` (input dtype; the dot accumulates in float32).
-      qr_col, dpr_col: `c -> [bq]` readers of the Shaw key-term table and of
-        the cotangent of the value-term masses (backward only), or None.
-      far_id: the constant relative id of a FULL tile.
-      qr_far, dpr_far: the columns at `far_id` when the caller already has
-        them (hoisted out of the loop), else they are read with the readers.
-      need_rel: return the relative ids of a PARTIAL tile even without
-        columns to gather (the forward's value-term scatter needs them).
-      num_rel: visit every id in `[0, num_rel)` instead of the tile's own
-        range. Mosaic kernels use it: the range would be a vector-to-scalar
-        reduction, and a near-diagonal tile spans min(bq + bk - 1, 2k + 1)
-        ids anyway, so the static loop costs at most that many extra passes
-        on tiles far from the diagonal.
+      vis: a PARTIAL tile's `jattn.visibility.Visibility` (its positions and
+        segment ids as tile vectors, see `visibility`): per-element
+        visibility and relative ids. None for a FULL tile: nothing masked,
+        one relative id `shaw.far_id` for the whole tile.
+      kv_valid, mask: a PARTIAL tile's key validity and user mask, or None
+        (see `visibility`).
+      shaw: the Shaw terms' readers (`ShawColumns`; no readers without Shaw tables).
       score_mod: the tile's bound score mod (`score_mod_tiles.bind`), or None.
       precision: of the float32 `q·kᵀ` (`PRECISIONS`).
       transposed: compute the tile as `Sᵀ = k·qᵀ`, `[bk, bq]` (the dk/dv
@@ -340,7 +339,6 @@ def tile_scores(
         columns here; `bias` and `mask` must come transposed, and
         `score_mod` bound to the transposed positions. Every returned tile
         is transposed too.
-      Others: see `visibility`.
 
     Returns:
       `(s, dpr_tile, rel, raw)`: logits; `dpr[t, r[t, s]]` as `[bq, bk]` or
@@ -349,14 +347,14 @@ def tile_scores(
       natural logits before the score mod, unmasked (None without one; the
       backward differentiates the mod there).
     """
+    partial = vis is not None
+    qr_col, dpr_col = shaw.qr_col, shaw.dpr_col
     unit = LOG2E if score_mod is None else 1.0  # base 2 now, or after the mod
-    q_side = as_col  # lifts a query-side vector to the tile's query axis
+    q_side, kv_side = as_col, as_row  # lift query-side / key-side vectors to the tile
     if transposed:  # query-side vectors as rows [1, bq], key-side as columns [bk, 1]
         s = dot(k, q, (1, 1), precision) * (scale * unit)  # [bk, bq]
-        q_side = lambda x: None if x is None else (x if x.ndim == 2 else x[None, :])  # noqa: E731
-        kv_side = lambda x: None if x is None else (x if x.ndim == 2 else x[:, None])  # noqa: E731
-        q_pos, q_seg = q_side(q_pos), q_side(q_seg)
-        kv_pos, kv_seg, kv_valid = kv_side(kv_pos), kv_side(kv_seg), kv_side(kv_valid)
+        q_side = lambda x: x if x.ndim == 2 else x[None, :]  # noqa: E731
+        kv_side = lambda x: x if x.ndim == 2 else x[:, None]  # noqa: E731
         as_q = lambda col: None if col is None else (lambda c: q_side(col(c)))  # noqa: E731
         qr_col, dpr_col = as_q(qr_col), as_q(dpr_col)
     else:
@@ -364,12 +362,13 @@ def tile_scores(
     dpr_tile = rel = None
     cols = [c for c in (qr_col, dpr_col) if c is not None]
     if partial:
-        if cols or need_rel:
-            rt = rel_ids(q_pos, kv_pos, max_distance)  # [bq, bk]
-            if num_rel is None:
-                lo, hi = rel_range(q_pos, kv_pos, max_distance)
+        if cols or shaw.need_rel:
+            q_pos, kv_pos = q_side(vis.q_positions), kv_side(vis.kv_positions)
+            rt = rel_ids(q_pos, kv_pos, shaw.max_distance)  # [bq, bk]
+            if shaw.num_rel is None:
+                lo, hi = rel_range(q_pos, kv_pos, shaw.max_distance)
             else:
-                lo, hi = 0, num_rel - 1
+                lo, hi = 0, shaw.num_rel - 1
             rel = (rt, lo, hi)
             gathered = list(near_gather(rt, lo, hi, cols)) if cols else []
             if qr_col is not None:
@@ -377,10 +376,11 @@ def tile_scores(
             if dpr_col is not None:
                 dpr_tile = gathered.pop(0)
     else:
+        far = shaw.far_id
         if qr_col is not None:
-            s = s + unit * q_side(qr_col(far_id) if qr_far is None else qr_far)
+            s = s + unit * q_side(qr_col(far) if shaw.qr_far is None else shaw.qr_far)
         if dpr_col is not None:
-            dpr_tile = q_side(dpr_col(far_id) if dpr_far is None else dpr_far)
+            dpr_tile = q_side(dpr_col(far) if shaw.dpr_far is None else shaw.dpr_far)
     if bias is not None:
         s = s + unit * bias.astype(jnp.float32)
     raw = None
@@ -388,16 +388,7 @@ def tile_scores(
         raw = s
         s = LOG2E * score_mod(s)
     if partial:
-        vis = visibility(
-            causal=causal,
-            window=window,
-            q_pos=q_pos,
-            kv_pos=kv_pos,
-            q_seg=q_seg,
-            kv_seg=kv_seg,
-            kv_valid=kv_valid,
-            mask=mask,
-        )
-        if vis is not None:
-            s = jnp.where(vis, s, NEG_INF)
+        visible = visibility(vis, kv_valid, mask, q_side, kv_side)
+        if visible is not None:
+            s = jnp.where(visible, s, NEG_INF)
     return s, dpr_tile, rel, raw

@@ -289,26 +289,26 @@ def dkv_tile(cfg: KernelConfig, r: KernelInputs, ids, dk_ref, dv_ref, db_ref) ->
                 mod = distance_tiles.adder(
                     r.distance_tiles, head, i, j, cfg.distance_tiles, bq, bk, transposed=True
                 )
+            vis = None
+            if partial:
+                q_seg = r.q_segments[qs] if cfg.use_seg else None
+                vis = cfg.tile_visibility(q_pos, kv_pos, q_seg, kv_seg)
             s, dpr_t, _, raw = tile_math.tile_scores(
-                partial,
-                q=q,
-                k=k,
+                q,
+                k,
                 scale=cfg.scale,
-                causal=cfg.causal,
-                window=cfg.window,
-                max_distance=cfg.max_distance,
-                q_pos=q_pos if partial else None,
-                kv_pos=kv_pos,
-                q_seg=r.q_segments[qs] if cfg.use_seg and partial else None,
-                kv_seg=kv_seg,
+                vis=vis,
                 kv_valid=kv_valid if partial else None,
                 bias=_transposed(load_bias_kv(r.bias, cfg.bias_dims, g, i, bq)),
                 mask=_transposed(load_bias_kv(r.mask, cfg.mask_dims, g, i, bq))
                 if partial
                 else None,
-                qr_col=qr_col,
-                dpr_col=dpr_col,
-                far_id=jnp.where(right, cfg.far_right, 0),
+                shaw=tile_math.ShawColumns(
+                    max_distance=cfg.max_distance,
+                    qr_col=qr_col,
+                    dpr_col=dpr_col,
+                    far_id=jnp.where(right, cfg.far_right, 0),
+                ),
                 score_mod=mod,
                 precision=cfg.precision,
                 transposed=True,

@@ -297,27 +297,27 @@ def q_tile_scorer(cfg: KernelConfig, r: KernelInputs, ids=None):
             add = distance_tiles.adder(
                 r.distance_tiles, head, i, j, cfg.distance_tiles, cfg.block_q, bk
             )
+        vis = None
+        if partial:
+            kv_seg = r.kv_segments[kv] if cfg.use_seg else None
+            vis = cfg.tile_visibility(q_pos, kv_pos, q_seg, kv_seg)
         s, dpr_tile, rel, raw = tile_math.tile_scores(
-            partial,
-            q=q,
-            k=k,
+            q,
+            k,
             scale=cfg.scale,
-            causal=cfg.causal,
-            window=cfg.window,
-            max_distance=cfg.max_distance,
-            q_pos=q_pos,
-            kv_pos=kv_pos if partial else None,
-            q_seg=q_seg,
-            kv_seg=r.kv_segments[kv] if cfg.use_seg and partial else None,
+            vis=vis,
             kv_valid=kv_valid_mask(cfg, j, bk, padded_s) if partial else None,
             bias=load_bias_q(r.bias, cfg.bias_dims, j, bk),
             mask=load_bias_q(r.mask, cfg.mask_dims, j, bk) if partial else None,
-            qr_col=qr_col,
-            dpr_col=dpr_col,
-            far_id=jnp.where(right, cfg.far_right, 0),
-            qr_far=far(qr_ends, partial, right),
-            dpr_far=far(dpr_ends, partial, right),
-            need_rel=need_rel,
+            shaw=tile_math.ShawColumns(
+                max_distance=cfg.max_distance,
+                qr_col=qr_col,
+                dpr_col=dpr_col,
+                far_id=jnp.where(right, cfg.far_right, 0),
+                qr_far=far(qr_ends, partial, right),
+                dpr_far=far(dpr_ends, partial, right),
+                need_rel=need_rel,
+            ),
             score_mod=add if cfg.distance_tiles else mod,
             precision=cfg.precision,
         )
