@@ -979,10 +979,6 @@ def test_the_alias_check_finds_an_alias_that_reads_as_something_else(tmp_path):
 # -- a file over 500 lines is split by concern, or says why it is one file ----------------
 
 MAX_LINES = 500
-# Over the bound and not yet split, left for later (issue 51): the models, while the
-# coordinator reworks them. Each must still be over the bound (so a split shows here
-# and the entry goes); none may be added.
-PENDING_SPLIT = {"jattn/models/layers.py"}
 # The paragraph of a module docstring that says why the file is long.
 LENGTH_NOTE = re.compile(r"^One file of \d+ lines:", re.MULTILINE)
 
@@ -998,24 +994,21 @@ def long_files(root: pathlib.Path) -> dict[str, int]:
 
 def unexplained_long_files(root: pathlib.Path) -> list[str]:
     """The files of `long_files` whose module docstring has no paragraph starting
-    "One file of N lines:" (why it is not split), `PENDING_SPLIT`'s left out."""
+    "One file of N lines:" (why it is not split)."""
     out = []
     for path, n in long_files(root).items():
         doc = ast.get_docstring(ast.parse((root / path).read_text())) or ""
-        if path not in PENDING_SPLIT and not LENGTH_NOTE.search(doc):
+        if not LENGTH_NOTE.search(doc):
             out.append(f"{path} ({n} lines)")
     return out
 
 
 def test_a_file_over_500_lines_is_split_or_says_why():
     """Issue 51: one concern a file; a file over 500 lines is split by concern or
-    its docstring says why it is one file ("One file of N lines: ...")."""
+    its docstring says why it is one file ("One file of N lines: ..."). None is
+    left pending: the models' three long files (decoding, layers, schemes) were
+    split by concern."""
     assert not unexplained_long_files(REPO), unexplained_long_files(REPO)
-    still_long = set(long_files(REPO))
-    assert PENDING_SPLIT <= still_long, (
-        f"{sorted(PENDING_SPLIT - still_long)} are at most {MAX_LINES} lines now: "
-        "take them out of PENDING_SPLIT"
-    )
 
 
 def test_the_length_check_finds_a_long_file_that_does_not_say_why(tmp_path):
