@@ -25,6 +25,7 @@ from jattn.attention import dot_product_attention
 from jattn.models.attention_weights import materialised_weights
 from jattn.models.axes import constrain, param
 from jattn.models.config import TransformerConfig
+from jattn.models.layer_call import LayerCall
 from jattn.models.schemes import Site
 from jattn.visibility import Visibility
 
@@ -101,22 +102,21 @@ class Attention(nn.Module):
         x: Array | None,
         kv: Array | None = None,
         *,
-        mode: str = "full",
+        call: LayerCall | None = None,
         visibility: Visibility | None = None,
-        scheme_state: Any = None,
-        cache_index: Array | None = None,
-        train: bool = False,
-        visible: Array | None = None,
-        cache_slot: str = "",
     ) -> Array | None:
-        """Attend from `x` to `kv` in the given mode (see the class docstring).
+        """Attend from `x` to `kv` in the call's mode (see the class docstring).
 
         Args:
           x: the queries' inputs `[B, T, D]` (T = 1 in a "step"); None to "prefill".
           kv: the keys' and values' inputs `[B, S, D]`: `x` itself for
             self-attention, the encoder output for cross-attention; None in a
             cross-attention "step", which reads the cache.
-          mode: "full", "step" or "prefill".
+          call: how the layer runs (`jattn.models.layer_call.LayerCall`): its
+            mode ("full", "step" or "prefill"), attention dropout at
+            `config.attention_dropout_rate` when `train`, the scheme's stack
+            state, the slot `cache_index` a causal "step" writes, a caller's
+            `visible` rule, the `cache_slot`. None: a "full" call, no dropout.
           visibility: the segment ids and positions of the call
             (`jattn.visibility.Visibility`; the layer adds its causal rule): the
             query side `x`'s `[B, T]` (a step's: at `cache_index`), the key
@@ -125,41 +125,31 @@ class Attention(nn.Module):
             `cache_index`: a decoder-only prompt's prefill; without them the
             slots are at `arange(L)`, no segments). None: no segments,
             positions `arange`.
-          scheme_state: the positional scheme's parameters shared by the
-            stack (`Scheme.stack_state`), or None.
-          cache_index: int scalar, the slot a causal "step" writes.
-          train: attention dropout at `config.attention_dropout_rate` (needs
-            a "dropout" rng).
-          visible: bool broadcastable to `[B, 1, T, S]`, replacing a causal
-            layer's causal rule (a prefix LM's, `jattn.models.decoder_only`).
-          cache_slot: suffix of this call's cache entries ("cached_key" +
-            suffix): a block shared by every depth (`shared_layers`) keeps
-            one cache per depth.
 
         Returns:
           `[B, T, D]` in the compute dtype; None for "prefill".
         """
-        self._check_call(mode, x, kv, cache_index)
+        call = LayerCall() if call is None else call
+        mode, slot = call.mode, call.cache_slot
+        self._check_call(mode, x, kv, call.cache_index)
         vis = Visibility() if visibility is None else visibility
         step = self.causal and mode == "step"  # writes its keys into the cache, reads it all
         reads_cache = self.cross and mode == "step"
         w = self._weights(queries=mode != "prefill", keys=not reads_cache)
         if mode == "prefill":
-            return self._write_cross_cache(*self._project_kv(kv, w), cache_slot)  # None
+            return self._write_cross_cache(*self._project_kv(kv, w), slot)  # None
         q = constrain(self._project_q(x, w), _HEADS)  # [B, T, N, H]
-        key, value = self._keys_values(kv, w, reads_cache, vis, cache_slot)  # [B, S, K, H]
-        site = self._site(step, train, vis, cache_slot)
+        key, value = self._keys_values(kv, w, reads_cache, vis, slot)  # [B, S, K, H]
+        site = self._site(step, call.train, vis, slot)
         q, key = self._rotate(q, key, vis, step, site)
         value = self._probe("values", value)
         if self.decode and self.is_initializing():
-            self._create_cache(key, value, cache_slot)
+            self._create_cache(key, value, slot)
         if step:  # [B, L, K, H], every slot; at positions arange(L) unless given
-            key, value, vis = self._write_step(key, value, cache_index, vis, cache_slot)
-        terms = self._scheme_terms(
-            site, scheme_state, x, mode, cache_index, vis.q_segment_ids, cache_slot
-        )
-        mask, vis = attention_rule(self._probe("mask", None), visible, vis, self.causal)
-        out = self._attend(q, key, value, terms, mask=mask, visibility=vis, train=train)
+            key, value, vis = self._write_step(key, value, call.cache_index, vis, slot)
+        terms = self._scheme_terms(site, call, x, vis.q_segment_ids)
+        mask, vis = attention_rule(self._probe("mask", None), call.visible, vis, self.causal)
+        out = self._attend(q, key, value, terms, mask=mask, visibility=vis, train=call.train)
         return self._project_out(out, w)  # [B, T, D]
 
     # -- checks --------------------------------------------------------------
@@ -374,7 +364,7 @@ class Attention(nn.Module):
 
     # -- cache read and write ------------------------------------------------
 
-    def _scheme_terms(self, site: Site, state, x: Array, mode: str, index, segment_ids, slot):
+    def _scheme_terms(self, site: Site, call: LayerCall, x: Array, segment_ids):
         """The scheme's terms in this layer, each None where it has none (all
         of them where its relative terms do not act, `_relative`): "mod" its
         score mod, "row_col" its forget gates' row and column terms, "form"
@@ -383,21 +373,22 @@ class Attention(nn.Module):
         if not self._relative:
             return dict(mod=None, row_col=None, form=None)
         scheme, cfg = self.config.scheme, self.config
-        mod = scheme.score_mod(self, cfg, site, state)
+        mod = scheme.score_mod(self, cfg, site, call.scheme_state)
         gates = scheme.forget_gates(self, cfg, site, x)  # [B, T, N]
         row_col = None
         if gates is not None:
-            row_col = self._forget_terms(gates, mode, index, segment_ids, slot)
+            row_col = self._forget_terms(gates, call, segment_ids)
         return dict(mod=mod, row_col=row_col, form=scheme.attention_form(self, cfg, site))
 
-    def _forget_terms(self, gates: Array, mode: str, index, segment_ids, slot: str):
+    def _forget_terms(self, gates: Array, call: LayerCall, segment_ids):
         """The forget gates' `row_col_bias` `(c [B, N, T], −c [B, N, S])`, `c`
         the cumulative sum of the log gates `[B, T, N]`: per segment in a full
         pass; in decoding carried in the cache ("cached_gate", `[B, L, N]`,
         each slot's sum since the start of the row), the step's block summed
         on from the slot before it. Within a segment only differences of `c`
         reach the logits, so both give the same attention."""
-        if mode != "step":
+        index, slot = call.cache_index, call.cache_slot
+        if call.mode != "step":
             c = pos_lib.segment_cumsum(gates, segment_ids)  # [B, T, N]
             if self.decode and self.is_initializing():  # the cache's slots: S = T here
                 self.variable("cache", "cached_gate" + slot, jnp.zeros, c.shape, jnp.float32)
