@@ -590,13 +590,15 @@ def test_attention_dropout_only_in_training(zoo):
 
 def test_attention_modes_fail_clearly():
     """Attention's modes are explicit; a mode the layer does not have fails."""
+    from jattn.models.layer_call import LayerCall
     from jattn.models.layers import Attention
 
     cfg = tiny("none")
     x = jnp.ones((1, 3, 16))
 
     def call(layer, *args, **kwargs):
-        return jax.eval_shape(lambda: layer.init(jax.random.key(0), *args, **kwargs))
+        how = LayerCall(**kwargs)
+        return jax.eval_shape(lambda: layer.init(jax.random.key(0), *args, call=how))
 
     with pytest.raises(ValueError, match="mode must be one of"):
         call(Attention(cfg), x, x, mode="cached")

@@ -31,7 +31,7 @@ from jax import lax
 from model_params import fill_params
 from registry_mods import seed_of
 
-from jattn.models import SCHEMES, Transformer, TransformerConfig, decoding
+from jattn.models import SCHEMES, Transformer, TransformerConfig, decoding, decoding_search
 from jattn.models.transformer import shift_right
 
 M = 32  # positions are drawn from [0, M)
@@ -298,7 +298,7 @@ def test_the_beams_of_a_row_decode_at_its_drawn_positions(arch, monkeypatch):
         jax.debug.callback(lambda a, b: seen.append((np.asarray(a), np.asarray(b))), *pair)
         return real_step(model, params, cache, inputs, tokens, **given)
 
-    monkeypatch.setattr(decoding, "decode_step", recording_step)
+    monkeypatch.setattr(decoding_search, "decode_step", recording_step)  # what the loop calls
     decoding.beam_search(model, params, inputs, max_length=L, beam_size=w, rng=rng)
     assert seen  # one record a step
     real = np.repeat(np.asarray(inputs) != 0, w, axis=0)

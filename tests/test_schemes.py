@@ -42,6 +42,7 @@ from jattn import positions as pos_lib
 from jattn.models import SCHEMES, Transformer, TransformerConfig, decoding
 from jattn.models.axes import AXIS_NAMES, param
 from jattn.models.inputs import random_positions
+from jattn.models.layer_call import LayerCall
 from jattn.models.layers import Attention
 from jattn.models.schemes import Scheme, SchemeOptions, register
 from jattn.models.transformer import shift_right
@@ -458,11 +459,12 @@ def test_bias_schemes_equal_the_materialised_biases_they_replaced(case, causal):
     pos = jnp.asarray([[0, 1, 2, 3, 4, 5, 6], [3, 4, 5, 6, 7, 8, 9]], jnp.int32)
     state = jnp.asarray(rng.normal(size=(8, 4)), jnp.float32) if case == "t5" else None
     vis = jattn.Visibility.of_sequence(positions=pos)
+    call = LayerCall(scheme_state=state)
     shapes = jax.eval_shape(lambda: layer.init(jax.random.key(0), x, x, visibility=vis,
-                                               scheme_state=state))  # fmt: skip
+                                               call=call))  # fmt: skip
     p = jax.tree.map(lambda s: jnp.asarray(rng.normal(size=s.shape), jnp.float32),
                      nn.unbox(shapes["params"]))  # fmt: skip
-    got = layer.apply({"params": p}, x, x, visibility=vis, scheme_state=state)
+    got = layer.apply({"params": p}, x, x, visibility=vis, call=call)
     want = _layer_reference(cfg, p, x, pos, causal, state)
     np.testing.assert_allclose(got, want, rtol=1e-6, atol=1e-6)
 

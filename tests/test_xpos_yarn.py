@@ -28,6 +28,7 @@ import pytest
 
 from jattn import positions as pos_lib
 from jattn.models import SCHEMES, TransformerConfig
+from jattn.models.layer_call import LayerCall
 from jattn.models.layers import Attention
 from jattn.models.schemes import Site
 from jattn.visibility import Visibility
@@ -140,9 +141,8 @@ def _full_and_cached(params, x, pos, cache):
             {"params": params, "cache": cache},
             xt,
             xt,
-            mode="step",
+            call=LayerCall(mode="step", cache_index=t),
             visibility=Visibility(q_positions=pt, kv_positions=pos),  # the keys: the slots
-            cache_index=t,
             mutable=["cache"],
         )
         return mutated["cache"], out[:, 0]

@@ -3,11 +3,12 @@
 `Decoder` stacks of the encoder–decoder (the encoder is also the
 encoder-only model's stack), and `shared_layers`.
 
-A block names its mode (`DECODER_MODES`): teacher forcing over a whole
-sequence, one cached step, a step recomputing cross-attention, or the
-prefill of the cross-attention cache. The positional scheme's per-stack
-parameters (`Scheme.stack_state`) arrive as `scheme_state` and go to every
-attention layer unchanged.
+A block's call names its mode (`DECODER_MODES`): teacher forcing over a
+whole sequence, one cached step, a step recomputing cross-attention, or the
+prefill of the cross-attention cache. The stack hands every block one
+`LayerCall` (mode, training, the positional scheme's per-stack parameters
+`Scheme.stack_state`, cache index and slot), which goes on whole to the
+self-attention layer.
 
 With `TransformerConfig.shared_layers` a stack has one block, "shared_layer",
 called at every depth (Dehghani et al.'s Universal Transformer): one set of
@@ -27,6 +28,7 @@ import jax.numpy as jnp
 
 from jattn.models.axes import constrain, param
 from jattn.models.config import TransformerConfig
+from jattn.models.layer_call import LayerCall
 from jattn.models.layers import MLP, AbsolutePositions, Attention, layer_norm
 from jattn.visibility import Visibility
 
@@ -109,14 +111,9 @@ class Block(nn.Module):
         x: Array | None,
         encoded: Array | None = None,
         *,
-        mode: str = "full",
+        call: LayerCall | None = None,
         visibility: Visibility | None = None,
         cross_visibility: Visibility | None = None,
-        scheme_state: Any = None,
-        cache_index: Array | None = None,
-        train: bool = False,
-        visible: Array | None = None,
-        cache_slot: str = "",
     ) -> Array | None:
         """One layer in one of `DECODER_MODES`.
 
@@ -125,25 +122,24 @@ class Block(nn.Module):
             where the encoder output enters only through cross-attention's
             keys/values.
           encoded: the encoder output `[B, S, D]` (cross only); None for "step".
-          mode: "full", "step", "recompute" or "prefill".
+          call: how the layer runs (`jattn.models.layer_call.LayerCall`): its
+            mode ("full", "step", "recompute" or "prefill"), dropout when
+            `train`, and what the attentions read (the scheme's stack state,
+            the cache index, a caller's `visible` rule replacing the causal
+            one, the cache slot). None: a "full" call, no dropout.
           visibility: self-attention's segment ids and positions
             (`jattn.visibility.Visibility`, see `Attention`): `x`'s on both sides
             (`Visibility.of_sequence`), or in a step the query's and the
             cache slots' (none: slots at `arange(L)`, no segments).
           cross_visibility: cross-attention's: the targets' (query side) and
             the encoder's `[B, S]` (0 = padding; key side). Cross only.
-          scheme_state: the scheme's parameters shared by the stack, or None.
-          cache_index: int scalar, the slot a step writes.
-          train: dropout, attention dropout included (needs a "dropout" rng).
-          visible: bool broadcastable to `[B, 1, T, S]`, replacing the causal
-            rule (a prefix LM's), or None.
-          cache_slot: suffix of this call's cache entries (a shared block
-            keeps one cache per depth).
 
         Returns:
           `[B, T, D]`; None for "prefill".
         """
         cfg = self.config
+        call = LayerCall() if call is None else call
+        mode = call.mode
         if mode not in DECODER_MODES or (not self.cross and mode in ("recompute", "prefill")):
             modes = sorted(DECODER_MODES) if self.cross else ["full", "step"]
             raise ValueError(
@@ -155,40 +151,25 @@ class Block(nn.Module):
         if self.cross:
             cross_attn = Attention(cfg, cross=True, decode=self.decode, name="cross_attention")
         if mode == "prefill":
-            return cross_attn(None, encoded, mode="prefill", cache_slot=cache_slot)
+            return cross_attn(None, encoded, call=call.for_cross("prefill"))
+        self_call = call.replace(mode=self_mode)
         x = sublayer(
             cfg,
             x,
-            lambda h: self_attn(
-                h,
-                h,
-                mode=self_mode,
-                visibility=visibility,
-                scheme_state=scheme_state,
-                cache_index=cache_index,
-                train=train,
-                visible=visible,
-                cache_slot=cache_slot,
-            ),
+            lambda h: self_attn(h, h, call=self_call, visibility=visibility),
             layer_norm(cfg, "self_attention_norm"),
-            train,
+            call.train,
         )
         if self.cross:
+            cross_call = call.for_cross(cross_mode)
             x = sublayer(
                 cfg,
                 x,
-                lambda h: cross_attn(
-                    h,
-                    encoded,
-                    mode=cross_mode,
-                    visibility=cross_visibility,
-                    train=train,
-                    cache_slot=cache_slot,
-                ),
+                lambda h: cross_attn(h, encoded, call=cross_call, visibility=cross_visibility),
                 layer_norm(cfg, "cross_attention_norm"),
-                train,
+                call.train,
             )
-        return sublayer(cfg, x, MLP(cfg, name="mlp"), layer_norm(cfg, "mlp_norm"), train)
+        return sublayer(cfg, x, MLP(cfg, name="mlp"), layer_norm(cfg, "mlp_norm"), call.train)
 
 
 def stack_blocks(config: TransformerConfig, depth: int, **kinds) -> list[tuple[Block, str]]:
@@ -266,8 +247,9 @@ class Encoder(nn.Module):
             self, self.embed, inputs, positions, train=train, causal=False, tape=tape
         )
         vis = Visibility.of_sequence(segment_ids, positions)
+        call = LayerCall(train=train, scheme_state=state)
         for block, slot in stack_blocks(cfg, self.depth or cfg.num_layers):
-            x = block(x, visibility=vis, scheme_state=state, train=train, cache_slot=slot)
+            x = block(x, call=call.replace(cache_slot=slot), visibility=vis)
         if cfg.pre_norm:
             x = layer_norm(cfg, "final_norm")(x)
         return constrain(x, ("batch", "length", "embed"))

@@ -70,6 +70,7 @@ from jattn.models.inputs import (
     segments_and_positions,
     shift_right,
 )
+from jattn.models.layer_call import LayerCall
 from jattn.models.layers import Embed, layer_norm
 from jattn.models.transformer import Transformer
 from jattn.visibility import Visibility
@@ -287,7 +288,7 @@ class DecoderOnlyStack(nn.Module):
         if cfg.prefix_lm:
             is_input = jnp.broadcast_to(jnp.arange(s + t) < s, tokens.shape)  # [B, L]
             visible = prefix_visibility(pos, is_input)
-        x = self._layers(tokens, seg, pos, train, mode="full", visible=visible)  # [B, L, D]
+        x = self._layers(tokens, seg, pos, LayerCall(train=train, visible=visible))  # [B, L, D]
         return self._logits(x[:, s:])
 
     def _prefill(self, inputs: Array, prompt_pos=None, after_pos=None) -> None:
@@ -323,7 +324,7 @@ class DecoderOnlyStack(nn.Module):
             after = check_ids("targets_positions", after_pos, (b, length - s))  # [B, L - S]
             slot_pos.value = jnp.concatenate([pos, after], axis=1)  # [B, L]
         visible = (slots < s)[:, None, None, :] if self.config.prefix_lm else None
-        self._layers(inputs, seg, pos, False, mode="step", visible=visible, index=0)
+        self._layers(inputs, seg, pos, LayerCall(mode="step", cache_index=0, visible=visible))
         self.variable("cache", "index").value = jnp.asarray(s, jnp.int32)
         return None
 
@@ -335,34 +336,27 @@ class DecoderOnlyStack(nn.Module):
         slot_pos = self.get_variable("cache", "slot_positions")  # [B, L]
         pos = jax.lax.dynamic_slice_in_dim(slot_pos, current, 1, axis=1)  # [B, 1]
         seg = jnp.ones_like(tokens, jnp.int32)
-        x = self._layers(tokens, seg, pos, False, mode="step", visible=None, index=current)
+        x = self._layers(tokens, seg, pos, LayerCall(mode="step", cache_index=current))
         return self._logits(x)
 
     # -- pieces --------------------------------------------------------------
 
-    def _layers(self, tokens, seg, pos, train: bool, *, mode: str, visible, index=None) -> Array:
-        """Embeddings (+ the scheme's absolute vectors) through every layer, `[B, L, D]`."""
+    def _layers(self, tokens, seg, pos, call: LayerCall) -> Array:
+        """Embeddings (+ the scheme's absolute vectors) through every layer in
+        `call` (its mode "full" or "step"), `[B, L, D]`."""
         cfg = self.config
         x, state = stack_inputs(
-            self, self.embed, tokens, pos, train=train, causal=not cfg.prefix_lm
+            self, self.embed, tokens, pos, train=call.train, causal=not cfg.prefix_lm
         )
         vis = Visibility.of_sequence(seg, pos)
-        if mode == "step":  # the keys are the cache's slots
+        if call.mode == "step":  # the keys are the cache's slots
             vis = vis.replace(
                 kv_positions=self.get_variable("cache", "slot_positions"),
                 kv_segment_ids=self.get_variable("cache", "slot_segments"),
             )
+        call = call.replace(scheme_state=state)
         for block, slot in stack_blocks(cfg, cfg.stack_layers, causal=True, decode=self.decode):
-            x = block(
-                x,
-                mode=mode,
-                cache_slot=slot,
-                visibility=vis,
-                scheme_state=state,
-                visible=visible,
-                cache_index=index,
-                train=train,
-            )
+            x = block(x, call=call.replace(cache_slot=slot), visibility=vis)
         if cfg.pre_norm:
             x = layer_norm(cfg, "final_norm")(x)
         return constrain(x, ("batch", "length", "embed"))

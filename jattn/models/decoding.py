@@ -60,19 +60,36 @@ Outputs are int32 `[B, max_length]`, with EOS kept and 0 after it.
 
 Shapes: the letters of `jattn.attention.legend` (W beams, L = max_length,
 S source length, V vocabulary).
+
+The cache's building blocks are in
+`jattn.models.decoding_cache`, the loops in `jattn.models.decoding_search`;
+this module holds the checked entry points and re-exports the public names
+of both.
 """
 
 from __future__ import annotations
 
-import functools
-from collections.abc import Mapping
 from typing import Any
 
-import flax.linen as nn
 import jax
 import jax.numpy as jnp
-from jax import lax
 
+from jattn.models.decoding_cache import (
+    decode_step,
+    init_cache,
+    prefill,
+    prefill_prompt,
+    unbox_params,
+)
+from jattn.models.decoding_search import (
+    EOS,
+    NEG,
+    beam_search_with_scores,
+    gather_beams,
+    greedy_search,
+    reorder_cache,
+    tape,
+)
 from jattn.models.inputs import decoding_positions
 from jattn.models.transformer import Transformer
 
@@ -94,86 +111,6 @@ __all__ = [
     "reorder_cache",
 ]
 
-EOS = 1
-# The log-probability of an empty beam and of no finished hypothesis yet: a
-# "minus infinity" that stays finite through sums and divisions.
-NEG = -1.0e9
-
-
-# -- building blocks -----------------------------------------------------------
-
-
-def _unwrap(params: Any) -> Any:
-    """Accept the "params" collection or a variables dict `{"params": ...}`."""
-    if isinstance(params, Mapping) and set(params) == {"params"}:
-        params = params["params"]
-    return nn.unbox(params)
-
-
-def init_cache(
-    model: Transformer, batch_size: int, max_length: int, source_length: int | None = None
-) -> Any:
-    """An empty "cache" collection (zeros, index 0) for `max_length` decoder
-    steps over a source of `source_length` tokens (default `max_length`).
-
-    Shapes (see the module docstring) come from `jax.eval_shape` of `init`,
-    so nothing but the cache is built. This is the cache's size and
-    structure (`jattn.attention.memory.kv_cache_bytes` counts it, with the same default
-    source length); to decode, start from `prefill`, which fills the
-    cross-attention entries (here zeros, which a step would attend to
-    silently). The self-attention entries fill up one step at a time.
-    """
-    s = max_length if source_length is None else source_length
-    cached = model.clone(use_cache=True)
-    inputs = jnp.ones((batch_size, s), jnp.int32)
-    targets = jnp.ones((batch_size, max_length), jnp.int32)
-    shapes = jax.eval_shape(lambda: cached.init(jax.random.key(0), inputs, targets))["cache"]
-    return jax.tree.map(lambda x: jnp.zeros(x.shape, x.dtype), shapes)
-
-
-def prefill(model: Transformer, params: Any, encoded: Array, max_length: int) -> Any:
-    """The cache for decoding `max_length` steps over `encoded` `[B, S, D]`.
-
-    Every decoder layer's cross-attention keys/values `[B, S, K, H]` are the
-    projections of `encoded` (computed here, once); the self-attention
-    entries are zeros and the index is 0.
-    """
-    b, s = encoded.shape[:2]
-    cache = init_cache(model, b, max_length, source_length=s)
-    _, variables = model.clone(use_cache=True).apply(
-        {"params": _unwrap(params), "cache": cache}, encoded, mutable=["cache"], method="prefill"
-    )
-    return variables["cache"]
-
-
-def prefill_prompt(
-    model: Transformer,
-    params: Any,
-    inputs: Array,
-    max_length: int,
-    *,
-    positions: tuple[Array, Array] | None = None,
-) -> Any:
-    """Decoder-only: the cache for decoding `max_length` steps after the prompt
-    `inputs` `[B, S]` (unpacked, 0 = padding): one pass of the stack writes
-    the prompt's keys/values into slots 0..S-1; the index is S.
-
-    `positions`: None (the prompt at `arange(S)`, the separator one past its
-    last real token), or `(prompt [B, S], after [B, max_length])` from
-    `decoding_positions`, stored as the slots' positions."""
-    b, s = inputs.shape
-    cache = init_cache(model, b, max_length, source_length=s)
-    prompt, after = (None, None) if positions is None else positions
-    _, variables = model.clone(use_cache=True).apply(
-        {"params": _unwrap(params), "cache": cache},
-        inputs,
-        mutable=["cache"],
-        method="prefill_prompt",
-        inputs_positions=prompt,
-        targets_positions=after,
-    )
-    return variables["cache"]
-
 
 def _decode_positions(model, inputs, max_length: int, rng, random_positions):
     """The positions a decode call uses: None (plain), or `decoding_positions`
@@ -185,79 +122,6 @@ def _decode_positions(model, inputs, max_length: int, rng, random_positions):
     if not random_positions:
         return None
     return decoding_positions(cfg, jax.random.key(0) if rng is None else rng, inputs, max_length)
-
-
-def _start(model, params, inputs, max_length: int, cross_cache: bool, beams: int, positions):
-    """The cache before the first step and what every step is given:
-    `(cache, step inputs [B*W, S], decode_step's keyword arguments)`, W =
-    `beams`. `positions` (`decoding_positions`'s, or None) are drawn per
-    source row and tiled over its beams, which so share them."""
-    inputs_w = jnp.repeat(inputs, beams, axis=0)  # [B*W, S], row b*W + j
-    tiled = None if positions is None else tuple(jnp.repeat(p, beams, axis=0) for p in positions)
-    if model.architecture.joined:  # one stream: prefill the prompt, no encoder
-        cache = prefill_prompt(model, params, inputs_w, max_length, positions=tiled)
-        return cache, inputs_w, {}  # the positions are in the cache
-    source = None if positions is None else positions[0]
-    encoded = model.apply(
-        {"params": params}, inputs, method="encode", inputs_positions=source
-    )  # [B, S, D]
-    enc_w = jnp.repeat(encoded, beams, axis=0)  # [B*W, S, D]
-    cache = _start_cache(model, params, enc_w, max_length, cross_cache)
-    step = {"encoded": None if cross_cache else enc_w}
-    if tiled is not None:
-        step.update(inputs_positions=tiled[0], targets_positions=tiled[1])
-    return cache, inputs_w, step
-
-
-def decode_step(
-    model: Transformer,
-    params: Any,
-    cache: Any,
-    inputs: Array,
-    tokens: Array,
-    *,
-    encoded: Array | None = None,
-    inputs_positions: Array | None = None,
-    targets_positions: Array | None = None,
-) -> tuple[Array, Any]:
-    """One cached decoder step.
-
-    Args:
-      model: the Transformer (cloned with `use_cache=True` here).
-      params: its "params" collection.
-      cache: from `prefill` or the previous step.
-      inputs: int `[B, S]` source tokens (their zeros mask cross-attention).
-      tokens: int `[B, 1]`, the previous token (0 at the first step).
-      encoded: None (cross-attention reads the prefilled keys/values), or the
-        encoder outputs `[B, S, D]` to project them again at this step (the
-        uncached path, for comparisons; the cross-attention cache is then
-        neither read nor written).
-      inputs_positions, targets_positions: encoder–decoder only, int
-        `[B, S]` and `[B, L]`: the positions the source was encoded with and
-        those of the L target slots (`decoding_positions`: randomised
-        positions); None: `arange`. A decoder-only model's are in its cache.
-
-    Returns:
-      float32 logits `[B, V]` for the next token, and the updated cache.
-    """
-    logits, variables = model.clone(use_cache=True).apply(
-        {"params": _unwrap(params), "cache": cache},
-        inputs,
-        tokens,
-        encoded=encoded,
-        mutable=["cache"],
-        method="step",
-        inputs_positions=inputs_positions,
-        targets_positions=targets_positions,
-    )
-    return logits[:, 0].astype(jnp.float32), variables["cache"]
-
-
-def _start_cache(model, params, encoded, max_length: int, cross_cache: bool) -> Any:
-    """`prefill`, or for the uncached path an empty cache (cross entries unused)."""
-    if cross_cache:
-        return prefill(model, params, encoded, max_length)
-    return init_cache(model, encoded.shape[0], max_length, source_length=encoded.shape[1])
 
 
 def _check(model, inputs, max_length: int) -> Array:
@@ -283,9 +147,6 @@ def _check(model, inputs, max_length: int) -> Array:
     return inputs.astype(jnp.int32)
 
 
-# -- an output tape (not autoregressive) ------------------------------------------
-
-
 def _tape_lengths(tape_lengths, batch: int, max_length: int) -> Array | None:
     """Checked `tape_lengths` (int `[B]`, each in [1, max_length]) or None."""
     if tape_lengths is None:
@@ -297,66 +158,6 @@ def _tape_lengths(tape_lengths, batch: int, max_length: int) -> Array | None:
             f"{list(lengths.shape)}"
         )
     return lengths.astype(jnp.int32)
-
-
-@functools.partial(jax.jit, static_argnames=("model", "max_length"))
-def _tape(model, params, inputs: Array, max_length: int, lengths, rng) -> Array:
-    """An encoder-only model's outputs: one call over a tape of `lengths`
-    cells a row (None: `max_length`), the argmax of each cell, 0 after the
-    first EOS and past the tape. int32 `[B, max_length]`."""
-    b = inputs.shape[0]
-    lengths = jnp.full((b,), max_length, jnp.int32) if lengths is None else lengths
-    cells = (jnp.arange(max_length)[None, :] < lengths[:, None]).astype(jnp.int32)  # [B, L]
-    rngs = {} if rng is None else {"dropout": rng}  # only random positions read it
-    logits = model.apply({"params": params}, inputs, cells, rngs=rngs)  # [B, L, V]
-    tokens = jnp.argmax(logits, axis=-1).astype(jnp.int32) * cells  # [B, L]
-    eos = (tokens == EOS).astype(jnp.int32)
-    after_eos = (jnp.cumsum(eos, axis=1) - eos) > 0  # [B, L], past the first EOS
-    return jnp.where(after_eos, 0, tokens)
-
-
-# -- greedy --------------------------------------------------------------------
-
-
-@functools.partial(jax.jit, static_argnames=("model", "max_length", "cross_cache"))
-def _greedy(
-    model: Transformer,
-    params,
-    inputs: Array,
-    max_length: int,
-    cross_cache: bool = True,
-    positions: tuple[Array, Array] | None = None,
-) -> tuple[Array, Array]:
-    """Greedy tokens `[B, L]` and the number of steps run.
-
-    `cross_cache=False` projects the cross-attention keys/values at every step
-    (the path before the cache; same tokens, kept for benchmarks and tests).
-    `positions`: `decoding_positions`'s draw, or None (plain positions).
-    """
-    b = inputs.shape[0]
-    cache, inputs, step = _start(model, params, inputs, max_length, cross_cache, 1, positions)
-
-    def cond(state):
-        i, _, _, done, _ = state
-        return (i < max_length) & ~jnp.all(done)
-
-    def body(state):
-        i, tokens, last, done, cache = state
-        logits, cache = decode_step(model, params, cache, inputs, last[:, None], **step)  # [B, V]
-        nxt = jnp.argmax(logits, axis=-1).astype(jnp.int32)  # [B]
-        nxt = jnp.where(done, 0, nxt)
-        tokens = lax.dynamic_update_slice(tokens, nxt[:, None], (0, i))
-        return i + 1, tokens, nxt, done | (nxt == EOS), cache
-
-    state = (
-        jnp.zeros((), jnp.int32),
-        jnp.zeros((b, max_length), jnp.int32),
-        jnp.zeros((b,), jnp.int32),
-        jnp.zeros((b,), bool),
-        cache,
-    )
-    steps, tokens, _, _, _ = lax.while_loop(cond, body, state)
-    return tokens, steps
 
 
 def greedy(
@@ -394,126 +195,9 @@ def greedy(
     inputs = _check(model, inputs, max_length)
     if not model.architecture.autoregressive:
         lengths = _tape_lengths(tape_lengths, inputs.shape[0], max_length)
-        return _tape(model, _unwrap(params), inputs, max_length, lengths, rng)
+        return tape(model, unbox_params(params), inputs, max_length, lengths, rng)
     positions = _decode_positions(model, inputs, max_length, rng, random_positions)
-    return _greedy(model, _unwrap(params), inputs, max_length, True, positions)[0]
-
-
-# -- beam search ---------------------------------------------------------------
-
-
-def length_penalty(length: Array, alpha: Array) -> Array:
-    """GNMT length penalty `((5 + length) / 6) ** alpha` (Wu et al., 2016)."""
-    return ((5.0 + jnp.asarray(length, jnp.float32)) / 6.0) ** alpha
-
-
-def gather_beams(x: Array, idx: Array) -> Array:
-    """`x[b, idx[b, j]]` for `x` `[B, W', ...]`, `idx` int `[B, W]` -> `[B, W, ...]`."""
-    return jax.vmap(lambda row, i: row[i])(x, idx)
-
-
-def _is_cross(path) -> bool:
-    """Whether a cache leaf belongs to a cross-attention layer."""
-    return any(getattr(k, "key", None) == "cross_attention" for k in path)
-
-
-def reorder_cache(cache: Any, origin: Array) -> Any:
-    """Reorder every `[B*W, ...]` cache leaf by `origin` `[B, W]`.
-
-    Scalars (the index) are kept, and so are the cross-attention keys/values:
-    `origin` only picks beams of the same source row, which share them.
-    """
-    b, w = origin.shape
-
-    def one(path, x):
-        if x.ndim == 0 or _is_cross(path):
-            return x
-        y = x.reshape(b, w, *x.shape[1:])
-        return gather_beams(y, origin).reshape(x.shape)
-
-    return jax.tree_util.tree_map_with_path(one, cache)
-
-
-@functools.partial(jax.jit, static_argnames=("model", "max_length", "beam_size", "cross_cache"))
-def _beam_search(
-    model,
-    params,
-    inputs,
-    alpha,
-    max_length: int,
-    beam_size: int,
-    cross_cache: bool = True,
-    positions: tuple[Array, Array] | None = None,
-):
-    """Best sequences `[B, L]`, their scores `[B]` and the number of steps run.
-
-    The cross-attention keys/values are projected once from the encoder
-    output tiled over the beams (`[B*W, S, K, H]` a layer): W copies a row,
-    which keeps every cache leaf's leading axis B*W and the decoder unaware
-    of beams. `cross_cache=False` projects them at every step instead.
-    `positions` (`decoding_positions`'s draw per source row, or None) are
-    tiled over the beams like the encoder output.
-    """
-    b, w, big_l = inputs.shape[0], beam_size, max_length
-    cache, inputs_w, step = _start(model, params, inputs, max_length, cross_cache, w, positions)
-    max_penalty = length_penalty(big_l, alpha)
-
-    def cond(state):
-        i, _, live_logp, _, _, fin_scores, fin_flags, _ = state
-        # A live beam's log-prob only falls, and the penalty grows with length
-        # (alpha >= 0), so its best reachable score is logp / penalty(L).
-        best_live = jnp.max(live_logp, axis=1) / max_penalty  # [B]
-        worst_fin = jnp.where(jnp.all(fin_flags, axis=1), jnp.min(fin_scores, axis=1), NEG)
-        return (i < big_l) & ~jnp.all(best_live < worst_fin)
-
-    def body(state):
-        i, live_seqs, live_logp, last, fin_seqs, fin_scores, fin_flags, cache = state
-        logits, cache = decode_step(
-            model, params, cache, inputs_w, last.reshape(b * w, 1), **step
-        )  # [B*W, V]
-        v = logits.shape[-1]
-        logp = jax.nn.log_softmax(logits).reshape(b, w, v)  # [B, W, V]
-        cand = (live_logp[:, :, None] + logp).reshape(b, w * v)  # [B, W*V]
-        top_logp, top_idx = lax.top_k(cand, 2 * w)  # [B, 2W]
-        top_beam, top_tok = top_idx // v, (top_idx % v).astype(jnp.int32)
-        top_seqs = gather_beams(live_seqs, top_beam)  # [B, 2W, L]
-        top_seqs = lax.dynamic_update_slice(top_seqs, top_tok[:, :, None], (0, 0, i))
-        real = top_logp > NEG / 2  # not descended from an empty beam
-        ended = (top_tok == EOS) & real  # [B, 2W]
-
-        # Live: the best W continuations that did not end.
-        live_logp, pos = lax.top_k(jnp.where(ended, NEG, top_logp), w)  # [B, W]
-        live_seqs = gather_beams(top_seqs, pos)
-        last = gather_beams(top_tok, pos)
-        cache = reorder_cache(cache, gather_beams(top_beam, pos))
-
-        # Finished: merge the new endings (length i+1 with EOS) into the best W.
-        new_scores = jnp.where(ended, top_logp / length_penalty(i + 1, alpha), NEG)
-        all_scores = jnp.concatenate([fin_scores, new_scores], axis=1)  # [B, 3W]
-        fin_scores, pos = lax.top_k(all_scores, w)
-        fin_seqs = gather_beams(jnp.concatenate([fin_seqs, top_seqs], axis=1), pos)
-        fin_flags = gather_beams(jnp.concatenate([fin_flags, ended], axis=1), pos)
-        return i + 1, live_seqs, live_logp, last, fin_seqs, fin_scores, fin_flags, cache
-
-    live_logp = jnp.tile(jnp.array([0.0] + [NEG] * (w - 1), jnp.float32), (b, 1))  # [B, W]
-    state = (
-        jnp.zeros((), jnp.int32),
-        jnp.zeros((b, w, big_l), jnp.int32),
-        live_logp,
-        jnp.zeros((b, w), jnp.int32),
-        jnp.zeros((b, w, big_l), jnp.int32),
-        jnp.full((b, w), NEG, jnp.float32),
-        jnp.zeros((b, w), bool),
-        cache,
-    )
-    steps, live_seqs, live_logp, _, fin_seqs, fin_scores, fin_flags, _ = lax.while_loop(
-        cond, body, state
-    )
-    # A row with no finished sequence returns its best live one (no EOS).
-    any_fin = jnp.any(fin_flags, axis=1)  # [B]
-    seqs = jnp.where(any_fin[:, None], fin_seqs[:, 0], live_seqs[:, 0])
-    scores = jnp.where(any_fin, fin_scores[:, 0], live_logp[:, 0] / max_penalty)
-    return seqs, scores, steps
+    return greedy_search(model, unbox_params(params), inputs, max_length, True, positions)[0]
 
 
 def beam_search(
@@ -560,19 +244,16 @@ def beam_search(
         raise ValueError(f"beam_search: alpha must be >= 0, got {alpha!r}")
     if not model.architecture.autoregressive:
         lengths = _tape_lengths(tape_lengths, inputs.shape[0], max_length)
-        return _tape(model, _unwrap(params), inputs, max_length, lengths, rng)
+        return tape(model, unbox_params(params), inputs, max_length, lengths, rng)
     positions = _decode_positions(model, inputs, max_length, rng, random_positions)
-    seqs, _, _ = _beam_search(
-        model, _unwrap(params), inputs, jnp.float32(alpha), max_length, beam_size, True, positions
+    seqs, _, _ = beam_search_with_scores(
+        model,
+        unbox_params(params),
+        inputs,
+        jnp.float32(alpha),
+        max_length,
+        beam_size,
+        True,
+        positions,
     )
     return seqs
-
-
-# The searches behind `greedy` and `beam_search`, for benchmarks and tests: they
-# take unchecked, unboxed params and `max_length` (and `alpha`, `beam_size`)
-# positionally, and `cross_cache` (False projects the cross-attention keys and
-# values at every step, the path before the cache: same outputs) and `positions`
-# (`decoding_positions`'s draw, or None: plain); they also return the number of
-# steps run (and the beams' scores).
-greedy_search = _greedy
-beam_search_with_scores = _beam_search

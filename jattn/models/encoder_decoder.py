@@ -34,6 +34,7 @@ from jattn.models.inputs import (
     segments_and_positions,
     shift_right,
 )
+from jattn.models.layer_call import LayerCall
 from jattn.models.layers import Embed, layer_norm
 from jattn.models.transformer import Transformer
 from jattn.visibility import Visibility
@@ -111,7 +112,7 @@ class Decoder(nn.Module):
         self._check_mode(mode)
         if mode == "prefill":
             for block, slot in stack_blocks(cfg, cfg.num_layers, **self._kinds()):
-                block(None, encoded, mode="prefill", cache_slot=slot)
+                block(None, encoded, call=LayerCall(mode="prefill", cache_slot=slot))
             return None
         cache_index = None
         if mode == "full":
@@ -133,17 +134,14 @@ class Decoder(nn.Module):
             kv_positions=encoded_positions,
         )
         x, state = stack_inputs(self, self.embed, y, positions, train=train, causal=True)
+        call = LayerCall(mode=mode, train=train, scheme_state=state, cache_index=cache_index)
         for block, slot in stack_blocks(cfg, cfg.num_layers, **self._kinds()):
             x = block(
                 x,
                 encoded,
-                mode=mode,
+                call=call.replace(cache_slot=slot),
                 visibility=vis,
                 cross_visibility=cross,
-                scheme_state=state,
-                cache_index=cache_index,
-                train=train,
-                cache_slot=slot,
             )
         return self._logits(x)
 

@@ -14,7 +14,8 @@ The layers call these hooks and never compare a scheme's name;
 registered scheme's options by its `options_key` (configs spell them
 `model.position_options.rope.scaling`).
 
-The built-in schemes are in `jattn.models.schemes`, which registers them;
+The built-in schemes are in `jattn.models.schemes`, which registers them
+(each defined in the module of its kind, `jattn.models.rotary_schemes`, ...);
 docs/schemes.md says how to add one. Shapes: B batch, T queries, S keys, N
 query heads, K kv heads, H head dim, D width.
 """
@@ -48,6 +49,7 @@ __all__ = [
     "default_position_options",
     "get_scheme",
     "int_at_least_0",
+    "layer_params",
     "option_groups",
     "positive_int",
     "register",
@@ -222,6 +224,12 @@ class SchemeParams(nn.Module):
             name: param(self, name, init, shape, names, self.dtype)
             for name, init, shape, names in self.specs
         }
+
+
+def layer_params(module: nn.Module, *names: str) -> list[Array]:
+    """Parameters a scheme declared on `module` in an earlier hook of the same
+    call (a parameter is declared once), unboxed."""
+    return [nn.unbox(module.get_variable("params", name)) for name in names]
 
 
 SCHEMES: dict[str, Scheme] = {}
