@@ -18,6 +18,7 @@ and the kernels lower for CUDA and for TPU on this host.
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 
 import jax
@@ -72,19 +73,22 @@ IMPLS = {
 }
 
 
-def _vjp(attend, dtype, q, k, v, a, c, ct, **kw):
-    """Output and gradients (q, k, v, a, c) of `attend(normal form)` with
-    inputs in `dtype`, as float64 numpy; `kw` the call's other keywords."""
+def _vjp(attend, dtype, q, k, v, a, c, ct, mod=None, **kw):
+    """Output and gradients (q, k, v, a, c, and the params of the score mod
+    `mod`, one array, if given) of `attend(normal form)` with inputs in
+    `dtype`, as float64 numpy; `kw` the call's other keywords."""
 
-    def f(q, k, v, a, c):
-        return attend(normal_form(q, k, v, row_col_bias=(a, c), **kw))[0]
+    def f(q, k, v, a, c, *params):
+        mods = {} if mod is None else {"score_mod": dataclasses.replace(mod, params=params[0])}
+        return attend(normal_form(q, k, v, row_col_bias=(a, c), **mods, **kw))[0]
 
-    def run(*args):
-        out, vjp = jax.vjp(f, *args[:5])
-        return out, vjp(args[5])
+    def run(ct, *args):
+        out, vjp = jax.vjp(f, *args)
+        return out, vjp(ct)
 
+    args = (ct, q, k, v, a, c) + (() if mod is None else (mod.params,))
     with jax.enable_x64(dtype == jnp.float64):
-        out, grads = jax.jit(run)(*(jnp.asarray(x, dtype) for x in (q, k, v, a, c, ct)))
+        out, grads = jax.jit(run)(*(jnp.asarray(x, dtype) for x in args))
         return np.asarray(out, np.float64), [np.asarray(g, np.float64) for g in grads]
 
 
@@ -93,11 +97,13 @@ def _run(impl, q, k, v, a, c, ct, **kw):
     return _vjp(IMPLS[impl], jnp.float64, q, k, v, a, c, ct, **kw)
 
 
-def _reference(q, k, v, a, c, ct, **kw):
-    """The oracle on the materialised bias; d a and d c are its dbias's row and column sums."""
+def _reference(q, k, v, a, c, ct, mod=None, **kw):
+    """The oracle on the materialised bias; d a and d c are its dbias's row and
+    column sums (and the params' gradient last, given a score mod `mod`)."""
     bias = a[:, :, :, None] + c[:, :, None, :]
-    out, ref = oracle.attention_and_grads(q, k, v, bias=bias, cotangent=ct, **kw)
-    return out, [ref["query"], ref["key"], ref["value"], ref["bias"].sum(-1), ref["bias"].sum(-2)]
+    out, ref = oracle.attention_and_grads(q, k, v, bias=bias, score_mod=mod, cotangent=ct, **kw)
+    grads = [ref["query"], ref["key"], ref["value"], ref["bias"].sum(-1), ref["bias"].sum(-2)]
+    return out, grads + ([] if mod is None else [np.asarray(ref["score_mod"])])
 
 
 def _close(got, want, what, rtol=1e-6):
@@ -111,7 +117,8 @@ def _close(got, want, what, rtol=1e-6):
 
 def _assert_matches(got, want, rtol=1e-6):
     _close(got[0], want[0], "out", rtol)
-    for name, g, r in zip(("dq", "dk", "dv", "da", "dc"), got[1], want[1], strict=True):
+    names = ("dq", "dk", "dv", "da", "dc", "dparams")[: len(want[1])]
+    for name, g, r in zip(names, got[1], want[1], strict=True):
         _close(g, r, name, rtol)
 
 
@@ -170,7 +177,9 @@ FAMILIES = {
     "mosaic": dict(backend="tpu_interpret", block_q=8, block_k=128),
 }
 F32_RTOL = 2e-5  # float32 kernels against float64: their sums' rounding, far above 1e-6
-CAP = 2.0  # the soft-cap of the cases with a score mod: logits of a few units are bent
+# The soft-cap of the cases with a score mod (its cap differentiated too):
+# logits of a few units are bent.
+CAP = 2.0
 
 # name -> (family, layout, key length (None: T), kv heads (4 query heads), soft-capped)
 PALLAS_CASES = {
@@ -189,13 +198,28 @@ def test_pallas_kernels_match_the_materialised_bias(case):
     # The oracle sees the float32 inputs the kernels see.
     q, k, v, a, c, ct = (np.asarray(x, np.float32).astype(np.float64) for x in problem)
     kw = LAYOUTS[layout]()
-    if capped:
-        kw["score_mod"] = positions.softcap_score_mod(CAP)
+    mod = positions.softcap_score_mod(CAP) if capped else None
     attend = functools.partial(flash_attention, **FAMILIES[family])
-    got = _vjp(attend, jnp.float32, q, k, v, a, c, ct, **kw)
-    want = _reference(q, k, v, a, c, ct, **kw)
+    got = _vjp(attend, jnp.float32, q, k, v, a, c, ct, mod, **kw)
+    want = _reference(q, k, v, a, c, ct, mod, **kw)
     if capped:  # the row term moves the output: its gradient is not 0 to check
         assert np.max(np.abs(want[1][3])) > 1e-2
+    _assert_matches(got, want, F32_RTOL)
+
+
+@pytest.mark.parametrize("family", ["triton", "mosaic"])
+def test_distance_tiles_and_their_gradient_read_the_terms(family):
+    """A distance-table mod with default positions (Shaw's bias term) reaches
+    the kernels as Toeplitz tiles, and its table's gradient comes from a
+    kernel of its own that recomputes dS (`triton_distance_grad`,
+    `mosaic_distance_grad`): with the row and column terms in every logit,
+    the output and every gradient, the table's included, are the oracle's."""
+    q, k, v, a, c, ct = (np.asarray(x, np.float32).astype(np.float64) for x in _problem(5))
+    table = np.random.default_rng(6).normal(size=(N, 9)).astype(np.float32)
+    mod = positions.shaw_bias_score_mod(jnp.asarray(table), 4)
+    attend = functools.partial(flash_attention, **FAMILIES[family])
+    got = _vjp(attend, jnp.float32, q, k, v, a, c, ct, mod, is_causal=True)
+    want = _reference(q, k, v, a, c, ct, mod, is_causal=True)
     _assert_matches(got, want, F32_RTOL)
 
 
