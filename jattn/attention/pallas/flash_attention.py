@@ -247,9 +247,9 @@ def _flash_core_fwd(fwd_cfg, bwd_cfg, q, k, v, qr, bias, fixed, mod, rc):
     ins = kernel_inputs(q, keys, v, qr, bias, fixed, fixed.forward_maps, leaves, tiles, rc)
     o, lse, pr = forward(fwd_cfg, ins)
     # Static via pytree structure: an empty array where a gradient is wanted, else None.
-    flags = tuple(jnp.zeros((0,), jnp.float32) if w else None for w in (want_dbias, want_dmod))
-    rc_flag = jnp.zeros((0,), jnp.float32) if want_drc else None
-    return (o, lse, pr), (q, k, v, qr, bias, mod, fixed, rc, o, lse, pr, *flags, rc_flag)
+    wants = (want_dbias, want_dmod, want_drc)
+    flags = tuple(jnp.zeros((0,), jnp.float32) if w else None for w in wants)
+    return (o, lse, pr), (q, k, v, qr, bias, mod, fixed, rc, o, lse, pr, *flags)
 
 
 def _reduce_bias_grad(db: Array, kind: str, bias: Array) -> Array:
