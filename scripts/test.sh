@@ -61,7 +61,7 @@ SECOND_JAX_TESTS=(
     tests/test_errors_and_import.py tests/test_chunked_window_dropout.py
     tests/test_dropout.py tests/test_memory.py
     tests/test_pallas.py tests/test_kernel_variants.py tests/test_pallas_tpu.py
-    tests/test_kernel_precision.py tests/test_pallas_score_mod.py
+    tests/test_kernel_precision.py tests/test_pallas_score_mod.py tests/test_row_col.py
     tests/test_models.py tests/test_decoding.py
     tests/test_dropin_jax_nn.py tests/test_flax_adapter.py
 )

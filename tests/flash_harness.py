@@ -330,6 +330,38 @@ def _lower_vjp(platform: str, backend: str, dtype, *, t, h, causal, packed, shaw
         return jax.jit(fn).trace(args, cot).lower(lowering_platforms=("cuda",)).as_text()
 
 
+def _equations(jaxpr):
+    """Every equation of a jaxpr, those of its sub-jaxprs (a pallas_call's
+    kernel, a loop's body) included."""
+    for eqn in jaxpr.eqns:
+        yield eqn
+        for sub in jax.extend.core.jaxprs_in_params(eqn.params):
+            yield from _equations(sub)
+
+
+def intermediate_shapes(closed_jaxpr) -> list[tuple[tuple[int, ...], str]]:
+    """(shape, dtype) of every value an equation produces, sub-jaxprs included:
+    what a memory check reads (is anything `[T, S]`?)."""
+    found = []
+    for eqn in _equations(closed_jaxpr.jaxpr):
+        for var in eqn.outvars:
+            aval = getattr(var, "aval", None)
+            if hasattr(aval, "shape"):
+                found.append((tuple(aval.shape), str(aval.dtype)))
+    return found
+
+
+def kernel_outputs(closed_jaxpr, name: str) -> list[int]:
+    """The number of outputs of each pallas_call named `name` in the jaxpr
+    (what a gradient that is not wanted must not cost)."""
+    return [
+        len(eqn.outvars)
+        for eqn in _equations(closed_jaxpr.jaxpr)
+        if eqn.primitive.name == "pallas_call"
+        and str(eqn.params.get("name", eqn.params.get("name_and_src_info"))) == name
+    ]
+
+
 def _debug_mode(setting: str):
     """The context manager of one strict jax setting."""
     if setting == "rank_promotion_raise":

@@ -9,6 +9,9 @@ causality, shift invariance, logical axes).
   from a dense `[T, T, T]` indicator, softmax and all; causal and packed
   (a segment's sums, `segment_cumsum`, in rows whose examples are one run
   each and in a decoder-only stream's interleaved runs).
+- The same through the Pallas kernels (Triton, interpret mode) in float32,
+  and a model layer with `attention_impl="pallas"` equal to the chunked
+  one (CoPE and stick-breaking, which have no kernel, still refuse it).
 - A newcomer's input shifted right, by padding or by another segment in
   front, gives the same outputs shifted, at the attention layer where the
   gate acts: nothing there reads positions.
@@ -25,6 +28,7 @@ from attention_cases import normal_form
 
 from jattn import positions as pos_lib
 from jattn.attention.chunked import attention_chunked
+from jattn.attention.pallas.flash_attention import flash_attention
 from jattn.attention.xla import attention_xla
 from jattn.models import TransformerConfig
 from jattn.models.layers import Attention
@@ -35,6 +39,8 @@ B, T, N, H, D = 2, 13, 2, 4, 6
 IMPLS = {
     "xla": attention_xla,
     "chunked": lambda nf: attention_chunked(nf, block_q=4, block_k=3),
+    # float32 kernels (interpret mode); 13 tokens in tiles of 8 query and 16 keys
+    "pallas": lambda nf: flash_attention(nf, block_q=8, block_k=16, backend="interpret"),
 }
 
 
@@ -116,25 +122,34 @@ def _materialised(segments):
     return f
 
 
+# Tolerance against the float64 formula, relative to max(1, |reference|):
+# xla and chunked run in float64 but form q·k with a float32 accumulator
+# (`scores.tile_logits`), ~1e-7 per logit with or without the gate, which
+# d w and d b sum over every logit; the Pallas kernels run in float32.
+TOLERANCE = {"xla": 1e-5, "chunked": 1e-5, "pallas": 1e-4}
+
+
 @pytest.mark.parametrize("segments", [None, "packed", "interleaved"], ids=str)
 @pytest.mark.parametrize("impl", list(IMPLS))
 def test_gate_and_its_gradients_match_the_materialised_formula_in_float64(impl, segments):
     x, q, k, v, w, b, ct = _problem(0)
     names = ("x", "q", "k", "v", "w", "b")
+    dtype = jnp.float32 if impl == "pallas" else jnp.float64
+    # The reference sees the inputs the implementation sees.
+    problem = [np.asarray(a, dtype).astype(np.float64) for a in (x, q, k, v, w, b, ct)]
     with jax.enable_x64(True), jax.debug_nans(False), jax.debug_infs(False):
-        args = [jnp.asarray(a, jnp.float64) for a in (x, q, k, v, w, b)]
+        args = [jnp.asarray(a, jnp.float64) for a in problem[:-1]]
         ref, ref_vjp = jax.vjp(_materialised(segments), *args)
-        ref_grads = ref_vjp(jnp.asarray(ct))
-    with jax.enable_x64(True):
-        out, vjp = jax.vjp(_jattn(impl, segments), *args)
-        grads = vjp(jnp.asarray(ct))
-    # 1e-5: jattn's float64 path forms q·k with a float32 accumulator
-    # (`scores.tile_logits`), ~1e-7 per logit with or without the gate, which
-    # d w and d b sum over every logit; float32 inputs would be off by ~1e-3.
+        ref_grads = ref_vjp(jnp.asarray(problem[-1]))
+    with jax.enable_x64(dtype == jnp.float64):
+        out, vjp = jax.vjp(_jattn(impl, segments), *(jnp.asarray(a, dtype) for a in problem[:-1]))
+        grads = vjp(jnp.asarray(problem[-1], dtype))
+    tol = TOLERANCE[impl]
     for name, g, r in zip(("out",) + names, (out, *grads), (ref, *ref_grads), strict=True):
         r = np.asarray(r)
-        atol = 1e-5 * max(1.0, float(np.max(np.abs(r))))
-        np.testing.assert_allclose(g, r, rtol=1e-5, atol=atol, err_msg=f"d{name}")
+        atol = tol * max(1.0, float(np.max(np.abs(r))))
+        g = np.asarray(g, np.float64)
+        np.testing.assert_allclose(g, r, rtol=tol, atol=atol, err_msg=f"d{name}")
     assert float(np.max(np.abs(np.asarray(ref_grads[4])))) > 1e-3  # the gate has a gradient
 
 
@@ -162,10 +177,10 @@ def test_segment_cumsum_sums_each_segments_own_tokens(layout):
     np.testing.assert_allclose(got, want, rtol=1e-6, atol=1e-6)
 
 
-def _layer(gate_shift: float = -5.0):
+def _layer(gate_shift: float = -5.0, impl: str = "chunked"):
     cfg = TransformerConfig(
         vocab_size=11, d_model=D * 2, num_heads=N, num_kv_heads=N, num_layers=1, d_ff=8,
-        max_len=64, position="forgetting", attention_impl="chunked",
+        max_len=64, position="forgetting", attention_impl=impl,
     )  # fmt: skip
     layer = Attention(cfg, causal=True)
     x = jnp.zeros((1, 4, D * 2), jnp.float32)
@@ -203,6 +218,23 @@ def test_a_shifted_input_gives_shifted_outputs(front):
     _, run_open = _layer(gate_shift=50.0)
     open_ = np.asarray(run_open(jnp.asarray(rows), jnp.asarray(seg), jnp.asarray(pos)))
     assert np.abs(open_[0, :t] - out[0, :t]).max() > 1e-3
+
+
+def test_a_pallas_layer_equals_the_chunked_layer():
+    """`attention_impl="pallas"` takes the gate (the kernels read its row and
+    column terms): a packed, padded batch gives the chunked layer's outputs.
+    CoPE and stick-breaking have no kernel and still refuse it."""
+    _, run = _layer(impl="chunked")
+    _, run_pallas = _layer(impl="pallas")
+    ids, pos = (jnp.asarray(a) for a in _packed("interleaved"))
+    x = jnp.asarray(np.random.default_rng(5).normal(size=(B, T, D * 2)), jnp.float32)
+    np.testing.assert_allclose(run_pallas(x, ids, pos), run(x, ids, pos), rtol=1e-5, atol=1e-5)
+    for position in ("cope", "stick_breaking"):
+        with pytest.raises(ValueError, match="no reverse scan: attention_impl='pallas'"):
+            TransformerConfig(
+                vocab_size=11, d_model=8, num_heads=2, num_layers=1, d_ff=8,
+                position=position, attention_impl="pallas",
+            )  # fmt: skip
 
 
 def test_options_and_their_checks():

@@ -39,6 +39,7 @@ from flash_harness import (
     _pallas_vjp,
     _qkv,
     cuda_target,
+    intermediate_shapes,
     window_mask,
 )
 
@@ -578,26 +579,6 @@ def test_bench_gpu_cpu_check_stage(tmp_path):
 # Count what is materialised.
 
 
-def _intermediate_shapes(closed_jaxpr) -> list[tuple[tuple[int, ...], str]]:
-    """(shape, dtype) of every value an equation produces, sub-jaxprs included."""
-    found = []
-
-    def walk(jaxpr):
-        for eqn in jaxpr.eqns:
-            for var in eqn.outvars:
-                aval = getattr(var, "aval", None)
-                if hasattr(aval, "shape"):
-                    found.append((tuple(aval.shape), str(aval.dtype)))
-            for param in eqn.params.values():
-                for sub in param if isinstance(param, (tuple, list)) else [param]:
-                    inner = getattr(sub, "jaxpr", sub)
-                    if hasattr(inner, "eqns"):
-                        walk(inner)
-
-    walk(closed_jaxpr.jaxpr)
-    return found
-
-
 @pytest.mark.parametrize("extra", [{}, {"window": (10, 0), "dropout_rate": 0.3}])
 def test_no_quadratic_tensor_with_segments_and_shaw(extra):
     # Forward and backward with causal, segments, positions and both Shaw
@@ -608,14 +589,14 @@ def test_no_quadratic_tensor_with_segments_and_shaw(extra):
     inputs["dropout_rng"] = jax.random.PRNGKey(0)
     cot = jnp.ones((2, 64, 4, 8), jnp.float32)
     jaxpr = jax.make_jaxpr(functools.partial(_pallas_vjp, **PACKED_KW, **extra))(inputs, cot)
-    shapes = _intermediate_shapes(jaxpr)
+    shapes = intermediate_shapes(jaxpr)
     assert len(shapes) > 50
     quadratic = [s for s in shapes if sum(d >= 64 for d in s[0]) >= 2]
     assert not quadratic, quadratic[:5]
     # The detector does see the [B, N, T, S] logits of the xla reference.
     nf = _normal_form(inputs, is_causal=True, max_distance=3)
     xla = jax.make_jaxpr(lambda q: jattn.attention.xla.attention_xla(nf.replace(query=q)))(nf.query)
-    assert any(sum(d >= 64 for d in s[0]) >= 2 for s in _intermediate_shapes(xla))
+    assert any(sum(d >= 64 for d in s[0]) >= 2 for s in intermediate_shapes(xla))
 
 
 def test_fixed_bias_gets_no_gradient_buffer():
@@ -633,8 +614,8 @@ def test_fixed_bias_gets_no_gradient_buffer():
         return jnp.sum(out)
 
     full = ((b, n, t, t), "float32")
-    only_q = _intermediate_shapes(jax.make_jaxpr(jax.grad(loss))(q, kw["bias"]))
-    both = _intermediate_shapes(jax.make_jaxpr(jax.grad(loss, (0, 1)))(q, kw["bias"]))
+    only_q = intermediate_shapes(jax.make_jaxpr(jax.grad(loss))(q, kw["bias"]))
+    both = intermediate_shapes(jax.make_jaxpr(jax.grad(loss, (0, 1)))(q, kw["bias"]))
     assert full not in only_q
     assert full in both
     g_only = jax.jit(jax.grad(loss))(q, kw["bias"])

@@ -28,7 +28,7 @@ import numpy as np
 import pytest
 import registry_mods
 from attention_cases import normal_form
-from flash_harness import F32_TOL, _close, _packed, _qkv, cuda_target
+from flash_harness import F32_TOL, _close, _packed, _qkv, cuda_target, kernel_outputs
 
 import jattn
 from jattn import positions
@@ -477,16 +477,7 @@ def test_refuses_unlowerable_primitives_and_whole_odd_leaves_on_triton():
 
 def _dq_kernel_outputs(f, *args) -> int:
     """Number of outputs of the dq pallas_call in the jaxpr of `f(*args)`."""
-    found = []
-
-    def walk(jaxpr):
-        for eqn in jaxpr.eqns:
-            if eqn.primitive.name == "pallas_call" and "jattn_flash_dq" in str(eqn.params):
-                found.append(len(eqn.outvars))
-            for sub in jax.extend.core.jaxprs_in_params(eqn.params):
-                walk(sub)
-
-    walk(jax.make_jaxpr(f)(*args).jaxpr)
+    found = kernel_outputs(jax.make_jaxpr(f)(*args), "jattn_flash_dq")
     assert len(found) == 1, found
     return found[0]
 

@@ -7,7 +7,8 @@ length generalisation:
 - "forgetting": Lin, Nikishin, He and Courville's forget gate (ICLR 2025), a
   per-token, per-head gate of the layer's input whose log sums between key
   and query are added to the logits (`jattn.positions.forgetting`, read per
-  tile as row and column terms).
+  tile as row and column terms by every implementation, the Pallas
+  kernels included).
 - "cope": Golovneva, Wang, Weston and Sukhbaatar's contextual positions
   (2024), a key's position the count of open gates between it and the query
   (`jattn.attention.cope`).
@@ -28,9 +29,10 @@ CoPE and stick-breaking replace softmax attention in the layer
 form, "chunked" their tiled reverse scan (O(L) memory), and the default
 (None) the materialised form where the logits fit one tile (T·S ≤ 128·128)
 and the scan above. The Pallas
-kernels take none of the three (no row and column terms, no reverse scan):
-`attention_impl="pallas"` is a config error, and the rule's default
-(`attention_impl=None`) never picks them for the forget gate. CoPE and
+kernels have no reverse scan: `attention_impl="pallas"` is a config error
+for CoPE and stick-breaking, while the forget gate's row and column terms
+run in them as in xla and chunked (the rule's default, `attention_impl=None`,
+takes a kernel only for a configuration verified on a GPU). CoPE and
 stick-breaking apply no attention-weight dropout (`attention_dropout_rate`
 must be 0), and `capture_attention` cannot sow their weights.
 
@@ -83,11 +85,6 @@ class DataDependent(Scheme):
                 f"TransformerConfig: position={self.name!r} acts in causal self-attention "
                 "only; relative_cross has no term to add"
             )
-        if cfg.attention_impl == "pallas":
-            raise ValueError(
-                f"TransformerConfig: position={self.name!r} runs in 'xla' or 'chunked'; "
-                "the Pallas kernels do not take its terms: attention_impl='pallas'"
-            )
 
 
 @dataclasses.dataclass(frozen=True)
@@ -134,6 +131,11 @@ class Form(DataDependent):
 
     def check(self, cfg):
         super().check(cfg)
+        if cfg.attention_impl == "pallas":
+            raise ValueError(
+                f"TransformerConfig: position={self.name!r} runs in 'xla' or 'chunked'; "
+                "the Pallas kernels have no reverse scan: attention_impl='pallas'"
+            )
         if cfg.attention_dropout_rate:
             raise ValueError(
                 f"TransformerConfig: position={self.name!r} has no attention-weight dropout; "

@@ -26,6 +26,8 @@ from jattn.visibility import Visibility
 Array = jax.Array
 
 __all__ = [
+    "COL_DIMS",
+    "ROW_DIMS",
     "SQ",
     "BackwardTiles",
     "FixedInputs",
@@ -36,12 +38,21 @@ __all__ = [
     "dkv_config",
     "mod_grad_shapes",
     "mosaic_params",
+    "col_sums",
     "only_specified",
+    "row_sums",
     "triton_params",
 ]
 
 # A squeezed block dimension: `pl.squeezed` on recent jax, None before.
 SQ = getattr(pl, "squeezed", None)
+
+# The row and column terms (`row_col_bias`) as the kernels read them: a row
+# term `[B, N, Tp, 1]` and a column term `[B, N, 1, Sp]` are biases with
+# these `bias_dims` (which of `(B, N, T, S)` they have in full), so every
+# kernel loads their tiles with its bias BlockSpecs and loaders.
+ROW_DIMS = (True, True, True, False)
+COL_DIMS = (True, True, False, True)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -66,7 +77,9 @@ class KernelConfig:
     """Static description of one flash call (hashable: it keys compilation).
 
     `bias_dims` / `mask_dims` say which of the axes `(B, N, T, S)` the bias /
-    mask has in full (the others are 1), or are None when absent.
+    mask has in full (the others are 1), or are None when absent. `row_col`:
+    row and column terms are added to the logits (`KernelInputs.row_bias`,
+    `col_bias`).
     """
 
     block_q: int
@@ -89,6 +102,8 @@ class KernelConfig:
     num_warps: int | None = None
     num_stages: int | None = None
     bias_grad: bool = True  # backward: compute the bias gradient at all
+    row_col: bool = False  # row and column terms in the logits (`ROW_DIMS`, `COL_DIMS`)
+    row_col_grad: bool = True  # backward: their gradients, dS summed over keys and over queries
     window: tuple[int, int] | None = None  # (left, right), see `jattn.masks.visible`
     dropout_rate: float = 0.0  # attention-weight dropout (0 = off)
     dropout_broadcast_batch: bool = False  # one keep mask for every batch row
@@ -171,6 +186,8 @@ class KernelInputs(NamedTuple):
     value: Array  # [B, Sp, K, Hv]
     key_term: Array | None = None  # float32 [B, Tp, N, Rp]: scale * q @ Shaw key tableᵀ
     bias: Array | None = None  # [B|1, N|1, Tp|1, Sp|1]
+    row_bias: Array | None = None  # float32 [B, N, Tp, 1]: the row term, added per query
+    col_bias: Array | None = None  # float32 [B, N, 1, Sp]: the column term, added per key
     q_positions: Array | None = None
     kv_positions: Array | None = None
     q_segments: Array | None = None
@@ -215,6 +232,18 @@ def dbias_kind(cfg: KernelConfig) -> str | None:
     if not full_s:
         return "rows"
     return "full" if full_t else "cols"
+
+
+def row_sums(cfg: KernelConfig) -> bool:
+    """The dq kernel returns dS summed over keys, `[B, N, Tp]`: the gradient of
+    a bias of kind "rows" and of the row term (one sum serves both)."""
+    return dbias_kind(cfg) == "rows" or (cfg.row_col and cfg.row_col_grad)
+
+
+def col_sums(cfg: KernelConfig) -> bool:
+    """The dk/dv kernel returns dS summed over queries, `[B, N, Sp]`: the
+    gradient of a bias of kind "cols" and of the column term."""
+    return dbias_kind(cfg) == "cols" or (cfg.row_col and cfg.row_col_grad)
 
 
 def dkv_config(cfg: KernelConfig) -> KernelConfig:

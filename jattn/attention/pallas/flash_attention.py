@@ -66,6 +66,17 @@ through `pr`, follow by autodiff of the XLA steps around the kernel. The bias
 gradient is reduced to the bias's broadcast shape; a bias with both a query
 and a key axis gets its gradient through a `[B, N, T, S]` float32 buffer
 (the size of such a bias broadcast over batch and heads).
+
+Row and column terms (`row_col_bias=(a, c)`): `prepare` pads them to
+`[B, N, Tp, 1]` and `[B, N, 1, Sp]` float32, which every kernel reads as
+two more biases (`config.ROW_DIMS`, `COL_DIMS`: its bias BlockSpecs and
+loaders, a query tile's `a` and a key tile's `c`) and adds to the logits
+with the bias, before the score mod, as xla and chunked do. Their gradients
+are dS summed over keys, accumulated by the dq kernel as it walks a query
+tile's key tiles, and over queries, by the dk/dv kernel for its key tile
+(`config.row_sums`, `col_sums`; one sum also serves a bias broadcast over
+keys or over queries): `[B, N, Tp]` and `[B, N, Sp]`, never `[T, S]`. A call
+whose terms need no gradient skips both sums (symbolic zeros).
 """
 
 from __future__ import annotations
@@ -151,11 +162,14 @@ def _kernels(cfg: KernelConfig):
 
 
 def kernel_inputs(
-    q, k, v, qr, bias, fixed: FixedInputs, maps: TileMaps, mod=None, tiles=None
+    q, k, v, qr, bias, fixed: FixedInputs, maps: TileMaps, mod=None, tiles=None, row_col=None
 ) -> KernelInputs:
     """The inputs of one kernel call, on the tiling of `maps` (kernel-level API:
     with `prepare`'s outputs, what the kernels and their tests are called on).
-    `tiles`: that tiling's distance tiles (`distance_tiles`), or None."""
+    `tiles`: that tiling's distance tiles (`distance_tiles`), or None;
+    `row_col`: the padded row and column terms `(a [B, N, Tp, 1], c [B, N,
+    1, Sp])`, or None."""
+    row, col = (None, None) if row_col is None else row_col
     return KernelInputs(
         mod_params=mod,
         distance_tiles=tiles,
@@ -164,6 +178,8 @@ def kernel_inputs(
         value=v,
         key_term=qr,
         bias=bias,
+        row_bias=row,
+        col_bias=col,
         q_positions=fixed.q_positions,
         kv_positions=fixed.kv_positions,
         q_segments=fixed.q_segments,
@@ -176,12 +192,16 @@ def kernel_inputs(
     )
 
 
-def flash_core(fwd_cfg: KernelConfig, bwd_cfg: KernelConfig, q, k, v, qr, bias, fixed, mod=None):
-    """The kernels with their custom VJP; `mod` the score mod's leaves or None.
+def flash_core(
+    fwd_cfg: KernelConfig, bwd_cfg: KernelConfig, q, k, v, qr, bias, fixed, mod=None, row_col=None
+):
+    """The kernels with their custom VJP; `mod` the score mod's leaves or None,
+    `row_col` the padded row and column terms (`Prepared.row_col`) or None.
 
     Kernel-level API over `prepare`'s outputs: returns `(o, lse, pr)` and is
-    differentiable in q, k, v, qr, bias and `mod` (the lse's cotangent is ignored)."""
-    return _flash_vjp(fwd_cfg, bwd_cfg, q, k, v, qr, bias, fixed, mod)
+    differentiable in q, k, v, qr, bias, `mod` and `row_col` (the lse's
+    cotangent is ignored)."""
+    return _flash_vjp(fwd_cfg, bwd_cfg, q, k, v, qr, bias, fixed, mod, row_col)
 
 
 def _forward_keys(k: Array, fixed: FixedInputs) -> Array:
@@ -201,32 +221,35 @@ def _split_mod(cfg: KernelConfig, mod):
 
 
 @functools.partial(jax.custom_vjp, nondiff_argnums=(0, 1))
-def _flash_vjp(fwd_cfg: KernelConfig, bwd_cfg: KernelConfig, q, k, v, qr, bias, fixed, mod):
+def _flash_vjp(fwd_cfg: KernelConfig, bwd_cfg: KernelConfig, q, k, v, qr, bias, fixed, mod, rc):
     leaves, (tiles, *_) = _split_mod(fwd_cfg, mod)
     keys = _forward_keys(k, fixed)
-    ins = kernel_inputs(q, keys, v, qr, bias, fixed, fixed.forward_maps, leaves, tiles)
+    ins = kernel_inputs(q, keys, v, qr, bias, fixed, fixed.forward_maps, leaves, tiles, rc)
     return _kernels(fwd_cfg)[0](fwd_cfg, ins)
 
 
-def _flash_core_fwd(fwd_cfg, bwd_cfg, q, k, v, qr, bias, fixed, mod):
+def _flash_core_fwd(fwd_cfg, bwd_cfg, q, k, v, qr, bias, fixed, mod, rc):
     # symbolic_zeros=True: primals arrive as CustomVJPPrimal(value, perturbed),
     # which tells whether the bias needs a gradient at all (a fixed ALiBi bias
     # or a mask given as a bias does not, and its [B, N, T, S] buffer is skipped).
     is_primal = lambda x: isinstance(x, CustomVJPPrimal)
     want_dbias = bias is not None and bias.perturbed
-    # The same for the score mod's params (a fixed softcap needs no gradient pass).
+    # The same for the score mod's params (a fixed softcap needs no gradient
+    # pass) and for the row and column terms.
     want_dmod = mod is not None and any(x.perturbed for x in mod)
-    q, k, v, qr, bias, mod, fixed = jax.tree.map(
-        lambda p: p.value, (q, k, v, qr, bias, mod, fixed), is_leaf=is_primal
+    want_drc = rc is not None and any(x.perturbed for x in rc)
+    q, k, v, qr, bias, mod, fixed, rc = jax.tree.map(
+        lambda p: p.value, (q, k, v, qr, bias, mod, fixed, rc), is_leaf=is_primal
     )
     forward = _kernels(fwd_cfg)[0]
     leaves, (tiles, *_) = _split_mod(fwd_cfg, mod)
     keys = _forward_keys(k, fixed)
-    ins = kernel_inputs(q, keys, v, qr, bias, fixed, fixed.forward_maps, leaves, tiles)
+    ins = kernel_inputs(q, keys, v, qr, bias, fixed, fixed.forward_maps, leaves, tiles, rc)
     o, lse, pr = forward(fwd_cfg, ins)
-    flag = jnp.zeros((0,), jnp.float32) if want_dbias else None  # static via pytree structure
-    mod_flag = jnp.zeros((0,), jnp.float32) if want_dmod else None
-    return (o, lse, pr), (q, k, v, qr, bias, mod, fixed, o, lse, pr, flag, mod_flag)
+    # Static via pytree structure: an empty array where a gradient is wanted, else None.
+    wants = (want_dbias, want_dmod, want_drc)
+    flags = tuple(jnp.zeros((0,), jnp.float32) if w else None for w in wants)
+    return (o, lse, pr), (q, k, v, qr, bias, mod, fixed, rc, o, lse, pr, *flags)
 
 
 def _reduce_bias_grad(db: Array, kind: str, bias: Array) -> Array:
@@ -244,11 +267,13 @@ def _instantiate(ct):
 
 
 def _flash_core_bwd(fwd_cfg, bwd_cfg, res, cts):
-    q, k, v, qr, bias, mod, fixed, o, lse, pr, want_dbias, want_dmod = res
+    q, k, v, qr, bias, mod, fixed, rc, o, lse, pr, want_dbias, want_dmod, want_drc = res
     # The lse is a residual (as in jax.nn): its cotangent is ignored.
     do, _, dpr = (None if c is None else _instantiate(c) for c in cts)
     if bias is not None and want_dbias is None:
         bwd_cfg = dataclasses.replace(bwd_cfg, bias_grad=False)
+    if rc is not None and want_drc is None:
+        bwd_cfg = dataclasses.replace(bwd_cfg, row_col_grad=False)
     if bwd_cfg.score_mod is not None and want_dmod is None:
         spec = dataclasses.replace(bwd_cfg.score_mod, grad=False)
         bwd_cfg = dataclasses.replace(bwd_cfg, score_mod=spec)
@@ -259,15 +284,15 @@ def _flash_core_bwd(fwd_cfg, bwd_cfg, res, cts):
         dpr = dpr.astype(jnp.float32)
         delta = delta + jnp.einsum("BTNR,BTNR->BNT", pr, dpr)
     leaves, (_, tiles, dkv_tiles) = _split_mod(bwd_cfg, mod)
-    ins = kernel_inputs(q, k, v, qr, bias, fixed, fixed.backward_maps, leaves, tiles)
+    ins = kernel_inputs(q, k, v, qr, bias, fixed, fixed.backward_maps, leaves, tiles, rc)
     ins = ins._replace(d_out=do.astype(q.dtype), lse=lse, delta=delta, d_value_mass=dpr)
     _, flash_dq, flash_dkv = _kernels(bwd_cfg)
     if bwd_cfg.backward == "fused":
         from jattn.attention.pallas import fused_backward
 
-        dq, dqr, db_q, dk, dv, db_kv, d_mod = fused_backward.flash_dq_dkv(bwd_cfg, ins)
+        dq, dqr, db_q, rows, dk, dv, cols, d_mod = fused_backward.flash_dq_dkv(bwd_cfg, ins)
     else:
-        dq, dqr, db_q, d_mod = flash_dq(bwd_cfg, ins)
+        dq, dqr, db_q, rows, d_mod = flash_dq(bwd_cfg, ins)
         dkv_ins = ins  # the dk/dv kernel on its own tiling, when it has one
         if fixed.dkv_maps is not None:
             dkv_ins = ins._replace(
@@ -276,11 +301,14 @@ def _flash_core_bwd(fwd_cfg, bwd_cfg, res, cts):
                 col_bounds=fixed.dkv_maps.col_bounds,
                 distance_tiles=dkv_tiles,
             )
-        dk, dv, db_kv = flash_dkv(dkv_config(bwd_cfg), dkv_ins)
+        dk, dv, cols = flash_dkv(dkv_config(bwd_cfg), dkv_ins)
     dbias = None
     kind = dbias_kind(bwd_cfg)
     if kind is not None:
-        dbias = _reduce_bias_grad(db_kv if kind == "cols" else db_q, kind, bias)
+        dbias = _reduce_bias_grad({"full": db_q, "rows": rows, "cols": cols}[kind], kind, bias)
+    d_rc = None  # [B, N, Tp, 1], [B, N, 1, Sp]: the row and column sums of dS
+    if want_drc is not None:
+        d_rc = (rows[..., None].astype(rc[0].dtype), cols[:, :, None, :].astype(rc[1].dtype))
     if bwd_cfg.distance_tiles:
         # All of the tiles' gradient goes to the backward tiling's copy: both
         # are the same table's windows, so the params' gradient is whole.
@@ -294,7 +322,7 @@ def _flash_core_bwd(fwd_cfg, bwd_cfg, res, cts):
         d_mod = (None, d_tiles, None)
     else:
         d_mod = _reduce_mod_grads(bwd_cfg, mod, d_mod)
-    return dq, dk, dv, dqr, dbias, None, d_mod
+    return dq, dk, dv, dqr, dbias, None, d_mod, d_rc
 
 
 def _reduce_mod_grads(cfg: KernelConfig, mod, partials):
@@ -374,14 +402,8 @@ def flash_attention(
     Raises:
       backend.PallasBackendError: on a GPU whose jax lacks the Pallas Triton
         backend (named with the jax version; there is no fallback).
-      ValueError: an unknown `backend`, or both `interpret` and `backend`;
-        row and column terms (`nf.row_bias`), which the kernels do not read.
+      ValueError: an unknown `backend`, or both `interpret` and `backend`.
     """
-    if nf.row_bias is not None:
-        raise ValueError(
-            "flash_attention: row_col_bias (row and column terms, the forget gate's) is not in "
-            "the Pallas kernels yet; use implementation='xla' or 'chunked'"
-        )
     if backend is None:
         backend = resolve_backend(interpret)
     elif interpret is not None:
@@ -434,7 +456,16 @@ def _flash_attention(
         backward_tiles=backward_tiles,
     )
     o, lse, pr = flash_core(
-        pre.fwd_cfg, pre.bwd_cfg, pre.q, pre.k, pre.v, pre.qr, pre.bias, pre.fixed, pre.mod
+        pre.fwd_cfg,
+        pre.bwd_cfg,
+        pre.q,
+        pre.k,
+        pre.v,
+        pre.qr,
+        pre.bias,
+        pre.fixed,
+        pre.mod,
+        pre.row_col,
     )
     out = o[:, :t, :, :hv].astype(jnp.float32)  # [B, T, N, Hv]
     if nf.rel_value is not None:

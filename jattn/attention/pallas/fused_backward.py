@@ -32,12 +32,16 @@ from jax import lax
 from jax.experimental import pallas as pl
 
 from jattn.attention.pallas.config import (
+    COL_DIMS,
+    ROW_DIMS,
     SQ,
     KernelConfig,
     KernelInputs,
+    col_sums,
     dbias_kind,
     mod_grad_shapes,
     only_specified,
+    row_sums,
     with_triton_x3,
 )
 from jattn.attention.pallas.triton_backward import dkv_tile, dq_tile, query_bias_grad_outputs
@@ -52,6 +56,23 @@ def _maybe(ref, prefix):
     return None if ref is None else View(ref, prefix)
 
 
+def _pairwise(r: KernelInputs, cfg: KernelConfig, view) -> dict:
+    """The bias, the mask and the row and column terms of `r`, each seen
+    through `view(ref, dims)` (dims: which of `(B, N, T, S)` it has in full;
+    see `config.ROW_DIMS`), None where absent."""
+    pairs = (
+        ("bias", cfg.bias_dims),
+        ("mask", cfg.mask_dims),
+        ("row_bias", ROW_DIMS),
+        ("col_bias", COL_DIMS),
+    )
+    out = {}
+    for name, dims in pairs:
+        ref = getattr(r, name)
+        out[name] = None if ref is None else view(ref, dims)
+    return out
+
+
 def _kernel(r: KernelInputs, *refs, cfg: KernelConfig, n_kv_tiles: int):
     kind = dbias_kind(cfg)
     refs = list(refs)
@@ -59,14 +80,13 @@ def _kernel(r: KernelInputs, *refs, cfg: KernelConfig, n_kv_tiles: int):
         refs.pop(0)  # the aliased zeros input; written through the output ref
     dq_ref = refs.pop(0)  # [bq, G, H]
     dqr_ref = refs.pop(0) if cfg.use_qr else None  # [bq, G, Rp]
-    db_q_ref = refs.pop(0) if kind in ("full", "rows") else None  # [G, bq, Sp] | [G, bq]
+    db_q_ref = refs.pop(0) if kind == "full" else None  # [G, bq, Sp]
+    rows_ref = refs.pop(0) if row_sums(cfg) else None  # [G, bq]
     dk_ref, dv_ref = refs.pop(0), refs.pop(0)  # [bk, H], [bk, Hv]
-    db_kv_ref = refs.pop(0) if kind == "cols" else None  # [G, bk]
+    db_kv_ref = refs.pop(0) if col_sums(cfg) else None  # [G, bk]
     dmod_refs = tuple(refs)  # [G, *leaf] per differentiable score-mod leaf
     bq, bk, groups = cfg.block_q, cfg.block_k, cfg.groups
     program, batch, kv_head = (pl.program_id(a) for a in range(3))
-    _, _, full_t, full_s = cfg.bias_dims or (False,) * 4
-    _, _, mask_t, mask_s = cfg.mask_dims or (False,) * 4
 
     @pl.when(program < n_kv_tiles)
     def _dkv():
@@ -78,8 +98,8 @@ def _kernel(r: KernelInputs, *refs, cfg: KernelConfig, n_kv_tiles: int):
             value=View(r.value, (kv,)),
             kv_positions=_maybe(r.kv_positions, (kv,)),  # [bk]
             kv_segments=_maybe(r.kv_segments, (kv,)),
-            bias=_maybe(r.bias, (every, every, kv if full_s else every)),  # [G|1, Tp|1, bk|1]
-            mask=_maybe(r.mask, (every, every, kv if mask_s else every)),
+            # bias, mask, row and column terms: [G|1, Tp|1, bk|1]
+            **_pairwise(r, cfg, lambda ref, d: View(ref, (every, every, kv if d[3] else every))),
         )
         dkv_tile(cfg, rk, (j, batch, kv_head), dk_ref, dv_ref, db_kv_ref)
 
@@ -99,12 +119,12 @@ def _kernel(r: KernelInputs, *refs, cfg: KernelConfig, n_kv_tiles: int):
                 q_segments=_maybe(r.q_segments, (qs,)),
                 key_term=_maybe(r.key_term, (qs, g)),  # [bq, Rp]
                 d_value_mass=_maybe(r.d_value_mass, (qs, g)),
-                bias=_maybe(r.bias, (g if cfg.bias_dims[1] else 0, qs if full_t else slice(None)))
-                if r.bias is not None
-                else None,  # [bq|1, Sp|1]
-                mask=_maybe(r.mask, (g if cfg.mask_dims[1] else 0, qs if mask_t else slice(None)))
-                if r.mask is not None
-                else None,
+                # bias, mask, row and column terms: [bq|1, Sp|1]
+                **_pairwise(
+                    r,
+                    cfg,
+                    lambda ref, d: View(ref, (g if d[1] else 0, qs if d[2] else slice(None))),
+                ),
                 tile_classes=View(r.tile_classes, (map_index,)),  # [nT, nS]
                 row_bounds=View(r.row_bounds, (map_index,)),  # [4, nT]
             )
@@ -114,7 +134,7 @@ def _kernel(r: KernelInputs, *refs, cfg: KernelConfig, n_kv_tiles: int):
                 (i, batch, kv_head * groups + g),
                 View(dq_ref, (slice(None), g)),
                 _maybe(dqr_ref, (slice(None), g)),
-                _maybe(db_q_ref, (g,)),
+                (_maybe(db_q_ref, (g,)), _maybe(rows_ref, (g,))),
                 tuple(View(ref, (g,)) for ref in dmod_refs) if dmod_refs else None,
             )
             return carry
@@ -130,9 +150,9 @@ def flash_dq_dkv(cfg: KernelConfig, ins: KernelInputs):
       ins: as for `triton_backward.flash_dq` / `flash_dkv`.
 
     Returns:
-      `(dq, dqr, db_q, dk, dv, db_kv, d_mod)`: the outputs of `flash_dq`
-      (its score-mod partial sums last, as `d_mod`) and of `flash_dkv`, in
-      the same shapes and dtypes.
+      `(dq, dqr, db_q, rows, dk, dv, cols, d_mod)`: the outputs of
+      `flash_dq` (its score-mod partial sums last, as `d_mod`) and of
+      `flash_dkv`, in the same shapes and dtypes.
     """
     b, padded_t, n, h = ins.query.shape
     _, padded_s, kh, hv = ins.value.shape
@@ -167,6 +187,8 @@ def flash_dq_dkv(cfg: KernelConfig, ins: KernelInputs):
         q_segments=per_row(padded_t) if cfg.use_seg else None,
         kv_segments=per_row(padded_s) if cfg.use_seg else None,
         bias=full_block(cfg.bias_dims) if cfg.bias_dims else None,
+        row_bias=full_block(ROW_DIMS) if cfg.row_col else None,
+        col_bias=full_block(COL_DIMS) if cfg.row_col else None,
         mask=full_block(cfg.mask_dims) if cfg.mask_dims else None,
         key_term=grp(cfg.num_rel) if cfg.use_qr else None,
         d_value_mass=grp(cfg.num_rel) if cfg.use_pr else None,
@@ -203,7 +225,7 @@ def flash_dq_dkv(cfg: KernelConfig, ins: KernelInputs):
         jax.ShapeDtypeStruct((b, padded_s, kh, hv), ins.value.dtype),
     ]
     out_specs += [kv_rows(h), kv_rows(hv)]
-    if kind == "cols":
+    if col_sums(cfg):
         out_shape.append(jax.ShapeDtypeStruct((b, n, padded_s), jnp.float32))
         out_specs.append(pl.BlockSpec((SQ, g, bk), lambda p, b_, k_: (b_, k_, kv_tile(p))))
     n_kv_outs = len(out_shape) - n_dq_outs
@@ -231,7 +253,8 @@ def flash_dq_dkv(cfg: KernelConfig, ins: KernelInputs):
     d_mod = tuple(outs[n_dq_outs + n_kv_outs :])
     dq = dq_outs.pop(0)
     dqr = dq_outs.pop(0) if cfg.use_qr else None
-    db_q = dq_outs.pop(0) if kind in ("full", "rows") else None
+    db_q = dq_outs.pop(0) if kind == "full" else None
+    rows = dq_outs.pop(0) if row_sums(cfg) else None
     dk, dv = kv_outs[0], kv_outs[1]
-    db_kv = kv_outs[2] if kind == "cols" else None
-    return dq, dqr, db_q, dk, dv, db_kv, d_mod
+    cols = kv_outs[2] if col_sums(cfg) else None
+    return dq, dqr, db_q, rows, dk, dv, cols, d_mod

@@ -16,11 +16,15 @@ from jax.experimental.pallas import tpu as pltpu
 
 from jattn.attention.pallas import score_mod_tiles, tile_dot, tile_math
 from jattn.attention.pallas.config import (
+    COL_DIMS,
+    ROW_DIMS,
     SQ,
     KernelConfig,
     KernelInputs,
+    col_sums,
     dbias_kind,
     mod_grad_shapes,
+    row_sums,
 )
 from jattn.attention.pallas.mosaic_forward import (
     Maps,
@@ -49,21 +53,23 @@ Array = jax.Array
 
 def _dq_kernel(classes_ref, bounds_ref, seed_ref, r, *refs, cfg: KernelConfig, maps: Maps):
     kind = dbias_kind(cfg)
+    rows = row_sums(cfg)
     refs = list(refs)
     dq_ref = refs.pop(0)
     dqr_ref = refs.pop(0) if cfg.use_qr else None
-    db_ref = refs.pop(0) if kind in ("full", "rows") else None
+    db_ref = refs.pop(0) if kind == "full" else None
+    rows_ref = refs.pop(0) if rows else None
     n_mod = len(mod_grad_shapes(cfg))
     dmod_refs = [refs.pop(0) for _ in range(n_mod)]
     dq_sc = refs.pop(0)
     dqr_sc = refs.pop(0) if cfg.use_qr else None
-    db_sc = refs.pop(0) if kind == "rows" else None
+    rows_sc = refs.pop(0) if rows else None
     dmod_sc = refs[:n_mod]
     b, h, i, j = (pl.program_id(a) for a in range(4))
 
     @pl.when(j == 0)
     def _init():
-        for sc in (dq_sc, dqr_sc, db_sc, *dmod_sc):
+        for sc in (dq_sc, dqr_sc, rows_sc, *dmod_sc):
             if sc is not None:
                 sc[...] = jnp.zeros(sc.shape, jnp.float32)
 
@@ -93,8 +99,8 @@ def _dq_kernel(classes_ref, bounds_ref, seed_ref, r, *refs, cfg: KernelConfig, m
                 dqr_sc[...] = add_column(dqr_sc[...], far, jnp.sum(ds, axis=1, keepdims=True))
         if kind == "full":
             db_ref[...] = ds
-        elif kind == "rows":
-            db_sc[...] += jnp.sum(ds, axis=1, keepdims=True)
+        if rows:
+            rows_sc[...] += jnp.sum(ds, axis=1, keepdims=True)
 
     tile_class = maps.tile_class(classes_ref, b, h, i, j)
     when_visible(tile_class, body)
@@ -109,15 +115,16 @@ def _dq_kernel(classes_ref, bounds_ref, seed_ref, r, *refs, cfg: KernelConfig, m
         dq_ref[...] = (dq_sc[...] * cfg.scale).astype(dq_ref.dtype)
         if cfg.use_qr:
             dqr_ref[...] = dqr_sc[...]
-        if kind == "rows":
-            db_ref[...] = db_sc[...]
+        if rows:
+            rows_ref[...] = rows_sc[...]
         for ref, sc in zip(dmod_refs, dmod_sc, strict=True):
             ref[...] = sc[...]
 
 
 def flash_dq(cfg: KernelConfig, ins: KernelInputs):
     """dq kernel; arguments and results as `triton_backward.flash_dq` (the
-    params partial sums come back as `[nT, B, N, *leaf]` too)."""
+    row sums as `[B, N, Tp]`, the params partial sums as `[nT, B, N, *leaf]`
+    too)."""
     x = tpu_inputs(ins)
     b, n, padded_t, hdim = x.query.shape
     hv = x.value.shape[-1]
@@ -142,7 +149,7 @@ def flash_dq(cfg: KernelConfig, ins: KernelInputs):
         padded_s = maps.kv_tiles * bk
         out_shape.append(jax.ShapeDtypeStruct((b, n, padded_t, padded_s), jnp.float32))
         out_specs.append(pl.BlockSpec((SQ, SQ, bq, bk), lambda b_, h, i, j, *_: (b_, h, i, j)))
-    elif kind == "rows":
+    if row_sums(cfg):
         out_shape.append(jax.ShapeDtypeStruct((b, n, padded_t, 1), jnp.float32))
         out_specs.append(q_row_spec(bq, 1))
         scratch.append(pltpu.VMEM((bq, 1), jnp.float32))
@@ -173,13 +180,10 @@ def flash_dq(cfg: KernelConfig, ins: KernelInputs):
     )
     dq = heads_major(outs.pop(0))
     dqr = heads_major(outs.pop(0)) if cfg.use_qr else None
-    dbias = None
-    if kind == "full":
-        dbias = outs.pop(0)
-    elif kind == "rows":
-        dbias = outs.pop(0)[..., 0]
+    dbias = outs.pop(0) if kind == "full" else None
+    rows = outs.pop(0)[..., 0] if row_sums(cfg) else None
     d_mod = tuple(jnp.moveaxis(x, 2, 0) for x in outs)  # [nT, B, N, *leaf]
-    return dq, dqr, dbias, d_mod
+    return dq, dqr, dbias, rows, d_mod
 
 
 # --------------------------------------------------------------------------------------
@@ -190,11 +194,11 @@ def flash_dq(cfg: KernelConfig, ins: KernelInputs):
 
 def _dkv_kernel(classes_ref, bounds_ref, seed_ref, r, dk_ref, dv_ref, *refs, cfg: KernelConfig,
                 maps: Maps):  # fmt: skip
-    kind = dbias_kind(cfg)
+    cols = col_sums(cfg)
     refs = list(refs)
-    db_ref = refs.pop(0) if kind == "cols" else None
+    db_ref = refs.pop(0) if cols else None
     dk_sc, dv_sc = refs.pop(0), refs.pop(0)
-    db_sc = refs.pop(0) if kind == "cols" else None
+    db_sc = refs.pop(0) if cols else None
     b, kh, j, g, i = (pl.program_id(a) for a in range(5))
     h = kh * cfg.groups + g
     last_q_tile = maps.q_tiles - 1
@@ -204,7 +208,7 @@ def _dkv_kernel(classes_ref, bounds_ref, seed_ref, r, dk_ref, dv_ref, *refs, cfg
         dk_sc[...] = jnp.zeros(dk_sc.shape, jnp.float32)
         dv_sc[...] = jnp.zeros(dv_sc.shape, jnp.float32)
 
-    if kind == "cols":
+    if cols:
 
         @pl.when(i == 0)
         def _init_db():
@@ -224,12 +228,12 @@ def _dkv_kernel(classes_ref, bounds_ref, seed_ref, r, dk_ref, dv_ref, *refs, cfg
         if cfg.score_mod is not None:  # to the raw logits through the score mod
             ds, _ = score_mod_tiles.tile_backward(cfg.score_mod, mod, raw, ds, with_params=False)
         dk_sc[...] += tile_dot.dot(ds.astype(q.dtype), q, (0, 0))  # [bk, H]
-        if kind == "cols":
+        if cols:
             db_sc[...] += jnp.sum(ds, axis=0, keepdims=True)
 
     when_visible(maps.tile_class(classes_ref, b, h, i, j), body)
 
-    if kind == "cols":
+    if cols:
 
         @pl.when(i == last_q_tile)
         def _finish_db():
@@ -244,7 +248,7 @@ def _dkv_kernel(classes_ref, bounds_ref, seed_ref, r, dk_ref, dv_ref, *refs, cfg
 def backward_input_specs(cfg: KernelConfig, dims, rows, bias, **more) -> KernelInputs:
     """The input blocks of a backward kernel, given how it maps to its grid
     `rows` = (a query row `q_row(width)`, the key rows `kv_rows(width)`, a
-    query column, a key row) and a bias or mask (`bias(dims)`): what the
+    query column, a key row) and a bias, mask or row or column term (`bias(dims)`): what the
     dk/dv and the distance-tiles kernels share (`more`: the inputs only one
     of them reads). `dims`: the head dims (query/key, value)."""
     hdim, hv = dims
@@ -261,6 +265,8 @@ def backward_input_specs(cfg: KernelConfig, dims, rows, bias, **more) -> KernelI
         q_segments=q_col if cfg.use_seg else None,
         kv_segments=kv_row if cfg.use_seg else None,
         bias=bias(cfg.bias_dims) if cfg.bias_dims else None,
+        row_bias=bias(ROW_DIMS) if cfg.row_col else None,
+        col_bias=bias(COL_DIMS) if cfg.row_col else None,
         mask=bias(cfg.mask_dims) if cfg.mask_dims else None,
         key_term=q_row(cfg.num_rel) if cfg.use_qr else None,
         d_value_mass=q_row(cfg.num_rel) if cfg.use_pr else None,
@@ -307,7 +313,7 @@ def flash_dkv(cfg: KernelConfig, ins: KernelInputs) -> tuple[Array, Array, Array
     ]
     out_specs = [kv_rows(hdim), kv_rows(hv)]
     scratch = [pltpu.VMEM((bk, hdim), jnp.float32), pltpu.VMEM((bk, hv), jnp.float32)]
-    cols = dbias_kind(cfg) == "cols"
+    cols = col_sums(cfg)
     if cols:
         out_shape.append(jax.ShapeDtypeStruct((b, n, 1, padded_s), jnp.float32))
         out_specs.append(pl.BlockSpec((SQ, SQ, 1, bk), lambda *a: (a[0], head(*a), 0, a[2])))

@@ -48,6 +48,8 @@ from jax.experimental.pallas import tpu as pltpu
 
 from jattn.attention.pallas import distance_tiles, score_mod_tiles, tile_dot, tile_math
 from jattn.attention.pallas.config import (
+    COL_DIMS,
+    ROW_DIMS,
     SQ,
     KernelConfig,
     KernelInputs,
@@ -268,7 +270,7 @@ def ref_scores(cfg: KernelConfig, r: KernelInputs, maps: Maps, j, partial: bool,
         scale=cfg.scale,
         vis=vis,
         kv_valid=kv_valid_row(cfg, j, bk, maps.kv_tiles * bk) if partial else None,
-        bias=load(r.bias),
+        bias=(load(r.bias), load(r.row_bias), load(r.col_bias)),  # the row, column terms
         mask=load_mask(r.mask) if partial else None,
         shaw=tile_math.ShawColumns(
             max_distance=cfg.max_distance,
@@ -373,6 +375,8 @@ def q_tile_specs(cfg: KernelConfig, x: KernelInputs, maps: Maps) -> KernelInputs
         q_segments=q_col if cfg.use_seg else None,
         kv_segments=kv_row if cfg.use_seg else None,
         bias=bias_spec(cfg.bias_dims, bq, bk, head, q_tile, kv_tile) if cfg.bias_dims else None,
+        row_bias=bias_spec(ROW_DIMS, bq, bk, head, q_tile, kv_tile) if cfg.row_col else None,
+        col_bias=bias_spec(COL_DIMS, bq, bk, head, q_tile, kv_tile) if cfg.row_col else None,
         mask=bias_spec(cfg.mask_dims, bq, bk, head, q_tile, kv_tile) if cfg.mask_dims else None,
         key_term=q_row(cfg.num_rel) if cfg.use_qr else None,
         mod_params=mod_specs(cfg),

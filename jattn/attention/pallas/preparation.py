@@ -29,7 +29,10 @@ kernels' padded inputs and static configs (`Prepared`), all in XLA:
    (`score_mod_checks`), or a distance-table mod's Toeplitz tiles, one set
    per distinct tiling (`distance_tiles`);
 6. non-finite key and value entries zeroed (`scores.finite_keys`), the
-   keys that had one marked by a NaN poison the forward kernel adds back.
+   keys that had one marked by a NaN poison the forward kernel adds back;
+7. the row and column terms (`row_col_bias`) in float32, zero-padded to
+   `[B, N, Tp, 1]` and `[B, N, 1, Sp]`: the kernels read them as biases of
+   those shapes (`config.ROW_DIMS`, `COL_DIMS`), O(T + S) a head.
 """
 
 from __future__ import annotations
@@ -87,6 +90,8 @@ class Prepared(NamedTuple):
     bias: Array | None  # [B|1, N|1, Tp|1, Sp|1]
     mod: tuple[Array, ...] | None  # the score mod's leaves, in kernel shapes
     fixed: FixedInputs  # positions, segment ids, int mask, dropout seed, block maps
+    # The row and column terms, float32 [B, N, Tp, 1] and [B, N, 1, Sp] (zero padding).
+    row_col: tuple[Array, Array] | None = None
 
     @property
     def dkv_cfg(self) -> KernelConfig:
@@ -310,6 +315,11 @@ def prepare(
     if bias is not None:
         bias_dims = full_axes(bias)
         bias_padded = pad_lengths(bias, bias_dims)
+    row_col = None
+    if nf.row_bias is not None:
+        row = pad_axis(nf.row_bias.astype(f32), 2, padded_t)[..., None]  # [B, N, Tp, 1]
+        col = pad_axis(nf.col_bias.astype(f32), 2, padded_s)[:, :, None, :]  # [B, N, 1, Sp]
+        row_col = (row, col)
     mask_padded = mask_dims = None
     if mask is not None:
         mask_dims = full_axes(mask)
@@ -370,6 +380,7 @@ def prepare(
         use_qr=use_qr,
         use_pr=use_pr,
         bias_dims=bias_dims,
+        row_col=row_col is not None,
         mask_dims=mask_dims,
         map_per_head=fixed.forward_maps.classes.shape[1] > 1,
         num_rel=padded_rel,
@@ -404,4 +415,4 @@ def prepare(
         dkv_tiling=dkv_tiling,
         **common,
     )
-    return Prepared(fwd_cfg, bwd_cfg, q, k, v, qr, bias_padded, mod, fixed)
+    return Prepared(fwd_cfg, bwd_cfg, q, k, v, qr, bias_padded, mod, fixed, row_col)

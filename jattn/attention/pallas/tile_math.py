@@ -299,6 +299,15 @@ class ShawColumns(NamedTuple):
     num_rel: int | None = None
 
 
+def _additive(bias) -> tuple[Array, ...]:
+    """The additive tiles of `tile_scores`' `bias` argument, Nones dropped."""
+    if bias is None:
+        return ()
+    if isinstance(bias, tuple | list):
+        return tuple(x for x in bias if x is not None)
+    return (bias,)
+
+
 def tile_scores(
     q: Array,
     k: Array,
@@ -306,7 +315,7 @@ def tile_scores(
     scale: float,
     vis: Visibility | None,
     kv_valid: Array | None = None,
-    bias: Array | None,
+    bias: Array | Sequence[Array | None] | None,
     mask: Array | None = None,
     shaw: ShawColumns,
     score_mod: Callable[[Array], Array] | None = None,
@@ -317,7 +326,8 @@ def tile_scores(
 
     `logit = log2(e) * (scale * q·k + qr[t, r] + bias)` where
     `qr = scale * q @ key_tableᵀ` (precomputed per query, so one column per
-    relative id); `log2(e) * scale` is one constant. With a score mod,
+    relative id) and `bias` the sum of the additive tiles (the bias, the row
+    and column terms); `log2(e) * scale` is one constant. With a score mod,
     `logit = log2(e) * mod(scale * q·k + qr[t, r] + bias)`: the mod sees
     natural logits, as everywhere else.
 
@@ -329,6 +339,9 @@ def tile_scores(
         one relative id `shaw.far_id` for the whole tile.
       kv_valid, mask: a PARTIAL tile's key validity and user mask, or None
         (see `visibility`).
+      bias: the tile's additive terms, one `[bq|1, bk|1]` tile or a sequence
+        of them (None entries skipped): the bias, and the row term `[bq, 1]`
+        and column term `[1, bk]` of `row_col_bias`, each read per tile.
       shaw: the Shaw terms' readers (`ShawColumns`; no readers without Shaw tables).
       score_mod: the tile's bound score mod (`score_mod_tiles.bind`), or None.
       precision: of the float32 `q·kᵀ` (`PRECISIONS`).
@@ -381,8 +394,8 @@ def tile_scores(
             s = s + unit * q_side(qr_col(far) if shaw.qr_far is None else shaw.qr_far)
         if dpr_col is not None:
             dpr_tile = q_side(dpr_col(far) if shaw.dpr_far is None else shaw.dpr_far)
-    if bias is not None:
-        s = s + unit * bias.astype(jnp.float32)
+    for term in _additive(bias):
+        s = s + unit * term.astype(jnp.float32)
     raw = None
     if score_mod is not None:
         raw = s

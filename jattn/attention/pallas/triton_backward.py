@@ -7,8 +7,10 @@ Z the dropout multipliers of the tile, rebuilt from the seed, 1 without
 dropout) and `delta = Σ_s P dP = dO·o + pr·dpr`, computed outside from the
 forward's (dropped) outputs; dv sums `(P * Z)ᵀ dO`. The dq kernel
 also returns the gradient of the key-term table `qr` (dS summed per relative
-id) and of a bias with a key axis; the dk/dv kernel loops over the G query
-heads of its kv head, so GQA/MQA gradients never pass through an
+id), of a bias with a key axis and dS summed over keys (the gradient of the
+row term, and of a bias per query row); the dk/dv kernel returns dS summed
+over queries (the column term's and a per-key bias's) and loops over the G
+query heads of its kv head, so GQA/MQA gradients never pass through an
 `[B, S, N, H]` intermediate. Layout and BlockSpecs as in `triton_forward`.
 
 The dk/dv kernel works on transposed tiles, `Sᵀ = k·qᵀ` `[bk, bq]` (as the
@@ -33,12 +35,16 @@ from jax.experimental import pallas as pl
 
 from jattn.attention.pallas import distance_tiles, score_mod_tiles, tile_dot, tile_math
 from jattn.attention.pallas.config import (
+    COL_DIMS,
+    ROW_DIMS,
     SQ,
     KernelConfig,
     KernelInputs,
+    col_sums,
     dbias_kind,
     mod_grad_shapes,
     only_specified,
+    row_sums,
     with_triton_x3,
 )
 from jattn.attention.pallas.triton_forward import (
@@ -68,21 +74,27 @@ def _dq_kernel(r, *refs, cfg: KernelConfig):
         refs.pop(0)  # the aliased zeros input; written through the output ref
     dq_ref = refs.pop(0)
     dqr_ref = refs.pop(0) if cfg.use_qr else None
-    db_ref = refs.pop(0) if kind in ("full", "rows") else None
+    db_refs = (
+        refs.pop(0) if kind == "full" else None,
+        refs.pop(0) if row_sums(cfg) else None,
+    )
     dmod_refs = tuple(refs) if cfg.mod_grad else None
     ids = tuple(pl.program_id(a) for a in range(3))
-    dq_tile(cfg, r, ids, dq_ref, dqr_ref, db_ref, dmod_refs)
+    dq_tile(cfg, r, ids, dq_ref, dqr_ref, db_refs, dmod_refs)
 
 
 def dq_tile(
-    cfg: KernelConfig, r: KernelInputs, ids, dq_ref, dqr_ref, db_ref, dmod_refs=None
+    cfg: KernelConfig, r: KernelInputs, ids, dq_ref, dqr_ref, db_refs, dmod_refs=None
 ) -> None:
-    """dq (and dqr, the bias gradient of kinds "full" / "rows", and this
-    program's partial sum of the score mod's params gradient) of one query
-    tile of one head, `ids = (query tile, batch row, head)`. `r` and the
-    output refs are shaped like the dq kernel's blocks (refs, or `View`s of
-    larger blocks in the fused kernel)."""
+    """dq (and dqr, the dS tiles of a bias of kind "full", dS summed over keys
+    (`row_sums`), and this program's partial sum of the score mod's params
+    gradient) of one query tile of one head, `ids = (query tile, batch row,
+    head)`; `db_refs = (full, rows)`, each None where not computed. `r` and
+    the output refs are shaped like the dq kernel's blocks (refs, or `View`s
+    of larger blocks in the fused kernel)."""
     kind = dbias_kind(cfg)
+    db_ref, rows_ref = db_refs
+    rows = row_sums(cfg)
     bq = cfg.block_q
     i = ids[0]
     do = r.d_out[...]  # [bq, Hv]
@@ -117,7 +129,7 @@ def dq_tile(
             out += [acc_r, w_left, w_right]
         if kind == "full":
             db_ref[:, pl.ds(pl.multiple_of(j * cfg.block_k, cfg.block_k), cfg.block_k)] = ds
-        elif kind == "rows":
+        if rows:
             out.append(rest[0] + jnp.sum(ds, axis=1))
         return tuple(out) + (dmods if n_mod else ())
 
@@ -125,7 +137,7 @@ def dq_tile(
     carry = (jnp.zeros((bq, dq_ref.shape[-1]), jnp.float32),)
     if cfg.use_qr:
         carry += (jnp.zeros((bq, cfg.num_rel), jnp.float32), zeros, zeros)
-    if kind == "rows":
+    if rows:
         carry += (zeros,)
     carry += tuple(jnp.zeros(shape, jnp.float32) for shape in grad_shapes)
     bounds = tuple(r.row_bounds[c, i] for c in range(4))
@@ -138,16 +150,16 @@ def dq_tile(
     if cfg.use_qr:
         acc_r, w_left, w_right = carry[1:4]
         dqr_ref[...] = tile_math.add_far_columns(acc_r, w_left, w_right, cfg.far_right)
-    if kind == "rows":
-        db_ref[...] = carry[-1]
+    if rows:
+        rows_ref[...] = carry[-1]
 
 
 def query_bias_grad_outputs(
     cfg: KernelConfig, shape, tile, heads, args, in_specs, out_shape, out_specs
 ) -> dict[int, int]:
-    """Appends the outputs of a bias gradient taken by query tile (kinds "full"
-    and "rows" of `dbias_kind`) to a dq kernel's call, in place; returns its
-    input-output aliases.
+    """Appends the outputs of the gradients taken by query tile (a bias of
+    kind "full" of `dbias_kind`, dS summed over keys, `row_sums`) to a dq
+    kernel's call, in place; returns its input-output aliases.
 
     Args:
       cfg: the backward's config.
@@ -157,12 +169,13 @@ def query_bias_grad_outputs(
       args, in_specs, out_shape, out_specs: the call's lists so far.
 
     "full" is `[B, N, Tp, Sp]`, written tile by tile into zeros passed in and
-    aliased to it (tiles the kernel never visits stay 0); "rows" (a bias
-    broadcast over keys) is `[B, N, Tp]`.
+    aliased to it (tiles the kernel never visits stay 0); the row sums (the
+    gradient of the row term and of a bias broadcast over keys) are
+    `[B, N, Tp]`, after it.
     """
-    kind = dbias_kind(cfg)
     bq = cfg.block_q
-    if kind == "full":
+    aliases = {}
+    if dbias_kind(cfg) == "full":
         spec = pl.BlockSpec((SQ, heads, bq, shape[3]), lambda *p: (*tile(*p), 0))
         zeros = jnp.zeros(shape, jnp.float32)
         aliases = {len(jax.tree_util.tree_leaves(args[0])): len(out_shape)}
@@ -170,11 +183,10 @@ def query_bias_grad_outputs(
         in_specs.append(spec)
         out_shape.append(jax.ShapeDtypeStruct(zeros.shape, jnp.float32))
         out_specs.append(spec)
-        return aliases
-    if kind == "rows":
+    if row_sums(cfg):
         out_shape.append(jax.ShapeDtypeStruct(shape[:3], jnp.float32))
         out_specs.append(pl.BlockSpec((SQ, heads, bq), tile))
-    return {}
+    return aliases
 
 
 def flash_dq(cfg: KernelConfig, ins: KernelInputs):
@@ -187,10 +199,11 @@ def flash_dq(cfg: KernelConfig, ins: KernelInputs):
 
     Returns:
       dq `[B, Tp, N, H]` (query dtype), dqr `[B, Tp, N, Rp]` float32 or None,
-      the bias gradient before reduction: `[B, N, Tp, Sp]` ("full") or
-      `[B, N, Tp]` ("rows") float32, or None, and a tuple of the score mod's
-      params gradient partial sums, float32 `[nT, B, N, *leaf]` per
-      differentiable leaf (empty without `cfg.mod_grad`).
+      the dS tiles of a bias of kind "full", `[B, N, Tp, Sp]` float32 or
+      None, dS summed over keys (`row_sums`), `[B, N, Tp]` float32 or None,
+      and a tuple of the score mod's params gradient partial sums, float32
+      `[nT, B, N, *leaf]` per differentiable leaf (empty without
+      `cfg.mod_grad`).
     """
     cfg = with_triton_x3(cfg)  # spill-free at float32, head dim 128 (docs/gpu.md)
     b, padded_t, n, h = ins.query.shape
@@ -234,8 +247,9 @@ def flash_dq(cfg: KernelConfig, ins: KernelInputs):
     )
     dq = outs.pop(0)
     dqr = outs.pop(0) if cfg.use_qr else None
-    dbias = outs.pop(0) if kind in ("full", "rows") else None
-    return dq, dqr, dbias, tuple(outs)
+    dbias = outs.pop(0) if kind == "full" else None
+    rows = outs.pop(0) if row_sums(cfg) else None
+    return dq, dqr, dbias, rows, tuple(outs)
 
 
 def mod_partial_spec(shape: tuple[int, ...]):
@@ -254,11 +268,11 @@ def _transposed(x):
 
 
 def dkv_tile(cfg: KernelConfig, r: KernelInputs, ids, dk_ref, dv_ref, db_ref) -> None:
-    """dk and dv (and the bias gradient of kind "cols") of one key tile of
-    one kv head, summed over its G query heads; `ids = (key tile, batch row,
-    kv head)`; `r` and the output refs shaped like the dk/dv kernel's blocks.
-    Every tile is transposed, `[bk, bq]` (module docstring)."""
-    kind = dbias_kind(cfg)
+    """dk and dv (and dS summed over queries, `col_sums`, into `db_ref`) of
+    one key tile of one kv head, summed over its G query heads; `ids = (key
+    tile, batch row, kv head)`; `r` and the output refs shaped like the dk/dv
+    kernel's blocks. Every tile is transposed, `[bk, bq]` (module docstring)."""
+    cols = col_sums(cfg)
     bq, bk = cfg.block_q, cfg.block_k
     j, batch, kv_head = ids
     k = r.key[...]  # [bk, H]
@@ -273,6 +287,7 @@ def dkv_tile(cfg: KernelConfig, r: KernelInputs, ids, dk_ref, dv_ref, db_ref) ->
     def group_body(g, carry):
         map_index = g if cfg.map_per_head else 0  # g's head in the block map
         head = kv_head * cfg.groups + g
+        col = _transposed(load_bias_kv(r.col_bias, COL_DIMS, g, 0, bq))  # [bk, 1] or None
 
         def step(i, partial, right, c):
             dk_acc, dv_acc, db = c
@@ -299,7 +314,11 @@ def dkv_tile(cfg: KernelConfig, r: KernelInputs, ids, dk_ref, dv_ref, db_ref) ->
                 scale=cfg.scale,
                 vis=vis,
                 kv_valid=kv_valid if partial else None,
-                bias=_transposed(load_bias_kv(r.bias, cfg.bias_dims, g, i, bq)),
+                bias=(
+                    _transposed(load_bias_kv(r.bias, cfg.bias_dims, g, i, bq)),
+                    _transposed(load_bias_kv(r.row_bias, ROW_DIMS, g, i, bq)),  # [1, bq]
+                    col,
+                ),
                 mask=_transposed(load_bias_kv(r.mask, cfg.mask_dims, g, i, bq))
                 if partial
                 else None,
@@ -325,7 +344,7 @@ def dkv_tile(cfg: KernelConfig, r: KernelInputs, ids, dk_ref, dv_ref, db_ref) ->
                     cfg.score_mod, mod, raw, ds, with_params=False
                 )
             dk_acc = dk_acc + tile_dot.dot(ds.astype(q.dtype), q, (1, 0), cfg.precision)  # [bk, H]
-            if kind == "cols":
+            if cols:
                 db = db + jnp.sum(ds, axis=1)
             return dk_acc, dv_acc, db
 
@@ -337,7 +356,7 @@ def dkv_tile(cfg: KernelConfig, r: KernelInputs, ids, dk_ref, dv_ref, db_ref) ->
             step,
             (dk_acc, dv_acc, jnp.zeros((bk,), jnp.float32)),
         )
-        if kind == "cols":
+        if cols:
             db_ref[g, :] = db
         return dk_acc, dv_acc
 
@@ -355,9 +374,9 @@ def flash_dkv(cfg: KernelConfig, ins: KernelInputs) -> tuple[Array, Array, Array
     heads of the kv head and over query tiles, using the column bounds).
 
     Returns:
-      dk `[B, Sp, K, H]`, dv `[B, Sp, K, Hv]` (key / value dtype) and, for a
-      bias without a query axis, its gradient summed over queries
-      `[B, N, Sp]` float32 (else None).
+      dk `[B, Sp, K, H]`, dv `[B, Sp, K, Hv]` (key / value dtype) and dS
+      summed over queries (`col_sums`: the gradient of the column term and
+      of a bias without a query axis), `[B, N, Sp]` float32, or None.
     """
     b, padded_t, n, h = ins.query.shape
     _, padded_s, kh, hv = ins.value.shape
@@ -381,6 +400,8 @@ def flash_dkv(cfg: KernelConfig, ins: KernelInputs) -> tuple[Array, Array, Array
         q_segments=all_queries if cfg.use_seg else None,
         kv_segments=pl.BlockSpec((SQ, bk), lambda j, b_, k_: (b_, j)) if cfg.use_seg else None,
         bias=bias_spec_kv(cfg.bias_dims, g, padded_t, bk) if cfg.bias_dims else None,
+        row_bias=bias_spec_kv(ROW_DIMS, g, padded_t, bk) if cfg.row_col else None,
+        col_bias=bias_spec_kv(COL_DIMS, g, padded_t, bk) if cfg.row_col else None,
         mask=bias_spec_kv(cfg.mask_dims, g, padded_t, bk) if cfg.mask_dims else None,
         key_term=grp(cfg.num_rel) if cfg.use_qr else None,
         d_value_mass=grp(cfg.num_rel) if cfg.use_pr else None,
@@ -400,7 +421,7 @@ def flash_dkv(cfg: KernelConfig, ins: KernelInputs) -> tuple[Array, Array, Array
         jax.ShapeDtypeStruct((b, padded_s, kh, hv), ins.value.dtype),
     ]
     out_specs = [kv(h), kv(hv)]
-    if dbias_kind(cfg) == "cols":
+    if col_sums(cfg):
         out_shape.append(jax.ShapeDtypeStruct((b, n, padded_s), jnp.float32))
         out_specs.append(pl.BlockSpec((SQ, g, bk), lambda j, b_, k_: (b_, k_, j)))
     outs = kernel_call(

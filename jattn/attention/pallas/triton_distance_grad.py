@@ -25,6 +25,8 @@ from jax.experimental import pallas as pl
 
 from jattn.attention.pallas import tile_math
 from jattn.attention.pallas.config import (
+    COL_DIMS,
+    ROW_DIMS,
     SQ,
     KernelConfig,
     KernelInputs,
@@ -46,8 +48,9 @@ def _kernel(r: KernelInputs, out_ref, *, cfg: KernelConfig, n_q_tiles: int, n_kv
     bq, bk = cfg.block_q, cfg.block_k
     idx, batch, head = (pl.program_id(a) for a in range(3))
     d0 = idx * math.gcd(bq, bk) - (cfg.distance_tiles - bq)  # j*bk - i*bq on this diagonal
-    _, _, full_t, _ = cfg.bias_dims or (False,) * 4
-    _, _, mask_t, _ = cfg.mask_dims or (False,) * 4
+    # bias, mask, row and column terms: a query tile of those with a query axis
+    pairs = (("bias", cfg.bias_dims), ("mask", cfg.mask_dims))
+    pairs += (("row_bias", ROW_DIMS), ("col_bias", COL_DIMS))
 
     def body(i, acc):
         num = jnp.maximum(d0 + i * bq, 0)  # j * bk if tile (i, j) exists
@@ -65,8 +68,10 @@ def _kernel(r: KernelInputs, out_ref, *, cfg: KernelConfig, n_q_tiles: int, n_kv
             q_segments=_maybe(r.q_segments, (qs,)),
             key_term=_maybe(r.key_term, (qs,)),  # [bq, Rp]
             d_value_mass=_maybe(r.d_value_mass, (qs,)),
-            bias=_maybe(r.bias, (qs,)) if full_t else r.bias,  # [bq|1, Sp|1]
-            mask=_maybe(r.mask, (qs,)) if mask_t else r.mask,
+            **{
+                name: _maybe(getattr(r, name), (qs,)) if dims and dims[2] else getattr(r, name)
+                for name, dims in pairs
+            },  # [bq|1, Sp|1]
         )
         score = q_tile_scorer(cfg, rq, (i, batch, head))
 
@@ -117,6 +122,8 @@ def flash_dtiles(cfg: KernelConfig, ins: KernelInputs) -> Array:
         q_positions=per_row if cfg.use_pos else None,
         q_segments=per_row if cfg.use_seg else None,
         bias=whole_length(cfg.bias_dims) if cfg.bias_dims else None,
+        row_bias=whole_length(ROW_DIMS) if cfg.row_col else None,
+        col_bias=whole_length(COL_DIMS) if cfg.row_col else None,
         mask=whole_length(cfg.mask_dims) if cfg.mask_dims else None,
         key_term=rows(cfg.num_rel) if cfg.use_qr else None,
         d_out=rows(hv),

@@ -40,6 +40,8 @@ from jax.experimental import pallas as pl
 
 from jattn.attention.pallas import distance_tiles, score_mod_tiles, tile_dot, tile_math
 from jattn.attention.pallas.config import (
+    COL_DIMS,
+    ROW_DIMS,
     SQ,
     KernelConfig,
     KernelInputs,
@@ -286,6 +288,7 @@ def q_tile_scorer(cfg: KernelConfig, r: KernelInputs, ids=None):
     i, batch, head = (pl.program_id(a) for a in range(3)) if ids is None else ids
     leaves = mod_leaves(cfg, r)
     with_mod = cfg.score_mod is not None
+    row = load_bias_q(r.row_bias, ROW_DIMS, 0, bk)  # [bq, 1]: the row term, or None
 
     def score(j, partial, right, need_rel=False):
         kv = pl.ds(pl.multiple_of(j * bk, bk), bk)
@@ -307,7 +310,11 @@ def q_tile_scorer(cfg: KernelConfig, r: KernelInputs, ids=None):
             scale=cfg.scale,
             vis=vis,
             kv_valid=kv_valid_mask(cfg, j, bk, padded_s) if partial else None,
-            bias=load_bias_q(r.bias, cfg.bias_dims, j, bk),
+            bias=(
+                load_bias_q(r.bias, cfg.bias_dims, j, bk),
+                row,
+                load_bias_q(r.col_bias, COL_DIMS, j, bk),  # [1, bk]
+            ),
             mask=load_bias_q(r.mask, cfg.mask_dims, j, bk) if partial else None,
             shaw=tile_math.ShawColumns(
                 max_distance=cfg.max_distance,
@@ -404,6 +411,8 @@ def q_tile_specs(cfg: KernelConfig, ins: KernelInputs, n_kv_tiles: int):
         q_segments=pl.BlockSpec((SQ, bq), lambda i, b, h_: (b, i)) if cfg.use_seg else None,
         kv_segments=pl.BlockSpec((SQ, padded_s), lambda i, b, h_: (b, 0)) if cfg.use_seg else None,
         bias=bias_spec_q(cfg.bias_dims, bq, padded_s) if cfg.bias_dims else None,
+        row_bias=bias_spec_q(ROW_DIMS, bq, padded_s) if cfg.row_col else None,
+        col_bias=bias_spec_q(COL_DIMS, bq, padded_s) if cfg.row_col else None,
         mask=bias_spec_q(cfg.mask_dims, bq, padded_s) if cfg.mask_dims else None,
         key_term=row_spec(bq, cfg.num_rel) if cfg.use_qr else None,
         tile_classes=pl.BlockSpec(
@@ -430,7 +439,8 @@ def flash_forward(cfg: KernelConfig, ins: KernelInputs) -> tuple[Array, Array, A
       cfg: static configuration.
       ins: padded inputs: q `[B, Tp, N, H]`, k `[B, Sp, K, H]`, v `[B, Sp, K, Hv]`,
         qpos/qseg `[B, Tp]`, kvpos/kvseg `[B, Sp]`, bias/mask
-        `[B|1, N|1, Tp|1, Sp|1]` (mask int8), qr `[B, Tp, N, Rp]` float32,
+        `[B|1, N|1, Tp|1, Sp|1]` (mask int8), the row and column terms
+        `[B, N, Tp, 1]` and `[B, N, 1, Sp]` float32, qr `[B, Tp, N, Rp]` float32,
         bmap `[B, N|1, nT, nS]`, bounds (row) `[B, N|1, 4, nT]`; absent = None.
 
     Returns:
