@@ -162,9 +162,7 @@ def test_a_score_mods_tiles_and_warps_follow_its_cost():
     for name, mod in mods.items():
         pre = fa.prepare(
             normal_form(q, k, v, is_causal=True, score_mod=mod, **positions_given),
-            block_q=None,
-            block_k=None,
-            backend="gpu",
+            fa.KernelOptions(backend="gpu"),
         )
         spec = pre.fwd_cfg.score_mod
         assert spec is not None and not pre.fwd_cfg.distance_tiles, name
@@ -177,10 +175,7 @@ def test_a_score_mods_tiles_and_warps_follow_its_cost():
     assert costs["alibi"] <= light and costs["fire"] <= light and costs["t5"] > light
     # At default positions T5 (a distance mod) reads Toeplitz tiles: no per-logit spec.
     pre = fa.prepare(
-        normal_form(q, k, v, is_causal=True, score_mod=mods["t5"]),
-        block_q=None,
-        block_k=None,
-        backend="gpu",
+        normal_form(q, k, v, is_causal=True, score_mod=mods["t5"]), fa.KernelOptions(backend="gpu")
     )
     assert pre.fwd_cfg.score_mod is None and pre.fwd_cfg.distance_tiles == 128
     # float32 at head dim 64: a mod whose forward loops (FIRE's MLP) takes a
@@ -192,14 +187,12 @@ def test_a_score_mods_tiles_and_warps_follow_its_cost():
         spec = score_mod_tiles.mod_spec(mod, "gpu")[0]
         assert score_mod_checks.has_loop(spec) == (name == "fire"), name
         nf = normal_form(q32, k32, v32, is_causal=True, score_mod=mod, **positions_given)
-        pre = fa.prepare(nf, block_q=None, block_k=None, backend="gpu")
+        pre = fa.prepare(nf, fa.KernelOptions(backend="gpu"))
         fwd = (pre.fwd_cfg.block_q, pre.fwd_cfg.block_k, pre.fwd_cfg.num_warps)
         assert fwd == ((32, 64, 4) if name == "fire" else (128, 64, 8)), name
         assert (pre.bwd_cfg.block_q, pre.bwd_cfg.block_k) == (16, 32), name
     # Without a mod, nothing changes: 32x32 backward, 4 warps (head dim 128).
-    pre = fa.prepare(
-        normal_form(q, k, v, is_causal=True), block_q=None, block_k=None, backend="gpu"
-    )
+    pre = fa.prepare(normal_form(q, k, v, is_causal=True), fa.KernelOptions(backend="gpu"))
     assert (pre.bwd_cfg.block_q, pre.bwd_cfg.num_warps, pre.fwd_cfg.block_q) == (32, 4, 128)
 
 
@@ -463,15 +456,15 @@ def test_precision_is_checked():
         fa.flash_attention(nf, precision="tf32")
     with pytest.raises(ValueError, match="precision must be one of"):
         kb.kernel_report(40, 40, 16, precision="highest")
-    pre = fa.prepare(nf, block_q=None, block_k=None, backend="gpu")
+    pre = fa.prepare(nf, fa.KernelOptions(backend="gpu"))
     assert pre.fwd_cfg.precision == pre.bwd_cfg.precision == "tf32x3"
     # Triton's own TF32x3 only where asked for "tf32x3" and compiled for a GPU;
     # not a precision a caller can name.
     assert with_triton_x3(pre.bwd_cfg).precision == tile_dot.TRITON_X3
-    pre = fa.prepare(nf, block_q=None, block_k=None, backend="gpu", precision="ieee")
+    pre = fa.prepare(nf, fa.KernelOptions(backend="gpu", precision="ieee"))
     assert pre.fwd_cfg.precision == pre.bwd_cfg.precision == "ieee"
     assert with_triton_x3(pre.bwd_cfg).precision == "ieee"
-    pre = fa.prepare(nf, block_q=None, block_k=None, backend="interpret")
+    pre = fa.prepare(nf, fa.KernelOptions(backend="interpret"))
     assert with_triton_x3(pre.bwd_cfg).precision == "tf32x3"
     with pytest.raises(ValueError, match="precision must be one of"):
         fa.flash_attention(nf, precision=tile_dot.TRITON_X3)
@@ -483,13 +476,13 @@ def test_warps_by_tile_rows():
     assert kb.default_warps(32, shaw_forward=True) == 4
     inputs = _qkv(82, 1, 256, 256, 2, 2, 64, dtype=jnp.bfloat16)
     nf = _normal_form(inputs, is_causal=True, max_distance=0)
-    pre = fa.prepare(nf, block_q=None, block_k=None, backend="gpu")
+    pre = fa.prepare(nf, fa.KernelOptions(backend="gpu"))
     assert (pre.fwd_cfg.block_q, pre.fwd_cfg.num_warps) == (128, 8)
     assert (pre.bwd_cfg.block_q, pre.bwd_cfg.num_warps) == (64, 4)
-    pre = fa.prepare(nf, block_q=None, block_k=None, backend="gpu", num_warps=2)
+    pre = fa.prepare(nf, fa.KernelOptions(backend="gpu", num_warps=2))
     assert pre.fwd_cfg.num_warps == pre.bwd_cfg.num_warps == 2
     with pytest.raises(ValueError, match="num_warps must be a power of two"):
-        fa.prepare(nf, block_q=None, block_k=None, backend="gpu", num_warps=6)
+        fa.prepare(nf, fa.KernelOptions(backend="gpu", num_warps=6))
 
 
 @pytest.mark.parametrize(

@@ -137,12 +137,17 @@ def test_backward_tiles_per_kernel_configure_each_kernel():
     # backward_blocks / backward_warps give both kernels; a BackwardTiles
     # field overrides it for its kernel; equal tilings keep one config.
     nf = normal_form(*(_qkv(0, *RAGGED)[x] for x in ("query", "key", "value")))
-    pre = fa.prepare(nf, block_q=32, block_k=16, backend="gpu", backward_blocks=(16, 64))
+    pre = fa.prepare(
+        nf, fa.KernelOptions(block_q=32, block_k=16, backend="gpu", backward_blocks=(16, 64))
+    )
     assert pre.bwd_cfg.dkv_tiling is None and pre.dkv_cfg is pre.bwd_cfg
     assert pre.fixed.dkv_maps is None
     tiles = fa.BackwardTiles(dkv_blocks=(64, 16), dq_warps=2, dkv_warps=8)
     pre = fa.prepare(
-        nf, block_q=32, block_k=16, backend="gpu", backward_blocks=(16, 64), backward_tiles=tiles
+        nf,
+        fa.KernelOptions(
+            block_q=32, block_k=16, backend="gpu", backward_blocks=(16, 64), backward_tiles=tiles
+        ),
     )
     assert (pre.bwd_cfg.block_q, pre.bwd_cfg.block_k, pre.bwd_cfg.num_warps) == (16, 64, 2)
     assert (pre.dkv_cfg.block_q, pre.dkv_cfg.block_k, pre.dkv_cfg.num_warps) == (64, 16, 8)
@@ -150,19 +155,18 @@ def test_backward_tiles_per_kernel_configure_each_kernel():
     assert pre.q.shape[1] == 64 and pre.k.shape[1] == 64  # padded to every tiling
     # Warps alone differing still give the dk/dv kernel its own config.
     pre = fa.prepare(
-        nf, block_q=None, block_k=None, backend="gpu", backward_tiles=fa.BackwardTiles(dkv_warps=2)
+        nf,
+        fa.KernelOptions(
+            block_q=None, block_k=None, backend="gpu", backward_tiles=fa.BackwardTiles(dkv_warps=2)
+        ),
     )
     assert pre.dkv_cfg.num_warps == 2 and pre.fixed.dkv_maps is None
     with pytest.raises(ValueError, match='backward="fused" runs one tiling'):
-        fa.prepare(
-            nf, block_q=None, block_k=None, backend="gpu", backward="fused",
-            backward_tiles=fa.BackwardTiles(dq_blocks=(16, 16), dkv_blocks=(32, 16)),
-        )  # fmt: skip
+        fa.prepare(nf, fa.KernelOptions("gpu", backward="fused", backward_tiles=fa.BackwardTiles(
+            dq_blocks=(16, 16), dkv_blocks=(32, 16))))  # fmt: skip
     with pytest.raises(ValueError, match='backward="fused" runs one kernel'):
-        fa.prepare(
-            nf, block_q=None, block_k=None, backend="gpu", backward="fused",
-            backward_tiles=fa.BackwardTiles(dkv_warps=2),
-        )  # fmt: skip
+        fa.prepare(nf, fa.KernelOptions(
+            "gpu", backward="fused", backward_tiles=fa.BackwardTiles(dkv_warps=2)))  # fmt: skip
     with pytest.raises(ValueError, match=r"backward_tiles.dkv_blocks\[1\] must be a power of two"):
         fa.flash_attention(nf, backward_tiles=fa.BackwardTiles(dkv_blocks=(16, 48)), backend="gpu")
     with pytest.raises(ValueError, match="backward_tiles.dq_warps must be a power of two"):
@@ -306,7 +310,7 @@ def test_kernel_parts_and_custom_vjp_match_reference(window, dropout_rate):
     vis = nf.visibility
     kw.update({f.name: getattr(vis, f.name) for f in dataclasses.fields(vis)})
     kw["window"] = vis.local_window_size
-    pre = fa.prepare(nf, block_q=16, block_k=32, backend="interpret")
+    pre = fa.prepare(nf, fa.KernelOptions(block_q=16, block_k=32, backend="interpret"))
     assert pre.fwd_cfg.use_qr and pre.fwd_cfg.use_pr
     ins = fa.kernel_inputs(pre.q, pre.k, pre.v, pre.qr, pre.bias, pre.fixed, pre.fixed.forward_maps)
     o, lse, pr = jax.jit(functools.partial(triton_forward.flash_forward, pre.fwd_cfg))(ins)
@@ -485,7 +489,10 @@ def test_block_size_validation():
         fa.flash_attention(nf, backward_warps=3, backend="gpu")
     # The backward's tiles and warps reach its kernels' config, and only theirs.
     pre = fa.prepare(
-        nf, block_q=32, block_k=16, backend="gpu", backward_blocks=(16, 64), backward_warps=2
+        nf,
+        fa.KernelOptions(
+            block_q=32, block_k=16, backend="gpu", backward_blocks=(16, 64), backward_warps=2
+        ),
     )
     assert (pre.fwd_cfg.block_q, pre.fwd_cfg.block_k) == (32, 16)
     assert (pre.bwd_cfg.block_q, pre.bwd_cfg.block_k, pre.bwd_cfg.num_warps) == (16, 64, 2)
@@ -658,7 +665,7 @@ def test_window_tiles_outside_are_skipped_and_not_visited():
     # the row / column loop bounds [lo, hi) hold exactly the other tiles.
     inputs = _qkv(53, 1, 128, 128, 2, 2, 16)
     nf = _normal_form(inputs, is_causal=False, max_distance=0, window=(20, 5))
-    pre = fa.prepare(nf, block_q=16, block_k=16, backend="interpret")
+    pre = fa.prepare(nf, fa.KernelOptions(block_q=16, block_k=16, backend="interpret"))
     assert pre.fwd_cfg.use_pos and pre.fwd_cfg.window == (20, 5)
     maps = pre.fixed.forward_maps
     cls = np.asarray(maps.classes)[0, 0]  # [nT, nS]

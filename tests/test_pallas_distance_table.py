@@ -306,7 +306,7 @@ def test_forward_and_backward_tilings_differ(monkeypatch):
         return out, vjp(cot)
 
     nf = normal_form(inputs["query"], inputs["key"], inputs["value"], score_mod=LEARNED)
-    pre = fa.prepare(nf, block_q=None, block_k=None, backend="interpret")
+    pre = fa.prepare(nf, fa.KernelOptions(backend="interpret"))
     assert (pre.fwd_cfg.block_q, pre.bwd_cfg.block_q) == (64, 16)
     assert pre.mod[0].shape != pre.mod[1].shape  # one tile set per tiling
     got = run(LEARNED)

@@ -110,12 +110,13 @@ from jattn.attention.pallas.config import (
     dbias_kind,
     dkv_config,
 )
-from jattn.attention.pallas.preparation import Prepared, prepare
+from jattn.attention.pallas.preparation import KernelOptions, Prepared, prepare
 
 Array = jax.Array
 
 __all__ = [
     "BackwardTiles",
+    "KernelOptions",
     "Prepared",
     "block_map",
     "check_backward",
@@ -410,51 +411,21 @@ def flash_attention(
         raise ValueError("flash_attention: give interpret= or backend=, not both")
     elif backend not in BACKENDS:
         raise ValueError(f"flash_attention: backend {backend!r} is not one of {BACKENDS}")
-    return _flash_attention(
-        nf,
-        block_q=block_q,
-        block_k=block_k,
-        backend=backend,
-        backward=backward,
-        num_warps=num_warps,
-        precision=precision,
-        backward_blocks=backward_blocks,
-        backward_warps=backward_warps,
-        backward_tiles=backward_tiles,
-    )
+    options = KernelOptions(
+        backend, block_q, block_k, backward, num_warps, precision, backward_blocks,
+        backward_warps, backward_tiles,
+    )  # fmt: skip
+    return _flash_attention(nf, options)
 
 
-def _flash_attention(
-    nf: NormalForm,
-    *,
-    block_q: int | None,
-    block_k: int | None,
-    backend: str,
-    backward: str = "split",
-    num_warps: int | None = None,
-    precision: str | None = None,
-    backward_blocks: tuple[int, int] | None = None,
-    backward_warps: int | None = None,
-    backward_tiles: BackwardTiles | None = None,
-) -> tuple[Array, Array]:
-    """`flash_attention` for an explicit backend: "gpu" / "interpret" (the
-    Triton kernels, compiled or interpreted), "tpu" / "tpu_interpret" (the
-    Mosaic kernels). The compiled paths can be lowered on any machine (tests
-    lower them for CUDA and TPU on the CPU)."""
+def _flash_attention(nf: NormalForm, options: KernelOptions) -> tuple[Array, Array]:
+    """`flash_attention` for an explicit backend (`options.backend`): "gpu" /
+    "interpret" (the Triton kernels, compiled or interpreted), "tpu" /
+    "tpu_interpret" (the Mosaic kernels). The compiled paths can be lowered
+    on any machine (tests lower them for CUDA and TPU on the CPU)."""
     t = nf.query.shape[1]
     hv = nf.value.shape[-1]
-    pre = prepare(
-        nf,
-        block_q=block_q,
-        block_k=block_k,
-        backend=backend,
-        backward=backward,
-        num_warps=num_warps,
-        precision=precision,
-        backward_blocks=backward_blocks,
-        backward_warps=backward_warps,
-        backward_tiles=backward_tiles,
-    )
+    pre = prepare(nf, options)
     o, lse, pr = flash_core(
         pre.fwd_cfg,
         pre.bwd_cfg,

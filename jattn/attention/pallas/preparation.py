@@ -1,6 +1,6 @@
 """What a flash call prepares before its kernels run: tiles, padding, tables, block maps, configs.
 
-`prepare(nf, ...)` turns the normal form of `jattn.attention` into the
+`prepare(nf, options)` turns the normal form of `jattn.attention` into the
 kernels' padded inputs and static configs (`Prepared`), all in XLA:
 
 1. the tiles and Triton warps of the forward kernel and of each backward
@@ -70,7 +70,7 @@ from jattn.attention.tiles import pad_axis
 
 Array = jax.Array
 
-__all__ = ["Prepared", "prepare"]
+__all__ = ["KernelOptions", "Prepared", "prepare"]
 
 _HIGHEST = jax.lax.Precision.HIGHEST
 
@@ -234,24 +234,34 @@ def _wide_f32(nf: NormalForm) -> bool:
     return nf.query.dtype == jnp.float32 and width > 64
 
 
-def prepare(
-    nf: NormalForm,
-    *,
-    block_q: int | None,
-    block_k: int | None,
-    backend: str,
-    backward: str = "split",
-    num_warps: int | None = None,
-    precision: str | None = None,
-    backward_blocks: tuple[int, int] | None = None,
-    backward_warps: int | None = None,
-    backward_tiles: BackwardTiles | None = None,
-) -> Prepared:
+class KernelOptions(NamedTuple):
+    """How a flash call runs its kernels, as `flash_attention`'s keywords give it
+    (each documented there): one value from the public call to `prepare`.
+
+    `backend` is explicit here ("gpu", "interpret", "tpu", "tpu_interpret");
+    None tiles and warps take the backend's defaults.
+    """
+
+    backend: str
+    block_q: int | None = None
+    block_k: int | None = None
+    backward: str = "split"
+    num_warps: int | None = None
+    precision: str | None = None
+    backward_blocks: tuple[int, int] | None = None
+    backward_warps: int | None = None
+    backward_tiles: BackwardTiles | None = None
+
+
+def prepare(nf: NormalForm, options: KernelOptions) -> Prepared:
     """Everything before the kernels: tile sizes, padding, the Shaw key-term
     table, block maps and bounds, static configs (see the module docstring)."""
+    block_q, block_k, backend = options.block_q, options.block_k, options.backend
+    backward, num_warps = options.backward, options.num_warps
+    backward_blocks, backward_warps = options.backward_blocks, options.backward_warps
     check_backward(backward)
-    precision = check_precision(precision)
-    tiles_ = backward_tiles or BackwardTiles()
+    precision = check_precision(options.precision)
+    tiles_ = options.backward_tiles or BackwardTiles()
     if not isinstance(tiles_, BackwardTiles):
         raise ValueError(
             f"flash_attention: backward_tiles must be a BackwardTiles, got {type(tiles_).__name__}"
