@@ -10,7 +10,7 @@ module changes the computation and measures what the output does:
 
 each reported as the change in the log-probability of the reference and in
 token accuracy. Interventions travel to the attention layers as the
-"interventions" variable collection (see `jattn.models.layers.Attention`),
+"interventions" variable collection (see `jattn.models.attention_layer.Attention`),
 keyed by module path, e.g. ``("decoder", "layer_1", "cross_attention")``; a
 model applied without that collection is untouched.
 

@@ -13,7 +13,7 @@ segment's tokens alone, padding adding nothing, so `c_i − c_j` counts the
 gates of the tokens of one example between j and i even where the row
 interleaves examples (a decoder-only stream: inputs, then targets); the
 values, and their float32 rounding, stay as small as the segment's. Pure functions; the component
-that declares the parameters is `jattn.models.schemes.Forgetting`.
+that declares the parameters is `jattn.models.data_schemes.Forgetting`.
 
 Shapes: B batch, T tokens, N heads, D the layer's width.
 """
