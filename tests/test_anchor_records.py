@@ -300,6 +300,26 @@ KZ_NAMES = {
     "t5": "T5",
     "rope": "RoPE",
 }
+DD = "results/decoder_only_data_dependent"  # the schemes of the tokens, decoder-only
+DD_NAMES = {"forgetting": "forget gate", "cope": "CoPE", "stick_breaking": "stick-breaking"}
+# Each paper's scheme against the Transformer it compares with (RoPE), on reversal.
+DD_PAPERS = (
+    ("Lin et al. 2025, forget gate (FoX)", "lin2025", "length extrapolation", "forgetting"),
+    ("Golovneva et al. 2024, CoPE", "golovneva2024", "selective copy, counting, Flip-Flop", "cope"),
+    ("Tan et al. 2025, stick-breaking", "tan2025", "length generalisation", "stick_breaking"),
+)
+
+
+def data_dependent(scheme: str) -> list[str]:
+    """A data-dependent scheme's jattn cell: reverse and copy beside RoPE and NoPE."""
+    out = [steps(DD)]
+    for task in ("reverse", "copy"):
+        out.append(f"`kz_{task}`")
+        for s in (scheme, "rope", "none"):
+            out.append(f"{NICE[s]} {ci(DD, f'position={s},task=kz_{task}')}")
+    return out
+
+
 SPECS = {
     "Ontañón et al. 2022, reversing digits": (
         "ontanon2022",
@@ -426,6 +446,10 @@ SPECS = {
             f"RoPE at {steps('results/scan_long')} {ci('results/scan_long', 'position=rope')}",
         ],
     ),
+    **{
+        anchor: (key, lambda scheme=scheme: data_dependent(scheme))
+        for anchor, key, _, scheme in DD_PAPERS
+    },
 }
 
 
@@ -465,7 +489,7 @@ def test_their_numbers_are_numbers_of_the_anchor_record(anchor):
 # -- the verdicts: computed by jattn.analysis.verdicts from the files ----------------------
 
 NICE = {**KZ_NAMES, "learned": "learned", "shaw": "Shaw", "sinusoidal+shaw": "sinusoidal+Shaw",
-        "transformer_xl": "Transformer-XL"}  # fmt: skip
+        "transformer_xl": "Transformer-XL", **DD_NAMES}  # fmt: skip
 
 
 def groups_of(folder: str) -> list[str]:
@@ -534,6 +558,10 @@ ROWS = {
             ("sinusoidal", "results/csordas_long", "position=sinusoidal,shared=False"),
         ],
     ),  # fmt: skip
+    **{
+        anchor: (key, task, [(s, DD, f"position={s},task=kz_reverse") for s in (scheme, "rope")])
+        for anchor, key, task, scheme in DD_PAPERS
+    },
 }
 EXACT, VALIDATION = "eval/test_longer/exact_match", "eval/validation/exact_match"
 # How a row's setup differs from its anchor's in kind (the rest: same kind). With their
@@ -550,6 +578,16 @@ SETUPS = {
     "Ruoss et al. 2023, on their encoder-only tape (reverse_string, six schemes)": (
         verdicts.Setup(metric=False, differs="exact match here; their score is token accuracy")
     ),
+    **{
+        anchor: verdicts.Setup(
+            architecture=False,
+            task=False,
+            metric=False,
+            differs="a 4-layer decoder of 200k parameters on copy and reverse, scored by exact "
+            "match; theirs language models and their tasks, scored by perplexity or accuracy",
+        )
+        for anchor, *_ in DD_PAPERS
+    },
 }
 NO_TEACHER_FORCED = (
     "decoded exact match here (this grid was evaluated before the teacher-forced score "

@@ -28,7 +28,8 @@ Two implementations, equal in float64 (tests/test_cope.py):
   forward and backward (plain autodiff through the checkpointed scan; the
   table's gradient included).
 
-Not yet a registered scheme (docs/schemes.md, "The reverse scan").
+The registered scheme `position="cope"` (`jattn.models.data_schemes.Cope`) calls it
+in each causal self-attention layer (docs/schemes.md, "The reverse scan").
 """
 
 from __future__ import annotations

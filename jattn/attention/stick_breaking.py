@@ -28,7 +28,8 @@ Two implementations, equal in float64 (tests/test_stick_breaking.py):
   (`_tiled_bwd`); memory linear in the length, forward and backward, and
   the backward keeps no tile of the forward.
 
-Not yet a registered scheme (docs/schemes.md, "The reverse scan").
+The registered scheme `position="stick_breaking"` (`jattn.models.data_schemes.StickBreaking`)
+calls it in each causal self-attention layer (docs/schemes.md, "The reverse scan").
 """
 
 from __future__ import annotations
