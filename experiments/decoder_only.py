@@ -28,7 +28,9 @@ task, two schemes, one seed, a few steps: the tests).
 "data_dependent" trains the schemes of the tokens, the Forgetting
 Transformer's gates, CoPE and stick-breaking attention, beside NoPE, ALiBi
 and RoPE on both tasks (6 schemes, 3 seeds, 1,200 steps: 36 runs), RoPE the
-reference, the Transformer their papers compare with.
+reference, the Transformer their papers compare with. Ran 2026-12-06 with
+`--jobs 2`: 133 min 45 s on a shared 2-core Xeon, CoPE's runs the slowest
+(docs/results.md, "Positions from the tokens"; docs/results/decoder_only_data_dependent/).
 
 "repeated" is where their ALiBi falls below NoPE: on copy with one token
 repeated n times (``kz_copy_rsc``: NoPE 0.986, T5 0.771, ALiBi 0.289, RoPE

@@ -198,6 +198,10 @@ def test_the_compared_metric_is_the_anchors_own():
         "csordas2021": ("eval/test_longer/exact_match", True),
         "ruoss2023": ("eval/test_longer/exact_match", False),
         "deletang2023": ("eval/test_longer/exact_match", False),
+        # Language models scored by perplexity, or accuracy on their own tasks.
+        "lin2025": ("eval/test_longer/exact_match", False),
+        "golovneva2024": ("eval/test_longer/exact_match", False),
+        "tan2025": ("eval/test_longer/exact_match", False),
     }
     assert verdicts.compared_metric("Teacher-forced sequence accuracy", "validation") == (
         "eval/validation/tf_sequence_accuracy",
