@@ -13,5 +13,7 @@ PY=${PYTHON:-python3}
 .venv/bin/python -m pip install -q --upgrade pip
 .venv/bin/python -m pip install -q -e ".[train]"
 export JAX_PLATFORMS=${JAX_PLATFORMS:-cpu}
-exec .venv/bin/jattn ablate --config experiments/positional.py \
+# lab/grid.py: `jattn ablate` with the lab's record of the session's wall time
+# and load, which the report's "Cost" section carries.
+exec .venv/bin/python lab/grid.py --config experiments/positional.py \
   --workdir "${WORKDIR:-runs/positional}" "$@"

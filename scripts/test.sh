@@ -11,8 +11,8 @@ PY=${PYTHON:-python3}
 [ -x .venv/bin/python ] || "$PY" -m venv .venv
 .venv/bin/python -m pip install -q --upgrade pip
 .venv/bin/python -m pip install -q -e ".[train,test]"
-.venv/bin/ruff check jattn tests experiments benchmarks configs
-.venv/bin/ruff format --check jattn tests experiments benchmarks configs
+.venv/bin/ruff check jattn tests experiments benchmarks configs lab
+.venv/bin/ruff format --check jattn tests experiments benchmarks configs lab
 # The Mosaic (TPU) kernels compiled by libtpu for a compile-only TPU v5e (no
 # TPU needed): CI's subset of `python benchmarks/aot.py --target tpu` (plain, Shaw and
 # ALiBi; bfloat16, head dim 128; forward + vjp), in .venv-tpu (libtpu pins

@@ -90,13 +90,16 @@ def test_tiny_ablation_writes_outputs_and_resumes(tiny_grid, tmp_path, capsys):
     assert all(r["status"] == "finished" and float(r["train/loss"]) > 0 for r in rows)
     md = (workdir / "results.md").read_text()
     assert "| position=shaw | 1 |" in md
-    # What the grid cost, from the file its session wrote (jattn.analysis.sessions).
-    lines = (workdir / "sessions.jsonl").read_text().splitlines()
-    (session,) = [json.loads(line) for line in lines]
-    assert session["outcome"] == "finished" and session["runs_to_train"] == 2
-    assert session["jobs"] == 1 and session["wall_s"] > 0 and len(session["load_start"]) == 3
-    assert "## Cost" in md and "2 runs x 6 steps; wall time" in md
-    assert f"| {session['started']} | {session['ended']} |" in md
+    # The library keeps no record of the machine: that is the lab's (lab/grid.py),
+    # whose appendix every rendering of the report carries.
+    assert not (workdir / "sessions.jsonl").exists() and "## Cost" not in md
+    appendix = workdir / "report_appendix.md"
+    appendix.write_text("## Cost\n\nwhat the lab recorded\n")
+    try:
+        main_ablate(TINY, str(workdir), [], emit_fmt=None, report_only=True, repo_root=str(ROOT))
+        assert "## Cost\n\nwhat the lab recorded\n" in (workdir / "results.md").read_text()
+    finally:
+        appendix.unlink()
 
     finals = sorted(workdir.glob("runs/*/final_metrics.json"))
     stamps = [os.stat(p).st_mtime_ns for p in finals]
@@ -105,7 +108,6 @@ def test_tiny_ablation_writes_outputs_and_resumes(tiny_grid, tmp_path, capsys):
     out = capsys.readouterr().out
     assert "2 already finished, 0 to train" in out
     assert [os.stat(p).st_mtime_ns for p in finals] == stamps  # nothing retrained
-    assert len((workdir / "sessions.jsonl").read_text().splitlines()) == 1  # none recorded
 
     # The probe opens a run of the grid from its checkpoint.
     from jattn.cli import main

@@ -1,4 +1,4 @@
-"""What a grid cost survives the session that paid it: `jattn.analysis.sessions`.
+"""What a grid cost survives the session that paid it: the lab's `lab/sessions.py`.
 
 A session that ends normally writes its line; one killed outright (SIGKILL, a
 restart) leaves its heartbeat file (the child beats every 0.5 s: slack for a
@@ -9,18 +9,20 @@ session. The kill is real: a child process in a session, SIGKILLed.
 
 import json
 import os
+import pathlib
 import signal
 import subprocess
 import sys
 import textwrap
 import time
 
-from jattn.analysis import sessions
+sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))  # the checkout: lab/
+from lab import sessions  # noqa: E402
 
 CHILD = textwrap.dedent(
     """
     import sys, time
-    from jattn.analysis import sessions
+    from lab import sessions
     beat = float(sys.argv[2]) if len(sys.argv) > 2 else 0.5
     with sessions.recording(sys.argv[1], jobs=2, to_train=3, heartbeat_s=beat) as s:
         print("in", flush=True)
@@ -150,4 +152,12 @@ def test_a_session_killed_mid_beat_leaves_nothing_once_the_next_one_records_it(t
         s["outcome"] = "finished"
     outcomes = [x["outcome"] for x in sessions.read_sessions(str(tmp_path))]
     assert outcomes == ["finished", sessions.KILLED, "finished"]
+    assert _session_leftovers(tmp_path) == []
+
+
+def test_a_session_that_trained_nothing_writes_no_line(tmp_path):
+    with sessions.recording(str(tmp_path), jobs=1, to_train=None, heartbeat_s=0.05) as s:
+        s["runs_to_train"] = 0
+        s["outcome"] = "finished"
+    assert sessions.read_sessions(str(tmp_path)) == []
     assert _session_leftovers(tmp_path) == []

@@ -448,6 +448,22 @@ def test_the_benchmark_count_is_wc_l_and_sees_an_overrun(tmp_path):
     assert benchmark_lines(tmp_path) == 3001 > BENCHMARK_LINES
 
 
+def test_the_library_keeps_no_record_of_the_lab_machine():
+    """Issue 51: what a grid cost on this lab's machine (sessions, wall time, load) is
+    the lab's record (lab/grid.py, lab/sessions.py); jattn reads no load average and
+    writes no sessions file, and the reports carry the record through their appendix."""
+    found = [
+        p.relative_to(REPO).as_posix()
+        for p in sorted((REPO / "jattn").rglob("*.py"))
+        if re.search(r"getloadavg|sessions\.jsonl", p.read_text())
+    ]
+    assert not found, found
+    assert not (REPO / "jattn" / "analysis" / "sessions.py").exists()
+    assert (REPO / "lab" / "sessions.py").exists() and "lab/grid.py" in (
+        REPO / "scripts" / "run.sh"
+    ).read_text()
+
+
 def test_one_run_is_one_seed_no_seed_programs():
     """Issue 51: several seeds are several runs (a grid's seed axis, `jattn ablate
     --jobs N`), never one program: no module for a program's members or seed groups,

@@ -39,6 +39,11 @@ other): no checkpoint is selected, so no test split chooses what is reported.
 - ``results.md`` also has "As the anchors report" (`jattn.analysis.anchors`):
   the best seed, teacher-forced accuracy beyond the training lengths, and
   exact match by ``length_bucket`` (default 5 lengths).
+- ``results.md`` ends with ``report_appendix.md`` from the grid's directory,
+  verbatim, where there is one (`appendix`): sections a lab keeps about its
+  grids that are not the library's to compute (this repository's
+  ``lab/grid.py`` writes each grid's sessions, wall time and machine load
+  there), kept through every rebuild of the report.
 """
 
 from __future__ import annotations
@@ -50,8 +55,9 @@ import math
 import os
 from typing import Any
 
-from jattn.analysis import anchors, fit, plots, reevaluation, sessions, stats
+from jattn.analysis import anchors, fit, plots, reevaluation, stats
 from jattn.analysis import comparisons as comparisons_lib
+from jattn.analysis.data_check_table import data_check_section, fmt_share
 from jattn.analysis.references import (  # noqa: F401 -- the runner and tests call them here
     check_reference,
     choose_reference,
@@ -124,13 +130,6 @@ def _pct(x: float) -> str:
     return f"{100 * x:.2f}%"
 
 
-def _share(x: float) -> str:
-    """A share as a percentage that reads 100% or 0% only when it is exactly that."""
-    if 0.999 < x < 1.0:
-        return "> 99.9%"
-    return "< 0.1%" if 0.0 < x < 0.001 else f"{100 * x:.1f}%"
-
-
 def fmt_mean_ci(values: list[float], metric: str) -> str:
     """``0.953 [0.910, 0.990]``: the mean over seeds and its 95% Student t
     interval, clipped to the metric's range; ``(1 seed)`` instead of an
@@ -158,7 +157,7 @@ def fmt_wilson(k: int, n: int) -> str:
 
 
 def _unproducible(share: float) -> str:
-    return f"unproducible ({_share(share)} of targets)"
+    return f"unproducible ({fmt_share(share)} of targets)"
 
 
 # -- groups and their tables -------------------------------------------------------------
@@ -312,7 +311,7 @@ def group_table(
         )
     for split, share in unproducible.items():
         notes.append(
-            f"{split}: {_share(share)} of its targets cannot be produced from what training "
+            f"{split}: {fmt_share(share)} of its targets cannot be produced from what training "
             "shows (see the data check), so its exact match is not a length-generalisation "
             "score and is not shown as a number."
         )
@@ -353,54 +352,6 @@ def run_table(rows) -> str:
     return "\n".join(lines) if len(lines) > 2 else ""
 
 
-def data_check_section(rows, splits: list[str]) -> list[str]:
-    """The data check in markdown: per eval split the number of examples checked,
-    the number the final evaluation decoded (what exact match is over), the
-    share of producible targets and the share longer than training, from the
-    first run that has a check, and whether the runs agree."""
-    checked = [r for r in rows if r.get("check")]
-    if not checked:
-        listed = ", ".join(splits) if splits else "the eval splits"
-        return [f"Data check: not checked ({listed}; no run has {DATA_CHECK})."]
-    first = checked[0]
-    check = first["check"]
-    lines = [
-        "| split | examples | decoded | producible targets | longer than training | "
-        "target tokens training never shows |",
-        "|---|---:|---:|---:|---:|---|",
-    ]
-    decoded = first.get("counts") or {}  # split -> (k correct, N decoded)
-    for split, c in check.items():
-        if split == "train" or not isinstance(c, dict):
-            continue
-        cells = [
-            f"{c['examples']:,}" if is_number(c.get("examples")) else "-",
-            f"{decoded[split][1]:,}" if split in decoded else "-",
-            _share(c["producible"]) if is_number(c.get("producible")) else "not checked",
-            _share(c["longer_than_train"]) if is_number(c.get("longer_than_train")) else "-",
-            " ".join(f"`{t}`" for t in c.get("unseen_tokens") or []) or "-",
-        ]
-        lines.append(f"| {split} | " + " | ".join(cells) + " |")
-    train = check.get("train") or {}
-    notes = [f"From run {first['run'].name}"]
-    if train:
-        notes.append(
-            f"training: targets up to {train.get('max_target_tokens', '?')} tokens, "
-            f"inputs up to {train.get('max_input_tokens', '?')}"
-        )
-    differ = [r["run"].name for r in checked[1:] if r["check"] != check]
-    if differ:
-        notes.append(
-            f"runs disagree: {', '.join(differ)} differ (each group's cells use its own check)"
-        )
-    elif len(checked) == len(rows):
-        notes.append("every run agrees")
-    unchecked = [r["run"].name for r in rows if not r.get("check")]
-    if unchecked:
-        notes.append(f"not checked: {', '.join(unchecked)}")
-    return [*lines, "", "; ".join(notes) + "."]
-
-
 def group_keys(rows) -> list[str]:
     """The grid axes that tell groups apart (every axis but the seed)."""
     keys: list[str] = []
@@ -419,6 +370,20 @@ def exact_match_series(
         for m in metrics
         if (split := exact_match_split(m))
     }
+
+
+APPENDIX_FILE = "report_appendix.md"
+
+
+def appendix(workdir: str) -> list[str]:
+    """The lines of ``workdir``'s `APPENDIX_FILE`, for the end of ``results.md``
+    (before the figures); [] without one."""
+    path = os.path.join(workdir, APPENDIX_FILE)
+    if not os.path.exists(path):
+        return []
+    with open(path) as f:
+        text = f.read().strip("\n")
+    return [*text.split("\n"), ""] if text else []
 
 
 def write_report(exp, runs, configs, workdir: str, *, status) -> dict[str, Any]:
@@ -472,8 +437,8 @@ def write_report(exp, runs, configs, workdir: str, *, status) -> dict[str, Any]:
                "it): k of N evaluated examples whose every target token is the argmax under "
                "the gold prefix.", ""]  # fmt: skip
     md += anchors.section(rows, width=exp.get("length_bucket", anchors.DEFAULT_WIDTH))
-    md += sessions.cost_section(workdir, [c.num_train_steps for c in configs])
     md += reevaluation.section(workdir)
+    md += appendix(workdir)
     figures = {
         "loss_curves.png": plots.plot_loss_curves(
             loss_curves(rows), group_keys(rows), os.path.join(workdir, "loss_curves.png")

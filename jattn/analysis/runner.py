@@ -27,7 +27,7 @@ from typing import Any
 import ml_collections
 
 from jattn.analysis import grid as grid_lib
-from jattn.analysis import parallel, report, sessions
+from jattn.analysis import parallel, report
 from jattn.analysis.parallel import fmt_cpus, fmt_duration
 from jattn.train import workdir as workdir_lib
 from jattn.train.workdir import WorkdirLock
@@ -177,19 +177,15 @@ def _train_and_report(exp, runs, configs, workdir, log, parallel_jobs, stop):
         eta = "" if eta_s is None else f", ETA {fmt_duration(eta_s)}"
         return f"[{number}/{len(todo)}] {what} (elapsed {fmt_duration(time.time() - start)}{eta})"
 
-    # A session that trains nothing (the grid was finished) costs nothing worth a line.
-    record = sessions.recording if todo else _no_record
-    with record(workdir, jobs=parallel_jobs, to_train=len(todo)) as session:
-        if parallel_jobs > 1 and len(todo) > 1:
-            slots = parallel.cpu_slots(min(parallel_jobs, len(todo)))
-            log(f"ablation: {len(slots)} runs at once, on CPUs {' | '.join(map(fmt_cpus, slots))}")
-            parallel.prepare_data([configs[i] for i in todo])
-            preempted = stop.is_set() or parallel.train_jobs(  # its own handler from here
-                todo, runs, configs, workdir, slots=slots, log=log, on_done=done, progress=started
-            )
-        else:
-            preempted = _train_in_turn(todo, runs, configs, log, done, started, stop)
-        session["outcome"] = "preempted" if preempted else "finished"
+    if parallel_jobs > 1 and len(todo) > 1:
+        slots = parallel.cpu_slots(min(parallel_jobs, len(todo)))
+        log(f"ablation: {len(slots)} runs at once, on CPUs {' | '.join(map(fmt_cpus, slots))}")
+        parallel.prepare_data([configs[i] for i in todo])
+        preempted = stop.is_set() or parallel.train_jobs(  # its own handler from here
+            todo, runs, configs, workdir, slots=slots, log=log, on_done=done, progress=started
+        )
+    else:
+        preempted = _train_in_turn(todo, runs, configs, log, done, started, stop)
     if preempted:
         log("ablation: preempted; rerun the same command to resume")
     else:
@@ -198,11 +194,6 @@ def _train_and_report(exp, runs, configs, workdir, log, parallel_jobs, stop):
     if stop.is_set() and not preempted:
         log("ablation: SIGTERM while the report was written; it is complete, nothing was lost")
     return summary
-
-
-@contextlib.contextmanager
-def _no_record(workdir, **_):  # noqa: ARG001
-    yield {}
 
 
 def emit(

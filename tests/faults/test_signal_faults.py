@@ -13,7 +13,6 @@ reads the flag once more when it ends.
 from __future__ import annotations
 
 import gc
-import json
 import os
 import signal
 import subprocess
@@ -235,11 +234,6 @@ def _ablate(stage: str | None, workdir, env) -> subprocess.CompletedProcess:
     return subprocess.run(cmd, env=env, cwd=REPO, capture_output=True, text=True, timeout=600)
 
 
-def _sessions(workdir) -> list[str]:
-    path = workdir / "sessions.jsonl"
-    return [json.loads(line)["outcome"] for line in path.read_text().splitlines()]
-
-
 @pytest.mark.parametrize(
     "stage", [pytest.param(s, marks=() if s in FAST_STAGES else pytest.mark.slow) for s in STAGES]
 )
@@ -248,9 +242,9 @@ def test_sigterm_to_ablate_stops_the_grid_at_each_stage_and_a_rerun_finishes_it(
 ):
     """Before: a SIGTERM during a run's last step set the flag after the loop's last
     look, and the grid trained on into its next runs; one as the second run started
-    exited 143 with no line and recorded the session as "failed: Terminated". Now the
-    grid stops where it is told (a run saves, or its files are already written), the
-    session is recorded as preempted, exit 0; a rerun finishes what is left."""
+    exited 143 with no line. Now the grid stops where it is told (a run saves, or its
+    files are already written) and says it was preempted, exit 0; a rerun finishes
+    what is left. (The lab's session record of such a stop: tests/test_lab_grid.py.)"""
     from jattn.analysis import expand
     from jattn.train import load_config
 
@@ -264,13 +258,10 @@ def test_sigterm_to_ablate_stops_the_grid_at_each_stage_and_a_rerun_finishes_it(
     if preempted:
         assert "ablation: preempted; rerun the same command to resume" in proc.stdout
         assert not (second / "metrics.jsonl").exists()  # the grid did not train on
-        assert _sessions(workdir) == ["preempted"]
         if stage == "mid-training":
             assert steps_on_disk(first), "the run stopped without its checkpoint"
         again = _ablate(None, workdir, cli_env)
         assert again.returncode == 0, again.stderr[-3000:]
-        assert _sessions(workdir) == ["preempted", "finished"]
     else:
         assert "SIGTERM while the report was written; it is complete" in proc.stdout
-        assert _sessions(workdir) == ["finished"]
     assert (second / "final_metrics.json").exists() and (workdir / "results.md").exists()

@@ -1,4 +1,8 @@
-"""What a grid cost: each `jattn ablate` session's wall time, jobs and machine load.
+"""What a grid cost: each session's wall time, jobs and machine load (the lab's record).
+
+Not part of the jattn package: a record of this lab's machines, kept by
+`lab/grid.py` (the checkout's wrapper of `jattn ablate`), which writes
+`cost_section` into the grid's ``report_appendix.md`` for the report to carry.
 
 A grid's runs are often trained over several sessions (preempted, resumed,
 extended), and its wall time is only meaningful beside the load the machine
@@ -142,13 +146,15 @@ def _open_sessions(workdir: str, now: float) -> list[tuple[str, dict[str, Any], 
 
 @contextlib.contextmanager
 def recording(
-    workdir: str, *, jobs: int, to_train: int, heartbeat_s: float = HEARTBEAT_S
+    workdir: str, *, jobs: int, to_train: int | None, heartbeat_s: float = HEARTBEAT_S
 ) -> Iterator[dict[str, Any]]:
     """Records the session around the block (see the module docstring).
 
     Yields the session's dict; the caller sets ``outcome`` ("finished" or
-    "preempted"); an exception leaves "failed: <type>" and is re-raised.
-    Sessions that died before this one are written to the file first.
+    "preempted") and may set ``runs_to_train`` once it is known (None until
+    then); a session that set it to 0 trained nothing and writes no line. An
+    exception leaves "failed: <type>" and is re-raised. Sessions that died
+    before this one are written to the file first.
     """
     for path, line, dead in _open_sessions(workdir, time.time()):
         if dead:
@@ -188,7 +194,8 @@ def recording(
         stop.set()
         beating.join()
         session.update(ended=_now(), wall_s=round(time.monotonic() - start, 1), load_end=_load())
-        _append(workdir, session)
+        if session["runs_to_train"] != 0:  # a session that trained nothing cost nothing
+            _append(workdir, session)
         with contextlib.suppress(FileNotFoundError):
             os.remove(open_path)
 
@@ -226,7 +233,8 @@ def cost_section(workdir: str, steps: Sequence[int]) -> list[str]:
     shape = " + ".join(f"{k} runs x {n:,} steps" for n, k in sorted(by_steps.items()))
     rows = [
         f"| {s['started']} | {s.get('ended', '-')} | {_duration(s.get('wall_s', 0))} | "
-        f"{s['jobs']} | {s['runs_to_train']} | {s['cpus']} | "
+        f"{s['jobs']} | {s['runs_to_train'] if s['runs_to_train'] is not None else '-'} | "
+        f"{s['cpus']} | "
         f"{', '.join(map(str, s['load_start']))} | {', '.join(map(str, s.get('load_end', [])))} | "
         f"{s['outcome']} |"
         for s in sessions

@@ -1,0 +1,1 @@
+"""The lab: how this repository runs and accounts for its grids (not part of jattn)."""
