@@ -290,6 +290,7 @@ TF = "eval/test_longer/tf_sequence_accuracy"
 ONT_REV = "results/ontanon_reverse"
 ONT_DUP = "results/ontanon_duplicate"
 DUP_XEON = "results/duplicate_rerun_xeon"  # the duplication grid rerun with their metric
+SHAW_XEON = "results/shaw_variants_rerun_xeon"  # Shaw's terms rerun with their metric
 KZ_LONG = ("results/decoder_only_long", "results/decoder_only_long_alibi_rope")
 KZ_SIN = "results/decoder_only_long_sinusoidal"
 KZ_REP = "results/decoder_only_repeated"
@@ -353,6 +354,12 @@ SPECS = {
             f"rel-b {ci('results_shaw_variants', 'rel2=false,terms=bias')}",
             f"rel-eb {ci('results_shaw_variants', 'rel2=false,terms=key+bias')}",
             f"key embeddings {ci('results_shaw_variants', 'rel2=true,terms=key')}",
+            steps("results_shaw_variants", SHAW_XEON),
+            f"rel-e {ci(SHAW_XEON, 'rel2=false,terms=key', TF)}",
+            f"rel-b {ci(SHAW_XEON, 'rel2=false,terms=bias', TF)}",
+            f"rel-eb {ci(SHAW_XEON, 'rel2=false,terms=key+bias', TF)}",
+            f"key embeddings {ci(SHAW_XEON, 'rel2=true,terms=key', TF)}",
+            same_as_decoded(SHAW_XEON),
         ],
     ),
     "Ontañón et al. 2022, duplication": (
@@ -531,7 +538,7 @@ ROWS = {
             (
                 "Ontañón et al. 2022, Shaw's terms (rel-e, rel-b, rel-eb, rel2)",
                 "reversing",
-                "results_shaw_variants",
+                SHAW_XEON,
             ),
             ("Ontañón et al. 2022, duplication", "duplication", DUP_XEON),
             ("Ontañón et al. 2022, duplication at their budget", "duplication", ONT_DUP),
