@@ -24,6 +24,7 @@ import pytest
 import test_pallas_score_mod as mods
 import test_row_col as row_col
 from flash_harness import (
+    F32_TOL,
     GRAD_NAMES,
     _check,
     _close,
@@ -97,13 +98,17 @@ CASES = [
 def test_atomic_backward_matches_float64_and_the_split_backward(case):
     inputs, kw = _case(case)
     out, grads = _check(inputs, backward="atomic", **kw)
-    kw = {"block_q": 16, "block_k": 16} | kw
+    kw = dict(block_q=16, block_k=16, is_causal=False, max_distance=0) | kw
     split_out, split = _split_grads(inputs, kw)
     np.testing.assert_array_equal(np.asarray(out), np.asarray(split_out))  # one forward
     for name in GRAD_NAMES:
         if inputs.get(name) is not None:
             want = np.asarray(split[name], np.float64)
-            _close(f"d{name} (atomic vs split)", grads[name], want, SPLIT_TOL)
+            # A bias without a key axis: 0 up to rounding (see `_check`), so absolutely.
+            if name == "bias" and np.shape(inputs["bias"])[-1] == 1:
+                _close("dbias (atomic vs split)", grads[name], want, F32_TOL, absolute=True)
+            else:
+                _close(f"d{name} (atomic vs split)", grads[name], want, SPLIT_TOL)
 
 
 @pytest.mark.parametrize("name", ["per_batch", mods.SHAW_BIAS])
@@ -183,4 +188,5 @@ def test_lowers_for_cuda(dtype):
     )  # fmt: skip
     assert "jattn_flash_fwd" in text and "jattn_flash_bwd_atomic" in text
     assert "jattn_flash_dq" not in text and "jattn_flash_dkv" not in text
-    assert "atomic_rmw" in text or "atomicrmw" in text.lower(), "no atomic add in the IR"
+    # The Triton module's op table (bytecode in the custom call) names the atomic op.
+    assert "\\00atomic_rmw\\00" in text, "no atomic add in the Triton IR"
