@@ -21,7 +21,9 @@ shared memory). What is indexed `[q, k]` (bias, mask and distance tiles,
 read as `[bq, bk]`) is transposed once per tile, and the positions,
 segments, dropout indices and Shaw columns are laid out the other way
 round (`tile_math.tile_scores(transposed=True)`). The dq kernel keeps
-`S = q·kᵀ`: its `dQ += dS·k` is the untransposed dot.
+`S = q·kᵀ`: its `dQ += dS·k` is the untransposed dot. `dkv_tile` also
+hands each tile's dSᵀ to an optional sink (`KeyTileGrad`): the atomic
+backward (`atomic_backward`) adds dq from it instead of running the dq kernel.
 """
 
 from __future__ import annotations
