@@ -57,7 +57,7 @@ SCORE_MODS = ("alibi", "t5", "softcap", "fire", "sandwich")
 FEATURES = ("plain", "segments", "window", "dropout", "shaw", *SCORE_MODS)
 DTYPES = ("bfloat16", "float32")
 HEAD_DIMS = (64, 128)
-BACKWARDS = {"cuda": ("split", "fused"), "tpu": ("split",)}  # Mosaic has no fused backward
+BACKWARDS = {"cuda": ("split", "fused", "atomic"), "tpu": ("split",)}  # Mosaic: split only
 SHAPE = dict(b=1, t=200, n=4, kh=2)  # as the CUDA lowering tests
 SHAW_K = 16
 T5_BUCKETS, T5_MAX_DISTANCE = 32, 128  # T5's defaults; unidirectional (causal)

@@ -242,13 +242,11 @@ def _sweep_cells(cpu: bool) -> list[Cell]:
     # dq kernel's swept with the dk/dv kernel's fixed at the fastest shared tile of the
     # first H200 run (128x32, 4 warps), then the other way round. The Triton
     # tutorial's and tokamax's pairs are dq 128x32 (queries x keys) and dk/dv 32x128.
+    # After each dk/dv tiling, atomic[...]: that kernel alone, adding dq by atomic adds.
     fixed = (16, 16, 2) if cpu else (128, 32, 4)
-    sweeps = {
+    sweeps = {"dq": [(32, 16, 2)], "dkv": [(16, 32, 2)]} if cpu else {
         "dq": [(64, 64, 4), (128, 64, 8), (128, 128, 8), (64, 32, 4), (128, 32, 8)],
-        "dkv": [(32, 128, 4), (32, 128, 8), (64, 128, 8), (64, 64, 4), (32, 64, 4)],
-    }
-    if cpu:
-        sweeps = {"dq": [(32, 16, 2)], "dkv": [(16, 32, 2)]}
+        "dkv": [(32, 128, 4), (32, 128, 8), (64, 128, 8), (64, 64, 4), (32, 64, 4)]}  # fmt: skip
     for kernel, tiles in sweeps.items():
         other = "dkv" if kernel == "dq" else "dq"
         for bq, bk, warps in tiles:
@@ -256,6 +254,10 @@ def _sweep_cells(cpu: bool) -> list[Cell]:
             spec |= {f"{kernel}_blocks": [bq, bk], f"{kernel}_warps": warps}
             spec |= {f"{other}_blocks": list(fixed[:2]), f"{other}_warps": fixed[2]}
             cells.append(time_cell(f"{kernel}[{bq}x{bk}w{warps}]split", **spec))
+            if kernel == "dkv":
+                spec = dict(impl="pallas", backward="atomic", modes=["fwd+bwd"])
+                spec.update(backward_blocks=[bq, bk], backward_warps=warps)
+                cells.append(time_cell(f"atomic[{bq}x{bk}w{warps}]", **spec))
     if not cpu:
         for t in (2048, 32768):
             cells += [time_cell(f"{impl}_L{t}", impl=impl, L=t) for impl in ("cudnn", "pallas")]

@@ -67,16 +67,18 @@ if [ "$cpu" = 1 ]; then
   # The dry run's own slice of each stage: the code paths, not every cell (interpret
   # mode on a shared 2-core CPU; tests/test_pallas.py runs the check stage whole).
   check_only=('check/f32_packed_shaw')
-  timing_only=('headline/peak' 'headline/pallas' 'sweep/bwd*')
+  timing_only=('headline/peak' 'headline/pallas' 'sweep/bwd*' 'sweep/atomic*')
 else
   smoke=()
   check_s=200 train_s=130 timing_s=150
   check_only=('check/*')
   # cuDNN and the plain kernels at the headline shape (the ratio on this card),
-  # then the backward's own tiles, then each backward kernel's (dq, dk/dv) alone:
+  # then the backward's own tiles, then each backward kernel's (dq, dk/dv) alone,
+  # each dk/dv tiling beside the atomic backward on it (dq added, no dq kernel):
   # what issue 50's backward work needs first. The check stage runs its cells in
   # gpu.py's order (the training configs' first) and skips what its 200 s leave.
-  timing_only=('headline/cudnn' 'headline/pallas' 'sweep/bwd*' 'sweep/dq*' 'sweep/dkv*')
+  timing_only=('headline/cudnn' 'headline/pallas' 'sweep/bwd*' 'sweep/dq*' 'sweep/dkv*'
+               'sweep/atomic*')
 fi
 check_s=${WINDOW_CHECK_S:-$check_s} train_s=${WINDOW_TRAIN_S:-$train_s}
 timing_s=${WINDOW_TIMING_S:-$timing_s}

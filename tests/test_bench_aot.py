@@ -60,8 +60,9 @@ PTX = """\
 
 def test_variant_grid_covers_every_kernel_option():
     names = aot.variants()
-    assert len(names) == len(set(names)) == 10 * 2 * 2 * 2
+    assert len(names) == len(set(names)) == 10 * 2 * 2 * 3
     assert "shaw-float32-h128-fused" in names and "dropout-bfloat16-h64-split" in names
+    assert "plain-bfloat16-h128-atomic" in names
     for mod in ("alibi", "t5", "softcap", "fire"):
         assert f"{mod}-bfloat16-h128-fused" in names and f"{mod}-float32-h64-split" in names
     assert aot.parse_variant("window-float32-h64-fused") == dict(

@@ -201,7 +201,7 @@ def test_report_on_cpu_and_bad_options():
     assert report["backend"].startswith("interpret") and report["forward_warps"] is None
     assert "interpret mode" in kb.describe_backend()
     with pytest.raises(ValueError, match="backward must be one of"):
-        kb.kernel_report(40, 40, 16, backward="atomic")
+        kb.kernel_report(40, 40, 16, backward="interleaved")
     nf = _normal_form(_qkv(1, *RAGGED), is_causal=False, max_distance=0)
     with pytest.raises(ValueError, match="fused.*Triton kernels only"):
         fa.flash_attention(nf, block_q=8, block_k=None, backend="tpu_interpret", backward="fused")

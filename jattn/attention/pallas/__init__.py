@@ -13,9 +13,10 @@
   warps, and `kernel_report` / `describe_backend`, what a call would run
   (re-exported here).
 - `triton_forward` (the forward kernel and the helpers the Triton kernels
-  share), `triton_backward` (dq, dk/dv) and `fused_backward` (dq, dk and dv
-  in one kernel, `backward="fused"`): the GPU (Triton) kernels, also what
-  runs in interpret mode on the CPU.
+  share), `triton_backward` (dq, dk/dv), `fused_backward` (dq, dk and dv
+  in one kernel, `backward="fused"`) and `atomic_backward` (the dk/dv
+  kernel adding dq by atomic adds, `backward="atomic"`): the GPU (Triton)
+  kernels, also what runs in interpret mode on the CPU.
 - `mosaic_forward` (forward) and `mosaic_backward` (dq, dk/dv): the same
   kernels in the TPU's style (grid-axis loops, VMEM scratch,
   scalar-prefetched block map).

@@ -67,8 +67,9 @@ TPU_BACKENDS = ("tpu", "tpu_interpret")
 BACKENDS = ("gpu", "interpret", *TPU_BACKENDS)
 # "split": a dq kernel and a dk/dv kernel (each recomputes the probabilities);
 # "fused": one kernel whose programs do either (one launch, one set of
-# inputs), as jax's reference kernel does.
-BACKWARD_VARIANTS = ("split", "fused")
+# inputs), as jax's reference kernel does; "atomic": the dk/dv kernel alone,
+# dq added into float32 by atomic adds (`atomic_backward`).
+BACKWARD_VARIANTS = ("split", "fused", "atomic")
 
 # The modules the Triton lowering needs: the public parameter class, and the
 # lowering registration (private; it imports jaxlib's Triton bindings, which a

@@ -64,7 +64,8 @@ class BackwardTiles:
     over key tiles, dk/dv over query tiles and the G heads of a kv head)
     and hold different accumulators, so their best tiles need not agree
     (docs/gpu.md: the sweep times them apart). `backward="fused"` runs one
-    tiling and takes only tiles that agree."""
+    tiling and takes only tiles that agree; `backward="atomic"` runs the
+    dk/dv kernel alone and refuses the dq kernel's fields."""
 
     dq_blocks: tuple[int, int] | None = None
     dkv_blocks: tuple[int, int] | None = None
@@ -107,7 +108,8 @@ class KernelConfig:
     window: tuple[int, int] | None = None  # (left, right), see `jattn.masks.visible`
     dropout_rate: float = 0.0  # attention-weight dropout (0 = off)
     dropout_broadcast_batch: bool = False  # one keep mask for every batch row
-    backward: str = "split"  # "split" (dq and dk/dv kernels) | "fused" (one kernel)
+    # "split" (dq and dk/dv kernels) | "fused" (one kernel) | "atomic" (dk/dv adds dq)
+    backward: str = "split"
     score_mod: Any = None  # score_mod_tiles.ModSpec or None (its `grad`: params' gradient)
     precision: str = "tf32x3"  # float32 dots of the Triton kernels: tile_dot.PRECISIONS
     # Tp (the padded query length) when the Triton kernels add a distance mod's

@@ -11,7 +11,8 @@ log-sum-exp: the Triton kernels (`triton_forward`, `triton_backward`,
 inputs (`config.KernelInputs`) and block map and return the same layouts,
 so everything here is shared. The backward is `backward="split"` (a dq
 kernel and a dk/dv kernel) or, for the Triton kernels, `"fused"` (one
-kernel, see `fused_backward`). The Shaw value term comes back from the
+kernel, see `fused_backward`) or `"atomic"` (the dk/dv kernel alone, dq
+added into float32 by atomic adds, see `atomic_backward`). The Shaw value term comes back from the
 kernel as the weight mass per relative id (`pr`, `[B, T, N, 2k+1]`),
 multiplied by the value table here.
 
@@ -145,7 +146,7 @@ def _kernels(cfg: KernelConfig):
     if cfg.backend in _TPU_BACKENDS:
         if cfg.backward != "split":
             raise ValueError(
-                'flash_attention: backward="fused" exists for the Triton kernels only '
+                f"flash_attention: backward={cfg.backward!r} exists for the Triton kernels only "
                 "(GPU and interpret mode); the Mosaic (TPU) backward is split"
             )
         from jattn.attention.pallas import mosaic_backward, mosaic_forward
@@ -292,6 +293,10 @@ def _flash_core_bwd(fwd_cfg, bwd_cfg, res, cts):
         from jattn.attention.pallas import fused_backward
 
         dq, dqr, db_q, rows, dk, dv, cols, d_mod = fused_backward.flash_dq_dkv(bwd_cfg, ins)
+    elif bwd_cfg.backward == "atomic":
+        from jattn.attention.pallas import atomic_backward
+
+        dq, dqr, db_q, rows, dk, dv, cols, d_mod = atomic_backward.flash_dkv_dq(bwd_cfg, ins)
     else:
         dq, dqr, db_q, rows, d_mod = flash_dq(bwd_cfg, ins)
         dkv_ins = ins  # the dk/dv kernel on its own tiling, when it has one
@@ -372,8 +377,14 @@ def flash_attention(
         holds every key).
       interpret: run the (Triton-style) kernels in Pallas interpret mode;
         None = on unless the default backend is a GPU or a TPU.
-      backward: "split" (dq and dk/dv kernels) or "fused" (one kernel;
-        Triton kernels only).
+      backward: "split" (dq and dk/dv kernels), "fused" (one kernel) or
+        "atomic" (the dk/dv kernel alone, adding each tile's dq into a
+        float32 buffer with atomic adds: `atomic_backward`; not bitwise
+        deterministic, the adds' order varies). The last two: Triton kernels
+        only. The variants differ in how the kernels are launched, not in
+        what they compute, so they are one keyword; "atomic" takes its
+        tiles from `backward_blocks` / `backward_warps` or
+        `backward_tiles.dkv_*` (it has no dq kernel to tile).
       num_warps: Triton warps of every kernel (default by tile rows,
         `backend.default_warps`); ignored elsewhere.
       precision: how the Triton kernels (GPU and interpret mode) multiply

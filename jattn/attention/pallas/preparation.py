@@ -8,7 +8,8 @@ kernels' padded inputs and static configs (`Prepared`), all in XLA:
    `backend.default_warps`), under `block_q` / `block_k` / `num_warps`, under
    `backward_blocks` / `backward_warps` for the backward only, under
    `BackwardTiles` for the dq or the dk/dv kernel alone (`_tilings`,
-   `_backward_warps`);
+   `_backward_warps`; `backward="atomic"` has the dk/dv kernel's only,
+   `_atomic_tiles`);
 2. the Shaw tables moved out of the inner loop: the key term becomes a
    per-query table `qr = scale * q @ key_tableᵀ` (`[B, T, N, 2k+1]`, one XLA
    matmul) that the kernel reads one column per relative id; the value term
@@ -37,6 +38,7 @@ kernels' padded inputs and static configs (`Prepared`), all in XLA:
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import math
 from typing import NamedTuple
@@ -234,6 +236,18 @@ def _wide_f32(nf: NormalForm) -> bool:
     return nf.query.dtype == jnp.float32 and width > 64
 
 
+def _atomic_tiles(tiles: BackwardTiles) -> BackwardTiles:
+    """`backward="atomic"` runs the dk/dv kernel alone: its tiles and warps
+    become the whole backward's (the dq tiling of the config, as for the
+    fused kernel), and a dq kernel's own are refused, not ignored."""
+    if tiles.dq_blocks is not None or tiles.dq_warps is not None:
+        raise ValueError(
+            'flash_attention: backward="atomic" runs no dq kernel; give its tiles as '
+            "backward_blocks / backward_warps or backward_tiles.dkv_blocks / dkv_warps"
+        )
+    return dataclasses.replace(tiles, dq_blocks=tiles.dkv_blocks, dq_warps=tiles.dkv_warps)
+
+
 class KernelOptions(NamedTuple):
     """How a flash call runs its kernels, as `flash_attention`'s keywords give it
     (each documented there): one value from the public call to `prepare`.
@@ -267,6 +281,8 @@ def prepare(nf: NormalForm, options: KernelOptions) -> Prepared:
             f"flash_attention: backward_tiles must be a BackwardTiles, got {type(tiles_).__name__}"
         )
     _check_warps(num_warps, backward_warps, tiles_)
+    if backward == "atomic":
+        tiles_ = _atomic_tiles(tiles_)
     query, key, value, bias, mask = nf.query, nf.key, nf.value, nf.bias, nf.mask
     b, t, n, h = query.shape
     _, s, kh, hv = value.shape

@@ -21,12 +21,15 @@ shared memory). What is indexed `[q, k]` (bias, mask and distance tiles,
 read as `[bq, bk]`) is transposed once per tile, and the positions,
 segments, dropout indices and Shaw columns are laid out the other way
 round (`tile_math.tile_scores(transposed=True)`). The dq kernel keeps
-`S = q·kᵀ`: its `dQ += dS·k` is the untransposed dot.
+`S = q·kᵀ`: its `dQ += dS·k` is the untransposed dot. `dkv_tile` also
+hands each tile's dSᵀ to an optional sink (`KeyTileGrad`): the atomic
+backward (`atomic_backward`) adds dq from it instead of running the dq kernel.
 """
 
 from __future__ import annotations
 
 import functools
+from typing import Any, NamedTuple
 
 import jax
 import jax.numpy as jnp
@@ -262,16 +265,38 @@ def _dkv_kernel(r, dk_ref, dv_ref, *db_ref, cfg: KernelConfig):
     dkv_tile(cfg, r, ids, dk_ref, dv_ref, db_ref[0] if db_ref else None)
 
 
+class KeyTileGrad(NamedTuple):
+    """What the dk/dv tile code hands a `dkv_tile` sink for each visited
+    tile: the gradient of its logits, transposed, and what pulls it back to
+    the query side (`atomic_backward` adds dq from it)."""
+
+    g: Array  # int32 scalar: the query head within the kv head's group
+    q_rows: Any  # `pl.ds` of the tile's query rows in the padded query axis
+    partial: bool  # a PARTIAL tile (else FULL_*, one relative id)
+    right: Array  # bool scalar: a FULL tile's relative id is the far right one
+    ds: Array  # float32 dSᵀ [bk, bq], w.r.t. the raw logits (score mod pulled back)
+    ds_low: Array  # dSᵀ in the key dtype (the dots' operand)
+    key: Array  # [bk, H]
+    rel: tuple | None  # a PARTIAL tile's `(rtᵀ [bk, bq], lo, hi)` relative ids (Shaw), or None
+    d_leaves: tuple | None  # the score mod's params gradient of the tile, or None
+
+
 def _transposed(x):
     """`[bq|1, bk|1]` -> `[bk|1, bq|1]`, or None."""
     return None if x is None else x.T
 
 
-def dkv_tile(cfg: KernelConfig, r: KernelInputs, ids, dk_ref, dv_ref, db_ref) -> None:
+def dkv_tile(cfg: KernelConfig, r: KernelInputs, ids, dk_ref, dv_ref, db_ref, sink=None) -> None:
     """dk and dv (and dS summed over queries, `col_sums`, into `db_ref`) of
     one key tile of one kv head, summed over its G query heads; `ids = (key
     tile, batch row, kv head)`; `r` and the output refs shaped like the dk/dv
-    kernel's blocks. Every tile is transposed, `[bk, bq]` (module docstring)."""
+    kernel's blocks. Every tile is transposed, `[bk, bq]` (module docstring).
+
+    `sink`: None, or what also takes each visited tile's dS to the query
+    side (`atomic_backward`): `sink.init()` gives a carry per query head,
+    `sink.step(KeyTileGrad, carry)` returns it updated, `sink.finish(g,
+    carry)` ends head g. With a sink the score mod's params gradient of
+    each tile is computed for it (`KeyTileGrad.d_leaves`)."""
     cols = col_sums(cfg)
     bq, bk = cfg.block_q, cfg.block_k
     j, batch, kv_head = ids
@@ -283,6 +308,7 @@ def dkv_tile(cfg: KernelConfig, r: KernelInputs, ids, dk_ref, dv_ref, db_ref) ->
     kv_valid = kv_valid_mask(cfg, j, bk, r.tile_classes.shape[-1] * bk)
     leaves = mod_leaves(cfg, r)
     with_mod = cfg.score_mod is not None
+    with_params = sink is not None and cfg.mod_grad
 
     def group_body(g, carry):
         map_index = g if cfg.map_per_head else 0  # g's head in the block map
@@ -290,7 +316,7 @@ def dkv_tile(cfg: KernelConfig, r: KernelInputs, ids, dk_ref, dv_ref, db_ref) ->
         col = _transposed(load_bias_kv(r.col_bias, COL_DIMS, g, 0, bq))  # [bk, 1] or None
 
         def step(i, partial, right, c):
-            dk_acc, dv_acc, db = c
+            dk_acc, dv_acc, db, extra = c
             qs = pl.ds(pl.multiple_of(i * bq, bq), bq)
             q = r.query[qs, g, :]  # [bq, H]
             do = r.d_out[qs, g, :]  # [bq, Hv]
@@ -308,7 +334,7 @@ def dkv_tile(cfg: KernelConfig, r: KernelInputs, ids, dk_ref, dv_ref, db_ref) ->
             if partial:
                 q_seg = r.q_segments[qs] if cfg.use_seg else None
                 vis = cfg.tile_visibility(q_pos, kv_pos, q_seg, kv_seg)
-            s, dpr_t, _, raw = tile_math.tile_scores(
+            s, dpr_t, rel, raw = tile_math.tile_scores(
                 q,
                 k,
                 scale=cfg.scale,
@@ -339,25 +365,32 @@ def dkv_tile(cfg: KernelConfig, r: KernelInputs, ids, dk_ref, dv_ref, db_ref) ->
             ds = tile_math.score_grads(
                 p, do, v, dpr_t, z, delta[None, :], cfg.precision, transposed=True
             )  # dSᵀ [bk, bq]
+            d_leaves = None
             if cfg.score_mod is not None:  # to the raw logits through the score mod
-                ds, _ = score_mod_tiles.tile_backward(
-                    cfg.score_mod, mod, raw, ds, with_params=False
+                ds, d_leaves = score_mod_tiles.tile_backward(
+                    cfg.score_mod, mod, raw, ds, with_params=with_params
                 )
-            dk_acc = dk_acc + tile_dot.dot(ds.astype(q.dtype), q, (1, 0), cfg.precision)  # [bk, H]
+            ds_low = ds.astype(q.dtype)
+            dk_acc = dk_acc + tile_dot.dot(ds_low, q, (1, 0), cfg.precision)  # [bk, H]
             if cols:
                 db = db + jnp.sum(ds, axis=1)
-            return dk_acc, dv_acc, db
+            if sink is not None:
+                tile = KeyTileGrad(g, qs, partial, right, ds, ds_low, k, rel, d_leaves)
+                extra = sink.step(tile, extra)
+            return dk_acc, dv_acc, db, extra
 
         bounds = tuple(r.col_bounds[map_index, c, j] for c in range(4))
         dk_acc, dv_acc = carry
-        dk_acc, dv_acc, db = tile_loop(
+        dk_acc, dv_acc, db, extra = tile_loop(
             bounds,
             lambda i: r.tile_classes[map_index, i, j],
             step,
-            (dk_acc, dv_acc, jnp.zeros((bk,), jnp.float32)),
+            (dk_acc, dv_acc, jnp.zeros((bk,), jnp.float32), () if sink is None else sink.init()),
         )
         if cols:
             db_ref[g, :] = db
+        if sink is not None:
+            sink.finish(g, extra)
         return dk_acc, dv_acc
 
     init = (
@@ -369,29 +402,22 @@ def dkv_tile(cfg: KernelConfig, r: KernelInputs, ids, dk_ref, dv_ref, db_ref) ->
     dv_ref[...] = dv_acc.astype(dv_ref.dtype)
 
 
-def flash_dkv(cfg: KernelConfig, ins: KernelInputs) -> tuple[Array, Array, Array | None]:
-    """dk/dv kernel (grid over key tiles and kv heads; loops over the G query
-    heads of the kv head and over query tiles, using the column bounds).
-
-    Returns:
-      dk `[B, Sp, K, H]`, dv `[B, Sp, K, Hv]` (key / value dtype) and dS
-      summed over queries (`col_sums`: the gradient of the column term and
-      of a bias without a query axis), `[B, N, Sp]` float32, or None.
-    """
-    b, padded_t, n, h = ins.query.shape
-    _, padded_s, kh, hv = ins.value.shape
+def dkv_specs(cfg: KernelConfig, ins: KernelInputs) -> KernelInputs:
+    """The dk/dv kernel's input BlockSpecs (grid `(key tiles, B, K)`): a key
+    tile of one kv head, and every query of its G query heads."""
+    padded_t, h = ins.query.shape[1], ins.query.shape[-1]
+    hv = ins.value.shape[-1]
     bk, g = cfg.block_k, cfg.groups
     n_q_tiles, n_kv_tiles = ins.tile_classes.shape[-2:]
     map_heads = g if cfg.map_per_head else 1
     grp = lambda w: pl.BlockSpec((SQ, padded_t, g, w), lambda j, b_, k_: (b_, 0, k_, 0))
-    kv = lambda w: pl.BlockSpec((SQ, bk, SQ, w), lambda j, b_, k_: (b_, j, k_, 0))
     map_head = (lambda k_: k_) if cfg.map_per_head else (lambda k_: 0)
     all_queries = pl.BlockSpec((SQ, padded_t), lambda j, b_, k_: (b_, 0))
     vec_g = pl.BlockSpec((SQ, g, padded_t), lambda j, b_, k_: (b_, k_, 0))
-    specs = KernelInputs(
+    return KernelInputs(
         query=grp(h),
-        key=kv(h),
-        value=kv(hv),
+        key=key_tile_spec(bk, h),
+        value=key_tile_spec(bk, hv),
         d_out=grp(hv),
         lse=vec_g,
         delta=vec_g,
@@ -415,22 +441,49 @@ def flash_dkv(cfg: KernelConfig, ins: KernelInputs) -> tuple[Array, Array, Array
         mod_params=whole_specs(cfg),
         distance_tiles=tiles_spec(cfg, ins),
     )
-    args = only_specified(ins, specs)
+
+
+def key_tile_spec(bk: int, width: int):
+    """`[B, Sp, K, width]` tiled along Sp, one kv head: grid (j, b, kh)."""
+    return pl.BlockSpec((SQ, bk, SQ, width), lambda j, b_, k_: (b_, j, k_, 0))
+
+
+def dkv_outputs(cfg: KernelConfig, ins: KernelInputs) -> tuple[list, list]:
+    """`(out_shape, out_specs)` of the dk/dv kernel: dk, dv and, with
+    `col_sums`, dS summed over queries (see `flash_dkv`)."""
+    b, _, n, h = ins.query.shape
+    _, padded_s, kh, hv = ins.value.shape
+    bk, g = cfg.block_k, cfg.groups
     out_shape = [
         jax.ShapeDtypeStruct((b, padded_s, kh, h), ins.key.dtype),
         jax.ShapeDtypeStruct((b, padded_s, kh, hv), ins.value.dtype),
     ]
-    out_specs = [kv(h), kv(hv)]
+    out_specs = [key_tile_spec(bk, h), key_tile_spec(bk, hv)]
     if col_sums(cfg):
         out_shape.append(jax.ShapeDtypeStruct((b, n, padded_s), jnp.float32))
         out_specs.append(pl.BlockSpec((SQ, g, bk), lambda j, b_, k_: (b_, k_, j)))
+    return out_shape, out_specs
+
+
+def flash_dkv(cfg: KernelConfig, ins: KernelInputs) -> tuple[Array, Array, Array | None]:
+    """dk/dv kernel (grid over key tiles and kv heads; loops over the G query
+    heads of the kv head and over query tiles, using the column bounds).
+
+    Returns:
+      dk `[B, Sp, K, H]`, dv `[B, Sp, K, Hv]` (key / value dtype) and dS
+      summed over queries (`col_sums`: the gradient of the column term and
+      of a bias without a query axis), `[B, N, Sp]` float32, or None.
+    """
+    b, padded_s, kh = ins.value.shape[:3]
+    specs = dkv_specs(cfg, ins)
+    out_shape, out_specs = dkv_outputs(cfg, ins)
     outs = kernel_call(
         functools.partial(_dkv_kernel, cfg=cfg),
         cfg,
         "jattn_flash_dkv",
-        grid=(padded_s // bk, b, kh),
+        grid=(padded_s // cfg.block_k, b, kh),
         in_specs=[specs],
         out_specs=out_specs,
         out_shape=out_shape,
-    )(args)
+    )(only_specified(ins, specs))
     return outs[0], outs[1], outs[2] if len(outs) > 2 else None
