@@ -66,8 +66,8 @@ if [ "$cpu" = 1 ]; then
   check_s=150 train_s=240 timing_s=180  # the dry run's (CI's)
   # The dry run's own slice of each stage: the code paths, not every cell (interpret
   # mode on a shared 2-core CPU; tests/test_pallas.py runs the check stage whole).
-  check_only=('check/f32_packed_shaw')
-  timing_only=('headline/peak' 'headline/pallas' 'sweep/bwd*')
+  check_only=('check/f32_packed_shaw' 'check/mgpu*')
+  timing_only=('headline/peak' 'headline/pallas' 'sweep/bwd*' 'sweep/mgpu_causal')
 else
   smoke=()
   check_s=200 train_s=130 timing_s=150
@@ -76,7 +76,9 @@ else
   # then the backward's own tiles, then each backward kernel's (dq, dk/dv) alone:
   # what issue 50's backward work needs first. The check stage runs its cells in
   # gpu.py's order (the training configs' first) and skips what its 200 s leave.
-  timing_only=('headline/cudnn' 'headline/pallas' 'sweep/bwd*' 'sweep/dq*' 'sweep/dkv*')
+  # The Mosaic GPU cells (`sweep/mgpu*`, first in the sweep) time it beside cuDNN
+  # and the Triton kernels, causal and not.
+  timing_only=('headline/cudnn' 'headline/pallas' 'sweep/mgpu*' 'sweep/bwd*' 'sweep/dq*' 'sweep/dkv*')
 fi
 check_s=${WINDOW_CHECK_S:-$check_s} train_s=${WINDOW_TRAIN_S:-$train_s}
 timing_s=${WINDOW_TIMING_S:-$timing_s}

@@ -41,6 +41,7 @@ from jattn.attention.pallas.tile_dot import DEFAULT_PRECISION, PRECISIONS, dot_p
 __all__ = [
     "BACKENDS",
     "BACKWARD_VARIANTS",
+    "MOSAIC_GPU",
     "PallasBackendError",
     "TRITON_MODULES",
     "TRITON_PRIVATE",
@@ -63,8 +64,12 @@ __all__ = [
 
 GPU_PLATFORMS = ("gpu", "cuda", "rocm")
 TPU_BACKENDS = ("tpu", "tpu_interpret")
-# Every kernel backend `flash_attention(backend=...)` takes: Triton, then Mosaic.
-BACKENDS = ("gpu", "interpret", *TPU_BACKENDS)
+# The Mosaic GPU kernels (plain attention only, sm_90a; `mosaic_gpu_attention`):
+# never chosen by default, only by name.
+MOSAIC_GPU = "mosaic_gpu"
+# Every kernel backend `flash_attention(backend=...)` takes: Triton, Mosaic TPU,
+# Mosaic GPU.
+BACKENDS = ("gpu", "interpret", *TPU_BACKENDS, MOSAIC_GPU)
 # "split": a dq kernel and a dk/dv kernel (each recomputes the probabilities);
 # "fused": one kernel whose programs do either (one launch, one set of
 # inputs), as jax's reference kernel does.
