@@ -295,6 +295,7 @@ _PTXAS_BLOCK = re.compile(
 _PTXAS_VERSION = re.compile(r"ptxas with version (\S+)")
 _LAUNCH = re.compile(r"\] (?P<name>\w+) grid: .*?shared_memory: (?P<bytes>\d+) bytes")
 _MMA = re.compile(r"^\s*(?:@%p\d+\s+)?(?:wgmma\.mma_async|mma\.sync)", re.M)
+_WGMMA_INLINE = re.compile(r"wgmma\.mma_async")  # Mosaic GPU's: inside inline-asm braces
 _CALL = re.compile(r'custom_call_target="(?P<target>[^"]+)"')
 _OP_NAME = re.compile(r'op_name="[^"]*?(?P<kernel>jattn_\w+?)\)*/pallas_call')
 _SCOPED = re.compile(r'"used_scoped_memory_configs":\[(?P<configs>[^\]]*)\]')
@@ -331,9 +332,12 @@ def ptxas_warnings(log: str) -> list[str]:
 
 def strict_status(row: dict, warnings: list[str]) -> dict:
     """A Mosaic GPU kernel's row with a spill or a ptxas warning made a
-    failure (those kernels are held to none: their tiles are chosen so)."""
+    failure (those kernels are held to none: their tiles are chosen so); a
+    warning that names a function counts for that kernel only."""
     spills = [c for c in ("spill_stores", "spill_loads") if row.get(c) not in ("", 0, None)]
-    problems = [f"{c} {row[c]} B" for c in spills] + warnings
+    named = re.compile(r"function '(\w+)'")
+    mine = [w for w in warnings if (m := named.search(w)) is None or m[1] == row.get("kernel")]
+    problems = [f"{c} {row[c]} B" for c in spills] + mine
     if row["status"] == "ok" and problems:
         row = row | dict(status="FAIL: " + "; ".join(problems)[:200])
     return row
@@ -348,15 +352,15 @@ def parse_launches(thunks: str) -> dict[str, int]:
     return {m["name"]: int(m["bytes"]) for m in _LAUNCH.finditer(thunks) if m["name"]}
 
 
-def count_mma(ptx_files: list[str], texts: tuple[str, ...] = ()) -> dict[str, int]:
-    """Tensor-core instructions (`mma.sync`, `wgmma.mma_async`) in the PTX of
-    each jattn kernel (files, or `texts` holding PTX, such as a log where
-    Mosaic GPU printed it): 0 means the dots run as FMAs."""
+def count_mma(ptx_files: list[str], texts: tuple[str, ...] = (), pattern=_MMA) -> dict[str, int]:
+    """Tensor-core instructions (`mma.sync`, `wgmma.mma_async`: `pattern`) in
+    the PTX of each jattn kernel (files, or `texts` holding PTX, such as a
+    log where Mosaic GPU printed it): 0 means the dots run as FMAs."""
     counts = {}
     for text in [*map(_read, ptx_files), *texts]:  # an entry's body runs to the next entry
         for body in re.split(r"(?=\.entry \w+\()", text):
             if m := re.match(r"\.entry (jattn_\w+)\(", body):
-                counts[m[1]] = len(_MMA.findall(body))
+                counts[m[1]] = len(pattern.findall(body))
     return counts
 
 
@@ -497,7 +501,7 @@ def run_variant(name: str, args, dump_root: str) -> tuple[list[dict], dict]:
         rows = kernel_rows(name, status, result, mosaic, child.seconds)
     elif args.target == "mosaic_gpu":
         rows = cuda_rows(name, status, result, child.output, dump, child.seconds)
-        mma = count_mma([], (child.output,))
+        mma = count_mma([], (child.output,), _WGMMA_INLINE)
         warnings = ptxas_warnings(child.output)
         rows = [strict_status(r | {"mma": mma.get(r["kernel"], "")}, warnings) for r in rows]
         status = rows[0]["status"]
