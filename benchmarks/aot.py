@@ -212,17 +212,25 @@ def child_main(name: str, target_config: str | None, precision=None, tiles=None)
     """Compiles variant `name` (CUDA: for `target_config`) and prints ``AOT_RESULT
     {json}`` (an exception: ``AOT_ERROR`` and its first line, then the traceback)."""
     spec, tiles = parse_variant(name), tiles or {}
-    if "mgpu" in spec:
-        return _mgpu_child(spec, target_config)
-    tpu = "chip" in spec
+    tpu, mgpu = "chip" in spec, "mgpu" in spec
     where = dict(topology_name=CHIPS[spec["chip"]][0], platform="tpu") if tpu else dict(
         platform="cuda", target_config=target_config, topology="1x1x1"
     )  # fmt: skip
     device = topologies.get_topology_desc(**where).devices[0]
     sharding = jax.sharding.SingleDeviceSharding(device)
     kw = dict(tiles=tiles, backend="tpu" if tpu else None)
-    fn = jax.jit(_variant_fn(spec["feature"], spec["backward"], precision, **kw))
-    inputs = variant_inputs(spec, lambda s, d: jax.ShapeDtypeStruct(s, d, sharding=sharding))
+    sds = lambda s, d: jax.ShapeDtypeStruct(s, d, sharding=sharding)
+    if mgpu:  # Mosaic GPU: XLA's compile runs its pipeline and ptxas (MOSAIC_GPU_DUMP_*)
+        fn, (b, t, n, kh), hd = (
+            jax.jit(_mgpu_fn(spec["mgpu"])),
+            MGPU_SHAPE.values(),
+            spec["head_dim"],
+        )
+        q, k = sds((b, t, n, hd), jnp.bfloat16), sds((b, t, kh, hd), jnp.bfloat16)
+        inputs, tiles = (q, k, k, q), {"mosaic_gpu_attention.Tiles()": "(default)"}
+    else:
+        fn = jax.jit(_variant_fn(spec["feature"], spec["backward"], precision, **kw))
+        inputs = variant_inputs(spec, sds)
     start = time.perf_counter()
     try:
         if tpu:
@@ -249,38 +257,7 @@ def child_main(name: str, target_config: str | None, precision=None, tiles=None)
         result.update(kernels=kernels, custom_calls=targets, hbm_peak=peak)
         result["libtpu"] = importlib.metadata.version("libtpu")
     else:
-        result["precision"] = precision or "tf32x3 (default)"
-    print("AOT_RESULT " + json.dumps(result), flush=True)
-    return 0
-
-
-def _mgpu_child(spec: dict, target_config: str) -> int:
-    """`child_main` of a Mosaic GPU variant: XLA's compile of the module runs
-    Mosaic GPU's pipeline and ptxas on each kernel (`MOSAIC_GPU_DUMP_PTXAS`
-    and `MOSAIC_GPU_DUMP_PTX`, set by `run_variant`, print their report and
-    PTX)."""
-    where = dict(platform="cuda", target_config=target_config, topology="1x1x1")
-    device = topologies.get_topology_desc(**where).devices[0]
-    sharding = jax.sharding.SingleDeviceSharding(device)
-    b, t, n, kh, hd = (*MGPU_SHAPE.values(), spec["head_dim"])
-    sds = lambda shape: jax.ShapeDtypeStruct(shape, jnp.dtype(spec["dtype"]), sharding=sharding)
-    inputs = (sds((b, t, n, hd)), sds((b, t, kh, hd)), sds((b, t, kh, hd)), sds((b, t, n, hd)))
-    fn = jax.jit(_mgpu_fn(spec["mgpu"]))
-    start = time.perf_counter()
-    try:
-        with cuda_target(device.device_kind):
-            lowered = fn.trace(*inputs).lower()
-        lowered_at = time.perf_counter()
-        lowered.compile()
-    except Exception as e:  # one line for the table; the traceback stays in the log
-        first = str(e).strip().splitlines()[0] if str(e).strip() else ""
-        print(f"AOT_ERROR {type(e).__name__}: {first}"[:400], flush=True)
-        raise
-    result = dict(
-        device=device.device_kind, jax=jax.__version__, jaxlib=jaxlib.__version__,
-        tiles="mosaic_gpu_attention.Tiles() (default)", lower_s=round(lowered_at - start, 2),
-        compile_s=round(time.perf_counter() - lowered_at, 2), precision="bf16 wgmma",
-    )  # fmt: skip
+        result["precision"] = "bf16 wgmma" if mgpu else precision or "tf32x3 (default)"
     print("AOT_RESULT " + json.dumps(result), flush=True)
     return 0
 

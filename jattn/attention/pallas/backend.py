@@ -3,7 +3,9 @@ which configuration.
 
 The kernels come in two families: Triton-style (`triton_forward`,
 `triton_backward`, `fused_backward`; GPUs, and interpret mode on the CPU) and
-Mosaic TPU (`mosaic_forward`, `mosaic_backward`). Pallas picks its GPU
+Mosaic TPU (`mosaic_forward`, `mosaic_backward`); a third, Mosaic GPU for
+the plain case (`mosaic_gpu_attention`), runs only when named
+(`backend="mosaic_gpu"`, `MOSAIC_GPU`). Pallas picks its GPU
 lowering from the type of `compiler_params`: Triton's `CompilerParams`
 select Triton. With `None`, jax 0.10 follows the `jax_pallas_use_mosaic_gpu`
 flag, which defaults to Mosaic GPU; jax 0.11 and 0.12 have no such flag and
