@@ -908,6 +908,7 @@ SHORT_FORMS = {
     "jax.experimental.pallas": "pl",
     "jax.experimental.pallas.tpu": "pltpu",
     "jax.experimental.pallas.triton": "pltriton",
+    "jax.experimental.pallas.mosaic_gpu": "plgpu",
     "jax.extend.core": "jex_core",
     "orbax.checkpoint": "ocp",
     "orbax.checkpoint.checkpoint_managers": "cm",
