@@ -24,6 +24,8 @@ its own range. The scale is applied once to dq and dk at the end.
 
 from __future__ import annotations
 
+import inspect
+
 import jax
 import jax.numpy as jnp
 from jax import lax
@@ -58,7 +60,11 @@ def _vector(ref, layout, interpret) -> jax.Array:
     """A `[rows]` float32 vector from shared memory in register layout
     `layout` (`plgpu.load`; a plain read under interpret mode, whose jax
     0.10.2 rules lack `plgpu.load`)."""
-    return ref[...] if interpret is not None else plgpu.load(ref, (), layout=layout)
+    if interpret is not None:
+        return ref[...]
+    # jax 0.10 takes an index (`load(ref, (), layout=)`), 0.12 none (`load(ref, layout=)`).
+    index = ((),) if "idx" in inspect.signature(plgpu.load).parameters else ()
+    return plgpu.load(ref, *index, layout=layout)
 
 
 def _own_tiles(ref_pairs, barriers, wg) -> None:
