@@ -76,6 +76,9 @@ def _attention(impl: str, spec: dict):
         if impl in ("cudnn", "xla_jax"):
             name = "cudnn" if impl == "cudnn" else "xla"
             return jax.nn.dot_product_attention(q, k, v, is_causal=causal, implementation=name)
+        if impl == "mosaic_gpu":  # plain attention only (mosaic_gpu_attention)
+            nf = jattn.normalise(q, k, v, visibility=jattn.Visibility(is_causal=causal), **extra)
+            return fa.flash_attention(nf, backend="mosaic_gpu")[0]
         if impl == "pallas":
             vis, rest = jattn.visibility.split_keywords(dict(extra, is_causal=causal))
             rate, rng = rest.pop("dropout_rate", 0.0), rest.pop("dropout_rng", None)
@@ -111,6 +114,18 @@ def _timeit(fn, args, min_time: float) -> float:
     n = int(max(1, min(50, min_time / max(once, 1e-6))))
     (times,) = h.rounds([lambda: [fn(*args) for _ in range(n)][-1]], 3, warm=False)
     return min([once, *(t / n for t in times)])
+
+
+def mosaic_gpu_unavailable() -> str | None:
+    """Why the Mosaic GPU kernels cannot run here (they need an sm_90 GPU:
+    wgmma, TMA, setmaxnreg), or None. A cell reports it as a skip row."""
+    device = jax.devices()[0]
+    if device.platform != "gpu":
+        return f"skip: mosaic_gpu needs an sm_90 GPU, not runnable on {device.platform}"
+    capability = getattr(device, "compute_capability", "?")
+    if not str(capability).startswith("9."):
+        return f"skip: mosaic_gpu needs an sm_90 GPU, got compute capability {capability}"
+    return None
 
 
 def _probe(spec, rows):
@@ -157,9 +172,13 @@ def _check(spec, rows):
         pos = np.concatenate([np.arange(c) for c in np.bincount(seg)[1:]])
         seg, pos = (jnp.asarray(np.tile(x, (b, 1)), jnp.int32) for x in (seg, pos))
         extra.update(q_segment_ids=seg, kv_segment_ids=seg, q_positions=pos, kv_positions=pos)
+    impl = spec.get("impl", "pallas")  # or "cudnn": jax.nn's, for what the rule sends there
+    shape = (b, t, n, hd, causal, dtype, "-")
+    if impl == "mosaic_gpu" and (why := mosaic_gpu_unavailable()):
+        _emit(rows, shape, status=why, impl=impl, note=spec["name"])
+        return
     ref = lambda extra, *a: _vjp(_attention("xla", spec), causal, **extra)[0](*a)
     want = _reference(ref, (extra, q, k, v, tables, ct))
-    impl = spec.get("impl", "pallas")  # or "cudnn": jax.nn's, for what the rule sends there
     for backward in spec["backwards"] if impl == "pallas" else ["-"]:
         fwd, _ = _vjp(_attention(impl, dict(spec, backward=backward)), causal, **extra)
         got = _leaves64(fwd(q, k, v, tables, ct))
@@ -239,6 +258,9 @@ def _check_mods(spec, rows):
 def _time(spec, rows):
     impl, t, hd, causal, dtype = (spec[k] for k in ("impl", "L", "head_dim", "causal", "dtype"))
     b, n, shaw = max(1, spec["tokens"] // t), max(1, spec["d_model"] // hd), spec.get("shaw", False)
+    if impl == "mosaic_gpu" and (why := mosaic_gpu_unavailable()):
+        _emit(rows, (b, t, n, hd, causal, dtype, ""), status=why, impl=impl, mode="-")
+        return
     q, k, v, tables, ct = _inputs(b, t, t, n, n, hd, jnp.dtype(dtype), shaw)
     fn = _attention(impl, spec)
     _, grad = _vjp(fn, causal)

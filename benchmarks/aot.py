@@ -5,8 +5,11 @@ and the score mod's params), T = S = 200, causal, GQA 4/2, B = 1, with one
 feature (plain, segments, window, dropout, Shaw, or a score mod run in the
 kernels), dtype, head dim and backward; for an H100 (sm_90a, the Triton kernels,
 `--target cuda`) or TPU v5e and v6e (the Mosaic kernels, `--target tpu`), both
-compile-only. Each compiles in a child of its own with a timeout
-(`_harness.run_child`): an abort or a slow compile costs that variant only. A
+compile-only; or the Mosaic GPU kernels of the plain case for an H100
+(`--target mosaic_gpu`: causal or not, bf16, head dims 64 and 128, T = S =
+1024, GQA 4/2; a spill or a ptxas warning fails the variant). Each
+compiles in a child of its own with a timeout (`_harness.run_child`): an
+abort or a slow compile costs that variant only. A
 row a kernel, from the compiler's own output: ptxas's registers, spills and
 stack, the launch's shared memory, tensor-core instructions in the PTX (CUDA);
 scoped and pipelined-block VMEM against the chip's limit, the grid, the
@@ -17,6 +20,7 @@ without one") and docs/tpu.md.
     python benchmarks/aot.py --variants 'plain-bfloat16-h128-split' \\
         --dq-blocks 64 32 --dkv-blocks 32 64 --dq-warps 4 --dkv-warps 4
     python benchmarks/aot.py --target tpu --ci                # CI's subset (v5e)
+    python benchmarks/aot.py --target mosaic_gpu --out docs/aot/mosaic_gpu.md
 """
 
 from __future__ import annotations
@@ -58,6 +62,10 @@ FEATURES = ("plain", "segments", "window", "dropout", "shaw", *SCORE_MODS)
 DTYPES = ("bfloat16", "float32")
 HEAD_DIMS = (64, 128)
 BACKWARDS = {"cuda": ("split", "fused", "atomic"), "tpu": ("split",)}  # Mosaic: split only
+# The Mosaic GPU variants: plain attention, causal or not ("full"), bf16, at a length
+# its tiles divide (`mosaic_gpu_attention.Tiles.multiple`).
+MGPU_MASKS = ("causal", "full")
+MGPU_SHAPE = dict(b=1, t=1024, n=4, kh=2)
 SHAPE = dict(b=1, t=200, n=4, kh=2)  # as the CUDA lowering tests
 SHAW_K = 16
 T5_BUCKETS, T5_MAX_DISTANCE = 32, 128  # T5's defaults; unidirectional (causal)
@@ -74,13 +82,17 @@ COLUMNS = {
     "tpu": ["variant", "chip", "kernel", "compiled", "grid", "scoped_vmem", "block_vmem",
             "vmem", "custom_call", "hbm_peak", "compile_s", "status"],
 }  # fmt: skip
+COLUMNS["mosaic_gpu"] = COLUMNS["cuda"]
 PER_KERNEL = ("dq_blocks", "dkv_blocks", "dq_warps", "dkv_warps")
 TILE_FLAGS = ("block_q", "block_k", "num_warps", "backward_blocks", "backward_warps", *PER_KERNEL)
 VENV_TPU = os.path.join(h.ROOT, ".venv-tpu", "bin", "python")
 
 
 def variants(target: str = "cuda") -> list[str]:
-    """Every variant name: `feature-dtype-hH-backward`, and `-chip` on a TPU."""
+    """Every variant name: `feature-dtype-hH-backward`, and `-chip` on a TPU;
+    `mgpu-{causal,full}-bfloat16-hH` for Mosaic GPU."""
+    if target == "mosaic_gpu":
+        return [f"mgpu-{m}-bfloat16-h{hd}" for m in MGPU_MASKS for hd in HEAD_DIMS]
     chips = list(CHIPS) if target == "tpu" else [None]
     grid = itertools.product(FEATURES, DTYPES, HEAD_DIMS, BACKWARDS[target], chips)
     return ["-".join(filter(None, (f, d, f"h{hd}", b, c))) for f, d, hd, b, c in grid]
@@ -89,6 +101,10 @@ def variants(target: str = "cuda") -> list[str]:
 def parse_variant(name: str) -> dict:
     """A variant's feature, dtype, head dim, backward (and chip, on a TPU)."""
     parts = name.split("-")
+    if parts[0] == "mgpu":
+        if name not in variants("mosaic_gpu"):
+            raise ValueError(f"aot: unknown variant {name!r}; see --list")
+        return dict(mgpu=parts[1] == "causal", dtype=parts[2], head_dim=int(parts[3][1:]))
     target = "tpu" if len(parts) == 5 else "cuda"
     if len(parts) < 4 or name not in variants(target):
         raise ValueError(f"aot: unknown variant {name!r}; see --list")
@@ -149,6 +165,21 @@ def _variant_fn(feature, backward, precision=None, interpret=False, tiles=None, 
     return jattn_aot_variant
 
 
+def _mgpu_fn(causal: bool):
+    """`f(q, k, v, ct) -> (out, grads)`: the forward and its vjp through
+    `flash_attention(backend="mosaic_gpu")` (the Mosaic GPU kernels)."""
+
+    def jattn_aot_variant(q, k, v, ct):
+        def forward(q, k, v):
+            nf = jattn.normalise(q, k, v, visibility=jattn.Visibility(is_causal=causal))
+            return fa.flash_attention(nf, backend="mosaic_gpu")[0]
+
+        out, vjp = jax.vjp(forward, q, k, v)
+        return out, vjp(ct)
+
+    return jattn_aot_variant
+
+
 def flash_kwargs(tiles: dict | None) -> dict:
     """`flash_attention`'s keyword arguments of the tile overrides `tiles` (the flags
     of the same names): pairs as tuples, the per-kernel ones in one `BackwardTiles`."""
@@ -181,15 +212,25 @@ def child_main(name: str, target_config: str | None, precision=None, tiles=None)
     """Compiles variant `name` (CUDA: for `target_config`) and prints ``AOT_RESULT
     {json}`` (an exception: ``AOT_ERROR`` and its first line, then the traceback)."""
     spec, tiles = parse_variant(name), tiles or {}
-    tpu = "chip" in spec
+    tpu, mgpu = "chip" in spec, "mgpu" in spec
     where = dict(topology_name=CHIPS[spec["chip"]][0], platform="tpu") if tpu else dict(
         platform="cuda", target_config=target_config, topology="1x1x1"
     )  # fmt: skip
     device = topologies.get_topology_desc(**where).devices[0]
     sharding = jax.sharding.SingleDeviceSharding(device)
     kw = dict(tiles=tiles, backend="tpu" if tpu else None)
-    fn = jax.jit(_variant_fn(spec["feature"], spec["backward"], precision, **kw))
-    inputs = variant_inputs(spec, lambda s, d: jax.ShapeDtypeStruct(s, d, sharding=sharding))
+    sds = lambda s, d: jax.ShapeDtypeStruct(s, d, sharding=sharding)
+    if mgpu:  # Mosaic GPU: XLA's compile runs its pipeline and ptxas (MOSAIC_GPU_DUMP_*)
+        fn, (b, t, n, kh), hd = (
+            jax.jit(_mgpu_fn(spec["mgpu"])),
+            MGPU_SHAPE.values(),
+            spec["head_dim"],
+        )
+        q, k = sds((b, t, n, hd), jnp.bfloat16), sds((b, t, kh, hd), jnp.bfloat16)
+        inputs, tiles = (q, k, k, q), {"mosaic_gpu_attention.Tiles()": "(default)"}
+    else:
+        fn = jax.jit(_variant_fn(spec["feature"], spec["backward"], precision, **kw))
+        inputs = variant_inputs(spec, sds)
     start = time.perf_counter()
     try:
         if tpu:
@@ -216,7 +257,7 @@ def child_main(name: str, target_config: str | None, precision=None, tiles=None)
         result.update(kernels=kernels, custom_calls=targets, hbm_peak=peak)
         result["libtpu"] = importlib.metadata.version("libtpu")
     else:
-        result["precision"] = precision or "tf32x3 (default)"
+        result["precision"] = "bf16 wgmma" if mgpu else precision or "tf32x3 (default)"
     print("AOT_RESULT " + json.dumps(result), flush=True)
     return 0
 
@@ -231,6 +272,7 @@ _PTXAS_BLOCK = re.compile(
 _PTXAS_VERSION = re.compile(r"ptxas with version (\S+)")
 _LAUNCH = re.compile(r"\] (?P<name>\w+) grid: .*?shared_memory: (?P<bytes>\d+) bytes")
 _MMA = re.compile(r"^\s*(?:@%p\d+\s+)?(?:wgmma\.mma_async|mma\.sync)", re.M)
+_WGMMA_INLINE = re.compile(r"wgmma\.mma_async")  # Mosaic GPU's: inside inline-asm braces
 _CALL = re.compile(r'custom_call_target="(?P<target>[^"]+)"')
 _OP_NAME = re.compile(r'op_name="[^"]*?(?P<kernel>jattn_\w+?)\)*/pallas_call')
 _SCOPED = re.compile(r'"used_scoped_memory_configs":\[(?P<configs>[^\]]*)\]')
@@ -257,6 +299,27 @@ def parse_ptxas(log: str) -> dict[str, dict]:
     return kernels
 
 
+_PTXAS_WARNING = re.compile(r"^ptxas warning\s*:.*$", re.M)
+
+
+def ptxas_warnings(log: str) -> list[str]:
+    """The warning lines ptxas printed (`ptxas warning : ...`), each once."""
+    return sorted(set(_PTXAS_WARNING.findall(log)))
+
+
+def strict_status(row: dict, warnings: list[str]) -> dict:
+    """A Mosaic GPU kernel's row with a spill or a ptxas warning made a
+    failure (those kernels are held to none: their tiles are chosen so); a
+    warning that names a function counts for that kernel only."""
+    spills = [c for c in ("spill_stores", "spill_loads") if row.get(c) not in ("", 0, None)]
+    named = re.compile(r"function '(\w+)'")
+    mine = [w for w in warnings if (m := named.search(w)) is None or m[1] == row.get("kernel")]
+    problems = [f"{c} {row[c]} B" for c in spills] + mine
+    if row["status"] == "ok" and problems:
+        row = row | dict(status="FAIL: " + "; ".join(problems)[:200])
+    return row
+
+
 def ptxas_version(log: str) -> str:
     return m[1] if (m := _PTXAS_VERSION.search(log)) else "?"
 
@@ -266,14 +329,15 @@ def parse_launches(thunks: str) -> dict[str, int]:
     return {m["name"]: int(m["bytes"]) for m in _LAUNCH.finditer(thunks) if m["name"]}
 
 
-def count_mma(ptx_files: list[str]) -> dict[str, int]:
-    """Tensor-core instructions (`mma.sync`, `wgmma.mma_async`) in the PTX of
-    each jattn kernel: 0 means the dots run as FMAs."""
+def count_mma(ptx_files: list[str], texts: tuple[str, ...] = (), pattern=_MMA) -> dict[str, int]:
+    """Tensor-core instructions (`mma.sync`, `wgmma.mma_async`: `pattern`) in
+    the PTX of each jattn kernel (files, or `texts` holding PTX, such as a
+    log where Mosaic GPU printed it): 0 means the dots run as FMAs."""
     counts = {}
-    for text in map(_read, ptx_files):  # an entry's body runs to the next entry
+    for text in [*map(_read, ptx_files), *texts]:  # an entry's body runs to the next entry
         for body in re.split(r"(?=\.entry \w+\()", text):
             if m := re.match(r"\.entry (jattn_\w+)\(", body):
-                counts[m[1]] = len(_MMA.findall(body))
+                counts[m[1]] = len(pattern.findall(body))
     return counts
 
 
@@ -391,6 +455,8 @@ def run_variant(name: str, args, dump_root: str) -> tuple[list[dict], dict]:
         env.update(TF_CPP_MIN_LOG_LEVEL="0", TF_CPP_VMODULE="subprocess_compilation=3")
         flags = f"--xla_dump_to={dump} --xla_dump_hlo_module_re=.*{MODULE}.*"
         env["XLA_FLAGS"] = " ".join(filter(None, [env.get("XLA_FLAGS"), flags]))
+    if args.target == "mosaic_gpu":  # Mosaic GPU prints ptxas's report and the PTX itself
+        env.update(MOSAIC_GPU_DUMP_PTXAS="1", MOSAIC_GPU_DUMP_PTX="1")
     cmd = [args.python, os.path.abspath(__file__), *args.argv, "--child", name]  # the same flags
     child = h.run_child(cmd, os.path.join(dump, "compile.log"), timeout_s=args.timeout_s, env=env)
     result, error = {}, ""
@@ -410,6 +476,12 @@ def run_variant(name: str, args, dump_root: str) -> tuple[list[dict], dict]:
             if kernel := parse_mosaic_kernel(_read(path)):
                 mosaic[kernel["name"]] = kernel
         rows = kernel_rows(name, status, result, mosaic, child.seconds)
+    elif args.target == "mosaic_gpu":
+        rows = cuda_rows(name, status, result, child.output, dump, child.seconds)
+        mma = count_mma([], (child.output,), _WGMMA_INLINE)
+        warnings = ptxas_warnings(child.output)
+        rows = [strict_status(r | {"mma": mma.get(r["kernel"], "")}, warnings) for r in rows]
+        status = rows[0]["status"]
     else:
         rows = cuda_rows(name, status, result, child.output, dump, child.seconds)
     if status == "ok" and not args.keep_dumps:
@@ -428,6 +500,12 @@ def write_table(path: str, rows: list[dict], header: dict, target: str) -> None:
         f"{header.get('libtpu', '?')}; {shape}; {tiles}; module custom calls {calls or '?'}. "
         "Bytes: scoped_vmem (libtpu), block_vmem (pipelined blocks, two buffers each), vmem "
         "(their sum), hbm_peak (the whole module).",
+        "mosaic_gpu": f"AOT compile of the Mosaic GPU kernels (plain attention) for "
+        f"{header.get('device', '?')} (sm_90a), {versions}, ptxas {header.get('ptxas', '?')}; "
+        f"B = {MGPU_SHAPE['b']}, T = S = {MGPU_SHAPE['t']}, GQA {MGPU_SHAPE['n']}/"
+        f"{MGPU_SHAPE['kh']}; {tiles}. A spill or a ptxas warning fails a kernel. Registers: "
+        "what ptxas allots at launch (the compute warpgroups raise theirs with setmaxnreg); "
+        "bytes for spills and stack; mma: wgmma instructions in the PTX.",
         "cuda": f"AOT compile for {header.get('device', '?')} (sm_90a), {versions}, ptxas "
         f"{header.get('ptxas', '?')}; {shape}; float32 dots {header.get('precision', '?')}; "
         f"{tiles}. Bytes for spills, stack and shared memory; mma: tensor-core instructions "
@@ -467,13 +545,15 @@ REFUSAL = dict(
     tpu="needs libtpu for the compile-only "
     'TPUs: python3 -m venv .venv-tpu && .venv-tpu/bin/pip install -e ".[aot-tpu]"',
 )
+REFUSAL["mosaic_gpu"] = REFUSAL["cuda"]  # the same CUDA plugin compiles it
 
 
 def main(argv=None) -> int:
     p = h.parser(__doc__)
     p.add_argument("--timeout-s", type=float, default=300.0, help="per variant")
     p.add_argument("--out", help="the table (default runs/bench/aot.md, aot_tpu.md on a TPU)")
-    p.add_argument("--target", choices=("cuda", "tpu"), default="cuda", help="the device kind")
+    targets = ("cuda", "tpu", "mosaic_gpu")
+    p.add_argument("--target", choices=targets, default="cuda", help="the device kind")
     p.add_argument("--variants", nargs="*", default=["*"], help="names or globs (--list)")
     p.add_argument("--ci", action="store_true", help=f"TPU: CI's subset, {', '.join(CI_SUBSET)}")
     p.add_argument("--dump-dir", default=None, help="default: a temporary folder")
@@ -495,10 +575,13 @@ def main(argv=None) -> int:
     cuda_only = set(_tiles(args)) - {"block_q", "block_k"} or args.precision or args.target_config
     if args.target == "tpu" and cuda_only:
         p.error("--target tpu takes no --precision, --target-config or tiles but --block-q/k")
+    if args.target == "mosaic_gpu" and (_tiles(args) or args.precision):
+        p.error("--target mosaic_gpu takes no tiles or --precision (its Tiles are fixed)")
     if args.child:
         config = _read(args.target_config or H100_TARGET_CONFIG)
         return child_main(args.child, config, args.precision, _tiles(args))
-    args.out = args.out or os.path.join(h.OUT_DIR, f"aot{'_tpu' * (args.target == 'tpu')}.md")
+    suffix = {"cuda": "", "tpu": "_tpu", "mosaic_gpu": "_mosaic_gpu"}[args.target]
+    args.out = args.out or os.path.join(h.OUT_DIR, f"aot{suffix}.md")
     patterns = list(CI_SUBSET) if args.ci else args.variants
     names = [v for v in variants(args.target) if any(fnmatch.fnmatch(v, x) for x in patterns)]
     if args.list:
@@ -525,7 +608,8 @@ def main(argv=None) -> int:
     if not args.dump_dir:
         shutil.rmtree(dump_root, ignore_errors=True)
     print(f"wrote {args.out} and {os.path.splitext(args.out)[0]}.csv")
-    failed = sorted({r["variant"] for r in rows if r["compiled"] != "yes"})
+    failed = sorted({r["variant"] for r in rows
+                     if r["compiled"] != "yes" or str(r["status"]).startswith("FAIL")})  # fmt: skip
     over = over_limit(rows) if args.target == "tpu" else []
     for kernel in over:
         print(f"aot --target tpu: {kernel} is over the default scoped VMEM limit", flush=True)

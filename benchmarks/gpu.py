@@ -38,7 +38,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import _harness as h  # noqa: E402
 
 STAGES = ("smoke", "check", "headline", "sweep")
-BUDGET_S = {"smoke": 100.0, "check": 360.0, "headline": 300.0}
+BUDGET_S = {"smoke": 100.0, "check": 420.0, "headline": 300.0}  # check: 16 cells, 400 s
 CPU_SLOWDOWN = 3.0  # --cpu-smoke: the fixed stages' budgets times this
 COLUMNS = ["stage", "cell", "impl", "mode", "L", "batch", "heads", "head_dim", "causal", "dtype",
            "backward", "blocks", "warps", "ms", "tflops", "frac_peak", "max_rel_err", "tol",
@@ -194,6 +194,16 @@ def _check_cells(cpu: bool) -> list[Cell]:
             spec = dict(kind="check", name=name, impl="cudnn", backwards=["-"])
             spec["case"] = (*case, False, False, None, 0.0)
             cells.insert(2 + n, Cell(name, spec, timeout, expect))
+    # The Mosaic GPU kernels (plain bf16; lengths multiples of 128) after cuDNN: nothing
+    # trusts them before this passes. On the CPU, or a GPU that is no sm_90, a skip row.
+    mgpu = {
+        "mgpu_bf16_h128_causal_gqa": (2, 512, 512, 4, 2, 128, bf16, True),
+        "mgpu_bf16_h64": (1, 256, 384, 4, 4, 64, bf16, False),
+    }
+    for n, (name, case) in enumerate(mgpu.items()):
+        spec = dict(kind="check", name=name, impl="mosaic_gpu", backwards=["-"])
+        spec["case"] = (*case, False, False, None, 0.0)
+        cells.insert((2 if cpu else 4) + n, Cell(name, spec, timeout, expect))
     for name, shape in shapes.items():
         for mods in groups:
             spec = dict(kind="check_mods", shape=shape, mods=mods, backwards=both)
@@ -220,9 +230,24 @@ def _headline_cells(cpu: bool) -> list[Cell]:
     return cells + [_time_cell(name, cpu, timeout, expect, **s) for name, s in impls.items()]
 
 
+def _mosaic_gpu_cells(cpu: bool) -> list[Cell]:
+    """The Mosaic GPU kernels (`flash_attention(backend="mosaic_gpu")`) at the
+    headline shape, bf16[2, 8192, 16, 128], causal and not, fwd and fwd+bwd,
+    with cuDNN and the Triton kernels beside them in the same run (`sweep/mgpu*`;
+    a skip row where they cannot run, as on the CPU)."""
+    cells = []
+    for causal in (True, False):
+        mask = "causal" if causal else "noncausal"
+        for impl in ("mosaic_gpu", "cudnn", "pallas"):
+            name = "mgpu_" + mask if impl == "mosaic_gpu" else f"mgpu_{impl}_{mask}"
+            impl = "xla_jax" if cpu and impl == "cudnn" else impl
+            cells.append(_time_cell(name, cpu, 120.0, 30.0, impl=impl, causal=causal))
+    return cells
+
+
 def _sweep_cells(cpu: bool) -> list[Cell]:
     time_cell = lambda name, **spec: _time_cell(name, cpu, 120.0, 30.0, **spec)
-    cells = []
+    cells = _mosaic_gpu_cells(cpu)
     # (block_q, block_k, warps) of every kernel, then of the backward's two (the
     # forward at its default: the first H200 run's backward took 85% of the
     # headline's fwd+bwd at 32x32, 4 warps).

@@ -66,8 +66,8 @@ if [ "$cpu" = 1 ]; then
   check_s=150 train_s=240 timing_s=180  # the dry run's (CI's)
   # The dry run's own slice of each stage: the code paths, not every cell (interpret
   # mode on a shared 2-core CPU; tests/test_pallas.py runs the check stage whole).
-  check_only=('check/f32_packed_shaw')
-  timing_only=('headline/peak' 'headline/pallas' 'sweep/bwd*' 'sweep/atomic*')
+  check_only=('check/f32_packed_shaw' 'check/mgpu*')
+  timing_only=('headline/peak' 'headline/pallas' 'sweep/bwd*' 'sweep/atomic*' 'sweep/mgpu_causal')
 else
   smoke=()
   check_s=200 train_s=130 timing_s=150
@@ -77,8 +77,10 @@ else
   # each dk/dv tiling beside the atomic backward on it (dq added, no dq kernel):
   # what issue 50's backward work needs first. The check stage runs its cells in
   # gpu.py's order (the training configs' first) and skips what its 200 s leave.
-  timing_only=('headline/cudnn' 'headline/pallas' 'sweep/bwd*' 'sweep/dq*' 'sweep/dkv*'
-               'sweep/atomic*')
+  # The Mosaic GPU cells (`sweep/mgpu*`) time it beside cuDNN and the Triton kernels,
+  # causal and not.
+  timing_only=('headline/cudnn' 'headline/pallas' 'sweep/bwd*' 'sweep/mgpu*' 'sweep/dq*'
+               'sweep/dkv*' 'sweep/atomic*')
 fi
 check_s=${WINDOW_CHECK_S:-$check_s} train_s=${WINDOW_TRAIN_S:-$train_s}
 timing_s=${WINDOW_TIMING_S:-$timing_s}

@@ -424,7 +424,9 @@ def test_train_has_at_most_20_files():
 
 # -- the lab outside the library: the benchmarks share one harness ---------------------
 
-BENCHMARK_LINES = 3000
+# 3000 until issue 50 item 2 (benchmarks/ at 2,993 lines then): the Mosaic GPU AOT
+# target and the window's Mosaic GPU cells took it to 3,124.
+BENCHMARK_LINES = 3150
 
 
 def benchmark_lines(root: pathlib.Path = REPO) -> int:
@@ -432,7 +434,7 @@ def benchmark_lines(root: pathlib.Path = REPO) -> int:
     return sum(p.read_bytes().count(b"\n") for p in (root / "benchmarks").rglob("*.py"))
 
 
-def test_benchmarks_stay_within_3000_lines():
+def test_benchmarks_stay_within_their_line_budget():
     """Issue 51: the benchmarks share one harness (benchmarks/_harness.py: the flags, a
     timer, a child process with a timeout, tables) instead of writing it in each script
     (4,840 lines then, half of them harness), so they stay a lab one reads."""
@@ -442,10 +444,10 @@ def test_benchmarks_stay_within_3000_lines():
 
 def test_the_benchmark_count_is_wc_l_and_sees_an_overrun(tmp_path):
     (tmp_path / "benchmarks" / "sub").mkdir(parents=True)
-    (tmp_path / "benchmarks" / "a.py").write_text("x = 1\n" * 3000)
+    (tmp_path / "benchmarks" / "a.py").write_text("x = 1\n" * BENCHMARK_LINES)
     (tmp_path / "benchmarks" / "sub" / "b.py").write_text("y = 2\n")
     (tmp_path / "benchmarks" / "notes.md").write_text("not counted\n" * 50)
-    assert benchmark_lines(tmp_path) == 3001 > BENCHMARK_LINES
+    assert benchmark_lines(tmp_path) == BENCHMARK_LINES + 1 > BENCHMARK_LINES
 
 
 def test_the_library_keeps_no_record_of_the_lab_machine():
@@ -922,6 +924,7 @@ SHORT_FORMS = {
     "jax.experimental.pallas": "pl",
     "jax.experimental.pallas.tpu": "pltpu",
     "jax.experimental.pallas.triton": "pltriton",
+    "jax.experimental.pallas.mosaic_gpu": "plgpu",
     "jax.extend.core": "jex_core",
     "orbax.checkpoint": "ocp",
     "orbax.checkpoint.checkpoint_managers": "cm",

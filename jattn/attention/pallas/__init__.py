@@ -20,6 +20,11 @@
 - `mosaic_forward` (forward) and `mosaic_backward` (dq, dk/dv): the same
   kernels in the TPU's style (grid-axis loops, VMEM scratch,
   scalar-prefetched block map).
+- `mosaic_gpu_attention` (`flash_attention(backend="mosaic_gpu")`: the plain
+  case only, every other feature refused; its tiles and custom VJP),
+  `mosaic_gpu_forward`, `mosaic_gpu_backward` (dq, dk/dv) and
+  `mosaic_gpu_stream` (the TMA ring a memory warpgroup fills): Mosaic GPU
+  kernels for Hopper (wgmma, TMA, warpgroups), chosen only by name.
 - `blockmap`: which tile pairs to compute (`jattn.attention.tiles`' SKIP / PARTIAL /
   FULL_LEFT / FULL_RIGHT) and the loop bounds, built in XLA from per-tile
   min/max.

@@ -3,7 +3,9 @@ which configuration.
 
 The kernels come in two families: Triton-style (`triton_forward`,
 `triton_backward`, `fused_backward`; GPUs, and interpret mode on the CPU) and
-Mosaic TPU (`mosaic_forward`, `mosaic_backward`). Pallas picks its GPU
+Mosaic TPU (`mosaic_forward`, `mosaic_backward`); a third, Mosaic GPU for
+the plain case (`mosaic_gpu_attention`), runs only when named
+(`backend="mosaic_gpu"`, `MOSAIC_GPU`). Pallas picks its GPU
 lowering from the type of `compiler_params`: Triton's `CompilerParams`
 select Triton. With `None`, jax 0.10 follows the `jax_pallas_use_mosaic_gpu`
 flag, which defaults to Mosaic GPU; jax 0.11 and 0.12 have no such flag and
@@ -41,6 +43,7 @@ from jattn.attention.pallas.tile_dot import DEFAULT_PRECISION, PRECISIONS, dot_p
 __all__ = [
     "BACKENDS",
     "BACKWARD_VARIANTS",
+    "MOSAIC_GPU",
     "PallasBackendError",
     "TRITON_MODULES",
     "TRITON_PRIVATE",
@@ -63,8 +66,12 @@ __all__ = [
 
 GPU_PLATFORMS = ("gpu", "cuda", "rocm")
 TPU_BACKENDS = ("tpu", "tpu_interpret")
-# Every kernel backend `flash_attention(backend=...)` takes: Triton, then Mosaic.
-BACKENDS = ("gpu", "interpret", *TPU_BACKENDS)
+# The Mosaic GPU kernels (plain attention only, sm_90a; `mosaic_gpu_attention`):
+# never chosen by default, only by name.
+MOSAIC_GPU = "mosaic_gpu"
+# Every kernel backend `flash_attention(backend=...)` takes: Triton, Mosaic TPU,
+# Mosaic GPU.
+BACKENDS = ("gpu", "interpret", *TPU_BACKENDS, MOSAIC_GPU)
 # "split": a dq kernel and a dk/dv kernel (each recomputes the probabilities);
 # "fused": one kernel whose programs do either (one launch, one set of
 # inputs), as jax's reference kernel does; "atomic": the dk/dv kernel alone,

@@ -93,6 +93,7 @@ from jattn.attention.normal_form import EMPTY_ROW_LSE, NormalForm
 from jattn.attention.pallas import tile_math, triton_backward, triton_forward
 from jattn.attention.pallas.backend import (
     BACKENDS,
+    MOSAIC_GPU,
     TPU_BACKENDS,
     check_backward,
     check_block,
@@ -396,9 +397,11 @@ def flash_attention(
       backend: the kernel family and mode explicitly, instead of by the
         default device: "gpu" / "interpret" (the Triton kernels, compiled or
         in Pallas interpret mode), "tpu" / "tpu_interpret" (the Mosaic
-        kernels). The compiled families lower on any machine (to check a
-        kernel for CUDA or TPU from a CPU); give `interpret` or `backend`,
-        not both.
+        kernels), "mosaic_gpu" (the Mosaic GPU kernels for sm_90a, plain
+        attention only: `mosaic_gpu_attention`, which refuses the rest and
+        every keyword below in one line). The compiled families lower on
+        any machine (to check a kernel for CUDA or TPU from a CPU); give
+        `interpret` or `backend`, not both.
       backward_blocks, backward_warps: `(block_q, block_k)` and Triton warps
         of the backward kernels only, over `block_q`/`block_k`/`num_warps`
         and the defaults: the backward's best tiles need not be the
@@ -426,7 +429,24 @@ def flash_attention(
         backend, block_q, block_k, backward, num_warps, precision, backward_blocks,
         backward_warps, backward_tiles,
     )  # fmt: skip
+    if backend == MOSAIC_GPU:
+        return _mosaic_gpu(nf, options)
     return _flash_attention(nf, options)
+
+
+def _mosaic_gpu(nf: NormalForm, options: KernelOptions) -> tuple[Array, Array]:
+    """The Mosaic GPU kernels, which take none of the Triton kernels' keywords."""
+    from jattn.attention.pallas import mosaic_gpu_attention
+
+    given = [
+        f for f in options._fields[1:] if getattr(options, f) != KernelOptions._field_defaults[f]
+    ]
+    if given:
+        raise ValueError(
+            f'flash_attention(backend="mosaic_gpu") takes none of {", ".join(given)} '
+            "(its tiles are mosaic_gpu_attention.Tiles)"
+        )
+    return mosaic_gpu_attention.mosaic_gpu_attention(nf)
 
 
 def _flash_attention(nf: NormalForm, options: KernelOptions) -> tuple[Array, Array]:

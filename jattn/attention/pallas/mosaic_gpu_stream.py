@@ -1,0 +1,119 @@
+"""The Mosaic GPU kernels' tile ring: one warpgroup streams tiles, the others compute.
+
+Every Mosaic GPU kernel of jattn (`mosaic_gpu_forward`, `mosaic_gpu_backward`)
+runs `compute_wgs` compute warpgroups and one memory warpgroup in each block.
+The memory warpgroup copies a sequence of tiles (the key and value tiles of a
+query tile, or the query-side tiles of a key tile) from global memory into a
+ring of `stages` shared-memory slots with the TMA unit, so the copy of the
+next tiles overlaps the compute warpgroups' work on this one. Two barriers a
+slot carry the protocol:
+
+- `ready[buffer][slot]`: the TMA copy of that buffer's tile has landed (one
+  barrier per buffer, since each copy arrives on its barrier once with its
+  own byte count);
+- `consumed[slot]`: every compute warpgroup is done reading the slot
+  (`compute_wgs` arrivals), so the memory warpgroup may refill it.
+
+Both sides walk the same steps 0, 1, ..., count - 1 in order (step i in slot
+`i % stages`), waiting on each barrier once a phase, which is what Mosaic
+GPU's phase tracking expects. A compute warpgroup that has nothing to do
+with a step (a causal tile past its own rows) still waits for it and
+releases it (`skip`): the other warpgroup of its block may need the tile,
+and a barrier phase cannot be left out.
+
+Why a hand-written ring and not `plgpu.emit_pipeline_warp_specialized`:
+the causal kernels stream a number of tiles known only at run time (the
+visible ones), per block, and the warpgroups of one block need different
+sub-ranges of it.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable
+
+import jax
+import jax.numpy as jnp
+from jax import lax
+from jax.experimental import pallas as pl
+from jax.experimental.pallas import mosaic_gpu as plgpu
+
+__all__ = ["MEMORY_REGISTERS", "Ring", "compute_registers", "feed", "release", "skip", "take"]
+
+# Registers a thread of the memory warpgroup keeps (it only issues copies);
+# the compute warpgroups get the rest of the SM's 64K (`compute_registers`).
+MEMORY_REGISTERS = 40
+_SM_REGISTERS = 65536
+_WARPGROUP_THREADS = 128
+
+
+def compute_registers(compute_wgs: int) -> int:
+    """Registers a compute thread may take with `compute_wgs` compute warpgroups
+    beside the memory one: what the SM's 64K leave, rounded down to a multiple
+    of 8 (`setmaxnreg`'s granule) and capped at 240 (232 with two compute
+    warpgroups, as in FlashAttention 3)."""
+    left = _SM_REGISTERS - _WARPGROUP_THREADS * MEMORY_REGISTERS
+    return min(240, left // (compute_wgs * _WARPGROUP_THREADS) // 8 * 8)
+
+
+@dataclasses.dataclass(frozen=True)
+class Ring:
+    """The shared-memory ring of one kernel: `buffers[b]` `[stages, *tile]`,
+    `ready[b]` (a barrier a slot, per buffer) and `consumed` (a barrier a
+    slot, `compute_wgs` arrivals)."""
+
+    buffers: tuple
+    ready: tuple
+    consumed: object
+    stages: int
+
+    def slot(self, step):
+        return lax.rem(step, jnp.asarray(self.stages, jnp.int32))
+
+
+def feed(ring: Ring, count, sources: Callable[[jax.Array], tuple]) -> None:
+    """The memory warpgroup: copies steps `0 .. count - 1` into the ring.
+    `sources(step)` gives the global-memory refs of that step's tiles, one a
+    buffer. A slot is refilled once every compute warpgroup released it;
+    at the end it waits for the release of the last `stages` steps too, so
+    that it has seen every phase of the `consumed` barriers (Pallas's
+    interpret mode checks that; on the GPU it costs the block nothing, the
+    compute warpgroups being the last to finish anyway)."""
+
+    @pl.loop(0, count)
+    def _(step):
+        slot = ring.slot(step)
+
+        @pl.when(step >= ring.stages)
+        def _():
+            plgpu.barrier_wait(ring.consumed.at[slot])
+
+        for buffer, ready, src in zip(ring.buffers, ring.ready, sources(step), strict=True):
+            plgpu.copy_gmem_to_smem(src, buffer.at[slot], ready.at[slot])
+
+    @pl.loop(jnp.maximum(count - ring.stages, 0), count)
+    def _(step):
+        plgpu.barrier_wait(ring.consumed.at[ring.slot(step)])
+
+
+def take(ring: Ring, step) -> tuple:
+    """A compute warpgroup: waits for step `step`'s tiles; the slot's views
+    of every buffer."""
+    slot = ring.slot(step)
+    for ready in ring.ready:
+        plgpu.barrier_wait(ready.at[slot])
+    return tuple(buffer.at[slot] for buffer in ring.buffers)
+
+
+def release(ring: Ring, step) -> None:
+    """A compute warpgroup is done reading step `step`'s slot."""
+    plgpu.barrier_arrive(ring.consumed.at[ring.slot(step)])
+
+
+def skip(ring: Ring, lo, hi) -> None:
+    """A compute warpgroup passes steps `lo .. hi - 1` it has no work in."""
+
+    @pl.loop(lo, hi)
+    def _(step):
+        take(ring, step)
+        release(ring, step)
