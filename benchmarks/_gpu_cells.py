@@ -215,20 +215,17 @@ def _check_mods(spec, rows):
     b, t, n, kh, hd, dtype = spec["shape"]
     q, k, v, _, ct = _inputs(b, t, t, n, kh, hd, jnp.dtype(dtype), False, seed=2)
 
-    def vjp_of(mod, backward):  # backward None: the "xla" path
-        def f(q, k, v, params):
+    def vjp_of(mod, backward):  # backward None: the "xla" path; `_vjp`'s first
+        def f(q, k, v, params, causal):
             m = dataclasses.replace(mod, params=params)
             if backward is None:
-                kw = dict(is_causal=True, score_mod=m, implementation="xla")
+                kw = dict(is_causal=causal, score_mod=m, implementation="xla")
                 return jattn.dot_product_attention(q, k, v, **kw)
-            nf = jattn.normalise(q, k, v, visibility=jattn.Visibility(is_causal=True), score_mod=m)
-            return fa.flash_attention(nf, backward=backward)[0]
+            vis = jattn.Visibility(is_causal=causal)
+            return fa.flash_attention(jattn.normalise(q, k, v, visibility=vis, score_mod=m),
+                                      backward=backward)[0]  # fmt: skip
 
-        def g(q, k, v, params, ct):
-            out, pull = jax.vjp(f, q, k, v, params)
-            return out, pull(ct.astype(out.dtype))
-
-        return jax.jit(g)
+        return _vjp(f, True)[0]
 
     tol, ptol = TOLERANCE[dtype], PARAMS_TOLERANCE[dtype]
     for i, feature in enumerate(spec["mods"]):

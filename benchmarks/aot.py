@@ -1,20 +1,12 @@
 """Compile every Pallas kernel variant ahead of time for a device this host lacks.
 
-A variant: one `jax.jit` of the forward and its vjp (to q, k, v, the Shaw tables
-and the score mod's params), T = S = 200, causal, GQA 4/2, B = 1, with one
-feature (plain, segments, window, dropout, Shaw, or a score mod run in the
-kernels), dtype, head dim and backward; for an H100 (sm_90a, the Triton kernels,
-`--target cuda`) or TPU v5e and v6e (the Mosaic kernels, `--target tpu`), both
-compile-only; or the Mosaic GPU kernels of the plain case for an H100
-(`--target mosaic_gpu`: causal or not, bf16, head dims 64 and 128, T = S =
-1024, GQA 4/2; a spill or a ptxas warning fails the variant). Each
-compiles in a child of its own with a timeout (`_harness.run_child`): an
-abort or a slow compile costs that variant only. A
-row a kernel, from the compiler's own output: ptxas's registers, spills and
-stack, the launch's shared memory, tensor-core instructions in the PTX (CUDA);
-scoped and pipelined-block VMEM against the chip's limit, the grid, the
-module's HBM peak (TPU). How, and the venvs: docs/gpu.md ("Compiled for an H100
-without one") and docs/tpu.md.
+A variant: one `jax.jit` of a feature's forward and its vjp, by dtype, head dim and
+backward, compiled only, for an H100 (`--target cuda`: the Triton kernels;
+`--target mosaic_gpu`: the Mosaic GPU ones, plain case, where a spill or a ptxas
+warning fails it) or TPU v5e and v6e (`--target tpu`: the Mosaic kernels), each in
+a child with a timeout (`_harness.run_child`), so an abort costs that variant only.
+A row a kernel, from the compiler's own output. Shapes, columns and venvs:
+docs/gpu.md ("Compiled for an H100 without one") and docs/tpu.md.
 
     python benchmarks/aot.py --variants 't5-bfloat16-*' --block-q 16 --block-k 32
     python benchmarks/aot.py --variants 'plain-bfloat16-h128-split' \\
@@ -131,10 +123,8 @@ def score_mod_of(feature: str, num_heads: int):
 
 
 def _variant_fn(feature, backward, precision=None, interpret=False, tiles=None, backend=None):
-    """`f(q, k, v, ct, extra) -> (out, grads)`: the forward and its vjp (to q, k, v and
-    the `extra` entries `rel_*` and `mod`) through `flash_attention`: the Triton
-    kernels, the Mosaic ones with `backend="tpu"`, interpret mode with `interpret`;
-    `precision` their float32 dots', `tiles` the overrides (`flash_kwargs`)."""
+    """`f(q, k, v, ct, extra) -> (out, grads)`: `flash_attention` and its vjp (to q, k, v
+    and `extra`'s `rel_*` and `mod`); `tiles`: the overrides (`flash_kwargs`)."""
 
     def forward(q, k, v, extra):
         kw = dict(is_causal=True)
@@ -166,14 +156,13 @@ def _variant_fn(feature, backward, precision=None, interpret=False, tiles=None, 
 
 
 def _mgpu_fn(causal: bool):
-    """`f(q, k, v, ct) -> (out, grads)`: the forward and its vjp through
-    `flash_attention(backend="mosaic_gpu")` (the Mosaic GPU kernels)."""
+    """`f(q, k, v, ct) -> (out, grads)` through `flash_attention(backend="mosaic_gpu")`."""
+
+    def forward(q, k, v):
+        nf = jattn.normalise(q, k, v, visibility=jattn.Visibility(is_causal=causal))
+        return fa.flash_attention(nf, backend="mosaic_gpu")[0]
 
     def jattn_aot_variant(q, k, v, ct):
-        def forward(q, k, v):
-            nf = jattn.normalise(q, k, v, visibility=jattn.Visibility(is_causal=causal))
-            return fa.flash_attention(nf, backend="mosaic_gpu")[0]
-
         out, vjp = jax.vjp(forward, q, k, v)
         return out, vjp(ct)
 
@@ -189,8 +178,7 @@ def flash_kwargs(tiles: dict | None) -> dict:
 
 
 def variant_inputs(spec: dict, sds) -> tuple:
-    """`(q, k, v, ct, extra)` of a variant as `sds(shape, dtype)` (sharded
-    `ShapeDtypeStruct`s): `q`, `ct` `[B, T, N, H]`, `k`, `v` `[B, T, K, H]`, extras."""
+    """`(q, k, v, ct, extra)` of a variant as `sds(shape, dtype)`: `q`, `ct` `[B, T, N, H]`."""
     b, t, n, kh, hd = SHAPE["b"], SHAPE["t"], SHAPE["n"], SHAPE["kh"], spec["head_dim"]
     dtype, feature = jnp.dtype(spec["dtype"]), spec["feature"]
     q, ct, k = sds((b, t, n, hd), dtype), sds((b, t, n, hd), dtype), sds((b, t, kh, hd), dtype)
@@ -221,13 +209,10 @@ def child_main(name: str, target_config: str | None, precision=None, tiles=None)
     kw = dict(tiles=tiles, backend="tpu" if tpu else None)
     sds = lambda s, d: jax.ShapeDtypeStruct(s, d, sharding=sharding)
     if mgpu:  # Mosaic GPU: XLA's compile runs its pipeline and ptxas (MOSAIC_GPU_DUMP_*)
-        fn, (b, t, n, kh), hd = (
-            jax.jit(_mgpu_fn(spec["mgpu"])),
-            MGPU_SHAPE.values(),
-            spec["head_dim"],
-        )
-        q, k = sds((b, t, n, hd), jnp.bfloat16), sds((b, t, kh, hd), jnp.bfloat16)
-        inputs, tiles = (q, k, k, q), {"mosaic_gpu_attention.Tiles()": "(default)"}
+        b, t, n, kh = MGPU_SHAPE.values()
+        q, k = (sds((b, t, x, spec["head_dim"]), jnp.bfloat16) for x in (n, kh))
+        fn, inputs = jax.jit(_mgpu_fn(spec["mgpu"])), (q, k, k, q)
+        tiles = {"mosaic_gpu_attention.Tiles()": "(default)"}
     else:
         fn = jax.jit(_variant_fn(spec["feature"], spec["backward"], precision, **kw))
         inputs = variant_inputs(spec, sds)
@@ -308,9 +293,8 @@ def ptxas_warnings(log: str) -> list[str]:
 
 
 def strict_status(row: dict, warnings: list[str]) -> dict:
-    """A Mosaic GPU kernel's row with a spill or a ptxas warning made a
-    failure (those kernels are held to none: their tiles are chosen so); a
-    warning that names a function counts for that kernel only."""
+    """A Mosaic GPU kernel's row, a spill or a ptxas warning (one naming a function:
+    that kernel's only) made a failure: their tiles are chosen to have none."""
     spills = [c for c in ("spill_stores", "spill_loads") if row.get(c) not in ("", 0, None)]
     named = re.compile(r"function '(\w+)'")
     mine = [w for w in warnings if (m := named.search(w)) is None or m[1] == row.get("kernel")]
@@ -330,9 +314,8 @@ def parse_launches(thunks: str) -> dict[str, int]:
 
 
 def count_mma(ptx_files: list[str], texts: tuple[str, ...] = (), pattern=_MMA) -> dict[str, int]:
-    """Tensor-core instructions (`mma.sync`, `wgmma.mma_async`: `pattern`) in
-    the PTX of each jattn kernel (files, or `texts` holding PTX, such as a
-    log where Mosaic GPU printed it): 0 means the dots run as FMAs."""
+    """Tensor-core instructions (`pattern`) in each jattn kernel's PTX (files, or
+    `texts` such as a log Mosaic GPU printed it in): 0 means the dots run as FMAs."""
     counts = {}
     for text in [*map(_read, ptx_files), *texts]:  # an entry's body runs to the next entry
         for body in re.split(r"(?=\.entry \w+\()", text):
@@ -459,12 +442,9 @@ def run_variant(name: str, args, dump_root: str) -> tuple[list[dict], dict]:
         env.update(MOSAIC_GPU_DUMP_PTXAS="1", MOSAIC_GPU_DUMP_PTX="1")
     cmd = [args.python, os.path.abspath(__file__), *args.argv, "--child", name]  # the same flags
     child = h.run_child(cmd, os.path.join(dump, "compile.log"), timeout_s=args.timeout_s, env=env)
-    result, error = {}, ""
-    for line in child.output.splitlines():
-        if line.startswith("AOT_RESULT "):
-            result = json.loads(line[len("AOT_RESULT ") :])
-        elif line.startswith("AOT_ERROR "):
-            error = line[len("AOT_ERROR ") :]
+    tagged = dict(ln.split(" ", 1) for ln in child.output.splitlines()
+                  if ln.startswith(("AOT_RESULT ", "AOT_ERROR ")))  # fmt: skip
+    result, error = json.loads(tagged.get("AOT_RESULT", "{}")), tagged.get("AOT_ERROR", "")
     result.update(ptxas=ptxas_version(child.output), wall_s=round(child.seconds, 1))
     status = child.status
     if status.startswith("exit"):
@@ -476,14 +456,12 @@ def run_variant(name: str, args, dump_root: str) -> tuple[list[dict], dict]:
             if kernel := parse_mosaic_kernel(_read(path)):
                 mosaic[kernel["name"]] = kernel
         rows = kernel_rows(name, status, result, mosaic, child.seconds)
-    elif args.target == "mosaic_gpu":
-        rows = cuda_rows(name, status, result, child.output, dump, child.seconds)
-        mma = count_mma([], (child.output,), _WGMMA_INLINE)
-        warnings = ptxas_warnings(child.output)
-        rows = [strict_status(r | {"mma": mma.get(r["kernel"], "")}, warnings) for r in rows]
-        status = rows[0]["status"]
     else:
         rows = cuda_rows(name, status, result, child.output, dump, child.seconds)
+    if args.target == "mosaic_gpu":  # its PTX and ptxas's report are in the log
+        mma, warnings = count_mma([], (child.output,), _WGMMA_INLINE), ptxas_warnings(child.output)
+        rows = [strict_status(r | {"mma": mma.get(r["kernel"], "")}, warnings) for r in rows]
+        status = rows[0]["status"]
     if status == "ok" and not args.keep_dumps:
         shutil.rmtree(dump, ignore_errors=True)
     return rows, result
@@ -522,8 +500,7 @@ def _tiles(args) -> dict:
 
 
 def installed(target: str) -> bool:
-    """Whether this interpreter has what `target` compiles with (looked up, not
-    imported): jax's CUDA plugin (CUDA 12 or 13), or libtpu."""
+    """Whether this interpreter has (not imported) jax's CUDA 12/13 plugin, or libtpu."""
     names = ["libtpu"] if target == "tpu" else [f"jax_plugins.xla_cuda{v}" for v in (12, 13)]
     try:
         return any(importlib.util.find_spec(n) for n in names)
@@ -532,8 +509,8 @@ def installed(target: str) -> bool:
 
 
 def child_python(target: str, given: str | None = None) -> str | None:
-    """The children's interpreter: `--python`; this one if `installed`; on a TPU,
-    else the checkout's .venv-tpu (so that the main venv can run `--target tpu`)."""
+    """The children's interpreter: `--python`; this one if `installed`; else, on a TPU,
+    the checkout's .venv-tpu."""
     if given or installed(target):
         return given or sys.executable
     return VENV_TPU if target == "tpu" and os.access(VENV_TPU, os.X_OK) else None

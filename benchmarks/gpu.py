@@ -1,19 +1,14 @@
 """The GPU window's benchmarks: jattn's Pallas flash kernels in stages, and a training stage.
 
-Written for one H200 in a 15-minute window (docs/gpu.md, "The benchmark in
-stages"). Every cell runs in a child process with its own timeout
-(`StageRunner`; `_gpu_cells.py` is what a child does), so a compiler abort or
-a hang costs that cell only (its XLA dump and output kept under `--dump-dir`);
-rows go to `--out` as each finishes. This process never imports jax: it would
-hold GPU memory. Stages: probe (without a GPU the script refuses, status 2),
-smoke, check (float64 gate; stops the run on a failure unless
-`--continue-on-fail`), headline (L = 8192 causal bf16 against cuDNN; goals
-pallas/cudnn <= 1.25, Shaw/plain <= 1.3) and sweep (tiles, warps, lengths,
-while `--budget-s` lasts). FLOPs are model FLOPs: forward `4·B·N·T·S·H`,
-halved when causal, forward+backward 3.5x that. `--train`: the Delétang tape
-model (``configs/chomsky.py:reverse_string,test100``) by `jattn train`
-children under the default rule and ``xla``, and the host data path's ms a
-step; the data prepared in `--data-dir` (scripts/gpu_kit.sh).
+Written for one H200 in a 15-minute window: docs/gpu.md ("The benchmark in
+stages") says what each stage holds and why. Every cell runs in a child process
+with its own timeout (`StageRunner`; `_gpu_cells.py` is what a child does), so a
+compiler abort or a hang costs that cell only; rows go to `--out` as each
+finishes. This process never imports jax: it would hold GPU memory. FLOPs are
+model FLOPs: forward `4·B·N·T·S·H`, halved when causal, forward+backward 3.5x.
+Stages: probe, smoke, check (the float64 gate), headline, sweep (while `--budget-s`
+lasts). `--train`: `jattn train` children on the Delétang tape model (`CONFIG`),
+the default rule against xla, and the host data path; data from scripts/gpu_kit.sh.
 
     python benchmarks/gpu.py --stage smoke check headline sweep --budget-s 150
     python benchmarks/gpu.py --stage smoke --cpu-smoke          # CPU, interpret mode
@@ -185,25 +180,20 @@ def _check_cells(cpu: bool) -> list[Cell]:
     both = ["split", "fused"]
     cells = [Cell(name, dict(kind="check", name=name, case=case, backwards=both), timeout, expect)
              for name, case in cases.items()]  # fmt: skip
-    if not cpu:  # cuDNN through jax.nn, bf16 (its dtypes), after training's two cells
-        cudnn = {
-            "cudnn_bf16_h128_causal": (2, 512, 512, 4, 4, 128, bf16, True),
-            "cudnn_bf16_h64_gqa": (2, 256, 256, 4, 2, 64, bf16, False),
-        }
-        for n, (name, case) in enumerate(cudnn.items()):
-            spec = dict(kind="check", name=name, impl="cudnn", backwards=["-"])
-            spec["case"] = (*case, False, False, None, 0.0)
-            cells.insert(2 + n, Cell(name, spec, timeout, expect))
-    # The Mosaic GPU kernels (plain bf16; lengths multiples of 128) after cuDNN: nothing
-    # trusts them before this passes. On the CPU, or a GPU that is no sm_90, a skip row.
-    mgpu = {
-        "mgpu_bf16_h128_causal_gqa": (2, 512, 512, 4, 2, 128, bf16, True),
-        "mgpu_bf16_h64": (1, 256, 384, 4, 4, 64, bf16, False),
+    # After training's two cells: cuDNN through jax.nn, bf16 (its dtypes; not on the CPU),
+    # then the Mosaic GPU kernels (plain bf16; lengths multiples of 128): nothing trusts
+    # them before this passes. On the CPU, or a GPU that is no sm_90, a skip row.
+    plain = {
+        "cudnn_bf16_h128_causal": ("cudnn", (2, 512, 512, 4, 4, 128, bf16, True)),
+        "cudnn_bf16_h64_gqa": ("cudnn", (2, 256, 256, 4, 2, 64, bf16, False)),
+        "mgpu_bf16_h128_causal_gqa": ("mosaic_gpu", (2, 512, 512, 4, 2, 128, bf16, True)),
+        "mgpu_bf16_h64": ("mosaic_gpu", (1, 256, 384, 4, 4, 64, bf16, False)),
     }
-    for n, (name, case) in enumerate(mgpu.items()):
-        spec = dict(kind="check", name=name, impl="mosaic_gpu", backwards=["-"])
+    plain = [(n, impl, case) for n, (impl, case) in plain.items() if not cpu or impl != "cudnn"]
+    for i, (name, impl, case) in enumerate(plain):
+        spec = dict(kind="check", name=name, impl=impl, backwards=["-"])
         spec["case"] = (*case, False, False, None, 0.0)
-        cells.insert((2 if cpu else 4) + n, Cell(name, spec, timeout, expect))
+        cells.insert(2 + i, Cell(name, spec, timeout, expect))
     for name, shape in shapes.items():
         for mods in groups:
             spec = dict(kind="check_mods", shape=shape, mods=mods, backwards=both)
@@ -231,10 +221,8 @@ def _headline_cells(cpu: bool) -> list[Cell]:
 
 
 def _mosaic_gpu_cells(cpu: bool) -> list[Cell]:
-    """The Mosaic GPU kernels (`flash_attention(backend="mosaic_gpu")`) at the
-    headline shape, bf16[2, 8192, 16, 128], causal and not, fwd and fwd+bwd,
-    with cuDNN and the Triton kernels beside them in the same run (`sweep/mgpu*`;
-    a skip row where they cannot run, as on the CPU)."""
+    """`sweep/mgpu*`: the Mosaic GPU kernels at the headline shape, causal and not, with
+    cuDNN and the Triton kernels beside them (a skip row where they cannot run)."""
     cells = []
     for causal in (True, False):
         mask = "causal" if causal else "noncausal"
@@ -247,7 +235,7 @@ def _mosaic_gpu_cells(cpu: bool) -> list[Cell]:
 
 def _sweep_cells(cpu: bool) -> list[Cell]:
     time_cell = lambda name, **spec: _time_cell(name, cpu, 120.0, 30.0, **spec)
-    cells = _mosaic_gpu_cells(cpu)
+    cells = []
     # (block_q, block_k, warps) of every kernel, then of the backward's two (the
     # forward at its default: the first H200 run's backward took 85% of the
     # headline's fwd+bwd at 32x32, 4 warps).
@@ -263,6 +251,7 @@ def _sweep_cells(cpu: bool) -> list[Cell]:
         spec = dict(impl="pallas", backward="split", modes=["fwd+bwd"])
         spec.update(backward_blocks=[bq, bk], backward_warps=warps)
         cells.append(time_cell(f"bwd[{bq}x{bk}w{warps}]split", **spec))
+    cells += _mosaic_gpu_cells(cpu)  # after the Triton backward's tiles (issue 50)
     # Each backward kernel on its own tiles (`flash_attention(backward_tiles=)`): the
     # dq kernel's swept with the dk/dv kernel's fixed at the fastest shared tile of the
     # first H200 run (128x32, 4 warps), then the other way round. The Triton

@@ -438,26 +438,19 @@ def peak_tables(spec: str, overrides, run: dict, prof: dict, *, rounds: int, ste
     clip = lambda w: w if len(w) <= 110 else "..." + w[-107:]
     top = [[f"{t / 1e6:.2f}", name, cat, f"`{clip(w.replace('|', '/'))}`"]
            for t, name, cat, w in prof["top"]]  # fmt: skip
-    lines = [
+    return "\n\n".join([  # paragraphs
         f"`--config {spec}{extra}`, rows {run['rows']}; jax {jax.__version__}, "
         f"{jax.devices()[0].platform}, {os.cpu_count()} cores",
-        "",
         h.table(["measure", "value"], measures, "lr"),
-        "",
         f"Breakdown: `jax.profiler` trace of {prof['steps']} steps, "
         f"{prof['window_ns'] / 1e6:.2f} ms a step traced; {prof['ops']} op events, "
         f"{prof['unknown']} not found in the module",
-        "",
         h.table(["category", "ms/step", "share"], shares, "lrr"),
-        "",
         "Costliest instructions (exclusive ms a step traced):",
-        "",
         h.table(["ms/step", "instruction", "category", "jax op_name"], top, "r"),
-        "",
         f"arithmetic (matmuls and attention dots): {100 * arith / window:.1f}% of the step; "
         f"largest cost that is not arithmetic: {worst} ({100 * rest[worst] / window:.1f}%)",
-    ]
-    return "\n".join(lines)
+    ])  # fmt: skip
 
 
 def peak(args, overrides) -> None:
