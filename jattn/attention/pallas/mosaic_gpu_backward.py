@@ -45,6 +45,7 @@ from jattn.attention.pallas.mosaic_gpu_stream import (
     Ring,
     compute_registers,
     feed,
+    feed_keys_values,
     release,
     skip,
     take,
@@ -154,14 +155,7 @@ def flash_dq(q, k, v, do, lse, delta, *, causal: bool, scale: float, tiles) -> j
 
         @pl.when(wg == wgs)
         def _memory():
-            plgpu.set_max_registers(MEMORY_REGISTERS, action="decrease")
-            kv_head = lax.div(head, jnp.int32(group))
-
-            def sources(j):
-                keys = (batch, pl.ds(j * bk, bk), kv_head)
-                return k_ref.at[keys], v_ref.at[keys]
-
-            feed(ring, count, sources)
+            feed_keys_values(ring, count, k_ref, v_ref, batch, head, group, bk)
 
     scratch = [
         (

@@ -32,10 +32,9 @@ from jax.experimental import pallas as pl
 from jax.experimental.pallas import mosaic_gpu as plgpu
 
 from jattn.attention.pallas.mosaic_gpu_stream import (
-    MEMORY_REGISTERS,
     Ring,
     compute_registers,
-    feed,
+    feed_keys_values,
     release,
     skip,
     take,
@@ -190,14 +189,7 @@ def flash_forward(q, k, v, *, causal: bool, scale: float, tiles) -> tuple[jax.Ar
 
         @pl.when(wg == wgs)
         def _memory():
-            plgpu.set_max_registers(MEMORY_REGISTERS, action="decrease")
-            kv_head = lax.div(head, jnp.int32(group))
-
-            def sources(j):
-                keys = (batch, pl.ds(j * bk, bk), kv_head)
-                return k_ref.at[keys], v_ref.at[keys]
-
-            feed(ring, count, sources)
+            feed_keys_values(ring, count, k_ref, v_ref, batch, head, group, bk)
 
     scratch = [
         smem_operand((wgs, bq, h), dtype),  # q, then the output

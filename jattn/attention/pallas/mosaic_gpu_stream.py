@@ -38,7 +38,16 @@ from jax import lax
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import mosaic_gpu as plgpu
 
-__all__ = ["MEMORY_REGISTERS", "Ring", "compute_registers", "feed", "release", "skip", "take"]
+__all__ = [
+    "MEMORY_REGISTERS",
+    "Ring",
+    "compute_registers",
+    "feed",
+    "feed_keys_values",
+    "release",
+    "skip",
+    "take",
+]
 
 # Registers a thread of the memory warpgroup keeps (it only issues copies);
 # the compute warpgroups get the rest of the SM's 64K (`compute_registers`).
@@ -94,6 +103,20 @@ def feed(ring: Ring, count, sources: Callable[[jax.Array], tuple]) -> None:
     @pl.loop(jnp.maximum(count - ring.stages, 0), count)
     def _(step):
         plgpu.barrier_wait(ring.consumed.at[ring.slot(step)])
+
+
+def feed_keys_values(ring: Ring, count, k_ref, v_ref, batch, head, group: int, bk: int) -> None:
+    """The memory warpgroup of a kernel that streams one query head's keys and
+    values (the forward and the dq kernel): gives up registers, then `feed`s the
+    `bk`-key tiles `0 .. count - 1` of kv head `head // group`."""
+    plgpu.set_max_registers(MEMORY_REGISTERS, action="decrease")
+    kv_head = lax.div(head, jnp.int32(group))
+
+    def sources(j):
+        keys = (batch, pl.ds(j * bk, bk), kv_head)
+        return k_ref.at[keys], v_ref.at[keys]
+
+    feed(ring, count, sources)
 
 
 def take(ring: Ring, step) -> tuple:
