@@ -8,7 +8,7 @@ finishes. This process never imports jax: it would hold GPU memory. FLOPs are
 model FLOPs: forward `4·B·N·T·S·H`, halved when causal, forward+backward 3.5x.
 Stages: probe, smoke, check (the float64 gate), headline, sweep (while `--budget-s`
 lasts). `--train`: `jattn train` children on the Delétang tape model (`CONFIG`),
-the default rule against xla, and the host data path; data from scripts/gpu_kit.sh.
+the default rule against xla, each with its wait for input; data from scripts/gpu_kit.sh.
 
     python benchmarks/gpu.py --stage smoke check headline sweep --budget-s 150
     python benchmarks/gpu.py --stage smoke --cpu-smoke          # CPU, interpret mode
@@ -21,6 +21,7 @@ import argparse
 import csv
 import dataclasses
 import fnmatch
+import itertools
 import json
 import os
 import shutil
@@ -43,7 +44,7 @@ CONFIG = "configs/chomsky.py:reverse_string,test100"
 DATASETS = ("reverse_string/test100",)
 ARMS = (("default", None), ("xla", "xla"))
 TRAIN_COLUMNS = ("arm", "status", "steps", "batch_size", "final_loss", "losses", "steps_per_s",
-           "host_ms_per_step", "wall_s", "device", "note")  # fmt: skip
+           "input_wait_ms", "wall_s", "device", "note")  # fmt: skip
 START = time.perf_counter()
 PASSED = ("ok", "PASS", "skip")  # how a row's status starts when it did not fail
 log = lambda msg: print(f"[{time.perf_counter() - START:6.1f}s] {msg}", flush=True)
@@ -177,8 +178,11 @@ def _check_cells(cpu: bool) -> list[Cell]:
         }
         groups, shapes = [["alibi", "t5"]], {"f32": (1, 40, 2, 1, 16, f32)}
     timeout, expect = (180.0, 40.0) if cpu else (120.0, 25.0)
-    both = ["split", "fused"]
-    cells = [Cell(name, dict(kind="check", name=name, case=case, backwards=both), timeout, expect)
+    # Both backwards everywhere, the atomic one (dq by atomic adds) too where GQA, Shaw,
+    # packing, windows and dropout meet.
+    both, atomic = ["split", "fused"], ("gqa", "packed_shaw", "window_dropout")
+    cells = [Cell(name, dict(kind="check", name=name, case=case, backwards=both + ["atomic"]
+                             * name.endswith(atomic)), timeout, expect)
              for name, case in cases.items()]  # fmt: skip
     # After training's two cells: cuDNN through jax.nn, bf16 (its dtypes; not on the CPU),
     # then the Mosaic GPU kernels (plain bf16; lengths multiples of 128): nothing trusts
@@ -220,19 +224,6 @@ def _headline_cells(cpu: bool) -> list[Cell]:
     return cells + [_time_cell(name, cpu, timeout, expect, **s) for name, s in impls.items()]
 
 
-def _mosaic_gpu_cells(cpu: bool) -> list[Cell]:
-    """`sweep/mgpu*`: the Mosaic GPU kernels at the headline shape, causal and not, with
-    cuDNN and the Triton kernels beside them (a skip row where they cannot run)."""
-    cells = []
-    for causal in (True, False):
-        mask = "causal" if causal else "noncausal"
-        for impl in ("mosaic_gpu", "cudnn", "pallas"):
-            name = "mgpu_" + mask if impl == "mosaic_gpu" else f"mgpu_{impl}_{mask}"
-            impl = "xla_jax" if cpu and impl == "cudnn" else impl
-            cells.append(_time_cell(name, cpu, 120.0, 30.0, impl=impl, causal=causal))
-    return cells
-
-
 def _sweep_cells(cpu: bool) -> list[Cell]:
     time_cell = lambda name, **spec: _time_cell(name, cpu, 120.0, 30.0, **spec)
     cells = []
@@ -251,7 +242,12 @@ def _sweep_cells(cpu: bool) -> list[Cell]:
         spec = dict(impl="pallas", backward="split", modes=["fwd+bwd"])
         spec.update(backward_blocks=[bq, bk], backward_warps=warps)
         cells.append(time_cell(f"bwd[{bq}x{bk}w{warps}]split", **spec))
-    cells += _mosaic_gpu_cells(cpu)  # after the Triton backward's tiles (issue 50)
+    # sweep/mgpu*, after the Triton backward's tiles (issue 50): the Mosaic GPU kernels at
+    # the headline shape, causal and not, with cuDNN and the Triton kernels beside them.
+    for mask, impl in itertools.product(("causal", "noncausal"), ("mosaic_gpu", "cudnn", "pallas")):
+        name = "mgpu_" + mask if impl == "mosaic_gpu" else f"mgpu_{impl}_{mask}"
+        impl = "xla_jax" if cpu and impl == "cudnn" else impl
+        cells.append(time_cell(name, impl=impl, causal=mask == "causal"))
     # Each backward kernel on its own tiles (`flash_attention(backward_tiles=)`): the
     # dq kernel's swept with the dk/dv kernel's fixed at the fastest shared tile of the
     # first H200 run (128x32, 4 warps), then the other way round. The Triton
@@ -289,8 +285,8 @@ BUILDERS = dict(
 
 # The training stage (--train): `jattn train` children, default path against xla.
 def run_arm(name, impl, args, tmp, timeout_s) -> dict:
-    """One `jattn train` child; its row: status, the logged losses and the last
-    interval's steps/s (metrics.jsonl), and its `devices:` line."""
+    """One `jattn train` child; its row: status, the logged losses, the last
+    interval's steps/s and wait for input (metrics.jsonl), and its `devices:` line."""
     workdir, steps = os.path.join(tmp, name), args.steps  # six logs, one eval batch
     cmd = [sys.executable, "-m", "jattn.cli", "train", "--config", CONFIG, "--workdir", workdir,
            "--compilation-cache-dir", ""]  # fmt: skip
@@ -315,49 +311,22 @@ def run_arm(name, impl, args, tmp, timeout_s) -> dict:
         train = [r for r in map(json.loads, filter(str.strip, f)) if "train/loss" in r]
     if train:
         last, losses = train[-1], " ".join(f"{r['step']}:{r['train/loss']:.4f}" for r in train)
-        row.update(steps=last["step"], final_loss=f"{last['train/loss']:.5f}", losses=losses,
-                   steps_per_s=f"{last.get('train/steps_per_sec', float('nan')):.3f}")  # fmt: skip
+        got = lambda key, spec: format(last.get(f"train/{key}", float("nan")), spec)
+        row.update(steps=last["step"], final_loss=got("loss", ".5f"), losses=losses)
+        row.update(
+            steps_per_s=got("steps_per_sec", ".3f"), input_wait_ms=got("input_wait_ms", ".2f")
+        )
     return row
-
-
-HOST_CHILD = """
-import json, sys
-import jattn.data as data
-from jattn.train.config import load_config
-c = load_config(sys.argv[1])
-task = data.load(c.dataset, data_dir=sys.argv[2])
-s = data.measure_loader(task, "train", batch_size=int(sys.argv[3]), max_len=c.max_len,
-                        max_input_len=c.max_input_len, num_batches=int(sys.argv[4]), pack=c.pack)
-print(json.dumps(s), flush=True)
-"""
-
-
-def host_time(args, tmp, timeout_s) -> str:
-    """Host ms a step of the training rows, from a child (the pipeline alone)."""
-    cmd = [sys.executable, "-c", HOST_CHILD, CONFIG, args.data_dir, str(args.batch_size)]
-    cmd.append(str(args.host_batches))
-    env = h.child_env(JAX_PLATFORMS="cpu")
-    done = h.run_child(cmd, os.path.join(tmp, "host.log"), timeout_s=timeout_s, env=env, cwd=h.ROOT)
-    if done.status != "ok":
-        print(f"[train] host data time: {done.status}: {done.output.strip()[-500:]}", flush=True)
-        return ""
-    stats = json.loads(done.output.strip().splitlines()[-1])
-    print(f"[train] host data path: {stats}", flush=True)
-    return f"{1000.0 / stats['batches_per_s']:.2f}"
 
 
 def train(args) -> int:
     """`--train`: the window's training stage (the module docstring); the CSV's rows."""
-    smoke, args.total_s, args.data_dir = args.cpu_smoke, args.total_s or 150.0, args.data_dir
+    smoke, args.data_dir = args.cpu_smoke, os.path.abspath(args.data_dir)
     args.steps, args.batch_size = args.steps or (300, 4)[smoke], args.batch_size or (128, 16)[smoke]
-    args.host_batches, args.data_dir = (50, 5)[smoke], os.path.abspath(args.data_dir)
     if not os.path.isdir(args.data_dir):
         print(f"gpu.py --train: no prepared data in {args.data_dir} (scripts/gpu_kit.sh)")
         return 2
-    # The host data child last, with a fixed reserve: the arms get the rest.
-    host_reserve = min(30.0, 0.15 * args.total_s)
-    deadline = time.monotonic() + args.total_s - host_reserve
-    rows = []
+    deadline, rows = time.monotonic() + (args.total_s or 150.0), []
     with tempfile.TemporaryDirectory(prefix="jattn_gpu_train_") as tmp:
         for i, (name, impl) in enumerate(ARMS):
             share = (deadline - time.monotonic()) / (len(ARMS) - i)
@@ -365,9 +334,6 @@ def train(args) -> int:
                 rows.append({"arm": name, "status": "skipped", "note": "no time left"})
                 continue
             rows.append(run_arm(name, impl, args, tmp, share))
-        host_ms = host_time(args, tmp, max(5.0, deadline + host_reserve - time.monotonic()))
-        for row in rows:
-            row["host_ms_per_step"] = host_ms
     h.write_csv(args.out, rows, TRAIN_COLUMNS)
     for row in rows:
         print(f"[train] {row}", flush=True)
@@ -420,10 +386,8 @@ def main(argv=None) -> int:
     args = p.parse_args(sys.argv[1:] if argv is None else argv)  # no jattn (no jax) import here
     if args.cell:  # a child: `inject` simulates a compiler abort or hang, `noop` the tests'
         spec = json.loads(args.cell)
-        if spec.get("inject") == "abort":
-            os.abort()
-        if spec.get("inject") == "hang":
-            time.sleep(3600)
+        if inject := spec.get("inject"):
+            dict(abort=os.abort, hang=lambda: time.sleep(3600))[inject]()
         if spec["kind"] == "noop":
             seen = dict(xla_flags=os.environ.get("XLA_FLAGS"), shared=spec.get("shared"))
             with open(args.rows, "a") as f:

@@ -9,7 +9,6 @@ times against chunked plain. `--table-gradient`: why a distance-table mod moves
 a trained model's numbers.
 
     python benchmarks/score_mod.py --length 4096
-    python benchmarks/score_mod.py --tile-pieces --repeats 9   # the T5 mod's pieces on one tile
     python benchmarks/score_mod.py --table-gradient t5 --implementation chunked
 """
 
@@ -17,7 +16,6 @@ from __future__ import annotations
 
 import dataclasses
 import os
-import statistics
 import sys
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
@@ -111,46 +109,6 @@ def run(args) -> list[dict]:
     return [dict(L=args.length, cell=name, **r, **vs(r)) for name, r in out.items()]
 
 
-def tile_pieces(num_heads: int, block: int, repeats: int) -> str:
-    """Where the T5 mod's time goes on one tile `[1, N, 1, block, block]`: an
-    elementwise op, the buckets, the forward, and `jax.vjp` with the row-scatter
-    backward (now) and the gather's autodiff (before). Round-robin medians."""
-    from jattn.attention import scores  # noqa: PLC0415
-
-    rng = np.random.default_rng(0)
-    tab = jnp.asarray(rng.normal(size=(num_heads, 32)), jnp.float32)
-    s = jnp.asarray(rng.normal(size=(1, num_heads, 1, block, block)), jnp.float32)
-    qp = jnp.arange(2 * block, 3 * block, dtype=jnp.int32)[None]  # [1, t]
-    kp = jnp.arange(block, 2 * block, dtype=jnp.int32)[None] + 100  # [1, s]
-    head = jnp.arange(num_heads, dtype=jnp.int32).reshape(1, num_heads, 1, 1, 1)
-    rel = kp[:, None, None, None, :] - qp[:, None, None, :, None]
-    bucket = lambda: positions.t5_relative_bucket(rel, 32, 128, False)
-
-    def t5_now(tab, s):
-        mod = positions.t5_score_mod(tab, bidirectional=False)
-        return scores.apply_grouped_score_mod(mod, s, jnp.arange(1), 0, qp, kp)
-
-    def vjp_of(f):
-        def g(tab, s):
-            out, pull = jax.vjp(f, tab, s)
-            return pull(out)
-
-        return g
-
-    pieces = {
-        "elementwise op (x 1.0001)": lambda tab, s: s * 1.0001,
-        "buckets (log, division, clip)": lambda tab, s: s + bucket().astype(jnp.float32),
-        "buckets + gather (forward)": t5_now,
-        "fwd+bwd, row-scatter backward (now)": vjp_of(t5_now),
-        "fwd+bwd, autodiff scatter (before)": vjp_of(lambda tab, s: s + tab[head, bucket()]),
-    }
-    compiled = [jax.jit(f).lower(tab, s).compile() for f in pieces.values()]
-    times = h.rounds([lambda c=c: c(tab, s) for c in compiled], repeats)
-    rows = [[k, f"{1e3 * statistics.median(t):.2f}"] for k, t in zip(pieces, times, strict=True)]
-    return h.table([f"piece, one {block} x {block} tile of {num_heads} heads", "median (ms)"],
-                   rows, "lr")  # fmt: skip
-
-
 def table_gradient(name: str, implementation: str, b: int, t: int | None) -> str:
     """`--table-gradient`: a distance mod read from its table against per logit (4
     heads of 16, bidirectional): the same logits, a gradient summed in another order."""
@@ -210,7 +168,6 @@ def main(argv=None):
     p.add_argument("--head-dim", type=int, default=32, help="head dimension H")
     p.add_argument("--no-causal", dest="causal", action="store_false", help="not causal")
     p.add_argument("--only", nargs="*", help="cells to run (names as printed)")
-    p.add_argument("--tile-pieces", action="store_true", help="the T5 mod's pieces on one tile")
     p.add_argument("--table-gradient", choices=("t5", "alibi"), help="the mod's table gradient")
     p.add_argument("--implementation", choices=("xla", "chunked"), default="xla", help="its path")
     p.add_argument("--batch", type=int, default=16, help="--table-gradient: rows B")
@@ -222,9 +179,6 @@ def main(argv=None):
     where = f"jax {jax.__version__}, backend {jax.default_backend()}, devices {jax.devices()}"
     print(f"{where}, B=1 N={args.heads} H={args.head_dim} L={args.length} causal={args.causal}",
           "float32")  # fmt: skip
-    if args.tile_pieces:
-        print(tile_pieces(args.heads, 512, args.repeats))
-        return 0
     rows = run(args)
     h.write_csv(args.out, rows)
     print(f"\nwrote {args.out}\n")

@@ -59,7 +59,7 @@ def test_gpu_window_cpu_dry_run(tmp_path, data_dir):
     for r in train:
         assert r["status"] == "ok" and r["steps"] == "4", r
         assert math.isfinite(float(r["final_loss"])) and float(r["steps_per_s"]) > 0, r
-        assert float(r["host_ms_per_step"]) > 0 and r["device"].endswith("cpu (1 process(es))")
+        assert float(r["input_wait_ms"]) > 0 and r["device"].endswith("cpu (1 process(es))")
     # Same data, same seed, same model: xla and the default path train alike
     # (float32 on the CPU; the GPU run compares them statistically).
     losses = [[float(x.split(":")[1]) for x in r["losses"].split()] for r in train]

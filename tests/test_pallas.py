@@ -582,6 +582,11 @@ def test_bench_gpu_cpu_check_stage(tmp_path):
     rows = [r for r in rows if r not in skipped]
     assert {r["cell"] for r in rows} == {"f32_packed_shaw", "f32_window_dropout", "mods_f32_alibi"}
     assert {"pallas_alibi", "pallas_t5"} <= {r["impl"] for r in rows}
+    # The atomic backward is checked beside the other two where Shaw, packing, a
+    # window and dropout meet (before the window times it, sweep/atomic*).
+    backwards = {(r["cell"], r["backward"]) for r in rows}
+    for cell in ("f32_packed_shaw", "f32_window_dropout"):
+        assert {(cell, b) for b in ("split", "fused", "atomic")} <= backwards, backwards
     assert all(r["status"] == "PASS" for r in rows), rows
     errors = [float(e) for r in rows for e in re.findall(r"[\d.]+e[-+]\d+", r["max_rel_err"])]
     assert len(errors) >= len(rows) and max(errors) < 1e-5, errors

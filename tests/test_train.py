@@ -170,6 +170,11 @@ def test_a_run_learns_and_writes_its_outputs(reference):
             )
     assert 0.0 <= final["eval/validation/exact_match"] <= 1.0
     assert {"train/tokens_per_sec", "train/learning_rate", "train/accuracy"} <= set(rows[0])
+    # The loop's wait for its batches, timed: some, and less than a whole step takes.
+    train_rows = [r for r in rows if "train/loss" in r]
+    assert train_rows and all(
+        0 < r["train/input_wait_ms"] < 1000 / r["train/steps_per_sec"] for r in train_rows
+    )
 
     # TensorBoard (with the run's hparams), the resolved config,
     # the model config, decodes, final metrics.

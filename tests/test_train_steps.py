@@ -322,8 +322,10 @@ def test_train_metrics_average_an_interval_and_stop_on_a_non_finite_loss(tmp_pat
 
     writer = MetricsWriter(str(tmp_path))
     metrics = TrainMetrics(writer, Progress(10, 0, enabled=False, is_main=False))
+    metrics.waited(0.004)  # step 1's batch took 4 ms to get, step 2's 2 ms
     metrics.push(1, step_metrics(1.0, 0.1))
     assert metrics.last_loss != metrics.last_loss  # NaN: step 1 is still in flight
+    metrics.waited(0.002)
     metrics.push(2, step_metrics(3.0, 0.2))
     assert metrics.last_loss == 1.0  # step 1 fetched while step 2 runs
     metrics.log(2)
@@ -334,10 +336,13 @@ def test_train_metrics_average_an_interval_and_stop_on_a_non_finite_loss(tmp_pat
     assert [r["step"] for r in rows] == [2, 3]
     assert rows[0]["train/loss"] == 2.0 and rows[0]["train/grad_norm"] == 4.0
     assert rows[0]["train/learning_rate"] == 0.2 and rows[1]["train/loss"] == 5.0
+    # The mean wait of the interval's steps; the next interval starts from none.
+    assert rows[0]["train/input_wait_ms"] == pytest.approx(3.0)
+    assert rows[1]["train/input_wait_ms"] == 0.0
     assert set(rows[0]) == {
         "step", "train/loss", "train/loss_window_steps", "train/accuracy", "train/grad_norm",
-        "train/learning_rate",
-        "train/tokens_per_sec", "train/steps_per_sec",
+        "train/learning_rate", "train/tokens_per_sec", "train/steps_per_sec",
+        "train/input_wait_ms",
     }  # fmt: skip
     assert metrics.steady_steps_per_sec > 0  # the second interval (the first compiles)
     metrics.push(4, step_metrics(float("nan"), 0.4))

@@ -263,8 +263,11 @@ class TrainMetrics:
     device; `log` fetches what is left and writes the interval's means:
     ``train/loss``, ``train/accuracy``, ``train/grad_norm``, with
     ``train/loss_window_steps`` (how many steps they average),
-    ``train/learning_rate`` (the last step's), ``train/tokens_per_sec`` and
-    ``train/steps_per_sec``. `logged_loss` is the last row's ``train/loss``,
+    ``train/learning_rate`` (the last step's), ``train/tokens_per_sec``,
+    ``train/steps_per_sec`` and ``train/input_wait_ms``: the mean time a step's
+    host loop spent getting its batch (`waited`), which on a fast device tells
+    whether the input pipeline keeps it fed (near ``1000 / steps_per_sec``: it
+    does not). `logged_loss` is the last row's ``train/loss``,
     `logged_tokens_per_sec` its ``train/tokens_per_sec``.
 
     The first interval of a process includes compilation, so it is left out
@@ -281,6 +284,7 @@ class TrainMetrics:
         self._pending: tuple[int, Any] | None = None  # (step, device metrics) in flight
         self._sums = dict.fromkeys(_SUMMED, 0.0)
         self._count = 0
+        self._waited = 0.0  # seconds the loop waited for batches this interval
         self._learning_rate = 0.0
         self.last_loss = float("nan")  # of the last fetched step
         self.logged_loss = float("nan")  # train/loss of the last row written (a window's mean)
@@ -294,6 +298,10 @@ class TrainMetrics:
         """Records step `step`'s metrics (still on device); fetches the previous step's."""
         self.fetch()
         self._pending = (step, device_metrics)
+
+    def waited(self, seconds: float) -> None:
+        """Adds `seconds` the loop spent getting a step's batch to the interval."""
+        self._waited += seconds
 
     def fetch(self) -> None:
         """Fetches the metrics in flight, if any, into the interval's sums."""
@@ -331,6 +339,7 @@ class TrainMetrics:
             "train/learning_rate": self._learning_rate,
             "train/tokens_per_sec": self._sums["tokens"] / elapsed,
             "train/steps_per_sec": self._count / elapsed,
+            "train/input_wait_ms": 1000.0 * self._waited / n,
         }
         self._writer.write(step, row)
         if self._count:
@@ -338,7 +347,7 @@ class TrainMetrics:
         self.logged_tokens_per_sec = row["train/tokens_per_sec"]
         self._progress.update(self._count, row["train/loss"], row["train/tokens_per_sec"])
         self._sums = dict.fromkeys(_SUMMED, 0.0)
-        self._count = 0
+        self._count, self._waited = 0, 0.0
         self.restart_clock()
 
     def restart_clock(self) -> None:

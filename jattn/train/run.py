@@ -30,6 +30,7 @@ import copy
 import math
 import os
 import re
+import time
 from typing import Any
 
 import jax
@@ -299,7 +300,9 @@ class Run:
 
     def train_step(self, step: int) -> None:
         """Trains step `step` (the state holds `step - 1` steps) and hands its metrics on."""
+        t0 = time.perf_counter()
         batch = mesh_lib.make_global_batch(next(self.iterator), self.batch_sharding)
+        self.tracker.waited(time.perf_counter() - t0)
         self.state, metrics = self.step_fn(self.state, batch)
         self.tracker.push(step, metrics)  # fetches the previous step's
 
