@@ -293,6 +293,9 @@ DUP_XEON = "results/duplicate_rerun_xeon"  # the duplication grid rerun with the
 SHAW_XEON = "results/shaw_variants_rerun_xeon"  # Shaw's terms rerun with their metric
 REV_XEON = "results/ontanon_reverse_rerun_xeon"  # reversing at their budget, their metric
 DUPB_XEON = "results/ontanon_duplicate_rerun_xeon"  # duplication at their budget, their metric
+# Duplication at their budget's schemes, in the order its cell gives them.
+DUPB = (("ALiBi", "alibi"), ("T5", "t5"), ("RoPE", "rope"), ("sinusoidal", "sinusoidal"),
+        ("Shaw", "shaw"), ("sinusoidal+Shaw", "sinusoidal+shaw"))  # fmt: skip
 KZ_LONG = ("results/decoder_only_long", "results/decoder_only_long_alibi_rope")
 KZ_SIN = "results/decoder_only_long_sinusoidal"
 KZ_REP = "results/decoder_only_repeated"
@@ -392,30 +395,10 @@ SPECS = {
         "ontanon2022",
         lambda: [
             # First: some of the rerun's cells are the same text as the table's.
-            ", ".join(
-                f"{name} {ci(DUPB_XEON, f'position={scheme}', TF)}"
-                for name, scheme in (
-                    ("ALiBi", "alibi"),
-                    ("T5", "t5"),
-                    ("RoPE", "rope"),
-                    ("sinusoidal", "sinusoidal"),
-                    ("Shaw", "shaw"),
-                    ("sinusoidal+Shaw", "sinusoidal+shaw"),
-                )
-            ),
+            ", ".join(f"{name} {ci(DUPB_XEON, f'position={scheme}', TF)}" for name, scheme in DUPB),
             same_as_decoded(DUPB_XEON),
             steps(ONT_DUP, DUPB_XEON),
-            *(
-                f"{name} {ci(ONT_DUP, f'position={scheme}')}"
-                for name, scheme in (
-                    ("ALiBi", "alibi"),
-                    ("T5", "t5"),
-                    ("RoPE", "rope"),
-                    ("sinusoidal", "sinusoidal"),
-                    ("Shaw", "shaw"),
-                    ("sinusoidal+Shaw", "sinusoidal+shaw"),
-                )
-            ),
+            *(f"{name} {ci(ONT_DUP, f'position={scheme}')}" for name, scheme in DUPB),
         ],
     ),
     "Kazemnejad et al. 2023, decoder-only copy": (
