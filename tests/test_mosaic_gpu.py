@@ -215,14 +215,22 @@ def _interpret_params():
 
 @pytest.mark.slow
 @pytest.mark.parametrize(
-    "causal,t,s,n,kh,h",
-    [(True, 256, 256, 2, 1, 64), (False, 128, 256, 2, 2, 64)],
+    "causal,t,s,n,kh,h,wide",
+    [
+        (True, 256, 256, 2, 1, 64, False),
+        (False, 128, 256, 2, 2, 64, False),
+        (True, 256, 256, 4, 2, 64, True),
+    ],
 )
-def test_interpret_matches_float64(causal, t, s, n, kh, h):
+def test_interpret_matches_float64(causal, t, s, n, kh, h, wide):
     """Output, dq, dk and dv against the "xla" path in float64, bf16's bound
     (3e-2 of the largest reference value): several key tiles a block
-    (`block_k=64`), GQA (the dk/dv kernel's head loop), the causal skip."""
-    tiles = mga.Tiles(block_k=64, interpret=_interpret_params())
+    (`block_k=64`), GQA (the dk/dv kernel's steps over the group's heads),
+    the causal passed, diagonal and full tiles; `wide`: 128-row query tiles
+    in the dk/dv kernel and 128-row key tiles in the dq kernel, so that a
+    diagonal tile holds both warpgroups' keys and a passed tile is none."""
+    wide_tiles = dict(dkv_block_q=128, dq_block_k=128) if wide else {}
+    tiles = mga.Tiles(block_k=64, **wide_tiles, interpret=_interpret_params())
     q, k, v, ct = _qkv(1, t, s, n, kh, h, seed=3)
 
     def run(fn, *a):

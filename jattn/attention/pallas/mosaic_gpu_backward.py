@@ -48,6 +48,7 @@ from jattn.attention.pallas.mosaic_gpu_stream import (
     feed_keys_values,
     release,
     skip,
+    specialise,
     take,
 )
 
@@ -111,7 +112,6 @@ def flash_dq(q, k, v, do, lse, delta, *, causal: bool, scale: float, tiles) -> j
         block_row0 = lax.axis_index("q_tiles") * (wgs * bq)
         count = pl.cdiv(block_row0 + wgs * bq, bk) if causal else s // bk
 
-        @pl.when(wg < wgs)
         def _compute():
             plgpu.set_max_registers(compute_registers(wgs), action="increase")
             row0 = block_row0 + wg * bq
@@ -153,9 +153,10 @@ def flash_dq(q, k, v, do, lse, delta, *, causal: bool, scale: float, tiles) -> j
             plgpu.copy_smem_to_gmem(my_q, dq_ref.at[batch, rows, head])
             plgpu.wait_smem_to_gmem(0)
 
-        @pl.when(wg == wgs)
         def _memory():
             feed_keys_values(ring, count, k_ref, v_ref, batch, head, group, bk)
+
+        specialise(wg, wgs, _compute, _memory)
 
     scratch = [
         (
@@ -198,22 +199,25 @@ def flash_dkv(q, k, v, do, lse, delta, *, causal: bool, scale: float, tiles):
         ring = Ring(ring_smem, ready, consumed, stages)
         batch, kv_head, wg = lax.axis_index("batch"), lax.axis_index("heads"), lax.axis_index("wg")
         block_key0 = lax.axis_index("k_tiles") * (wgs * bk)
-        # Query tiles a head's steps cover: from the block's first key on when causal.
-        first = lax.div(block_key0, jnp.int32(bq)) if causal else jnp.int32(0)
-        per_head = num_q - first
 
-        @pl.when(wg < wgs)
+        def head_tiles():
+            """`(first, count)`: the query tiles a head's steps cover, from the
+            block's first key on when causal. Each role computes them after
+            its `set_max_registers`, so that they are not live across it."""
+            first = lax.div(block_key0, jnp.int32(bq)) if causal else jnp.int32(0)
+            return first, num_q - first
+
         def _compute():
             plgpu.set_max_registers(compute_registers(wgs), action="increase")
+            first, per_head = head_tiles()
             key0 = block_key0 + wg * bk
             keys = pl.ds(key0, bk)
             my_k, my_v = k_smem.at[wg], v_smem.at[wg]
             pairs = [(k_ref.at[batch, keys, kv_head], my_k), (v_ref.at[batch, keys, kv_head], my_v)]
             _own_tiles(pairs, own_bars, wg)
 
-            def step(i, carry, masked: bool, g):
+            def step(j, i, carry, masked: bool):  # ring step j: query tile i of its head
                 dk, dv = carry
-                j = g * per_head + (i - first)  # the ring's step of query tile i, head g
                 q_tile, do_tile, lse_tile, delta_tile = take(ring, j)
                 logits_t = product((bk, bq), my_k, q_tile, interp, transpose_b=True) * c
                 lse_cols = _vector(lse_tile, cols_layout, interp)
@@ -228,20 +232,32 @@ def flash_dkv(q, k, v, do, lse, delta, *, causal: bool, scale: float, tiles):
                 release(ring, j)
                 return dk, dv
 
-            def head_steps(g, carry):
-                run = lambda lo, hi, masked, x: lax.fori_loop(
-                    lo, hi, lambda i, y: step(i, y, masked, g), x
-                )
+            def passed(j, carry):  # a tile above this warpgroup's keys: the other's
+                take(ring, j)
+                release(ring, j)
+                return carry
+
+            # One loop over the ring's steps (every head of the group), each
+            # step's case picked by `lax.cond`: per-head loops over the passed,
+            # diagonal and full tiles left ptxas a few registers short at head
+            # dim 128 (docs/gpu.md, "The Mosaic GPU variant").
+            mine = lax.div(key0, jnp.int32(bq))  # the first query tile seeing a key
+            full = jnp.minimum(pl.cdiv(key0 + bk - 1, bq), num_q)  # unmasked from here
+
+            def ring_step(j, carry):
                 if not causal:
-                    return run(0, num_q, False, carry)
-                mine = lax.div(key0, jnp.int32(bq))  # the first query tile seeing a key
-                full = jnp.minimum(pl.cdiv(key0 + bk - 1, bq), num_q)  # unmasked from here
-                skip(ring, g * per_head, g * per_head + (mine - first))
-                carry = run(mine, full, True, carry)
-                return run(full, num_q, False, carry)
+                    return step(j, 0, carry, False)
+                r = lax.rem(j, per_head)  # the tile's place in its head's steps
+                seen = lambda x: lax.cond(
+                    r < full - first,
+                    lambda y: step(j, first + r, y, True),
+                    lambda y: step(j, 0, y, False),
+                    x,
+                )
+                return lax.cond(r < mine - first, lambda x: passed(j, x), seen, carry)
 
             zeros = in_layout(jnp.zeros((bk, h), jnp.float32), _WGMMA, interp)
-            dk, dv = lax.fori_loop(0, group, head_steps, (zeros, zeros))
+            dk, dv = lax.fori_loop(0, group * per_head, ring_step, (zeros, zeros))
             my_k[...] = (dk * scale).astype(dtype)
             my_v[...] = dv.astype(dtype)
             plgpu.commit_smem()
@@ -249,9 +265,9 @@ def flash_dkv(q, k, v, do, lse, delta, *, causal: bool, scale: float, tiles):
             plgpu.copy_smem_to_gmem(my_v, dv_ref.at[batch, keys, kv_head])
             plgpu.wait_smem_to_gmem(0)
 
-        @pl.when(wg == wgs)
         def _memory():
             plgpu.set_max_registers(MEMORY_REGISTERS, action="decrease")
+            first, per_head = head_tiles()
 
             def sources(j):
                 g, i = lax.div(j, per_head), first + lax.rem(j, per_head)
@@ -264,6 +280,8 @@ def flash_dkv(q, k, v, do, lse, delta, *, causal: bool, scale: float, tiles):
                 )
 
             feed(ring, group * per_head, sources)
+
+        specialise(wg, wgs, _compute, _memory)
 
     scratch = [
         (smem_operand((wgs, bk, h), dtype), smem_operand((wgs, bk, h), dtype)),  # k, v; dk, dv

@@ -37,6 +37,7 @@ from jattn.attention.pallas.mosaic_gpu_stream import (
     feed_keys_values,
     release,
     skip,
+    specialise,
     take,
 )
 
@@ -137,7 +138,6 @@ def flash_forward(q, k, v, *, causal: bool, scale: float, tiles) -> tuple[jax.Ar
         # Key tiles the block streams: up to its last row when causal.
         count = pl.cdiv(block_row0 + wgs * bq, bk) if causal else num_k
 
-        @pl.when(wg < wgs)
         def _compute():
             plgpu.set_max_registers(compute_registers(wgs), action="increase")
             row0 = block_row0 + wg * bq
@@ -187,9 +187,10 @@ def flash_forward(q, k, v, *, causal: bool, scale: float, tiles) -> tuple[jax.Ar
             plgpu.copy_smem_to_gmem(lse_smem.at[wg], lse_ref.at[batch, head, rows])
             plgpu.wait_smem_to_gmem(0)
 
-        @pl.when(wg == wgs)
         def _memory():
             feed_keys_values(ring, count, k_ref, v_ref, batch, head, group, bk)
+
+        specialise(wg, wgs, _compute, _memory)
 
     scratch = [
         smem_operand((wgs, bq, h), dtype),  # q, then the output

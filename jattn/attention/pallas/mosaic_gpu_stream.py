@@ -21,6 +21,13 @@ with a step (a causal tile past its own rows) still waits for it and
 releases it (`skip`): the other warpgroup of its block may need the tile,
 and a barrier phase cannot be left out.
 
+The two roles are the two branches of one `lax.cond` (`specialise`), not
+two `pl.when`s one after the other: with two `if`s, whatever the memory
+warpgroup's code reads (barrier and shared-memory addresses computed before
+the split) is live, for ptxas, through all of the compute code, where the
+accumulators leave no register for it, and it spilled (docs/gpu.md, "The
+Mosaic GPU variant").
+
 Why a hand-written ring and not `plgpu.emit_pipeline_warp_specialized`:
 the causal kernels stream a number of tiles known only at run time (the
 visible ones), per block, and the warpgroups of one block need different
@@ -46,6 +53,7 @@ __all__ = [
     "feed_keys_values",
     "release",
     "skip",
+    "specialise",
     "take",
 ]
 
@@ -117,6 +125,13 @@ def feed_keys_values(ring: Ring, count, k_ref, v_ref, batch, head, group: int, b
         return k_ref.at[keys], v_ref.at[keys]
 
     feed(ring, count, sources)
+
+
+def specialise(wg, compute_wgs: int, compute: Callable[[], None], memory: Callable[[], None]):
+    """Runs `compute()` in warpgroups `0 .. compute_wgs - 1` and `memory()` in
+    the last one, as the two exclusive branches of one conditional (see the
+    module docstring for why not two `pl.when`s)."""
+    lax.cond(wg < compute_wgs, compute, memory)
 
 
 def take(ring: Ring, step) -> tuple:
