@@ -64,6 +64,7 @@ SECOND_JAX_TESTS=(
     tests/test_kernel_precision.py tests/test_pallas_score_mod.py tests/test_row_col.py
     tests/test_models.py tests/test_decoding.py
     tests/test_dropin_jax_nn.py tests/test_flax_adapter.py
+    tests/test_mosaic_gpu.py
 )
 if [ -z "${PYTHON312:-}" ]; then
     if command -v pyenv >/dev/null && [ -d "$(pyenv root)/versions" ]; then

@@ -94,7 +94,7 @@ def accumulate(acc: jax.Array, a, b, interpret, transpose_b: bool = False) -> ja
     softmax, the masks, the GQA steps), the dots being jnp's."""
     if interpret is not None:
         return acc + product(acc.shape, a, b, interpret, transpose_b)
-    b = plgpu.transpose_ref(b, (1, 0)) if transpose_b else b
+    b = b.transpose((1, 0)) if transpose_b else b
 
     def body(acc_ref):
         plgpu.wgmma(acc_ref, a, b)
@@ -110,7 +110,7 @@ def product(shape, a, b, interpret, transpose_b: bool = False) -> jax.Array:
         a = a if isinstance(a, jax.Array) else a[...]
         b = b[...].T if transpose_b else b[...]
         return jnp.dot(a, b, preferred_element_type=jnp.float32)
-    b = plgpu.transpose_ref(b, (1, 0)) if transpose_b else b
+    b = b.transpose((1, 0)) if transpose_b else b
 
     def body(acc_ref):
         plgpu.wgmma(acc_ref, a, b)

@@ -57,9 +57,13 @@ __all__ = [
     "take",
 ]
 
-# Registers a thread of the memory warpgroup keeps (it only issues copies);
-# the compute warpgroups get the rest of the SM's 64K (`compute_registers`).
-MEMORY_REGISTERS = 40
+# Registers a thread of the memory warpgroup keeps: it only issues TMA copies
+# and waits on barriers, so setmaxnreg's floor, 24, as FlashAttention 3's
+# TMA producer beside two consumer warpgroups; the compute warpgroups get the
+# rest of the SM's 64K (`compute_registers`: 240 with two). At 40 (232 for
+# the compute ones) the causal dk/dv kernel at head dim 128 spilled under jax
+# 0.12.1's lowering (docs/gpu.md, "The Mosaic GPU variant").
+MEMORY_REGISTERS = 24
 _SM_REGISTERS = 65536
 _WARPGROUP_THREADS = 128
 
@@ -67,8 +71,8 @@ _WARPGROUP_THREADS = 128
 def compute_registers(compute_wgs: int) -> int:
     """Registers a compute thread may take with `compute_wgs` compute warpgroups
     beside the memory one: what the SM's 64K leave, rounded down to a multiple
-    of 8 (`setmaxnreg`'s granule) and capped at 240 (232 with two compute
-    warpgroups, as in FlashAttention 3)."""
+    of 8 (`setmaxnreg`'s granule) and capped at 240 (two compute warpgroups
+    get 240, as in FlashAttention 3 with TMA loads)."""
     left = _SM_REGISTERS - _WARPGROUP_THREADS * MEMORY_REGISTERS
     return min(240, left // (compute_wgs * _WARPGROUP_THREADS) // 8 * 8)
 
