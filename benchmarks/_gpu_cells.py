@@ -5,8 +5,7 @@ does) and runs `CELL_KINDS[spec["kind"]]`, which appends each measurement to
 `<file>` as it finishes, so rows finished before a crash survive. A check
 compares outputs and gradients against the "xla" path in float64 on the host,
 within `TOLERANCE` of the largest reference value (float32 dots are three TF32
-passes: 1e-4, 5x the CPU tests' bound; bf16 3e-2, theirs).
-"""
+passes: 1e-4, 5x the CPU tests' bound; bf16 3e-2, theirs)."""
 
 from __future__ import annotations
 

@@ -64,6 +64,7 @@ T5_BUCKETS, T5_MAX_DISTANCE = 32, 128  # T5's defaults; unidirectional (causal)
 FIRE_HIDDEN = 32  # init_fire_params' default
 SOFTCAP = 50.0  # Gemma 2's attention cap
 MODULE = "jattn_aot_variant"  # the jitted function's name: its HLO module is jit_<name>
+PTXAS_PROCESS = "--xla_gpu_enable_libnvjitlink=false --xla_gpu_enable_libnvptxcompiler=false"
 # TPU chip -> (topology name, a placeholder accelerator type for libtpu); a 1x1 is refused.
 CHIPS = {"v5e": ("v5e:2x2", "v5litepod-4"), "v6e": ("v6e:2x2", "v6e-4")}
 SCOPED_VMEM_LIMIT = {"v5e": 16 << 20, "v6e": 32 << 20}  # XLA's default scoped VMEM limit
@@ -255,7 +256,7 @@ _PTXAS_BLOCK = re.compile(
     re.S,
 )
 _PTXAS_VERSION = re.compile(r"ptxas with version (\S+)")
-_LAUNCH = re.compile(r"\] (?P<name>\w+) grid: .*?shared_memory: (?P<bytes>\d+) bytes")
+_LAUNCH = re.compile(r"(?:\] |kernel=)(?P<name>\w+)[ ,].*?(?:memory: |shmem_bytes=)(?P<bytes>\d+)")
 _MMA = re.compile(r"^\s*(?:@%p\d+\s+)?(?:wgmma\.mma_async|mma\.sync)", re.M)
 _WGMMA_INLINE = re.compile(r"wgmma\.mma_async")  # Mosaic GPU's: inside inline-asm braces
 _CALL = re.compile(r'custom_call_target="(?P<target>[^"]+)"')
@@ -309,8 +310,8 @@ def ptxas_version(log: str) -> str:
 
 
 def parse_launches(thunks: str) -> dict[str, int]:
-    """Shared memory (bytes) of each jattn kernel launch in a thunk sequence dump."""
-    return {m["name"]: int(m["bytes"]) for m in _LAUNCH.finditer(thunks) if m["name"]}
+    """Shared memory (bytes) of each kernel launch in a thunk sequence dump (jax 0.10-0.12)."""
+    return {m["name"]: int(m["bytes"]) for m in _LAUNCH.finditer(thunks)}
 
 
 def count_mma(ptx_files: list[str], texts: tuple[str, ...] = (), pattern=_MMA) -> dict[str, int]:
@@ -434,9 +435,9 @@ def run_variant(name: str, args, dump_root: str) -> tuple[list[dict], dict]:
         env["TPU_ACCELERATOR_TYPE"] = CHIPS[parse_variant(name)["chip"]][1]
         flags = f"--xla_mosaic_dump_to={os.path.join(dump, 'mosaic')}"
         env["LIBTPU_INIT_ARGS"] = " ".join(filter(None, [env.get("LIBTPU_INIT_ARGS"), flags]))
-    else:  # ptxas's -v report in the log; the thunk sequence and the PTX in the dump
+    else:  # ptxas's -v report in the log (ptxas as a process: 0.12 links in-process, silent)
         env.update(TF_CPP_MIN_LOG_LEVEL="0", TF_CPP_VMODULE="subprocess_compilation=3")
-        flags = f"--xla_dump_to={dump} --xla_dump_hlo_module_re=.*{MODULE}.*"
+        flags = f"--xla_dump_to={dump} --xla_dump_hlo_module_re=.*{MODULE}.* {PTXAS_PROCESS}"
         env["XLA_FLAGS"] = " ".join(filter(None, [env.get("XLA_FLAGS"), flags]))
     if args.target == "mosaic_gpu":  # Mosaic GPU prints ptxas's report and the PTX itself
         env.update(MOSAIC_GPU_DUMP_PTXAS="1", MOSAIC_GPU_DUMP_PTX="1")

@@ -45,6 +45,11 @@ THUNKS = """\
 005: kCustomKernel [prev=004 (1) | next=006 (1)] jattn_flash_fwd grid: [2, 1, 4] threads: [256, 1, 1]  shared_memory: 65536 bytes
 008: kCustomKernel [prev=007 (1) | next=009 (1)] jattn_flash_dq grid: [4, 1, 4] threads: [128, 1, 1]  shared_memory: 49152 bytes
 """  # noqa: E501
+# jax 0.12's thunk sequence names a launch's kernel and shared memory so.
+THUNKS_012 = """\
+006: kCustomKernel [prev=005 (1) | next=007 (1)] kernel=loop_pad_fusion, launch dimensions=blocks: {2, 1, 1}, threads/block: {128, 1, 1}, cluster_dim=nullopt, shmem_bytes=0, use_pdl=true
+012: kCustomKernel [prev=011 (1) | next=013 (1)] kernel=jattn_flash_dkv, profile_annotation=pallas_call.11, launch dimensions=blocks: {8, 1, 2}, threads/block: {128, 1, 1}, cluster_dim=nullopt, shmem_bytes=40960, use_pdl=true
+"""  # noqa: E501
 
 PTX = """\
 .visible .entry jattn_flash_fwd(
@@ -86,6 +91,7 @@ def test_ptxas_figures_of_jattn_kernels_only():
 def test_shared_memory_and_tensor_core_counts(tmp_path):
     launches = aot.parse_launches(THUNKS)
     assert launches["jattn_flash_fwd"] == 65536 and launches["jattn_flash_dq"] == 49152
+    assert aot.parse_launches(THUNKS_012) == {"loop_pad_fusion": 0, "jattn_flash_dkv": 40960}
     ptx = tmp_path / "k.ptx"
     ptx.write_text(PTX)
     # Counted per entry: the fusion's mma is not the kernel's.
