@@ -238,9 +238,10 @@ def flash_dkv(q, k, v, do, lse, delta, *, causal: bool, scale: float, tiles):
                 return carry
 
             # One loop over the ring's steps (every head of the group), each
-            # step's case picked by `lax.cond`: per-head loops over the passed,
-            # diagonal and full tiles left ptxas a few registers short at head
-            # dim 128 (docs/gpu.md, "The Mosaic GPU variant").
+            # step's case picked by `lax.cond`: with a head loop around loops
+            # over the passed, diagonal and full tiles, their bounds stayed
+            # live through the tile code and ptxas spilled them at head dim
+            # 128 (docs/gpu.md, "The Mosaic GPU variant").
             mine = lax.div(key0, jnp.int32(bq))  # the first query tile seeing a key
             full = jnp.minimum(pl.cdiv(key0 + bk - 1, bq), num_q)  # unmasked from here
 
