@@ -300,9 +300,8 @@ def strict_status(row: dict, warnings: list[str]) -> dict:
     named = re.compile(r"function '(\w+)'")
     mine = [w for w in warnings if (m := named.search(w)) is None or m[1] == row.get("kernel")]
     problems = [f"{c} {row[c]} B" for c in spills] + mine
-    if row["status"] == "ok" and problems:
-        row = row | dict(status="FAIL: " + "; ".join(problems)[:200])
-    return row
+    fail = row["status"] == "ok" and problems
+    return row | dict(status="FAIL: " + "; ".join(problems)[:200]) if fail else row
 
 
 def ptxas_version(log: str) -> str:

@@ -203,9 +203,10 @@ def flax_attention_fn(implementation: str | None = None, **options) -> Callable[
     like `flax.linen.dot_product_attention` / `flax.nnx.dot_product_attention`.
 
     Args:
-      implementation: jattn's implementation for every call: None (the best
-        for the backend and shapes; "xla" when a non-default `precision` is
-        given), "xla", "chunked", "pallas" or "cudnn".
+      implementation: jattn's implementation for every call: None (the
+        rule's choice for the call and the backend, `jattn.attention.rule`;
+        "xla" when a non-default `precision` is given), "xla", "chunked",
+        "pallas" or "cudnn".
       **options: jattn keywords forwarded to every call, from
         `FORWARDED_OPTIONS`: `scale` (default 1/sqrt(H), as flax),
         `is_causal` (or'ed with nnx's per-call `is_causal`),

@@ -5,7 +5,7 @@
 # jattn imports, with pip's own resolution of their needs) takes the kit's
 # wheels with --no-index --no-deps into /tmp/site, as the window does, and
 # runs the window's training stage (a smoke `jattn train` of the Delétang tape
-# config, both arms, plus the host data child) from the prepared data.
+# config, both arms) from the prepared data.
 # Whatever fails to import there names a wheel the kit lacks.
 #
 #   bash scripts/gpu_kit_check.sh        # VENV=/tmp/gpuvenv SITE=/tmp/gpukit_site

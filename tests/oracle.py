@@ -154,7 +154,22 @@ def attention_and_grads(
     query, key, value, bias, rel_key, rel_value (None where not applicable)
     and, with a score mod, score_mod (the params' gradient pytree, float64).
     A `score_mod` (`jattn.ScoreMod`) is called on the whole float64 logits
-    `[B, N, T, S]`, its float params upcast to float64."""
+    `[B, N, T, S]`, its float params upcast to float64. It runs on the host
+    CPU whatever the default device: a GPU's XLA may have no float64 GEMM
+    (jaxlib 0.11 on an H200), and the GPU window runs these contracts there."""
+    with jax.default_device(jax.devices("cpu")[0]):
+        return _attention_and_grads(
+            query, key, value, bias=bias, mask=mask, is_causal=is_causal,
+            q_segment_ids=q_segment_ids, kv_segment_ids=kv_segment_ids,
+            q_positions=q_positions, kv_positions=kv_positions, relative=relative,
+            scale=scale, score_mod=score_mod, cotangent=cotangent,
+        )  # fmt: skip
+
+
+def _attention_and_grads(
+    query, key, value, *, bias, mask, is_causal, q_segment_ids, kv_segment_ids, q_positions,
+    kv_positions, relative, scale, score_mod, cotangent,
+):  # fmt: skip
     ctx = _prepare(
         query,
         key,

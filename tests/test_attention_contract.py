@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import jax
 import numpy as np
+import pytest
 from attention_cases import normal_form
 from attention_contract import AttentionContract
 
@@ -59,6 +60,39 @@ class TestPallas(AttentionContract):
 
 class TestPallasTpuInterpret(AttentionContract):
     attend = _pallas_tpu
+
+
+def _pallas_fused(nf):
+    return IMPLEMENTATIONS["pallas"](nf, block_q=16, block_k=16, backward="fused")
+
+
+def _pallas_atomic(nf):
+    return IMPLEMENTATIONS["pallas"](nf, block_q=16, block_k=16, backward="atomic")
+
+
+def _contract(attend):
+    return type("Contract", (AttentionContract,), {"attend": attend})()
+
+
+# The fused and atomic backwards (`TestPallas` runs the split one) hold the
+# float32-extremes contract too: their tiles split float32 operands for the tensor
+# cores as the split kernels do, and the atomic one adds dq from its dk/dv tiles.
+# The rest of the contract is the same kernel code's.
+OTHER_BACKWARDS = [
+    pytest.param(_pallas_fused, id="fused"),
+    pytest.param(_pallas_atomic, id="atomic"),
+]
+
+
+@pytest.mark.parametrize("attend", OTHER_BACKWARDS)
+@pytest.mark.parametrize("rule", ["segment_0", "mask"])
+def test_other_backwards_never_see_float32_max_behind_masks(attend, rule):
+    _contract(attend).test_float32_max_behind_masks_is_never_seen(rule)
+
+
+@pytest.mark.parametrize("attend", OTHER_BACKWARDS)
+def test_other_backwards_take_float32_max_in_visible_keys(attend):
+    _contract(attend).test_float32_max_in_visible_keys_and_values()
 
 
 def test_padded_tiles_are_skipped():

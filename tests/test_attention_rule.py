@@ -217,6 +217,26 @@ def test_announce_says_each_path_once_and_warns_when_routed_around(caplog):
     assert "would have used cudnn" in records[0][1] and "launch bound" in records[1][1]
 
 
+def test_collected_paths_says_each_path_afresh_and_leaves_the_process_as_it_was(caplog):
+    """What `jattn configs --paths` reads a config through: inside, a path the
+    process already said is said again, into the list only; after, the
+    process's once-per-path memory is what it was before."""
+    before_call, inside_call = gpu_call(t=8, s=8, bn=1), gpu_call(features=("causal",), h=88)
+    before, inside = rule.choose(before_call, "gpu"), rule.choose(inside_call, "gpu")
+    with caplog.at_level(logging.INFO, logger="jattn.attention"):
+        rule.announce(before, before_call, "gpu")  # the process's memory now holds it
+        with rule.collected_paths() as lines:
+            rule.announce(before, before_call, "gpu")
+            rule.announce(inside, inside_call, "gpu")
+            rule.announce(inside, inside_call, "gpu")
+        assert len(lines) == 2 and "launch bound" in lines[0] and "H=88" in lines[1]
+        caplog.clear()
+        rule.announce(before, before_call, "gpu")  # still remembered: not said again
+        rule.announce(inside, inside_call, "gpu")  # said inside only: said now
+    said = [r.getMessage() for r in caplog.records if r.name == "jattn.attention"]
+    assert len(said) == 1 and "H=88" in said[0], said
+
+
 def test_a_process_prints_its_path_once(tmp_path):
     """`show_choices` (what `jattn train` calls): one stderr line per path taken,
     however many calls take it."""

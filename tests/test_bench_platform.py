@@ -18,7 +18,7 @@ sys.path.insert(0, str(ROOT / "benchmarks"))
 from _harness import select_platform  # noqa: E402
 
 # Scripts that pin the CPU on purpose: compiling ahead of time for a device this
-# machine lacks (aot), the window's host data child and gpu.py's --cpu-smoke dry run.
+# machine lacks (aot) and gpu.py's --cpu-smoke dry run.
 PINNED_ON_PURPOSE = {"aot.py", "gpu.py"}
 DEFAULT_CPU = re.compile(r"setdefault\(\s*\"JAX_PLATFORMS\",\s*\"cpu\"\s*\)")
 

@@ -329,6 +329,29 @@ def test_configs_lists_configs_variants_datasets_and_experiments(capsys, monkeyp
     assert "configs" in capsys.readouterr().out
 
 
+def test_configs_paths_traces_each_configs_attention_through_the_rule(capsys, monkeypatch):
+    """`jattn configs --paths`: the rule's line for a config's training attention,
+    at its own shapes (T, S = its lengths; B*N = its batch times heads), traced
+    without running; a config that needs a variant says it does not load; and the
+    process's own once-per-path announcements are left as they were."""
+    from jattn.cli.configs import attention_paths
+
+    monkeypatch.chdir(REPO)
+    config = load_config("configs/chomsky.py:reverse_string,test100")
+    lines = attention_paths(config)
+    assert attention_paths(config) == lines  # each call says its paths afresh
+    t, batch_heads = config.max_len, config.batch_size * config.model.num_heads
+    assert len(lines) == 1, lines  # on the CPU every call takes one path, said once
+    assert f"T={t} S={t} " in lines[0] and f"B*N={batch_heads} " in lines[0], lines
+    assert "implementation=None -> 'xla'" in lines[0] and "on cpu" in lines[0]
+    assert cli.main(["configs", "--paths", "configs/chomsky.py", "configs/smoke.py"]) == 0
+    out = capsys.readouterr().out
+    assert out.startswith("attention paths of training on cpu")
+    chomsky, smoke = out.split("  configs/smoke.py\n")
+    assert "does not load: " in chomsky and "name one task" in chomsky
+    assert smoke.count("implementation=None -> ") == 1
+
+
 # -- the benchmark scripts: flags, --gpu, where outputs go -------------------------------
 
 

@@ -57,3 +57,12 @@ def test_jattn_train_prints_its_attention_path_and_records_its_precision(tmp_pat
     assert "implementation=None -> 'xla'" in lines[0] and "on cpu" in lines[0]
     saved = json.loads((tmp_path / "w" / "config.json").read_text())
     assert saved["matmul_precision"] == "highest"
+    assert "float32 matmuls: highest (config.matmul_precision)" in proc.stdout + proc.stderr
+
+
+def test_the_header_names_a_gpu_runs_tf32():
+    from jattn.train.parts import precision_line
+
+    assert "TF32 on the tensor cores on gpu" in precision_line("default", "gpu")
+    assert "IEEE float32 on cpu" in precision_line("default", "cpu")
+    assert precision_line("highest", "gpu") == "float32 matmuls: highest (config.matmul_precision)"

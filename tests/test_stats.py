@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import math
 
+import numpy as np
 import pytest
 
 from jattn.analysis import stats
@@ -65,6 +66,21 @@ def test_t_interval_by_hand():
     assert mean == 0.7 and math.isnan(low) and math.isnan(high)  # one seed: no interval
     with pytest.raises(ValueError):
         stats.t_interval([])
+
+
+def test_prediction_interval_by_hand_and_its_coverage():
+    mean, low, high = stats.prediction_interval([0.9, 0.95, 1.0])
+    half = T975_DF2 * 0.05 * math.sqrt(1 + 1 / 3)  # s = 0.05, n = 3: 0.248414
+    assert mean == pytest.approx(0.95) and high - mean == pytest.approx(half)
+    assert low == pytest.approx(0.701586, abs=1e-6)
+    mean, low, high = stats.prediction_interval([0.7])
+    assert mean == 0.7 and math.isnan(low) and math.isnan(high)
+    with pytest.raises(ValueError):
+        stats.prediction_interval([])
+    # What it promises: one more draw lands inside 95% of the time (five seeds).
+    draws = np.random.default_rng(0).normal(3.0, 0.2, size=(4000, 6))
+    inside = [lo <= d[5] <= hi for d in draws for _, lo, hi in [stats.prediction_interval(d[:5])]]
+    assert 0.935 <= np.mean(inside) <= 0.965, np.mean(inside)
 
 
 def test_welch_test_worked_example():

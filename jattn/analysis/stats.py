@@ -46,6 +46,7 @@ __all__ = [
     "compare",
     "detectable_difference",
     "holm",
+    "prediction_interval",
     "seed_example_bootstrap",
     "t_interval",
     "two_proportion_test",
@@ -82,6 +83,30 @@ def t_interval(
         return mean, math.nan, math.nan
     sem = float(a.std(ddof=1)) / math.sqrt(a.size)  # standard error of the mean
     half = float(scipy_stats.t.ppf(0.5 + confidence / 2, df=a.size - 1)) * sem
+    return mean, mean - half, mean + half
+
+
+def prediction_interval(
+    values: Sequence[float], confidence: float = CONFIDENCE
+) -> tuple[float, float, float]:
+    """Mean of `values` (one per seed) and the Student t interval one more
+    draw from their distribution falls in with probability `confidence`.
+
+    ``mean ± t_{(1+c)/2, n-1} * s * sqrt(1 + 1/n)``: wider than `t_interval`
+    by the new draw's own spread. What a single new run (the same config on
+    another device, whose rounding differs) is held to against the seeds.
+
+    Returns:
+      (mean, low, high); low and high are NaN for a single value.
+    """
+    a = np.asarray(values, np.float64)
+    if a.size == 0:
+        raise ValueError("prediction_interval of no values")
+    mean = float(a.mean())
+    if a.size < 2:
+        return mean, math.nan, math.nan
+    spread = float(a.std(ddof=1)) * math.sqrt(1.0 + 1.0 / a.size)
+    half = float(scipy_stats.t.ppf(0.5 + confidence / 2, df=a.size - 1)) * spread
     return mean, mean - half, mean + half
 
 

@@ -33,6 +33,7 @@ before comparing; docs/gpu.md), and cuDNN has not been checked either.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import logging
 import sys
@@ -252,6 +253,30 @@ def announce(choice: Choice, call: Call, platform: str, seen: set | None = None)
         LOGGER.warning(choice.message(call, platform))
     else:
         LOGGER.info(choice.message(call, platform))
+
+
+@contextlib.contextmanager
+def collected_paths():
+    """Within: every path `announce` says is appended, afresh, to the yielded
+    list (this process's once-per-path memory set aside, no handler or root
+    logger reached); after: the memory, the logger's level and its
+    propagation as they were. `jattn configs --paths` reads a config's paths so."""
+    lines: list[str] = []
+    handler = logging.Handler(logging.INFO)
+    handler.emit = lambda record: lines.append(record.getMessage())
+    seen, level, propagate = set(_ANNOUNCED), LOGGER.level, LOGGER.propagate
+    _ANNOUNCED.clear()
+    LOGGER.addHandler(handler)
+    LOGGER.setLevel(logging.INFO)
+    LOGGER.propagate = False
+    try:
+        yield lines
+    finally:
+        LOGGER.removeHandler(handler)
+        LOGGER.setLevel(level)
+        LOGGER.propagate = propagate
+        _ANNOUNCED.clear()
+        _ANNOUNCED.update(seen)
 
 
 def verified_problems(entries, root, tracked: set[str], gpu_doc: str) -> list[str]:

@@ -1,6 +1,7 @@
 """`jattn configs`: what there is to run.
 
     jattn configs
+    jattn configs --paths [FILE[:VARIANT,...] ...]
 
 Lists the training configs (``configs/*.py``, with the data set, steps and
 positional scheme each sets), the ``:VARIANT`` items every config built with
@@ -8,6 +9,12 @@ positional scheme each sets), the ``:VARIANT`` items every config built with
 the experiment files of `jattn ablate` (``experiments/*.py``) and the
 benchmark scripts (``benchmarks/*.py``, run from a checkout). Files are looked up in the current
 directory, then in the checkout jattn was installed from.
+
+``--paths`` prints instead which attention path each config's training takes
+on this machine: `implementation=None`'s rule (`jattn.attention.rule`) for
+every attention call of its model at its training shapes, traced with
+`jax.eval_shape` (nothing compiled or run; no data read). The GPU window's
+probe runs it, so a GPU says what `jattn train` would run there.
 """
 
 from __future__ import annotations
@@ -19,7 +26,7 @@ from pathlib import Path
 
 from jattn.cli.common import checkout_root, normalize_flags
 
-__all__ = ["configs_command", "describe"]
+__all__ = ["attention_paths", "configs_command", "describe"]
 
 PROG = "jattn configs"
 
@@ -125,9 +132,66 @@ def describe() -> str:
     return "\n\n".join("\n".join(p) for p in parts)
 
 
+def attention_paths(config) -> list[str]:
+    """`rule.announce`'s line for each distinct path of `config`'s training
+    attention calls on jax's default backend: the model initialised, then
+    applied with ``train=True`` (dropout and all), under `jax.eval_shape` at
+    ``[batch_size, max_input_len]`` inputs and ``[batch_size, max_len]``
+    targets. The vocabulary is a placeholder (256): it shapes no attention."""
+    import jax  # noqa: PLC0415 -- jax only for --paths
+    import jax.numpy as jnp  # noqa: PLC0415
+
+    from jattn.attention import rule  # noqa: PLC0415
+    from jattn.models import Transformer  # noqa: PLC0415
+    from jattn.train.config import build_model_config, input_lengths  # noqa: PLC0415
+
+    model = Transformer(build_model_config(config, tokenizer_vocab=256))
+    rows, key = config.batch_size, jax.random.key(0)
+    inputs = jax.ShapeDtypeStruct((rows, input_lengths(config)[0]), jnp.int32)
+    targets = jax.ShapeDtypeStruct((rows, config.max_len), jnp.int32)
+    with rule.collected_paths() as lines:
+        init = lambda i, t: model.init({"params": key}, i, t, train=False)["params"]
+        params = jax.eval_shape(init, inputs, targets)
+        apply = lambda p, i, t: model.apply({"params": p}, i, t, train=True, rngs={"dropout": key})
+        jax.eval_shape(apply, params, inputs, targets)
+    return lines
+
+
+def paths_text(specs: Sequence[str]) -> str:
+    """What `jattn configs --paths` prints: each config (default: every
+    ``configs/*.py`` as it loads with no variant), then its paths' lines."""
+    import jax  # noqa: PLC0415
+
+    from jattn.train.config import ConfigError, load_config  # noqa: PLC0415
+
+    root = _root("configs")
+    files = sorted(p for p in (root / "configs").glob("*.py") if not p.name.startswith("_"))
+    specs = list(specs) or [_rel(p) for p in files]
+    out = [f"attention paths of training on {jax.default_backend()} ({jax.devices()[0]}):"]
+    for spec in specs:
+        out.append(f"  {spec}")
+        try:
+            config = load_config(spec)
+        except ConfigError as e:
+            out.append(f"      does not load: {str(e).splitlines()[0][:300]}")
+            continue
+        try:
+            out += [f"      {line}" for line in attention_paths(config)] or ["      (none)"]
+        except (ValueError, TypeError, KeyError) as e:
+            out.append(f"      cannot trace: {type(e).__name__}: {str(e).splitlines()[0][:300]}")
+    return "\n".join(out)
+
+
 def configs_command(argv: Sequence[str]) -> int:
-    """`jattn configs`: prints the listing, returns 0."""
+    """`jattn configs`: prints the listing (or, with ``--paths``, each config's
+    attention paths), returns 0."""
     parser = argparse.ArgumentParser(prog=PROG, description=__doc__.split("\n\n")[0])
-    parser.parse_args(normalize_flags(argv))
-    print(describe())
+    parser.add_argument(
+        "--paths",
+        nargs="*",
+        metavar="CONFIG",
+        help="the attention path each config's training takes here (default: every config)",
+    )
+    args = parser.parse_args(normalize_flags(argv))
+    print(describe() if args.paths is None else paths_text(args.paths))
     return 0

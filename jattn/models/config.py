@@ -134,7 +134,7 @@ class TransformerConfig:
         on decoder position t and encoder position s (Ontañón et al.'s "rel2";
         for "t5" each cross-attention layer has its own bidirectional table).
       attention_impl: `implementation` passed to `jattn.dot_product_attention`
-        (None picks the best for the backend and shapes).
+        (None: `jattn.attention.rule`'s choice for each call and backend).
       attention_assume_finite: training steps call attention with
         `assume_finite=True`, skipping its guard against non-finite hidden
         keys: the model's keys and values are its own projections, finite

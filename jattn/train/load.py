@@ -38,7 +38,15 @@ from jattn.train import checks
 from jattn.train import mesh as mesh_lib
 from jattn.train import workdir as workdir_lib
 from jattn.train.checkpoints import CHECKPOINT_DIR, step_problem
-from jattn.train.parts import TASK_KEYS, ConfigError, DataPart, LoopPart, Parts, default_config
+from jattn.train.parts import (
+    TASK_KEYS,
+    ConfigError,
+    DataPart,
+    LoopPart,
+    Parts,
+    default_config,
+    precision_line,
+)
 
 __all__ = [
     "TASK_KEYS",
@@ -199,6 +207,7 @@ def startup_summary(
         f"devices: {len(devices)} x {', '.join(kinds)} ({jax.process_count()} process(es)); "
         f"mesh {dict(mesh.shape)}"
         + ("; " + allocator.describe() if devices[0].platform == "cpu" else ""),
+        precision_line(parts.devices.matmul_precision, devices[0].platform),
         f"data {data.dataset}: " + ", ".join(sizes),
         f"training rows: {data.batch_size} a step ({data.input_len} input + {data.max_len} "
         f"target tokens), {parts.loop.num_train_steps:,} steps",

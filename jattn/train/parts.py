@@ -57,6 +57,7 @@ __all__ = [
     "input_lengths",
     "model_defaults",
     "precision_context",
+    "precision_line",
     "removed_key_error",
 ]
 
@@ -415,6 +416,20 @@ def precision_context(name: str):
     import jax  # noqa: PLC0415
 
     return jax.default_matmul_precision(name)
+
+
+def precision_line(name: str, platform: str) -> str:
+    """What `config.matmul_precision` means for a run's float32 matmuls on
+    `platform` (`jax.devices()[0].platform`), as the run's header says it: a
+    GPU run's default is TF32, which no CPU table reproduces digit for digit."""
+    if name != "default":
+        return f"float32 matmuls: {name} (config.matmul_precision)"
+    meaning = {"gpu": "TF32 on the tensor cores", "cuda": "TF32 on the tensor cores",
+               "tpu": "bf16 passes on the MXU", "cpu": "IEEE float32"}  # fmt: skip
+    return (
+        f"float32 matmuls: default ({meaning.get(platform, 'jax default')} on {platform}; "
+        "config.matmul_precision=highest for IEEE float32)"
+    )
 
 
 @dataclasses.dataclass(frozen=True)
