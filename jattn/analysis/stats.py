@@ -75,14 +75,20 @@ def t_interval(
       (mean, low, high); low and high are NaN for a single value (one seed
       says nothing about seed noise).
     """
+    return _t_around_mean("t_interval", values, confidence, lambda n: 1.0 / math.sqrt(n))
+
+
+def _t_around_mean(name: str, values, confidence: float, width) -> tuple[float, float, float]:
+    """`mean ± t_{(1+c)/2, n-1} * s * width(n)` of `values` (s: ddof 1); NaN
+    bounds for one value, a `ValueError` naming `name` for none."""
     a = np.asarray(values, np.float64)
     if a.size == 0:
-        raise ValueError("t_interval of no values")
+        raise ValueError(f"{name} of no values")
     mean = float(a.mean())
     if a.size < 2:
         return mean, math.nan, math.nan
-    sem = float(a.std(ddof=1)) / math.sqrt(a.size)  # standard error of the mean
-    half = float(scipy_stats.t.ppf(0.5 + confidence / 2, df=a.size - 1)) * sem
+    spread = float(a.std(ddof=1)) * width(a.size)
+    half = float(scipy_stats.t.ppf(0.5 + confidence / 2, df=a.size - 1)) * spread
     return mean, mean - half, mean + half
 
 
@@ -99,15 +105,7 @@ def prediction_interval(
     Returns:
       (mean, low, high); low and high are NaN for a single value.
     """
-    a = np.asarray(values, np.float64)
-    if a.size == 0:
-        raise ValueError("prediction_interval of no values")
-    mean = float(a.mean())
-    if a.size < 2:
-        return mean, math.nan, math.nan
-    spread = float(a.std(ddof=1)) * math.sqrt(1.0 + 1.0 / a.size)
-    half = float(scipy_stats.t.ppf(0.5 + confidence / 2, df=a.size - 1)) * spread
-    return mean, mean - half, mean + half
+    return _t_around_mean("prediction_interval", values, confidence, lambda n: math.sqrt(1 + 1 / n))
 
 
 def wilson_interval(k: int, n: int, confidence: float = CONFIDENCE) -> tuple[float, float]:
