@@ -1,14 +1,18 @@
 #!/usr/bin/env bash
 # The prepared GPU window: ONE command for a bare GPU machine (docs/gpu.md, "The
 # prepared window"), every stage under its own timeout, everything in OUTDIR:
-#   window.log   probe (nvidia-smi, versions, jax.devices()) and every stage's output
+#   window.log   probe (nvidia-smi, versions, jax.devices(); each config's attention
+#                path: `jattn configs --paths`) and every stage's output
 #   check.csv    benchmarks/gpu.py --stage check (the float64 gate)
+#   (window.log) the float32-extremes contracts of tests/ on this device (pytest)
 #   train.csv    benchmarks/gpu.py --train (Delétang tape model, default rule and xla)
+#   train_vs_cpu.csv  lab/gpu_train.py: each arm's final loss against the CPU's seeds
 #   timing.csv   benchmarks/gpu.py headline + the backward tile sweep
 #   dumps.tgz    the XLA dumps and logs of failed cells (only if there are any)
-# Stage budgets (GPU): probe 20 s, check 200, train 130, timing 150 (WINDOW_CHECK_S,
-# WINDOW_TRAIN_S, WINDOW_TIMING_S change them): with each stage's 10 s of slack
-# and the kit's install (~5 s), at most about 9 minutes.
+# Stage budgets (GPU): probe 20 s, paths 60, check 200, contract 90, train 130, verdict
+# 30, timing 150 (WINDOW_CHECK_S, WINDOW_TRAIN_S, WINDOW_TIMING_S change them), each cut to what is left of the
+# whole window's WINDOW_TOTAL_S (GPU 540 s, the dry run 900) with 10 s for a killed
+# stage to exit: the window ends within WINDOW_TOTAL_S and the dumps' tar.
 #
 #   bash scripts/gpu_window.sh OUTDIR          # on the GPU machine (carry [".gpukit"])
 #   bash scripts/gpu_window.sh OUTDIR --cpu    # the dry run: same stages, tiny shapes
@@ -46,10 +50,18 @@ leftovers() {
   return 0
 }
 # stage NAME SECONDS CMD...: CMD under `timeout`, its output appended to the log.
+# The stage's timeout is cut to the window's time left (less 10 s for the kill);
+# a stage with under 5 s left is not started, and counts as failed.
 stage() {
-  local name=$1 secs=$2
+  local name=$1 secs
+  secs=$(left "$2")
   shift 2
   local cmd="$*"
+  if [ "$secs" -lt 5 ]; then
+    say "stage $name: not started (window deadline, ${WINDOW_TOTAL_S:-$total_s} s)"
+    failed+=("$name")
+    return 0
+  fi
   say "stage $name (timeout ${secs} s): ${cmd:0:300}"
   local tag="$name-$$-$(date +%s%N)"
   JATTN_WINDOW_TAG=$tag timeout -k 10 "$secs" "$@" >>"$log" 2>&1
@@ -59,6 +71,17 @@ stage() {
   [ $rc -eq 0 ] || failed+=("$name")
 }
 failed=()
+# left SECS: SECS, or less: what the window has left before its deadline, less 10 s.
+left() {
+  local rest=$((deadline - $(date +%s) - 10))
+  echo $(($1 < rest ? $1 : rest))
+}
+# budget SECS: a benchmarks/gpu.py stage's own budget (--total-s): SECS cut so that
+# it and the stage's 10 s of slack fit what is left; -10 (not started) under 5 s.
+budget() {
+  local b=$(($(left $(($1 + 10))) - 10))
+  echo $((b < 5 ? -10 : b))
+}
 
 if [ "$cpu" = 1 ]; then
   export JAX_PLATFORMS=cpu
@@ -84,6 +107,8 @@ else
 fi
 check_s=${WINDOW_CHECK_S:-$check_s} train_s=${WINDOW_TRAIN_S:-$train_s}
 timing_s=${WINDOW_TIMING_S:-$timing_s}
+total_s=$([ "$cpu" = 1 ] && echo 900 || echo 540)
+deadline=$((start + ${WINDOW_TOTAL_S:-$total_s}))
 
 say "jattn GPU window: $root -> $out (cpu dry run: $cpu)"
 if [ -d .gpukit/wheels ] && [ "${GPU_WINDOW_NO_KIT:-0}" != 1 ]; then
@@ -118,17 +143,34 @@ import jax
 print("devices", jax.devices())
 print("default backend", jax.default_backend())
 '
-nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.max.sm --format=csv >>"$log" 2>&1 \
+timeout 20 nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.max.sm --format=csv >>"$log" 2>&1 \
   || say "nvidia-smi: not there or failed"
 stage probe 20 "$PY" -c "$probe_py"
+# What `jattn train` would run here: the rule's path for each config's attention.
+mapfile -t configs < <(ls configs/[!_]*.py | grep -v chomsky.py)
+stage paths 60 "$PY" -m jattn.cli configs --paths "${configs[@]}" configs/chomsky.py:reverse_string,test100
 
+check_s=$(budget "$check_s")
 stage check $((check_s + 10)) "$PY" benchmarks/gpu.py --stage check "${smoke[@]}" \
   --only "${check_only[@]}" --total-s "$check_s" --continue-on-fail --out "$out/check.csv" --dump-dir "$dumps"
 
+# The suite's float32-extremes contracts run on this device (±3.40e38 behind masks and in
+# visible keys: xla, chunked and the Pallas kernels, all three backwards), the float64
+# oracle on the host: the dq tiles' float32 split is Triton's own on a GPU (docs/gpu.md,
+# "float32's largest values on a GPU"), which interpret mode cannot run.
+contract_k='float32_max and not Tpu'
+[ "$cpu" = 1 ] && contract_k='float32_max_behind_masks and TestPallas and not Tpu and segment'
+JAX_PLATFORMS=$([ "$cpu" = 1 ] && echo cpu || echo cuda,cpu) stage contract 90 "$PY" -m pytest -v --tb=short \
+  -p no:cacheprovider tests/test_attention_contract.py -k "$contract_k"
+
+train_s=$(budget "$train_s")
 train_args=(--out "$out/train.csv" --total-s "$train_s" --data-dir "$data_dir")
 [ "$cpu" = 1 ] && train_args+=(--cpu-smoke)
 stage train $((train_s + 10)) "$PY" benchmarks/gpu.py --train "${train_args[@]}"
+# Each arm's final loss held to the CPU seeds' (lab/gpu_train.py): train_vs_cpu.csv.
+stage verdict 30 "$PY" lab/gpu_train.py "$out/train.csv"
 
+timing_s=$(budget "$timing_s")
 stage timing $((timing_s + 10)) "$PY" benchmarks/gpu.py --stage headline sweep "${smoke[@]}" \
   --only "${timing_only[@]}" --total-s "$timing_s" --continue-on-fail \
   --out "$out/timing.csv" --dump-dir "$dumps"

@@ -46,9 +46,14 @@ def test_gpu_window_cpu_dry_run(tmp_path, data_dir):
     assert proc.returncode == 0, proc.stdout[-3000:] + log[-5000:]
     # The window's output is a few files (a GPU machine returns at most 8).
     assert sorted(os.listdir(out)) == ["check.csv", "timing.csv", "train.csv", "window.log"]
-    for stage in ("probe", "check", "train", "timing"):
+    for stage in ("probe", "paths", "check", "contract", "train", "verdict", "timing"):
         assert f"stage {stage}: rc=0" in log, log[-3000:]
     assert "devices [CpuDevice(id=0)]" in log and "IMPORT FAILED" not in log
+    assert "1 passed" in log.split("stage contract (")[1].split("stage contract:")[0], log[-3000:]
+    # Each config's attention path (`jattn configs --paths`), the training stage's too.
+    paths = log.split("attention paths of training on cpu")[1].split("stage paths: rc=0")[0]
+    assert "configs/chomsky.py:reverse_string,test100\n" in paths, paths
+    assert paths.count("implementation=None -> 'xla'") >= 5 and "does not load" not in paths
 
     check = [r for r in _rows(out / "check.csv") if r["stage"] == "check"]
     assert any(r["status"] == "PASS" for r in check), check
@@ -64,8 +69,26 @@ def test_gpu_window_cpu_dry_run(tmp_path, data_dir):
     # (float32 on the CPU; the GPU run compares them statistically).
     losses = [[float(x.split(":")[1]) for x in r["losses"].split()] for r in train]
     assert losses[0] == pytest.approx(losses[1], rel=1e-3)
+    # 4 steps of 16 rows are not the CPU reference's 300 of 128: held to nothing.
+    assert "gpu_train: no arm ran the reference's 300 steps of 128 rows" in log
 
     timing = [r for r in _rows(out / "timing.csv") if r["stage"] in ("headline", "sweep")]
     assert {r["stage"] for r in timing} == {"headline", "sweep"}, timing
     assert all(r["status"].startswith(("ok", "skip")) for r in timing), timing
     assert any(r["status"] == "ok" for r in timing), timing
+
+
+def test_gpu_window_keeps_its_deadline(tmp_path):
+    """`WINDOW_TOTAL_S` bounds the whole window: each stage's timeout is cut to
+    what is left, and a stage with no time left is not started (and fails the
+    window), so a lent machine's command ends when it was told to."""
+    out = tmp_path / "window"
+    env = dict(os.environ, PYTHON=sys.executable, GPU_WINDOW_NO_KIT="1", JAX_PLATFORMS="cpu",
+               WINDOW_TOTAL_S="30", GPU_WINDOW_DATA=str(tmp_path / "no_data"))  # fmt: skip
+    cmd = ["bash", os.path.join(ROOT, "scripts", "gpu_window.sh"), str(out), "--cpu"]
+    proc = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=120, cwd=ROOT)
+    log = (out / "window.log").read_text()
+    assert proc.returncode == 1, log
+    assert "stage probe: rc=0" in log and "stage timing: not started (window deadline, 30 s)" in log
+    took = int(log.strip().splitlines()[-2].split("done in ")[1].split(" s")[0])
+    assert took <= 30, log
