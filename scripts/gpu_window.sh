@@ -9,10 +9,11 @@
 #   train_vs_cpu.csv  lab/gpu_train.py: each arm's final loss against the CPU's seeds
 #   timing.csv   benchmarks/gpu.py headline + the backward tile sweep
 #   dumps.tgz    the XLA dumps and logs of failed cells (only if there are any)
-# Stage budgets (GPU): probe 20 s, paths 60, check 200, contract 90, train 130, verdict
-# 30, timing 150 (WINDOW_CHECK_S, WINDOW_TRAIN_S, WINDOW_TIMING_S change them), each cut to what is left of the
-# whole window's WINDOW_TOTAL_S (GPU 540 s, the dry run 900) with 10 s for a killed
-# stage to exit: the window ends within WINDOW_TOTAL_S and the dumps' tar.
+# Stage budgets (GPU): probe 20 s, paths 60, check 200, contract 90, train 130,
+# verdict 30, timing 150 (WINDOW_CHECK_S, WINDOW_TRAIN_S, WINDOW_TIMING_S change
+# three), each cut to what is left of the whole window's WINDOW_TOTAL_S (GPU 540 s,
+# the dry run 900) with 10 s for a killed stage to exit: the window ends within
+# WINDOW_TOTAL_S and the dumps' tar.
 #
 #   bash scripts/gpu_window.sh OUTDIR          # on the GPU machine (carry [".gpukit"])
 #   bash scripts/gpu_window.sh OUTDIR --cpu    # the dry run: same stages, tiny shapes
