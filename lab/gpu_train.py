@@ -107,6 +107,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 0
     if not args.train_csv:
         p.error("give the window's train.csv (or --reference-from)")
+    if not os.path.exists(args.train_csv):  # the training stage failed before writing it
+        print(f"gpu_train: no {args.train_csv}: the training stage wrote no rows", file=sys.stderr)
+        return 1
     reference = _read(args.reference)
     rows = hold(_read(args.train_csv), reference)
     if not rows:

@@ -70,6 +70,8 @@ def test_an_arm_inside_the_interval_agrees_one_outside_does_not(tmp_path, capsys
     assert not (tmp_path / "train_vs_cpu.csv").exists()
 
 
-def test_needs_a_csv_or_runs():
+def test_needs_a_csv_or_runs(tmp_path, capsys):
     with pytest.raises(SystemExit):
         LAB["main"]([])
+    assert LAB["main"]([str(tmp_path / "train.csv")]) == 1  # the training stage wrote none
+    assert "the training stage wrote no rows" in capsys.readouterr().err
