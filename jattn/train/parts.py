@@ -425,7 +425,7 @@ def precision_line(name: str, platform: str) -> str:
     if name != "default":
         return f"float32 matmuls: {name} (config.matmul_precision)"
     meaning = {"gpu": "TF32 on the tensor cores", "cuda": "TF32 on the tensor cores",
-               "tpu": "bf16 passes on the MXU", "cpu": "IEEE float32"}  # fmt: skip
+               "tpu": "one bf16 pass on the MXU", "cpu": "IEEE float32"}  # fmt: skip
     return (
         f"float32 matmuls: default ({meaning.get(platform, 'jax default')} on {platform}; "
         "config.matmul_precision=highest for IEEE float32)"
