@@ -300,8 +300,9 @@ def strict_status(row: dict, warnings: list[str]) -> dict:
     named = re.compile(r"function '(\w+)'")
     mine = [w for w in warnings if (m := named.search(w)) is None or m[1] == row.get("kernel")]
     problems = [f"{c} {row[c]} B" for c in spills] + mine
-    fail = row["status"] == "ok" and problems
-    return row | dict(status="FAIL: " + "; ".join(problems)[:200]) if fail else row
+    if row["status"] == "ok" and problems:
+        row = row | dict(status="FAIL: " + "; ".join(problems)[:200])
+    return row
 
 
 def ptxas_version(log: str) -> str:

@@ -9,6 +9,8 @@ float64 gradients too.
 
 from __future__ import annotations
 
+import functools
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -133,6 +135,18 @@ def attention(
     return out
 
 
+def _on_the_host(fn):
+    """`fn` run with the host CPU as jax's default device."""
+
+    @functools.wraps(fn)
+    def on_host(*args, **kwargs):
+        with jax.default_device(jax.devices("cpu")[0]):
+            return fn(*args, **kwargs)
+
+    return on_host
+
+
+@_on_the_host
 def attention_and_grads(
     query,
     key,
@@ -157,19 +171,6 @@ def attention_and_grads(
     `[B, N, T, S]`, its float params upcast to float64. It runs on the host
     CPU whatever the default device: a GPU's XLA may have no float64 GEMM
     (jaxlib 0.11 on an H200), and the GPU window runs these contracts there."""
-    with jax.default_device(jax.devices("cpu")[0]):
-        return _attention_and_grads(
-            query, key, value, bias=bias, mask=mask, is_causal=is_causal,
-            q_segment_ids=q_segment_ids, kv_segment_ids=kv_segment_ids,
-            q_positions=q_positions, kv_positions=kv_positions, relative=relative,
-            scale=scale, score_mod=score_mod, cotangent=cotangent,
-        )  # fmt: skip
-
-
-def _attention_and_grads(
-    query, key, value, *, bias, mask, is_causal, q_segment_ids, kv_segment_ids, q_positions,
-    kv_positions, relative, scale, score_mod, cotangent,
-):  # fmt: skip
     ctx = _prepare(
         query,
         key,

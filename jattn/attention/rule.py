@@ -255,22 +255,31 @@ def announce(choice: Choice, call: Call, platform: str, seen: set | None = None)
         LOGGER.info(choice.message(call, platform))
 
 
+class _Collect(logging.Handler):
+    """Keeps each record's message in `lines` (`collected_paths`)."""
+
+    def __init__(self, level: int) -> None:
+        super().__init__(level)
+        self.lines: list[str] = []
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self.lines.append(record.getMessage())
+
+
 @contextlib.contextmanager
 def collected_paths():
     """Within: every path `announce` says is appended, afresh, to the yielded
     list (this process's once-per-path memory set aside, no handler or root
     logger reached); after: the memory, the logger's level and its
     propagation as they were. `jattn configs --paths` reads a config's paths so."""
-    lines: list[str] = []
-    handler = logging.Handler(logging.INFO)
-    handler.emit = lambda record: lines.append(record.getMessage())
+    handler = _Collect(logging.INFO)
     seen, level, propagate = set(_ANNOUNCED), LOGGER.level, LOGGER.propagate
     _ANNOUNCED.clear()
     LOGGER.addHandler(handler)
     LOGGER.setLevel(logging.INFO)
     LOGGER.propagate = False
     try:
-        yield lines
+        yield handler.lines
     finally:
         LOGGER.removeHandler(handler)
         LOGGER.setLevel(level)

@@ -54,11 +54,16 @@ def _rel(path: Path) -> str:
         return str(path)
 
 
+def _config_files(root: Path) -> list[Path]:
+    """The training configs: `configs/*.py` not starting with `_` (their helpers)."""
+    return sorted(p for p in (root / "configs").glob("*.py") if not p.name.startswith("_"))
+
+
 def _config_lines(root: Path) -> list[str]:
     from jattn.train.config import ConfigError, load_config  # noqa: PLC0415
 
     lines = ["configs  (jattn train --config FILE[:VARIANT,...]):"]
-    files = sorted(p for p in (root / "configs").glob("*.py") if not p.name.startswith("_"))
+    files = _config_files(root)
     for path in files:
         try:
             c = load_config(str(path))
@@ -164,9 +169,7 @@ def paths_text(specs: Sequence[str]) -> str:
 
     from jattn.train.config import ConfigError, load_config  # noqa: PLC0415
 
-    root = _root("configs")
-    files = sorted(p for p in (root / "configs").glob("*.py") if not p.name.startswith("_"))
-    specs = list(specs) or [_rel(p) for p in files]
+    specs = list(specs) or [_rel(p) for p in _config_files(_root("configs"))]
     out = [f"attention paths of training on {jax.default_backend()} ({jax.devices()[0]}):"]
     for spec in specs:
         out.append(f"  {spec}")
