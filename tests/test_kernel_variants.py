@@ -465,7 +465,7 @@ def test_precision_is_checked():
     assert pre.fwd_cfg.precision == pre.bwd_cfg.precision == "ieee"
     assert with_triton_x3(pre.bwd_cfg).precision == "ieee"
     pre = fa.prepare(nf, fa.KernelOptions(backend="interpret"))
-    assert with_triton_x3(pre.bwd_cfg).precision == "tf32x3"
+    assert with_triton_x3(pre.bwd_cfg).precision == tile_dot.TRITON_X3_INTERPRET
     with pytest.raises(ValueError, match="precision must be one of"):
         fa.flash_attention(nf, precision=tile_dot.TRITON_X3)
 

@@ -18,9 +18,10 @@ import dataclasses
 from typing import Any, NamedTuple
 
 import jax
+import jax.numpy as jnp
 from jax.experimental import pallas as pl
 
-from jattn.attention.pallas.tile_dot import TRITON_X3
+from jattn.attention.pallas.tile_dot import TRITON_X3, TRITON_X3_INTERPRET
 from jattn.visibility import Visibility
 
 Array = jax.Array
@@ -119,6 +120,9 @@ class KernelConfig:
     # warps), read through `dkv_config`; None when it shares this config's.
     # This config (block sizes, warps) is then the dq kernel's.
     dkv_tiling: tuple[int, int, int | None] | None = None
+    # The kernel's key and value inputs arrive halved (`halve_kv`); its
+    # logits, dP and dq take the factor 2 back (`kv_unscale`).
+    kv_halved: bool = False
 
     @property
     def groups(self) -> int:
@@ -136,6 +140,17 @@ class KernelConfig:
     def mod_grad(self) -> bool:
         """The backward computes the score mod's params gradient."""
         return self.score_mod is not None and self.score_mod.grad
+
+    @property
+    def kv_unscale(self) -> float:
+        """What undoes `halve_kv` in a product with a key or value input: 2 or 1."""
+        return 2.0 if self.kv_halved else 1.0
+
+    @property
+    def qk_scale(self) -> float:
+        """The logits' factor on `q · k` of the kernel's key input: the softmax
+        scale, times `kv_unscale` (a power of two: the same float32 logits)."""
+        return self.scale * self.kv_unscale
 
     def tile_visibility(self, q_pos, kv_pos, q_seg, kv_seg) -> Visibility:
         """A PARTIAL tile's `jattn.visibility.Visibility` (`tile_math.tile_scores`):
@@ -280,13 +295,43 @@ def mosaic_params(cfg: KernelConfig, semantics: tuple[str, ...]):
     return pltpu.CompilerParams(dimension_semantics=semantics)
 
 
+def _takes_triton_x3(cfg: KernelConfig) -> bool:
+    return cfg.backend in ("gpu", "interpret") and cfg.precision == "tf32x3"
+
+
 def with_triton_x3(cfg: KernelConfig) -> KernelConfig:
     """`cfg` with its "tf32x3" dots done by Triton (`tile_dot.TRITON_X3`)
-    when it compiles for a GPU; unchanged otherwise. For the code whose
-    float32 head-dim-128 builds spill with the hand split and not with
-    Triton's: the split dq kernel, the fused kernel's dq half and the
-    distance tiles' gradient (docs/gpu.md); the forward and dk/dv tiles
-    keep the hand split, which spills less there."""
-    if cfg.backend != "gpu" or cfg.precision != "tf32x3":
+    when it compiles for a GPU, and by Triton's split done by hand
+    (`TRITON_X3_INTERPRET`) when the same kernels are interpreted; unchanged
+    otherwise. For the code whose float32 head-dim-128 builds spill with the
+    hand split and not with Triton's: the split dq kernel, the fused
+    kernel's dq half and the distance tiles' gradient (docs/gpu.md); the
+    forward and dk/dv tiles keep the hand split, which spills less there.
+    Those kernels take their keys and values through `halve_kv`."""
+    if not _takes_triton_x3(cfg):
         return cfg
-    return dataclasses.replace(cfg, precision=TRITON_X3)
+    x3 = TRITON_X3 if cfg.backend == "gpu" else TRITON_X3_INTERPRET
+    return dataclasses.replace(cfg, precision=x3)
+
+
+def halve_kv(cfg: KernelConfig, ins: KernelInputs) -> tuple[KernelConfig, KernelInputs]:
+    """`(cfg, ins)` for a kernel whose dots `with_triton_x3` gives to
+    Triton's TF32x3, at float32: keys and values halved in XLA and
+    `cfg.kv_halved` set; else unchanged.
+
+    Triton rounds each float32 operand to a TF32 head with `cvt.rna`, which
+    carries |x| >= 3.40199e38 into ±Inf; a 0 weight (a masked key's dS)
+    times Inf is NaN, and a nonzero one gives ±Inf where the product is
+    finite. Halved, no finite key or value comes near: the kernels multiply
+    the 2 back (`qk_scale` on the logits, `kv_unscale` on dP and dq), and
+    since a power of two commutes with the rounding the results are
+    bit-identical to the unhalved ones short of subnormal inputs. Queries
+    and the output cotangent are left as they are: at such magnitudes their
+    logits and dP overflow in every implementation. The cost is one float32
+    copy of the keys and values per backward, made in XLA."""
+    if not _takes_triton_x3(cfg) or ins.key.dtype != jnp.float32:
+        return cfg, ins
+    half = jnp.float32(0.5)
+    return dataclasses.replace(cfg, kv_halved=True), ins._replace(
+        key=ins.key * half, value=ins.value * half
+    )

@@ -39,6 +39,7 @@ from jattn.attention.pallas.config import (
     KernelInputs,
     col_sums,
     dbias_kind,
+    halve_kv,
     mod_grad_shapes,
     only_specified,
     row_sums,
@@ -154,6 +155,10 @@ def flash_dq_dkv(cfg: KernelConfig, ins: KernelInputs):
       `flash_dq` (its score-mod partial sums last, as `d_mod`) and of
       `flash_dkv`, in the same shapes and dtypes.
     """
+    # Both halves read the halved keys and values: the dq half's dots are
+    # Triton's TF32x3 (`with_triton_x3`), the dk/dv half's take the 2 back
+    # as the dq half does (`KernelConfig.qk_scale`, `kv_unscale`).
+    cfg, ins = halve_kv(cfg, ins)
     b, padded_t, n, h = ins.query.shape
     _, padded_s, kh, hv = ins.value.shape
     bq, bk, g = cfg.block_q, cfg.block_k, cfg.groups

@@ -81,7 +81,7 @@ def _dq_kernel(classes_ref, bounds_ref, seed_ref, r, *refs, cfg: KernelConfig, m
         s, dpr_t, rel, raw = ref_scores(
             cfg, r, maps, j, partial, right, need_rel=cfg.use_qr, mod=mod
         )
-        p = jnp.exp2(s - r.lse[...])  # [bq, bk]; lse = EMPTY_LSE on empty rows: p = 0
+        p = tile_math.recomputed_probs(s, r.lse[...])  # [bq, bk]; EMPTY_LSE rows: p = 0
         z = dropout_tile(cfg, seed_ref, b, h, i, j)
         ds = tile_math.score_grads(p, do, v, dpr_t, z, r.delta[...])  # [bq, bk]
         if cfg.score_mod is not None:  # through the score mod: to the raw logits and params
@@ -220,7 +220,7 @@ def _dkv_kernel(classes_ref, bounds_ref, seed_ref, r, dk_ref, dv_ref, *refs, cfg
         do = r.d_out[...]
         mod = tile_adder(cfg, r) or tile_mod(cfg, r, b, h)
         s, dpr_t, _, raw = ref_scores(cfg, r, maps, j, partial, right, mod=mod)
-        p = jnp.exp2(s - r.lse[...])  # [bq, bk]
+        p = tile_math.recomputed_probs(s, r.lse[...])  # [bq, bk]
         z = dropout_tile(cfg, seed_ref, b, h, i, j)
         p_kept = p if z is None else p * z
         dv_sc[...] += tile_dot.dot(p_kept.astype(do.dtype), do, (0, 0))  # [bk, Hv]

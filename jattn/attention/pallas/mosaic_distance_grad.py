@@ -60,7 +60,7 @@ def _kernel(classes_ref, bounds_ref, seed_ref, r, out_ref, *, cfg: KernelConfig,
 
     def body(partial, right):
         s, dpr_t, _, _ = ref_scores(cfg, r, maps, j, partial, right, mod=tile_adder(cfg, r))
-        p = jnp.exp2(s - r.lse[...])  # [bq, bk]; base-2 logits and lse
+        p = tile_math.recomputed_probs(s, r.lse[...])  # [bq, bk]; base-2 logits and lse
         z = dropout_tile(cfg, seed_ref, b, h, m, j)
         out_ref[...] += tile_math.score_grads(p, r.d_out[...], r.value[...], dpr_t, z, r.delta[...])
 

@@ -16,9 +16,13 @@ kernels' `precision` argument):
   tiles' gradient kernel leave the split to Triton
   (`TRITON_X3`, its TF32x3 algorithm: the same three passes, which ptxas
   compiles without spills at float32 and head dim 128 where the hand split
-  spilled); its rounding of the tails may differ from `tf32_split`'s at
-  ~2^-22 of a product, which only a GPU run measures (benchmarks/gpu.py's
-  check stage).
+  spilled). Interpret mode runs those tiles through `triton_split`, Triton's
+  split done by hand (`TRITON_X3_INTERPRET`): heads rounded as its PTX
+  rounds them (`cvt.rna.tf32.f32`, with no guard: from |x| >= 3.40199e38
+  the head is ±Inf), tails the float32 differences as a TF32 product reads
+  them (truncated). So the CPU tests see what the GPU's dq tiles compute,
+  the overflow included; the kernels give those tiles halved keys and
+  values (`config.halve_kv`), which no finite float32 overflows.
 - "ieee": `Precision.HIGHEST`, float32 FMAs with no tensor cores (Triton's
   IEEE input precision; without it Triton would run one TF32 pass, 10-bit
   mantissas).
@@ -37,10 +41,12 @@ __all__ = [
     "DEFAULT_PRECISION",
     "PRECISIONS",
     "TRITON_X3",
+    "TRITON_X3_INTERPRET",
     "dot",
     "dot_precision",
     "tf32_round",
     "tf32_split",
+    "triton_split",
 ]
 
 PRECISIONS = ("tf32x3", "ieee")  # float32 operands; the first is the default
@@ -53,6 +59,9 @@ DEFAULT_PRECISION = PRECISIONS[0]
 # instead of "tf32x3" (`with_triton_x3`). XLA:CPU has no such algorithm, so
 # interpret mode always splits by hand.
 TRITON_X3 = "tf32x3_triton"
+# The same code interpreted: Triton's split by hand (`triton_split`), each
+# pass a float32 product of TF32 values (exact, as on the tensor cores).
+TRITON_X3_INTERPRET = "tf32x3_triton_interpret"
 
 
 def dot_precision(dtype, precision: str = "ieee") -> lax.Precision | lax.DotAlgorithmPreset | None:
@@ -67,6 +76,18 @@ def dot_precision(dtype, precision: str = "ieee") -> lax.Precision | lax.DotAlgo
     return lax.Precision.HIGH if precision == "tf32x3" else lax.Precision.HIGHEST
 
 
+def triton_split(x: Array) -> tuple[Array, Array]:
+    """`(hi, lo)` as Triton's TF32x3 forms them (its F32DotTC pass, jax
+    0.10-0.12): `hi = cvt.rna.tf32.f32(x)`, rounded to nearest with ties
+    away and no guard near float32's largest value, so |x| >= 3.40199e38
+    gives ±Inf (and `lo` the opposite Inf); `lo = x - hi` in float32, which
+    the TF32 product reads truncated to TF32. For interpret mode, where
+    XLA:CPU has no TF32x3 algorithm: the CPU then computes what the GPU's
+    dq tiles do, their overflow included."""
+    hi = _tf32(x, jnp.bool_(False))
+    return hi, _tf32(x - hi, jnp.bool_(True))
+
+
 _TF32_DROP = -0x2000  # keeps sign, exponent and 10 mantissa bits
 _NEAR_MAX = 0x7F7FF000  # |x| from here up rounds past float32's largest finite value
 
@@ -78,8 +99,10 @@ def _near_max(x: Array) -> Array:
 
 def _tf32(x: Array, truncate: Array) -> Array:
     """`x` to TF32, rounded (ties away from zero) or, where `truncate`,
-    truncated toward zero. Integer work only: no Inf is ever formed (a
-    debug_infs run of the interpret-mode kernels would stop at one)."""
+    truncated toward zero. Integer work only, and Inf only where rounding
+    carries past float32's largest value (|x| >= 3.40199e38, which
+    `tf32_round` and `tf32_split` truncate instead: a debug_infs run of the
+    interpret-mode kernels would stop at one)."""
     bits = lax.bitcast_convert_type(x, jnp.int32)
     half = jnp.where(truncate, jnp.int32(0), jnp.int32(0x1000))
     return lax.bitcast_convert_type((bits + half) & jnp.int32(_TF32_DROP), jnp.float32)
@@ -109,14 +132,19 @@ def tf32_split(x: Array) -> tuple[Array, Array]:
 def dot(a: Array, b: Array, contract: tuple[int, int], precision: str = "ieee") -> Array:
     """2-D `a · b` contracting axis `contract[0]` of `a` with `contract[1]`
     of `b`, accumulated in float32; float32 operands at `precision` (one of
-    `PRECISIONS`: three TF32 passes or IEEE), see the module docstring."""
+    `PRECISIONS`: three TF32 passes or IEEE, or the dq tiles' `TRITON_X3`
+    and `TRITON_X3_INTERPRET`), see the module docstring."""
     dims = (((contract[0],), (contract[1],)), ((), ()))
     prec = dot_precision(a.dtype, precision)
 
     def one(x, y):
         return lax.dot_general(x, y, dims, precision=prec, preferred_element_type=jnp.float32)
 
-    if prec != lax.Precision.HIGH:
+    if precision == TRITON_X3_INTERPRET and jnp.dtype(a.dtype) == jnp.float32:
+        split = triton_split
+    elif prec == lax.Precision.HIGH:
+        split = tf32_split
+    else:
         return one(a, b)
-    (a_hi, a_lo), (b_hi, b_lo) = tf32_split(a), tf32_split(b)
+    (a_hi, a_lo), (b_hi, b_lo) = split(a), split(b)
     return (one(a_lo, b_hi) + one(a_hi, b_lo)) + one(a_hi, b_hi)

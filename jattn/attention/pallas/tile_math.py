@@ -211,6 +211,21 @@ def safe_max(m: Array) -> Array:
     return jnp.where(m == NEG_INF, 0.0, m)
 
 
+def recomputed_probs(s: Array, lse: Array) -> Array:
+    """A backward tile's probabilities `exp2(s - lse)` from the forward's
+    base-2 log-sum-exp (broadcast to the tile), never above 1.
+
+    The backward recomputes the logits in other kernels than the forward's
+    (other tile shapes and summation orders, and on a GPU at float32 the dq
+    tiles' Triton TF32x3 against the forward's hand split), which agree to
+    ~2^-22 of a logit. Past logits of ~2^22 (a key at 1e38 seen by a 1e-3
+    query) that disagreement is itself a huge exponent: an unclamped P is
+    ±Inf where the true weight is 1, and dS NaN. So the exponent is clamped
+    at 0, where a softmax weight's is anyway (one `min` an entry; for
+    ordinary logits it changes P by at most a float32 rounding)."""
+    return jnp.exp2(jnp.minimum(s - lse, 0.0))
+
+
 def score_grads(
     p: Array,
     d_out: Array,
@@ -220,6 +235,7 @@ def score_grads(
     delta: Array,
     precision: str = "ieee",
     transposed: bool = False,
+    unscale: float = 1.0,
 ) -> Array:
     """Gradient of a tile's scaled scores, shared by the dq and dk/dv kernels:
     `ds = p ∘ ((dO Vᵀ + dpr) ∘ z − D)`. With `transposed` (the dk/dv
@@ -233,11 +249,15 @@ def score_grads(
       keep: `[bq, bk]` dropout factor (0 or 1/(1 - rate)), or None.
       delta: `[bq, 1]` (or broadcastable) `rowsum(dO ∘ O)`.
       precision: of the float32 dot (`PRECISIONS`).
+      unscale: what `value` was divided by (2 for the halved values of
+        `config.halve_kv`): dO·vᵀ is multiplied back by it, exactly.
     """
     if transposed:
         dp = dot(value, d_out, (1, 1), precision)  # [bk, bq]
     else:
         dp = dot(d_out, value, (1, 1), precision)  # [bq, bk]
+    if unscale != 1.0:
+        dp = dp * unscale
     if d_mass is not None:
         dp = dp + d_mass
     if keep is not None:

@@ -45,6 +45,7 @@ from jattn.attention.pallas.config import (
     KernelInputs,
     col_sums,
     dbias_kind,
+    halve_kv,
     mod_grad_shapes,
     only_specified,
     row_sums,
@@ -111,8 +112,10 @@ def dq_tile(
             carry, dmods = carry[:-n_mod], carry[-n_mod:]
         dq_acc, *rest = carry
         s, dpr_t, rel, k, v, z, mod_raw = score(j, partial, right)
-        p = jnp.exp2(s - lse[:, None])  # [bq, bk]; base-2 logits and lse
-        ds = tile_math.score_grads(p, do, v, dpr_t, z, delta[:, None], cfg.precision)  # [bq, bk]
+        p = tile_math.recomputed_probs(s, lse[:, None])  # [bq, bk]; base-2 logits and lse
+        ds = tile_math.score_grads(
+            p, do, v, dpr_t, z, delta[:, None], cfg.precision, unscale=cfg.kv_unscale
+        )  # [bq, bk]
         if mod_raw is not None:  # through the score mod: to the raw logits and params
             ds, d_leaves = score_mod_tiles.tile_backward(cfg.score_mod, *mod_raw, ds, cfg.mod_grad)
             if n_mod:
@@ -149,7 +152,7 @@ def dq_tile(
         for ref, acc in zip(dmod_refs, carry[-n_mod:], strict=True):
             ref[...] = acc
         carry = carry[:-n_mod]
-    dq_ref[...] = (carry[0] * cfg.scale).astype(dq_ref.dtype)
+    dq_ref[...] = (carry[0] * cfg.qk_scale).astype(dq_ref.dtype)  # keys halved: x2 (halve_kv)
     if cfg.use_qr:
         acc_r, w_left, w_right = carry[1:4]
         dqr_ref[...] = tile_math.add_far_columns(acc_r, w_left, w_right, cfg.far_right)
@@ -208,6 +211,7 @@ def flash_dq(cfg: KernelConfig, ins: KernelInputs):
       `[nT, B, N, *leaf]` per differentiable leaf (empty without
       `cfg.mod_grad`).
     """
+    cfg, ins = halve_kv(cfg, ins)  # no TF32 head of a finite float32 key overflows
     cfg = with_triton_x3(cfg)  # spill-free at float32, head dim 128 (docs/gpu.md)
     b, padded_t, n, h = ins.query.shape
     hv, padded_s = ins.value.shape[-1], ins.key.shape[1]
@@ -337,7 +341,7 @@ def dkv_tile(cfg: KernelConfig, r: KernelInputs, ids, dk_ref, dv_ref, db_ref, si
             s, dpr_t, rel, raw = tile_math.tile_scores(
                 q,
                 k,
-                scale=cfg.scale,
+                scale=cfg.qk_scale,
                 vis=vis,
                 kv_valid=kv_valid if partial else None,
                 bias=(
@@ -358,12 +362,12 @@ def dkv_tile(cfg: KernelConfig, r: KernelInputs, ids, dk_ref, dv_ref, db_ref, si
                 precision=cfg.precision,
                 transposed=True,
             )  # Sᵀ [bk, bq]
-            p = jnp.exp2(s - lse[None, :])  # Pᵀ [bk, bq]; base-2 logits and lse
+            p = tile_math.recomputed_probs(s, lse[None, :])  # Pᵀ [bk, bq]
             z = dropout_tile(cfg, r.dropout_seed, batch, head, i * bq, j * bk, transposed=True)
             p_kept = p if z is None else p * z
             dv_acc = dv_acc + tile_dot.dot(p_kept.astype(do.dtype), do, (1, 0), cfg.precision)
-            ds = tile_math.score_grads(
-                p, do, v, dpr_t, z, delta[None, :], cfg.precision, transposed=True
+            ds = tile_math.score_grads(  # transposed, unscaled (halve_kv)
+                p, do, v, dpr_t, z, delta[None, :], cfg.precision, True, cfg.kv_unscale
             )  # dSᵀ [bk, bq]
             d_leaves = None
             if cfg.score_mod is not None:  # to the raw logits through the score mod

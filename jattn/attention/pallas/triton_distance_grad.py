@@ -30,6 +30,7 @@ from jattn.attention.pallas.config import (
     SQ,
     KernelConfig,
     KernelInputs,
+    halve_kv,
     only_specified,
     with_triton_x3,
 )
@@ -77,9 +78,12 @@ def _kernel(r: KernelInputs, out_ref, *, cfg: KernelConfig, n_q_tiles: int, n_kv
 
         def step(partial, right, acc):
             s, dpr_t, _, _, v, z, _ = score(j, partial, right)
-            p = jnp.exp2(s - rq.lse[...][:, None])  # base-2 logits and lse
+            p = tile_math.recomputed_probs(s, rq.lse[...][:, None])  # base-2 logits and lse
             delta = rq.delta[...][:, None]
-            return acc + tile_math.score_grads(p, rq.d_out[...], v, dpr_t, z, delta, cfg.precision)
+            ds = tile_math.score_grads(
+                p, rq.d_out[...], v, dpr_t, z, delta, cfg.precision, unscale=cfg.kv_unscale
+            )
+            return acc + ds
 
         branches = [
             lambda a: a,  # SKIP (or no tile of this diagonal in row i)
@@ -100,6 +104,7 @@ def flash_dtiles(cfg: KernelConfig, ins: KernelInputs) -> Array:
       ins: as for `triton_backward.flash_dq` (the backward tiling's block
         map, `ins.distance_tiles` the backward tiling's tiles).
     """
+    cfg, ins = halve_kv(cfg, ins)  # no TF32 head of a finite float32 key overflows
     cfg = with_triton_x3(cfg)  # spill-free at float32, head dim 128 (docs/gpu.md)
     b, padded_t, n, h = ins.query.shape
     hv, padded_s = ins.value.shape[-1], ins.key.shape[1]

@@ -307,7 +307,7 @@ def q_tile_scorer(cfg: KernelConfig, r: KernelInputs, ids=None):
         s, dpr_tile, rel, raw = tile_math.tile_scores(
             q,
             k,
-            scale=cfg.scale,
+            scale=cfg.qk_scale,
             vis=vis,
             kv_valid=kv_valid_mask(cfg, j, bk, padded_s) if partial else None,
             bias=(
