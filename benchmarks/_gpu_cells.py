@@ -258,7 +258,15 @@ def _time(spec, rows):
         _emit(rows, (b, t, n, hd, causal, dtype, ""), status=why, impl=impl, mode="-")
         return
     q, k, v, tables, ct = _inputs(b, t, t, n, n, hd, jnp.dtype(dtype), shaw)
-    fn = _attention(impl, spec)
+    fn, mod = _attention(impl, spec), spec.get("mod", "")  # a score mod of aot.py's, or ""
+    if mod:  # params in the tables' place, differentiated where training learns them (T5's)
+        attend, sm = fn, score_mod_of(mod, n)
+        tables = sm.params if mod == "t5" else ()
+
+        def fn(q, k, v, params, causal):
+            sm_ = dataclasses.replace(sm, params=params) if mod == "t5" else sm
+            return attend(q, k, v, None, causal, score_mod=sm_)
+
     _, grad = _vjp(fn, causal)
     fwd = jax.jit(lambda q, k, v, tables: fn(q, k, v, tables, causal))  # forward alone
     blocks = f"{spec['block_q']}x{spec['block_k']}" if spec.get("block_q") else ""
@@ -276,8 +284,9 @@ def _time(spec, rows):
         sec = _timeit(fwd if mode == "fwd" else grad, args, spec["min_time"])
         tf, peak = flops / sec / 1e12, spec.get("shared", {}).get("peak")
         frac = f"{tf / peak:.3f}" if peak else ""
-        _emit(rows, shape, impl=impl + "_shaw" * shaw, mode=mode, blocks=blocks, warps=warps,
-              ms=f"{sec * 1e3:.3f}", tflops=f"{tf:.4g}", frac_peak=frac)  # fmt: skip
+        _emit(rows, shape, impl="_".join(filter(None, (impl, "shaw" * shaw, mod))), mode=mode,
+              blocks=blocks, warps=warps, ms=f"{sec * 1e3:.3f}", tflops=f"{tf:.4g}",
+              frac_peak=frac)  # fmt: skip
 
 
 CELL_KINDS = dict(

@@ -125,10 +125,14 @@ def test_headline_ratios():
         dict(stage="headline", cell="cudnn", mode="fwd+bwd", ms="10.0"),
         dict(stage="headline", cell="pallas", mode="fwd+bwd", ms="12.0"),
         dict(stage="headline", cell="pallas_shaw", mode="fwd+bwd", ms="18.0"),
+        dict(stage="headline", cell="pallas_alibi", mode="fwd+bwd", ms="13.2"),
+        dict(stage="headline", cell="pallas_t5", mode="fwd", ms="3.0"),  # no plain fwd: no ratio
     ]
     lines = bench_gpu.ratios(rows)
     assert "headline fwd+bwd: pallas/cudnn time = 1.20 (goal <= 1.6)" in lines
     assert "headline fwd+bwd: pallas_shaw/pallas time = 1.50 (goal <= 1.3)" in lines
+    assert "headline fwd+bwd: pallas_alibi/pallas time = 1.10 (goal <= 1.3)" in lines
+    assert len(lines) == 3, lines
 
 
 def test_a_stage_never_overruns_its_budget(tmp_path):

@@ -76,6 +76,8 @@ def test_gpu_window_cpu_dry_run(tmp_path, data_dir):
     assert {r["stage"] for r in timing} == {"headline", "sweep"}, timing
     assert all(r["status"].startswith(("ok", "skip")) for r in timing), timing
     assert any(r["status"] == "ok" for r in timing), timing
+    # A score mod's headline cell (ALiBi's; T5's is the same code): the <= 1.3x goal's.
+    assert [r["status"] for r in timing if r["cell"] == "pallas_alibi"] == ["ok", "ok"], timing
 
 
 def test_gpu_window_keeps_its_deadline(tmp_path):
@@ -84,11 +86,14 @@ def test_gpu_window_keeps_its_deadline(tmp_path):
     window), so a lent machine's command ends when it was told to."""
     out = tmp_path / "window"
     env = dict(os.environ, PYTHON=sys.executable, GPU_WINDOW_NO_KIT="1", JAX_PLATFORMS="cpu",
-               WINDOW_TOTAL_S="30", GPU_WINDOW_DATA=str(tmp_path / "no_data"))  # fmt: skip
+               WINDOW_TOTAL_S="30", GPU_WINDOW_DATA=str(tmp_path / "no_data"),
+               WINDOW_TIMING_ONLY="headline/pallas_t5 sweep/dq*")  # fmt: skip
     cmd = ["bash", os.path.join(ROOT, "scripts", "gpu_window.sh"), str(out), "--cpu"]
     proc = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=120, cwd=ROOT)
     log = (out / "window.log").read_text()
     assert proc.returncode == 1, log
     assert "stage probe: rc=0" in log and "stage timing: not started (window deadline, 30 s)" in log
+    # A second window's cells replace the first's (WINDOW_TIMING_ONLY), globs unexpanded.
+    assert "timing cells: headline/pallas_t5 sweep/dq*\n" in log, log
     took = int(log.strip().splitlines()[-2].split("done in ")[1].split(" s")[0])
     assert took <= 30, log

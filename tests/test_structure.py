@@ -427,7 +427,9 @@ def test_train_has_at_most_20_files():
 # Issue 51's budget. The Mosaic GPU AOT target and window cells took benchmarks/ to 3,124
 # lines; the GPU window's separate host-data child gave way to the loop's own
 # `train/input_wait_ms` and score_mod.py's one-off `--tile-pieces` was retired (2,999).
-BENCHMARK_LINES = 3000
+# Issue 50's ALiBi and T5 headline cells (their <= 1.3x goal had no cell; T5's with its
+# table's gradient, as training has it) took it to 3,011.
+BENCHMARK_LINES = 3011
 
 
 def benchmark_lines(root: pathlib.Path = REPO) -> int:
