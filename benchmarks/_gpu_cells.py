@@ -72,9 +72,12 @@ def _attention(impl: str, spec: dict):
 
     def fn(q, k, v, tables, causal, **extra):
         rel = tables and jattn.ShawRelative(key=tables[0], value=tables[1], max_distance=SHAW_K)
-        if impl in ("cudnn", "xla_jax"):
-            name = "cudnn" if impl == "cudnn" else "xla"
-            return jax.nn.dot_product_attention(q, k, v, is_causal=causal, implementation=name)
+        if impl == "cudnn":  # jax.nn's cuDNN path, as the rule hands it a call
+            kw = dict(is_causal=causal, implementation="cudnn")
+            return jattn.dot_product_attention(q, k, v, **kw, **extra)
+        if impl == "xla_jax":
+            kw = dict(is_causal=causal, implementation="xla")
+            return jax.nn.dot_product_attention(q, k, v, **kw, **extra)
         if impl == "mosaic_gpu":  # plain attention only (mosaic_gpu_attention)
             nf = jattn.normalise(q, k, v, visibility=jattn.Visibility(is_causal=causal), **extra)
             return fa.flash_attention(nf, backend="mosaic_gpu")[0]
@@ -160,18 +163,37 @@ def _smoke(spec, rows):
         _emit(rows, shape, status=status, impl="pallas" + "_shaw" * shaw, seconds=seconds)
 
 
+def _packed(b: int, t: int) -> dict:
+    """Four packed sequences, positions restarting in each (T == S)."""
+    seg = np.repeat(np.arange(1, 5), -(-t // 4))[:t]
+    pos = np.concatenate([np.arange(c) for c in np.bincount(seg)[1:]])
+    seg, pos = (jnp.asarray(np.tile(x, (b, 1)), jnp.int32) for x in (seg, pos))
+    return dict(q_segment_ids=seg, kv_segment_ids=seg, q_positions=pos, kv_positions=pos)
+
+
+def _cudnn_inputs(names, b, t, s, n, dtype) -> dict:
+    """What else the rule hands cuDNN with a call: lengths (the last row's a third
+    short), a mask (a random 80%, the diagonal kept: no empty row), a bias."""
+    rng, short = np.random.default_rng(5), lambda x: jnp.int32([x] * (b - 1) + [x - x // 3])
+    out = {}
+    if "lengths" in names:
+        out.update(query_seq_lengths=short(t), key_value_seq_lengths=short(s))
+    if "mask" in names:
+        out["mask"] = jnp.asarray((rng.random((b, 1, t, s)) < 0.8) | np.eye(t, s, dtype=bool))
+    if "bias" in names:
+        out["bias"] = jnp.asarray(0.5 * rng.standard_normal((b, n, t, s)), dtype)
+    return out
+
+
 def _check(spec, rows):
     b, t, s, n, kh, hd, dtype, causal, packed, shaw, window, dropout = spec["case"]
     q, k, v, tables, ct = _inputs(b, t, s, n, kh, hd, jnp.dtype(dtype), shaw, seed=1)
     extra = {"local_window_size": tuple(window)} if window is not None else {}
     if dropout:
         extra.update(dropout_rate=dropout, dropout_rng=jax.random.key(7))
-    if packed:  # four packed sequences, positions restarting in each (T == S)
-        seg = np.repeat(np.arange(1, 5), -(-t // 4))[:t]
-        pos = np.concatenate([np.arange(c) for c in np.bincount(seg)[1:]])
-        seg, pos = (jnp.asarray(np.tile(x, (b, 1)), jnp.int32) for x in (seg, pos))
-        extra.update(q_segment_ids=seg, kv_segment_ids=seg, q_positions=pos, kv_positions=pos)
-    impl = spec.get("impl", "pallas")  # or "cudnn": jax.nn's, for what the rule sends there
+    extra |= _packed(b, t) if packed else {}
+    extra |= _cudnn_inputs(spec.get("inputs", ()), b, t, s, n, jnp.dtype(dtype))
+    impl = spec.get("impl", "pallas")  # or "cudnn": jattn's cuDNN path, for what the rule sends
     shape = (b, t, n, hd, causal, dtype, "-")
     if impl == "mosaic_gpu" and (why := mosaic_gpu_unavailable()):
         _emit(rows, shape, status=why, impl=impl, note=spec["name"])
@@ -213,14 +235,17 @@ def _check_mods(spec, rows):
     exact gradient keeps the rounding of the large terms it sums, as in the tests)."""
     b, t, n, kh, hd, dtype = spec["shape"]
     q, k, v, _, ct = _inputs(b, t, t, n, kh, hd, jnp.dtype(dtype), False, seed=2)
+    # Packed: non-default positions, so a distance mod runs per logit in the kernels
+    # (as in packed training), not from distance tiles.
+    packed = _packed(b, t) if spec.get("packed") else {}
 
     def vjp_of(mod, backward):  # backward None: the "xla" path; `_vjp`'s first
         def f(q, k, v, params, causal):
             m = dataclasses.replace(mod, params=params)
             if backward is None:
                 kw = dict(is_causal=causal, score_mod=m, implementation="xla")
-                return jattn.dot_product_attention(q, k, v, **kw)
-            vis = jattn.Visibility(is_causal=causal)
+                return jattn.dot_product_attention(q, k, v, **kw, **packed)
+            vis = jattn.Visibility(is_causal=causal, **packed)
             return fa.flash_attention(jattn.normalise(q, k, v, visibility=vis, score_mod=m),
                                       backward=backward)[0]  # fmt: skip
 

@@ -49,7 +49,7 @@ H100_TARGET_CONFIG = os.path.join(os.path.dirname(os.path.abspath(__file__)), "h
 
 # Features that are a `score_mod` (alibi and sandwich: distance-table mods,
 # whose per-logit form the kernels run).
-SCORE_MODS = ("alibi", "t5", "softcap", "fire", "sandwich")
+SCORE_MODS = ("alibi", "t5", "softcap", "fire", "sandwich", "kerple", "shaw_bias")
 FEATURES = ("plain", "segments", "window", "dropout", "shaw", *SCORE_MODS)
 DTYPES = ("bfloat16", "float32")
 HEAD_DIMS = (64, 128)
@@ -117,6 +117,10 @@ def score_mod_of(feature: str, num_heads: int):
         return positions.softcap_score_mod(SOFTCAP)
     if feature == "sandwich":
         return positions.sandwich_score_mod(num_heads)
+    if feature == "kerple":  # r1, r2 > 0 (the paper clamps them so)
+        return positions.kerple_score_mod(*(jnp.full((num_heads,), 0.5, jnp.float32),) * 2)
+    if feature == "shaw_bias":
+        return positions.shaw_bias_score_mod(jnp.zeros((num_heads, 2 * SHAW_K + 1)), SHAW_K)
     if feature == "fire":
         key = jax.random.key(0)
         return positions.fire_score_mod(positions.init_fire_params(key, num_heads, FIRE_HIDDEN))

@@ -34,7 +34,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import _harness as h  # noqa: E402
 
 STAGES = ("smoke", "check", "headline", "sweep")
-BUDGET_S = {"smoke": 100.0, "check": 420.0, "headline": 330.0}  # check: 16 cells, 400 s
+BUDGET_S = {"smoke": 100.0, "check": 600.0, "headline": 330.0}  # check: 23 cells, 575 s
 CPU_SLOWDOWN = 3.0  # --cpu-smoke: the fixed stages' budgets times this
 COLUMNS = ["stage", "cell", "impl", "mode", "L", "batch", "heads", "head_dim", "causal", "dtype",
            "backward", "blocks", "warps", "ms", "tflops", "frac_peak", "max_rel_err", "tol",
@@ -167,16 +167,20 @@ def _check_cells(cpu: bool) -> list[Cell]:
         "bf16_window_dropout": (2, 256, 256, 4, 2, 64, bf16, True, True, True, (48, 0), 0.1),
         "f32_window2_dropout": (1, 200, 200, 4, 1, 64, f32, False, False, False, (32, 16), 0.2),
     }
-    # The score mods in the kernels, (B, T, N, K, H, dtype), causal; two cells a
-    # shape, so that a slow compile (T5 and Sandwich at float32) costs half.
-    groups = [["alibi", "t5", "softcap"], ["fire", "sandwich"]]
-    shapes = {"f32_h128": (1, 256, 4, 2, 128, f32), "bf16_h64": (2, 200, 4, 2, 64, bf16)}
+    # The score mods in the kernels, (B, T, N, K, H, dtype), causal; a few cells a
+    # shape, so that a slow compile (T5 and Sandwich at float32) costs a part. At default
+    # positions a distance mod (ALiBi, T5, Sandwich, KERPLE, Shaw's bias) runs from
+    # distance tiles; packed (training's shape, "_packed") it runs per logit in the tiles.
+    groups = [["alibi", "t5", "softcap"], ["fire", "sandwich"], ["kerple", "shaw_bias"]]
+    shapes = {"f32_h16_packed": (4, 128, 4, 4, 16, f32), "f32_h128": (1, 256, 4, 2, 128, f32),
+              "bf16_h64": (2, 200, 4, 2, 64, bf16)}  # fmt: skip
     if cpu:
         cases = {
             "f32_packed_shaw": (1, 40, 40, 2, 1, 16, f32, True, True, True, None, 0.0),
             "f32_window_dropout": (1, 40, 40, 2, 1, 16, f32, False, False, True, (6, 3), 0.2),
         }
-        groups, shapes = [["alibi", "t5"]], {"f32": (1, 40, 2, 1, 16, f32)}
+        groups = [["alibi", "t5"]]
+        shapes = {"f32_packed": (1, 40, 2, 1, 16, f32), "f32": (1, 40, 2, 1, 16, f32)}
     timeout, expect = (180.0, 40.0) if cpu else (120.0, 25.0)
     # Both backwards everywhere, the atomic one (dq by atomic adds) too where GQA, Shaw,
     # packing, windows and dropout meet.
@@ -184,25 +188,32 @@ def _check_cells(cpu: bool) -> list[Cell]:
     cells = [Cell(name, dict(kind="check", name=name, case=case, backwards=both + ["atomic"]
                              * name.endswith(atomic)), timeout, expect)
              for name, case in cases.items()]  # fmt: skip
-    # After training's two cells: cuDNN through jax.nn, bf16 (its dtypes; not on the CPU),
-    # then the Mosaic GPU kernels (plain bf16; lengths multiples of 128): nothing trusts
-    # them before this passes. On the CPU, or a GPU that is no sm_90, a skip row.
+    # After training's two cells: cuDNN through jax.nn, bf16 (its dtypes; on the CPU
+    # jax.nn's xla path in its place, for the cells' inputs and references), then the
+    # Mosaic GPU kernels (plain bf16; lengths multiples of 128): nothing trusts them
+    # before this passes. On the CPU, or a GPU that is no sm_90, a skip row.
     plain = {
         "cudnn_bf16_h128_causal": ("cudnn", (2, 512, 512, 4, 4, 128, bf16, True)),
         "cudnn_bf16_h64_gqa": ("cudnn", (2, 256, 256, 4, 2, 64, bf16, False)),
+        # What else the rule sends to cuDNN (`rule._CUDNN_FEATURES`): a left window and
+        # lengths; a mask and a bias.
+        "cudnn_bf16_h64_window_lengths": ("cudnn", (2, 256, 256, 4, 2, 64, bf16, True)),
+        "cudnn_bf16_h128_mask_bias": ("cudnn", (2, 256, 256, 4, 4, 128, bf16, False)),
         "mgpu_bf16_h128_causal_gqa": ("mosaic_gpu", (2, 512, 512, 4, 2, 128, bf16, True)),
         "mgpu_bf16_h64": ("mosaic_gpu", (1, 256, 384, 4, 4, 64, bf16, False)),
     }
-    plain = [(n, impl, case) for n, (impl, case) in plain.items() if not cpu or impl != "cudnn"]
+    plain = [(n, "xla_jax" if cpu and i == "cudnn" else i, c) for n, (i, c) in plain.items()]
     for i, (name, impl, case) in enumerate(plain):
         spec = dict(kind="check", name=name, impl=impl, backwards=["-"])
-        spec["case"] = (*case, False, False, None, 0.0)
+        spec["case"] = (*case, False, False, (64, 0) if "window" in name else None, 0.0)
+        spec["inputs"] = [f for f in ("lengths", "mask", "bias") if f in name]
         cells.insert(2 + i, Cell(name, spec, timeout, expect))
-    for name, shape in shapes.items():
-        for mods in groups:
-            spec = dict(kind="check_mods", shape=shape, mods=mods, backwards=both)
-            cells.append(Cell(f"mods_{name}_{mods[0]}", spec, timeout + 30.0, expect))
-    return cells
+    # The score mods' cells; training's packed shape's right after cuDNN's and Mosaic's.
+    mods = [Cell(f"mods_{name}_{m[0]}", dict(kind="check_mods", shape=shape, mods=m,
+                 backwards=both, packed="packed" in name), timeout + 30.0, expect)
+            for name, shape in shapes.items() for m in groups]  # fmt: skip
+    cells[2 + len(plain) : 2 + len(plain)] = [c for c in mods if c.spec["packed"]]
+    return cells + [c for c in mods if not c.spec["packed"]]
 
 
 def _time_cell(name, cpu, timeout, expect, **spec) -> Cell:

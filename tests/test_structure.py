@@ -428,8 +428,10 @@ def test_train_has_at_most_20_files():
 # lines; the GPU window's separate host-data child gave way to the loop's own
 # `train/input_wait_ms` and score_mod.py's one-off `--tile-pieces` was retired (2,999).
 # Issue 50's ALiBi and T5 headline cells (their <= 1.3x goal had no cell; T5's with its
-# table's gradient, as training has it) took it to 3,011.
-BENCHMARK_LINES = 3011
+# table's gradient, as training has it) took it to 3,011; its float64 gate's missing cells
+# (KERPLE and Shaw's bias, score mods per logit at training's packed shape, cuDNN with a
+# window, lengths, a mask and a bias: what the rule sends it) to 3,051. Cells, not harness.
+BENCHMARK_LINES = 3051
 
 
 def benchmark_lines(root: pathlib.Path = REPO) -> int:
