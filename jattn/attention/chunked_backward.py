@@ -147,7 +147,11 @@ def _tile_grads(pb: TiledProblem, res: Residuals, ct: _Cotangent, i, j, body: Ti
     do_i = ct.do[i]  # [B,K,G,t,Hv]
     qr_i = None if ct.qr is None else ct.qr[i]
     sv, r, pullback = tile_logits(pb, i, j, qi, qr_i, body, mod_vjp=True)
-    p = jnp.exp(sv - res.lse[i])  # [B,K,G,t,s]; exactly 0 where sv = NEG
+    # [B,K,G,t,s]; exactly 0 where sv = NEG. The exponent is clamped at 0, where a
+    # softmax weight's is: a no-op where the forward's logits are these (the CPU), it
+    # keeps P <= 1 where another program's matmul rounds them apart (a GPU's TF32 dots
+    # under other shapes or algorithms; at logits of 1e8, 2^-24 apart is an exponent of 6).
+    p = jnp.exp(jnp.minimum(sv - res.lse[i], 0.0))
     z = dropout_factor(pb, i, j)  # [B|1,K,G,t,s] or None
     pd = p if z is None else p * z
     dv_j = dv_j + jnp.einsum("BKGts,BKGtE->BKsE", pd, do_i)
