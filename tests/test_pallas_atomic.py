@@ -42,9 +42,12 @@ from jattn.attention.pallas import flash_attention as fa
 MAIN = (2, 64, 64, 4, 2, 16, 8)  # B, T, S, N, K, H, Hv (as tests/test_pallas.py)
 CROSS = (2, 24, 56, 4, 1, 16)  # MQA; T and S pad to the 16-row tiles
 RAGGED = (2, 40, 36, 2, 2, 16)
-# Atomic against split: the same float32 terms summed in another order (dq
-# per tile, then scaled), so agreement to float32 rounding of the largest value.
-SPLIT_TOL = 1e-6
+# Atomic against split: float32 terms summed in another order (dq per tile, then
+# scaled), and the split backward's dq tiles multiply as a GPU's do, through Triton's
+# TF32x3 split (`tile_dot.triton_split`: tails truncated) where the atomic kernel splits
+# by hand (tails rounded): terms ~2^-22 of a product apart. So agreement to a few
+# float32 roundings of the largest value (1.8e-6 seen: a score mod's params gradient).
+SPLIT_TOL = 4e-6
 
 
 def _case(name: str):
@@ -100,7 +103,10 @@ def test_atomic_backward_matches_float64_and_the_split_backward(case):
     out, grads = _check(inputs, backward="atomic", **kw)
     kw = dict(block_q=16, block_k=16, is_causal=False, max_distance=0) | kw
     split_out, split = _split_grads(inputs, kw)
-    np.testing.assert_array_equal(np.asarray(out), np.asarray(split_out))  # one forward
+    # One forward kernel; its output to float32 rounding, not bit for bit: the two vjps
+    # are other XLA programs around it (seen 7e-7 apart on outputs near 3, under the
+    # suite's -O0 flags, once the split backward changed).
+    _close("out (atomic vs split)", out, np.asarray(split_out, np.float64), 1e-6)
     for name in GRAD_NAMES:
         if inputs.get(name) is not None:
             want = np.asarray(split[name], np.float64)
