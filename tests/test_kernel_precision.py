@@ -95,33 +95,23 @@ def test_tritons_split_overflows_at_float32_max_and_halved_keys_do_not():
     head rounds to ±Inf. With the keys halved and the product doubled (what
     the kernels do) it is the float64 product to float32 accuracy."""
     big = np.finfo(np.float32).max
-    with jax.debug_nans(False), jax.debug_infs(False):
-        _overflows(big)
-    ds, k, halved = _masked_extreme_key(big)
-    want = ds.astype(np.float64) @ np.where(ds[:1].T == 0, 0.0, k.astype(np.float64))
-    scale = np.abs(ds).astype(np.float64) @ np.where(ds[:1].T == 0, 0.0, np.abs(k))
-    assert np.max(np.abs(np.asarray(halved, np.float64) - want) / scale) <= 4 * 2.0**-24 * 32
-
-
-def _masked_extreme_key(big):
     rng = np.random.default_rng(3)
     ds = rng.standard_normal((16, 32)).astype(np.float32)
     k = rng.standard_normal((32, 8)).astype(np.float32)
     ds[:, 5], k[5, ::2], k[5, 1::2] = 0.0, big, -big  # key 5 masked, at float32's extremes
     x3 = tile_dot.TRITON_X3_INTERPRET
-    halved = tile_dot.dot(jnp.asarray(ds), jnp.asarray(k) * 0.5, (1, 0), x3) * 2.0
-    return ds, k, halved
-
-
-def _overflows(big):
     # From 0x7F7FF000 (3.401993e38) up, the rounding carries into the exponent.
     edge = np.int32([0x7F7FF000, 0x7F7FEFFF]).view(np.float32)
-    heads, _ = tile_dot.triton_split(jnp.float32([big, -big, *edge]))
+    with jax.debug_nans(False), jax.debug_infs(False):
+        heads, _ = tile_dot.triton_split(jnp.float32([big, -big, *edge]))
+        raw = tile_dot.dot(jnp.asarray(ds), jnp.asarray(k), (1, 0), x3)
     assert np.asarray(heads).tolist()[:3] == [np.inf, -np.inf, np.inf]
     assert np.isfinite(np.asarray(heads)[3])
-    ds, k, _ = _masked_extreme_key(big)
-    raw = tile_dot.dot(jnp.asarray(ds), jnp.asarray(k), (1, 0), tile_dot.TRITON_X3_INTERPRET)
     assert np.all(np.isnan(np.asarray(raw)))
+    halved = tile_dot.dot(jnp.asarray(ds), jnp.asarray(k) * 0.5, (1, 0), x3) * 2.0
+    want = ds.astype(np.float64) @ np.where(ds[:1].T == 0, 0.0, k.astype(np.float64))
+    scale = np.abs(ds).astype(np.float64) @ np.where(ds[:1].T == 0, 0.0, np.abs(k))
+    assert np.max(np.abs(np.asarray(halved, np.float64) - want) / scale) <= 4 * 2.0**-24 * 32
 
 
 def test_halve_kv_where_tritons_split_runs():
