@@ -51,8 +51,10 @@ exact match, each group's mean with its 95% interval and its best seed;
 its "As the anchors report" section adds their score, token accuracy per
 test length averaged over the lengths (`beyond_train/length_avg_accuracy`),
 beside the same pooled over tokens.
-`:arg`: "" (the grid), "tiny" (one task, two schemes, one seed, a few
-steps: the tests).
+`:arg`: "" (the grid), "reverse" (its reverse_string slice at Ruoss et al.'s
+example script's 10,000 steps, all six schemes, both arms, 3 seeds: 36 runs, for
+one GPU, `scripts/gpu_window.sh OUTDIR --grid`; evaluated every 2,000 steps),
+"tiny" (one task, two schemes, one seed, a few steps: the tests).
 """
 
 import pathlib
@@ -61,14 +63,15 @@ import runpy
 import ml_collections
 
 _presets = runpy.run_path(str(pathlib.Path(__file__).with_name("_presets.py")))
-grid_experiment, length_metrics, tiny = (
-    _presets[n] for n in ("grid_experiment", "length_metrics", "tiny")
+grid_experiment, length_metrics, tiny, train_steps = (
+    _presets[n] for n in ("grid_experiment", "length_metrics", "tiny", "train_steps")
 )
 
 TASKS = "even_pairs/test100,reverse_string/test100,duplicate_string/test100"
 SCHEMES = "none,sinusoidal,rope,alibi,t5,learned"
 M = 512
 STEPS = 1_000
+REVERSE_STEPS = 10_000
 
 
 def get_config(arg=None):
@@ -88,10 +91,15 @@ def get_config(arg=None):
     c.train.eval_decode_examples = 200
     # Each randomised group against its own scheme's and task's plain arm.
     c.reference_within = "task,position"
-    if arg == "tiny":
+    if arg == "reverse":
+        c.grid.task.values = "reverse_string/test100"
+        c.reference = "task=reverse_string/test100,position=none,random=0"
+        train_steps(c, REVERSE_STEPS, checkpoint_every=1_000)
+        c.train.eval_every_steps = 2_000
+    elif arg == "tiny":
         tiny(c, dataset=None, steps=4, checkpoint_every=4, position="rope,t5")
         c.grid.task.values = "reverse_string/tiny"
         c.reference = "task=reverse_string/tiny,position=rope,random=0"
     elif arg:
-        raise ValueError(f"experiments/deletang.py: unknown preset {arg!r} (tiny)")
+        raise ValueError(f"experiments/deletang.py: unknown preset {arg!r} (reverse, tiny)")
     return c

@@ -8,7 +8,8 @@ A grid's runs are often trained over several sessions (preempted, resumed,
 extended), and its wall time is only meaningful beside the load the machine
 carried. `recording` appends one line per session to ``DIR/sessions.jsonl``
 when the session ends (finished, preempted or failed): UTC start and end,
-wall seconds, ``--jobs``, runs it set out to train, the CPUs and the load
+wall seconds, ``--jobs``, runs it set out to train, the CPUs, the GPUs (as
+nvidia-smi names them; None without one) and the load
 average (1, 5, 15 min) at start and end. `cost_section` turns the file into
 the report's "Cost" section: runs x steps, each session, and the total, so
 every wall time quoted about a grid comes from a file beside its results.
@@ -26,12 +27,14 @@ interval), and the next session writes it into ``sessions.jsonl`` for good.
 
 from __future__ import annotations
 
+import collections
 import contextlib
 import datetime
 import glob
 import json
 import os
 import socket
+import subprocess
 import threading
 import time
 from collections.abc import Iterator, Sequence
@@ -41,6 +44,7 @@ __all__ = [
     "HEARTBEAT_S",
     "KILLED",
     "SESSIONS_FILE",
+    "accelerators",
     "cost_section",
     "read_sessions",
     "recording",
@@ -60,6 +64,21 @@ def _now(epoch: float | None = None) -> str:
 
 def _load() -> list[float]:
     return [round(x, 2) for x in os.getloadavg()]
+
+
+def accelerators() -> str | None:
+    """The machine's GPUs as nvidia-smi names them ("1x NVIDIA H100 80GB HBM3"), or
+    None without one. Asked of nvidia-smi, not jax: this process must not take the
+    GPU memory the grid's jobs share."""
+    try:
+        names = subprocess.run(
+            ["nvidia-smi", "--query-gpu=name", "--format=csv,noheader"],
+            capture_output=True, text=True, timeout=20, check=True,
+        ).stdout.split("\n")  # fmt: skip
+    except (OSError, subprocess.SubprocessError):
+        return None
+    counts = collections.Counter(n.strip() for n in names if n.strip())
+    return ", ".join(f"{k}x {name}" for name, k in counts.items()) or None
 
 
 def _append(workdir: str, session: dict[str, Any]) -> None:
@@ -170,6 +189,7 @@ def recording(
         "jobs": jobs,
         "runs_to_train": to_train,
         "cpus": os.cpu_count(),
+        "accelerators": accelerators(),
         "load_start": _load(),
         "outcome": "failed",
     }
@@ -231,14 +251,23 @@ def cost_section(workdir: str, steps: Sequence[int]) -> list[str]:
     for n in steps:
         by_steps[n] = by_steps.get(n, 0) + 1
     shape = " + ".join(f"{k} runs x {n:,} steps" for n, k in sorted(by_steps.items()))
-    rows = [
-        f"| {s['started']} | {s.get('ended', '-')} | {_duration(s.get('wall_s', 0))} | "
-        f"{s['jobs']} | {s['runs_to_train'] if s['runs_to_train'] is not None else '-'} | "
-        f"{s['cpus']} | "
-        f"{', '.join(map(str, s['load_start']))} | {', '.join(map(str, s.get('load_end', [])))} | "
-        f"{s['outcome']} |"
-        for s in sessions
-    ]
+    # The GPUs' column only in a grid that had one (sessions before it was recorded: -).
+    gpus = any(s.get("accelerators") for s in sessions)
+    rows = []
+    for s in sessions:
+        cells = [
+            s["started"],
+            s.get("ended", "-"),
+            _duration(s.get("wall_s", 0)),
+            s["jobs"],
+            "-" if s["runs_to_train"] is None else s["runs_to_train"],
+            s["cpus"],
+            *([s.get("accelerators") or "-"] if gpus else []),
+            ", ".join(map(str, s["load_start"])),
+            ", ".join(map(str, s.get("load_end", []))),
+            s["outcome"],
+        ]
+        rows.append("| " + " | ".join(map(str, cells)) + " |")
     total = sum(s.get("wall_s", 0) for s in sessions)
     return [
         "## Cost",
@@ -247,9 +276,10 @@ def cost_section(workdir: str, steps: Sequence[int]) -> list[str]:
         f"`jattn ablate` ({SESSIONS_FILE}; the load average is the machine's, 1/5/15 min, at "
         "each session's start and end: other work on the machine slows a grid down).",
         "",
-        "| started | ended | wall time | --jobs | runs to train | CPUs | load at start | "
-        "load at end | outcome |",
-        "|---|---|---:|---:|---:|---:|---|---|---|",
+        "| started | ended | wall time | --jobs | runs to train | CPUs | "
+        + ("GPUs | " if gpus else "")
+        + "load at start | load at end | outcome |",
+        "|---|---|---:|---:|---:|---:|" + ("---|" if gpus else "") + "---|---|---|",
         *rows,
         "",
     ]

@@ -15,18 +15,40 @@
 # the dry run 900) with 10 s for a killed stage to exit: the window ends within
 # WINDOW_TOTAL_S and the dumps' tar.
 #
+# --grid: the second window's work instead (issue 50, item 5): the Delétang/Ruoss
+# reverse_string slice (experiments/deletang.py:reverse, 36 runs of 10,000 steps)
+# trained by lab/grid.py with --jobs GPU_GRID_JOBS (6) on the one GPU, seed by seed
+# (phases GPU_GRID_SEEDS, "0 0,1 0,1,2": a window that ends early leaves whole seeds
+# of every scheme), in GPU_GRID_STATE (.gpugrid/), GPU_GRID_ARGS (more of `jattn
+# ablate`'s flags) appended. 80 s before the deadline the runs get SIGTERM (each
+# saves, the report is written), and the state is packed for the next window
+# (lab/gpu_grid.py pack): window.log, results.md, results.csv, grid_state.tgz.00
+# (.01, ...). Back here: `python lab/gpu_grid.py unpack FILES_AT .gpugrid`; the same
+# command with carry [".gpukit", ".gpugrid"] resumes the grid; `python lab/grid.py
+# --config experiments/deletang.py:reverse --workdir .gpugrid/deletang_reverse
+# --report-only` renders its report with each window's cost. The dry run (--cpu)
+# trains the tiny preset (experiments/deletang.py:tiny: 4 runs of 4 steps, --jobs 2).
+#
 #   bash scripts/gpu_window.sh OUTDIR          # on the GPU machine (carry [".gpukit"])
+#   bash scripts/gpu_window.sh OUTDIR --grid   # (carry [".gpukit", ".gpugrid"])
 #   bash scripts/gpu_window.sh OUTDIR --cpu    # the dry run: same stages, tiny shapes
 # (GPU_WINDOW_CPU=1 is the same as --cpu.) Build the kit first: scripts/gpu_kit.sh.
 # Env: PYTHON (default python3), GPU_WINDOW_DATA (the prepared tfds data; default
 # .gpukit/data), GPU_WINDOW_NO_KIT=1 (use the installed packages, not .gpukit/wheels).
-# Exit status 1 when a stage failed or timed out (its files are still written).
+# Exit status 1 when a stage failed or timed out (its files are still written); the
+# grid stopped at the deadline is no failure (its state goes back).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 root=$PWD
-out=${1:?usage: gpu_window.sh OUTDIR [--cpu]}
-cpu=${GPU_WINDOW_CPU:-0}
-[ "${2:-}" = "--cpu" ] && cpu=1
+out=${1:?usage: gpu_window.sh OUTDIR [--cpu] [--grid]}
+cpu=${GPU_WINDOW_CPU:-0} grid=0
+for a in "${@:2}"; do
+  case $a in
+    --cpu) cpu=1 ;;
+    --grid) grid=1 ;;
+    *) echo "gpu_window.sh: unknown argument $a (--cpu, --grid)" >&2; exit 2 ;;
+  esac
+done
 mkdir -p "$out"
 out=$(cd "$out" && pwd)
 log=$out/window.log
@@ -65,13 +87,14 @@ stage() {
   fi
   say "stage $name (timeout ${secs} s): ${cmd:0:300}"
   local tag="$name-$$-$(date +%s%N)"
-  JATTN_WINDOW_TAG=$tag timeout -k 10 "$secs" "$@" >>"$log" 2>&1
+  JATTN_WINDOW_TAG=$tag timeout -k "$kill_s" "$secs" "$@" >>"$log" 2>&1
   local rc=$?
   leftovers "$tag"
   say "stage $name: rc=$rc$([ $rc -eq 124 ] && echo ' (timed out)')"
+  last_rc=$rc
   [ $rc -eq 0 ] || failed+=("$name")
 }
-failed=()
+failed=() kill_s=10 last_rc=0
 # left SECS: SECS, or less: what the window has left before its deadline, less 10 s.
 left() {
   local rest=$((deadline - $(date +%s) - 10))
@@ -120,7 +143,7 @@ total_s=$([ "$cpu" = 1 ] && echo 900 || echo 540)
 deadline=$((start + ${WINDOW_TOTAL_S:-$total_s}))
 
 say "jattn GPU window: $root -> $out (cpu dry run: $cpu)"
-say "timing cells: ${timing_only[*]}"
+[ "$grid" = 1 ] || say "timing cells: ${timing_only[*]}"
 if [ -d .gpukit/wheels ] && [ "${GPU_WINDOW_NO_KIT:-0}" != 1 ]; then
   site=/tmp/site
   stage kit 60 "$PY" -m pip install -q --no-index --no-deps --no-compile --no-cache-dir \
@@ -156,35 +179,74 @@ print("default backend", jax.default_backend())
 timeout 20 nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.max.sm --format=csv >>"$log" 2>&1 \
   || say "nvidia-smi: not there or failed"
 stage probe 20 "$PY" -c "$probe_py"
-# What `jattn train` would run here: the rule's path for each config's attention.
-mapfile -t configs < <(ls configs/[!_]*.py | grep -v chomsky.py)
-stage paths 60 "$PY" -m jattn.cli configs --paths "${configs[@]}" configs/chomsky.py:reverse_string,test100
+# The second window: the reverse_string grid, resumed from GPU_GRID_STATE (see the top).
+grid_window() {
+  local state=${GPU_GRID_STATE:-$root/.gpugrid} config jobs phases seeds secs
+  if [ "$cpu" = 1 ]; then
+    config=experiments/deletang.py:tiny jobs=2 phases=(0)
+  else
+    config=experiments/deletang.py:reverse jobs=${GPU_GRID_JOBS:-6} phases=(0 0,1 0,1,2)
+  fi
+  [ -n "${GPU_GRID_SEEDS:-}" ] && read -ra phases <<< "$GPU_GRID_SEEDS"
+  local extra=()
+  [ -n "${GPU_GRID_ARGS:-}" ] && read -ra extra <<< "$GPU_GRID_ARGS"
+  local args=(--config "$config" --workdir "$state/deletang_reverse" --jobs "$jobs"
+              --config.train.data_dir="$data_dir" "${extra[@]}")
+  say "grid: $config in $state, --jobs $jobs, seeds by phase: ${phases[*]}"
+  kill_s=40  # after the SIGTERM: every run saves its checkpoint, the report is drawn
+  for seeds in "${phases[@]}"; do
+    secs=$(($(left 100000) - 70))  # stops 80 s before the deadline: the save, the pack
+    if [ "$secs" -lt 60 ]; then
+      say "grid: seeds $seeds not started (${secs} s left before the pack)"
+      break
+    fi
+    stage "grid-seeds-$seeds" "$secs" "$PY" lab/grid.py "${args[@]}" --config.grid.seed.values="$seeds"
+    if [ "$last_rc" -eq 124 ]; then
+      unset 'failed[-1]'  # the deadline, not a failure: every run saved, the state goes back
+      say "grid: stopped at the window's deadline; unpack the state and run the window again"
+      break
+    fi
+    [ "$last_rc" -eq 0 ] || break
+  done
+  kill_s=10
+  cp "$state/deletang_reverse/results.md" "$state/deletang_reverse/results.csv" "$out/" 2>/dev/null
+  stage pack 30 "$PY" lab/gpu_grid.py pack "$state" "$out"
+}
 
-check_s=$(budget "$check_s")
-stage check $((check_s + 10)) "$PY" benchmarks/gpu.py --stage check "${smoke[@]}" \
-  --only "${check_only[@]}" --total-s "$check_s" --continue-on-fail --out "$out/check.csv" --dump-dir "$dumps"
+if [ "$grid" = 1 ]; then
+  grid_window
+else
+  # What `jattn train` would run here: the rule's path for each config's attention.
+  mapfile -t configs < <(ls configs/[!_]*.py | grep -v chomsky.py)
+  stage paths 60 "$PY" -m jattn.cli configs --paths "${configs[@]}" configs/chomsky.py:reverse_string,test100
 
-# The suite's float32-extremes contracts run on this device (±3.40e38 behind masks and in
-# visible keys: xla, chunked and the Pallas kernels, all three backwards; logits of 1e5 and
-# 1e9), the float64 oracle on the host: the dq tiles' float32 split is Triton's own on a
-# GPU, which interpret mode only emulates (docs/gpu.md, "float32's largest values on a
-# GPU"), and a GPU's matmuls round the backward's recomputed logits their own way.
-contract_k='(float32_max or extreme_logits) and not Tpu'
-[ "$cpu" = 1 ] && contract_k='float32_max_behind_masks and TestPallas and not Tpu and segment'
-JAX_PLATFORMS=$([ "$cpu" = 1 ] && echo cpu || echo cuda,cpu) stage contract 90 "$PY" -m pytest -v --tb=short \
-  -p no:cacheprovider tests/test_attention_contract.py -k "$contract_k"
+  check_s=$(budget "$check_s")
+  stage check $((check_s + 10)) "$PY" benchmarks/gpu.py --stage check "${smoke[@]}" \
+    --only "${check_only[@]}" --total-s "$check_s" --continue-on-fail --out "$out/check.csv" --dump-dir "$dumps"
 
-train_s=$(budget "$train_s")
-train_args=(--out "$out/train.csv" --total-s "$train_s" --data-dir "$data_dir")
-[ "$cpu" = 1 ] && train_args+=(--cpu-smoke)
-stage train $((train_s + 10)) "$PY" benchmarks/gpu.py --train "${train_args[@]}"
-# Each arm's final loss held to the CPU seeds' (lab/gpu_train.py): train_vs_cpu.csv.
-stage verdict 30 "$PY" lab/gpu_train.py "$out/train.csv"
+  # The suite's float32-extremes contracts run on this device (±3.40e38 behind masks and in
+  # visible keys: xla, chunked and the Pallas kernels, all three backwards; logits of 1e5 and
+  # 1e9), the float64 oracle on the host: the dq tiles' float32 split is Triton's own on a
+  # GPU, which interpret mode only emulates (docs/gpu.md, "float32's largest values on a
+  # GPU"), and a GPU's matmuls round the backward's recomputed logits their own way.
+  contract_k='(float32_max or extreme_logits) and not Tpu'
+  [ "$cpu" = 1 ] && contract_k='float32_max_behind_masks and TestPallas and not Tpu and segment'
+  JAX_PLATFORMS=$([ "$cpu" = 1 ] && echo cpu || echo cuda,cpu) stage contract 90 "$PY" -m pytest -v --tb=short \
+    -p no:cacheprovider tests/test_attention_contract.py -k "$contract_k"
 
-timing_s=$(budget "$timing_s")
-stage timing $((timing_s + 10)) "$PY" benchmarks/gpu.py --stage headline sweep "${smoke[@]}" \
-  --only "${timing_only[@]}" --total-s "$timing_s" --continue-on-fail \
-  --out "$out/timing.csv" --dump-dir "$dumps"
+  train_s=$(budget "$train_s")
+  train_args=(--out "$out/train.csv" --total-s "$train_s" --data-dir "$data_dir")
+  [ "$cpu" = 1 ] && train_args+=(--cpu-smoke)
+  stage train $((train_s + 10)) "$PY" benchmarks/gpu.py --train "${train_args[@]}"
+  # Each arm's final loss held to the CPU seeds' (lab/gpu_train.py): train_vs_cpu.csv.
+  stage verdict 30 "$PY" lab/gpu_train.py "$out/train.csv"
+
+  timing_s=$(budget "$timing_s")
+  stage timing $((timing_s + 10)) "$PY" benchmarks/gpu.py --stage headline sweep "${smoke[@]}" \
+    --only "${timing_only[@]}" --total-s "$timing_s" --continue-on-fail \
+    --out "$out/timing.csv" --dump-dir "$dumps"
+
+fi
 
 if [ -n "$(ls -A "$dumps" 2>/dev/null)" ]; then
   tar -czf "$out/dumps.tgz" -C "$dumps" .

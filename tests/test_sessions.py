@@ -161,3 +161,35 @@ def test_a_session_that_trained_nothing_writes_no_line(tmp_path):
         s["outcome"] = "finished"
     assert sessions.read_sessions(str(tmp_path)) == []
     assert _session_leftovers(tmp_path) == []
+
+
+def test_a_grid_on_a_gpu_names_it_in_its_cost(tmp_path, monkeypatch):
+    """A grid's wall time means something beside its machine: a session on a GPU
+    machine records the GPUs nvidia-smi names (not jax: the recording process
+    must not take the memory its jobs share), and the cost table shows them."""
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    smi = bin_dir / "nvidia-smi"  # what nvidia-smi --query-gpu=name prints on two GPUs
+    smi.write_text("#!/bin/sh\nprintf 'NVIDIA H100 80GB HBM3\\nNVIDIA H100 80GB HBM3\\n'\n")
+    smi.chmod(0o755)
+    workdir = tmp_path / "grid"
+    workdir.mkdir()
+    with sessions.recording(str(workdir), jobs=1, to_train=1, heartbeat_s=60) as s:
+        s["outcome"] = "finished"  # on this machine: no nvidia-smi on PATH
+    monkeypatch.setenv("PATH", f"{bin_dir}{os.pathsep}{os.environ['PATH']}")
+    with sessions.recording(str(workdir), jobs=6, to_train=36, heartbeat_s=60) as s:
+        s["outcome"] = "preempted"
+    cpu, gpu = sessions.read_sessions(str(workdir))
+    assert cpu["accelerators"] is None and gpu["accelerators"] == "2x NVIDIA H100 80GB HBM3"
+    table = [x for x in sessions.cost_section(str(workdir), [100]) if x.startswith("|")]
+    assert table[0].split(" | ")[6] == "GPUs"
+    assert [row.split(" | ")[6] for row in table[2:]] == ["-", "2x NVIDIA H100 80GB HBM3"]
+    assert all(row.count("|") == table[0].count("|") for row in table)
+
+
+def test_a_grid_without_a_gpu_keeps_its_cost_table(tmp_path, monkeypatch):
+    monkeypatch.setenv("PATH", str(tmp_path))  # no nvidia-smi, as on this lab's CPUs
+    with sessions.recording(str(tmp_path), jobs=2, to_train=4, heartbeat_s=60) as s:
+        s["outcome"] = "finished"
+    (header,) = [x for x in sessions.cost_section(str(tmp_path), [10]) if "| started" in x]
+    assert "GPUs" not in header and header.count("|") == 10
