@@ -19,19 +19,20 @@ import pytest
 from attention_cases import make_problem
 
 import jattn
+from jattn import positions
 from jattn.attention import call_features, rule
 from jattn.score_mod import ScoreMod
 
 REPO = pathlib.Path(__file__).resolve().parent.parent
 
 
-def gpu_call(dtype="bfloat16", t=1024, s=1024, h=128, hv=None, bn=32, features=()):
+def gpu_call(dtype="bfloat16", t=1024, s=1024, h=128, hv=None, bn=32, features=(), mod=""):
     """A call large enough that a GPU wants a kernel for it (B*N*T*S >= 2^20)."""
-    return rule.Call(t, s, h, hv or h, bn, dtype, frozenset(features))
+    return rule.Call(t, s, h, hv or h, bn, dtype, frozenset(features), mod)
 
 
-def verified(family, dtype, h, features):
-    config = rule.KernelConfig(family, dtype, h, tuple(sorted(features)))
+def verified(family, dtype, h, features, mod=""):
+    config = rule.KernelConfig(family, dtype, h, tuple(sorted(features)), mod)
     return (rule.Verified(config, "docs/gpu_runs/x.csv", "check/x", "H100"),)
 
 
@@ -155,6 +156,33 @@ def test_a_verified_configuration_covers_no_other(other):
 def test_call_rejects_unknown_features():
     with pytest.raises(ValueError, match="unknown features"):
         rule.Call(8, 8, 8, 8, 1, "float32", frozenset({"alibi"}))
+    with pytest.raises(ValueError, match="without the score_mod feature"):
+        rule.Call(8, 8, 8, 8, 1, "float32", frozenset({"causal"}), "alibi (per logit)")
+
+
+# Each score mod is its own kernel code, and so is each form of one (distance tiles at
+# default positions, per logit with packed or given positions): a GPU pass of ALiBi's
+# cell admits ALiBi in that form, not T5, and not ALiBi in the other form.
+ALIBI_PACKED = rule.mod_form("alibi", distance=False)
+
+
+@pytest.mark.parametrize(
+    "mod, admitted",
+    [
+        (ALIBI_PACKED, True),
+        (rule.mod_form("alibi", distance=True), False),
+        (rule.mod_form("t5", distance=False), False),
+    ],
+)
+def test_a_verified_score_mod_covers_that_mod_in_that_form_alone(mod, admitted):
+    features = ("causal", "score_mod", "segments")
+    allowed = verified("pallas", "float32", 16, features, ALIBI_PACKED)
+    call = gpu_call(dtype="float32", h=16, features=features, mod=mod)
+    choice = rule.choose(call, "gpu", allowed)
+    assert (choice.name == "pallas") == admitted
+    if not admitted:
+        message = choice.message(call, "gpu")
+        assert choice.wanted.score_mod == mod and f"causal+score_mod+segments {mod} (" in message
 
 
 # -- the entry point: what it reads, what it runs, what it says -----------------------------
@@ -188,9 +216,31 @@ def test_call_features_reads_every_argument():
     bare = call_features(q[0].astype(jnp.bfloat16), k[0], v[0], visibility=window)
     assert bare.batch_heads == 4 and bare.dtype == "bfloat16"
     assert bare.features == {"window", "window_right"}  # an int window reaches right too
+    assert call.score_mod == "<lambda> (per logit)" and bare.score_mod == ""
     seen = []
     jax.jit(lambda sc: seen.append(call_features(q, k, v, scale=sc).features))(0.5)
     assert seen == [{"traced_scale"}]
+
+
+def test_call_features_names_the_mod_and_the_form_its_kernels_take():
+    """A distance mod runs from distance tiles at default positions (none given, or
+    `default_positions`), per logit at given positions; any other mod per logit."""
+    q = k = v = np.zeros((2, 6, 2, 8), np.float32)
+    t5 = positions.t5_score_mod(np.zeros((2, 8), np.float32))
+    alibi = positions.alibi_score_mod(positions.alibi_slopes(2), mode="causal")  # per logit
+    pos = np.arange(6, dtype=np.int32)
+    cases = [
+        (t5, {}, "t5 (distance tiles)"),
+        (t5, dict(q_positions=pos, kv_positions=pos), "t5 (per logit)"),
+        (alibi, {}, "alibi_causal (per logit)"),  # each mode its own code
+        (ScoreMod(lambda p, s, *_: s, (), name="mine"), {}, "mine (per logit)"),
+    ]
+    for mod, given, expect in cases:
+        vis, rest = jattn.visibility.split_keywords(dict(is_causal=True, **given))
+        assert call_features(q, k, v, visibility=vis, score_mod=mod, **rest).score_mod == expect
+    # What `normalised` marks as default positions is distance tiles too.
+    vis = jattn.Visibility(q_positions=pos, kv_positions=pos, default_positions=True)
+    assert call_features(q, k, v, visibility=vis, score_mod=t5).score_mod == "t5 (distance tiles)"
 
 
 def test_none_runs_the_rules_choice():

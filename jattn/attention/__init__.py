@@ -106,6 +106,12 @@ def call_features(
         "dropout": dropout_rate > 0,
         "traced_scale": scale is not None and not isinstance(scale, numbers.Real),
     }
+    mod = ""  # which mod, in which form (a ScoreMod; anything else is refused later)
+    if score_mod is not None:
+        mod_name = getattr(score_mod, "name", "") or "score_mod"
+        default = vis.default_positions or not vis.positions  # as `normalised` sets it
+        tiles = getattr(score_mod, "distance", None) is not None and default
+        mod = rule.mod_form(mod_name, tiles)
     return rule.Call(
         t=qs[-3],
         s=ks[-3],
@@ -114,6 +120,7 @@ def call_features(
         batch_heads=batch * qs[-2],
         dtype=np.dtype(getattr(query, "dtype", None) or jnp.asarray(query).dtype).name,
         features=frozenset(name for name, on in given.items() if on),
+        score_mod=mod,
     )
 
 

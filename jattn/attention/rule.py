@@ -20,8 +20,9 @@ The rule, in order:
    Pallas kernels where a feature needs them (float32, segments, Shaw
    tables, score mods, dropout, positions, ...).
 4. The wanted kernel runs only if its configuration (`KernelConfig`: family,
-   dtype, head dim, features) is in `VERIFIED`, the configurations that
-   passed the float64 check on a GPU in a committed run (docs/gpu.md).
+   dtype, head dim, features, and which score mod in which form) is in
+   `VERIFIED`, the configurations that passed the float64 check on a GPU in a
+   committed run (docs/gpu.md).
    Otherwise the call goes to the CPU's choice (chunked, which runs
    wherever XLA does, or xla) and the choice says what it would have used
    and why not.
@@ -51,6 +52,7 @@ __all__ = [
     "announce",
     "choose",
     "cudnn_misfit",
+    "mod_form",
     "show_choices",
     "verified_problems",
 ]
@@ -99,7 +101,9 @@ class Call:
 
     `t`, `s`: query and key lengths; `head_dim`, `value_head_dim`: H and Hv;
     `batch_heads`: B times the query heads N; `dtype`: the query's dtype name;
-    `features`: the names of `FEATURES` the call uses.
+    `features`: the names of `FEATURES` the call uses; `score_mod`: which mod, in
+    which form (`mod_form`), when `features` has "score_mod": each mod is its own
+    kernel code, so a GPU pass of one admits no other.
     """
 
     t: int
@@ -109,12 +113,15 @@ class Call:
     batch_heads: int
     dtype: str
     features: frozenset[str] = frozenset()
+    score_mod: str = ""
 
     def __post_init__(self):
         unknown = set(self.features) - set(FEATURES)
         if unknown:
             raise ValueError(f"Call: unknown features {sorted(unknown)}; known: {FEATURES}")
         object.__setattr__(self, "features", frozenset(self.features))
+        if self.score_mod and "score_mod" not in self.features:
+            raise ValueError(f"Call: score_mod={self.score_mod!r} without the score_mod feature")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -125,10 +132,19 @@ class KernelConfig:
     dtype: str
     head_dim: int
     features: tuple[str, ...]  # sorted
+    score_mod: str = ""  # `mod_form`'s: "alibi (distance tiles)", "t5 (per logit)"
 
     def __str__(self) -> str:
         feats = "+".join(self.features) or "plain"
-        return f"{self.family} {self.dtype} head dim {self.head_dim} {feats}"
+        mod = f" {self.score_mod}" if self.score_mod else ""
+        return f"{self.family} {self.dtype} head dim {self.head_dim} {feats}{mod}"
+
+
+def mod_form(name: str, distance: bool) -> str:
+    """How `Call.score_mod` names a score mod: its name and the form its kernels
+    compute it in, from distance tiles (a distance mod at default positions) or
+    per logit (`jattn.attention.pallas.distance_tiles.applies`), two kernel codes."""
+    return f"{name} ({'distance tiles' if distance else 'per logit'})"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -222,7 +238,8 @@ def choose(call: Call, platform: str, verified: tuple[Verified, ...] = VERIFIED)
         return Choice("xla", f"B*N*T*S < {GPU_SMALL_LOGITS}: launch bound")
     misfit = cudnn_misfit(call, platform)
     family = "pallas" if misfit else "cudnn"
-    config = KernelConfig(family, call.dtype, call.head_dim, tuple(sorted(call.features)))
+    features = tuple(sorted(call.features))
+    config = KernelConfig(family, call.dtype, call.head_dim, features, call.score_mod)
     reason = "fits cuDNN" if family == "cudnn" else f"{misfit}: the Pallas kernels"
     if _is_verified(config, verified):
         return Choice(family, f"{reason}, verified on a GPU")
