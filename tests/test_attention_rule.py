@@ -182,7 +182,7 @@ def test_a_verified_score_mod_covers_that_mod_in_that_form_alone(mod, admitted):
     assert (choice.name == "pallas") == admitted
     if not admitted:
         message = choice.message(call, "gpu")
-        assert choice.wanted.score_mod == mod and f"causal+score_mod+segments {mod} (" in message
+        assert choice.wanted.score_mod == mod and f"causal+score_mod+segments [{mod}] (" in message
 
 
 # -- the entry point: what it reads, what it runs, what it says -----------------------------

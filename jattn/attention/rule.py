@@ -136,7 +136,7 @@ class KernelConfig:
 
     def __str__(self) -> str:
         feats = "+".join(self.features) or "plain"
-        mod = f" {self.score_mod}" if self.score_mod else ""
+        mod = f" [{self.score_mod}]" if self.score_mod else ""
         return f"{self.family} {self.dtype} head dim {self.head_dim} {feats}{mod}"
 
 
