@@ -87,9 +87,17 @@ def test_unpack_refuses_a_missing_part(tmp_path):
     assert not os.path.exists(tmp_path / "again")  # nothing replaced
 
 
-def _window(out, state, data_dir, **env):
+# The tiny preset's T5 pair alone (plain and randomised, run at once by --jobs 2): the
+# window passes `jattn ablate` overrides on (GPU_GRID_ARGS).
+PAIR = (
+    "--config.grid.position.values=t5 "
+    "--config.reference=task=reverse_string/tiny,position=t5,random=0"
+)
+
+
+def _window(out, state, data_dir):
     env = dict(os.environ, PYTHON=sys.executable, GPU_WINDOW_NO_KIT="1", JAX_PLATFORMS="cpu",
-               GPU_WINDOW_DATA=data_dir, GPU_GRID_STATE=str(state), **env)  # fmt: skip
+               GPU_WINDOW_DATA=data_dir, GPU_GRID_STATE=str(state), GPU_GRID_ARGS=PAIR)  # fmt: skip
     cmd = ["bash", os.path.join(ROOT, "scripts", "gpu_window.sh"), str(out), "--grid", "--cpu"]
     proc = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=900, cwd=ROOT)
     log = (out / "window.log").read_text()
@@ -97,7 +105,7 @@ def _window(out, state, data_dir, **env):
     return log
 
 
-@pytest.mark.slow  # two windows of child processes (~2 minutes on a shared 2-core CPU)
+@pytest.mark.slow  # two windows of child processes (~1.5 minutes on a shared 2-core CPU)
 def test_gpu_grid_dry_run_packs_its_state_and_the_next_window_resumes_it(tmp_path, data_dir):
     state, out = tmp_path / "machine1" / ".gpugrid", tmp_path / "out1"
     log = _window(out, state, data_dir)
@@ -105,14 +113,15 @@ def test_gpu_grid_dry_run_packs_its_state_and_the_next_window_resumes_it(tmp_pat
     back = ["grid_state.tgz.00", "results.csv", "results.md", "window.log"]
     assert sorted(os.listdir(out)) == back
     assert "stage grid-seeds-0: rc=0" in log and "stage pack: rc=0" in log
-    assert "ablation: 4 runs, 0 already finished, 4 to train" in log
-    assert "gpu_grid: packed 4 runs, 4 finished into 1 part(s)" in log
+    assert "ablation: 2 runs, 0 already finished, 2 to train" in log
+    assert "ablation: 2 runs at once" in log
+    assert "gpu_grid: packed 2 runs, 2 finished into 1 part(s)" in log
     report = (out / "results.md").read_text()
-    assert "(4/4 runs finished)" in report and "## Cost" in report
+    assert "(2/2 runs finished)" in report and "## Cost" in report
     with tarfile.open(out / "grid_state.tgz.00") as tar:
         names = tar.getnames()
     assert not any("/checkpoints" in n for n in names), names  # finished: none travel
-    assert sum(n.endswith("/final_metrics.json") for n in names) == 4
+    assert sum(n.endswith("/final_metrics.json") for n in names) == 2
 
     # A run killed in its final evaluation: a checkpoint at its last step and no final
     # metrics. Its checkpoint travels; on the next machine it is restored from there.
@@ -127,11 +136,11 @@ def test_gpu_grid_dry_run_packs_its_state_and_the_next_window_resumes_it(tmp_pat
     assert os.listdir(cut2 / "checkpoints") == ["4"]
 
     log = _window(tmp_path / "out2", state2, data_dir)
-    assert "ablation: 4 runs, 3 already finished, 1 to train" in log, log[-3000:]
+    assert "ablation: 2 runs, 1 already finished, 1 to train" in log, log[-3000:]
     after = json.loads((cut2 / "final_metrics.json").read_text())
     assert after["step"] == 4
     # Evaluated from the restored parameters: the same numbers as before the kill.
     evals = [k for k in before if k.startswith("eval/")]
     assert evals and {k: after[k] for k in evals} == {k: before[k] for k in evals}
     sessions = (state2 / "deletang_reverse" / "sessions.jsonl").read_text().splitlines()
-    assert [json.loads(s)["runs_to_train"] for s in sessions] == [4, 1]  # both windows' cost
+    assert [json.loads(s)["runs_to_train"] for s in sessions] == [2, 1]  # both windows' cost
