@@ -334,13 +334,29 @@ def test_the_verified_check_refuses_what_no_gpu_run_shows(tmp_path):
     missing = rule.Verified(config, "docs/gpu_runs/none.csv", "check/x", "H200")
     problems = rule.verified_problems([failed, smoke, missing], REPO, _tracked(), gpu_doc)
     assert len(problems) == 3
-    assert "no passing float64 check row" in problems[0] and "no passing" in problems[1]
+    assert "float64 check did not pass (-: FAIL exit status 1)" in problems[0]  # no backward
+    assert "no float64 check row" in problems[1]
     assert "not a committed file" in problems[2]
-    # The same check accepts an entry whose run holds an ok check row for its cell.
+    # The rows the check stage writes (benchmarks/gpu.py --stage check): one per
+    # backward, and in a score mods cell one set per mod (its `impl`).
     run = tmp_path / "docs" / "gpu_runs" / "run.csv"
     run.parent.mkdir(parents=True)
-    run.write_text("stage,cell,status\ncheck,f32_h16,ok\n")
-    good = rule.Verified(config, "docs/gpu_runs/run.csv", "check/f32_h16", "H100")
+    run.write_text(
+        "stage,cell,impl,backward,status\n"
+        "check,f32_h16,pallas,split,PASS\ncheck,f32_h16,pallas,fused,PASS\n"
+        "check,f32_h64,pallas,split,PASS\ncheck,f32_h64,pallas,fused,FAIL max_rel_err 0.3\n"
+        "check,mods_f32,pallas_alibi,split,PASS\ncheck,mods_f32,pallas_t5,split,FAIL exit 1\n"
+    )
     doc = "gpu_runs/run.csv on one H100"
-    assert rule.verified_problems([good], tmp_path, {good.run}, doc) == []
-    assert rule.verified_problems([good], tmp_path, {good.run}, "no mention") != []
+    entry = lambda cell, impl="": rule.Verified(config, "docs/gpu_runs/run.csv", cell, "H100", impl)
+    good = [entry("check/f32_h16"), entry("check/mods_f32", "pallas_alibi")]
+    assert rule.verified_problems(good, tmp_path, {good[0].run}, doc) == []
+    assert rule.verified_problems(good, tmp_path, {good[0].run}, "no mention") != []
+    # A cell with one backward failed, a mod whose rows failed beside one that passed,
+    # and a mod that cell never ran: refused.
+    bad = [entry("check/f32_h64"), entry("check/mods_f32", "pallas_t5"),
+           entry("check/mods_f32", "pallas_fire")]  # fmt: skip
+    problems = rule.verified_problems(bad, tmp_path, {good[0].run}, doc)
+    assert "did not pass (fused: FAIL max_rel_err 0.3)" in problems[0]
+    assert "did not pass (split: FAIL exit 1)" in problems[1]
+    assert "no float64 check row" in problems[2] and len(problems) == 3

@@ -152,15 +152,18 @@ class Verified:
     """One configuration that passed the float64 check on a GPU.
 
     `run`: the committed CSV of that run, relative to the repository root
-    (under docs/gpu_runs/); `cell`: its check row (``stage/cell`` as the CSV's
-    first two columns), whose status is ``ok``; `device`: the GPU, as
-    docs/gpu.md names it.
+    (under docs/gpu_runs/); `cell`: its check cell (``stage/cell`` as the CSV's
+    first two columns), every row of which passed (``PASS``: each backward the
+    cell ran); `impl`: where a cell checks several kernels (a score mods cell:
+    one row set per mod, ``pallas_alibi``, ``pallas_t5``), the rows of this one
+    (the CSV's ``impl``); `device`: the GPU, as docs/gpu.md names it.
     """
 
     config: KernelConfig
     run: str
     cell: str
     device: str
+    impl: str = ""
 
 
 # The configurations in the rule. Empty: none has passed on a GPU yet.
@@ -308,7 +311,9 @@ def collected_paths():
 def verified_problems(entries, root, tracked: set[str], gpu_doc: str) -> list[str]:
     """What is wrong with `entries` (`Verified`): a run not committed (`tracked`:
     the repository's tracked paths), not named in docs/gpu.md (`gpu_doc`: its
-    text), or without an ``ok`` row for the cell. Empty: every entry holds."""
+    text), without a float64 check row for the cell (and `impl`), or with one
+    that did not pass (the check stage writes ``PASS`` or ``FAIL ...`` a row).
+    Empty: every entry holds."""
     import csv  # noqa: PLC0415
     import pathlib  # noqa: PLC0415
 
@@ -321,13 +326,18 @@ def verified_problems(entries, root, tracked: set[str], gpu_doc: str) -> list[st
         if entry.run.removeprefix("docs/") not in gpu_doc or entry.device not in gpu_doc:
             problems.append(f"{where}: docs/gpu.md does not name the run and its device")
         with open(pathlib.Path(root) / entry.run, newline="") as f:
-            rows = list(csv.DictReader(f))
-        ok = any(
-            f"{r.get('stage')}/{r.get('cell')}" == entry.cell and r.get("status") == "ok"
-            for r in rows
-        )
-        if not ok or not entry.cell.startswith("check/"):
-            problems.append(f"{where}: the run has no passing float64 check row for the cell")
+            rows = [
+                r
+                for r in csv.DictReader(f)
+                if f"{r.get('stage')}/{r.get('cell')}" == entry.cell
+                and (not entry.impl or r.get("impl") == entry.impl)
+            ]
+        failed = [r for r in rows if not str(r.get("status")).startswith(("PASS", "ok"))]
+        if not rows or not entry.cell.startswith("check/"):
+            problems.append(f"{where}: the run has no float64 check row for the cell")
+        elif failed:
+            what = ", ".join(f"{r.get('backward') or '-'}: {r.get('status')}" for r in failed)
+            problems.append(f"{where}: the cell's float64 check did not pass ({what})")
     return problems
 
 
