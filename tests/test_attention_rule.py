@@ -6,6 +6,7 @@ every configuration in `VERIFIED` names a committed, passing GPU check."""
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import os
 import pathlib
@@ -341,22 +342,55 @@ def test_the_verified_check_refuses_what_no_gpu_run_shows(tmp_path):
     # backward, and in a score mods cell one set per mod (its `impl`).
     run = tmp_path / "docs" / "gpu_runs" / "run.csv"
     run.parent.mkdir(parents=True)
+    rows = [
+        ("f32_h64", "pallas", "split", "PASS"),
+        ("f32_h64", "pallas", "fused", "PASS"),
+        ("f32_h64b", "pallas", "split", "PASS"),
+        ("f32_h64b", "pallas", "fused", "FAIL max_rel_err 0.3"),
+        ("mods_f32", "pallas_alibi", "split", "PASS"),
+        ("mods_f32", "pallas_t5", "split", "FAIL exit 1"),
+    ]
     run.write_text(
-        "stage,cell,impl,backward,status\n"
-        "check,f32_h16,pallas,split,PASS\ncheck,f32_h16,pallas,fused,PASS\n"
-        "check,f32_h64,pallas,split,PASS\ncheck,f32_h64,pallas,fused,FAIL max_rel_err 0.3\n"
-        "check,mods_f32,pallas_alibi,split,PASS\ncheck,mods_f32,pallas_t5,split,FAIL exit 1\n"
+        "stage,cell,impl,head_dim,causal,dtype,backward,status\n"
+        + "".join(f"check,{c},{i},64,True,float32,{b},{st}\n" for c, i, b, st in rows)
+        + "check,bf16_h64,pallas,64,True,bfloat16,split,PASS\n"
+        + "check,cudnn_h64,cudnn,64,True,float32,-,PASS\n"
+        + "check,f32_h128,pallas,128,False,float32,split,PASS\n"
     )
     doc = "gpu_runs/run.csv on one H100"
-    entry = lambda cell, impl="": rule.Verified(config, "docs/gpu_runs/run.csv", cell, "H100", impl)
-    good = [entry("check/f32_h16"), entry("check/mods_f32", "pallas_alibi")]
+    entry = lambda cell, impl="", cfg=config: rule.Verified(
+        cfg, "docs/gpu_runs/run.csv", cell, "H100", impl
+    )
+    alibi = dataclasses.replace(
+        config,
+        features=("causal", "score_mod", "segments"),
+        score_mod=rule.mod_form("alibi_causal", distance=False),
+    )
+    good = [entry("check/f32_h64"), entry("check/mods_f32", "pallas_alibi", alibi)]
     assert rule.verified_problems(good, tmp_path, {good[0].run}, doc) == []
     assert rule.verified_problems(good, tmp_path, {good[0].run}, "no mention") != []
     # A cell with one backward failed, a mod whose rows failed beside one that passed,
     # and a mod that cell never ran: refused.
-    bad = [entry("check/f32_h64"), entry("check/mods_f32", "pallas_t5"),
+    bad = [entry("check/f32_h64b"), entry("check/mods_f32", "pallas_t5"),
            entry("check/mods_f32", "pallas_fire")]  # fmt: skip
     problems = rule.verified_problems(bad, tmp_path, {good[0].run}, doc)
     assert "did not pass (fused: FAIL max_rel_err 0.3)" in problems[0]
     assert "did not pass (split: FAIL exit 1)" in problems[1]
     assert "no float64 check row" in problems[2] and len(problems) == 3
+    # An entry whose configuration is not what its cell ran (the dtype, the kernel
+    # family, the head dim and causality): refused, naming what the rows say.
+    t5 = dataclasses.replace(alibi, score_mod=rule.mod_form("t5", distance=False))
+    mislabelled = [
+        entry("check/bf16_h64"),
+        entry("check/cudnn_h64"),
+        entry("check/f32_h128"),
+        entry("check/mods_f32", "pallas_alibi", t5),  # ALiBi's rows named as T5
+        entry("check/mods_f32", "pallas_alibi"),  # ALiBi's rows named as no mod
+        entry("check/f32_h64", cfg=alibi),  # a plain cell named as ALiBi
+    ]
+    problems = rule.verified_problems(mislabelled, tmp_path, {good[0].run}, doc)
+    assert "another configuration (dtype bfloat16)" in problems[0]
+    assert "another configuration (impl cudnn)" in problems[1]
+    assert "another configuration (causal False, head_dim 128)" in problems[2]
+    assert all("another configuration (impl pallas_alibi)" in p for p in problems[3:5])
+    assert "another configuration (impl pallas)" in problems[5] and len(problems) == 6

@@ -308,12 +308,23 @@ def collected_paths():
         _ANNOUNCED.update(seen)
 
 
+def _ran(config: KernelConfig, impl: str) -> bool:
+    """Whether a check row's `impl` ("pallas", "pallas_shaw", "pallas_alibi",
+    "cudnn") is `config`'s kernel: its family, then Shaw's tables or which mod
+    (a mod's name extends the cell's: "alibi_causal" is an "alibi")."""
+    family, _, kind = impl.partition("_")
+    mod = config.score_mod.split(" (")[0]
+    ran = "shaw" if "shaw" in config.features else mod
+    return family == config.family and (ran == kind or (kind != "" and ran.startswith(kind + "_")))
+
+
 def verified_problems(entries, root, tracked: set[str], gpu_doc: str) -> list[str]:
     """What is wrong with `entries` (`Verified`): a run not committed (`tracked`:
     the repository's tracked paths), not named in docs/gpu.md (`gpu_doc`: its
-    text), without a float64 check row for the cell (and `impl`), or with one
-    that did not pass (the check stage writes ``PASS`` or ``FAIL ...`` a row).
-    Empty: every entry holds."""
+    text), without a float64 check row for the cell (and `impl`), with one
+    that did not pass (the check stage writes ``PASS`` or ``FAIL ...`` a row),
+    or whose rows name another dtype, head dim, causality or kernel family
+    than the entry's configuration. Empty: every entry holds."""
     import csv  # noqa: PLC0415
     import pathlib  # noqa: PLC0415
 
@@ -333,11 +344,19 @@ def verified_problems(entries, root, tracked: set[str], gpu_doc: str) -> list[st
                 and (not entry.impl or r.get("impl") == entry.impl)
             ]
         failed = [r for r in rows if not str(r.get("status")).startswith(("PASS", "ok"))]
+        # What the rows say the cell ran, against the entry's configuration.
+        c = entry.config
+        want = dict(dtype=c.dtype, head_dim=str(c.head_dim), causal=str("causal" in c.features))
+        other = {f"{k} {r[k]}" for r in rows for k, v in want.items() if r.get(k) and r[k] != v}
+        other |= {f"impl {r['impl']}" for r in rows if r.get("impl") and not _ran(c, r["impl"])}
         if not rows or not entry.cell.startswith("check/"):
             problems.append(f"{where}: the run has no float64 check row for the cell")
         elif failed:
             what = ", ".join(f"{r.get('backward') or '-'}: {r.get('status')}" for r in failed)
             problems.append(f"{where}: the cell's float64 check did not pass ({what})")
+        elif other:
+            said = ", ".join(sorted(other))
+            problems.append(f"{where}: the cell ran another configuration ({said})")
     return problems
 
 
