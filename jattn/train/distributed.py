@@ -22,6 +22,7 @@ import os
 import signal
 import sys
 import threading
+import weakref
 
 import jax
 
@@ -94,12 +95,15 @@ def dropped_there(frame) -> bool:
 
     Python runs a signal handler in whatever frame the main thread executes. In
     a garbage collector callback (jax registers one: ``_xla_gc_callback``,
-    often running while jax imports or compiles) or a ``__del__`` finaliser, an
-    exception is printed as ``Exception ignored in: ...`` and lost: a handler
-    that raised `Terminated` or `SystemExit` there let the run go on to its
-    last step (issue 54).
+    often running while jax imports or compiles), a ``__del__`` finaliser or a
+    `weakref.finalize` callback (``Exception ignored in: <finalize object>``:
+    a SIGTERM 2 s into start-up, CI's fault sweep, 2026-12-06), an exception is
+    printed as ``Exception ignored in: ...`` and lost: a handler that raised
+    `Terminated` or `SystemExit` there let the run go on to its last step
+    (issue 54).
     """
     callbacks = {getattr(cb, "__code__", None) for cb in gc.callbacks}
+    callbacks.add(weakref.finalize.__call__.__code__)
     while frame is not None:
         if frame.f_code in callbacks or frame.f_code.co_name == "__del__":
             return True

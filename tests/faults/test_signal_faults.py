@@ -18,6 +18,7 @@ import signal
 import subprocess
 import sys
 import time
+import weakref
 from pathlib import Path
 
 import pytest
@@ -64,6 +65,38 @@ def test_a_sigterm_inside_a_gc_callback_still_ends_the_start_up():
         watch.close()
     assert e.value.stage == "start-up" and e.value.code == 143
     assert time.monotonic() - t0 < 4  # not the end of the wait
+
+
+def test_a_sigterm_inside_a_weakref_finalizer_still_ends_the_start_up():
+    """The same inside a `weakref.finalize` callback, where Python drops exceptions
+    too ("Exception ignored in: <finalize object>"): CI's sweep once sent SIGTERM 2 s
+    into `jattn train` while one ran; the run stopped, with that traceback on stderr."""
+    seen, fired = [], []
+
+    class Held:
+        pass
+
+    def callback():
+        fired.append(True)
+        os.kill(os.getpid(), signal.SIGTERM)
+        sum(range(1000))  # bytecodes: the handler runs here, under finalize.__call__
+
+    watch = PreemptionWatch(stage="start-up")
+    previous_hook = sys.unraisablehook
+    sys.unraisablehook = seen.append
+    t0 = time.monotonic()
+    try:
+        held = Held()
+        weakref.finalize(held, callback)
+        with pytest.raises(Terminated) as e:
+            del held  # the finalizer runs now
+            assert fired
+            time.sleep(5)
+    finally:
+        sys.unraisablehook = previous_hook
+        watch.close()
+    assert e.value.stage == "start-up" and seen == []  # raised outside, not dropped
+    assert time.monotonic() - t0 < 4
 
 
 def test_a_start_up_terminated_that_something_swallowed_ends_the_run_when_training_starts():
