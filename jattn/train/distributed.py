@@ -142,12 +142,13 @@ class PreemptionWatch:
     first waits for its save, raises `Terminated` at once, so that a run
     blocked before its first step, in a save or in data loading still ends
     when told. Never where the exception would be dropped (`dropped_there`):
-    there the signal is delivered again 50 ms later. A first SIGTERM that the
-    loop does not see within `grace_s` (a step or a batch that never comes)
-    is delivered again to the main thread, which then raises `Terminated`
-    with stage "blocked". Several processes: JAX's
-    preemption sync point, so that all of them stop at the same step and
-    write one consistent checkpoint.
+    there the signal is delivered again 50 ms later; and a `Terminated`
+    dropped where that could not be seen is delivered again by
+    `sys.unraisablehook`. A first SIGTERM that the loop does not see within
+    `grace_s` (a step or a batch that never comes) is delivered again to the
+    main thread, which then raises `Terminated` with stage "blocked".
+    Several processes: JAX's preemption sync point, so that all of them stop
+    at the same step and write one consistent checkpoint.
     """
 
     def __init__(self, stage: str = "training", grace_s: float = 60.0) -> None:
@@ -158,8 +159,11 @@ class PreemptionWatch:
         self.stage = stage
         self._raised: str | None = None  # the stage of a Terminated already raised
         self._multi = jax.process_count() > 1
+        self._previous_hook = None
         if not self._multi and threading.current_thread() is threading.main_thread():
             self._previous = signal.signal(signal.SIGTERM, self._handler)
+            self._previous_hook = sys.unraisablehook
+            sys.unraisablehook = self._unraisable
 
     def _handler(self, signum, frame) -> None:  # noqa: ARG002
         if self.stage == "training" and not self._flag.is_set():
@@ -170,13 +174,26 @@ class PreemptionWatch:
         elif dropped_there(frame):
             # Raised here, Terminated would be printed as "Exception ignored" and the
             # run would go on: the signal is delivered again in a moment, elsewhere.
-            later = threading.Timer(_AGAIN_S, signal.pthread_kill,
-                                    (threading.main_thread().ident, signal.SIGTERM))  # fmt: skip
-            later.daemon = True
-            later.start()
+            self._again()
         else:
             self._raised = self.stage
             raise Terminated(self.stage)
+
+    @staticmethod
+    def _again() -> None:
+        later = threading.Timer(_AGAIN_S, signal.pthread_kill,
+                                (threading.main_thread().ident, signal.SIGTERM))  # fmt: skip
+        later.daemon = True
+        later.start()
+
+    def _unraisable(self, unraisable) -> None:
+        """`sys.unraisablehook` while the watch is open: a `Terminated` that Python
+        dropped where `dropped_there` could not tell (a plain weakref callback's
+        frame looks like any other) is delivered again, not printed."""
+        if isinstance(unraisable.exc_value, Terminated):
+            self._again()
+        else:
+            self._previous_hook(unraisable)
 
     def enter(self, stage: str) -> None:
         """Moves the watch to `stage` ("training" when the loop starts). A `Terminated`
@@ -221,6 +238,9 @@ class PreemptionWatch:
         if self._previous is not None:
             signal.signal(signal.SIGTERM, self._previous)
             self._previous = None
+        if self._previous_hook is not None:
+            sys.unraisablehook = self._previous_hook
+            self._previous_hook = None
 
 
 def warn(line: str) -> None:

@@ -99,6 +99,41 @@ def test_a_sigterm_inside_a_weakref_finalizer_still_ends_the_start_up():
     assert time.monotonic() - t0 < 4
 
 
+def test_a_sigterm_in_a_plain_weakref_callback_is_delivered_again_not_printed():
+    """A `weakref.ref` callback's frame looks like any other (`dropped_there` cannot
+    tell), so `Terminated` is raised there and Python drops it; the watch's
+    `sys.unraisablehook` delivers the signal again instead of printing it."""
+    fired = []
+
+    class Held:
+        pass
+
+    def callback(_ref):
+        fired.append(True)
+        os.kill(os.getpid(), signal.SIGTERM)
+        sum(range(1000))  # the handler runs here and raises; Python drops it
+
+    printed = []
+    previous_hook = sys.unraisablehook
+    sys.unraisablehook = printed.append  # what Python would print, under the watch's hook
+    watch = PreemptionWatch(stage="start-up")
+    t0 = time.monotonic()
+    try:
+        held = Held()
+        ref = weakref.ref(held, callback)
+        with pytest.raises(Terminated) as e:
+            del held
+            assert fired and ref() is None
+            time.sleep(5)
+    finally:
+        watch.close()
+        restored = sys.unraisablehook
+        sys.unraisablehook = previous_hook
+    assert e.value.stage == "start-up" and printed == []
+    assert time.monotonic() - t0 < 4
+    assert restored == printed.append  # close() gave the hook back
+
+
 def test_a_start_up_terminated_that_something_swallowed_ends_the_run_when_training_starts():
     """A library's bare ``except:`` can drop the `Terminated` of a start-up SIGTERM; the
     loop's first act (`PreemptionWatch.enter`) raises it again, with its stage."""
