@@ -18,9 +18,10 @@ metrics, evaluations, decodes), the checkpoints of unfinished runs, each its lat
 step alone, and no checkpoint of a finished run (36 of them, 3 MB each, would not
 fit; their results are in their files, and only `jattn ablate --reevaluate` would
 read them again). A session here that ends with the grid unfinished keeps what git
-can: ``pack --finished-only`` (the finished runs alone, about 1 MiB), committed, and
-the runs it left out start again. The tar is gzipped and cut into parts of at most `PART_BYTES`,
-``grid_state.tgz.00``, ``.01``, ... (a file over 16 MiB does not come back).
+can: ``pack --finished-only`` (the finished runs alone, without checkpoints: 0.2 MiB
+for the dry run's four), committed, and the runs it left out start again. The tar is
+gzipped and cut into parts of at most `PART_BYTES`, ``grid_state.tgz.00``, ``.01``,
+... (a file over 16 MiB does not come back).
 
 Why in the lab: a bare machine, 8 files and 16 MiB are this lab's GPU windows, not
 a property of jattn; a cluster user resumes the same workdir in place.
