@@ -132,7 +132,7 @@ class KernelConfig:
     dtype: str
     head_dim: int
     features: tuple[str, ...]  # sorted
-    score_mod: str = ""  # `mod_form`'s: "alibi (distance tiles)", "t5 (per logit)"
+    score_mod: str = ""  # `mod_form`'s: "t5 (distance tiles)", "alibi_causal (per logit)"
 
     def __str__(self) -> str:
         feats = "+".join(self.features) or "plain"
@@ -323,8 +323,9 @@ def verified_problems(entries, root, tracked: set[str], gpu_doc: str) -> list[st
     the repository's tracked paths), not named in docs/gpu.md (`gpu_doc`: its
     text), without a float64 check row for the cell (and `impl`), with one
     that did not pass (the check stage writes ``PASS`` or ``FAIL ...`` a row),
-    or whose rows name another dtype, head dim, causality or kernel family
-    than the entry's configuration. Empty: every entry holds."""
+    or whose rows name another dtype, head dim, causality or kernel (family,
+    Shaw's tables, which mod) than the entry's configuration. Empty: every
+    entry holds."""
     import csv  # noqa: PLC0415
     import pathlib  # noqa: PLC0415
 
