@@ -15,7 +15,7 @@ restored from their latest checkpoint).
 
 What travels is what a resume reads, not more: every file of every run (its config,
 metrics, evaluations, decodes), the checkpoints of unfinished runs, each its latest
-step alone, and no checkpoint of a finished run (36 of them, 3 MB each, would not
+complete step alone, and no checkpoint of a finished run (36 of them, 3 MB each, would not
 fit; their results are in their files, and only `jattn ablate --reevaluate` would
 read them again). A session here that ends with the grid unfinished keeps what git
 can: ``pack --finished-only`` (the finished runs alone, without checkpoints: 0.2 MiB
@@ -32,7 +32,6 @@ from __future__ import annotations
 import argparse
 import glob
 import io
-import json
 import os
 import shutil
 import sys
@@ -42,7 +41,8 @@ from collections.abc import Sequence
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 
-from jattn.train.workdir import finished_metrics  # noqa: E402
+from jattn.train.checkpoints import latest_complete_step  # noqa: E402
+from jattn.train.workdir import CONFIG, finished_metrics, read_json  # noqa: E402
 
 __all__ = ["PART_BYTES", "PREFIX", "left_behind", "pack", "unpack"]
 
@@ -53,21 +53,18 @@ PREFIX = "grid_state.tgz."
 def _finished(run_dir: str) -> bool:
     """The run reached the steps its own config asks for (`jattn ablate`'s test)."""
     try:
-        with open(os.path.join(run_dir, "config.json")) as f:
-            steps = json.load(f)["num_train_steps"]
-    except (OSError, ValueError, KeyError):
-        return False  # a run that never started writes no config: nothing to keep
-    return finished_metrics(run_dir, steps) is not None
-
-
-def _steps(checkpoints: str) -> list[str]:
-    return sorted((d for d in os.listdir(checkpoints) if d.isdigit()), key=int)
+        steps = (read_json(os.path.join(run_dir, CONFIG)) or {}).get("num_train_steps")
+    except ValueError:
+        return False  # a config cut off mid-write: the run starts again
+    return steps is not None and finished_metrics(run_dir, steps) is not None
 
 
 def left_behind(state: str, finished_only: bool = False) -> list[str]:
     """The paths under `state` (relative to it) that do not travel: every finished run's
-    ``checkpoints/``, and each unfinished run's checkpoint steps but its latest (with
-    `finished_only`, every unfinished run whole)."""
+    ``checkpoints/``, and each unfinished run's checkpoint steps but the one its resume
+    reads (`latest_complete_step`: a newer step whose save the kill cut short stays
+    behind, as a resume would pass it over; with `finished_only`, every unfinished run
+    whole)."""
     out = []
     for run_dir in sorted(glob.glob(os.path.join(state, "*", "runs", "*"))):
         checkpoints = os.path.join(run_dir, "checkpoints")
@@ -78,7 +75,8 @@ def left_behind(state: str, finished_only: bool = False) -> list[str]:
         elif _finished(run_dir):
             out.append(checkpoints)
         else:
-            out += [os.path.join(checkpoints, s) for s in _steps(checkpoints)[:-1]]
+            keep = str(latest_complete_step(checkpoints))
+            out += [os.path.join(checkpoints, s) for s in os.listdir(checkpoints) if s != keep]
     return [os.path.relpath(p, state) for p in out]
 
 

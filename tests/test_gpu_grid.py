@@ -22,9 +22,11 @@ sys.path.insert(0, ROOT)  # the checkout: lab/
 from lab import gpu_grid  # noqa: E402
 
 
-def _run(tmp_path, name: str, steps: int, final_step: int | None, checkpoints=()) -> str:
+def _run(tmp_path, name, steps, final_step, checkpoints=(), cut_short=()) -> str:
     """A run directory as `jattn train` leaves it: its config, its final metrics
-    (None: not written), its checkpoint steps (each a folder with a file)."""
+    (None: not written), its checkpoint steps (each with ``state/_METADATA``, as
+    `checkpoints.step_problem` asks of a complete one), and steps whose save was cut
+    short (an empty folder)."""
     run = tmp_path / "state" / "grid" / "runs" / name
     run.mkdir(parents=True)
     (run / "config.json").write_text(json.dumps({"num_train_steps": steps}))
@@ -32,21 +34,24 @@ def _run(tmp_path, name: str, steps: int, final_step: int | None, checkpoints=()
     if final_step is not None:
         (run / "final_metrics.json").write_text(json.dumps({"step": final_step}))
     for s in checkpoints:
+        (run / "checkpoints" / str(s) / "state").mkdir(parents=True)
+        (run / "checkpoints" / str(s) / "state" / "_METADATA").write_bytes(os.urandom(4096))
+    for s in cut_short:
         (run / "checkpoints" / str(s)).mkdir(parents=True)
-        (run / "checkpoints" / str(s) / "state").write_bytes(os.urandom(4096))
     return os.path.relpath(run, tmp_path / "state")
 
 
 def test_what_travels_is_what_a_resume_reads(tmp_path):
     done = _run(tmp_path, "done", 1000, 1000, checkpoints=(900, 1000))
-    cut = _run(tmp_path, "cut", 1000, None, checkpoints=(500, 900, 1000 - 25))
+    # Killed in a save: step 1500's folder is empty, so its resume reads step 1000.
+    cut = _run(tmp_path, "cut", 2000, None, checkpoints=(500, 900, 1000), cut_short=(1500,))
     # A final evaluation of an earlier, shorter grid: not this run's end.
     short = _run(tmp_path, "short", 1000, 400, checkpoints=(400,))
     _run(tmp_path, "fresh", 1000, None)  # started, no checkpoint yet
     left = gpu_grid.left_behind(str(tmp_path / "state"))
-    # Steps compare as numbers: 975 is the latest, not "900" > "1000" as strings.
+    # Steps compare as numbers: 1000 is the latest complete, not "900" > "1000" as strings.
     assert sorted(left) == sorted(
-        [f"{done}/checkpoints", f"{cut}/checkpoints/500", f"{cut}/checkpoints/900"]
+        [f"{done}/checkpoints"] + [f"{cut}/checkpoints/{s}" for s in (500, 900, 1500)]
     )
     assert not any(p.startswith(short) for p in left)
     # What a session keeps in git when it ends with the grid unfinished.
@@ -71,7 +76,7 @@ def test_the_state_goes_back_in_numbered_parts_and_comes_back_whole(tmp_path):
     assert not os.path.exists(os.path.join(again, "stale"))
     assert sorted(os.listdir(os.path.join(again, cut, "checkpoints"))) == ["8"]
     assert not os.path.exists(os.path.join(again, done, "checkpoints"))
-    for path in (f"{cut}/checkpoints/8/state", f"{done}/final_metrics.json"):
+    for path in (f"{cut}/checkpoints/8/state/_METADATA", f"{done}/final_metrics.json"):
         with open(os.path.join(state, path), "rb") as a, open(os.path.join(again, path), "rb") as b:
             assert a.read() == b.read(), path
 
