@@ -142,7 +142,8 @@ class TransformerConfig:
         catches). Saves 3-4% of the main job's CPU train step. Equal results
         to float32 rounding; bit-identical or not depends on XLA's fusion of
         the step (the main job's config: bit-identical, checked with `jattn
-        bench variants`), so it is off unless a config turns it on.
+        bench variants`, now the arms of `python benchmarks/train.py`), so it
+        is off unless a config turns it on.
         Evaluation and decoding keep the guard (without it their programs
         round the eval loss otherwise in the 7th digit). A resumed run may
         change it (`jattn.train.resume_keys.MODEL_RESUME_SAFE_KEYS`).
