@@ -3,7 +3,7 @@
 #
 #   launch/local.sh                                   # trains configs/numbers.py into runs/numbers
 #   launch/local.sh train --config configs/smoke.py --workdir runs/smoke
-#   launch/local.sh bench train
+#   launch/local.sh configs --paths configs/numbers.py
 #   JAX_EXTRA=cuda12 launch/local.sh train --config configs/base.py --workdir runs/base
 #
 # Re-running is cheap: the venv is reused, and `jattn train` resumes its workdir.

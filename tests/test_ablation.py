@@ -418,6 +418,66 @@ def test_emit_slurm_follows_the_launch_script_conventions(tmp_path, capsys):
     assert not workdir.exists()
 
 
+# `srun` and `scontrol` as this machine lacks them: srun stands for the run (it leaves the
+# run's folder finished, or not, or fails), scontrol records what it was asked. The scripts'
+# own shell runs for real.
+_FAKE_SRUN = """#!/bin/bash
+while [ "$#" -gt 0 ] && [ "$1" != "--workdir" ]; do shift; done
+mkdir -p "$2"
+[ "$RUN" = finished ] && echo "{}" > "$2/final_metrics.json"
+[ "$RUN" = failed ] && exit 1
+exit 0
+"""
+_FAKE_SCONTROL = '#!/bin/bash\necho "$@" >> "$SCONTROL_LOG"\n'
+
+
+@pytest.mark.parametrize("script", ["ablate --emit slurm", "launch/slurm.sbatch"])
+def test_a_slurm_task_stopped_before_its_last_step_requeues_itself(script, tmp_path, capsys):
+    """SLURM's --requeue requeues after a node failure or a preemption, not at the time
+    limit: a run the limit's SIGTERM stopped (exit 0, no final_metrics.json) is requeued
+    by the script; a finished run is not, and a failed one stops the script first."""
+    import subprocess  # noqa: PLC0415
+
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    for name, text in (("srun", _FAKE_SRUN), ("scontrol", _FAKE_SCONTROL)):
+        (bin_dir / name).write_text(text)
+        (bin_dir / name).chmod(0o755)
+    workdir = tmp_path / "abl"
+    if script.startswith("ablate"):
+        argv = ["ablate", "--config", TINY, "--workdir", str(workdir), "--emit", "slurm"]
+        status, text, _ = _slurm(argv, capsys)
+        assert status == 0
+        path = tmp_path / "grid.sbatch"
+        path.write_text(text)
+        run_dir = workdir / "runs" / "position-sinusoidal_seed-0"  # task 0
+    else:
+        path, run_dir = ROOT / script, workdir
+    env = dict(os.environ, PATH=f"{bin_dir}:{os.environ['PATH']}", SLURM_JOB_ID="77",
+               SLURM_ARRAY_TASK_ID="0", SLURM_SUBMIT_DIR=str(ROOT), WORKDIR=str(workdir),
+               SCONTROL_LOG=str(tmp_path / "scontrol.log"))  # fmt: skip
+
+    def submit(run, *args):
+        log = tmp_path / "scontrol.log"
+        log.unlink(missing_ok=True)
+        proc = subprocess.run(["bash", str(path), *args], env=dict(env, RUN=run),
+                              capture_output=True, text=True, timeout=60)  # fmt: skip
+        return proc, log.read_text() if log.exists() else ""
+
+    proc, asked = submit("stopped")
+    assert proc.returncode == 0, proc.stderr
+    assert asked == "requeue 77\n" and "requeueing job 77" in proc.stderr, (asked, proc.stderr)
+    proc, asked = submit("finished")
+    assert proc.returncode == 0 and (run_dir / "final_metrics.json").exists(), proc.stderr
+    assert asked == "", asked
+    (run_dir / "final_metrics.json").unlink()
+    proc, asked = submit("failed")
+    assert proc.returncode != 0 and asked == "", (proc.returncode, asked)
+    if script == "launch/slurm.sbatch":  # its folder is WORKDIR, which the check reads
+        proc, asked = submit("stopped", "--workdir=elsewhere")
+        assert proc.returncode == 2 and "not --workdir" in proc.stderr and asked == ""
+
+
 def test_emit_slurm_resources_from_flags_and_experiment(tmp_path, capsys):
     exp_file = tmp_path / "exp.py"
     exp_file.write_text(

@@ -3,7 +3,9 @@
 The script follows `launch/slurm.sbatch`: each array task runs its
 ``jattn train`` under ``srun`` (one process per node, JAX reads the SLURM
 environment), ``--requeue`` with ``--signal=TERM@<seconds>`` before the time
-limit (jattn checkpoints on SIGTERM and the requeued task resumes), the
+limit (jattn checkpoints on SIGTERM and exits 0; a task whose run has no
+``final_metrics.json`` then requeues itself with ``scontrol requeue``, since
+SLURM requeues only after a node failure or a preemption, and resumes), the
 progress bar off (logs, not a terminal), and the ``jattn`` of the
 interpreter that emitted the script (an absolute path, so the job does not
 depend on the PATH of the compute node).
@@ -127,6 +129,17 @@ def jattn_executable() -> list[str]:
     return [python, "-m", "jattn.cli"]
 
 
+# After `srun`: a run the time limit's SIGTERM stopped has saved and exited 0 without
+# final_metrics.json. SLURM requeues a --requeue job itself only after a node failure or
+# a preemption, not at its time limit, so the script requeues it (a failed run stops the
+# script first, `set -e`: no requeue loop). launch/slurm.sbatch ends the same way.
+REQUEUE = """if [ ! -e "$run_dir/final_metrics.json" ]; then
+  echo "jattn: $run_dir stopped before its last step; requeueing job $SLURM_JOB_ID" >&2
+  scontrol requeue "$SLURM_JOB_ID" || echo "jattn: scontrol requeue failed; resubmit to resume" >&2
+fi
+"""
+
+
 def slurm_script(exp, workdir: str, *, repo_root: str, config_spec: str, slurm: dict) -> str:
     """The SLURM array script of the grid: task i runs the ``jattn train`` of run i.
 
@@ -152,7 +165,7 @@ def slurm_script(exp, workdir: str, *, repo_root: str, config_spec: str, slurm: 
         args += ["--workdir", run.workdir]
         args += [f"--config.{k}={v}" for k, v in run.overrides if k != "progress_bar"]
         args += ["--config.progress_bar=false"]
-        cases.append(f"  {i}) {shlex.join(args)} ;;")
+        cases.append(f"  {i}) run_dir={shlex.quote(run.workdir)}; {shlex.join(args)} ;;")
     header = [
         "#SBATCH --job-name=jattn-ablate",
         f"#SBATCH --array=0-{len(runs) - 1}",
@@ -179,7 +192,8 @@ def slurm_script(exp, workdir: str, *, repo_root: str, config_spec: str, slurm: 
     return f"""#!/bin/bash
 # Ablation grid from {config_spec}: {len(runs)} runs, one array task each, under srun.
 # {slurm["signal_seconds"]} s before the time limit SLURM sends SIGTERM; jattn saves a checkpoint
-# and exits, and --requeue starts the task again, which resumes from that checkpoint.
+# and exits 0 without final_metrics.json, and the task requeues itself (below), which
+# resumes from that checkpoint.
 # Submit with (the output folder must exist first):
 #   mkdir -p {shlex.quote(workdir)} && sbatch this_script.sbatch
 # When every task has finished, build the report with
@@ -189,4 +203,4 @@ set -euo pipefail
 case "$SLURM_ARRAY_TASK_ID" in
 {newline.join(cases)}
 esac
-"""
+{REQUEUE}"""

@@ -15,7 +15,7 @@ status (docs/reliability.md):
   SIGTERM that no training step saw within a minute (blocked in data
   loading); nothing is saved, a rerun resumes from the last checkpoint.
   (A SIGTERM before `jattn.cli.main` runs at all, while Python itself starts,
-  is also 143: the first statement of `main` installs the handler, and
+  is also 143: `main` installs the handler before anything else, and
   nothing it imports before that reads more than the standard library:
   `jattn.cli.signals`.)
 
