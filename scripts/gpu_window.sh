@@ -13,7 +13,11 @@
 # verdict 30, timing 150 (WINDOW_CHECK_S, WINDOW_TRAIN_S, WINDOW_TIMING_S change
 # three), each cut to what is left of the whole window's WINDOW_TOTAL_S (GPU 540 s,
 # the dry run 900) with 10 s for a killed stage to exit: the window ends within
-# WINDOW_TOTAL_S and the dumps' tar.
+# WINDOW_TOTAL_S and the dumps' tar. The stages before timing can use all of the
+# 540 s; WINDOW_STAGES (a space-separated subset of paths, check, contract, train,
+# verdict, timing; the kit and the probe always run) runs only those, e.g. the timing
+# stage in a second call on the same warm machine with the device time left
+# (WINDOW_STAGES=timing WINDOW_TOTAL_S=<that time>).
 #
 # --grid: the second window's work instead (issue 50, item 5): the Delétang/Ruoss
 # reverse_string slice (experiments/deletang.py:reverse, 36 runs of 10,000 steps)
@@ -42,6 +46,16 @@ cd "$(dirname "$0")/.."
 root=$PWD
 out=${1:?usage: gpu_window.sh OUTDIR [--cpu] [--grid]}
 cpu=${GPU_WINDOW_CPU:-0} grid=0
+stages=${WINDOW_STAGES:-paths check contract train verdict timing}
+for s in $stages; do
+  case $s in
+    paths|check|contract|train|verdict|timing) ;;
+    *) echo "gpu_window.sh: WINDOW_STAGES: unknown stage $s (paths check contract train verdict timing)" >&2
+       exit 2 ;;
+  esac
+done
+# want NAME: whether WINDOW_STAGES asks for the stage.
+want() { [[ " $stages " == *" $1 "* ]]; }
 for a in "${@:2}"; do
   case $a in
     --cpu) cpu=1 ;;
@@ -201,9 +215,12 @@ grid_window() {
       break
     fi
     stage "grid-seeds-$seeds" "$secs" "$PY" lab/grid.py "${args[@]}" --config.grid.seed.values="$seeds"
-    if [ "$last_rc" -eq 124 ]; then
-      unset 'failed[-1]'  # the deadline, not a failure: every run saved, the state goes back
-      say "grid: stopped at the window's deadline; unpack the state and run the window again"
+    if [ "$last_rc" -eq 124 ] || [ "$last_rc" -eq 137 ]; then
+      # The deadline, not a failure: the runs saved (137: lab/grid.py outlived the SIGTERM
+      # by kill_s and was killed, a save may be cut short: the pack sends each run's latest
+      # complete step), and the state goes back.
+      unset 'failed[-1]'
+      say "grid: stopped at the window's deadline (rc=$last_rc); unpack the state and run the window again"
       break
     fi
     [ "$last_rc" -eq 0 ] || break
@@ -218,10 +235,10 @@ if [ "$grid" = 1 ]; then
 else
   # What `jattn train` would run here: the rule's path for each config's attention.
   mapfile -t configs < <(ls configs/[!_]*.py | grep -v chomsky.py)
-  stage paths 60 "$PY" -m jattn.cli configs --paths "${configs[@]}" configs/chomsky.py:reverse_string,test100
+  want paths && stage paths 60 "$PY" -m jattn.cli configs --paths "${configs[@]}" configs/chomsky.py:reverse_string,test100
 
   check_s=$(budget "$check_s")
-  stage check $((check_s + 10)) "$PY" benchmarks/gpu.py --stage check "${smoke[@]}" \
+  want check && stage check $((check_s + 10)) "$PY" benchmarks/gpu.py --stage check "${smoke[@]}" \
     --only "${check_only[@]}" --total-s "$check_s" --continue-on-fail --out "$out/check.csv" --dump-dir "$dumps"
 
   # The suite's float32-extremes contracts run on this device (±3.40e38 behind masks and in
@@ -231,18 +248,18 @@ else
   # GPU"), and a GPU's matmuls round the backward's recomputed logits their own way.
   contract_k='(float32_max or extreme_logits) and not Tpu'
   [ "$cpu" = 1 ] && contract_k='float32_max_behind_masks and TestPallas and not Tpu and segment'
-  JAX_PLATFORMS=$([ "$cpu" = 1 ] && echo cpu || echo cuda,cpu) stage contract 90 "$PY" -m pytest -v --tb=short \
+  want contract && JAX_PLATFORMS=$([ "$cpu" = 1 ] && echo cpu || echo cuda,cpu) stage contract 90 "$PY" -m pytest -v --tb=short \
     -p no:cacheprovider tests/test_attention_contract.py -k "$contract_k"
 
   train_s=$(budget "$train_s")
   train_args=(--out "$out/train.csv" --total-s "$train_s" --data-dir "$data_dir")
   [ "$cpu" = 1 ] && train_args+=(--cpu-smoke)
-  stage train $((train_s + 10)) "$PY" benchmarks/gpu.py --train "${train_args[@]}"
+  want train && stage train $((train_s + 10)) "$PY" benchmarks/gpu.py --train "${train_args[@]}"
   # Each arm's final loss held to the CPU seeds' (lab/gpu_train.py): train_vs_cpu.csv.
-  stage verdict 30 "$PY" lab/gpu_train.py "$out/train.csv"
+  want verdict && stage verdict 30 "$PY" lab/gpu_train.py "$out/train.csv"
 
   timing_s=$(budget "$timing_s")
-  stage timing $((timing_s + 10)) "$PY" benchmarks/gpu.py --stage headline sweep "${smoke[@]}" \
+  want timing && stage timing $((timing_s + 10)) "$PY" benchmarks/gpu.py --stage headline sweep "${smoke[@]}" \
     --only "${timing_only[@]}" --total-s "$timing_s" --continue-on-fail \
     --out "$out/timing.csv" --dump-dir "$dumps"
 
@@ -252,7 +269,8 @@ if [ -n "$(ls -A "$dumps" 2>/dev/null)" ]; then
   tar -czf "$out/dumps.tgz" -C "$dumps" .
   # A file over 16 MiB does not come back from the GPU machine: then the logs alone.
   if [ "$(du -k "$out/dumps.tgz" | cut -f1)" -gt $((15 * 1024)) ]; then
-    (cd "$dumps" && find . -type f -size -1M -print0 | tar -czf "$out/dumps.tgz" --null -T -)
+    # (find's -size rounds up to its unit: -1M would match only empty files.)
+    (cd "$dumps" && find . -type f -size -1024k -print0 | tar -czf "$out/dumps.tgz" --null -T -)
   fi
   say "failed cells' dumps: dumps.tgz ($(du -h "$out/dumps.tgz" | cut -f1))"
 fi

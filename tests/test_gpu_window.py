@@ -97,3 +97,52 @@ def test_gpu_window_keeps_its_deadline(tmp_path):
     assert "timing cells: headline/pallas_t5 sweep/dq*\n" in log, log
     took = int(log.strip().splitlines()[-2].split("done in ")[1].split(" s")[0])
     assert took <= 30, log
+
+
+def test_a_window_runs_the_stages_it_is_asked_for(tmp_path):
+    """WINDOW_STAGES picks stages (the kit and the probe always run): a second call on
+    the same machine can spend the device time left on the timing stage alone; an
+    unknown stage name is refused before anything runs."""
+    out = tmp_path / "window"
+    env = dict(os.environ, PYTHON=sys.executable, GPU_WINDOW_NO_KIT="1", JAX_PLATFORMS="cpu",
+               WINDOW_TOTAL_S="40", GPU_WINDOW_DATA=str(tmp_path / "no_data"),
+               WINDOW_STAGES="timing", WINDOW_TIMING_ONLY="headline/peak")  # fmt: skip
+    cmd = ["bash", os.path.join(ROOT, "scripts", "gpu_window.sh"), str(out), "--cpu"]
+    proc = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=120, cwd=ROOT)
+    log = (out / "window.log").read_text()
+    started = [line.split("stage ")[1].split(" ")[0] for line in log.splitlines()
+               if "] stage " in line and "(timeout" in line]  # fmt: skip
+    assert started == ["probe", "timing"], log
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=60, cwd=ROOT,
+                          env=dict(env, WINDOW_STAGES="timing sweep"))  # fmt: skip
+    assert proc.returncode == 2 and "unknown stage sweep" in proc.stderr, proc.stderr
+
+
+def _bash_array(text: str, name: str) -> list[str]:
+    """The words of the bash array `name=(...)` in `text`."""
+    import shlex  # noqa: PLC0415
+
+    body = text.split(f"{name}=(", 1)[1].split(")", 1)[0]
+    return shlex.split(body, comments=True)
+
+
+def test_every_cell_glob_of_the_gpu_window_names_a_cell():
+    """`benchmarks/gpu.py --only` skips a glob that matches no cell, silently: a cell
+    renamed in benchmarks/gpu.py would drop out of the window unnoticed. Each glob the
+    window gives on a GPU (and the second window's list in docs/gpu.md) matches a
+    cell of the GPU's (not the dry run's) cell lists."""
+    import fnmatch  # noqa: PLC0415
+    import re  # noqa: PLC0415
+
+    builders = runpy.run_path(os.path.join(ROOT, "benchmarks", "gpu.py"))["BUILDERS"]
+    names = [f"{stage}/{c.name}" for stage, build in builders.items() for c in build(False)]
+    with open(os.path.join(ROOT, "scripts", "gpu_window.sh")) as f:
+        gpu_branch = f.read().split("\n  smoke=()\n", 1)[1].split("\nfi\n", 1)[0]
+    with open(os.path.join(ROOT, "docs", "gpu.md")) as f:
+        second = re.search(r"`WINDOW_TIMING_ONLY='([^']+)'", f.read())
+    assert second, "docs/gpu.md gives the second window's WINDOW_TIMING_ONLY"
+    globs = _bash_array(gpu_branch, "check_only") + _bash_array(gpu_branch, "timing_only")
+    globs += second.group(1).split()
+    assert len(globs) >= 10, globs
+    unmatched = [g for g in globs if not fnmatch.filter(names, g)]
+    assert not unmatched, f"globs that name no cell: {unmatched}; cells: {names}"
