@@ -402,7 +402,7 @@ def test_emit_slurm_follows_the_launch_script_conventions(tmp_path, capsys):
     assert lines[0] == "#!/bin/bash"
     for want in ("#SBATCH --array=0-1", "#SBATCH --nodes=1", "#SBATCH --ntasks-per-node=1",
                  "#SBATCH --cpus-per-task=4", "#SBATCH --time=04:00:00",
-                 "#SBATCH --signal=TERM@120", "#SBATCH --requeue",
+                 "#SBATCH --signal=TERM@120", "#SBATCH --requeue", "#SBATCH --open-mode=append",
                  f"#SBATCH --output={workdir}/slurm-%A_%a.out"):  # fmt: skip
         assert want in lines, want
     assert not any("gpus" in line or "--partition" in line for line in lines)

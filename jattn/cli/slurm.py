@@ -183,6 +183,7 @@ def slurm_script(exp, workdir: str, *, repo_root: str, config_spec: str, slurm: 
         f"#SBATCH --time={slurm['time']}",
         f"#SBATCH --signal=TERM@{slurm['signal_seconds']}",
         "#SBATCH --requeue",
+        "#SBATCH --open-mode=append",  # a requeued task's log follows its earlier ones
         f"#SBATCH --output={workdir}/slurm-%A_%a.out",
     ]
     report = shlex.join(
