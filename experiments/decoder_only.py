@@ -21,7 +21,11 @@ the input, a separator and the target (`jattn.models.decoder_only`).
 (NoPE and T5 on copy at 3,600 steps: is NoPE's shortfall under-training?
 `--config.grid.position.values=alibi,rope
 --config.reference=task=kz_copy,position=alibi` runs the same for ALiBi and
-RoPE, as docs/results.md's second check did, and `=sinusoidal` its third),
+RoPE, as docs/results.md's second check did, and `=sinusoidal` its third;
+`--config.grid.task.values=kz_reverse
+--config.grid.position.values=rope,forgetting,stick_breaking
+--config.reference=task=kz_reverse,position=rope` the schemes of the tokens on
+reverse, 2026-12-07: docs/results/decoder_only_data_dependent_long/),
 "repeated" (their copy variants with repeated tokens, below), "tiny" (one
 task, two schemes, one seed, a few steps: the tests).
 
