@@ -46,16 +46,17 @@ cd "$(dirname "$0")/.."
 root=$PWD
 out=${1:?usage: gpu_window.sh OUTDIR [--cpu] [--grid]}
 cpu=${GPU_WINDOW_CPU:-0} grid=0
-stages=${WINDOW_STAGES:-paths check contract train verdict timing}
+# The stages WINDOW_STAGES may pick from (the rest, probe, the grid's and pack, always run).
+selectable="paths check contract train verdict timing"
+stages=${WINDOW_STAGES:-$selectable}
+# among LIST NAME: whether the space-separated LIST holds NAME.
+among() { [[ " $1 " == *" $2 "* ]]; }
 for s in $stages; do
-  case $s in
-    paths|check|contract|train|verdict|timing) ;;
-    *) echo "gpu_window.sh: WINDOW_STAGES: unknown stage $s (paths check contract train verdict timing)" >&2
-       exit 2 ;;
-  esac
+  among "$selectable" "$s" || {
+    echo "gpu_window.sh: WINDOW_STAGES: unknown stage $s ($selectable)" >&2
+    exit 2
+  }
 done
-# want NAME: whether WINDOW_STAGES asks for the stage.
-want() { [[ " $stages " == *" $1 "* ]]; }
 for a in "${@:2}"; do
   case $a in
     --cpu) cpu=1 ;;
@@ -88,9 +89,13 @@ leftovers() {
 }
 # stage NAME SECONDS CMD...: CMD under `timeout`, its output appended to the log.
 # The stage's timeout is cut to the window's time left (less 10 s for the kill);
-# a stage with under 5 s left is not started, and counts as failed.
+# a stage with under 5 s left is not started, and counts as failed. A selectable
+# stage that WINDOW_STAGES leaves out is skipped, silently.
 stage() {
   local name=$1 secs
+  if among "$selectable" "$name" && ! among "$stages" "$name"; then
+    return 0
+  fi
   secs=$(left "$2")
   shift 2
   local cmd="$*"
@@ -235,10 +240,10 @@ if [ "$grid" = 1 ]; then
 else
   # What `jattn train` would run here: the rule's path for each config's attention.
   mapfile -t configs < <(ls configs/[!_]*.py | grep -v chomsky.py)
-  want paths && stage paths 60 "$PY" -m jattn.cli configs --paths "${configs[@]}" configs/chomsky.py:reverse_string,test100
+  stage paths 60 "$PY" -m jattn.cli configs --paths "${configs[@]}" configs/chomsky.py:reverse_string,test100
 
   check_s=$(budget "$check_s")
-  want check && stage check $((check_s + 10)) "$PY" benchmarks/gpu.py --stage check "${smoke[@]}" \
+  stage check $((check_s + 10)) "$PY" benchmarks/gpu.py --stage check "${smoke[@]}" \
     --only "${check_only[@]}" --total-s "$check_s" --continue-on-fail --out "$out/check.csv" --dump-dir "$dumps"
 
   # The suite's float32-extremes contracts run on this device (±3.40e38 behind masks and in
@@ -248,18 +253,18 @@ else
   # GPU"), and a GPU's matmuls round the backward's recomputed logits their own way.
   contract_k='(float32_max or extreme_logits) and not Tpu'
   [ "$cpu" = 1 ] && contract_k='float32_max_behind_masks and TestPallas and not Tpu and segment'
-  want contract && JAX_PLATFORMS=$([ "$cpu" = 1 ] && echo cpu || echo cuda,cpu) stage contract 90 "$PY" -m pytest -v --tb=short \
+  JAX_PLATFORMS=$([ "$cpu" = 1 ] && echo cpu || echo cuda,cpu) stage contract 90 "$PY" -m pytest -v --tb=short \
     -p no:cacheprovider tests/test_attention_contract.py -k "$contract_k"
 
   train_s=$(budget "$train_s")
   train_args=(--out "$out/train.csv" --total-s "$train_s" --data-dir "$data_dir")
   [ "$cpu" = 1 ] && train_args+=(--cpu-smoke)
-  want train && stage train $((train_s + 10)) "$PY" benchmarks/gpu.py --train "${train_args[@]}"
+  stage train $((train_s + 10)) "$PY" benchmarks/gpu.py --train "${train_args[@]}"
   # Each arm's final loss held to the CPU seeds' (lab/gpu_train.py): train_vs_cpu.csv.
-  want verdict && stage verdict 30 "$PY" lab/gpu_train.py "$out/train.csv"
+  stage verdict 30 "$PY" lab/gpu_train.py "$out/train.csv"
 
   timing_s=$(budget "$timing_s")
-  want timing && stage timing $((timing_s + 10)) "$PY" benchmarks/gpu.py --stage headline sweep "${smoke[@]}" \
+  stage timing $((timing_s + 10)) "$PY" benchmarks/gpu.py --stage headline sweep "${smoke[@]}" \
     --only "${timing_only[@]}" --total-s "$timing_s" --continue-on-fail \
     --out "$out/timing.csv" --dump-dir "$dumps"
 
