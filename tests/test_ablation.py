@@ -411,7 +411,7 @@ def test_emit_slurm_follows_the_launch_script_conventions(tmp_path, capsys):
     assert len(tasks) == 2
     for task in tasks:
         assert f"srun --kill-on-bad-exit=1 {jattn} train --config " in task
-        assert task.endswith("--config.progress_bar=false ;;")
+        assert task.endswith("--config.progress_bar=false) ;;")
         assert "--config.progress_bar=true" not in task.lower()
     assert "--config.model.position=shaw" in tasks[1]
     assert f"--workdir {workdir}/runs/position-shaw_seed-0" in tasks[1]
@@ -421,9 +421,10 @@ def test_emit_slurm_follows_the_launch_script_conventions(tmp_path, capsys):
 # `srun` and `scontrol` as this machine lacks them: srun stands for the run (it leaves the
 # run's folder finished, or not, or fails), scontrol records what it was asked. The scripts'
 # own shell runs for real.
+# A stopped run leaves its checkpoint of step $STEP (orbax's step folder).
 _FAKE_SRUN = """#!/bin/bash
 while [ "$#" -gt 0 ] && [ "$1" != "--workdir" ]; do shift; done
-mkdir -p "$2"
+mkdir -p "$2/checkpoints/$STEP"
 [ "$RUN" = finished ] && echo "{}" > "$2/final_metrics.json"
 [ "$RUN" = failed ] && exit 1
 exit 0
@@ -435,7 +436,9 @@ _FAKE_SCONTROL = '#!/bin/bash\necho "$@" >> "$SCONTROL_LOG"\n'
 def test_a_slurm_task_stopped_before_its_last_step_requeues_itself(script, tmp_path, capsys):
     """SLURM's --requeue requeues after a node failure or a preemption, not at the time
     limit: a run the limit's SIGTERM stopped (exit 0, no final_metrics.json) is requeued
-    by the script; a finished run is not, and a failed one stops the script first."""
+    by the script, once it has saved a newer checkpoint than it found (a limit too short
+    to save one would requeue forever); a finished run is not, and a failed one stops
+    the script first."""
     import subprocess  # noqa: PLC0415
 
     bin_dir = tmp_path / "bin"
@@ -457,16 +460,27 @@ def test_a_slurm_task_stopped_before_its_last_step_requeues_itself(script, tmp_p
                SLURM_ARRAY_TASK_ID="0", SLURM_SUBMIT_DIR=str(ROOT), WORKDIR=str(workdir),
                SCONTROL_LOG=str(tmp_path / "scontrol.log"))  # fmt: skip
 
-    def submit(run, *args):
+    def submit(run, *args, step=100):
         log = tmp_path / "scontrol.log"
         log.unlink(missing_ok=True)
-        proc = subprocess.run(["bash", str(path), *args], env=dict(env, RUN=run),
+        proc = subprocess.run(["bash", str(path), *args], env=dict(env, RUN=run, STEP=str(step)),
                               capture_output=True, text=True, timeout=60)  # fmt: skip
         return proc, log.read_text() if log.exists() else ""
 
     proc, asked = submit("stopped")
     assert proc.returncode == 0, proc.stderr
-    assert asked == "requeue 77\n" and "requeueing job 77" in proc.stderr, (asked, proc.stderr)
+    assert asked == "requeue 77\n" and "at step 100, before its last" in proc.stderr, (
+        asked,
+        proc.stderr,
+    )
+    # The requeued job: stopped again, further on.
+    (run_dir / "checkpoints" / "100.orbax-checkpoint-tmp-3").mkdir()  # a save cut short
+    proc, asked = submit("stopped", step=250)
+    assert proc.returncode == 0 and asked == "requeue 77\n", (proc.stderr, asked)
+    # Stopped again with nothing newer than step 250 saved: no requeue, a failed task.
+    proc, asked = submit("stopped", step=250)
+    assert proc.returncode == 1 and asked == "", (proc.returncode, asked)
+    assert "no checkpoint newer than step 250; not requeued" in proc.stderr, proc.stderr
     proc, asked = submit("finished")
     assert proc.returncode == 0 and (run_dir / "final_metrics.json").exists(), proc.stderr
     assert asked == "", asked
@@ -476,6 +490,16 @@ def test_a_slurm_task_stopped_before_its_last_step_requeues_itself(script, tmp_p
     if script == "launch/slurm.sbatch":  # its folder is WORKDIR, which the check reads
         proc, asked = submit("stopped", "--workdir=elsewhere")
         assert proc.returncode == 2 and "not --workdir" in proc.stderr and asked == ""
+
+
+def test_the_launch_script_requeues_as_the_emitted_grid_does():
+    """launch/slurm.sbatch and `jattn ablate --emit slurm` decide a requeue with the same
+    lines: the blocks of `jattn.cli.slurm`, verbatim in the script."""
+    from jattn.cli import slurm  # noqa: PLC0415
+
+    text = (ROOT / "launch" / "slurm.sbatch").read_text()
+    assert slurm.BEFORE + "srun " in text
+    assert text.endswith(slurm.REQUEUE)
 
 
 def test_emit_slurm_resources_from_flags_and_experiment(tmp_path, capsys):

@@ -129,12 +129,28 @@ def jattn_executable() -> list[str]:
     return [python, "-m", "jattn.cli"]
 
 
-# After `srun`: a run the time limit's SIGTERM stopped has saved and exited 0 without
+# Around `srun`: a run the time limit's SIGTERM stopped has saved and exited 0 without
 # final_metrics.json. SLURM requeues a --requeue job itself only after a node failure or
-# a preemption, not at its time limit, so the script requeues it (a failed run stops the
-# script first, `set -e`: no requeue loop). launch/slurm.sbatch ends the same way.
+# a preemption, not at its time limit, so the script requeues it: only when the job left
+# a newer checkpoint than it found (a time limit shorter than start-up plus the signal's
+# lead would otherwise requeue forever), and never after a failed run (`set -e` stops
+# the script first). launch/slurm.sbatch holds both blocks verbatim (a test says so).
+BEFORE = """# latest_step DIR: the step of the run's newest checkpoint, 0 when it has none.
+latest_step() {
+  local s
+  s=$(ls "$1/checkpoints" 2>/dev/null | grep -xE '[0-9]+' | sort -n | tail -1) || true
+  echo "${s:-0}"
+}
+before=$(latest_step "$run_dir")
+"""
 REQUEUE = """if [ ! -e "$run_dir/final_metrics.json" ]; then
-  echo "jattn: $run_dir stopped before its last step; requeueing job $SLURM_JOB_ID" >&2
+  after=$(latest_step "$run_dir")
+  if [ "$after" -le "$before" ]; then
+    echo "jattn: $run_dir stopped with no checkpoint newer than step $before; not requeued" \\
+      "(is the time limit shorter than start-up plus the signal's lead?)" >&2
+    exit 1
+  fi
+  echo "jattn: $run_dir stopped at step $after, before its last; requeueing job $SLURM_JOB_ID" >&2
   scontrol requeue "$SLURM_JOB_ID" || echo "jattn: scontrol requeue failed; resubmit to resume" >&2
 fi
 """
@@ -165,7 +181,7 @@ def slurm_script(exp, workdir: str, *, repo_root: str, config_spec: str, slurm: 
         args += ["--workdir", run.workdir]
         args += [f"--config.{k}={v}" for k, v in run.overrides if k != "progress_bar"]
         args += ["--config.progress_bar=false"]
-        cases.append(f"  {i}) run_dir={shlex.quote(run.workdir)}; {shlex.join(args)} ;;")
+        cases.append(f"  {i}) run_dir={shlex.quote(run.workdir)}; run=({shlex.join(args)}) ;;")
     header = [
         "#SBATCH --job-name=jattn-ablate",
         f"#SBATCH --array=0-{len(runs) - 1}",
@@ -204,4 +220,5 @@ set -euo pipefail
 case "$SLURM_ARRAY_TASK_ID" in
 {newline.join(cases)}
 esac
+{BEFORE}"${{run[@]}}"
 {REQUEUE}"""
