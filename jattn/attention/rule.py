@@ -147,6 +147,11 @@ def mod_form(name: str, distance: bool) -> str:
     return f"{name} ({'distance tiles' if distance else 'per logit'})"
 
 
+def mod_name(form: str) -> str:
+    """The score mod's name in a `mod_form` string ("" for none): its inverse's first half."""
+    return form.partition(" (")[0]
+
+
 @dataclasses.dataclass(frozen=True)
 class Verified:
     """One configuration that passed the float64 check on a GPU.
@@ -313,8 +318,7 @@ def _ran(config: KernelConfig, impl: str) -> bool:
     "cudnn") is `config`'s kernel: its family, then Shaw's tables or which mod
     (a mod's name extends the cell's: "alibi_causal" is an "alibi")."""
     family, _, kind = impl.partition("_")
-    mod = config.score_mod.split(" (")[0]
-    ran = "shaw" if "shaw" in config.features else mod
+    ran = "shaw" if "shaw" in config.features else mod_name(config.score_mod)
     return family == config.family and (ran == kind or (kind != "" and ran.startswith(kind + "_")))
 
 
