@@ -417,6 +417,10 @@ def main(argv=None) -> int:
               file=sys.stderr)  # fmt: skip
         return 2
     stages = list(STAGES) if "all" in args.stage else args.stage
+    known = [f"{s}/{c.name}" for s in stages for c in BUILDERS[s](args.cpu_smoke)]
+    if bad := [g for g in args.only or () if not fnmatch.filter(known, g)]:
+        print(f"bench_gpu: error: --only {bad}: no cell of {stages}", file=sys.stderr)
+        return 2
     inject = dict(x.split("=", 1) for x in args.inject)
     dump_dir = args.dump_dir or f"{os.path.dirname(os.path.abspath(args.out))}/bench_gpu_dumps"
     env = {"JAX_PLATFORMS": "cpu"} if args.cpu_smoke else {}

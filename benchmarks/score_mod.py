@@ -97,9 +97,12 @@ def run(args) -> list[dict]:
     rng = np.random.default_rng(0)
     shape = (1, args.length, args.heads, args.head_dim)
     q, k, v = (jnp.asarray(rng.normal(size=shape), jnp.float32) for _ in range(3))
+    known = cells_of(args.heads, args.causal, args.length)
+    if bad := set(args.only or ()) - set(known):
+        raise SystemExit(f"score_mod.py: --only: no cell {sorted(bad)}; cells: {list(known)}")
     cells = {
         name: (cell_fn(impl, term, args.causal), (q, k, v, params))
-        for name, (impl, params, term) in cells_of(args.heads, args.causal, args.length).items()
+        for name, (impl, params, term) in known.items()
         if not args.only or name in args.only
     }
     out = h.time_cells(cells, args.repeats, args.max_gib)

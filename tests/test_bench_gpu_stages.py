@@ -97,6 +97,16 @@ def test_refuses_without_a_gpu_within_seconds(tmp_path):
     assert not (tmp_path / "x.csv").exists()
 
 
+def test_a_cell_glob_that_matches_nothing_is_refused(tmp_path, capsys):
+    """A mistyped or renamed `--only` glob would drop its cells from a window silently."""
+    out = str(tmp_path / "x.csv")
+    argv = ["--stage", "check", "sweep", "--cpu-smoke", "--out", out, "--only"]
+    assert bench_gpu.main([*argv, "check/f32*", "check/nothing*", "sweep/bwd*"]) == 2
+    assert "--only ['check/nothing*']: no cell" in capsys.readouterr().err
+    assert bench_gpu.main([*argv, "headline/*"]) == 2  # a cell, but of no stage asked for
+    assert not os.path.exists(out)
+
+
 def test_gpu_detection_without_initialising_jax(monkeypatch):
     monkeypatch.delenv("JAX_PLATFORMS", raising=False)
     monkeypatch.setattr(os.path, "exists", lambda p: False)

@@ -54,3 +54,16 @@ def test_each_benchmark_takes_platform(script):
     )  # fmt: skip
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert "--platform" in proc.stdout
+
+
+def test_score_mod_refuses_a_cell_it_does_not_have():
+    """`--only` with a mistyped cell name would time nothing and print an empty table."""
+    proc = subprocess.run(
+        [sys.executable, str(ROOT / "benchmarks" / "score_mod.py"), "--platform", "cpu",
+         "--only", "xla plain", "chunked + alibi", "--length", "64"],
+        capture_output=True, text=True, timeout=300, cwd=ROOT,
+        env=dict(os.environ, PYTHONPATH=str(ROOT)),
+    )  # fmt: skip
+    assert proc.returncode != 0
+    assert "--only: no cell ['chunked + alibi']" in proc.stderr, proc.stderr[-2000:]
+    assert "'chunked + alibi score mod'" in proc.stderr  # the names it has
