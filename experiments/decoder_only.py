@@ -25,7 +25,9 @@ RoPE, as docs/results.md's second check did, and `=sinusoidal` its third;
 `--config.grid.task.values=kz_reverse
 --config.grid.position.values=rope,forgetting,stick_breaking
 --config.reference=task=kz_reverse,position=rope` the schemes of the tokens on
-reverse, 2026-12-07: docs/results/decoder_only_data_dependent_long/),
+reverse, 2026-12-07: docs/results/decoder_only_data_dependent_long/; the same
+with ``kz_copy`` for both on copy, 2026-12-07, 58 min with `--jobs 2`:
+docs/results/decoder_only_data_dependent_copy_long/),
 "repeated" (their copy variants with repeated tokens, below), "tiny" (one
 task, two schemes, one seed, a few steps: the tests).
 

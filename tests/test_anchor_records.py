@@ -317,14 +317,34 @@ DD_PAPERS = (
 )
 
 
+# The schemes of the tokens at 3,600 steps, RoPE beside them (no NoPE, no CoPE).
+DD_LONG = {
+    "reverse": "results/decoder_only_data_dependent_long",
+    "copy": "results/decoder_only_data_dependent_copy_long",
+}
+
+
+def long_grids(scheme: str) -> bool:
+    """Whether the 3,600-step grids trained `scheme` (on both tasks)."""
+    return all(f"position={scheme},task=kz_{t}" in groups_of(f) for t, f in DD_LONG.items())
+
+
 def data_dependent(scheme: str) -> list[str]:
-    """A data-dependent scheme's jattn cell: reverse and copy beside RoPE and NoPE."""
-    out = [steps(DD)]
+    """A data-dependent scheme's jattn cell: at 3,600 steps (where it was trained so
+    long) reverse and copy beside RoPE; then at 1,200 steps beside RoPE and NoPE."""
+    out = []
+    if long_grids(scheme):
+        out.append(steps(*DD_LONG.values()))
+        for task, folder in DD_LONG.items():
+            out.append(f"`kz_{task}`")
+            for s in (scheme, "rope"):
+                out.append(f"{NICE[s]} {ci(folder, f'position={s},task=kz_{task}')}")
+    out.append(steps(DD))
     for task in ("reverse", "copy"):
         out.append(f"`kz_{task}`")
         for s in (scheme, "rope", "none"):
             out.append(f"{NICE[s]} {ci(DD, f'position={s},task=kz_{task}')}")
-    return out
+    return list(dict.fromkeys(out))  # a task's name once: the check takes out every copy
 
 
 SPECS = {
@@ -580,8 +600,14 @@ ROWS = {
             ("sinusoidal", "results/csordas_long", "position=sinusoidal,shared=False"),
         ],
     ),  # fmt: skip
+    # On reversal, from the 3,600-step grid where it trained the scheme.
     **{
-        anchor: (key, task, [(s, DD, f"position={s},task=kz_reverse") for s in (scheme, "rope")])
+        anchor: (
+            key,
+            task,
+            [(s, DD_LONG["reverse"] if long_grids(scheme) else DD, f"position={s},task=kz_reverse")
+             for s in (scheme, "rope")],
+        )  # fmt: skip
         for anchor, key, task, scheme in DD_PAPERS
     },
 }
