@@ -329,6 +329,11 @@ def long_grids(scheme: str) -> bool:
     return all(f"position={scheme},task=kz_{t}" in groups_of(f) for t, f in DD_LONG.items())
 
 
+def dd_reverse(scheme: str) -> str:
+    """The reverse grid a data-dependent scheme's verdict reads: the longest that trained it."""
+    return DD_LONG["reverse"] if long_grids(scheme) else DD
+
+
 def data_dependent(scheme: str) -> list[str]:
     """A data-dependent scheme's jattn cell: at 3,600 steps (where it was trained so
     long) reverse and copy beside RoPE; then at 1,200 steps beside RoPE and NoPE."""
@@ -605,9 +610,8 @@ ROWS = {
         anchor: (
             key,
             task,
-            [(s, DD_LONG["reverse"] if long_grids(scheme) else DD, f"position={s},task=kz_reverse")
-             for s in (scheme, "rope")],
-        )  # fmt: skip
+            [(s, dd_reverse(scheme), f"position={s},task=kz_reverse") for s in (scheme, "rope")],
+        )
         for anchor, key, task, scheme in DD_PAPERS
     },
 }
