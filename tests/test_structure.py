@@ -775,6 +775,47 @@ def test_the_readme_opens_on_the_library_and_its_tables_are_short():
     assert not long, f"README table cells over 100 characters (line, start): {long}"
 
 
+def heading_anchor(heading: str) -> str:
+    """GitHub's anchor of a markdown heading: lower case, every character but
+    letters, digits, spaces, hyphens and underscores dropped, spaces to hyphens."""
+    kept = "".join(c for c in heading.strip().lower() if c.isalnum() or c in " -_")
+    return kept.replace(" ", "-")
+
+
+def anchors_of(path: pathlib.Path) -> set[str]:
+    """The anchors of a markdown file's headings (outside code fences); a repeated
+    heading's later copies get GitHub's ``-1``, ``-2``."""
+    text = re.sub(r"```.*?```", "", path.read_text(encoding="utf-8"), flags=re.S)
+    seen: dict[str, int] = {}
+    anchors = set()
+    for heading in re.findall(r"^#+\s+(.*)$", text, flags=re.M):
+        slug = heading_anchor(heading)
+        seen[slug] = seen.get(slug, -1) + 1
+        anchors.add(slug if seen[slug] == 0 else f"{slug}-{seen[slug]}")
+    return anchors
+
+
+def test_every_link_to_a_section_of_the_docs_names_a_heading():
+    """A renamed heading breaks every link to it without a sound: each
+    ``[text](file.md#anchor)`` and ``[text](#anchor)`` of README.md and docs/**/*.md
+    names a heading of its file."""
+    assert heading_anchor("Reverse at 3,600 steps: the forget gate and RoPE") == (
+        "reverse-at-3600-steps-the-forget-gate-and-rope"
+    )
+    assert heading_anchor("Several runs at once: `--jobs`") == "several-runs-at-once---jobs"
+    assert heading_anchor("The main job: reversing (Ontañón et al. 2022)") == (
+        "the-main-job-reversing-ontañón-et-al-2022"
+    )
+    broken = []
+    for doc in [REPO / "README.md", *sorted((REPO / "docs").rglob("*.md"))]:
+        text = re.sub(r"```.*?```", "", doc.read_text(encoding="utf-8"), flags=re.S)
+        for target, anchor in re.findall(r"\]\(([^)\s#]*\.md|)#([^)\s]+)\)", text):
+            path = (doc.parent / target).resolve() if target else doc
+            if not path.is_file() or anchor not in anchors_of(path):
+                broken.append(f"{doc.relative_to(REPO)}: {target}#{anchor}")
+    assert not broken, broken
+
+
 def _table_after(lines: list[str], header_start: str) -> list[str]:
     """The lines of the markdown table whose header row starts with `header_start`."""
     start = next(i for i, line in enumerate(lines) if line.startswith(header_start))
