@@ -21,7 +21,8 @@ experiments/ (the second also over tests/):
 The last tests feed the checker small made-up packages, so each rule is seen
 to fail on what it forbids. The guards further down follow the same pattern:
 models picked by architecture, scheme options in their schemes, one einsum
-legend, the README's shape, every module opening on what it holds, import
+legend, the README's shape, links to the docs' sections that name a heading,
+every module opening on what it holds, import
 aliases that read as their modules, files over 500 lines split or saying why;
 and two that run one training step: the modules from the command to the loss,
 and the run's config read once, at the top, by the config modules alone.
