@@ -474,7 +474,7 @@ def test_a_slurm_task_stopped_before_its_last_step_requeues_itself(script, tmp_p
         proc.stderr,
     )
     # The requeued job: stopped again, further on.
-    (run_dir / "checkpoints" / "100.orbax-checkpoint-tmp-3").mkdir()  # a save cut short
+    (run_dir / "checkpoints" / "900.orbax-checkpoint-tmp-3").mkdir()  # a save cut short: no step
     proc, asked = submit("stopped", step=250)
     assert proc.returncode == 0 and asked == "requeue 77\n", (proc.stderr, asked)
     # Stopped again with nothing newer than step 250 saved: no requeue, a failed task.
