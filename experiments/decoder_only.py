@@ -17,7 +17,9 @@ Every run is `model.architecture = "decoder_only"`: one causal stack over
 the input, a separator and the target (`jattn.models.decoder_only`).
 
 `:arg` picks a preset: "" (copy and reverse, six schemes, 3 seeds),
-"data_dependent" (below), "long"
+"data_dependent" (below), "data_dependent_long" (the forget gate and
+stick-breaking against RoPE on both tasks at 3,600 steps: the two grids named
+under "long" below, 18 runs, about 2.5 hours with `--jobs 2`), "long"
 (NoPE and T5 on copy at 3,600 steps: is NoPE's shortfall under-training?
 `--config.grid.position.values=alibi,rope
 --config.reference=task=kz_copy,position=alibi` runs the same for ALiBi and
@@ -89,6 +91,14 @@ def get_config(arg=None):
         c.grid.task.values = "kz_copy_rsc,kz_copy_rdc"
         c.grid.position.values = "none,t5,alibi,rope,sinusoidal"
         c.reference = "task=kz_copy_rsc,position=none"
+    elif arg == "data_dependent_long":
+        # The forget gate and stick-breaking against RoPE at 3x the steps, on both
+        # tasks (each compared on its own task): 18 runs, the two 3,600-step grids
+        # of docs/results.md ("Reverse at 3,600 steps", "Copy at 3,600 steps").
+        train_steps(c, 3600)
+        c.train.warmup_steps = 300
+        c.grid.position.values = "rope,forgetting,stick_breaking"
+        c.reference = "task=kz_copy,position=rope"
     elif arg == "data_dependent":
         # The schemes of the tokens (forget gates, CoPE, stick-breaking)
         # beside NoPE, ALiBi and RoPE, on copy and reverse; RoPE is the
@@ -98,6 +108,6 @@ def get_config(arg=None):
     elif arg:
         raise ValueError(
             f"experiments/decoder_only.py: unknown preset {arg!r} "
-            "(long, repeated, data_dependent, tiny)"
+            "(long, repeated, data_dependent, data_dependent_long, tiny)"
         )
     return c

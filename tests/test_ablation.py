@@ -1002,6 +1002,7 @@ def test_intervals_are_clipped_to_where_a_metric_can_lie():
     + [
         "decoder_only.py:long",
         "decoder_only.py:data_dependent",
+        "decoder_only.py:data_dependent_long",
         "positional.py:duplicate",
         "positional.py:shaw_clip",
         "scan.py:long",
