@@ -76,14 +76,15 @@ def get_config(arg=None):
         position=("model.position", SCHEMES),
     )
     c.train.model = ml_collections.ConfigDict({"architecture": "decoder_only"})
+    if arg in ("long", "data_dependent_long"):
+        train_steps(c, 3600)  # 3x the steps: is a shortfall under-training?
+        c.train.warmup_steps = 300
     if arg == "tiny":
         tiny(c, dataset="kz_copy/tiny", task="kz_copy/tiny", position="none,t5")
         c.reference = "task=kz_copy/tiny,position=none"
     elif arg == "long":
         # Is NoPE's shortfall on copy under-training? NoPE and T5 (the paper's
         # pair) at 3x the steps, the rest as the grid.
-        train_steps(c, 3600)
-        c.train.warmup_steps = 300
         c.grid.task.values = "kz_copy"
         c.grid.position.values = "none,t5"
         c.reference = "task=kz_copy,position=t5"
@@ -95,8 +96,6 @@ def get_config(arg=None):
         # The forget gate and stick-breaking against RoPE at 3x the steps, on both
         # tasks (each compared on its own task): 18 runs, the two 3,600-step grids
         # of docs/results.md ("Reverse at 3,600 steps", "Copy at 3,600 steps").
-        train_steps(c, 3600)
-        c.train.warmup_steps = 300
         c.grid.position.values = "rope,forgetting,stick_breaking"
         c.reference = "task=kz_copy,position=rope"
     elif arg == "data_dependent":

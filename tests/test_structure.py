@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import ast
 import dataclasses
+import functools
 import pathlib
 import re
 
@@ -783,17 +784,24 @@ def heading_anchor(heading: str) -> str:
     return kept.replace(" ", "-")
 
 
-def anchors_of(path: pathlib.Path) -> set[str]:
+def prose(path: pathlib.Path) -> str:
+    """A markdown file's text outside its code fences."""
+    return re.sub(r"```.*?```", "", path.read_text(encoding="utf-8"), flags=re.S)
+
+
+@functools.cache
+def anchors_of(path: pathlib.Path) -> frozenset[str]:
     """The anchors of a markdown file's headings (outside code fences); a repeated
-    heading's later copies get GitHub's ``-1``, ``-2``."""
-    text = re.sub(r"```.*?```", "", path.read_text(encoding="utf-8"), flags=re.S)
+    heading's later copies get GitHub's ``-1``, ``-2``. Read once a file: a long page
+    is the target of many links."""
+    text = prose(path)
     seen: dict[str, int] = {}
     anchors = set()
     for heading in re.findall(r"^#+\s+(.*)$", text, flags=re.M):
         slug = heading_anchor(heading)
         seen[slug] = seen.get(slug, -1) + 1
         anchors.add(slug if seen[slug] == 0 else f"{slug}-{seen[slug]}")
-    return anchors
+    return frozenset(anchors)
 
 
 def test_every_link_of_the_docs_names_a_file_and_a_heading_there():
@@ -809,7 +817,7 @@ def test_every_link_of_the_docs_names_a_file_and_a_heading_there():
     )
     broken = []
     for doc in [REPO / "README.md", *sorted((REPO / "docs").rglob("*.md"))]:
-        text = re.sub(r"```.*?```", "", doc.read_text(encoding="utf-8"), flags=re.S)
+        text = prose(doc)
         for target, anchor in re.findall(r"\]\(([^)\s#]*)(?:#([^)\s]+))?\)", text):
             if re.match(r"[a-z]+:", target) or not (target or anchor):
                 continue  # a URL
