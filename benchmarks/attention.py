@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import os
 import sys
+from unittest import mock
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import _harness as h  # noqa: E402  (reads --platform before jax starts)
@@ -27,6 +28,7 @@ import jax.numpy as jnp  # noqa: E402
 import numpy as np  # noqa: E402
 
 import jattn  # noqa: E402
+from jattn.attention import cope as cope_lib  # noqa: E402
 from jattn.attention.cope import cope_attention_xla  # noqa: E402
 from jattn.attention.stick_breaking import stick_breaking_attention_xla  # noqa: E402
 
@@ -115,14 +117,18 @@ def reverse_scan(args) -> str:
     q, k, v = (jnp.asarray(r.normal(size=shape), jnp.float32) for _ in range(3))
     e = jnp.asarray(r.normal(size=(args.npos_max, 64)), jnp.float32)  # CoPE's table
     tiles = dict(block_q=args.block, block_k=args.block)
+    # CoPE traced with the lookup by two take_along_axis: the flat lookup's peer.
+    gathers = mock.patch.object(cope_lib, "lookup", cope_lib.lookup_by_gathers)
     cells = {
         "softmax chunked": lambda q, k, v, e: jattn.dot_product_attention(
             q, k, v, is_causal=True, implementation="chunked"
         ),
         "stick-breaking": lambda q, k, v, e: jattn.stick_breaking_attention(q, k, v, **tiles),
         "cope": lambda q, k, v, e: jattn.cope_attention(q, k, v, e, **tiles),
+        "cope, gathers": gathers(lambda q, k, v, e: jattn.cope_attention(q, k, v, e, **tiles)),
         "stick-breaking xla": lambda q, k, v, e: stick_breaking_attention_xla(q, k, v),
         "cope xla": lambda q, k, v, e: cope_attention_xla(q, k, v, e),
+        "cope xla, gathers": gathers(cope_attention_xla),
     }
     grad = lambda fn: jax.grad(lambda *a: jnp.sum(fn(*a)), argnums=(0, 1, 2, 3))
     cells = {name: (grad(fn), (q, k, v, e)) for name, fn in cells.items()}

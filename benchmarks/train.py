@@ -255,7 +255,7 @@ def parse_arm(text: str) -> tuple[str, list[tuple[str, str]]]:
 
 def same_state(arm: dict, base: dict) -> str:
     """Whether `arm`'s final state is `base`'s bit for bit, or by how much it differs;
-    "-" when they trained on other batches."""
+    "-" when they trained on other batches or have other parameters (another scheme's)."""
     if arm is base:
         return "-"
     flat = lambda a: [np.asarray(x, np.float64) for x in jax.tree.leaves(a)]
@@ -264,7 +264,10 @@ def same_state(arm: dict, base: dict) -> str:
     pairs = zip(flat(ours), flat(theirs), strict=False)
     if not same or any(not np.array_equal(a, b) for a, b in pairs):
         return "- (other batches)"
-    pairs = zip(flat(arm["state"]), flat(base["state"]), strict=True)
+    ours, theirs = flat(arm["state"]), flat(base["state"])
+    if [x.shape for x in ours] != [y.shape for y in theirs]:
+        return "- (other parameters)"
+    pairs = zip(ours, theirs, strict=True)
     worst = max(float(np.max(np.abs(x - y)) / max(np.max(np.abs(y)), 1e-30)) for x, y in pairs)
     return "yes" if worst == 0.0 else f"no ({worst:.1e})"
 

@@ -400,7 +400,8 @@ def test_bench_train_times_each_arm_against_the_first(capsys):
     rows half as long and twice as many. The table has each, the first at 1.00x
     of itself, the short rows as their overrides make them; the state column
     says the same config ends bit for bit in the first's state, another
-    learning rate does not, and other rows are not compared."""
+    learning rate does not, and other rows or another scheme's parameters are not
+    compared."""
     main = _bench_module("train")["main"]
     spec = str(REPO / "configs" / "smoke.py")
     arms = [
@@ -408,15 +409,17 @@ def test_bench_train_times_each_arm_against_the_first(capsys):
         "again:",
         "lr:learning_rate=0.5",
         "short:max_len=8,max_input_len=8,batch_size=16",
+        "shaw:model.position=shaw",
     ]
     assert main(["--config", spec, *arms, "--steps", "2", "--rounds", "2"]) == 0
     out = capsys.readouterr().out
     rows = {line.split("|")[1].strip(): line for line in out.splitlines() if line.startswith("| ")}
-    assert set(rows) == {"arm", "base", "again", "lr", "short"}
+    assert set(rows) == {"arm", "base", "again", "lr", "short", "shaw"}
     assert rows["base"].rstrip().endswith("| 1.00x | 1.00x | - |")
     assert rows["again"].rstrip().endswith("| yes |")
     assert "| no (" in rows["lr"]
     assert "16x(8+8)" in rows["short"] and rows["short"].rstrip().endswith("| - (other batches) |")
+    assert rows["shaw"].rstrip().endswith("| - (other parameters) |")
     assert out.count("round ") == 2
 
 

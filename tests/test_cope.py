@@ -6,6 +6,7 @@ rows, and memory linear in L."""
 from __future__ import annotations
 
 import math
+from unittest import mock
 
 import jax
 import jax.numpy as jnp
@@ -78,12 +79,15 @@ def test_materialised_equals_the_papers_formula(segments, npos):
 @pytest.mark.parametrize("blocks", [(4, 4), (5, 3), (16, 16)])
 @pytest.mark.parametrize("per_head", [False, True])
 def test_tiled_equals_materialised_forward_and_backward(segments, blocks, per_head):
+    """The reference reads `q . e` with two `take_along_axis` and their autodiff
+    (`lookup_by_gathers`), so the hand-written lookup's backward is checked whole."""
     q, k, v, e = inputs(1, npos=6, per_head=per_head)
     seg = packed(2, 13) if segments else None
     ct = np.random.default_rng(2).normal(size=(2, 13, 4, 6))
     kw = dict(q_segment_ids=seg, kv_segment_ids=seg)
-    with jax.enable_x64(True):
+    with jax.enable_x64(True), mock.patch.object(cope, "lookup", cope.lookup_by_gathers):
         want, want_vjp = jax.vjp(lambda *a: COPE_XLA(*a, **kw), q, k, v, e)
+    with jax.enable_x64(True):
         got, got_vjp = jax.vjp(
             lambda *a: COPE(*a, **kw, block_q=blocks[0], block_k=blocks[1]), q, k, v, e
         )
@@ -106,6 +110,31 @@ def test_the_gradient_to_the_table_is_the_finite_difference():
             d[idx] = eps
             fd = (loss(e + d) - loss(e - d)) / (2 * eps)
             np.testing.assert_allclose(grad[idx], fd, rtol=1e-6, atol=1e-9)
+
+
+@pytest.mark.parametrize("dtype", [np.float64, np.float32])
+def test_the_flat_lookup_is_the_gathers_value_and_gradients(dtype):
+    """Both forms' `lookup` (a flat gather, a hand-written scatter-add)
+    against the reference's two `take_along_axis`: values and both gradients,
+    at counts between integers, at exact integers (the kink, where both give
+    the slope 0) and at the clip, `P - 1`."""
+    r = np.random.default_rng(11)
+    npos = 5
+    qe = r.normal(size=(2, 3, 4, npos)).astype(dtype)
+    p = r.uniform(0, npos - 1, size=(2, 3, 4, 6)).astype(dtype)
+    p[..., 0], p[..., 1], p[0, 0, 0, 2] = 0.0, npos - 1, 2.0
+    ct = r.normal(size=p.shape).astype(dtype)
+
+    def value_and_grads(f):
+        return [f(qe, p), *jax.grad(lambda *a: jnp.sum(f(*a) * ct), argnums=(0, 1))(qe, p)]
+
+    with jax.enable_x64(dtype == np.float64):
+        got, want = value_and_grads(cope.lookup), value_and_grads(cope.lookup_by_gathers)
+    tol = dict(rtol=1e-12, atol=1e-14) if dtype == np.float64 else dict(rtol=1e-6, atol=1e-6)
+    for g, w in zip(got, want, strict=True):
+        assert g.dtype == w.dtype == dtype
+        np.testing.assert_allclose(g, w, **tol)
+    assert np.all(np.asarray(got[2])[..., :2] == 0) and np.abs(np.asarray(got[2])).max() > 0
 
 
 def test_positions_decide_what_is_visible():

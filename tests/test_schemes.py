@@ -641,3 +641,25 @@ def test_every_scheme_is_a_config_variant_that_checks():
     config.model.random_positions_eval = True
     with pytest.raises(ConfigError, match="eval_max_input_len \\+ eval_max_len=132"):
         check_config(config)
+
+
+@pytest.mark.parametrize("name, side", [("stick_breaking", 128), ("cope", 32)])
+def test_a_form_runs_materialised_up_to_its_size_and_the_scan_above(name, side):
+    """The default (`attention_impl=None`) runs the materialised form up to T·S =
+    the scheme's `materialised_up_to` (where it is the faster on a CPU:
+    docs/benchmarks.md, "CoPE's lookup"), the reverse scan above; "xla" and
+    "chunked" run theirs at any size."""
+    scheme = SCHEMES[name]
+    assert scheme.materialised_up_to == side * side
+    ran = []
+    forms = [lambda *a, **k: ran.append("scan"), lambda *a, **k: ran.append("materialised")]
+    for impl, want in [(None, ["materialised", "scan"]), ("xla", ["materialised"] * 2),
+                       ("chunked", ["scan"] * 2)]:  # fmt: skip
+        cfg = TransformerConfig(
+            vocab_size=11, d_model=8, num_heads=2, num_layers=1, d_ff=8,
+            position=name, attention_impl=impl,
+        )  # fmt: skip
+        attend, ran[:] = scheme.form(cfg, *forms), []
+        for keys in (side, side + 1):
+            attend(jnp.zeros((1, side, 2, 4)), jnp.zeros((1, keys, 2, 4)), None)
+        assert ran == want, (impl, ran)

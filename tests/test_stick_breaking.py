@@ -174,5 +174,6 @@ def test_bench_reverse_scan_script_runs(capsys):
     main = runpy.run_path(str(path))["main"]
     assert main(["--reverse-scan", "--lengths", "64", "--block", "32", "--repeats", "1"]) == 0
     table = capsys.readouterr().out
-    for cell in ("softmax chunked", "stick-breaking", "cope", "stick-breaking xla", "cope xla"):
+    cells = ("softmax chunked", "stick-breaking", "cope", "cope, gathers", "stick-breaking xla")
+    for cell in (*cells, "cope xla", "cope xla, gathers"):
         assert f"| {cell} |" in table

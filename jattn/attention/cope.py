@@ -28,6 +28,12 @@ Two implementations, equal in float64 (tests/test_cope.py):
   forward and backward (plain autodiff through the checkpointed scan; the
   table's gradient included).
 
+Both read the two entries from one flat vector, with a hand-written backward
+(`lookup`: one scatter-add for both entries), tested against two
+`take_along_axis` and their autodiff (`lookup_by_gathers`), which build index
+arrays of every batch coordinate and were most of CoPE's backward on a CPU
+(docs/schemes.md, "The reverse scan").
+
 The registered scheme `position="cope"` (`jattn.models.data_schemes.Cope`) calls it
 in each causal self-attention layer (docs/schemes.md, "The reverse scan").
 """
@@ -69,20 +75,71 @@ def _prepare(query, key, value, table, scale, positions_segments):
     return (b, k, g), scale, compute, ids, qe
 
 
+def lookup_by_gathers(qe: Array, p: Array) -> Array:
+    """`q . e[p]` interpolated: `qe [..., t, P]` read at `p [..., t, s]` in `[0, P - 1]`,
+    `(1 - frac) * qe[floor(p)] + frac * qe[ceil(p)]`, by two gathers (autodiff
+    transposes each into a scatter-add): what `lookup` is tested against."""
+    lo = jnp.floor(p)
+    frac = p - lo
+    at_lo = jnp.take_along_axis(qe, lo.astype(jnp.int32), axis=-1)
+    at_hi = jnp.take_along_axis(qe, jnp.ceil(p).astype(jnp.int32), axis=-1)
+    return (1.0 - frac) * at_lo + frac * at_hi
+
+
+def lookup(qe: Array, p: Array) -> Array:
+    """`lookup_by_gathers`'s value and gradients, faster: what both forms call.
+
+    `take_along_axis` indexes every element by all of its batch coordinates, so
+    each gather and each of their scatter-adds builds and checks an index array
+    of `[..., t, s, rank]`; here `qe` is one flat vector (a padding column per
+    row, so that `floor(p) + 1` is in range) indexed by `row * (P + 1) +
+    floor(p)`, and the backward is one scatter-add of both neighbours' weights.
+    The derivative in `p` is `lookup_by_gathers`'s also at an integer `p`, where
+    `ceil(p) == floor(p)` makes it 0 (a kink: either side's slope is as right).
+    """
+    npos = qe.shape[-1]
+    flat = jnp.concatenate([qe, qe[..., -1:]], axis=-1).reshape(-1)
+    rows = jnp.arange(flat.shape[0] // (npos + 1), dtype=jnp.int32) * (npos + 1)
+    lo = jnp.floor(p)
+    idx = rows.reshape(*qe.shape[:-1], 1) + lo.astype(jnp.int32)
+    return _interpolate(flat, idx, p - lo)
+
+
+@jax.custom_vjp
+def _interpolate(flat: Array, idx: Array, frac: Array) -> Array:
+    """`(1 - frac) * flat[idx] + frac * flat[idx + 1]`, indices in range by construction."""
+    return _interpolate_fwd(flat, idx, frac)[0]
+
+
+def _interpolate_fwd(flat, idx, frac):
+    at_lo = flat.at[idx].get(mode="promise_in_bounds")
+    at_hi = flat.at[idx + 1].get(mode="promise_in_bounds")
+    slope = jnp.where(frac > 0, at_hi - at_lo, 0.0)  # as ceil(p) == floor(p) at frac 0
+    return (1.0 - frac) * at_lo + frac * at_hi, (flat.shape[0], idx, frac, slope)
+
+
+def _interpolate_bwd(res, ct):
+    size, idx, frac, slope = res
+    where = jnp.concatenate([idx.reshape(-1), idx.reshape(-1) + 1])
+    weights = jnp.concatenate([((1.0 - frac) * ct).reshape(-1), (frac * ct).reshape(-1)])
+    d_flat = jnp.zeros((size,), ct.dtype).at[where].add(weights, mode="promise_in_bounds")
+    return d_flat, None, ct * slope
+
+
+_interpolate.defvjp(_interpolate_fwd, _interpolate_bwd)
+
+
 def _logits(s: Array, vis: Array, qe: Array, carried: Array | float = 0.0) -> tuple[Array, Array]:
     """CoPE logits of a block `s [..., t, s]`, with `qe [..., t, P]` (`q . e`),
     and the block's gate row sum; `carried [..., t]` is the gate sum over the
-    visible keys to the block's right."""
+    visible keys to the block's right. (`lookup` is read when called: the
+    tests and benchmarks/attention.py swap in `lookup_by_gathers`.)"""
     gates = jnp.where(vis, jax.nn.sigmoid(s), 0.0)
     p = jax.lax.cumsum(gates, axis=gates.ndim - 1, reverse=True)  # k = j .. the block's end
     if not isinstance(carried, float):
         p = p + carried[..., None]
     p = jnp.minimum(p, qe.shape[-1] - 1)
-    lo = jnp.floor(p)
-    frac = p - lo
-    at_lo = jnp.take_along_axis(qe, lo.astype(jnp.int32), axis=-1)
-    at_hi = jnp.take_along_axis(qe, jnp.ceil(p).astype(jnp.int32), axis=-1)
-    return s + (1.0 - frac) * at_lo + frac * at_hi, jnp.sum(gates, axis=-1)
+    return s + lookup(qe, p), jnp.sum(gates, axis=-1)
 
 
 def _masked_max(z: Array, vis: Array) -> Array:

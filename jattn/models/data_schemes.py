@@ -27,8 +27,9 @@ outputs, and drawing positions at random changes nothing.
 CoPE and stick-breaking replace softmax attention in the layer
 (`Scheme.attention_form`): `attention_impl="xla"` runs their materialised
 form, "chunked" their tiled reverse scan (O(L) memory), and the default
-(None) the materialised form where the logits fit one tile (T·S ≤ 128·128)
-and the scan above. The Pallas
+(None) the materialised form up to the size where the scan is faster on a
+CPU (`Form.materialised_up_to`: stick-breaking T·S ≤ 128·128, one tile of
+the scan; CoPE T·S ≤ 32·32) and the scan above. The Pallas
 kernels have no reverse scan: `attention_impl="pallas"` is a config error
 for CoPE and stick-breaking, while the forget gate's row and column terms
 run in them as in xla and chunked (the rule's default, `attention_impl=None`,
@@ -45,6 +46,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import math
+from typing import ClassVar
 
 import jax
 
@@ -61,6 +63,10 @@ Array = jax.Array
 # T·S at or below which the default runs the materialised form: the reverse
 # scan's default tiles are 128 x 128, so below it the scan is one tile.
 ONE_TILE = 128 * 128
+# CoPE's: its scan (64-row query tiles) makes a Kazemnejad decoder's training
+# step faster than its materialised form from T = S = 64 on, and as fast at 32
+# (docs/benchmarks.md, "CoPE's lookup").
+COPE_MATERIALISED_UP_TO = 32 * 32
 
 # CoPE's query tiles in the models: its backward (autodiff through the
 # checkpointed scan) keeps one query tile's residuals against every key,
@@ -127,7 +133,12 @@ class Forgetting(DataDependent):
 
 @dataclasses.dataclass(frozen=True)
 class Form(DataDependent):
-    """A scheme that replaces softmax attention by a function of its own."""
+    """A scheme that replaces softmax attention by a function of its own.
+
+    `materialised_up_to`: the largest T·S at which the default
+    (`attention_impl=None`) runs the materialised form."""
+
+    materialised_up_to: ClassVar[int] = ONE_TILE
 
     def check(self, cfg):
         super().check(cfg)
@@ -149,12 +160,11 @@ class Form(DataDependent):
 
     def form(self, cfg, tiled, materialised, *args):
         """The layer's attention, `args` after q, k and v: `materialised` for
-        `attention_impl="xla"`, and by default (None) where the `[T, S]`
-        logits fit one tile of the scan (T·S ≤ 128·128, where the tiled form
-        would hold as much); `tiled` otherwise."""
+        `attention_impl="xla"`, and by default (None) up to T·S =
+        `materialised_up_to`; `tiled` otherwise."""
 
         def attend(q, k, v, **visibility):
-            small = q.shape[1] * k.shape[1] <= ONE_TILE
+            small = q.shape[1] * k.shape[1] <= self.materialised_up_to
             impl = cfg.attention_impl
             fn = materialised if impl == "xla" or (impl is None and small) else tiled
             return fn(q, k, v, *args, **visibility)
@@ -187,6 +197,7 @@ class Cope(Form):
 
     Options = CopeOptions
     options_key = "cope"
+    materialised_up_to: ClassVar[int] = COPE_MATERIALISED_UP_TO
 
     def attention_form(self, module, cfg, site):
         if not site.causal or site.cross:
