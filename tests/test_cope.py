@@ -137,6 +137,21 @@ def test_the_flat_lookup_is_the_gathers_value_and_gradients(dtype):
     assert np.all(np.asarray(got[2])[..., :2] == 0) and np.abs(np.asarray(got[2])).max() > 0
 
 
+@pytest.mark.parametrize("fn", [COPE, COPE_XLA])
+def test_a_nan_query_stays_in_its_row(fn):
+    """A NaN count indexes the table at an undefined integer; the lookup clamps
+    it, so the NaN reaches that query's row only, forward and backward."""
+    q, k, v, e = (np.asarray(a, np.float32) for a in inputs(8))
+    q[0, 5, 1, 3] = np.nan
+    nan = np.zeros((2, 13, 4, 6), bool)
+    nan[0, 5, 1] = True
+    with jax.debug_nans(False):  # tests/conftest.py turns them into errors
+        out = np.asarray(fn(q, k, v, e))
+        dq = np.asarray(jax.grad(lambda q: jnp.sum(jnp.where(nan, 0.0, fn(q, k, v, e))))(q))
+    assert np.isnan(out[nan]).all() and np.isfinite(out[~nan]).all()
+    assert np.isfinite(np.delete(dq, 5, axis=1)).all()
+
+
 def test_positions_decide_what_is_visible():
     q, k, v, e = inputs(5, t=5, s=11)
     qp = np.broadcast_to(np.arange(6, 11, dtype=np.int32), (2, 5))

@@ -107,13 +107,15 @@ def lookup(qe: Array, p: Array) -> Array:
 
 @jax.custom_vjp
 def _interpolate(flat: Array, idx: Array, frac: Array) -> Array:
-    """`(1 - frac) * flat[idx] + frac * flat[idx + 1]`, indices in range by construction."""
+    """`(1 - frac) * flat[idx] + frac * flat[idx + 1]`. The indices are in range by
+    construction, except from a NaN count: clamped ("clip"), so that a NaN stays
+    in its own row instead of reading or writing out of bounds."""
     return _interpolate_fwd(flat, idx, frac)[0]
 
 
 def _interpolate_fwd(flat, idx, frac):
-    at_lo = flat.at[idx].get(mode="promise_in_bounds")
-    at_hi = flat.at[idx + 1].get(mode="promise_in_bounds")
+    at_lo = flat.at[idx].get(mode="clip")
+    at_hi = flat.at[idx + 1].get(mode="clip")
     slope = jnp.where(frac > 0, at_hi - at_lo, 0.0)  # as ceil(p) == floor(p) at frac 0
     return (1.0 - frac) * at_lo + frac * at_hi, (flat.shape[0], idx, frac, slope)
 
@@ -122,7 +124,7 @@ def _interpolate_bwd(res, ct):
     size, idx, frac, slope = res
     where = jnp.concatenate([idx.reshape(-1), idx.reshape(-1) + 1])
     weights = jnp.concatenate([((1.0 - frac) * ct).reshape(-1), (frac * ct).reshape(-1)])
-    d_flat = jnp.zeros((size,), ct.dtype).at[where].add(weights, mode="promise_in_bounds")
+    d_flat = jnp.zeros((size,), ct.dtype).at[where].add(weights, mode="clip")
     return d_flat, None, ct * slope
 
 
