@@ -18,6 +18,7 @@ import re
 import shlex
 
 import pytest
+from test_structure import strip_fences
 
 from jattn.analysis import grid
 from jattn.models import SCHEMES
@@ -41,8 +42,7 @@ def _snippets(text: str) -> list[str]:
     out = []
     for block in re.findall(r"```[^\n]*\n(.*?)```", text, flags=re.S):
         out += block.splitlines()
-    text = re.sub(r"```.*?```", "", text, flags=re.S)
-    out += [" ".join(span.split()) for span in re.findall(r"`([^`]+)`", text)]
+    out += [" ".join(span.split()) for span in re.findall(r"`([^`]+)`", strip_fences(text))]
     return out
 
 

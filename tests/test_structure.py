@@ -786,9 +786,14 @@ def heading_anchor(heading: str) -> str:
     return kept.replace(" ", "-")
 
 
+def strip_fences(text: str) -> str:
+    """Markdown text without its fenced code blocks (tests/test_configs.py's too)."""
+    return re.sub(r"```.*?```", "", text, flags=re.S)
+
+
 def prose(path: pathlib.Path) -> str:
     """A markdown file's text outside its code fences."""
-    return re.sub(r"```.*?```", "", path.read_text(encoding="utf-8"), flags=re.S)
+    return strip_fences(path.read_text(encoding="utf-8"))
 
 
 @functools.cache
