@@ -122,7 +122,7 @@ def run_base(exp: ml_collections.ConfigDict, run: Run) -> str:
     return _fill(exp.base, run.axes)
 
 
-def lookup(config: ml_collections.ConfigDict, dotted: str) -> Any:
+def _lookup(config: ml_collections.ConfigDict, dotted: str) -> Any:
     node = config
     for part in dotted.split("."):
         node = node[part]
@@ -165,7 +165,7 @@ def apply_experiment_overrides(
         base = load_config(resolve_base(_fill(exp.base, first), repo_root))
         apply_overrides(base, train, prefix="train.")
         for key, _ in train:
-            _assign(exp.train, key, lookup(base, key))
+            _assign(exp.train, key, _lookup(base, key))
     return exp
 
 
@@ -249,4 +249,4 @@ def checked_configs(
 
 def typed_axes(run: Run, config: ml_collections.ConfigDict, exp) -> dict[str, Any]:
     """Axis values with the types of the training config (for tables and plots)."""
-    return {axis: lookup(config, exp.grid[axis]["key"]) for axis in exp.grid.keys()}
+    return {axis: _lookup(config, exp.grid[axis]["key"]) for axis in exp.grid.keys()}
