@@ -317,30 +317,36 @@ DD_PAPERS = (
 )
 
 
-# The schemes of the tokens at 3,600 steps, RoPE beside them (no NoPE, no CoPE).
+# The schemes of the tokens at 3,600 steps, RoPE beside them (no NoPE), by task: the
+# forget gate and stick-breaking on both tasks, CoPE on copy (a grid of its own).
 DD_LONG = {
-    "reverse": "results/decoder_only_data_dependent_long",
-    "copy": "results/decoder_only_data_dependent_copy_long",
+    "reverse": ("results/decoder_only_data_dependent_long",),
+    "copy": (
+        "results/decoder_only_data_dependent_copy_long",
+        "results/decoder_only_cope_copy_long",
+    ),
 }
 
 
-def long_grids(scheme: str) -> bool:
-    """Whether the 3,600-step grids trained `scheme` (on both tasks)."""
-    return all(f"position={scheme},task=kz_{t}" in groups_of(f) for t, f in DD_LONG.items())
+def long_grid(scheme: str, task: str) -> str | None:
+    """The 3,600-step grid that trained `scheme` on `task`, if one did."""
+    trained = (f for f in DD_LONG[task] if f"position={scheme},task=kz_{task}" in groups_of(f))
+    return next(trained, None)
 
 
 def dd_reverse(scheme: str) -> str:
     """The reverse grid a data-dependent scheme's verdict reads: the longest that trained it."""
-    return DD_LONG["reverse"] if long_grids(scheme) else DD
+    return long_grid(scheme, "reverse") or DD
 
 
 def data_dependent(scheme: str) -> list[str]:
-    """A data-dependent scheme's jattn cell: at 3,600 steps (where it was trained so
-    long) reverse and copy beside RoPE; then at 1,200 steps beside RoPE and NoPE."""
+    """A data-dependent scheme's jattn cell: at 3,600 steps (on each task where it was
+    trained so long) beside RoPE; then at 1,200 steps beside RoPE and NoPE."""
     out = []
-    if long_grids(scheme):
-        out.append(steps(*DD_LONG.values()))
-        for task, folder in DD_LONG.items():
+    long = {task: f for task in DD_LONG if (f := long_grid(scheme, task))}
+    if long:
+        out.append(steps(*long.values()))
+        for task, folder in long.items():
             out.append(f"`kz_{task}`")
             for s in (scheme, "rope"):
                 out.append(f"{NICE[s]} {ci(folder, f'position={s},task=kz_{task}')}")
