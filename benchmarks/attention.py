@@ -29,10 +29,13 @@ import numpy as np  # noqa: E402
 
 import jattn  # noqa: E402
 from jattn.attention import cope as cope_lib  # noqa: E402
+from jattn.attention import scores as scores_lib  # noqa: E402
 from jattn.attention.cope import cope_attention_xla  # noqa: E402
 from jattn.attention.stick_breaking import stick_breaking_attention_xla  # noqa: E402
 
 PEER = "jax.nn (xla)"
+# Shaw's key term read by a broadcast take_along_axis: `scores.rel_gather`'s peer.
+take_along = mock.patch.object(scores_lib, "rel_gather", scores_lib.rel_gather_by_take_along)
 
 
 def t2t_shaw(q, k, v, rel_k, rel_v, *, causal):
@@ -70,6 +73,8 @@ def candidates(with_pallas: bool, window: int | None = None) -> dict:
         "jattn chunked": _jattn("chunked"),
         "jattn chunked + shaw": _jattn("chunked", True),
         "jattn xla + shaw": _jattn("xla", True),
+        "jattn chunked + shaw, take_along": take_along(_jattn("chunked", True)),
+        "jattn xla + shaw, take_along": take_along(_jattn("xla", True)),
         "t2t gather shaw": lambda q, k, v, rk, rv, c: t2t_shaw(q, k, v, rk, rv, causal=c),
     }
     if with_pallas:

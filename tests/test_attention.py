@@ -9,11 +9,15 @@ tests/test_attention_rule.py."""
 
 from __future__ import annotations
 
+import jax
+import jax.numpy as jnp
 import numpy as np
+import pytest
 from attention_cases import make_problem, run_with_grads, shaw
 from oracle import attention_and_grads
 
 import jattn
+from jattn.attention import scores
 
 FP32_TOL = dict(rtol=2e-5, atol=2e-5)
 
@@ -79,3 +83,36 @@ def test_attention_weights_are_what_the_output_mixes():
     out = np.asarray(jattn.dot_product_attention(q, k, v, **kw))
     v_rep = np.repeat(v, 2, axis=2)  # GQA: query head n reads kv head n // 2
     np.testing.assert_allclose(out, np.einsum("bnts,bsnh->btnh", w, v_rep), rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize("dtype", [jnp.float64, jnp.float32, jnp.bfloat16])
+def test_shaw_key_term_gather_matches_take_along_axis(dtype):
+    """`scores.rel_gather` (a row of K·G heads a (b, t, s), its backward one
+    scatter-add of those rows) reads what the broadcast `take_along_axis` read
+    (`rel_gather_by_take_along`) and has its gradient: equal in float64, and
+    bit for bit in float32 and bfloat16, where the main job's Shaw runs must
+    not move. GQA shape (K=2, G=3), every id of R=7 used."""
+    rng = np.random.default_rng(3)
+    b, kh, g, t, s, rr = 2, 2, 3, 5, 9, 7
+    qr_np, ct_np = rng.normal(size=(b, kh, g, t, rr)), rng.normal(size=(b, kh, g, t, s))
+    r = jnp.asarray(rng.integers(0, rr, size=(b, t, s)), jnp.int32)
+
+    with jax.enable_x64(dtype == jnp.float64):
+        qr, ct = jnp.asarray(qr_np, dtype), jnp.asarray(ct_np, dtype)
+        got, pull = jax.vjp(lambda x: scores.rel_gather(x, r), qr)
+        want, pull_want = jax.vjp(lambda x: scores.rel_gather_by_take_along(x, r), qr)
+        assert got.dtype == dtype
+        got, want = np.asarray(got, np.float64), np.asarray(want, np.float64)
+        dgot, dwant = (np.asarray(f(ct)[0], np.float64) for f in (pull, pull_want))
+    np.testing.assert_array_equal(got, want)
+    np.testing.assert_array_equal(dgot, dwant)
+    assert np.isin(np.arange(rr), np.asarray(r)).all()
+    # The gradient is the weight mass per id, summed in float64 from the
+    # cotangent as the dtype holds it.
+    ct64 = ct_np
+    if dtype != jnp.float64:
+        ct64 = np.asarray(jnp.asarray(ct_np, dtype).astype(jnp.float32), np.float64)
+    one_hot = np.asarray(r)[..., None] == np.arange(rr)  # [B, t, s, R]
+    mass = np.einsum("bkgts,btsr->bkgtr", ct64, one_hot)
+    tol = {jnp.float64: 1e-12, jnp.float32: 1e-5, jnp.bfloat16: 3e-2}[dtype]
+    np.testing.assert_allclose(dgot, mass, rtol=tol, atol=tol)

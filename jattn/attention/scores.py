@@ -44,8 +44,24 @@ def rel_gather(qr: Array, r: Array) -> Array:
     Returns:
       `[B, K, G, t, s]`, without ever forming a `[t, s, H]` tensor.
     """
+    # The heads last, then one gather of a row of K·G values per (b, t, s): its
+    # backward is a scatter-add of those rows, the layout `rel_scatter` writes.
+    # A `take_along_axis` over `[B, K, G, t, s]` indexes every element by all
+    # five coordinates instead, and its autodiff scatter-add made Shaw's
+    # backward several times slower on the CPU (docs/benchmarks.md, "Shaw's key
+    # term"); the values and the gradient are the same, bit for bit.
     b, k, g, t, rr = qr.shape
-    idx = jnp.broadcast_to(r[:, None, None], (b, k, g, t, r.shape[-1]))
+    qr_last = jnp.moveaxis(qr.reshape(b, k * g, t, rr), 1, -1)  # [B, t, R, KG]
+    bi = jnp.arange(b)[:, None, None]
+    ti = jnp.arange(t)[None, :, None]
+    out = qr_last[bi, ti, r]  # [B, t, s, KG]
+    return jnp.moveaxis(out, -1, 1).reshape(b, k, g, t, r.shape[-1])
+
+
+def rel_gather_by_take_along(qr: Array, r: Array) -> Array:
+    """`rel_gather` by a broadcast `take_along_axis` over `[B, K, G, t, s]`, the
+    read it replaced: its test oracle and its benchmark's peer."""
+    idx = jnp.broadcast_to(r[:, None, None], (*qr.shape[:-1], r.shape[-1]))
     return jnp.take_along_axis(qr, idx, axis=-1)
 
 
