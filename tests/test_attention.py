@@ -87,26 +87,34 @@ def test_attention_weights_are_what_the_output_mixes():
 
 @pytest.mark.parametrize("dtype", [jnp.float64, jnp.float32, jnp.bfloat16])
 def test_shaw_key_term_gather_matches_take_along_axis(dtype):
-    """`scores.rel_gather` (a row of K·G heads a (b, t, s), its backward one
-    scatter-add of those rows) reads what the broadcast `take_along_axis` read
-    (`rel_gather_by_take_along`) and has its gradient: equal in float64, and
-    bit for bit in float32 and bfloat16, where the main job's Shaw runs must
-    not move. GQA shape (K=2, G=3), every id of R=7 used."""
+    """`scores.rel_gather` (values by `take_along_axis`, derivative by the
+    row gather `rel_gather_rows`, whose transpose is one scatter-add of rows)
+    against `rel_gather_by_take_along` with jax's own derivative: values,
+    forward-mode tangents and gradients equal in float64, and bit for bit in
+    float32 and bfloat16, where the main job's Shaw runs must not move. GQA
+    shape (K=2, G=3), every id of R=7 used."""
     rng = np.random.default_rng(3)
     b, kh, g, t, s, rr = 2, 2, 3, 5, 9, 7
     qr_np, ct_np = rng.normal(size=(b, kh, g, t, rr)), rng.normal(size=(b, kh, g, t, s))
+    dqr_np = rng.normal(size=qr_np.shape)
     r = jnp.asarray(rng.integers(0, rr, size=(b, t, s)), jnp.int32)
+    assert np.isin(np.arange(rr), np.asarray(r)).all()
 
     with jax.enable_x64(dtype == jnp.float64):
-        qr, ct = jnp.asarray(qr_np, dtype), jnp.asarray(ct_np, dtype)
-        got, pull = jax.vjp(lambda x: scores.rel_gather(x, r), qr)
-        want, pull_want = jax.vjp(lambda x: scores.rel_gather_by_take_along(x, r), qr)
-        assert got.dtype == dtype
-        got, want = np.asarray(got, np.float64), np.asarray(want, np.float64)
-        dgot, dwant = (np.asarray(f(ct)[0], np.float64) for f in (pull, pull_want))
-    np.testing.assert_array_equal(got, want)
-    np.testing.assert_array_equal(dgot, dwant)
-    assert np.isin(np.arange(rr), np.asarray(r)).all()
+        qr, ct, dqr = (jnp.asarray(x, dtype) for x in (qr_np, ct_np, dqr_np))
+
+        def value_tangent_gradient(f):
+            read = lambda x: f(x, r)  # noqa: E731
+            return (*jax.jvp(read, (qr,), (dqr,)), jax.vjp(read, qr)[1](ct)[0])
+
+        got = value_tangent_gradient(jax.jit(scores.rel_gather))
+        want = value_tangent_gradient(scores.rel_gather_by_take_along)
+        assert all(x.dtype == dtype for x in got)
+        got, want = ([np.asarray(x, np.float64) for x in w] for w in (got, want))
+        rows = np.asarray(scores.rel_gather_rows(qr, r), np.float64)
+    for a, w in zip(got, want, strict=True):  # value, tangent, gradient
+        np.testing.assert_array_equal(a, w)
+    np.testing.assert_array_equal(rows, want[0])
     # The gradient is the weight mass per id, summed in float64 from the
     # cotangent as the dtype holds it.
     ct64 = ct_np
@@ -115,4 +123,4 @@ def test_shaw_key_term_gather_matches_take_along_axis(dtype):
     one_hot = np.asarray(r)[..., None] == np.arange(rr)  # [B, t, s, R]
     mass = np.einsum("bkgts,btsr->bkgtr", ct64, one_hot)
     tol = {jnp.float64: 1e-12, jnp.float32: 1e-5, jnp.bfloat16: 3e-2}[dtype]
-    np.testing.assert_allclose(dgot, mass, rtol=tol, atol=tol)
+    np.testing.assert_allclose(got[2], mass, rtol=tol, atol=tol)

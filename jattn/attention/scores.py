@@ -34,6 +34,7 @@ def group_heads(x_bn: Array, num_kv_heads: int) -> Array:
     return x_bn.reshape(b, num_kv_heads, n // num_kv_heads, t, s)
 
 
+@jax.custom_jvp
 def rel_gather(qr: Array, r: Array) -> Array:
     """Key term `q_t·key[r[t,s]]` from `qr = q @ keyᵀ`.
 
@@ -44,25 +45,38 @@ def rel_gather(qr: Array, r: Array) -> Array:
     Returns:
       `[B, K, G, t, s]`, without ever forming a `[t, s, H]` tensor.
     """
-    # The heads last, then one gather of a row of K·G values per (b, t, s): its
-    # backward is a scatter-add of those rows, the layout `rel_scatter` writes.
-    # A `take_along_axis` over `[B, K, G, t, s]` indexes every element by all
-    # five coordinates instead, and its autodiff scatter-add made Shaw's
-    # backward several times slower on the CPU (docs/benchmarks.md, "Shaw's key
-    # term"); the values and the gradient are the same, bit for bit.
+    # The value by `take_along_axis`, which XLA fuses into the logits; the
+    # derivative by `rel_gather_rows`, whose transpose (the backward) is one
+    # scatter-add of rows of K·G heads. `take_along_axis`'s own backward indexes
+    # every element by all five coordinates and made the xla path's Shaw
+    # backward 1.4-1.9x slower on the CPU (docs/benchmarks.md, "Shaw's key
+    # term"). Values and gradients are the same, bit for bit (tests).
+    return rel_gather_by_take_along(qr, r)
+
+
+@rel_gather.defjvp
+def _rel_gather_jvp(primals, tangents):
+    qr, r = primals
+    return rel_gather(qr, r), rel_gather_rows(tangents[0], r)
+
+
+def rel_gather_by_take_along(qr: Array, r: Array) -> Array:
+    """`rel_gather` by a broadcast `take_along_axis` over `[B, K, G, t, s]`, with
+    jax's derivative: its test oracle and (as `rel_gather`) its benchmark's peer."""
+    idx = jnp.broadcast_to(r[:, None, None], (*qr.shape[:-1], r.shape[-1]))
+    return jnp.take_along_axis(qr, idx, axis=-1)
+
+
+def rel_gather_rows(qr: Array, r: Array) -> Array:
+    """`rel_gather` with the heads last: one gather of a row of K·G values per
+    (b, t, s), so that its transpose is one scatter-add of rows, the layout
+    `rel_scatter` writes."""
     b, k, g, t, rr = qr.shape
     qr_last = jnp.moveaxis(qr.reshape(b, k * g, t, rr), 1, -1)  # [B, t, R, KG]
     bi = jnp.arange(b)[:, None, None]
     ti = jnp.arange(t)[None, :, None]
     out = qr_last[bi, ti, r]  # [B, t, s, KG]
     return jnp.moveaxis(out, -1, 1).reshape(b, k, g, t, r.shape[-1])
-
-
-def rel_gather_by_take_along(qr: Array, r: Array) -> Array:
-    """`rel_gather` by a broadcast `take_along_axis` over `[B, K, G, t, s]`, the
-    read it replaced: its test oracle and its benchmark's peer."""
-    idx = jnp.broadcast_to(r[:, None, None], (*qr.shape[:-1], r.shape[-1]))
-    return jnp.take_along_axis(qr, idx, axis=-1)
 
 
 def rel_scatter(p: Array, r: Array, num_relative: int) -> Array:
