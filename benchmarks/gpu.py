@@ -417,7 +417,8 @@ def main(argv=None) -> int:
               file=sys.stderr)  # fmt: skip
         return 2
     stages = list(STAGES) if "all" in args.stage else args.stage
-    known = [f"{s}/{c.name}" for s in stages for c in BUILDERS[s](args.cpu_smoke)]
+    built = {s: {f"{s}/{c.name}": c for c in BUILDERS[s](args.cpu_smoke)} for s in stages}
+    known = [name for cells in built.values() for name in cells]
     if bad := [g for g in args.only or () if not fnmatch.filter(known, g)]:
         print(f"bench_gpu: error: --only {bad}: no cell of {stages}", file=sys.stderr)
         return 2
@@ -434,10 +435,9 @@ def main(argv=None) -> int:
         return 2
     ok = True
     for stage in stages:
-        names = {c.name: f"{stage}/{c.name}" for c in BUILDERS[stage](args.cpu_smoke)}
-        cells = [dataclasses.replace(c, spec=c.spec | {"inject": inject.get(names[c.name])})
-                 for c in BUILDERS[stage](args.cpu_smoke)
-                 if any(fnmatch.fnmatch(names[c.name], g) for g in args.only or "*")]  # fmt: skip
+        cells = [dataclasses.replace(c, spec=c.spec | {"inject": inject.get(name)})
+                 for name, c in built[stage].items()
+                 if any(fnmatch.fnmatch(name, g) for g in args.only or "*")]  # fmt: skip
         budget = BUDGET_S.get(stage, args.budget_s)
         if args.cpu_smoke and stage in BUDGET_S:
             budget *= CPU_SLOWDOWN  # interpret mode on a shared CPU: same cells, more time
