@@ -33,6 +33,7 @@ from __future__ import annotations
 import ast
 import dataclasses
 import functools
+import importlib
 import pathlib
 import re
 
@@ -834,6 +835,47 @@ def test_every_link_of_the_docs_names_a_file_and_a_heading_there():
             if not path.exists() or anchor and anchor not in anchors_of(path):
                 broken.append(f"{doc.relative_to(REPO)}: {target}#{anchor}")
     assert not broken, broken
+
+
+def unresolved_jattn_names(text: str) -> list[str]:
+    """The `` `jattn.a.b` `` names of a markdown text that are no module, or no
+    attribute of one, in the code as it is (imported, so a re-export counts)."""
+    missing = []
+    for name in re.findall(r"`(jattn(?:\.[A-Za-z_]\w*)+)", text):
+        parts = name.split(".")
+        for cut in range(len(parts), 0, -1):
+            try:
+                obj = importlib.import_module(".".join(parts[:cut]))
+                break
+            except ImportError:
+                continue
+        for attr in parts[cut:]:
+            obj = getattr(obj, attr, missing)
+        if obj is missing:
+            missing.append(name)
+    return missing
+
+
+def test_every_jattn_name_the_docs_cite_exists():
+    """A function moved or renamed leaves the docs pointing at nothing: every
+    `jattn.x.y` name that README.md and docs/**/*.md cite resolves."""
+    stale = [
+        f"{doc.relative_to(REPO)}: {name}"
+        for doc in [REPO / "README.md", *sorted((REPO / "docs").rglob("*.md"))]
+        for name in unresolved_jattn_names(doc.read_text())
+    ]
+    assert not stale, stale
+
+
+def test_the_name_check_finds_a_module_or_attribute_the_code_lacks():
+    text = "`jattn.attention.scores.rel_gather`, `jattn.dot_product_attention(q, k, v)`"
+    assert unresolved_jattn_names(text) == []
+    text += ", `jattn.analysis.sessions`, `jattn.attention.scores.no_such`, `jattn.flash_attention`"
+    assert unresolved_jattn_names(text) == [
+        "jattn.analysis.sessions",
+        "jattn.attention.scores.no_such",
+        "jattn.flash_attention",
+    ]
 
 
 def _table_after(lines: list[str], header_start: str) -> list[str]:
