@@ -47,10 +47,10 @@ def rel_gather(qr: Array, r: Array) -> Array:
     """
     # The value by `take_along_axis`, which XLA fuses into the logits; the
     # derivative by `rel_gather_rows`, whose transpose (the backward) is one
-    # scatter-add of rows of K·G heads. `take_along_axis`'s own backward indexes
-    # every element by all five coordinates and made the xla path's Shaw
-    # backward 1.4-1.9x slower on the CPU (docs/benchmarks.md, "Shaw's key
-    # term"). Values and gradients are the same, bit for bit (tests).
+    # scatter-add of rows of K·G heads. `take_along_axis`'s own backward
+    # indexes every element by all five coordinates and made the xla path's
+    # Shaw forward+backward 1.4-1.5x slower on the CPU (docs/benchmarks.md,
+    # "Shaw's key term"). Values and gradients are the same, bit for bit.
     return rel_gather_by_take_along(qr, r)
 
 
