@@ -439,7 +439,7 @@ def test_train_has_at_most_20_files():
 # parameters differ, and comparing the states crashed the table): 3,061. attention.py's
 # CoPE's two forms with the lookup by gathers, the peers of the flat lookup's speed: 3,067.
 # attention.py's Shaw cells with the key term read by take_along_axis, the peers of
-# `scores.rel_gather`'s row gather: 3,072.
+# `scores.rel_gather`'s own derivative: 3,072.
 BENCHMARK_LINES = 3072
 
 
