@@ -29,9 +29,10 @@ export LIBC_FATAL_STDERR_=1
 # pytest-xdist's controller can hang after a worker crashes (seen twice: the
 # crashed worker's test is reported, then the session never ends), so each
 # pytest run has a wall-clock limit and fails with a message past it instead
-# of running into CI's own limit (90 min: 55 for the main suite, 25 for the
-# second jax, the rest for the installs). Override with JATTN_TEST_TIMEOUT
-# (seconds, for each run).
+# of running into CI's own limit (90 min: 65 for the main suite, 20 for the
+# second jax, the rest for the installs; a quiet 2-core AMD EPYC took 54 min
+# for the main suite and a second jax run has taken 8-12). Override with
+# JATTN_TEST_TIMEOUT (seconds, for each run).
 run_pytest() {
     local limit=${JATTN_TEST_TIMEOUT:-$1} rc=0
     shift
@@ -42,7 +43,7 @@ run_pytest() {
     return "$rc"
 }
 # pytest exits 5 when it collects no test: that is a failure here too.
-run_pytest 3300 .venv/bin/python -m pytest -n 2 --dist loadfile -q "$@"
+run_pytest 3900 .venv/bin/python -m pytest -n 2 --dist loadfile -q "$@"
 
 # The second jax. The subset is what jattn promises on every jax it supports:
 # the core (attention implementations, masks, positions, dropout, memory
@@ -77,7 +78,7 @@ fi
 .venv-jax12/bin/python -m pip install -q -e ".[train,test]" "jax==0.12.*"
 .venv-jax12/bin/python -c 'import jax; print("second jax:", jax.__version__)'
 if [ "$#" -gt 0 ]; then
-    run_pytest 1500 .venv-jax12/bin/python -m pytest -n 2 --dist loadfile -q "$@"
+    run_pytest 1200 .venv-jax12/bin/python -m pytest -n 2 --dist loadfile -q "$@"
 else
-    run_pytest 1500 .venv-jax12/bin/python -m pytest -n 2 --dist loadfile -q --param-sample "${SECOND_JAX_TESTS[@]}"
+    run_pytest 1200 .venv-jax12/bin/python -m pytest -n 2 --dist loadfile -q --param-sample "${SECOND_JAX_TESTS[@]}"
 fi

@@ -485,6 +485,72 @@ def test_write_final_metrics_keeps_measured_values(tmp_path):
     assert json.loads((tmp_path / "final_metrics.json").read_text()) == out
 
 
+def _checksum_by_numpy(x) -> str:
+    """The checksum a step's meta records (`checkpoints._leaf_checksum`), computed
+    again in numpy from its description: each element's bits as uint32, two sums
+    mod 2^32 weighted by odd functions of the element's row-major index."""
+    import jax
+
+    if jax.dtypes.issubdtype(x.dtype, jax.dtypes.prng_key):
+        x = jax.random.key_data(x)
+    a = np.asarray(x)
+    unsigned = {1: np.uint8, 2: np.uint16, 4: np.uint32}[a.dtype.itemsize]
+    bits = (a.astype(np.uint32) if a.dtype == bool else a.view(unsigned)).astype(np.uint64)
+    index = np.arange(bits.size, dtype=np.uint64)
+    m32 = np.uint64(0xFFFFFFFF)
+
+    def mix(h):
+        h = h ^ (h >> np.uint64(16))
+        h = (h * np.uint64(0x85EBCA6B)) & m32
+        h = h ^ (h >> np.uint64(13))
+        h = (h * np.uint64(0xC2B2AE35)) & m32
+        return h ^ (h >> np.uint64(16))
+
+    w1 = ((index * np.uint64(0x9E3779B1)) & m32) | np.uint64(1)
+    w2 = mix((index + np.uint64(0x7F4A7C15)) & m32) | np.uint64(1)
+    flat = bits.reshape(-1)
+    sums = (np.sum((flat * w1) & m32) & m32, np.sum((mix(flat) * w2) & m32) & m32)
+    return "".join(f"{int(v):08x}" for v in sums)
+
+
+def test_state_checksums_are_the_recorded_formula_for_every_dtype():
+    """A restore checks every array against the checksum its step's meta recorded,
+    so the function must give the same digits as the jattn that saved the step:
+    held against a numpy computation of the formula, leaf by leaf and in a tree."""
+    import jax
+    import jax.numpy as jnp
+
+    from jattn.train.checkpoints import checksums
+
+    rng = np.random.default_rng(0)
+    state = {
+        "params": {
+            "w": jnp.asarray(rng.normal(size=(5, 7)), jnp.float32),
+            "b": jnp.asarray(rng.normal(size=(7,)), jnp.bfloat16),
+        },
+        "opt_state": [
+            jnp.asarray(rng.integers(-9, 9, size=(3, 2, 4)), jnp.int32),
+            jnp.asarray(rng.integers(0, 2, size=(6,)), bool),
+        ],
+        "step": jnp.int32(1234),
+        "key": jax.random.key(7),
+        "bytes": jnp.asarray(rng.integers(0, 255, size=(9,)), jnp.uint8),
+    }
+    got = checksums(state)
+    flat = jax.tree_util.tree_flatten_with_path(state)[0]
+    name = lambda p: jax.tree_util.keystr(p, simple=True, separator="/")  # noqa: E731
+    want = {name(p): _checksum_by_numpy(x) for p, x in flat}
+    assert got == want
+    assert set(got) >= {"params/w", "opt_state/0", "step", "key"}
+    # One element changed, or two swapped, changes the digits.
+    w = np.asarray(state["params"]["w"]).copy()
+    w[2, 3] = np.nextafter(w[2, 3], np.float32(np.inf))
+    assert checksums({"w": jnp.asarray(w)})["w"] != got["params/w"]
+    w = np.asarray(state["params"]["w"]).copy()
+    w[[0, 4]] = w[[4, 0]]
+    assert checksums({"w": jnp.asarray(w)})["w"] != got["params/w"]
+
+
 def test_signature_input_length_and_legacy_checkpoints():
     # max_input_len = 0 means max_len: the same data stream, so the same
     # signature; another input length is a different stream. A signature

@@ -344,14 +344,23 @@ def _leaf_checksum(x: jax.Array) -> jax.Array:
     return jnp.stack(sums)
 
 
-_tree_checksums = jax.jit(lambda tree: jax.tree.map(_leaf_checksum, tree))
+# One program a leaf, not one for the whole tree: jit caches it by the leaf's
+# shape, dtype and sharding, and a model's few hundred arrays have a few dozen
+# of those, so a run compiles a few dozen small programs. One program over the
+# tree compiled a reduction for every leaf, at every run's first save and first
+# restore: 6.9 s against 1.6 s for the four saves of `positional.py:tiny`'s two
+# runs (docs/reliability.md). Each leaf's sums are
+# fetched before the next program starts: a sharded leaf's program all-reduces
+# across devices, and several such programs in flight at once deadlocked
+# XLA:CPU's in-process collectives (tests/faults/test_sharded_resume.py).
+_leaf_checksum_jit = jax.jit(_leaf_checksum)
 
 
 def checksums(state: Any) -> dict[str, str]:
     """``{array path: 16 hex digits}``: a checksum of every array of `state`
     (`_leaf_checksum`), as a step's ``meta`` records it and a restore checks it.
     Paths are written as orbax names the arrays (``opt_state/0/mu/embed/embedding``)."""
-    sums = jax.device_get(_tree_checksums(state))
+    sums = jax.tree.map(lambda x: jax.device_get(_leaf_checksum_jit(x)), state)
     return {
         jax.tree_util.keystr(path, simple=True, separator="/"): "".join(
             f"{int(v):08x}" for v in np.asarray(s)
