@@ -31,8 +31,8 @@ export LIBC_FATAL_STDERR_=1
 # pytest run has a wall-clock limit and fails with a message past it instead
 # of running into CI's own limit (90 min: 65 for the main suite, 20 for the
 # second jax, the rest for the installs; a quiet 2-core AMD EPYC took 54 min
-# for the main suite and a second jax run has taken 8-12). Override with
-# JATTN_TEST_TIMEOUT (seconds, for each run).
+# for the main suite; the second jax has taken 5-15, the longest beside a
+# training grid). Override with JATTN_TEST_TIMEOUT (seconds, for each run).
 run_pytest() {
     local limit=${JATTN_TEST_TIMEOUT:-$1} rc=0
     shift
