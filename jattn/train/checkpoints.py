@@ -344,15 +344,10 @@ def _leaf_checksum(x: jax.Array) -> jax.Array:
     return jnp.stack(sums)
 
 
-# One program a leaf, not one for the whole tree: jit caches it by the leaf's
-# shape, dtype and sharding, and a model's few hundred arrays have a few dozen
-# of those, so a run compiles a few dozen small programs. One program over the
-# tree compiled a reduction for every leaf, at every run's first save and first
-# restore: 6.9 s against 1.6 s for the four saves of `positional.py:tiny`'s two
-# runs (docs/reliability.md). Each leaf's sums are
-# fetched before the next program starts: a sharded leaf's program all-reduces
-# across devices, and several such programs in flight at once deadlocked
-# XLA:CPU's in-process collectives (tests/faults/test_sharded_resume.py).
+# A program a leaf, compiled once a shape, dtype and sharding (one over the tree
+# compiled a reduction a leaf: 4x the compile time, docs/reliability.md); each
+# leaf's sums fetched before the next starts, as several sharded programs in
+# flight deadlocked XLA:CPU's collectives (tests/faults/test_sharded_resume.py).
 _leaf_checksum_jit = jax.jit(_leaf_checksum)
 
 
