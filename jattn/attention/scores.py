@@ -71,12 +71,8 @@ def rel_gather_rows(qr: Array, r: Array) -> Array:
     """`rel_gather` with the heads last: one gather of a row of K·G values per
     (b, t, s), so that its transpose is one scatter-add of rows, the layout
     `rel_scatter` writes."""
-    b, k, g, t, rr = qr.shape
-    qr_last = jnp.moveaxis(qr.reshape(b, k * g, t, rr), 1, -1)  # [B, t, R, KG]
-    bi = jnp.arange(b)[:, None, None]
-    ti = jnp.arange(t)[None, :, None]
-    out = qr_last[bi, ti, r]  # [B, t, s, KG]
-    return jnp.moveaxis(out, -1, 1).reshape(b, k, g, t, r.shape[-1])
+    qr_last, bi, ti = _heads_last(qr)  # [B, t, R, KG]
+    return _heads_back(qr_last[bi, ti, r], qr.shape)  # from [B, t, s, KG]
 
 
 def rel_scatter(p: Array, r: Array, num_relative: int) -> Array:
@@ -93,14 +89,27 @@ def rel_scatter(p: Array, r: Array, num_relative: int) -> Array:
     Returns:
       `[B, K, G, t, R]`, dtype of `p`.
     """
-    b, k, g, t, s = p.shape
     # A scatter-add with the heads last: one pass over the tile, no one-hot
     # [t, s, R] tensor (10x faster than the one-hot einsum on the CPU).
-    p_last = jnp.moveaxis(p.reshape(b, k * g, t, s), 1, -1)  # [B, t, s, KG]
-    bi = jnp.arange(b)[:, None, None]
-    ti = jnp.arange(t)[None, :, None]
-    out = jnp.zeros((b, t, num_relative, k * g), p.dtype).at[bi, ti, r].add(p_last)
-    return jnp.moveaxis(out, -1, 1).reshape(b, k, g, t, num_relative)
+    p_last, bi, ti = _heads_last(p)  # [B, t, s, KG]
+    b, t, _, kg = p_last.shape
+    out = jnp.zeros((b, t, num_relative, kg), p.dtype).at[bi, ti, r].add(p_last)
+    return _heads_back(out, p.shape)  # from [B, t, R, KG]
+
+
+def _heads_last(x: Array) -> tuple[Array, Array, Array]:
+    """`[B, K, G, t, n]` as `[B, t, n, K·G]`, and the batch and row indices
+    (`[B, 1, 1]`, `[1, t, 1]`) that with `r` `[B, t, s]` pick rows of K·G heads:
+    the layout `rel_gather_rows` reads and `rel_scatter` writes."""
+    b, k, g, t, n = x.shape
+    last = jnp.moveaxis(x.reshape(b, k * g, t, n), 1, -1)
+    return last, jnp.arange(b)[:, None, None], jnp.arange(t)[None, :, None]
+
+
+def _heads_back(x: Array, like: tuple[int, ...]) -> Array:
+    """`[B, t, n, K·G]` back to `[B, K, G, t, n]`, `K` and `G` those of shape `like`."""
+    b, t, n, _ = x.shape
+    return jnp.moveaxis(x, -1, 1).reshape(b, like[1], like[2], t, n)
 
 
 def visibility(vis: Visibility, *, kv_valid: Array | None, mask: Array | None) -> Array | None:
