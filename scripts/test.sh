@@ -29,13 +29,21 @@ export LIBC_FATAL_STDERR_=1
 # pytest-xdist's controller can hang after a worker crashes (seen twice: the
 # crashed worker's test is reported, then the session never ends), so each
 # pytest run has a wall-clock limit and fails with a message past it instead
-# of running into CI's own limit (90 min: 65 for the main suite, 20 for the
-# second jax, the rest for the installs; a quiet 2-core AMD EPYC took 54 min
-# for the main suite; the second jax has taken 5-15, the longest beside a
-# training grid). Override with JATTN_TEST_TIMEOUT (seconds, for each run).
+# of running into CI's own limit of 90 minutes. The limits come from one
+# budget for the whole script, JATTN_TEST_BUDGET seconds from its start
+# (default 88 minutes): the main suite may use all of it but the last 15
+# minutes, kept for the second jax's install and run (10-14 minutes on a
+# 2-core AMD EPYC, where the main suite took 55-60), and the second jax what
+# is left. JATTN_TEST_TIMEOUT (seconds) instead gives each run a fixed limit.
+budget=${JATTN_TEST_BUDGET:-5280}
 run_pytest() {
-    local limit=${JATTN_TEST_TIMEOUT:-$1} rc=0
+    local reserve=$1 limit rc=0
     shift
+    limit=${JATTN_TEST_TIMEOUT:-$((budget - SECONDS - reserve))}
+    if [ "$limit" -lt 60 ]; then
+        echo "scripts/test.sh: ${SECONDS} s of the ${budget} s budget gone; not starting: $*" >&2
+        return 1
+    fi
     timeout -k 60 "$limit" "$@" || rc=$?
     if [ "$rc" -eq 124 ] || [ "$rc" -eq 137 ]; then
         echo "scripts/test.sh: pytest ran past ${limit} s and was stopped: $*" >&2
@@ -43,7 +51,7 @@ run_pytest() {
     return "$rc"
 }
 # pytest exits 5 when it collects no test: that is a failure here too.
-run_pytest 3900 .venv/bin/python -m pytest -n 2 --dist loadfile -q "$@"
+run_pytest 900 .venv/bin/python -m pytest -n 2 --dist loadfile -q "$@"
 
 # The second jax. The subset is what jattn promises on every jax it supports:
 # the core (attention implementations, masks, positions, dropout, memory
@@ -53,9 +61,9 @@ run_pytest 3900 .venv/bin/python -m pytest -n 2 --dist loadfile -q "$@"
 # attention_fn). Left out: the training loop, data pipelines, CLI,
 # experiments and fault tests, which depend on flax/orbax/grain more than on
 # jax's version, and would take CI past 30 minutes on a 2-core machine.
-# Every test function of the subset runs, each parametrized one on its first
-# and last case (--param-sample, tests/conftest.py): the first jax runs every
-# case. Timings: docs/gpu.md, "Two jax versions in CI".
+# Every test function of the subset runs, each parametrized one on one case,
+# alternately its first and its last (--param-sample, tests/conftest.py): the
+# first jax runs every case. Timings: docs/gpu.md, "Two jax versions in CI".
 SECOND_JAX_TESTS=(
     tests/test_attention.py tests/test_attention_contract.py tests/test_masks.py
     tests/test_positions.py
@@ -78,7 +86,7 @@ fi
 .venv-jax12/bin/python -m pip install -q -e ".[train,test]" "jax==0.12.*"
 .venv-jax12/bin/python -c 'import jax; print("second jax:", jax.__version__)'
 if [ "$#" -gt 0 ]; then
-    run_pytest 1200 .venv-jax12/bin/python -m pytest -n 2 --dist loadfile -q "$@"
+    run_pytest 0 .venv-jax12/bin/python -m pytest -n 2 --dist loadfile -q "$@"
 else
-    run_pytest 1200 .venv-jax12/bin/python -m pytest -n 2 --dist loadfile -q --param-sample "${SECOND_JAX_TESTS[@]}"
+    run_pytest 0 .venv-jax12/bin/python -m pytest -n 2 --dist loadfile -q --param-sample "${SECOND_JAX_TESTS[@]}"
 fi

@@ -96,23 +96,27 @@ def pytest_addoption(parser):
     parser.addoption(
         "--param-sample",
         action="store_true",
-        help="run each parametrized test function on its first and last case only "
-        "(scripts/test.sh's second jax: every test function, fewer repetitions)",
+        help="run each parametrized test function on one case, alternately its first "
+        "and its last (scripts/test.sh's second jax: every test function, fewer repetitions)",
     )
 
 
 def pytest_collection_modifyitems(config, items):
-    """With `--param-sample`, keep the first and the last case of each
-    parametrized test function (in collection order, so the same on every
-    xdist worker) and deselect the cases between: the second jax of
-    scripts/test.sh runs every test function of its subset, but not every
-    parameter combination the first jax already runs."""
+    """With `--param-sample`, keep one case of each parametrized test function
+    and deselect the others: the first case of the 1st, 3rd, 5th, ...
+    parametrized function and the last case of the 2nd, 4th, ... (in
+    collection order, so the same on every xdist worker). The second jax of
+    scripts/test.sh so runs every test function of its subset, the plain and
+    the fullest-featured ends of the parameter lists both among them, but not
+    every combination the first jax already runs."""
     if not config.getoption("--param-sample"):
         return
     cases: dict[str, list] = {}
     for item in items:
         cases.setdefault(item.nodeid.split("[")[0], []).append(item)
-    keep = {id(c[end]) for c in cases.values() for end in (0, -1)}
+    parametrized = [c for c in cases.values() if len(c) > 1]
+    keep = {id(c[0]) for c in cases.values() if len(c) == 1}
+    keep |= {id(c[-(k % 2)]) for k, c in enumerate(parametrized)}
     dropped = [item for item in items if id(item) not in keep]
     if dropped:
         config.hook.pytest_deselected(items=dropped)

@@ -50,15 +50,20 @@ def _collected(*args: str) -> list[str]:
     return [line for line in out.splitlines() if "::" in line]
 
 
-def test_param_sample_keeps_each_functions_first_and_last_case():
-    every = _collected("tests/test_stats.py", "tests/test_masks.py")
-    sample = _collected("--param-sample", "tests/test_stats.py", "tests/test_masks.py")
+# Files with several parametrized functions and unparametrized ones, cheap to collect.
+FILES = ("tests/test_stats.py", "tests/test_masks.py", "tests/test_dropout.py")
+
+
+def test_param_sample_keeps_one_case_of_each_function_alternating_first_and_last():
+    every = _collected(*FILES)
+    sample = _collected("--param-sample", *FILES)
     by_function: dict[str, list[str]] = {}
     for nodeid in every:
         by_function.setdefault(nodeid.split("[")[0], []).append(nodeid)
-    want = [
-        n for n in every if n in (by_function[n.split("[")[0]][0], by_function[n.split("[")[0]][-1])
-    ]
-    assert sample == want
+    parametrized = [cases for cases in by_function.values() if len(cases) > 1]
+    assert len(parametrized) >= 3  # enough functions to see both ends taken
+    kept = {cases[0] for cases in by_function.values() if len(cases) == 1}
+    kept |= {cases[0] if k % 2 == 0 else cases[-1] for k, cases in enumerate(parametrized)}
+    assert sample == [n for n in every if n in kept]  # in collection order
     assert {n.split("[")[0] for n in sample} == set(by_function)  # every function runs
-    assert len(sample) < len(every)  # and the middle cases of some do not
+    assert len(sample) == len(by_function)  # on one case each
