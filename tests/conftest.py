@@ -59,6 +59,23 @@ import pytest  # noqa: E402
 _CACHE_DIR = jax.config.jax_compilation_cache_dir
 
 
+@pytest.fixture(scope="session", autouse=True)
+def _jattn_children_compile_into_the_session(tmp_path_factory):
+    """`jattn` commands that tests start as child processes without
+    ``--compilation-cache-dir`` compile into a cache of this session (one per
+    xdist worker), not into `--compilation-cache-dir`'s default in the user's
+    home (~/.cache/jattn/xla): a test run writes nothing there, and no run
+    starts with programs an earlier run left. A test that sets
+    JATTN_COMPILATION_CACHE in its children's environment keeps its own."""
+    before = os.environ.get("JATTN_COMPILATION_CACHE")
+    os.environ["JATTN_COMPILATION_CACHE"] = str(tmp_path_factory.mktemp("jattn_xla"))
+    yield
+    if before is None:
+        del os.environ["JATTN_COMPILATION_CACHE"]
+    else:
+        os.environ["JATTN_COMPILATION_CACHE"] = before
+
+
 @pytest.fixture(autouse=True)
 def _compilation_cache_stays_off():
     """A test that runs `jattn train`/`ablate` in this process without

@@ -4,6 +4,7 @@
 
 from __future__ import annotations
 
+import argparse
 import os
 import subprocess
 import sys
@@ -67,3 +68,18 @@ def test_param_sample_keeps_one_case_of_each_function_alternating_first_and_last
     assert sample == [n for n in every if n in kept]  # in collection order
     assert {n.split("[")[0] for n in sample} == set(by_function)  # every function runs
     assert len(sample) == len(by_function)  # on one case each
+
+
+def test_jattn_children_compile_into_the_sessions_cache(tmp_path_factory):
+    # conftest.py's session fixture: a `jattn` command started without
+    # --compilation-cache-dir reads its default from the environment the
+    # tests' children inherit, and finds a folder of this session, not ~/.cache.
+    from jattn.cli.common import DEFAULT_CACHE, cache_argument
+
+    parser = argparse.ArgumentParser()
+    cache_argument(parser)
+    path = parser.parse_args([]).compilation_cache_dir
+    assert path != DEFAULT_CACHE
+    assert os.path.commonpath([path, str(tmp_path_factory.getbasetemp())]) == str(
+        tmp_path_factory.getbasetemp()
+    )
