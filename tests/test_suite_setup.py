@@ -1,6 +1,7 @@
 """The test harness's own switches: the XLA flags the suite compiles with
-(tests/compile_flags.py) and `--param-sample`, the second jax's selection
-(tests/conftest.py, scripts/test.sh)."""
+(tests/compile_flags.py), `--param-sample`, the second jax's selection
+(tests/conftest.py, scripts/test.sh), and the compilation cache of the
+session that `jattn` child processes use (tests/conftest.py)."""
 
 from __future__ import annotations
 
