@@ -60,20 +60,19 @@ _CACHE_DIR = jax.config.jax_compilation_cache_dir
 
 
 @pytest.fixture(scope="session", autouse=True)
-def _jattn_children_compile_into_the_session(tmp_path_factory):
+def session_compilation_cache(tmp_path_factory) -> str:
     """`jattn` commands that tests start as child processes without
     ``--compilation-cache-dir`` compile into a cache of this session (one per
     xdist worker), not into `--compilation-cache-dir`'s default in the user's
     home (~/.cache/jattn/xla): a test run writes nothing there, and no run
     starts with programs an earlier run left. A test that sets
-    JATTN_COMPILATION_CACHE in its children's environment keeps its own."""
-    before = os.environ.get("JATTN_COMPILATION_CACHE")
-    os.environ["JATTN_COMPILATION_CACHE"] = str(tmp_path_factory.mktemp("jattn_xla"))
-    yield
-    if before is None:
-        del os.environ["JATTN_COMPILATION_CACHE"]
-    else:
-        os.environ["JATTN_COMPILATION_CACHE"] = before
+    JATTN_COMPILATION_CACHE in its children's environment keeps its own.
+    Yields the folder (fixtures that build a child's environment ask for it,
+    so that it is set before they copy os.environ)."""
+    path = str(tmp_path_factory.mktemp("jattn_xla"))
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv("JATTN_COMPILATION_CACHE", path)
+        yield path
 
 
 @pytest.fixture(autouse=True)

@@ -88,10 +88,11 @@ def train_quietly(workdir, **overrides) -> Trained:
 
 
 @pytest.fixture(scope="module")
-def cache_env(tmp_path_factory):
+def cache_env(session_compilation_cache):
     """Environment for subprocesses: CPU, the suite's XLA flags and NaN/Inf checks (so
     their numbers are the in-process runs': `jax_debug_nans` changes the last bits of a
-    jitted step), a shared compilation cache, the repo on the path."""
+    jitted step), the session's compilation cache (JATTN_COMPILATION_CACHE,
+    tests/conftest.py), the repo on the path."""
     import jax
 
     env = dict(os.environ)
@@ -99,7 +100,7 @@ def cache_env(tmp_path_factory):
         JAX_PLATFORMS="cpu",
         JAX_DEBUG_NANS=str(jax.config.jax_debug_nans),
         JAX_DEBUG_INFS=str(jax.config.jax_debug_infs),
-        JATTN_COMPILATION_CACHE=str(tmp_path_factory.mktemp("xla_cache")),
+        JATTN_COMPILATION_CACHE=session_compilation_cache,
         JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS="0",
         PYTHONPATH=str(REPO) + os.pathsep + env.get("PYTHONPATH", ""),
     )

@@ -53,12 +53,13 @@ def run_copy(reference, tmp_path) -> Path:
 
 
 @pytest.fixture(scope="session")
-def cli_env(tmp_path_factory):
-    """Environment for `jattn train` subprocesses: CPU, a shared compilation cache."""
+def cli_env(session_compilation_cache):
+    """Environment for `jattn train` subprocesses: CPU, the session's compilation
+    cache (JATTN_COMPILATION_CACHE, tests/conftest.py)."""
     env = dict(os.environ)
     env.update(
         JAX_PLATFORMS="cpu",
-        JATTN_COMPILATION_CACHE=str(tmp_path_factory.mktemp("faults_xla")),
+        JATTN_COMPILATION_CACHE=session_compilation_cache,
         JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS="0",
         PYTHONPATH=str(REPO) + os.pathsep + env.get("PYTHONPATH", ""),
     )
